@@ -1,0 +1,612 @@
+//! The arena: one anonymous mapping sized by the memory budget, holding every
+//! payload byte the engine reads, cut into equal chunks with reference counts.
+//!
+//! Memory is asked for in order of preference — explicit huge pages
+//! (`MAP_HUGETLB`), transparent huge pages (`MADV_HUGEPAGE`), normal pages —
+//! then locked with `mlock` when permitted and prefaulted, so no page fault
+//! lands mid-run. What was obtained, and why a preference was not, is kept in
+//! [`ArenaReport`] for the stats.
+//!
+//! [`ChunkPool`] hands out runs of consecutive chunks as [`ChunkRef`]s. A run
+//! goes back to the free set when its last reference drops; `acquire` waits
+//! while none is free, which is how memory never passes the budget.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use memmap2::{Advice, MmapMut, MmapOptions};
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+
+/// Which kind of memory backs the arena.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MemoryKind {
+    /// Explicit huge pages from the reserved pool (`/proc/sys/vm/nr_hugepages`).
+    Hugetlb,
+    /// Transparent huge pages, asked for with `madvise(MADV_HUGEPAGE)`.
+    Thp,
+    /// Ordinary 4 KiB pages.
+    Normal,
+}
+
+impl MemoryKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            MemoryKind::Hugetlb => "hugetlb",
+            MemoryKind::Thp => "thp",
+            MemoryKind::Normal => "normal",
+        }
+    }
+}
+
+/// What the arena setup obtained, for the stats.
+#[derive(Debug, Clone)]
+pub struct ArenaReport {
+    pub kind: MemoryKind,
+    pub bytes: usize,
+    pub locked: bool,
+    /// Why a better memory kind, or locking, was not obtained.
+    pub notes: Vec<String>,
+}
+
+/// How the arena is asked to set itself up (from the configuration).
+#[derive(Debug, Clone, Copy)]
+pub struct ArenaOptions {
+    /// `None`: best available. `Some(kind)`: exactly that kind, or an error.
+    pub kind: Option<MemoryKind>,
+    /// `None`: lock when permitted. `Some(true)`: lock or fail. `Some(false)`: never.
+    pub lock: Option<bool>,
+    pub prefault: bool,
+}
+
+/// The mapping itself. Its bytes are only reached through raw pointers: the
+/// kernel writes into it (io_uring reads) while consumers read other parts.
+pub struct Arena {
+    _map: MmapMut,
+    base: *mut u8,
+    len: usize,
+    report: ArenaReport,
+}
+
+// SAFETY: the arena is a plain block of memory; which thread may touch which
+// byte is decided by chunk ownership (ChunkRef), not by the Arena value.
+unsafe impl Send for Arena {}
+// SAFETY: as above; the Arena itself has no interior state besides the mapping.
+unsafe impl Sync for Arena {}
+
+const HUGE_2M: usize = 2 << 20;
+
+impl Arena {
+    pub fn new(len: usize, opts: ArenaOptions) -> Result<Arena> {
+        let mut notes = Vec::new();
+        let (mut map, kind) = map_region(len, opts.kind, &mut notes)?;
+        let locked = match opts.lock {
+            Some(false) => false,
+            want => match map.lock() {
+                Ok(()) => true,
+                Err(e) if want == Some(true) => {
+                    return Err(Error::Memory(format!(
+                        "mlock of {len} bytes failed ({e}); `lock_memory` is \"on\". \
+                         Raise `ulimit -l`, grant CAP_IPC_LOCK, or set it to \"auto\""
+                    )));
+                }
+                Err(e) => {
+                    notes.push(format!(
+                        "mlock refused ({e}): memory is not locked (ulimit -l or CAP_IPC_LOCK)"
+                    ));
+                    false
+                }
+            },
+        };
+        if opts.prefault && !locked {
+            // mlock already faulted everything in. Otherwise ask the kernel to
+            // populate writable pages, or touch one byte per page.
+            if map.advise(Advice::PopulateWrite).is_err() {
+                let page = if kind == MemoryKind::Normal {
+                    4096
+                } else {
+                    HUGE_2M
+                };
+                for off in (0..len).step_by(page) {
+                    map[off] = 0;
+                }
+            }
+        }
+        let base = map.as_mut_ptr();
+        Ok(Arena {
+            _map: map,
+            base,
+            len,
+            report: ArenaReport {
+                kind,
+                bytes: len,
+                locked,
+                notes,
+            },
+        })
+    }
+
+    pub fn report(&self) -> &ArenaReport {
+        &self.report
+    }
+
+    pub fn base(&self) -> *mut u8 {
+        self.base
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+fn map_region(
+    len: usize,
+    want: Option<MemoryKind>,
+    notes: &mut Vec<String>,
+) -> Result<(MmapMut, MemoryKind)> {
+    let anon = |huge: bool| {
+        let mut o = MmapOptions::new();
+        o.len(len);
+        if huge {
+            o.huge(None);
+        }
+        o.map_anon()
+    };
+    let mut want_huge = want.is_none() || want == Some(MemoryKind::Hugetlb);
+    if want.is_none() && len % HUGE_2M != 0 {
+        notes.push(format!(
+            "{len} bytes is not a multiple of 2 MiB: no MAP_HUGETLB"
+        ));
+        want_huge = false;
+    }
+    if want_huge {
+        match anon(true) {
+            Ok(m) => return Ok((m, MemoryKind::Hugetlb)),
+            Err(e) if want == Some(MemoryKind::Hugetlb) => {
+                return Err(Error::Memory(format!(
+                    "MAP_HUGETLB of {len} bytes failed ({e}); `memory_kind` is \"hugetlb\": \
+                     reserve huge pages in /proc/sys/vm/nr_hugepages or choose \"auto\""
+                )));
+            }
+            Err(e) => notes.push(format!("MAP_HUGETLB failed ({e}): no huge pages reserved")),
+        }
+    }
+    let map = anon(false).map_err(|e| Error::Memory(format!("mmap of {len} bytes failed: {e}")))?;
+    if want == Some(MemoryKind::Normal) {
+        return Ok((map, MemoryKind::Normal));
+    }
+    match map.advise(Advice::HugePage) {
+        Ok(()) => Ok((map, MemoryKind::Thp)),
+        Err(e) if want == Some(MemoryKind::Thp) => Err(Error::Memory(format!(
+            "madvise(MADV_HUGEPAGE) failed ({e}); `memory_kind` is \"thp\""
+        ))),
+        Err(e) => {
+            notes.push(format!("MADV_HUGEPAGE refused ({e}): normal pages"));
+            Ok((map, MemoryKind::Normal))
+        }
+    }
+}
+
+/// Counters of chunk use.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct PoolUse {
+    pub in_use: usize,
+    pub peak: usize,
+}
+
+struct PoolState {
+    free: Vec<bool>,
+    free_count: usize,
+    peak_in_use: usize,
+    /// Workers that may still acquire chunks (not parked at an epoch end).
+    running: usize,
+    /// Of those, how many are blocked in `acquire` now.
+    waiting: usize,
+}
+
+/// Reference-counted chunks over an [`Arena`].
+pub struct ChunkPool {
+    arena: Arena,
+    chunk_size: usize,
+    /// Reference count of each run, stored at the run's first chunk.
+    refs: Box<[AtomicU32]>,
+    state: Mutex<PoolState>,
+    freed: Condvar,
+    stop: AtomicBool,
+    /// Batches alive anywhere (in the ring or held by a consumer). Decremented
+    /// only after a batch's chunks went back (see `BatchGuard`), so a waiter
+    /// that reads 0 under the state lock sees every chunk they held as free.
+    batches_alive: AtomicUsize,
+    copied: AtomicU64,
+}
+
+impl ChunkPool {
+    pub fn new(arena: Arena, chunk_size: usize) -> Arc<ChunkPool> {
+        let n = arena.len() / chunk_size;
+        Arc::new(ChunkPool {
+            arena,
+            chunk_size,
+            refs: (0..n).map(|_| AtomicU32::new(0)).collect(),
+            state: Mutex::new(PoolState {
+                free: vec![true; n],
+                free_count: n,
+                peak_in_use: 0,
+                running: 0,
+                waiting: 0,
+            }),
+            freed: Condvar::new(),
+            stop: AtomicBool::new(false),
+            batches_alive: AtomicUsize::new(0),
+            copied: AtomicU64::new(0),
+        })
+    }
+
+    pub fn chunk_size(&self) -> usize {
+        self.chunk_size
+    }
+
+    pub fn chunk_count(&self) -> usize {
+        self.refs.len()
+    }
+
+    pub fn arena(&self) -> &Arena {
+        &self.arena
+    }
+
+    fn lock(&self) -> MutexGuard<'_, PoolState> {
+        // A poisoned lock means a panic elsewhere; the state (a free set and
+        // counters) is still consistent because every update is one statement.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn usage(&self) -> PoolUse {
+        let s = self.lock();
+        PoolUse {
+            in_use: self.chunk_count() - s.free_count,
+            peak: s.peak_in_use,
+        }
+    }
+
+    /// Payload bytes copied by the engine (spilled members).
+    pub fn add_copied(&self, n: u64) {
+        // Relaxed: a statistic, read only for reporting.
+        self.copied.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn copied(&self) -> u64 {
+        self.copied.load(Ordering::Relaxed)
+    }
+
+    /// Wakes every waiter and makes `acquire` fail with `Error::Closed`.
+    pub fn shut_down(&self) {
+        // Release: pairs with the Acquire load in `acquire`'s wait loop.
+        self.stop.store(true, Ordering::Release);
+        let _s = self.lock();
+        self.freed.notify_all();
+    }
+
+    pub fn worker_running(&self, running: bool) {
+        let mut s = self.lock();
+        if running {
+            s.running += 1;
+        } else {
+            s.running -= 1;
+        }
+        self.freed.notify_all();
+    }
+
+    pub(crate) fn batch_born(&self) {
+        // Relaxed: the count is read under the state lock after chunk returns,
+        // which are themselves ordered by that lock (see `batch_gone`).
+        self.batches_alive.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Called after the batch's chunk references were dropped.
+    pub(crate) fn batch_gone(&self) {
+        // Release: orders the preceding chunk returns before the decrement; the
+        // Acquire load in `acquire` then sees those chunks free.
+        self.batches_alive.fetch_sub(1, Ordering::Release);
+        if self.lock().waiting > 0 {
+            self.freed.notify_all();
+        }
+    }
+
+    /// Takes a run of `n` consecutive chunks. With `wait`, blocks until one is
+    /// free; fails when the pool shuts down, or when no progress is possible.
+    pub fn acquire(self: &Arc<Self>, n: usize, wait: bool) -> Result<Option<ChunkRef>> {
+        if n == 0 || n > self.chunk_count() {
+            return Err(Error::Memory(format!(
+                "a run of {n} chunks cannot come from a pool of {}",
+                self.chunk_count()
+            )));
+        }
+        let mut s = self.lock();
+        let mut stuck_rounds = 0;
+        loop {
+            if let Some(start) = find_run(&s.free, n) {
+                for f in &mut s.free[start..start + n] {
+                    *f = false;
+                }
+                s.free_count -= n;
+                let in_use = self.chunk_count() - s.free_count;
+                s.peak_in_use = s.peak_in_use.max(in_use);
+                // Relaxed: the chunk is exclusively ours; the state lock
+                // ordered its previous release before this point.
+                self.refs[start].store(1, Ordering::Relaxed);
+                return Ok(Some(ChunkRef {
+                    pool: Arc::clone(self),
+                    start: start as u32,
+                    len: n as u32,
+                }));
+            }
+            if !wait {
+                return Ok(None);
+            }
+            // Acquire: pairs with the Release store in `shut_down`.
+            if self.stop.load(Ordering::Acquire) {
+                return Err(Error::Closed);
+            }
+            // Acquire: pairs with the Release decrement in `batch_gone`.
+            let alive = self.batches_alive.load(Ordering::Acquire);
+            if s.waiting + 1 >= s.running && alive == 0 {
+                stuck_rounds += 1;
+                if stuck_rounds >= 3 {
+                    return Err(Error::BudgetTooSmall {
+                        budget: self.arena.len() as u64,
+                        detail: format!(
+                            "{} chunks of {} bytes, {} free, a run of {n} wanted",
+                            self.chunk_count(),
+                            self.chunk_size,
+                            s.free_count
+                        ),
+                    });
+                }
+            } else {
+                stuck_rounds = 0;
+            }
+            s.waiting += 1;
+            // The time-out only bounds how long a missed shutdown or a stuck
+            // state goes unnoticed; wake-ups come from `release_run`.
+            let (g, _) = self
+                .freed
+                .wait_timeout(s, Duration::from_millis(50))
+                .unwrap_or_else(|p| p.into_inner());
+            s = g;
+            s.waiting -= 1;
+        }
+    }
+
+    fn release_run(&self, start: usize, n: usize) {
+        let mut s = self.lock();
+        for f in &mut s.free[start..start + n] {
+            *f = true;
+        }
+        s.free_count += n;
+        if s.waiting > 0 {
+            self.freed.notify_all();
+        }
+    }
+}
+
+fn find_run(free: &[bool], n: usize) -> Option<usize> {
+    let mut len = 0;
+    for (i, &f) in free.iter().enumerate() {
+        if f {
+            len += 1;
+            if len == n {
+                return Some(i + 1 - n);
+            }
+        } else {
+            len = 0;
+        }
+    }
+    None
+}
+
+/// A counted reference to a run of chunks. The bytes stay valid while any
+/// reference lives.
+pub struct ChunkRef {
+    pool: Arc<ChunkPool>,
+    start: u32,
+    len: u32,
+}
+
+impl ChunkRef {
+    /// First byte of the run.
+    pub fn ptr(&self) -> *mut u8 {
+        // SAFETY: start < chunk_count, so the offset is inside the mapping.
+        unsafe {
+            self.pool
+                .arena
+                .base
+                .add(self.start as usize * self.pool.chunk_size)
+        }
+    }
+
+    /// Bytes in the run.
+    pub fn len(&self) -> usize {
+        self.len as usize * self.pool.chunk_size
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Index of the run's first chunk (the fixed-buffer index for io_uring).
+    pub fn index(&self) -> u32 {
+        self.start
+    }
+
+    pub fn pool(&self) -> &Arc<ChunkPool> {
+        &self.pool
+    }
+
+    pub fn same_run(&self, other: &ChunkRef) -> bool {
+        self.start == other.start && Arc::ptr_eq(&self.pool, &other.pool)
+    }
+}
+
+impl Clone for ChunkRef {
+    fn clone(&self) -> Self {
+        // Relaxed: as Arc::clone, a new reference is made from an existing
+        // one, so the count cannot reach zero concurrently.
+        self.pool.refs[self.start as usize].fetch_add(1, Ordering::Relaxed);
+        ChunkRef {
+            pool: Arc::clone(&self.pool),
+            start: self.start,
+            len: self.len,
+        }
+    }
+}
+
+impl Drop for ChunkRef {
+    fn drop(&mut self) {
+        // Release: our reads and writes of the run happen before the run is
+        // handed out again; the Acquire fence below completes the pair.
+        if self.pool.refs[self.start as usize].fetch_sub(1, Ordering::Release) == 1 {
+            fence(Ordering::Acquire);
+            self.pool
+                .release_run(self.start as usize, self.len as usize);
+        }
+    }
+}
+
+impl std::fmt::Debug for ChunkRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ChunkRef({}+{})", self.start, self.len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(chunks: usize) -> Arc<ChunkPool> {
+        let opts = ArenaOptions {
+            kind: Some(MemoryKind::Normal),
+            lock: Some(false),
+            prefault: false,
+        };
+        ChunkPool::new(Arena::new(chunks * 4096, opts).unwrap(), 4096)
+    }
+
+    #[test]
+    fn chunks_return_when_the_last_reference_drops() {
+        let p = pool(4);
+        let a = p.acquire(1, false).unwrap().unwrap();
+        let b = a.clone();
+        assert_eq!(p.usage().in_use, 1);
+        drop(a);
+        assert_eq!(p.usage().in_use, 1);
+        drop(b);
+        assert_eq!(p.usage().in_use, 0);
+        assert_eq!(p.usage().peak, 1);
+    }
+
+    #[test]
+    fn runs_are_contiguous_and_never_exceed_the_pool() {
+        let p = pool(4);
+        let a = p.acquire(1, false).unwrap().unwrap();
+        let _b = p.acquire(1, false).unwrap().unwrap();
+        let c = p.acquire(2, false).unwrap().unwrap();
+        assert_eq!(c.index(), 2);
+        assert_eq!(c.len(), 8192);
+        assert!(p.acquire(1, false).unwrap().is_none());
+        drop(a);
+        assert!(
+            p.acquire(2, false).unwrap().is_none(),
+            "no two adjacent chunks free"
+        );
+        assert!(p.acquire(5, true).is_err());
+    }
+
+    #[test]
+    fn a_stuck_waiter_reports_the_budget_instead_of_hanging() {
+        let p = pool(2);
+        p.worker_running(true);
+        let _a = p.acquire(2, false).unwrap().unwrap();
+        match p.acquire(1, true) {
+            Err(Error::BudgetTooSmall { .. }) => {}
+            other => panic!("expected BudgetTooSmall, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_waiter_wakes_when_a_chunk_comes_back() {
+        let p = pool(1);
+        p.worker_running(true);
+        p.worker_running(true);
+        let a = p.acquire(1, false).unwrap().unwrap();
+        let p2 = Arc::clone(&p);
+        let t = std::thread::spawn(move || p2.acquire(1, true).map(|c| c.is_some()));
+        std::thread::sleep(Duration::from_millis(20));
+        drop(a);
+        assert!(t.join().unwrap().unwrap());
+    }
+
+    #[test]
+    fn shut_down_wakes_waiters_with_closed() {
+        let p = pool(1);
+        p.worker_running(true);
+        p.worker_running(true);
+        let _a = p.acquire(1, false).unwrap().unwrap();
+        let p2 = Arc::clone(&p);
+        let t = std::thread::spawn(move || p2.acquire(1, true).map(|_| ()));
+        std::thread::sleep(Duration::from_millis(20));
+        p.shut_down();
+        assert!(matches!(t.join().unwrap(), Err(Error::Closed)));
+    }
+
+    #[test]
+    fn each_memory_kind_can_be_forced_or_reports_why_not() {
+        for kind in [MemoryKind::Thp, MemoryKind::Normal] {
+            let a = Arena::new(
+                4 << 20,
+                ArenaOptions {
+                    kind: Some(kind),
+                    lock: None,
+                    prefault: true,
+                },
+            )
+            .unwrap();
+            assert_eq!(a.report().kind, kind);
+        }
+        let auto = Arena::new(
+            4 << 20,
+            ArenaOptions {
+                kind: None,
+                lock: Some(false),
+                prefault: true,
+            },
+        )
+        .unwrap();
+        assert!(!auto.report().locked);
+        if auto.report().kind != MemoryKind::Hugetlb {
+            assert!(
+                auto.report()
+                    .notes
+                    .iter()
+                    .any(|n| n.contains("MAP_HUGETLB"))
+            );
+            let forced = Arena::new(
+                4 << 20,
+                ArenaOptions {
+                    kind: Some(MemoryKind::Hugetlb),
+                    lock: None,
+                    prefault: false,
+                },
+            );
+            match forced {
+                Err(Error::Memory(m)) => assert!(m.contains("nr_hugepages"), "{m}"),
+                other => panic!("expected a memory error, got {:?}", other.map(|_| ())),
+            }
+        }
+    }
+}

@@ -1,0 +1,299 @@
+//! Batches: N samples as flat descriptor arrays pointing into chunks.
+//!
+//! The arrays are laid out in the C ABI's own types (`ringfeed_sample`,
+//! `ringfeed_field`), so handing a batch to C is filling one struct with three
+//! pointers. A batch holds a reference to every chunk its fields point into;
+//! dropping it (the consumer's `release`) gives them back.
+//!
+//! Keys and field names are copied into the batch's own string table, NUL
+//! terminated for C: they are metadata of a few bytes per sample, not payload.
+
+use std::ffi::c_char;
+use std::sync::Arc;
+
+use crate::arena::{ChunkPool, ChunkRef};
+
+/// One field of a sample, as C sees it.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct RawField {
+    /// Field name, NUL-terminated (`"jpg"`, `"seg.png"`).
+    pub name: *const c_char,
+    /// First byte of the field's data (inside a chunk).
+    pub data: *const u8,
+    /// Bytes of data.
+    pub len: usize,
+}
+
+/// One sample, as C sees it.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct RawSample {
+    /// Sample key, NUL-terminated (`"a/b/000123"`).
+    pub key: *const c_char,
+    /// The sample's fields: `field_count` entries of the batch's field array.
+    pub fields: *const RawField,
+    pub field_count: usize,
+}
+
+/// Builds one batch. Pointers to the string table are stored as offsets while
+/// it grows, and fixed up once in [`BatchBuilder::finish`].
+pub struct BatchBuilder {
+    samples: Vec<RawSample>,
+    fields: Vec<RawField>,
+    strings: Vec<u8>,
+    chunks: Vec<ChunkRef>,
+    bytes: u64,
+    /// Index in `fields` of the open sample's first field.
+    open_from: Option<usize>,
+    batch_size: usize,
+}
+
+// SAFETY: the builder's pointers are offsets or point into chunks it holds
+// references to; moving it to another thread (the epoch carry) is sound.
+unsafe impl Send for BatchBuilder {}
+
+fn offset_ptr<T>(off: usize) -> *const T {
+    std::ptr::without_provenance(off)
+}
+
+impl BatchBuilder {
+    pub fn new(batch_size: usize) -> Self {
+        BatchBuilder {
+            samples: Vec::with_capacity(batch_size),
+            // Most WebDataset samples have 1-4 fields.
+            fields: Vec::with_capacity(batch_size * 2),
+            strings: Vec::with_capacity(batch_size * 32),
+            chunks: Vec::new(),
+            bytes: 0,
+            open_from: None,
+            batch_size,
+        }
+    }
+
+    /// Complete samples in the batch.
+    pub fn len(&self) -> usize {
+        self.samples.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.samples.is_empty() && self.open_from.is_none()
+    }
+
+    fn intern(&mut self, s: &[u8]) -> usize {
+        let off = self.strings.len();
+        // C strings end at the first NUL; tar names never hold one.
+        let end = s.iter().position(|&b| b == 0).unwrap_or(s.len());
+        self.strings.extend_from_slice(&s[..end]);
+        self.strings.push(0);
+        off
+    }
+
+    /// Opens a sample; its fields follow with `add_field`.
+    pub fn begin_sample(&mut self, key: &[u8]) {
+        debug_assert!(self.open_from.is_none());
+        let key = self.intern(key);
+        self.open_from = Some(self.fields.len());
+        self.samples.push(RawSample {
+            key: offset_ptr(key),
+            fields: std::ptr::null(),
+            field_count: 0,
+        });
+    }
+
+    /// True if the open sample already has a field of this name.
+    pub fn open_sample_has(&self, name: &[u8]) -> bool {
+        let Some(from) = self.open_from else {
+            return false;
+        };
+        self.fields[from..].iter().any(|f| {
+            let off = f.name.addr();
+            self.strings[off..off + name.len()] == *name && self.strings[off + name.len()] == 0
+        })
+    }
+
+    /// Adds a field of the open sample: `len` bytes at `data`, inside `chunk`.
+    pub fn add_field(&mut self, name: &[u8], chunk: &ChunkRef, data: *const u8, len: usize) {
+        debug_assert!(self.open_from.is_some());
+        let name = self.intern(name);
+        self.fields.push(RawField {
+            name: offset_ptr(name),
+            data,
+            len,
+        });
+        self.bytes += len as u64;
+        if !self.chunks.last().is_some_and(|c| c.same_run(chunk)) {
+            self.chunks.push(chunk.clone());
+        }
+    }
+
+    /// Closes the open sample.
+    pub fn end_sample(&mut self) {
+        if let Some(from) = self.open_from.take() {
+            let s = self.samples.last_mut().expect("an open sample exists");
+            s.fields = offset_ptr(from);
+            s.field_count = self.fields.len() - from;
+        }
+    }
+
+    /// Moves every complete sample of `other` into `self`, calling `full` with
+    /// `self` each time it reaches `batch_size`.
+    pub fn absorb(&mut self, other: BatchBuilder, mut full: impl FnMut(&mut BatchBuilder)) {
+        let mut attached = false;
+        for s in &other.samples {
+            let key = cstr_at(&other.strings, s.key.addr());
+            self.begin_sample(key);
+            let from = s.fields.addr();
+            for f in &other.fields[from..from + s.field_count] {
+                let name = self.intern(cstr_at(&other.strings, f.name.addr()));
+                self.fields.push(RawField {
+                    name: offset_ptr(name),
+                    data: f.data,
+                    len: f.len,
+                });
+                self.bytes += f.len as u64;
+            }
+            // The sample's chunks are among `other`'s: the first sample that
+            // lands in a builder brings references to all of them.
+            if !attached {
+                self.chunks.extend(other.chunks.iter().cloned());
+                attached = true;
+            }
+            self.end_sample();
+            if self.len() == self.batch_size {
+                full(self);
+                attached = false;
+            }
+        }
+    }
+
+    /// Seals the batch. `epoch` and `index` identify it.
+    pub fn finish(&mut self, pool: &Arc<ChunkPool>, epoch: u64, index: u64) -> Batch {
+        self.end_sample();
+        let mut b = std::mem::replace(self, BatchBuilder::new(self.batch_size));
+        let base = b.strings.as_ptr();
+        for f in &mut b.fields {
+            // SAFETY: the offset was returned by `intern`, inside `strings`.
+            f.name = unsafe { base.add(f.name.addr()) }.cast();
+        }
+        let fbase = b.fields.as_ptr();
+        for s in &mut b.samples {
+            // SAFETY: offsets were taken from `strings` and `fields` above.
+            unsafe {
+                s.key = base.add(s.key.addr()).cast();
+                s.fields = fbase.add(s.fields.addr());
+            }
+        }
+        pool.batch_born();
+        Batch {
+            samples: b.samples,
+            fields: b.fields,
+            _strings: b.strings,
+            chunks: b.chunks,
+            bytes: b.bytes,
+            epoch,
+            index,
+            pool: Arc::clone(pool),
+        }
+    }
+}
+
+fn cstr_at(strings: &[u8], off: usize) -> &[u8] {
+    let end = strings[off..].iter().position(|&b| b == 0).unwrap_or(0);
+    &strings[off..off + end]
+}
+
+/// A sealed batch. Its pointers stay valid until it is dropped.
+pub struct Batch {
+    samples: Vec<RawSample>,
+    fields: Vec<RawField>,
+    _strings: Vec<u8>,
+    chunks: Vec<ChunkRef>,
+    bytes: u64,
+    epoch: u64,
+    index: u64,
+    pool: Arc<ChunkPool>,
+}
+
+// SAFETY: the raw pointers point into the batch's own vectors and into chunks
+// it holds references to; nothing writes to those bytes while it lives.
+unsafe impl Send for Batch {}
+// SAFETY: as above; the batch is read-only once sealed.
+unsafe impl Sync for Batch {}
+
+impl Batch {
+    pub fn len(&self) -> usize {
+        self.samples.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.samples.is_empty()
+    }
+
+    /// Payload bytes in the batch.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Position of the batch in the loader's output, from 0.
+    pub fn index(&self) -> u64 {
+        self.index
+    }
+
+    pub fn raw_samples(&self) -> &[RawSample] {
+        &self.samples
+    }
+
+    pub fn raw_fields(&self) -> &[RawField] {
+        &self.fields
+    }
+
+    /// The samples, for Rust consumers.
+    pub fn samples(&self) -> impl Iterator<Item = SampleView<'_>> {
+        self.samples.iter().map(|s| SampleView {
+            raw: s,
+            _batch: self,
+        })
+    }
+}
+
+impl Drop for Batch {
+    fn drop(&mut self) {
+        self.chunks.clear();
+        self.pool.batch_gone();
+    }
+}
+
+/// A sample of a batch, borrowed.
+pub struct SampleView<'a> {
+    raw: &'a RawSample,
+    _batch: &'a Batch,
+}
+
+impl<'a> SampleView<'a> {
+    pub fn key(&self) -> &'a [u8] {
+        // SAFETY: `key` points into the batch's string table, NUL-terminated,
+        // alive as long as the borrowed batch.
+        unsafe { std::ffi::CStr::from_ptr(self.raw.key) }.to_bytes()
+    }
+
+    /// `(name, data)` of each field.
+    pub fn fields(&self) -> impl Iterator<Item = (&'a [u8], &'a [u8])> + 'a {
+        // SAFETY: `fields` points at `field_count` entries of the batch's array.
+        let fields = unsafe { std::slice::from_raw_parts(self.raw.fields, self.raw.field_count) };
+        fields.iter().map(|f| {
+            // SAFETY: the name is in the string table and the data in a chunk
+            // the batch holds; neither changes while the batch lives.
+            unsafe {
+                (
+                    std::ffi::CStr::from_ptr(f.name).to_bytes(),
+                    std::slice::from_raw_parts(f.data, f.len),
+                )
+            }
+        })
+    }
+}

@@ -1,0 +1,404 @@
+//! The one configuration of a loader. It arrives as JSON text through the C
+//! ABI (`ringfeed_loader_open`), and the same keys are the CLI's flags and,
+//! later, Python's keyword arguments. Every key is checked here: an unknown
+//! key or a bad value is an error that names the key and says why.
+//!
+//! Sizes are integers (bytes) or strings with a unit: `"512MiB"`, `"8 MiB"`,
+//! `"1GB"` (KiB/MiB/GiB/TiB are powers of 1024, KB/MB/GB/TB of 1000).
+
+use serde_json::{Map, Value};
+
+use crate::arena::MemoryKind;
+use crate::error::{Error, Result};
+
+/// Which I/O path reads the shards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoBackend {
+    /// io_uring when it can be set up, else threads.
+    Auto,
+    /// io_uring or an error.
+    IoUring,
+    /// One `pread` at a time per worker thread.
+    Threads,
+}
+
+/// `"auto"`, `"on"` or `"off"` for a feature that needs a privilege.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Toggle {
+    Auto,
+    On,
+    Off,
+}
+
+impl Toggle {
+    /// `None` for auto, else whether it is required.
+    pub fn required(self) -> Option<bool> {
+        match self {
+            Toggle::Auto => None,
+            Toggle::On => Some(true),
+            Toggle::Off => Some(false),
+        }
+    }
+}
+
+/// A loader's configuration. See the README's configuration reference.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Dataset URLs: local paths, `file://` URLs, directories of `.tar`
+    /// files, each with WebDataset brace expansion.
+    pub urls: Vec<String>,
+    /// Samples per batch.
+    pub batch_size: usize,
+    /// Drop the last, short batch of an epoch instead of delivering it.
+    pub drop_last: bool,
+    /// Bytes of the arena; all payload bytes live in it.
+    pub memory_budget: u64,
+    /// Bytes per chunk: the unit of reads and of memory accounting.
+    pub chunk_size: u64,
+    /// Reads each worker keeps in flight.
+    pub reads_in_flight: usize,
+    /// Worker threads; 0 picks one per allowed CPU, at most `MAX_AUTO_WORKERS`.
+    pub workers: usize,
+    /// Pin each worker to one CPU of the process's allowed set.
+    pub pin_cpus: bool,
+    pub io_backend: IoBackend,
+    /// `None`: best available memory kind.
+    pub memory_kind: Option<MemoryKind>,
+    pub lock_memory: Toggle,
+    pub register_buffers: Toggle,
+    /// Ready batches the ring holds ahead of the consumer.
+    pub prefetch_batches: usize,
+    /// Passes over the dataset; 0 repeats forever.
+    pub epochs: u64,
+}
+
+/// Cap of the automatic worker count. One worker keeps ~10 GB/s of
+/// page-cache reads busy on one core; more mostly steal the trainer's cores.
+pub const MAX_AUTO_WORKERS: usize = 8;
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            urls: Vec::new(),
+            // A common per-GPU batch of image models; the trainer sets its own.
+            batch_size: 32,
+            // PyTorch DataLoader's default.
+            drop_last: false,
+            // 128 chunks of 8 MiB: read-ahead for 8 workers at 4 reads each
+            // (32 chunks) with room for the batches in the ring and in use.
+            memory_budget: 1 << 30,
+            // 8 MiB: the S3 part size the AWS CRT uses to reach line rate, and
+            // the receive size at which one io_uring thread reached ~4 GB/s at
+            // half the CPU of 256 KiB receives (measured on the dev machine).
+            chunk_size: 8 << 20,
+            // 4 in flight per worker: the CRT's ~4 requests per connection; for
+            // page-cache reads 2 already overlap parse and copy.
+            reads_in_flight: 4,
+            workers: 0,
+            pin_cpus: true,
+            io_backend: IoBackend::Auto,
+            memory_kind: None,
+            lock_memory: Toggle::Auto,
+            register_buffers: Toggle::Auto,
+            // Eight batches ahead hides a slow read without pinning much.
+            prefetch_batches: 8,
+            epochs: 1,
+        }
+    }
+}
+
+/// Every key `from_json` accepts.
+pub const KEYS: &[&str] = &[
+    "urls",
+    "batch_size",
+    "drop_last",
+    "memory_budget",
+    "chunk_size",
+    "reads_in_flight",
+    "workers",
+    "pin_cpus",
+    "io_backend",
+    "memory_kind",
+    "lock_memory",
+    "register_buffers",
+    "prefetch_batches",
+    "epochs",
+];
+
+impl Config {
+    /// Parses a JSON object of configuration keys.
+    pub fn from_json(text: &str) -> Result<Config> {
+        let value: Value = serde_json::from_str(text)
+            .map_err(|e| Error::config(format!("not valid JSON: {e}")))?;
+        match value {
+            Value::Object(map) => Config::from_map(&map),
+            other => Err(Error::config(format!(
+                "expected a JSON object of keys, got {}",
+                kind_of(&other)
+            ))),
+        }
+    }
+
+    /// Applies the keys of `map` over the defaults, then validates.
+    pub fn from_map(map: &Map<String, Value>) -> Result<Config> {
+        let mut c = Config::default();
+        for (key, v) in map {
+            match key.as_str() {
+                "urls" => c.urls = urls(key, v)?,
+                "batch_size" => c.batch_size = positive(key, v)? as usize,
+                "drop_last" => c.drop_last = boolean(key, v)?,
+                "memory_budget" => c.memory_budget = size(key, v)?,
+                "chunk_size" => c.chunk_size = size(key, v)?,
+                "reads_in_flight" => c.reads_in_flight = positive(key, v)? as usize,
+                "workers" => c.workers = integer(key, v)? as usize,
+                "pin_cpus" => c.pin_cpus = boolean(key, v)?,
+                "io_backend" => {
+                    c.io_backend = match choice(key, v, &["auto", "io_uring", "threads"])? {
+                        "auto" => IoBackend::Auto,
+                        "io_uring" => IoBackend::IoUring,
+                        _ => IoBackend::Threads,
+                    }
+                }
+                "memory_kind" => {
+                    c.memory_kind = match choice(key, v, &["auto", "hugetlb", "thp", "normal"])? {
+                        "auto" => None,
+                        "hugetlb" => Some(MemoryKind::Hugetlb),
+                        "thp" => Some(MemoryKind::Thp),
+                        _ => Some(MemoryKind::Normal),
+                    }
+                }
+                "lock_memory" => c.lock_memory = toggle(key, v)?,
+                "register_buffers" => c.register_buffers = toggle(key, v)?,
+                "prefetch_batches" => c.prefetch_batches = positive(key, v)? as usize,
+                "epochs" => c.epochs = integer(key, v)?,
+                _ => {
+                    return Err(Error::config(format!(
+                        "unknown key `{key}`; known keys: {}",
+                        KEYS.join(", ")
+                    )));
+                }
+            }
+        }
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Checks the values together (each was checked alone when parsed).
+    pub fn validate(&self) -> Result<()> {
+        if self.urls.is_empty() {
+            return Err(Error::config(
+                "`urls` is required: give one or more dataset URLs or paths",
+            ));
+        }
+        if self.batch_size == 0 {
+            return Err(Error::config("`batch_size` must be at least 1"));
+        }
+        const MIN_CHUNK: u64 = 64 << 10;
+        if self.chunk_size < MIN_CHUNK || self.chunk_size % 4096 != 0 {
+            return Err(Error::config(format!(
+                "`chunk_size` must be a multiple of 4096 and at least {MIN_CHUNK} bytes, got {}",
+                self.chunk_size
+            )));
+        }
+        if self.chunk_size > (1 << 30) {
+            return Err(Error::config(format!(
+                "`chunk_size` must be at most 1 GiB (the io_uring fixed-buffer limit), got {}",
+                self.chunk_size
+            )));
+        }
+        let chunks = self.memory_budget / self.chunk_size;
+        if chunks < 4 {
+            return Err(Error::config(format!(
+                "`memory_budget` of {} bytes holds {chunks} chunks of {} bytes; at least 4 are needed",
+                self.memory_budget, self.chunk_size
+            )));
+        }
+        if self.reads_in_flight == 0 || self.prefetch_batches == 0 {
+            return Err(Error::config(
+                "`reads_in_flight` and `prefetch_batches` must be at least 1",
+            ));
+        }
+        if self.reads_in_flight > 256 {
+            return Err(Error::config(format!(
+                "`reads_in_flight` must be at most 256, got {}",
+                self.reads_in_flight
+            )));
+        }
+        if self.workers > 1024 {
+            return Err(Error::config(format!(
+                "`workers` must be at most 1024, got {}",
+                self.workers
+            )));
+        }
+        Ok(())
+    }
+}
+
+fn kind_of(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn bad(key: &str, want: &str, v: &Value) -> Error {
+    Error::config(format!("`{key}` must be {want}, got {v}"))
+}
+
+fn integer(key: &str, v: &Value) -> Result<u64> {
+    v.as_u64()
+        .ok_or_else(|| bad(key, "a non-negative integer", v))
+}
+
+fn positive(key: &str, v: &Value) -> Result<u64> {
+    match v.as_u64() {
+        Some(n) if n > 0 => Ok(n),
+        _ => Err(bad(key, "a positive integer", v)),
+    }
+}
+
+fn boolean(key: &str, v: &Value) -> Result<bool> {
+    v.as_bool().ok_or_else(|| bad(key, "true or false", v))
+}
+
+fn choice<'a>(key: &str, v: &Value, allowed: &[&'a str]) -> Result<&'a str> {
+    let s = v.as_str().ok_or_else(|| bad(key, "a string", v))?;
+    allowed.iter().find(|a| **a == s).copied().ok_or_else(|| {
+        Error::config(format!(
+            "`{key}` must be one of {}, got \"{s}\"",
+            allowed
+                .iter()
+                .map(|a| format!("\"{a}\""))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+    })
+}
+
+fn toggle(key: &str, v: &Value) -> Result<Toggle> {
+    if let Some(b) = v.as_bool() {
+        return Ok(if b { Toggle::On } else { Toggle::Off });
+    }
+    Ok(match choice(key, v, &["auto", "on", "off"])? {
+        "auto" => Toggle::Auto,
+        "on" => Toggle::On,
+        _ => Toggle::Off,
+    })
+}
+
+fn urls(key: &str, v: &Value) -> Result<Vec<String>> {
+    let list = match v {
+        Value::String(s) => vec![s.clone()],
+        Value::Array(items) => items
+            .iter()
+            .map(|i| {
+                i.as_str()
+                    .map(str::to_owned)
+                    .ok_or_else(|| bad(key, "a string or an array of strings", i))
+            })
+            .collect::<Result<_>>()?,
+        other => return Err(bad(key, "a string or an array of strings", other)),
+    };
+    if let Some(empty) = list.iter().find(|u| u.trim().is_empty()) {
+        return Err(bad(key, "non-empty URLs", &Value::String(empty.clone())));
+    }
+    Ok(list)
+}
+
+fn size(key: &str, v: &Value) -> Result<u64> {
+    match v {
+        Value::Number(_) => integer(key, v),
+        Value::String(s) => parse_size(s)
+            .map_err(|why| Error::config(format!("`{key}`: cannot read \"{s}\" as a size: {why}"))),
+        other => Err(bad(
+            key,
+            "a byte count or a size string such as \"512MiB\"",
+            other,
+        )),
+    }
+}
+
+/// Parses `"512MiB"`, `"8 MiB"`, `"1GB"`, `"4096"`.
+pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    if num.is_empty() {
+        return Err("it does not start with a number".into());
+    }
+    let n: u64 = num
+        .parse()
+        .map_err(|_| "the number is too large".to_string())?;
+    let mult: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "TiB" => 1 << 40,
+        "KB" | "kB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        "TB" => 1_000_000_000_000,
+        u => {
+            return Err(format!(
+                "unknown unit `{u}` (use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)"
+            ));
+        }
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| "the size is too large".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(json: &str) -> String {
+        Config::from_json(json).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn defaults_apply_and_sizes_take_units() {
+        let c = Config::from_json(
+            r#"{"urls": "a.tar", "memory_budget": "256MiB", "chunk_size": 1048576}"#,
+        )
+        .unwrap();
+        assert_eq!(c.urls, vec!["a.tar"]);
+        assert_eq!(c.memory_budget, 256 << 20);
+        assert_eq!(c.chunk_size, 1 << 20);
+        assert_eq!(c.batch_size, 32);
+        assert_eq!(parse_size("1 GB").unwrap(), 1_000_000_000);
+    }
+
+    #[test]
+    fn bad_input_names_the_key_and_the_reason() {
+        assert!(err("[1]").contains("expected a JSON object"));
+        assert!(err("{").contains("not valid JSON"));
+        assert!(err(r#"{"urls":"a","batch_sise":3}"#).contains("unknown key `batch_sise`"));
+        assert!(
+            err(r#"{"urls":"a","batch_size":0}"#)
+                .contains("`batch_size` must be a positive integer")
+        );
+        assert!(err(r#"{"urls":"a","batch_size":"8"}"#).contains("`batch_size`"));
+        assert!(err(r#"{"urls":"a","drop_last":1}"#).contains("`drop_last` must be true or false"));
+        assert!(
+            err(r#"{"urls":"a","memory_budget":"12 parsecs"}"#).contains("unknown unit `parsecs`")
+        );
+        assert!(err(r#"{"urls":"a","memory_budget":"x"}"#).contains("`memory_budget`"));
+        assert!(err(r#"{"urls":"a","memory_budget":-5}"#).contains("`memory_budget`"));
+        assert!(err(r#"{"urls":"a","io_backend":"epoll"}"#).contains("\"io_uring\""));
+        assert!(err(r#"{"urls":"a","memory_kind":"huge"}"#).contains("`memory_kind`"));
+        assert!(err(r#"{"urls":"a","lock_memory":"maybe"}"#).contains("`lock_memory`"));
+        assert!(err(r#"{"urls":"a","chunk_size":1000}"#).contains("`chunk_size`"));
+        assert!(err(r#"{"urls":"a","memory_budget":"16MiB"}"#).contains("at least 4 are needed"));
+        assert!(err(r#"{"urls":[1]}"#).contains("`urls`"));
+        assert!(err(r#"{"urls":[""]}"#).contains("`urls`"));
+        assert!(err(r#"{}"#).contains("`urls` is required"));
+        assert!(err(r#"{"urls":"a","reads_in_flight":100000}"#).contains("`reads_in_flight`"));
+        assert!(err(r#"{"urls":"a","workers":1.5}"#).contains("`workers`"));
+    }
+}

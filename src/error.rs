@@ -1,0 +1,108 @@
+//! Errors of every subsystem, as values with the context a user needs (which
+//! shard, which byte offset, which configuration key), and their one mapping
+//! to the stable status codes of the C ABI (`crate::ffi::status`).
+//!
+//! `Error` is `Clone`: a worker's failure is reported to every consumer that
+//! calls `next` after it, so the value is shared, never consumed.
+
+use std::io;
+use std::path::PathBuf;
+
+/// Result alias used across the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What can go wrong inside ringfeed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    /// The configuration JSON is malformed, or a key is unknown or has a bad value.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// A dataset URL could not be parsed or expanded.
+    #[error("dataset URL `{url}`: {reason}")]
+    Url { url: String, reason: String },
+    /// A shard could not be opened or read.
+    #[error("{op} `{path}`: {message}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        message: String,
+        errno: i32,
+    },
+    /// The bytes of a shard are not a valid tar archive.
+    #[error("shard `{shard}`: {source}")]
+    Tar {
+        shard: String,
+        #[source]
+        source: TarError,
+    },
+    /// Two members of one sample have the same field name.
+    #[error("shard `{shard}` at byte {offset}: duplicate field `{field}` in sample `{key}`")]
+    DuplicateField {
+        shard: String,
+        offset: u64,
+        key: String,
+        field: String,
+    },
+    /// The memory arena could not be set up as configured.
+    #[error("memory: {0}")]
+    Memory(String),
+    /// The budget cannot hold what the workers need at once.
+    #[error(
+        "memory budget of {budget} bytes is too small: every worker waits for a free chunk \
+         while no batch is outstanding ({detail}); raise `memory_budget` or lower `batch_size`"
+    )]
+    BudgetTooSmall { budget: u64, detail: String },
+    /// io_uring was required by configuration but could not be set up.
+    #[error("io_uring: {0}")]
+    IoUring(String),
+    /// The loader was closed while the call was in progress.
+    #[error("the loader is closed")]
+    Closed,
+}
+
+impl Error {
+    pub(crate) fn config(msg: impl Into<String>) -> Self {
+        Error::Config(msg.into())
+    }
+
+    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, err: &io::Error) -> Self {
+        Error::Io {
+            op,
+            path: path.into(),
+            message: err.to_string(),
+            errno: err.raw_os_error().unwrap_or(0),
+        }
+    }
+}
+
+/// A malformed tar stream; offsets are bytes from the start of the shard.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TarError {
+    #[error("not a tar archive: no valid header at byte 0")]
+    NotTar,
+    #[error("empty file: not a tar archive")]
+    Empty,
+    #[error("corrupt header at byte {offset}: checksum {stored} stored, {computed} computed")]
+    BadChecksum {
+        offset: u64,
+        stored: u64,
+        computed: u64,
+    },
+    #[error("corrupt header at byte {offset}: bad numeric field `{field}`")]
+    BadNumber { offset: u64, field: &'static str },
+    #[error("corrupt pax extended header at byte {offset}: {reason}")]
+    BadPax { offset: u64, reason: String },
+    #[error("{what} at byte {offset} is {size} bytes, over the {limit}-byte limit")]
+    TooLarge {
+        offset: u64,
+        what: String,
+        size: u64,
+        limit: u64,
+    },
+    #[error("truncated at byte {offset}: {inside} needs {missing} more bytes")]
+    Truncated {
+        offset: u64,
+        inside: String,
+        missing: u64,
+    },
+}
