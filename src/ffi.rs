@@ -70,10 +70,6 @@ pub struct ringfeed_loader {
     _private: [u8; 0],
 }
 
-/// One field of a sample: its name and where its bytes are.
-pub type ringfeed_field = RawField;
-/// One sample: its key and its fields.
-pub type ringfeed_sample = RawSample;
 
 /// A batch handed out by `ringfeed_loader_next`. Every pointer in it stays
 /// valid until `ringfeed_batch_release` is called with it.
@@ -89,11 +85,11 @@ pub struct ringfeed_batch {
     pub bytes: u64,
     pub sample_count: usize,
     /// `sample_count` samples.
-    pub samples: *const ringfeed_sample,
+    pub samples: *const RawSample,
     pub field_count: usize,
     /// Every field of every sample, in sample order (`samples[i].fields`
     /// points into this array).
-    pub fields: *const ringfeed_field,
+    pub fields: *const RawField,
 }
 
 /// A snapshot of a loader's counters and setup.
@@ -206,7 +202,7 @@ fn check<T>(p: *const T, name: &str) -> Result<(), Fail> {
     Ok(())
 }
 
-fn loader(handle: *const ringfeed_loader) -> Result<Arc<Loader>, Fail> {
+fn lookup(handle: *const ringfeed_loader) -> Result<Arc<Loader>, Fail> {
     if handle.is_null() {
         return Err(invalid("argument `loader` is NULL"));
     }
@@ -260,7 +256,7 @@ pub unsafe extern "C" fn ringfeed_loader_open(
 /// `out` must be NULL or point to a writable `ringfeed_batch`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ringfeed_loader_next(
-    loader_handle: *mut ringfeed_loader,
+    loader: *mut ringfeed_loader,
     timeout_ms: i64,
     out: *mut ringfeed_batch,
 ) -> i32 {
@@ -278,7 +274,7 @@ pub unsafe extern "C" fn ringfeed_loader_next(
         };
         // SAFETY: checked non-NULL and aligned; the caller says it is writable.
         unsafe { out.write(empty) };
-        let l = loader(loader_handle)?;
+        let l = lookup(loader)?;
         let timeout = u64::try_from(timeout_ms).ok().map(Duration::from_millis);
         match l.next(timeout)? {
             Next::Batch(b) => {
@@ -353,12 +349,12 @@ pub unsafe extern "C" fn ringfeed_batch_release(batch: *mut ringfeed_batch) -> i
 /// `out` must be NULL or point to a writable `ringfeed_stats`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ringfeed_loader_stats(
-    loader_handle: *mut ringfeed_loader,
+    loader: *mut ringfeed_loader,
     out: *mut ringfeed_stats,
 ) -> i32 {
     boundary(|| {
         check(out, "out")?;
-        let s = loader(loader_handle)?.stats();
+        let s = lookup(loader)?.stats();
         let v = ringfeed_stats {
             bytes_delivered: s.bytes_delivered,
             samples_delivered: s.samples_delivered,
@@ -409,13 +405,13 @@ pub unsafe extern "C" fn ringfeed_loader_stats(
 /// `buf` must be NULL or point to `len` writable bytes; `needed` NULL or writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ringfeed_loader_stats_json(
-    loader_handle: *mut ringfeed_loader,
+    loader: *mut ringfeed_loader,
     buf: *mut c_char,
     len: usize,
     needed: *mut usize,
 ) -> i32 {
     boundary(|| {
-        let s = loader(loader_handle)?.stats();
+        let s = lookup(loader)?.stats();
         let text = serde_json::to_string(&s).map_err(|e| invalid(e.to_string()))?;
         if !needed.is_null() {
             check(needed, "needed")?;
@@ -446,12 +442,12 @@ pub unsafe extern "C" fn ringfeed_loader_stats_json(
 /// # Safety
 /// None beyond passing a handle value; it is looked up, never dereferenced.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn ringfeed_loader_close(loader_handle: *mut ringfeed_loader) -> i32 {
+pub unsafe extern "C" fn ringfeed_loader_close(loader: *mut ringfeed_loader) -> i32 {
     boundary(|| {
-        if loader_handle.is_null() {
+        if loader.is_null() {
             return Ok(RINGFEED_OK);
         }
-        let l = lock(&LOADERS).remove(&loader_handle.addr());
+        let l = lock(&LOADERS).remove(&loader.addr());
         match l {
             Some(l) => {
                 l.close();
