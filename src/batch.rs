@@ -106,10 +106,9 @@ impl BatchBuilder {
         let Some(from) = self.open_from else {
             return false;
         };
-        self.fields[from..].iter().any(|f| {
-            let off = f.name.addr();
-            self.strings[off..off + name.len()] == *name && self.strings[off + name.len()] == 0
-        })
+        self.fields[from..]
+            .iter()
+            .any(|f| cstr_at(&self.strings, f.name.addr()) == name)
     }
 
     /// Adds a field of the open sample: `len` bytes at `data`, inside `chunk`.
@@ -258,6 +257,17 @@ impl Batch {
             raw: s,
             _batch: self,
         })
+    }
+}
+
+impl std::fmt::Debug for Batch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batch")
+            .field("index", &self.index)
+            .field("epoch", &self.epoch)
+            .field("samples", &self.samples.len())
+            .field("bytes", &self.bytes)
+            .finish()
     }
 }
 

@@ -70,7 +70,6 @@ pub struct ringfeed_loader {
     _private: [u8; 0],
 }
 
-
 /// A batch handed out by `ringfeed_loader_next`. Every pointer in it stays
 /// valid until `ringfeed_batch_release` is called with it.
 #[repr(C)]

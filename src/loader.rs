@@ -28,6 +28,7 @@ pub(crate) enum Item {
 }
 
 /// What `next` returns when it does not fail.
+#[derive(Debug)]
 pub enum Next {
     Batch(Batch),
     /// Every batch of this epoch was handed out.

@@ -261,6 +261,7 @@ impl TarWalk {
                     Ok(())
                 }
             }
+            State::Header if self.entry_offset == 0 => Err(TarError::NotTar),
             State::Header => Err(TarError::Truncated {
                 offset,
                 inside: format!("the header at byte {}", self.entry_offset),
@@ -558,5 +559,252 @@ impl From<TarError> for Error {
             shard: String::new(),
             source,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Collects members, assembling split ones from their pieces.
+    #[derive(Default)]
+    struct Collect {
+        seg: Vec<u8>,
+        members: Vec<(Vec<u8>, Vec<u8>)>,
+        offsets: Vec<u64>,
+        open: Option<(Vec<u8>, Vec<u8>, u64)>,
+        splits: usize,
+    }
+
+    impl MemberSink for Collect {
+        fn whole(&mut self, name: &[u8], offset: u64, r: Range<usize>) -> Result<(), Error> {
+            self.members.push((name.to_vec(), self.seg[r].to_vec()));
+            self.offsets.push(offset);
+            Ok(())
+        }
+        fn split_begin(
+            &mut self,
+            name: &[u8],
+            offset: u64,
+            size: u64,
+            r: Range<usize>,
+        ) -> Result<(), Error> {
+            assert!(self.open.is_none());
+            assert!((r.len() as u64) < size);
+            self.splits += 1;
+            self.open = Some((name.to_vec(), self.seg[r].to_vec(), size));
+            self.offsets.push(offset);
+            Ok(())
+        }
+        fn split_more(&mut self, r: Range<usize>, last: bool) -> Result<(), Error> {
+            let (name, mut data, size) = self.open.take().expect("split open");
+            assert_eq!(r.start, 0, "continuations start their segment");
+            data.extend_from_slice(&self.seg[r]);
+            if last {
+                assert_eq!(data.len() as u64, size);
+                self.members.push((name, data));
+            } else {
+                self.open = Some((name, data, size));
+            }
+            Ok(())
+        }
+    }
+
+    fn walk_all(bytes: &[u8], cuts: &[usize], limit: u64) -> Result<Collect, Error> {
+        let mut c = Collect::default();
+        let mut w = TarWalk::new(limit);
+        let mut at = 0;
+        let mut points: Vec<usize> = cuts.iter().map(|&x| x % (bytes.len() + 1)).collect();
+        points.push(bytes.len());
+        points.sort();
+        for p in points {
+            c.seg = bytes[at..p].to_vec();
+            w.feed(&bytes[at..p], &mut c)?;
+            at = p;
+        }
+        w.finish()?;
+        assert!(c.open.is_none());
+        Ok(c)
+    }
+
+    /// Builds an archive with the `tar` crate: GNU long names where a name
+    /// exceeds 100 bytes, pax headers when asked, and a directory and a
+    /// symlink that must be skipped.
+    fn archive(members: &[(String, Vec<u8>)], pax: bool) -> Vec<u8> {
+        let mut b = ::tar::Builder::new(Vec::new());
+        let mut dir = ::tar::Header::new_gnu();
+        dir.set_entry_type(::tar::EntryType::Directory);
+        dir.set_size(0);
+        dir.set_mode(0o755);
+        b.append_data(&mut dir, "somedir/", std::io::empty())
+            .unwrap();
+        for (i, (name, data)) in members.iter().enumerate() {
+            if pax && i % 2 == 0 {
+                b.append_pax_extensions([("path", name.as_bytes()), ("comment", b"x".as_slice())])
+                    .unwrap();
+                let mut h = ::tar::Header::new_ustar();
+                h.set_size(data.len() as u64);
+                h.set_mode(0o644);
+                h.set_entry_type(::tar::EntryType::Regular);
+                h.as_mut_bytes()[..4].copy_from_slice(b"junk");
+                h.set_cksum();
+                b.append(&h, data.as_slice()).unwrap();
+            } else {
+                let mut h = ::tar::Header::new_gnu();
+                h.set_size(data.len() as u64);
+                h.set_mode(0o644);
+                b.append_data(&mut h, name, data.as_slice()).unwrap();
+            }
+        }
+        let mut link = ::tar::Header::new_gnu();
+        link.set_entry_type(::tar::EntryType::Symlink);
+        link.set_size(0);
+        b.append_link(&mut link, "a-link", "target").unwrap();
+        b.into_inner().unwrap()
+    }
+
+    fn member_strategy() -> impl Strategy<Value = Vec<(String, Vec<u8>)>> {
+        prop::collection::vec((1usize..260, 0usize..3000, any::<u8>()), 0..12).prop_map(|v| {
+            v.into_iter()
+                .enumerate()
+                .map(|(i, (name_len, size, fill))| {
+                    let mut name = format!("d/{i:04}.");
+                    while name.len() < name_len {
+                        name.push((b'a' + (name.len() % 26) as u8) as char);
+                    }
+                    let data = (0..size).map(|k| fill.wrapping_add(k as u8)).collect();
+                    (name, data)
+                })
+                .collect()
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        #[test]
+        fn any_segmentation_yields_every_member_once(
+            members in member_strategy(),
+            pax in any::<bool>(),
+            cuts in prop::collection::vec(any::<usize>(), 0..40),
+        ) {
+            let bytes = archive(&members, pax);
+            let c = walk_all(&bytes, &cuts, u64::MAX).unwrap();
+            let got: Vec<(String, Vec<u8>)> = c
+                .members
+                .into_iter()
+                .map(|(n, d)| (String::from_utf8(n).unwrap(), d))
+                .collect();
+            prop_assert_eq!(got, members);
+        }
+
+        #[test]
+        fn truncation_anywhere_inside_a_member_is_an_error(
+            members in member_strategy(),
+            cut in any::<usize>(),
+        ) {
+            let bytes = archive(&members, false);
+            // The last byte of real content: the end of the last member's data.
+            let end = bytes.len() - 1024;
+            let cut = 1 + cut % end.max(1);
+            match walk_all(&bytes[..cut], &[cut / 2], u64::MAX) {
+                Ok(c) => {
+                    // Only a cut at an entry boundary may succeed, and then
+                    // with a prefix of the members.
+                    prop_assert!(c.members.len() <= members.len());
+                    for (got, want) in c.members.iter().zip(&members) {
+                        prop_assert_eq!(&got.1, &want.1);
+                    }
+                }
+                Err(Error::Tar { source: TarError::Truncated { offset, .. }, .. }) => {
+                    prop_assert_eq!(offset, cut as u64);
+                }
+                // Shorter than one header block: not recognisable as tar.
+                Err(Error::Tar { source: TarError::NotTar, .. }) => prop_assert!(cut < 512),
+                Err(e) => prop_assert!(false, "unexpected error {e}"),
+            }
+        }
+
+        #[test]
+        fn garbage_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..4096), cuts in prop::collection::vec(any::<usize>(), 0..8)) {
+            let _ = walk_all(&bytes, &cuts, 1 << 20);
+        }
+    }
+
+    fn tar_err(bytes: &[u8], limit: u64) -> TarError {
+        match walk_all(bytes, &[], limit) {
+            Err(Error::Tar { source, .. }) => source,
+            Err(e) => panic!("not a tar error: {e}"),
+            Ok(_) => panic!("walk succeeded"),
+        }
+    }
+
+    #[test]
+    fn corrupt_inputs_name_the_byte_offset() {
+        let good = archive(
+            &[
+                ("a.jpg".into(), vec![1; 700]),
+                ("b.jpg".into(), vec![2; 10]),
+            ],
+            false,
+        );
+        // Second entry (after dir header, a.jpg header + 2 data blocks) is at 512*4.
+        let mut bad = good.clone();
+        bad[512 * 4 + 10] ^= 0x55;
+        assert!(matches!(
+            tar_err(&bad, u64::MAX),
+            TarError::BadChecksum { offset: 2048, .. }
+        ));
+        assert_eq!(
+            tar_err(b"this is not a tar file at all", u64::MAX),
+            TarError::NotTar
+        );
+        assert_eq!(tar_err(&[b'x'; 2048], u64::MAX), TarError::NotTar);
+        assert_eq!(tar_err(&[], u64::MAX), TarError::Empty);
+        assert!(matches!(
+            tar_err(&good, 100),
+            TarError::TooLarge {
+                offset: 512,
+                size: 700,
+                limit: 100,
+                ..
+            }
+        ));
+        let mut bad_size = good.clone();
+        bad_size[512 + 124..512 + 136].copy_from_slice(b"zz0000000000");
+        let mut h = [0u8; 512];
+        h.copy_from_slice(&bad_size[512..1024]);
+        h[148..156].copy_from_slice(b"        ");
+        let sum: u64 = h.iter().map(|&b| u64::from(b)).sum();
+        bad_size[512 + 148..512 + 156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+        assert!(matches!(
+            tar_err(&bad_size, u64::MAX),
+            TarError::BadNumber {
+                offset: 512,
+                field: "size"
+            }
+        ));
+    }
+
+    #[test]
+    fn gnu_base256_sizes_and_bad_pax_records() {
+        assert_eq!(
+            parse_number(&[0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x01, 0x00], 0, "size").unwrap(),
+            256
+        );
+        assert!(parse_number(&[0xff; 12], 0, "size").is_err());
+        assert!(matches!(
+            parse_pax(b"abc", 9),
+            Err(TarError::BadPax { offset: 9, .. })
+        ));
+        assert!(matches!(
+            parse_pax(b"99 path=x\n", 9),
+            Err(TarError::BadPax { .. })
+        ));
+        assert_eq!(
+            parse_pax(b"10 path=x\n", 0).unwrap(),
+            (Some(b"x".to_vec()), None)
+        );
     }
 }
