@@ -1,0 +1,448 @@
+//! The C ABI from C and C++: builds the consumers in `tests/c/` and
+//! `bindings/cpp/` against the crate's cdylib with `-Werror` and ASan/UBSan,
+//! runs them on shards from `ringfeed::synth`, and checks that each public
+//! header compiles alone.
+//!
+//! - `abi_stream.c`: every sample once per epoch with the generator's bytes,
+//!   batch descriptors, stats and stats JSON.
+//! - `abi_misuse.c`: each documented misuse gives its status and a message.
+//! - `abi_fallbacks.c`: without `CAP_IPC_LOCK` and with `io_uring` denied by
+//!   seccomp, the loader still streams and says what it fell back from.
+//! - `wrapper_test.cpp` and the example `trainer.cpp`: the C++ wrapper.
+//!
+//! Needs a C and a C++ compiler (`cc`, `c++`, or `$CC`, `$CXX`) with the
+//! sanitizer runtimes; a missing compiler fails the test, it is never skipped.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use ringfeed::synth::{self, GenOptions};
+
+const LIB: &str = "libringfeed.so";
+
+/// Flags every C program is built with.
+const C_FLAGS: &[&str] = &[
+    "-std=c11",
+    "-Wall",
+    "-Wextra",
+    "-Werror",
+    "-g",
+    "-fsanitize=address,undefined",
+    "-fno-sanitize-recover=all",
+];
+
+/// Flags every C++ program is built with.
+const CXX_FLAGS: &[&str] = &[
+    "-std=c++17",
+    "-Wall",
+    "-Wextra",
+    "-Werror",
+    "-g",
+    "-fsanitize=address,undefined",
+    "-fno-sanitize-recover=all",
+];
+
+/// Seed of the test shards' content; not 0, so a consumer ignoring it fails.
+const SEED: u64 = 7;
+
+/// Longest a test program may run. Not a performance bound: each finishes
+/// in seconds; this only turns a hang into a failure with its output.
+const RUN_LIMIT: Duration = Duration::from_secs(300);
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Three shards of about 2 MiB, ~300 samples of a `jpg` (10-30 KB) and a
+/// `cls` (8-64 bytes): small enough to stream under `ASan` in well under a
+/// second, large enough for several batches per worker. `tests/c/common.h`
+/// checks the field sizes against these numbers.
+struct Shards {
+    _dir: tempfile::TempDir,
+    paths: Vec<PathBuf>,
+    samples: u64,
+    bytes: u64,
+}
+
+fn shards() -> Shards {
+    let dir = tempfile::tempdir().expect("create a temporary directory");
+    let opts = GenOptions {
+        shards: 3,
+        shard_bytes: 2 << 20,
+        sample_bytes: 20_000,
+        spread: 0.5,
+        fields: vec!["jpg".into(), "cls".into()],
+        seed: SEED,
+    };
+    let report = synth::generate(dir.path(), &opts, |_| {}).expect("generate test shards");
+    Shards {
+        paths: report.paths,
+        samples: report.samples,
+        bytes: report.payload_bytes,
+        _dir: dir,
+    }
+}
+
+impl Shards {
+    /// `SEED SAMPLES BYTES SHARD...`, the arguments the stream tests take.
+    fn args(&self) -> Vec<String> {
+        let mut a = vec![
+            SEED.to_string(),
+            self.samples.to_string(),
+            self.bytes.to_string(),
+        ];
+        a.extend(self.paths.iter().map(|p| p.display().to_string()));
+        a
+    }
+}
+
+/// The directory holding a fresh `libringfeed.so`.
+///
+/// `cargo test` and `cargo nextest run` build the library's cdylib next to
+/// the test binary (`target/<profile>/deps/`), from the same sources as the
+/// test, so that copy is current. Only when it is missing (a test binary run
+/// from elsewhere) is the library built with `cargo build --lib`; the copy
+/// uplifted to `target/<profile>/` may be stale, so it is never used as is.
+fn lib_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let exe = std::env::current_exe().expect("path of the test binary");
+        let deps = exe.parent().expect("the test binary's directory");
+        if deps.join(LIB).is_file() {
+            return deps.to_path_buf();
+        }
+        let profile_dir = if deps.ends_with("deps") {
+            deps.parent().expect("target/<profile>")
+        } else {
+            deps
+        };
+        let profile = profile_dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .expect("profile directory name");
+        let mut target_dir = profile_dir.parent().expect("target directory");
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.args(["build", "--lib", "--manifest-path"])
+            .arg(root().join("Cargo.toml"))
+            .args([
+                "--profile",
+                if profile == "debug" { "dev" } else { profile },
+            ]);
+        // target/<triple>/<profile> when built for an explicit target.
+        if !target_dir.join("CACHEDIR.TAG").is_file()
+            && let (Some(triple), Some(up)) = (target_dir.file_name(), target_dir.parent())
+            && up.join("CACHEDIR.TAG").is_file()
+        {
+            cmd.arg("--target").arg(triple);
+            target_dir = up;
+        }
+        cmd.arg("--target-dir").arg(target_dir);
+        let status = cmd.status().expect("run cargo build --lib");
+        assert!(status.success(), "cargo build --lib failed: {status}");
+        assert!(
+            profile_dir.join(LIB).is_file(),
+            "cargo build --lib did not produce {}",
+            profile_dir.join(LIB).display()
+        );
+        profile_dir.to_path_buf()
+    })
+}
+
+fn compiler(env_var: &str, default: &str) -> String {
+    std::env::var(env_var).unwrap_or_else(|_| default.to_string())
+}
+
+/// Runs a compiler command; a missing compiler or any diagnostic fails.
+fn compile(mut cmd: Command, what: &str) {
+    let program = cmd.get_program().to_string_lossy().into_owned();
+    let out = cmd.output().unwrap_or_else(|e| {
+        panic!(
+            "cannot run `{program}` to build {what} ({e}): the C ABI tests need a C and a C++ \
+             compiler with ASan/UBSan (gcc/g++ or clang); set CC/CXX to choose them"
+        )
+    });
+    assert!(
+        out.status.success(),
+        "building {what} failed ({}):\n{cmd:?}\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Compiles and links one C or C++ test program against the cdylib.
+fn build(src: &str, out_dir: &Path, cxx: bool) -> PathBuf {
+    let src = root().join(src);
+    let exe = out_dir.join(src.file_stem().expect("source file name"));
+    let lib = lib_dir();
+    let mut cmd = if cxx {
+        let mut c = Command::new(compiler("CXX", "c++"));
+        c.args(CXX_FLAGS);
+        c
+    } else {
+        let mut c = Command::new(compiler("CC", "cc"));
+        c.args(C_FLAGS);
+        c
+    };
+    cmd.arg(format!(
+        "-DRINGFEED_EXPECTED_VERSION=\"{}\"",
+        env!("CARGO_PKG_VERSION")
+    ))
+    .arg("-I")
+    .arg(root().join("include"))
+    .arg("-I")
+    .arg(root().join("bindings/cpp"))
+    .arg("-I")
+    .arg(root().join("tests/c"))
+    .arg("-o")
+    .arg(&exe)
+    .arg(&src)
+    .arg("-L")
+    .arg(lib)
+    .arg(format!("-Wl,-rpath,{}", lib.display()))
+    .arg("-lringfeed")
+    .arg("-pthread");
+    compile(cmd, &src.display().to_string());
+    exe
+}
+
+/// Runs a test program to completion (or `RUN_LIMIT`) and returns its output.
+fn run(exe: &Path, args: &[String]) -> Output {
+    let mut cmd = Command::new(exe);
+    cmd.args(args)
+        // The rpath names the library to test; cargo's LD_LIBRARY_PATH must
+        // not swap in another copy.
+        .env_remove("LD_LIBRARY_PATH")
+        .env("UBSAN_OPTIONS", "print_stacktrace=1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", exe.display()));
+    let pipe = |r: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let stdout = pipe(
+        child
+            .stdout
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+    );
+    let stderr = pipe(
+        child
+            .stderr
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+    );
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for the test program") {
+            break status;
+        }
+        if start.elapsed() > RUN_LIMIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{} ran past {RUN_LIMIT:?}: hung\nstdout:\n{}\nstderr:\n{}",
+                exe.display(),
+                String::from_utf8_lossy(&stdout.join().unwrap_or_default()),
+                String::from_utf8_lossy(&stderr.join().unwrap_or_default())
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: stdout.join().expect("stdout reader"),
+        stderr: stderr.join().expect("stderr reader"),
+    }
+}
+
+/// Runs a test program and fails, with its output, unless it exits 0.
+fn run_ok(exe: &Path, args: &[String]) -> String {
+    let out = run(exe, args);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // Shown by `cargo test -- --nocapture`, and on failure.
+    println!("{stdout}{stderr}");
+    assert!(
+        out.status.success(),
+        "{} {args:?} failed ({}):\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        exe.display(),
+        out.status
+    );
+    stdout
+}
+
+#[test]
+fn c_stream_delivers_every_sample_once_with_its_bytes() {
+    let data = shards();
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = build("tests/c/abi_stream.c", tmp.path(), false);
+    let out = run_ok(&exe, &data.args());
+    assert!(out.contains("abi_stream: all checks passed"), "{out}");
+}
+
+#[test]
+fn c_misuse_returns_documented_errors_and_never_crashes() {
+    let data = shards();
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = build("tests/c/abi_misuse.c", tmp.path(), false);
+    let scratch = tmp.path().join("scratch");
+    std::fs::create_dir(&scratch).unwrap();
+    let mut args = vec![scratch.display().to_string()];
+    args.extend(data.args());
+    let out = run_ok(&exe, &args);
+    assert!(out.contains("abi_misuse: all checks passed"), "{out}");
+}
+
+#[test]
+fn c_fallbacks_stream_without_mlock_or_io_uring() {
+    let data = shards();
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = build("tests/c/abi_fallbacks.c", tmp.path(), false);
+    let out = run_ok(&exe, &data.args());
+    assert!(out.contains("abi_fallbacks: all checks passed"), "{out}");
+}
+
+#[test]
+fn cpp_wrapper_releases_moves_iterates_and_throws() {
+    let data = shards();
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = build("tests/c/wrapper_test.cpp", tmp.path(), true);
+    let out = run_ok(&exe, &data.args());
+    assert!(out.contains("wrapper_test: all checks passed"), "{out}");
+}
+
+/// Sum of every payload byte of the shards, read with the `tar` crate: what
+/// the trainer's per-epoch byte sum must equal.
+fn payload_byte_sum(paths: &[PathBuf]) -> (u64, u64) {
+    let (mut sum, mut bytes) = (0u64, 0u64);
+    for p in paths {
+        let mut archive = tar::Archive::new(std::fs::File::open(p).unwrap());
+        for entry in archive.entries().unwrap() {
+            let mut data = Vec::new();
+            entry.unwrap().read_to_end(&mut data).unwrap();
+            bytes += data.len() as u64;
+            sum = data.iter().fold(sum, |s, &b| s.wrapping_add(u64::from(b)));
+        }
+    }
+    (sum, bytes)
+}
+
+#[test]
+fn cpp_trainer_example_reads_every_byte_each_epoch() {
+    let data = shards();
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = build("bindings/cpp/examples/trainer.cpp", tmp.path(), true);
+    let (sum, bytes) = payload_byte_sum(&data.paths);
+    assert_eq!(
+        bytes, data.bytes,
+        "the tar crate and synth disagree on the payload"
+    );
+    let mut args: Vec<String> = [
+        "--epochs",
+        "2",
+        "--batch-size",
+        "16",
+        "--memory-budget",
+        "64MiB",
+        "--chunk-size",
+        "1MiB",
+    ]
+    .map(String::from)
+    .to_vec();
+    args.extend(data.paths.iter().map(|p| p.display().to_string()));
+    let out = run_ok(&exe, &args);
+    for epoch in 0..2 {
+        let want = format!(
+            "epoch {epoch}: samples={} bytes={} byte_sum={sum}",
+            data.samples, data.bytes
+        );
+        assert!(out.contains(&want), "trainer output lacks `{want}`:\n{out}");
+    }
+    let total = format!(
+        "stats: samples_delivered={} bytes_delivered={}",
+        2 * data.samples,
+        2 * data.bytes
+    );
+    assert!(
+        out.contains(&total),
+        "trainer output lacks `{total}`:\n{out}"
+    );
+
+    // A dataset that does not exist: the wrapper's exception, reported.
+    let missing = tmp.path().join("no-such-shard.tar").display().to_string();
+    let out = run(&exe, std::slice::from_ref(&missing));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "trainer on a missing shard: {stderr}"
+    );
+    assert!(
+        stderr.contains("RINGFEED_ERR_DATASET") && stderr.contains(&missing),
+        "trainer's error does not name the status and the path: {stderr}"
+    );
+}
+
+/// Each public header compiles on its own, in every language it serves, with
+/// warnings as errors, and survives being included twice.
+#[test]
+fn headers_compile_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cases: &[(&str, &str, &[&str])] = &[
+        ("CC", "c", &["-std=c11", "-Wpedantic"]),
+        ("CC", "c", &["-std=c99", "-Wpedantic"]),
+        ("CXX", "c++", &["-std=c++11", "-Wpedantic"]),
+        ("CXX", "c++", &["-std=c++17", "-Wpedantic"]),
+    ];
+    for (var, lang, flags) in cases {
+        let tu = tmp.path().join(format!("h.{lang}"));
+        std::fs::write(&tu, "#include \"ringfeed.h\"\n#include \"ringfeed.h\"\n").unwrap();
+        let mut cmd = Command::new(compiler(var, if *lang == "c" { "cc" } else { "c++" }));
+        cmd.args(["-x", lang, "-fsyntax-only", "-Wall", "-Wextra", "-Werror"])
+            .args(*flags)
+            .arg("-I")
+            .arg(root().join("include"))
+            .arg(&tu);
+        compile(cmd, &format!("include/ringfeed.h as {lang} {flags:?}"));
+    }
+    let tu = tmp.path().join("hpp.cpp");
+    std::fs::write(
+        &tu,
+        "#include \"ringfeed.hpp\"\n#include \"ringfeed.hpp\"\nint main() { return 0; }\n",
+    )
+    .unwrap();
+    let mut cmd = Command::new(compiler("CXX", "c++"));
+    cmd.args([
+        "-fsyntax-only",
+        "-std=c++17",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        "-Wpedantic",
+    ])
+    .args([
+        "-Wshadow",
+        "-Wconversion",
+        "-Wsign-conversion",
+        "-Wold-style-cast",
+    ])
+    .arg("-I")
+    .arg(root().join("include"))
+    .arg("-I")
+    .arg(root().join("bindings/cpp"))
+    .arg(&tu);
+    compile(cmd, "bindings/cpp/ringfeed.hpp");
+}
