@@ -1,0 +1,375 @@
+#!/usr/bin/env bash
+# ringfeed against fio on page-cache-hot local shards.
+#
+# A benchmark program, not a test (STYLE.md rule 9): it prints ringfeed's
+# throughput as a ratio against fio reading the same files in the same run,
+# interleaved round by round, so a noisy machine moves both alike. Nothing
+# here decides a test's pass or fail; PASS/MISS marks the targets only
+# (STRICT=1 turns a MISS into exit status 1 for whoever wants that).
+#
+# What it measures: the local data path with the disk taken out (shards hot in
+# the page cache), i.e. what ringfeed costs on top of the kernel's own
+# copy_page_to_iter into user memory. Targets:
+#   ringfeed GB/s / fio GB/s        >= 0.9
+#   bytes copied / bytes delivered  <= 0.02   (members straddling chunks)
+#   peak RSS                        <= memory budget + 64 MiB
+#   CPU-s per GB                    reported next to fio's, no target
+#
+# Usage: benches/local_vs_fio.sh        (from anywhere; runs in the repo root)
+# Knobs (environment):
+#   SHARDS_DIR      dataset directory          [benches/out/shards]
+#   SHARDS          number of shards           [32]
+#   SHARD_SIZE      size of each shard         [64MiB]   32 x 64 MiB = 2.1 GB
+#   SAMPLE_SIZE     mean sample payload        [100KB]
+#   SEED            generator seed             [0]
+#   ROUNDS          interleaved rounds         [5]
+#   EPOCHS          passes over the shards per run (ringfeed --epochs,
+#                   fio --loops); more makes each run longer, less noisy [1]
+#   WORKERS, CHUNK_SIZE, MEMORY_BUDGET, IO_BACKEND
+#                   ringfeed flags; empty = ringfeed's default
+#   READS_IN_FLIGHT ringfeed --reads-in-flight [4]
+#   RINGFEED_ARGS   more ringfeed bench flags, word-split
+#   FIO_BS          fio block size in bytes    [ringfeed's chunk size]
+#   FIO_IODEPTH     fio iodepth per job        [READS_IN_FLIGHT]
+#   OUT_DIR         where the raw JSON goes    [benches/out/local_vs_fio/<time>]
+#   STRICT          1: exit 1 when a target is missed [0]
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT=$PWD
+
+SHARDS_DIR=${SHARDS_DIR:-benches/out/shards}
+SHARDS=${SHARDS:-32}
+SHARD_SIZE=${SHARD_SIZE:-64MiB}
+SAMPLE_SIZE=${SAMPLE_SIZE:-100KB}
+SEED=${SEED:-0}
+ROUNDS=${ROUNDS:-5}
+EPOCHS=${EPOCHS:-1}
+WORKERS=${WORKERS:-}
+CHUNK_SIZE=${CHUNK_SIZE:-}
+MEMORY_BUDGET=${MEMORY_BUDGET:-}
+IO_BACKEND=${IO_BACKEND:-}
+READS_IN_FLIGHT=${READS_IN_FLIGHT:-4}
+RINGFEED_ARGS=${RINGFEED_ARGS:-}
+FIO_BS=${FIO_BS:-}
+FIO_IODEPTH=${FIO_IODEPTH:-}
+OUT_DIR=${OUT_DIR:-benches/out/local_vs_fio/$(date +%Y%m%d-%H%M%S)}
+STRICT=${STRICT:-0}
+
+say() { printf '\n== %s\n' "$*"; }
+die() { printf 'local_vs_fio: %s\n' "$*" >&2; exit 1; }
+# Prints a command the way it can be pasted back into a shell.
+show() { printf '$'; printf ' %q' "$@"; printf '\n'; }
+now_ns() { date +%s%N; }
+
+# --- 1. tools and binary --------------------------------------------------
+say "tools"
+if ! command -v fio >/dev/null; then
+    [ "$(id -u)" = 0 ] || die "fio is missing and we are not root to apt-get it"
+    apt-get update -qq && apt-get install -y -qq fio
+fi
+command -v python3 >/dev/null || die "python3 is needed to read the JSON"
+command -v fincore >/dev/null || die "fincore (util-linux) is needed to check the page cache"
+fio --version
+show cargo build --release
+cargo build --release
+RF=$ROOT/target/release/ringfeed
+
+mkdir -p "$OUT_DIR"
+OUT_DIR=$(cd "$OUT_DIR" && pwd)
+CMDS=$OUT_DIR/commands.txt
+: >"$CMDS"
+
+# --- 2. dataset -------------------------------------------------------------
+say "dataset"
+GEN=("$RF" gen "$SHARDS_DIR" --shards "$SHARDS" --shard-size "$SHARD_SIZE"
+     --sample-size "$SAMPLE_SIZE" --seed "$SEED")
+STAMP=$SHARDS_DIR/.gen-params
+want_stamp="gen --shards $SHARDS --shard-size $SHARD_SIZE --sample-size $SAMPLE_SIZE --seed $SEED"
+have=0
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want_stamp" ]; then
+    have=$(find "$SHARDS_DIR" -maxdepth 1 -name 'shard-*.tar' | wc -l)
+fi
+if [ "$have" -eq "$SHARDS" ]; then
+    echo "reusing $SHARDS_DIR ($want_stamp)"
+else
+    mkdir -p "$SHARDS_DIR"
+    rm -f "$SHARDS_DIR"/shard-*.tar "$STAMP"
+    show "${GEN[@]}"
+    "${GEN[@]}"
+    echo "$want_stamp" >"$STAMP"
+fi
+{
+    echo "# in $ROOT"
+    echo "# dataset"
+    show "${GEN[@]}"
+} >>"$CMDS"
+SHARDS_DIR=$(cd "$SHARDS_DIR" && pwd)
+mapfile -t FILES < <(find "$SHARDS_DIR" -maxdepth 1 -name 'shard-*.tar' | sort)
+[ "${#FILES[@]}" -eq "$SHARDS" ] || die "expected $SHARDS shards in $SHARDS_DIR, found ${#FILES[@]}"
+case "$SHARDS_DIR" in *:*) die "fio's --filename cannot take a ':' in $SHARDS_DIR" ;; esac
+# Sums in bash: mawk's printf %d saturates at 2^31 - 1.
+DATA_BYTES=0
+for f in "${FILES[@]}"; do DATA_BYTES=$((DATA_BYTES + $(stat -c %s "$f"))); done
+echo "$SHARDS shards, $DATA_BYTES bytes in $SHARDS_DIR"
+
+# --- 3. page cache ----------------------------------------------------------
+say "page cache"
+# Prints the fraction of the shards' bytes resident in the page cache.
+resident() {
+    fincore --bytes --noheadings --raw -o RES,SIZE "${FILES[@]}" |
+        awk '{r = ($1 < $2) ? $1 : $2; res += r; size += $2} END {printf "%.4f\n", res / size}'
+}
+cat "${FILES[@]}" >/dev/null
+echo "resident after one read: $(resident)"
+# Reads the shards again when some fell out of the cache. Memory pressure is
+# not the only cause: a VM may page out idle memory on its own (DAMON
+# `pageout` schemes do, a few 100 MiB/s), and then a run would time the disk.
+# Appends "LABEL RESIDENT_BEFORE REWARMED" to residency.txt.
+ensure_hot() {
+    local res rewarmed=0
+    res=$(resident)
+    if python3 -c "import sys; sys.exit(0 if float('$res') < 0.9999 else 1)"; then
+        cat "${FILES[@]}" >/dev/null
+        rewarmed=1
+    fi
+    echo "$1 $res $rewarmed" >>"$OUT_DIR/residency.txt"
+}
+
+# --- ringfeed and fio commands ----------------------------------------------
+RF_CMD=("$RF" bench "$SHARDS_DIR" --json --reads-in-flight "$READS_IN_FLIGHT" --epochs "$EPOCHS")
+[ -n "$WORKERS" ] && RF_CMD+=(--workers "$WORKERS")
+[ -n "$CHUNK_SIZE" ] && RF_CMD+=(--chunk-size "$CHUNK_SIZE")
+[ -n "$MEMORY_BUDGET" ] && RF_CMD+=(--memory-budget "$MEMORY_BUDGET")
+[ -n "$IO_BACKEND" ] && RF_CMD+=(--io-backend "$IO_BACKEND")
+# shellcheck disable=SC2206 # word splitting is the point
+[ -n "$RINGFEED_ARGS" ] && RF_CMD+=($RINGFEED_ARGS)
+
+# Runs ringfeed once: $1 = JSON file; adds the process's wall time so the
+# start-up (arena allocation and locking, which ringfeed's own `seconds`
+# leaves out) shows too.
+run_ringfeed() {
+    local t0 t1
+    t0=$(now_ns)
+    "${RF_CMD[@]}" >"$1.tmp" 2>"$1.stderr"
+    t1=$(now_ns)
+    python3 - "$1.tmp" "$1" "$t0" "$t1" <<'EOF'
+import json, sys
+src, dst, t0, t1 = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+d = json.load(open(src))
+d["process_wall_s"] = (t1 - t0) / 1e9
+json.dump(d, open(dst, "w"), indent=1)
+EOF
+    rm -f "$1.tmp"
+}
+
+say "warm-up ringfeed run (learns the shape fio must match)"
+show "${RF_CMD[@]}"
+run_ringfeed "$OUT_DIR/warmup-ringfeed.json"
+read -r RF_WORKERS RF_CHUNK RF_BUDGET RF_CPUS < <(python3 - "$OUT_DIR/warmup-ringfeed.json" <<'EOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+s = d["stats"]
+cpus = ",".join(str(c) for c in s.get("worker_cpus") or []) or "-"
+print(s["workers"], s["chunk_size"], d["memory_budget"], cpus)
+EOF
+)
+echo "ringfeed: $RF_WORKERS workers, chunk $RF_CHUNK B, budget $RF_BUDGET B, worker cpus $RF_CPUS"
+
+# The reference, and why it is shaped this way. fio does what ringfeed's
+# workers do minus everything ringfeed adds (tar walk, batching, the ring,
+# the consumer): the same number of threads (--numjobs equivalent: one job
+# per ringfeed worker, --thread so they share one process like ringfeed's
+# threads), pinned to the same CPUs, each reading its share of the same shard
+# files start to end, one file after the other (file_service_type=sequential),
+# with ringfeed's read size (bs = chunk size) and depth (iodepth = reads in
+# flight) into registered buffers (fixedbufs, as ringfeed registers its
+# arena). Matching bs and depth also matches the memory the copies land in
+# (workers x depth x chunk, 64 MiB by default, far past the LLC), which is
+# what makes it fair: fio at bs=1M iodepth=1 reuses one 1 MiB buffer that
+# stays in L2 and measures cache bandwidth, which no loader that hands out
+# live zero-copy batches from a pool can reach. FIO_BS/FIO_IODEPTH override.
+# Shards are dealt round-robin to jobs; ringfeed's workers pull them from a
+# shared queue, which with 16+ shards per worker splits the same.
+FIO_BS=${FIO_BS:-$RF_CHUNK}
+FIO_IODEPTH=${FIO_IODEPTH:-$READS_IN_FLIGHT}
+FIO_CMD=(fio --output-format=json --thread --ioengine=io_uring --invalidate=0
+         --rw=read --bs="$FIO_BS" --iodepth="$FIO_IODEPTH" --fixedbufs=1
+         --file_service_type=sequential --loops="$EPOCHS")
+if [ "$RF_CPUS" != "-" ]; then
+    FIO_CMD+=(--cpus_allowed="$RF_CPUS" --cpus_allowed_policy=split)
+fi
+for ((j = 0; j < RF_WORKERS; j++)); do
+    names=()
+    for ((i = j; i < ${#FILES[@]}; i += RF_WORKERS)); do names+=("${FILES[i]}"); done
+    [ "${#names[@]}" -gt 0 ] || continue
+    FIO_CMD+=(--name="w$j" --filename="$(IFS=:; echo "${names[*]}")")
+done
+
+run_fio() {
+    local t0 t1
+    t0=$(now_ns)
+    "${FIO_CMD[@]}" >"$1.tmp" 2>"$1.stderr"
+    t1=$(now_ns)
+    python3 - "$1.tmp" "$1" "$t0" "$t1" <<'EOF'
+import json, sys
+src, dst, t0, t1 = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+d = json.load(open(src))
+d["process_wall_s"] = (t1 - t0) / 1e9
+json.dump(d, open(dst, "w"), indent=1)
+EOF
+    rm -f "$1.tmp"
+}
+
+say "warm-up fio run"
+show "${FIO_CMD[@]}"
+run_fio "$OUT_DIR/warmup-fio.json"
+
+# Free memory: the shards must stay cached while ringfeed's arena and fio's
+# buffers are live. MemAvailable counts the cached shards as reclaimable, so
+# take them out before comparing.
+avail=$(($(awk '/^MemAvailable:/ {print $2}' /proc/meminfo) * 1024))
+need=$((RF_BUDGET + RF_WORKERS * FIO_BS * FIO_IODEPTH + (256 << 20)))
+spare=$((avail - DATA_BYTES))
+echo "MemAvailable $avail B; shards $DATA_BYTES B; need $need B beyond the shards"
+[ "$spare" -ge "$need" ] || die "not enough free memory to keep the shards cached ($spare < $need)"
+res=$(resident)
+echo "resident after warm-ups: $res"
+python3 -c "import sys; sys.exit(0 if float('$res') >= 0.999 else 1)" ||
+    die "shards fell out of the page cache"
+
+{
+    echo "# ringfeed"
+    show "${RF_CMD[@]}"
+    echo "# fio"
+    show "${FIO_CMD[@]}"
+} >>"$CMDS"
+
+# --- 4. interleaved rounds --------------------------------------------------
+say "rounds"
+# Other work on the machine slows both sides alike (that is why the rounds
+# interleave), but it makes the absolute GB/s a floor, not a figure.
+echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) CPUs"
+: >"$OUT_DIR/residency.txt"
+for ((r = 1; r <= ROUNDS; r++)); do
+    # Alternate who goes first so neither always runs on a warmer machine.
+    if ((r % 2)); then order="fio ringfeed"; else order="ringfeed fio"; fi
+    for who in $order; do
+        ensure_hot "$r-$who"
+        "run_$who" "$OUT_DIR/round-$r-$who.json"
+    done
+done
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+# --- 5. tables and summary --------------------------------------------------
+python3 - "$OUT_DIR" "$ROUNDS" "$STRICT" <<'EOF'
+import json, statistics, sys
+out, rounds, strict = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+
+def fio_figures(path):
+    d = json.load(open(path))
+    jobs = d["jobs"]
+    b = sum(j["read"]["io_bytes"] for j in jobs)
+    # Jobs start together; the slowest one's runtime (ms) is the wall time.
+    secs = max(j["read"]["runtime"] for j in jobs) / 1e3
+    cpu = sum((j["usr_cpu"] + j["sys_cpu"]) / 100 * j["read"]["runtime"] / 1e3 for j in jobs)
+    return {"gbs": b / secs / 1e9, "bytes": b, "secs": secs,
+            "cpu_s_per_gb": cpu / (b / 1e9), "e2e_gbs": b / d["process_wall_s"] / 1e9,
+            "wall": d["process_wall_s"]}
+
+def rf_figures(path):
+    d = json.load(open(path))
+    s = d["stats"]
+    return {"gbs": d["gb_per_s"], "bytes": d["bytes"], "secs": d["seconds"],
+            "cpu_s_per_gb": d["cpu_s_per_gb"], "copied": d["copied_per_delivered"],
+            "rss": d["peak_rss_bytes"], "budget": d["memory_budget"],
+            "e2e_gbs": d["bytes"] / d["process_wall_s"] / 1e9, "wall": d["process_wall_s"],
+            "ttfb": s["time_to_first_batch_ns"] / 1e9, "stats": s}
+
+# Fraction cached before each run, and whether it had to be read again.
+resid = {}
+for line in open(f"{out}/residency.txt"):
+    k, v, rewarmed = line.split()
+    resid[k] = (float(v), rewarmed == "1")
+
+MiB = 1 << 20
+rows = []
+print()
+hdr = (f"{'round':>5} {'rf GB/s':>8} {'fio GB/s':>8} {'ratio':>6} {'copied':>7} "
+       f"{'RSS MiB':>8} {'rf CPU-s/GB':>11} {'fio CPU-s/GB':>12} {'rf e2e':>7} {'fio e2e':>7} "
+       f"{'rf wall s':>9} {'1st batch s':>11} {'rewarmed':>8}")
+print(hdr)
+print("-" * len(hdr))
+for r in range(1, rounds + 1):
+    f = fio_figures(f"{out}/round-{r}-fio.json")
+    g = rf_figures(f"{out}/round-{r}-ringfeed.json")
+    row = {"round": r, "ringfeed": g, "fio": f, "ratio": g["gbs"] / f["gbs"],
+           "e2e_ratio": g["e2e_gbs"] / f["e2e_gbs"],
+           "resident_before": {w: resid[f"{r}-{w}"][0] for w in ("fio", "ringfeed")},
+           "rewarmed": [w for w in ("fio", "ringfeed") if resid[f"{r}-{w}"][1]]}
+    rows.append(row)
+    print(f"{r:>5} {g['gbs']:>8.2f} {f['gbs']:>8.2f} {row['ratio']:>6.3f} {g['copied']:>7.4f} "
+          f"{g['rss'] / MiB:>8.0f} {g['cpu_s_per_gb']:>11.3f} {f['cpu_s_per_gb']:>12.3f} "
+          f"{g['e2e_gbs']:>7.2f} {f['e2e_gbs']:>7.2f} {g['wall']:>9.2f} {g['ttfb']:>11.2f} "
+          f"{','.join(row['rewarmed']) or '-':>8}")
+
+med = lambda xs: statistics.median(xs)
+rf_gbs = med([x["ringfeed"]["gbs"] for x in rows])
+fio_gbs = med([x["fio"]["gbs"] for x in rows])
+ratio = med([x["ratio"] for x in rows])
+copied = med([x["ringfeed"]["copied"] for x in rows])
+rss = med([x["ringfeed"]["rss"] for x in rows])
+budget = rows[0]["ringfeed"]["budget"]
+rss_limit = budget + 64 * MiB
+rf_cpu = med([x["ringfeed"]["cpu_s_per_gb"] for x in rows])
+fio_cpu = med([x["fio"]["cpu_s_per_gb"] for x in rows])
+e2e_ratio = med([x["e2e_ratio"] for x in rows])
+wall = med([x["ringfeed"]["wall"] for x in rows])
+ttfb = med([x["ringfeed"]["ttfb"] for x in rows])
+mark = lambda ok: "PASS" if ok else "MISS"
+checks = {
+    "ratio": ratio >= 0.9,
+    "copied": copied <= 0.02,
+    "rss": rss <= rss_limit,
+}
+print()
+st = rows[0]["ringfeed"]["stats"]
+print(f"summary: medians of {rounds} rounds")
+# ringfeed's GB/s counts delivered payload; fio's counts file bytes, tar
+# headers and padding included, so the ratio leans against ringfeed by that.
+tar_overhead = 1 - st["bytes_delivered"] / max(st["bytes_read"], 1)
+print(f"  per run: ringfeed delivers {rows[0]['ringfeed']['bytes'] / 1e9:.2f} GB of payload "
+      f"(tar headers and padding: {tar_overhead:.1%} of the bytes read, not counted); "
+      f"fio reads {rows[0]['fio']['bytes'] / 1e9:.2f} GB (whole blocks only)")
+print(f"  ringfeed  {st['workers']} workers, {st['io_backend']} ({st['io_uring_flags'] or '-'}), "
+      f"memory {st['memory_kind']}, chunk {st['chunk_size'] // MiB} MiB, "
+      f"arena {st['arena_bytes'] // MiB} MiB, chunks peak {st['chunks_peak']}/{st['chunk_count']}")
+print(f"  ringfeed GB/s            {rf_gbs:8.2f}")
+print(f"  fio GB/s                 {fio_gbs:8.2f}")
+print(f"  ratio ringfeed/fio       {ratio:8.3f}   target >= 0.9   {mark(checks['ratio'])}")
+print(f"  copied per delivered     {copied:8.4f}   target <= 0.02  {mark(checks['copied'])}")
+print(f"  peak RSS MiB             {rss / MiB:8.0f}   target <= {rss_limit / MiB:.0f} "
+      f"(budget {budget / MiB:.0f} + 64)  {mark(checks['rss'])}")
+print(f"  CPU-s/GB ringfeed        {rf_cpu:8.3f}   (fio {fio_cpu:.3f})")
+print(f"  whole process: ringfeed wall {wall:.2f} s, first batch after {ttfb:.2f} s; "
+      f"end-to-end ratio ringfeed/fio {e2e_ratio:.3f}")
+summary = {"rounds": rows, "median": {
+    "ringfeed_gb_per_s": rf_gbs, "fio_gb_per_s": fio_gbs, "ratio": ratio,
+    "copied_per_delivered": copied, "peak_rss_bytes": rss, "memory_budget": budget,
+    "rss_limit_bytes": rss_limit, "ringfeed_cpu_s_per_gb": rf_cpu, "fio_cpu_s_per_gb": fio_cpu,
+    "end_to_end_ratio": e2e_ratio, "ringfeed_process_wall_s": wall,
+    "time_to_first_batch_s": ttfb}, "targets": {k: mark(v) for k, v in checks.items()}}
+json.dump(summary, open(f"{out}/summary.json", "w"), indent=1)
+if any(r["rewarmed"] for r in rows):
+    print("  note: shards had left the page cache before some runs and were read again "
+          "first (column 'rewarmed', residency.txt)")
+if strict and not all(checks.values()):
+    sys.exit(1)
+EOF
+
+find "$OUT_DIR" -name '*.stderr' -empty -delete
+
+say "commands"
+cat "$CMDS"
+echo
+echo "raw JSON, commands and summary.json: $OUT_DIR"
