@@ -126,7 +126,8 @@ typedef struct ringfeed_batch {
   uint64_t handle;
   // Epoch the batch belongs to, from 0.
   uint64_t epoch;
-  // Sequence number of the batch in the loader's output, from 0.
+  // Sequence number of the batch in the loader's output, from 0: the
+  // order in which `ringfeed_loader_next` handed batches out.
   uint64_t index;
   // Payload bytes in all fields.
   uint64_t bytes;
@@ -156,6 +157,7 @@ typedef struct ringfeed_stats {
   // Samples of a short last batch dropped by `drop_last`.
   uint64_t samples_dropped;
   uint64_t shards_total;
+  // Shards walked to their end, counted over all epochs.
   uint64_t shards_done;
   uint64_t epochs_done;
   uint64_t chunk_size;

@@ -209,6 +209,10 @@ struct PoolState {
     running: usize,
     /// Of those, how many are blocked in `acquire` now.
     waiting: usize,
+    /// Chunks that read-ahead (`acquire_spare`) leaves for reads that must
+    /// happen (a worker's first read, a spill), so speculative reads cannot
+    /// take the last chunks that a batch needs to complete.
+    reserve: usize,
 }
 
 /// Reference-counted chunks over an [`Arena`].
@@ -240,6 +244,7 @@ impl ChunkPool {
                 peak_in_use: 0,
                 running: 0,
                 waiting: 0,
+                reserve: 0,
             }),
             freed: Condvar::new(),
             stop: AtomicBool::new(false),
@@ -316,6 +321,23 @@ impl ChunkPool {
         if self.lock().waiting > 0 {
             self.freed.notify_all();
         }
+    }
+
+    /// Sets how many free chunks `acquire_spare` leaves alone.
+    pub fn set_reserve(&self, chunks: usize) {
+        self.lock().reserve = chunks;
+    }
+
+    /// One chunk for read-ahead, only while more than the reserve is free;
+    /// never waits.
+    pub fn acquire_spare(self: &Arc<Self>) -> Result<Option<ChunkRef>> {
+        {
+            let s = self.lock();
+            if s.free_count <= s.reserve {
+                return Ok(None);
+            }
+        }
+        self.acquire(1, false)
     }
 
     /// Takes a run of `n` consecutive chunks. With `wait`, blocks until one is
@@ -525,6 +547,19 @@ mod tests {
             "no two adjacent chunks free"
         );
         assert!(p.acquire(5, true).is_err());
+    }
+
+    #[test]
+    fn read_ahead_leaves_the_reserve_alone() {
+        let p = pool(3);
+        p.set_reserve(2);
+        let a = p.acquire_spare().unwrap().expect("3 free > 2 reserved");
+        assert!(p.acquire_spare().unwrap().is_none());
+        assert!(
+            p.acquire(1, false).unwrap().is_some(),
+            "the reserve serves plain acquires"
+        );
+        drop(a);
     }
 
     #[test]

@@ -243,6 +243,10 @@ impl Batch {
         self.index
     }
 
+    pub(crate) fn set_index(&mut self, index: u64) {
+        self.index = index;
+    }
+
     pub fn raw_samples(&self) -> &[RawSample] {
         &self.samples
     }

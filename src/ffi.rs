@@ -78,7 +78,8 @@ pub struct ringfeed_batch {
     pub handle: u64,
     /// Epoch the batch belongs to, from 0.
     pub epoch: u64,
-    /// Sequence number of the batch in the loader's output, from 0.
+    /// Sequence number of the batch in the loader's output, from 0: the
+    /// order in which `ringfeed_loader_next` handed batches out.
     pub index: u64,
     /// Payload bytes in all fields.
     pub bytes: u64,
@@ -110,6 +111,7 @@ pub struct ringfeed_stats {
     /// Samples of a short last batch dropped by `drop_last`.
     pub samples_dropped: u64,
     pub shards_total: u64,
+    /// Shards walked to their end, counted over all epochs.
     pub shards_done: u64,
     pub epochs_done: u64,
     pub chunk_size: u64,

@@ -11,6 +11,7 @@
 
 pub mod arena;
 pub mod batch;
+pub mod channel;
 pub mod config;
 pub mod dataset;
 pub mod error;

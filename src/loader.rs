@@ -11,13 +11,13 @@ use serde::Serialize;
 
 use crate::arena::{Arena, ArenaOptions, ChunkPool};
 use crate::batch::{Batch, BatchBuilder};
+use crate::channel::{Channel, RecvError};
 use crate::config::{Config, IoBackend, MAX_AUTO_WORKERS, Toggle};
 use crate::dataset::{self, Shard};
 use crate::error::{Error, Result};
 use crate::io::threads::ThreadReader;
 use crate::io::uring::{self, UringReader};
 use crate::io::{BackendKind, Reader};
-use crate::ring::{Channel, RecvError};
 use crate::topology;
 use crate::worker::Worker;
 
@@ -78,6 +78,8 @@ pub(crate) struct Shared {
     workers: usize,
     workers_alive: AtomicUsize,
     batch_index: AtomicU64,
+    /// Batches handed to consumers so far: the next batch's `index`.
+    delivered: AtomicU64,
     epoch: Mutex<EpochSync>,
     epoch_cv: Condvar,
     stop: AtomicBool,
@@ -117,7 +119,7 @@ impl Shared {
         s.finished += 1;
         if s.finished == self.workers {
             let mut carry = s.carry.take().unwrap_or_else(|| BatchBuilder::new(bs));
-            if carry.len() > 0 {
+            if !carry.is_empty() {
                 if self.cfg.drop_last {
                     self.counters
                         .samples_dropped
@@ -205,6 +207,7 @@ pub struct Stats {
     pub entries_skipped: u64,
     pub samples_dropped: u64,
     pub shards_total: u64,
+    /// Shards walked to their end, counted over all epochs.
     pub shards_done: u64,
     pub epochs_done: u64,
     pub chunk_size: u64,
@@ -258,13 +261,14 @@ impl Loader {
             n => n,
         };
         let chunk = cfg.chunk_size as usize;
-        let chunks = (cfg.memory_budget / cfg.chunk_size) as usize;
+        let budget = cfg.effective_budget(workers);
+        let chunks = (budget / cfg.chunk_size) as usize;
         let need = 2 * workers + 2;
         if chunks < need {
             return Err(Error::config(format!(
                 "`memory_budget` of {} bytes holds {chunks} chunks of {chunk} bytes; {workers} workers \
                  need at least {need}: raise `memory_budget`, lower `chunk_size` or `workers`",
-                cfg.memory_budget
+                budget
             )));
         }
         // Slack of 1/16 chunk on each side: it absorbs the smaller piece of any
@@ -281,6 +285,8 @@ impl Loader {
         )?;
         let mut notes = arena.report().notes.clone();
         let pool = ChunkPool::new(arena, chunk);
+        // Per worker: its first read and a spill run.
+        pool.set_reserve(2 * workers);
 
         let (backend, uring_flags) = match cfg.io_backend {
             IoBackend::Threads => (BackendKind::Threads, ""),
@@ -304,6 +310,13 @@ impl Loader {
                 iov_len: chunk,
             })
             .collect();
+        if backend == BackendKind::Threads && cfg.register_buffers == Toggle::On {
+            return Err(Error::IoUring(
+                "`register_buffers` is \"on\" but the thread backend runs (io_uring is off or unavailable); \
+                 fixed buffers need io_uring: set it to \"auto\""
+                    .into(),
+            ));
+        }
         let registered = backend == BackendKind::IoUring
             && register_probe(&iovecs, cfg.register_buffers, &mut notes)?;
 
@@ -323,6 +336,7 @@ impl Loader {
             workers,
             workers_alive: AtomicUsize::new(workers),
             batch_index: AtomicU64::new(0),
+            delivered: AtomicU64::new(0),
             epoch: Mutex::new(EpochSync {
                 epoch: 0,
                 finished: 0,
@@ -409,7 +423,9 @@ impl Loader {
         let c = &sh.counters;
         c.consumer_wait_ns.fetch_add(waited, Ordering::Relaxed);
         match got {
-            Ok(Item::Batch(b)) => {
+            Ok(Item::Batch(mut b)) => {
+                // Relaxed: distinct, increasing numbers in hand-out order.
+                b.set_index(sh.delivered.fetch_add(1, Ordering::Relaxed));
                 if c.batches_delivered.fetch_add(1, Ordering::Relaxed) == 0 {
                     let since = sh.started.elapsed().as_nanos() as u64;
                     c.first_batch_ns.store(since, Ordering::Relaxed);

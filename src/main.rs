@@ -238,8 +238,8 @@ fn rusage() -> (Duration, u64) {
 fn bench(urls: Vec<String>, a: &LoaderArgs) -> AnyResult<()> {
     let cfg = config_for(urls, a)?;
     let epochs = cfg.epochs.max(1);
-    let budget = cfg.memory_budget;
     let loader = Loader::open(cfg)?;
+    let budget = loader.stats().arena_bytes;
     let total: u64 = loader.shards().iter().map(|s| s.size).sum::<u64>() * epochs;
     let bar = ProgressBar::new(total);
     bar.set_style(ProgressStyle::with_template(

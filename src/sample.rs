@@ -35,7 +35,7 @@ mod tests {
             Some(("a/b/000123".into(), "seg.png".into()))
         );
         assert_eq!(s("x.y/k.jpg"), Some(("x.y/k".into(), "jpg".into())));
-        assert_eq!(s("k.").map(|(k, f)| (k, f)), Some(("k".into(), "".into())));
+        assert_eq!(s("k."), Some(("k".into(), "".into())));
         assert_eq!(s("dir/noext"), None);
         assert_eq!(s("dir/.hidden"), None);
     }

@@ -1,19 +1,13 @@
-//! The few synchronization primitives the ring uses, from `std` normally and
-//! from `loom` when the `loom` feature is on, so `tests/ring_loom.rs` can
-//! explore every interleaving of the same code.
+//! The synchronization primitives the ring uses. `tests/ring_loom.rs`
+//! provides a module of the same shape over loom's types and compiles
+//! `src/ring.rs` against it, so the model checker runs the same code.
 
-#[cfg(not(feature = "loom"))]
 pub(crate) use std::sync::atomic::{AtomicUsize, Ordering, fence};
 
-#[cfg(feature = "loom")]
-pub(crate) use loom::sync::atomic::{AtomicUsize, Ordering, fence};
-
 /// `UnsafeCell` with loom's closure API, so both builds share one ring.
-#[cfg(not(feature = "loom"))]
 #[derive(Debug)]
 pub(crate) struct UnsafeCell<T>(std::cell::UnsafeCell<T>);
 
-#[cfg(not(feature = "loom"))]
 impl<T> UnsafeCell<T> {
     pub(crate) fn new(v: T) -> Self {
         UnsafeCell(std::cell::UnsafeCell::new(v))
@@ -23,5 +17,7 @@ impl<T> UnsafeCell<T> {
     }
 }
 
-#[cfg(feature = "loom")]
-pub(crate) use loom::cell::UnsafeCell;
+/// Backs off while another thread finishes its half of an operation.
+pub(crate) fn spin() {
+    std::hint::spin_loop();
+}

@@ -143,7 +143,14 @@ impl<'a> Worker<'a> {
             // Keep up to `reads_in_flight` reads going; block for a chunk only
             // when nothing is in flight, so parsing never waits on itself.
             while pending.len() < sh.cfg.reads_in_flight && next_offset < size {
-                let Some(chunk) = sh.pool.acquire(1, pending.is_empty())? else {
+                // The first read may wait (and use the reserve); read-ahead
+                // takes only chunks beyond it.
+                let got = if pending.is_empty() {
+                    sh.pool.acquire(1, true)?
+                } else {
+                    sh.pool.acquire_spare()?
+                };
+                let Some(chunk) = got else {
                     break;
                 };
                 let len = (sh.data_len as u64).min(size - next_offset) as usize;
