@@ -82,6 +82,10 @@
 // io_uring was required by the configuration but is not available.
 #define RINGFEED_ERR_IO_URING -11
 
+// A network read failed after its retries (throttling, 5xx, resets,
+// truncation, stalls, refused connections).
+#define RINGFEED_ERR_NETWORK -12
+
 // `ringfeed_stats.memory_kind`: explicit huge pages (MAP_HUGETLB).
 #define RINGFEED_MEMORY_HUGETLB 1
 
@@ -168,6 +172,10 @@ typedef struct ringfeed_stats {
   uint64_t consumer_wait_ns;
   uint64_t time_to_first_batch_ns;
   uint64_t elapsed_ns;
+  // Network requests sent (ranged GETs and HEADs, retries included).
+  uint64_t http_requests;
+  // Network ranges retried, all kinds (the JSON stats give each kind).
+  uint64_t retries;
   uint32_t workers;
   // One of `RINGFEED_MEMORY_*`.
   int32_t memory_kind;

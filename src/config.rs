@@ -71,6 +71,11 @@ pub struct Config {
     pub prefetch_batches: usize,
     /// Passes over the dataset; 0 repeats forever.
     pub epochs: u64,
+    /// A network read that receives no byte for this long fails as stalled
+    /// (and is retried).
+    pub stall_timeout_ms: u64,
+    /// Attempts per network range, the first included.
+    pub max_attempts: u32,
 }
 
 /// Cap of the automatic worker count. One worker keeps ~10 GB/s of
@@ -103,6 +108,11 @@ impl Default for Config {
             // Eight batches ahead hides a slow read without pinning much.
             prefetch_batches: 8,
             epochs: 1,
+            // S3 closes idle connections after 20 s; a range that sends
+            // nothing for 10 s is better retried on a new connection.
+            stall_timeout_ms: 10_000,
+            // See retry::RetryPolicy: the SDKs' 3, raised for long jobs.
+            max_attempts: 5,
         }
     }
 }
@@ -139,6 +149,8 @@ pub const KEYS: &[&str] = &[
     "register_buffers",
     "prefetch_batches",
     "epochs",
+    "stall_timeout_ms",
+    "max_attempts",
 ];
 
 impl Config {
@@ -187,6 +199,13 @@ impl Config {
                 "register_buffers" => c.register_buffers = toggle(key, v)?,
                 "prefetch_batches" => c.prefetch_batches = positive(key, v)? as usize,
                 "epochs" => c.epochs = integer(key, v)?,
+                "stall_timeout_ms" => c.stall_timeout_ms = positive(key, v)?,
+                "max_attempts" => {
+                    c.max_attempts = u32::try_from(positive(key, v)?)
+                        .ok()
+                        .filter(|&n| n <= 100)
+                        .ok_or_else(|| bad(key, "an integer from 1 to 100", v))?
+                }
                 _ => {
                     return Err(Error::config(format!(
                         "unknown key `{key}`; known keys: {}",

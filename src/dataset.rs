@@ -6,28 +6,48 @@
 //! (`s3://`, `http(s)://`) are recognised and refused with a clear error until
 //! their data plane exists.
 
+use std::net::ToSocketAddrs;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use crate::error::{Error, Result};
+use crate::http::{FailKind, HttpObject};
+use crate::io::http_sync::HttpPool;
+use crate::io::{NetOptions, with_retries};
+use crate::retry::Jitter;
 
 /// Upper bound on what one URL may expand to; a typo such as
 /// `{0..99999999}` must fail fast, not allocate gigabytes of names.
 pub const MAX_EXPANSION: usize = 10_000_000;
 
+/// Where a shard's bytes come from.
+#[derive(Debug, Clone)]
+pub enum Source {
+    File(PathBuf),
+    Http(Arc<HttpObject>),
+}
+
 /// One shard to read.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Shard {
-    /// The name used in errors and stats: the path as given.
+    /// The name used in errors and stats: the path or URL as given.
     pub name: String,
-    pub path: PathBuf,
+    pub source: Source,
     pub size: u64,
 }
 
-/// Expands every URL and checks each shard exists, in order.
-pub fn resolve(urls: &[String]) -> Result<Vec<Shard>> {
+/// Expands every URL and checks each shard exists (local files) or answers
+/// `HEAD` with its size (HTTP), in order.
+pub fn resolve(urls: &[String], net: &NetOptions) -> Result<Vec<Shard>> {
     let mut shards = Vec::new();
+    let mut pool = HttpPool::new(net.stall);
+    let mut jitter = Jitter::new(0x5eed);
     for url in urls {
         for one in expand_braces(url)? {
+            if one.starts_with("http://") || one.starts_with("https://") {
+                shards.push(http_shard(&one, &mut pool, net, &mut jitter)?);
+                continue;
+            }
             let path = local_path(&one)?;
             let meta = std::fs::metadata(&path).map_err(|e| Error::io("open", &path, &e))?;
             if meta.is_dir() {
@@ -47,20 +67,52 @@ pub fn resolve(urls: &[String]) -> Result<Vec<Shard>> {
                     let m = std::fs::metadata(&p).map_err(|e| Error::io("open", &p, &e))?;
                     shards.push(Shard {
                         name: p.display().to_string(),
-                        path: p,
+                        source: Source::File(p),
                         size: m.len(),
                     });
                 }
             } else {
                 shards.push(Shard {
                     name: one,
-                    path,
+                    source: Source::File(path),
                     size: meta.len(),
                 });
             }
         }
     }
     Ok(shards)
+}
+
+/// An HTTP shard: the URL parsed, its host resolved, its size from `HEAD`.
+fn http_shard(
+    url: &str,
+    pool: &mut HttpPool,
+    net: &NetOptions,
+    jitter: &mut Jitter,
+) -> Result<Shard> {
+    let parsed = crate::http::parse_url(url).map_err(|reason| Error::Url {
+        url: url.to_string(),
+        reason,
+    })?;
+    let addrs: Vec<_> = (parsed.host.as_str(), parsed.port)
+        .to_socket_addrs()
+        .map_err(|e| Error::Http {
+            url: url.to_string(),
+            kind: FailKind::Dns,
+            message: format!("cannot resolve `{}`: {e}", parsed.host),
+            attempts: 1,
+        })?
+        .collect();
+    let obj = Arc::new(HttpObject::new(url, addrs).map_err(|reason| Error::Url {
+        url: url.to_string(),
+        reason,
+    })?);
+    let size = with_retries(net, jitter, url, || pool.head(&obj, ""))?;
+    Ok(Shard {
+        name: url.to_string(),
+        source: Source::Http(obj),
+        size,
+    })
 }
 
 /// Maps a local URL to a path; refuses other schemes with the reason.
@@ -79,9 +131,9 @@ pub fn local_path(url: &str) -> Result<PathBuf> {
     }
     if let Some((scheme, _)) = url.split_once("://") {
         return Err(match scheme {
-            "s3" | "http" | "https" => {
-                err("network sources are not supported by this version; use local paths")
-            }
+            "s3" => err(
+                "s3:// sources are not supported by this version yet; use http(s):// or local paths",
+            ),
             _ => err(&format!(
                 "unsupported scheme `{scheme}`; use a local path or file://"
             )),
@@ -310,10 +362,15 @@ mod tests {
 
     #[test]
     fn missing_shards_and_empty_directories_are_named() {
-        let e = resolve(&["/nonexistent/shard-{0..1}.tar".into()]).unwrap_err();
+        let net = NetOptions {
+            stall: std::time::Duration::from_secs(1),
+            retry: Default::default(),
+            stats: Default::default(),
+        };
+        let e = resolve(&["/nonexistent/shard-{0..1}.tar".into()], &net).unwrap_err();
         assert!(e.to_string().contains("/nonexistent/shard-0.tar"), "{e}");
         let d = tempfile::tempdir().unwrap();
-        let e = resolve(&[d.path().display().to_string()]).unwrap_err();
+        let e = resolve(&[d.path().display().to_string()], &net).unwrap_err();
         assert!(e.to_string().contains("no .tar files"), "{e}");
     }
 }

@@ -55,6 +55,15 @@ pub enum Error {
     /// io_uring was required by configuration but could not be set up.
     #[error("io_uring: {0}")]
     IoUring(String),
+    /// A network read failed for good (after its retries, or at once for
+    /// errors that retrying cannot fix, such as 403 and 404).
+    #[error("`{url}`: {message} ({} after {attempts} attempt{})", kind.name(), if *attempts == 1 { "" } else { "s" })]
+    Http {
+        url: String,
+        kind: crate::http::FailKind,
+        message: String,
+        attempts: u32,
+    },
     /// The loader was closed while the call was in progress.
     #[error("the loader is closed")]
     Closed,

@@ -54,6 +54,10 @@ pub const RINGFEED_ERR_PANIC: i32 = -10;
 /// io_uring was required by the configuration but is not available.
 pub const RINGFEED_ERR_IO_URING: i32 = -11;
 
+/// A network read failed after its retries (throttling, 5xx, resets,
+/// truncation, stalls, refused connections).
+pub const RINGFEED_ERR_NETWORK: i32 = -12;
+
 /// `ringfeed_stats.memory_kind`: explicit huge pages (MAP_HUGETLB).
 pub const RINGFEED_MEMORY_HUGETLB: i32 = 1;
 /// `ringfeed_stats.memory_kind`: transparent huge pages (MADV_HUGEPAGE).
@@ -122,6 +126,10 @@ pub struct ringfeed_stats {
     pub consumer_wait_ns: u64,
     pub time_to_first_batch_ns: u64,
     pub elapsed_ns: u64,
+    /// Network requests sent (ranged GETs and HEADs, retries included).
+    pub http_requests: u64,
+    /// Network ranges retried, all kinds (the JSON stats give each kind).
+    pub retries: u64,
     pub workers: u32,
     /// One of `RINGFEED_MEMORY_*`.
     pub memory_kind: i32,
@@ -162,6 +170,12 @@ impl From<Error> for Fail {
             Error::Memory(_) | Error::BudgetTooSmall { .. } => RINGFEED_ERR_MEMORY,
             Error::IoUring(_) => RINGFEED_ERR_IO_URING,
             Error::Closed => RINGFEED_ERR_CLOSED,
+            Error::Http { kind, .. }
+                if !kind.retryable() && *kind != crate::http::FailKind::Protocol =>
+            {
+                RINGFEED_ERR_DATASET
+            }
+            Error::Http { .. } => RINGFEED_ERR_NETWORK,
         };
         Fail(code, e.to_string())
     }
@@ -378,6 +392,8 @@ pub unsafe extern "C" fn ringfeed_loader_stats(
             consumer_wait_ns: s.consumer_wait_ns,
             time_to_first_batch_ns: s.time_to_first_batch_ns,
             elapsed_ns: s.elapsed_ns,
+            http_requests: s.http_requests,
+            retries: s.retries.values().sum(),
             workers: s.workers as u32,
             memory_kind: match s.memory_kind {
                 "hugetlb" => RINGFEED_MEMORY_HUGETLB,
@@ -502,6 +518,7 @@ pub extern "C" fn ringfeed_status_name(status: i32) -> *const c_char {
         RINGFEED_ERR_CLOSED => c"RINGFEED_ERR_CLOSED",
         RINGFEED_ERR_PANIC => c"RINGFEED_ERR_PANIC",
         RINGFEED_ERR_IO_URING => c"RINGFEED_ERR_IO_URING",
+        RINGFEED_ERR_NETWORK => c"RINGFEED_ERR_NETWORK",
         _ => c"RINGFEED_UNKNOWN_STATUS",
     };
     s.as_ptr()

@@ -17,7 +17,8 @@ use crate::dataset::{self, Shard};
 use crate::error::{Error, Result};
 use crate::io::threads::ThreadReader;
 use crate::io::uring::{self, UringReader};
-use crate::io::{BackendKind, Reader};
+use crate::io::{BackendKind, NetOptions, NetStats, Reader};
+use crate::retry::RetryPolicy;
 use crate::topology;
 use crate::worker::Worker;
 
@@ -75,6 +76,7 @@ pub(crate) struct Shared {
     pub slack: usize,
     /// Bytes of a chunk that reads fill.
     pub data_len: usize,
+    pub net: NetOptions,
     workers: usize,
     workers_alive: AtomicUsize,
     batch_index: AtomicU64,
@@ -226,6 +228,10 @@ pub struct Stats {
     pub consumer_wait_ns: u64,
     pub time_to_first_batch_ns: u64,
     pub elapsed_ns: u64,
+    /// Network requests sent (ranged GETs and HEADs, retries included).
+    pub http_requests: u64,
+    /// Retries of network ranges, by failure kind.
+    pub retries: std::collections::BTreeMap<&'static str, u64>,
     /// Why a preferred setting was not obtained (huge pages, mlock, io_uring...).
     pub notes: Vec<String>,
 }
@@ -251,7 +257,18 @@ impl Loader {
     pub fn open(cfg: Config) -> Result<Loader> {
         let started = Instant::now();
         cfg.validate()?;
-        let shards = dataset::resolve(&cfg.urls)?;
+        let net = NetOptions {
+            stall: Duration::from_millis(cfg.stall_timeout_ms),
+            retry: RetryPolicy {
+                max_attempts: cfg.max_attempts,
+                ..RetryPolicy::default()
+            },
+            stats: Arc::new(NetStats::default()),
+        };
+        let shards = dataset::resolve(&cfg.urls, &net)?;
+        if shards.is_empty() {
+            return Err(Error::config("`urls` names no shard"));
+        }
         let allowed = topology::allowed_cpus();
         let workers = match cfg.workers {
             0 => allowed
@@ -318,7 +335,17 @@ impl Loader {
             ));
         }
         let registered = backend == BackendKind::IoUring
-            && register_probe(&iovecs, cfg.register_buffers, &mut notes)?;
+            && register_probe(&iovecs, cfg.register_buffers, &net, &mut notes)?;
+        if backend == BackendKind::IoUring
+            && shards
+                .iter()
+                .any(|s| matches!(s.source, dataset::Source::Http(_)))
+        {
+            notes.push(
+                "HTTP ranges are read on blocking sockets by each worker; the io_uring HTTP path is not in this version"
+                    .into(),
+            );
+        }
 
         let cpus = if cfg.pin_cpus {
             topology::worker_cpus(workers, &allowed)
@@ -333,6 +360,7 @@ impl Loader {
             next_shard: AtomicUsize::new(0),
             slack,
             data_len,
+            net,
             workers,
             workers_alive: AtomicUsize::new(workers),
             batch_index: AtomicU64::new(0),
@@ -501,6 +529,8 @@ impl Loader {
             consumer_wait_ns: r(&c.consumer_wait_ns),
             time_to_first_batch_ns: r(&c.first_batch_ns),
             elapsed_ns: sh.started.elapsed().as_nanos() as u64,
+            http_requests: sh.net.stats.requests.load(Ordering::Relaxed),
+            retries: sh.net.stats.retries_by_kind().into_iter().collect(),
             notes: self.setup.notes.clone(),
         }
     }
@@ -519,7 +549,12 @@ impl Drop for Loader {
 
 /// Registers the chunks on a probe ring to learn whether workers may; the
 /// answer depends on RLIMIT_MEMLOCK / CAP_IPC_LOCK, not on the ring.
-fn register_probe(iovecs: &[libc::iovec], want: Toggle, notes: &mut Vec<String>) -> Result<bool> {
+fn register_probe(
+    iovecs: &[libc::iovec],
+    want: Toggle,
+    net: &NetOptions,
+    notes: &mut Vec<String>,
+) -> Result<bool> {
     if want == Toggle::Off {
         return Ok(false);
     }
@@ -530,7 +565,7 @@ fn register_probe(iovecs: &[libc::iovec], want: Toggle, notes: &mut Vec<String>)
         )
     } else {
         // SAFETY: the iovecs point into the arena, which outlives the probe reader.
-        match unsafe { UringReader::new(8, Some(iovecs)) } {
+        match unsafe { UringReader::new(8, Some(iovecs), net.clone(), 0) } {
             Ok(_) => return Ok(true),
             Err(e) => format!("register_buffers refused ({e})"),
         }
@@ -568,12 +603,23 @@ fn worker_main(
         note = Some(format!("pinning to CPU {cpu} failed ({e})"));
     }
     let entries = (shared.cfg.reads_in_flight * 2).next_power_of_two().max(8) as u32;
+    // Jitter seeds differ per worker and per run.
+    let seed = (std::process::id() as u64) << 32
+        ^ cpu.unwrap_or(0) as u64
+        ^ shared.started.elapsed().as_nanos() as u64;
     let mut reader: Box<dyn Reader> = match backend {
-        BackendKind::Threads => Box::new(ThreadReader::default()),
+        BackendKind::Threads => Box::new(ThreadReader::new(shared.net.clone(), seed)),
         BackendKind::IoUring => {
             // SAFETY: the iovecs point into the arena, which `shared` keeps
             // alive for longer than this reader (dropped at the end of this fn).
-            match unsafe { UringReader::new(entries, registered.then_some(&iovecs.0[..])) } {
+            match unsafe {
+                UringReader::new(
+                    entries,
+                    registered.then_some(&iovecs.0[..]),
+                    shared.net.clone(),
+                    seed,
+                )
+            } {
                 Ok(r) => Box::new(r),
                 Err(e) => {
                     let _ = ready.send(Err(Error::IoUring(format!(

@@ -16,9 +16,9 @@ use std::sync::atomic::Ordering;
 
 use crate::arena::ChunkRef;
 use crate::batch::BatchBuilder;
-use crate::dataset::Shard;
+use crate::dataset::{Shard, Source};
 use crate::error::{Error, Result};
-use crate::io::{Completion, ReadRequest, Reader};
+use crate::io::{Completion, ReadFail, ReadRequest, Reader, Target};
 use crate::loader::{Item, Shared};
 use crate::sample::split_name;
 use crate::tar::{MemberSink, TarWalk};
@@ -85,13 +85,21 @@ impl<'a> Worker<'a> {
 
     /// Reads one shard to its end and walks it.
     fn shard(&mut self, shard: &Shard, epoch: u64) -> Result<()> {
-        let file = File::open(&shard.path).map_err(|e| Error::io("open", &shard.path, &e))?;
-        let size = file
-            .metadata()
-            .map_err(|e| Error::io("stat", &shard.path, &e))?
-            .len();
+        // The file (when local) stays open until every read of it completed.
+        let (_file, target, size) = match &shard.source {
+            Source::File(path) => {
+                let file = File::open(path).map_err(|e| Error::io("open", path, &e))?;
+                let size = file
+                    .metadata()
+                    .map_err(|e| Error::io("stat", path, &e))?
+                    .len();
+                let fd = file.as_raw_fd();
+                (Some(file), Target::File(fd), size)
+            }
+            Source::Http(obj) => (None, Target::Http(Arc::clone(obj)), shard.size),
+        };
         let mut pending: VecDeque<PendingRead> = VecDeque::new();
-        let result = self.shard_reads(&file, shard, size, epoch, &mut pending);
+        let result = self.shard_reads(&target, shard, size, epoch, &mut pending);
         if result.is_err() {
             // Reads still in flight write into their chunks: wait for them
             // before the chunks can go back to the pool.
@@ -102,14 +110,13 @@ impl<'a> Worker<'a> {
 
     fn shard_reads(
         &mut self,
-        file: &File,
+        target: &Target,
         shard: &Shard,
         size: u64,
         epoch: u64,
         pending: &mut VecDeque<PendingRead>,
     ) -> Result<()> {
         let sh = self.shared;
-        let fd = file.as_raw_fd();
         let mut walk = TarWalk::new(sh.pool.arena().len() as u64);
         let builder = std::mem::replace(&mut self.builder, BatchBuilder::new(sh.cfg.batch_size));
         let mut sink = ShardSink {
@@ -123,14 +130,14 @@ impl<'a> Worker<'a> {
             spill: None,
             shard,
         };
-        let result = self.pump(fd, shard, size, &mut walk, &mut sink, pending);
+        let result = self.pump(target, shard, size, &mut walk, &mut sink, pending);
         self.builder = sink.builder;
         result
     }
 
     fn pump(
         &mut self,
-        fd: i32,
+        target: &Target,
         shard: &Shard,
         size: u64,
         walk: &mut TarWalk,
@@ -167,13 +174,13 @@ impl<'a> Worker<'a> {
                 next_offset += len as u64;
                 pending.push_back(read);
                 let last = pending.len() - 1;
-                self.start_read(fd, &mut pending[last], &shard.path)?;
+                self.start_read(target, &mut pending[last], shard)?;
             }
             let Some(front) = pending.front() else {
                 break;
             };
             if front.in_flight || front.done < front.len {
-                self.reap(fd, pending, shard)?;
+                self.reap(target, pending, shard)?;
                 continue;
             }
             let read = pending.pop_front().expect("front exists");
@@ -195,11 +202,11 @@ impl<'a> Worker<'a> {
         Ok(())
     }
 
-    fn start_read(&mut self, fd: i32, r: &mut PendingRead, path: &std::path::Path) -> Result<()> {
+    fn start_read(&mut self, target: &Target, r: &mut PendingRead, shard: &Shard) -> Result<()> {
         let sh = self.shared;
         let req = ReadRequest {
             id: r.id,
-            fd,
+            target: target.clone(),
             offset: r.offset + r.done as u64,
             // SAFETY: slack + done < slack + len <= chunk size.
             buf: unsafe { r.chunk.ptr().add(sh.slack + r.done) },
@@ -209,30 +216,38 @@ impl<'a> Worker<'a> {
         // SAFETY: the chunk stays referenced by `r` until the completion is
         // reaped (`reap`, or `drain` on the error path), and `fd` stays open
         // (the File outlives both).
-        unsafe { self.reader.submit(req) }.map_err(|e| Error::io("read", path, &e))?;
+        unsafe { self.reader.submit(req) }.map_err(|e| Error::io("read", &shard.name, &e))?;
         r.in_flight = true;
         sh.counters.reads.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
     /// Waits for at least one completion and applies them.
-    fn reap(&mut self, fd: i32, pending: &mut VecDeque<PendingRead>, shard: &Shard) -> Result<()> {
+    fn reap(
+        &mut self,
+        target: &Target,
+        pending: &mut VecDeque<PendingRead>,
+        shard: &Shard,
+    ) -> Result<()> {
         let mut done = std::mem::take(&mut self.completions);
         done.clear();
         self.reader
             .wait(1, &mut done)
-            .map_err(|e| Error::io("read", &shard.path, &e))?;
+            .map_err(|e| Error::io("read", &shard.name, &e))?;
         let mut result = Ok(());
         for c in done.drain(..) {
             let Some(r) = pending.iter_mut().find(|r| r.id == c.id) else {
                 continue;
             };
             r.in_flight = false;
+            if c.copied > 0 {
+                self.shared.pool.add_copied(c.copied as u64);
+            }
             match c.result {
                 Ok(0) => {
                     result = result.and(Err(Error::Io {
                         op: "read",
-                        path: shard.path.clone(),
+                        path: shard.name.clone().into(),
                         message: format!(
                             "the file ended at byte {} but was {} bytes when opened",
                             r.offset + r.done as u64,
@@ -248,7 +263,10 @@ impl<'a> Worker<'a> {
                         .bytes_read
                         .fetch_add(n as u64, Ordering::Relaxed);
                 }
-                Err(e) => result = result.and(Err(Error::io("read", &shard.path, &e))),
+                Err(ReadFail::Io(e)) => {
+                    result = result.and(Err(Error::io("read", &shard.name, &e)))
+                }
+                Err(ReadFail::Net(e)) => result = result.and(Err(e)),
             }
         }
         self.completions = done;
@@ -257,7 +275,7 @@ impl<'a> Worker<'a> {
         for i in 0..pending.len() {
             if !pending[i].in_flight && pending[i].done < pending[i].len {
                 let mut r = pending.remove(i).expect("index in range");
-                let res = self.start_read(fd, &mut r, &shard.path);
+                let res = self.start_read(target, &mut r, shard);
                 pending.insert(i, r);
                 res?;
             }

@@ -5,11 +5,74 @@
 use std::collections::VecDeque;
 use std::io;
 
-use super::{Completion, ReadRequest, Reader};
+use super::http_sync::HttpPool;
+use super::{Completion, NetOptions, ReadFail, ReadRequest, Reader, Target, fetch_retrying};
+use crate::retry::Jitter;
 
-#[derive(Default)]
 pub struct ThreadReader {
     queued: VecDeque<ReadRequest>,
+    http: HttpPool,
+    net: NetOptions,
+    jitter: Jitter,
+}
+
+impl ThreadReader {
+    pub fn new(net: NetOptions, seed: u64) -> ThreadReader {
+        ThreadReader {
+            queued: VecDeque::new(),
+            http: HttpPool::new(net.stall),
+            net,
+            jitter: Jitter::new(seed),
+        }
+    }
+}
+
+/// Runs one request on the calling thread.
+pub(crate) fn run_blocking(
+    req: &ReadRequest,
+    http: &mut HttpPool,
+    net: &NetOptions,
+    jitter: &mut Jitter,
+) -> Option<Completion> {
+    match &req.target {
+        Target::File(fd) => {
+            // SAFETY: `submit`'s contract keeps the buffer valid and ours.
+            let n = unsafe { libc::pread(*fd, req.buf.cast(), req.len, req.offset as libc::off_t) };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    return None;
+                }
+                return Some(Completion {
+                    id: req.id,
+                    result: Err(ReadFail::Io(e)),
+                    copied: 0,
+                });
+            }
+            Some(Completion {
+                id: req.id,
+                result: Ok(n as usize),
+                copied: 0,
+            })
+        }
+        Target::Http(obj) => {
+            // SAFETY: as above: `len` writable bytes at `buf`, ours until completion.
+            let buf = unsafe { std::slice::from_raw_parts_mut(req.buf, req.len) };
+            let r = fetch_retrying(http, obj, req.offset, buf, net, jitter);
+            Some(match r {
+                Ok(copied) => Completion {
+                    id: req.id,
+                    result: Ok(req.len),
+                    copied,
+                },
+                Err(e) => Completion {
+                    id: req.id,
+                    result: Err(ReadFail::Net(e)),
+                    copied: 0,
+                },
+            })
+        }
+    }
 }
 
 impl Reader for ThreadReader {
@@ -26,22 +89,13 @@ impl Reader for ThreadReader {
             let Some(req) = self.queued.pop_front() else {
                 break;
             };
-            // SAFETY: `submit`'s contract keeps the buffer valid and ours.
-            let n =
-                unsafe { libc::pread(req.fd, req.buf.cast(), req.len, req.offset as libc::off_t) };
-            let result = if n < 0 {
-                Err(io::Error::last_os_error())
-            } else {
-                Ok(n as usize)
-            };
-            if let Err(e) = &result
-                && e.kind() == io::ErrorKind::Interrupted
-            {
-                self.queued.push_front(req);
-                continue;
+            match run_blocking(&req, &mut self.http, &self.net, &mut self.jitter) {
+                Some(c) => {
+                    out.push(c);
+                    done += 1;
+                }
+                None => self.queued.push_front(req),
             }
-            out.push(Completion { id: req.id, result });
-            done += 1;
         }
         Ok(())
     }

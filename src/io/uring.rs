@@ -6,7 +6,10 @@ use std::io;
 
 use io_uring::{IoUring, opcode, types};
 
-use super::{Completion, ReadRequest, Reader};
+use super::http_sync::HttpPool;
+use super::threads::run_blocking;
+use super::{Completion, NetOptions, ReadFail, ReadRequest, Reader, Target};
+use crate::retry::Jitter;
 
 /// How a ring was set up, for the stats.
 #[derive(Debug, Clone)]
@@ -19,6 +22,12 @@ pub struct UringReader {
     ring: IoUring,
     registered: bool,
     queued: usize,
+    /// HTTP ranges: run on blocking sockets until the io_uring HTTP path
+    /// lands (the stats say so).
+    http: HttpPool,
+    http_queued: Vec<ReadRequest>,
+    net: NetOptions,
+    jitter: Jitter,
 }
 
 /// Creates a ring with `entries` slots, with the best flags the kernel takes.
@@ -66,7 +75,12 @@ impl UringReader {
     ///
     /// # Safety
     /// Every buffer in `buffers` must stay valid for the life of the reader.
-    pub unsafe fn new(entries: u32, buffers: Option<&[libc::iovec]>) -> io::Result<UringReader> {
+    pub unsafe fn new(
+        entries: u32,
+        buffers: Option<&[libc::iovec]>,
+        net: NetOptions,
+        seed: u64,
+    ) -> io::Result<UringReader> {
         let (ring, _) = new_ring(entries)?;
         let mut registered = false;
         if let Some(bufs) = buffers {
@@ -78,13 +92,23 @@ impl UringReader {
             ring,
             registered,
             queued: 0,
+            http: HttpPool::new(net.stall),
+            http_queued: Vec::new(),
+            net,
+            jitter: Jitter::new(seed),
         })
     }
 }
 
 impl Reader for UringReader {
     unsafe fn submit(&mut self, req: ReadRequest) -> io::Result<()> {
-        let fd = types::Fd(req.fd);
+        let fd = match &req.target {
+            Target::File(fd) => types::Fd(*fd),
+            Target::Http(_) => {
+                self.http_queued.push(req);
+                return Ok(());
+            }
+        };
         let len =
             u32::try_from(req.len).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
         let entry = if self.registered {
@@ -110,6 +134,13 @@ impl Reader for UringReader {
     }
 
     fn wait(&mut self, min: usize, out: &mut Vec<Completion>) -> io::Result<()> {
+        if !self.http_queued.is_empty() {
+            let req = self.http_queued.remove(0);
+            if let Some(c) = run_blocking(&req, &mut self.http, &self.net, &mut self.jitter) {
+                out.push(c);
+            }
+            return Ok(());
+        }
         loop {
             match self.ring.submit_and_wait(min) {
                 Ok(_) => break,
@@ -125,10 +156,11 @@ impl Reader for UringReader {
             out.push(Completion {
                 id: cqe.user_data(),
                 result: if r < 0 {
-                    Err(io::Error::from_raw_os_error(-r))
+                    Err(ReadFail::Io(io::Error::from_raw_os_error(-r)))
                 } else {
                     Ok(r as usize)
                 },
+                copied: 0,
             });
         }
         Ok(())

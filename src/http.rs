@@ -1,0 +1,457 @@
+//! HTTP/1.1 for the data plane, as pure functions: URLs, the ranged `GET`
+//! request, the response head (parsed with httparse), and what each failure
+//! means for a retry. The sockets live in `io`; nothing here does I/O.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// An object on an HTTP server, read by byte ranges.
+#[derive(Debug)]
+pub struct HttpObject {
+    /// The URL as given, for messages.
+    pub url: String,
+    pub host: String,
+    pub port: u16,
+    pub tls: bool,
+    /// Path and query, as sent in the request line.
+    pub target: String,
+    /// Every address DNS gave; connections spread over them.
+    pub addrs: Vec<SocketAddr>,
+    next_addr: AtomicUsize,
+}
+
+impl HttpObject {
+    pub fn new(url: &str, addrs: Vec<SocketAddr>) -> Result<HttpObject, String> {
+        let p = parse_url(url)?;
+        Ok(HttpObject {
+            url: url.to_string(),
+            host: p.host,
+            port: p.port,
+            tls: p.tls,
+            target: p.target,
+            addrs,
+            next_addr: AtomicUsize::new(0),
+        })
+    }
+
+    /// The address for the next connection: round robin over `addrs`.
+    pub fn pick_addr(&self) -> Option<SocketAddr> {
+        if self.addrs.is_empty() {
+            return None;
+        }
+        // Relaxed: only spreads connections; any interleaving is fine.
+        let i = self.next_addr.fetch_add(1, Ordering::Relaxed);
+        Some(self.addrs[i % self.addrs.len()])
+    }
+
+    /// `Host:` header value.
+    pub fn host_header(&self) -> String {
+        let default = if self.tls { 443 } else { 80 };
+        if self.port == default {
+            self.host.clone()
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// The parts of an `http://` or `https://` URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParsedUrl {
+    pub tls: bool,
+    pub host: String,
+    pub port: u16,
+    pub target: String,
+}
+
+/// Parses `http(s)://host[:port]/path[?query]`.
+pub fn parse_url(url: &str) -> Result<ParsedUrl, String> {
+    let (tls, rest) = if let Some(r) = url.strip_prefix("http://") {
+        (false, r)
+    } else if let Some(r) = url.strip_prefix("https://") {
+        (true, r)
+    } else {
+        return Err("not an http:// or https:// URL".into());
+    };
+    let (authority, target) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    if authority.contains('@') {
+        return Err("credentials in the URL are not supported; use the configuration".into());
+    }
+    if authority.is_empty() {
+        return Err("the URL has no host".into());
+    }
+    let (host, port) = if let Some(h) = authority.strip_prefix('[') {
+        // [v6]:port
+        let end = h.find(']').ok_or("unclosed `[` in the host")?;
+        let port = match &h[end + 1..] {
+            "" => None,
+            p => Some(p.strip_prefix(':').ok_or("junk after the IPv6 address")?),
+        };
+        (h[..end].to_string(), port)
+    } else {
+        match authority.rsplit_once(':') {
+            Some((h, p)) => (h.to_string(), Some(p)),
+            None => (authority.to_string(), None),
+        }
+    };
+    let port = match port {
+        None => {
+            if tls {
+                443
+            } else {
+                80
+            }
+        }
+        Some(p) => p
+            .parse::<u16>()
+            .ok()
+            .filter(|&p| p != 0)
+            .ok_or_else(|| format!("bad port `{p}`"))?,
+    };
+    if target.bytes().any(|b| b <= b' ' || b == 0x7f) {
+        return Err("the path holds spaces or control characters; percent-encode them".into());
+    }
+    Ok(ParsedUrl {
+        tls,
+        host,
+        port,
+        target: target.to_string(),
+    })
+}
+
+/// The request for bytes `start..start + len` of `obj`, with extra headers
+/// (e.g. a signature) already formatted as `Name: value\r\n` lines.
+pub fn range_request(obj: &HttpObject, start: u64, len: u64, extra: &str) -> Vec<u8> {
+    format!(
+        "GET {} HTTP/1.1\r\nHost: {}\r\nRange: bytes={}-{}\r\nUser-Agent: ringfeed/{}\r\n{}\r\n",
+        obj.target,
+        obj.host_header(),
+        start,
+        start + len - 1,
+        env!("CARGO_PKG_VERSION"),
+        extra
+    )
+    .into_bytes()
+}
+
+/// A `HEAD` request.
+pub fn head_request(obj: &HttpObject, extra: &str) -> Vec<u8> {
+    format!(
+        "HEAD {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: ringfeed/{}\r\n{}\r\n",
+        obj.target,
+        obj.host_header(),
+        env!("CARGO_PKG_VERSION"),
+        extra
+    )
+    .into_bytes()
+}
+
+/// What the response head says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponseHead {
+    pub status: u16,
+    /// Bytes of the head, including the blank line.
+    pub head_len: usize,
+    pub content_length: Option<u64>,
+    /// `Content-Range: bytes start-end/total`.
+    pub content_range: Option<(u64, u64, Option<u64>)>,
+    /// False when the server says `Connection: close` (or speaks HTTP/1.0).
+    pub keep_alive: bool,
+    pub chunked: bool,
+    /// The first 200 bytes of an error body are not here: see `error_code`.
+    pub reason: String,
+}
+
+/// Largest response head accepted. S3's are under 1 KiB.
+pub const MAX_HEAD: usize = 16 << 10;
+
+/// Parses a response head from the start of `buf`; `Ok(None)` when more
+/// bytes are needed.
+pub fn parse_head(buf: &[u8]) -> Result<Option<ResponseHead>, String> {
+    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut r = httparse::Response::new(&mut headers);
+    let head_len = match r.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => {
+            if buf.len() >= MAX_HEAD {
+                return Err(format!("response head longer than {MAX_HEAD} bytes"));
+            }
+            return Ok(None);
+        }
+        Err(e) => return Err(format!("malformed HTTP response: {e}")),
+    };
+    let status = r.code.unwrap_or(0);
+    let mut h = ResponseHead {
+        status,
+        head_len,
+        content_length: None,
+        content_range: None,
+        keep_alive: r.version == Some(1),
+        chunked: false,
+        reason: r.reason.unwrap_or("").to_string(),
+    };
+    for hd in r.headers.iter() {
+        let v = std::str::from_utf8(hd.value).unwrap_or("").trim();
+        if hd.name.eq_ignore_ascii_case("content-length") {
+            h.content_length = Some(v.parse().map_err(|_| format!("bad Content-Length `{v}`"))?);
+        } else if hd.name.eq_ignore_ascii_case("content-range") {
+            h.content_range = Some(parse_content_range(v)?);
+        } else if hd.name.eq_ignore_ascii_case("connection") {
+            if v.eq_ignore_ascii_case("close") {
+                h.keep_alive = false;
+            } else if v.eq_ignore_ascii_case("keep-alive") {
+                h.keep_alive = true;
+            }
+        } else if hd.name.eq_ignore_ascii_case("transfer-encoding") {
+            h.chunked = v.to_ascii_lowercase().contains("chunked");
+        }
+    }
+    Ok(Some(h))
+}
+
+fn parse_content_range(v: &str) -> Result<(u64, u64, Option<u64>), String> {
+    let bad = || format!("bad Content-Range `{v}`");
+    let rest = v.strip_prefix("bytes ").ok_or_else(bad)?;
+    let (range, total) = rest.split_once('/').ok_or_else(bad)?;
+    let (a, b) = range.split_once('-').ok_or_else(bad)?;
+    let a: u64 = a.parse().map_err(|_| bad())?;
+    let b: u64 = b.parse().map_err(|_| bad())?;
+    let total = if total == "*" {
+        None
+    } else {
+        Some(total.parse().map_err(|_| bad())?)
+    };
+    if b < a {
+        return Err(bad());
+    }
+    Ok((a, b, total))
+}
+
+/// Why a ranged read failed, as the retry policy sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FailKind {
+    /// 503 Slow Down, 429: back off harder.
+    Throttled,
+    /// Other 5xx.
+    ServerError,
+    /// The connection was reset or closed before the body ended.
+    Reset,
+    /// The body ended early, or the response does not match the range asked.
+    Truncated,
+    /// No byte arrived for the stall time-out.
+    Stalled,
+    /// The name did not resolve.
+    Dns,
+    /// Nobody listens at the address.
+    Refused,
+    /// 4xx other than 429 (403, 404, ...): retrying cannot help.
+    Client,
+    /// The server speaks something we do not (chunked ranges, garbage).
+    Protocol,
+}
+
+impl FailKind {
+    pub fn retryable(self) -> bool {
+        !matches!(self, FailKind::Client | FailKind::Protocol | FailKind::Dns)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FailKind::Throttled => "throttled",
+            FailKind::ServerError => "server_error",
+            FailKind::Reset => "reset",
+            FailKind::Truncated => "truncated",
+            FailKind::Stalled => "stalled",
+            FailKind::Dns => "dns",
+            FailKind::Refused => "refused",
+            FailKind::Client => "client_error",
+            FailKind::Protocol => "protocol",
+        }
+    }
+
+    pub const ALL: [FailKind; 9] = [
+        FailKind::Throttled,
+        FailKind::ServerError,
+        FailKind::Reset,
+        FailKind::Truncated,
+        FailKind::Stalled,
+        FailKind::Dns,
+        FailKind::Refused,
+        FailKind::Client,
+        FailKind::Protocol,
+    ];
+
+    pub fn index(self) -> usize {
+        FailKind::ALL.iter().position(|&k| k == self).unwrap_or(0)
+    }
+
+    /// The kind of an HTTP status that is not a success.
+    pub fn of_status(status: u16) -> FailKind {
+        match status {
+            429 | 503 => FailKind::Throttled,
+            500..=599 => FailKind::ServerError,
+            _ => FailKind::Client,
+        }
+    }
+
+    /// The kind of a socket error.
+    pub fn of_io(e: &std::io::Error) -> FailKind {
+        use std::io::ErrorKind as K;
+        match e.kind() {
+            K::ConnectionRefused => FailKind::Refused,
+            K::TimedOut | K::WouldBlock => FailKind::Stalled,
+            K::UnexpectedEof => FailKind::Truncated,
+            _ => FailKind::Reset,
+        }
+    }
+}
+
+/// A failed ranged read: what kind, and what to tell the user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fail {
+    pub kind: FailKind,
+    pub message: String,
+}
+
+impl fmt::Display for Fail {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({})", self.message, self.kind.name())
+    }
+}
+
+impl Fail {
+    pub fn new(kind: FailKind, message: impl Into<String>) -> Fail {
+        Fail {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+/// Checks that a response answers `GET start..start+len` with exactly that
+/// range; returns the body length to read.
+pub fn check_range_response(h: &ResponseHead, start: u64, len: u64) -> Result<u64, Fail> {
+    match h.status {
+        206 => {}
+        200 if start == 0 && h.content_length == Some(len) => return Ok(len),
+        200 => {
+            return Err(Fail::new(
+                FailKind::Protocol,
+                "the server ignored the Range header (200 instead of 206)",
+            ));
+        }
+        s if s >= 300 => {
+            return Err(Fail::new(
+                FailKind::of_status(s),
+                format!("HTTP {s} {}", h.reason),
+            ));
+        }
+        s => {
+            return Err(Fail::new(
+                FailKind::Protocol,
+                format!("unexpected HTTP {s}"),
+            ));
+        }
+    }
+    if h.chunked {
+        return Err(Fail::new(
+            FailKind::Protocol,
+            "chunked transfer encoding for a byte range is not supported",
+        ));
+    }
+    match h.content_range {
+        Some((a, b, _)) if a == start && b == start + len - 1 => {}
+        Some((a, b, _)) => {
+            return Err(Fail::new(
+                FailKind::Truncated,
+                format!(
+                    "asked bytes {start}-{} but the server sent {a}-{b}",
+                    start + len - 1
+                ),
+            ));
+        }
+        None => {
+            return Err(Fail::new(FailKind::Protocol, "206 without Content-Range"));
+        }
+    }
+    if let Some(cl) = h.content_length
+        && cl != len
+    {
+        return Err(Fail::new(
+            FailKind::Protocol,
+            format!("Content-Length {cl} does not match the {len}-byte range"),
+        ));
+    }
+    Ok(len)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        let u = parse_url("http://h:8080/a/b.tar?x=1").unwrap();
+        assert_eq!(
+            (u.tls, u.host.as_str(), u.port, u.target.as_str()),
+            (false, "h", 8080, "/a/b.tar?x=1")
+        );
+        let u = parse_url("https://[::1]/k").unwrap();
+        assert_eq!((u.tls, u.host.as_str(), u.port), (true, "::1", 443));
+        for bad in [
+            "ftp://x",
+            "http://",
+            "http://h:99999/",
+            "http://u:p@h/",
+            "http://h/a b",
+            "http://h:0/",
+        ] {
+            assert!(parse_url(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn heads_and_ranges() {
+        let r = b"HTTP/1.1 206 Partial Content\r\nContent-Length: 10\r\nContent-Range: bytes 5-14/100\r\n\r\nbody";
+        let h = parse_head(r).unwrap().unwrap();
+        assert_eq!(h.head_len, r.len() - 4);
+        assert_eq!(check_range_response(&h, 5, 10), Ok(10));
+        assert_eq!(
+            check_range_response(&h, 6, 10).unwrap_err().kind,
+            FailKind::Truncated
+        );
+        assert!(
+            parse_head(b"HTTP/1.1 200 OK\r\nContent-Le")
+                .unwrap()
+                .is_none()
+        );
+        assert!(parse_head(b"garbage\r\n\r\n").is_err());
+        let h = parse_head(b"HTTP/1.1 503 Slow Down\r\nConnection: close\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert!(!h.keep_alive);
+        assert_eq!(
+            check_range_response(&h, 0, 1).unwrap_err().kind,
+            FailKind::Throttled
+        );
+        let h = parse_head(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        let e = check_range_response(&h, 0, 1).unwrap_err();
+        assert_eq!(e.kind, FailKind::Client);
+        assert!(!e.kind.retryable());
+        let h = parse_head(b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            check_range_response(&h, 0, 10).unwrap_err().kind,
+            FailKind::Protocol
+        );
+        assert!(parse_head(b"HTTP/1.1 206 X\r\nContent-Range: bytes 9-1/5\r\n\r\n").is_err());
+        assert!(parse_head(&[b'a'; MAX_HEAD]).is_err());
+    }
+}

@@ -1,0 +1,186 @@
+//! Ranged HTTP reads over blocking sockets, with keep-alive connections per
+//! host and the retry policy. Used by the thread backend for every HTTP range,
+//! and for `HEAD` at open. The response head is read into a small buffer; the
+//! body bytes that arrive with it are copied into the destination (and
+//! counted), the rest is received straight into it.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use crate::http::{self, Fail, FailKind, HttpObject, MAX_HEAD};
+
+/// Idle keep-alive connections and the stall time-out.
+pub struct HttpPool {
+    idle: HashMap<(String, u16), Vec<TcpStream>>,
+    stall: Duration,
+    head_buf: Vec<u8>,
+}
+
+/// Result of one fetch: body bytes copied from the head buffer.
+pub struct Fetched {
+    pub copied: usize,
+}
+
+impl HttpPool {
+    pub fn new(stall: Duration) -> HttpPool {
+        HttpPool {
+            idle: HashMap::new(),
+            stall,
+            head_buf: vec![0; MAX_HEAD],
+        }
+    }
+
+    fn connect(&mut self, obj: &HttpObject) -> Result<(TcpStream, bool), Fail> {
+        if obj.tls {
+            return Err(Fail::new(
+                FailKind::Protocol,
+                "https:// is not supported by this version yet",
+            ));
+        }
+        if let Some(c) = self
+            .idle
+            .get_mut(&(obj.host.clone(), obj.port))
+            .and_then(Vec::pop)
+        {
+            return Ok((c, true));
+        }
+        let addr = obj
+            .pick_addr()
+            .ok_or_else(|| Fail::new(FailKind::Dns, format!("`{}` has no address", obj.host)))?;
+        let s = TcpStream::connect_timeout(&addr, self.stall)
+            .map_err(|e| Fail::new(FailKind::of_io(&e), format!("connect to {addr}: {e}")))?;
+        let _ = s.set_nodelay(true);
+        s.set_read_timeout(Some(self.stall))
+            .and_then(|()| s.set_write_timeout(Some(self.stall)))
+            .map_err(|e| Fail::new(FailKind::Reset, format!("socket options: {e}")))?;
+        Ok((s, false))
+    }
+
+    /// Sends `req` and reads the response head; returns the stream, the head,
+    /// and how many bytes after the head are already in `head_buf`.
+    fn exchange(
+        &mut self,
+        obj: &HttpObject,
+        req: &[u8],
+    ) -> Result<(TcpStream, http::ResponseHead, usize), Fail> {
+        // A reused keep-alive connection may have been closed by the server
+        // meanwhile: one immediate retry on a fresh one is not a failure.
+        for fresh_try in 0..2 {
+            let (mut s, reused) = self.connect(obj)?;
+            let io = |e: std::io::Error| Fail::new(FailKind::of_io(&e), format!("{e}"));
+            let mut got = 0;
+            let result = (|| {
+                s.write_all(req).map_err(io)?;
+                loop {
+                    let n = s.read(&mut self.head_buf[got..]).map_err(io)?;
+                    if n == 0 {
+                        return Err(Fail::new(
+                            if got == 0 {
+                                FailKind::Reset
+                            } else {
+                                FailKind::Truncated
+                            },
+                            "the connection closed before the response head ended",
+                        ));
+                    }
+                    got += n;
+                    match http::parse_head(&self.head_buf[..got]) {
+                        Ok(Some(h)) => return Ok(h),
+                        Ok(None) => {}
+                        Err(e) => return Err(Fail::new(FailKind::Protocol, e)),
+                    }
+                }
+            })();
+            match result {
+                Ok(h) => {
+                    let extra = got - h.head_len;
+                    return Ok((s, h, extra));
+                }
+                Err(f) if reused && got == 0 && fresh_try == 0 && f.kind != FailKind::Stalled => {
+                    continue;
+                }
+                Err(f) => return Err(f),
+            }
+        }
+        unreachable!("the loop returns on its second pass")
+    }
+
+    fn put_back(&mut self, obj: &HttpObject, s: TcpStream) {
+        self.idle
+            .entry((obj.host.clone(), obj.port))
+            .or_default()
+            .push(s);
+    }
+
+    /// Reads bytes `start..start + buf.len()` of `obj` into `buf`, once.
+    pub fn fetch(
+        &mut self,
+        obj: &HttpObject,
+        start: u64,
+        buf: &mut [u8],
+        extra_headers: &str,
+    ) -> Result<Fetched, Fail> {
+        let len = buf.len() as u64;
+        let req = http::range_request(obj, start, len, extra_headers);
+        let (mut s, h, extra) = self.exchange(obj, &req)?;
+        if let Err(mut f) = http::check_range_response(&h, start, len) {
+            f.message = format!("{}: {}", obj.url, f.message);
+            return Err(f);
+        }
+        let from_head = extra.min(buf.len());
+        buf[..from_head].copy_from_slice(&self.head_buf[h.head_len..h.head_len + from_head]);
+        if extra > buf.len() {
+            return Err(Fail::new(
+                FailKind::Protocol,
+                "the server sent more than the range",
+            ));
+        }
+        let mut at = from_head;
+        while at < buf.len() {
+            match s.read(&mut buf[at..]) {
+                Ok(0) => {
+                    return Err(Fail::new(
+                        FailKind::Truncated,
+                        format!("{}: the body ended after {at} of {len} bytes", obj.url),
+                    ));
+                }
+                Ok(n) => at += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    return Err(Fail::new(
+                        FailKind::of_io(&e),
+                        format!("{}: after {at} of {len} bytes: {e}", obj.url),
+                    ));
+                }
+            }
+        }
+        if h.keep_alive {
+            self.put_back(obj, s);
+        }
+        Ok(Fetched { copied: from_head })
+    }
+
+    /// The object's size, from a `HEAD` request, once.
+    pub fn head(&mut self, obj: &HttpObject, extra_headers: &str) -> Result<u64, Fail> {
+        let req = http::head_request(obj, extra_headers);
+        let (s, h, _) = self.exchange(obj, &req)?;
+        if h.status >= 300 {
+            return Err(Fail::new(
+                FailKind::of_status(h.status),
+                format!("{}: HTTP {} {}", obj.url, h.status, h.reason),
+            ));
+        }
+        let size = h.content_length.ok_or_else(|| {
+            Fail::new(
+                FailKind::Protocol,
+                format!("{}: HEAD gave no Content-Length", obj.url),
+            )
+        })?;
+        if h.keep_alive {
+            self.put_back(obj, s);
+        }
+        Ok(size)
+    }
+}

@@ -1,0 +1,288 @@
+//! The HTTP data plane against a real server on 127.0.0.1 (tests/support):
+//! ranged GETs into chunks over keep-alive connections, on both backends,
+//! every sample exactly once whatever faults the server injects, retries
+//! counted by kind, and errors that retrying cannot fix reported at once.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use ringfeed::http::FailKind;
+use ringfeed::synth::{self, GenOptions};
+use ringfeed::{Config, Error, Loader, Next};
+use support::Server;
+
+fn dataset(dir: &std::path::Path, seed: u64) -> (Vec<String>, usize) {
+    let o = GenOptions {
+        shards: 3,
+        shard_bytes: 2 << 20,
+        sample_bytes: 60_000,
+        spread: 0.9,
+        fields: vec!["jpg".into(), "cls".into()],
+        seed,
+    };
+    let r = synth::generate(dir, &o, |_| {}).unwrap();
+    let names = r
+        .paths
+        .iter()
+        .map(|p| p.file_name().unwrap().to_str().unwrap().to_string())
+        .collect();
+    (names, r.samples as usize)
+}
+
+fn config(urls: Vec<String>, extra: serde_json::Value) -> Config {
+    let mut m = serde_json::Map::new();
+    m.insert("urls".into(), serde_json::json!(urls));
+    m.insert("memory_budget".into(), serde_json::json!("16MiB"));
+    m.insert("chunk_size".into(), serde_json::json!("512KiB"));
+    m.insert("batch_size".into(), serde_json::json!(5));
+    m.insert("workers".into(), serde_json::json!(2));
+    if let serde_json::Value::Object(e) = extra {
+        m.extend(e);
+    }
+    Config::from_map(&m).unwrap()
+}
+
+/// Streams everything; checks each sample once and its bytes.
+fn stream(loader: &Loader, seed: u64) -> usize {
+    let mut seen = BTreeMap::new();
+    loop {
+        match loader.next(Some(Duration::from_secs(60))).unwrap() {
+            Next::Batch(b) => {
+                for s in b.samples() {
+                    for (name, data) in s.fields() {
+                        assert!(synth::verify(seed, s.key(), name, data), "bad bytes");
+                    }
+                    assert!(seen.insert(s.key().to_vec(), ()).is_none(), "sample twice");
+                }
+            }
+            Next::EndOfEpoch(_) => {}
+            Next::Finished => return seen.len(),
+            Next::Timeout => panic!("stalled"),
+        }
+    }
+}
+
+#[test]
+fn http_shards_stream_exactly_once_on_both_backends() {
+    let dir = tempfile::tempdir().unwrap();
+    let (names, samples) = dataset(dir.path(), 21);
+    let server = Server::start(dir.path().to_path_buf());
+    let pattern = server.url("shard-{000000..000002}.tar");
+    assert_eq!(names.len(), 3);
+    for backend in ["threads", "io_uring"] {
+        let loader = Loader::open(config(
+            vec![pattern.clone()],
+            serde_json::json!({"io_backend": backend}),
+        ))
+        .unwrap();
+        assert_eq!(stream(&loader, 21), samples);
+        let s = loader.stats();
+        assert!(s.http_requests >= 3 + 12, "HEADs plus ranged GETs");
+        assert!(s.retries.values().all(|&n| n == 0));
+        // Straddling members and body bytes that arrive with a head are copied, and counted.
+        assert!(s.bytes_copied > 0, "{}", s.bytes_copied);
+    }
+}
+
+#[test]
+fn injected_faults_are_retried_by_range_and_lose_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, samples) = dataset(dir.path(), 22);
+    let server = Server::start(dir.path().to_path_buf());
+    let url = server.url("shard-{000000..000002}.tar");
+    let f = &server.faults;
+    f.throttle.store(3, Ordering::SeqCst);
+    f.server_error.store(1, Ordering::SeqCst);
+    f.reset.store(2, Ordering::SeqCst);
+    f.truncate.store(2, Ordering::SeqCst);
+    f.stall.store(1, Ordering::SeqCst);
+    f.stall_ms.store(1500, Ordering::SeqCst);
+    let loader = Loader::open(config(
+        vec![url],
+        serde_json::json!({"stall_timeout_ms": 300, "max_attempts": 10}),
+    ))
+    .unwrap();
+    assert_eq!(stream(&loader, 22), samples);
+    let s = loader.stats();
+    assert_eq!(s.retries["throttled"], 3);
+    assert_eq!(s.retries["server_error"], 1);
+    assert_eq!(s.retries["stalled"], 1);
+    // A reset mid-body reads as a reset or as a truncated body, depending on
+    // whether the RST or the FIN is seen first.
+    assert_eq!(
+        s.retries["reset"] + s.retries["truncated"],
+        4,
+        "{:?}",
+        s.retries
+    );
+}
+
+#[test]
+fn a_slow_drip_still_delivers_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, samples) = dataset(dir.path(), 23);
+    let server = Server::start(dir.path().to_path_buf());
+    server.faults.drip.store(true, Ordering::SeqCst);
+    let loader = Loader::open(config(
+        vec![server.url("shard-{000000..000002}.tar")],
+        serde_json::json!({}),
+    ))
+    .unwrap();
+    assert_eq!(stream(&loader, 23), samples);
+}
+
+fn open_err(json: serde_json::Value, urls: Vec<String>) -> Error {
+    match Loader::open(config(urls, json)) {
+        Err(e) => e,
+        Ok(l) => loop {
+            match l.next(Some(Duration::from_secs(60))) {
+                Ok(Next::Batch(_)) | Ok(Next::EndOfEpoch(_)) => {}
+                Ok(other) => panic!("no error: {other:?}"),
+                Err(e) => break e,
+            }
+        },
+    }
+}
+
+#[test]
+fn errors_that_retrying_cannot_fix_fail_at_once_with_the_url() {
+    let dir = tempfile::tempdir().unwrap();
+    dataset(dir.path(), 24);
+    let server = Server::start(dir.path().to_path_buf());
+    let e = open_err(serde_json::json!({}), vec![server.url("missing.tar")]);
+    match &e {
+        Error::Http {
+            kind: FailKind::Client,
+            attempts: 1,
+            url,
+            message,
+        } => {
+            assert!(url.ends_with("/missing.tar"));
+            assert!(message.contains("404"), "{message}");
+        }
+        other => panic!("{other}"),
+    }
+    let e = open_err(serde_json::json!({}), vec![server.url("forbidden/x.tar")]);
+    assert!(
+        matches!(
+            &e,
+            Error::Http {
+                kind: FailKind::Client,
+                ..
+            }
+        ) && e.to_string().contains("403"),
+        "{e}"
+    );
+    let e = open_err(
+        serde_json::json!({}),
+        vec!["http://nothing.invalid/a.tar".into()],
+    );
+    assert!(
+        matches!(
+            &e,
+            Error::Http {
+                kind: FailKind::Dns,
+                attempts: 1,
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn persistent_faults_exhaust_the_attempts_and_name_the_kind() {
+    let dir = tempfile::tempdir().unwrap();
+    dataset(dir.path(), 25);
+    let server = Server::start(dir.path().to_path_buf());
+    server.faults.throttle.store(1000, Ordering::SeqCst);
+    let e = open_err(
+        serde_json::json!({"max_attempts": 3}),
+        vec![server.url("shard-000000.tar")],
+    );
+    match &e {
+        Error::Http {
+            kind: FailKind::Throttled,
+            attempts: 3,
+            ..
+        } => {}
+        other => panic!("{other}"),
+    }
+    // Nobody listens on this port (bound, then closed).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let e = open_err(
+        serde_json::json!({"max_attempts": 2}),
+        vec![format!("http://127.0.0.1:{port}/a.tar")],
+    );
+    assert!(
+        matches!(
+            &e,
+            Error::Http {
+                kind: FailKind::Refused,
+                attempts: 2,
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn garbage_and_range_ignoring_servers_are_protocol_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    dataset(dir.path(), 26);
+    let server = Server::start(dir.path().to_path_buf());
+    let url = server.url("shard-000000.tar");
+    server.faults.ignore_range.store(true, Ordering::SeqCst);
+    let e = open_err(
+        serde_json::json!({"chunk_size": "256KiB"}),
+        vec![url.clone()],
+    );
+    assert!(
+        matches!(
+            &e,
+            Error::Http {
+                kind: FailKind::Protocol,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("ignored the Range header"), "{e}");
+    server.faults.ignore_range.store(false, Ordering::SeqCst);
+    server.faults.garbage.store(true, Ordering::SeqCst);
+    let e = open_err(serde_json::json!({}), vec![url]);
+    assert!(
+        matches!(
+            &e,
+            Error::Http {
+                kind: FailKind::Protocol,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("malformed HTTP response"), "{e}");
+}
+
+#[test]
+fn bad_http_urls_are_named() {
+    for (url, want) in [
+        ("http://h:99999/a.tar", "bad port"),
+        ("http://user:pw@h/a.tar", "credentials"),
+        ("http://h/a{0..2", "unmatched"),
+    ] {
+        let e = Loader::open(config(vec![url.into()], serde_json::json!({})))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains(want), "{url}: {e}");
+    }
+}

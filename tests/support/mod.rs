@@ -1,0 +1,233 @@
+//! A real HTTP/1.1 server for the tests, on 127.0.0.1: serves the files of a
+//! directory with `Range` and keep-alive, and injects faults on demand
+//! (503 bursts, resets and truncation mid-body, stalls, slow drip, garbage,
+//! ignoring `Range`), so the engine's retries are tested against sockets, not
+//! mocks.
+
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+/// Faults to inject into the next N ranged GETs, each counter decremented
+/// as it fires.
+#[derive(Default)]
+pub struct Faults {
+    /// Answer `503 Slow Down`.
+    pub throttle: AtomicUsize,
+    /// Answer `500 Internal Error`.
+    pub server_error: AtomicUsize,
+    /// Send the head and half the body, then reset the connection.
+    pub reset: AtomicUsize,
+    /// Send the head and half the body, then close cleanly (truncated).
+    pub truncate: AtomicUsize,
+    /// Send the head and half the body, then go silent for `stall_ms`.
+    pub stall: AtomicUsize,
+    pub stall_ms: AtomicUsize,
+    /// Send every body in 1 KiB pieces with a pause between (all requests).
+    pub drip: AtomicBool,
+    /// Answer garbage instead of HTTP (all requests).
+    pub garbage: AtomicBool,
+    /// Ignore `Range` and send the whole file with 200 (all requests).
+    pub ignore_range: AtomicBool,
+    /// GET requests seen.
+    pub gets: AtomicUsize,
+}
+
+fn take(c: &AtomicUsize) -> bool {
+    c.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
+}
+
+pub struct Server {
+    pub addr: SocketAddr,
+    pub faults: Arc<Faults>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Server {
+    pub fn start(root: PathBuf) -> Server {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let faults = Arc::new(Faults::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let (f, s) = (Arc::clone(&faults), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if s.load(Ordering::SeqCst) {
+                    break;
+                }
+                let Ok(conn) = conn else { continue };
+                let (root, f) = (root.clone(), Arc::clone(&f));
+                std::thread::spawn(move || serve(conn, &root, &f));
+            }
+        });
+        Server { addr, faults, stop }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}/{}", self.addr, path)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect(self.addr);
+    }
+}
+
+fn serve(mut conn: TcpStream, root: &std::path::Path, f: &Faults) {
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(30)));
+    let mut buf = Vec::new();
+    loop {
+        // Read one request head.
+        let (method, path, range, head_len) = loop {
+            let mut headers = [httparse::EMPTY_HEADER; 32];
+            let mut req = httparse::Request::new(&mut headers);
+            if let Ok(httparse::Status::Complete(n)) = req.parse(&buf) {
+                let range = req
+                    .headers
+                    .iter()
+                    .find(|h| h.name.eq_ignore_ascii_case("range"))
+                    .and_then(|h| std::str::from_utf8(h.value).ok())
+                    .and_then(|v| v.strip_prefix("bytes="))
+                    .and_then(|v| v.split_once('-'))
+                    .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)));
+                break (
+                    req.method.unwrap_or("").to_string(),
+                    req.path.unwrap_or("").to_string(),
+                    range,
+                    n,
+                );
+            }
+            let mut tmp = [0u8; 4096];
+            match conn.read(&mut tmp) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&tmp[..n]),
+            }
+        };
+        buf.drain(..head_len);
+        if f.garbage.load(Ordering::SeqCst) {
+            let _ = conn.write_all(b"SSH-2.0-OpenSSH_9.2\r\n\r\n\r\n");
+            return;
+        }
+        let file = root.join(path.trim_start_matches('/'));
+        let data = if path.contains("forbidden") {
+            let _ = conn.write_all(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n");
+            continue;
+        } else {
+            match std::fs::read(&file) {
+                Ok(d) => d,
+                Err(_) => {
+                    let body = b"<Error><Code>NoSuchKey</Code></Error>";
+                    let _ = write!(
+                        conn,
+                        "HTTP/1.1 404 Not Found\r\nContent-Length: {}\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = conn.write_all(body);
+                    continue;
+                }
+            }
+        };
+        if method == "HEAD" {
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n",
+                data.len()
+            );
+            continue;
+        }
+        f.gets.fetch_add(1, Ordering::SeqCst);
+        if take(&f.throttle) {
+            let body = b"<Error><Code>SlowDown</Code></Error>";
+            let _ = write!(
+                conn,
+                "HTTP/1.1 503 Slow Down\r\nContent-Length: {}\r\n\r\n",
+                body.len()
+            );
+            let _ = conn.write_all(body);
+            continue;
+        }
+        if take(&f.server_error) {
+            let _ = conn.write_all(b"HTTP/1.1 500 Internal Error\r\nContent-Length: 0\r\n\r\n");
+            continue;
+        }
+        let (status, body) = match range {
+            Some((a, b))
+                if !f.ignore_range.load(Ordering::SeqCst)
+                    && a <= b
+                    && (b as usize) < data.len() =>
+            {
+                (
+                    format!(
+                        "206 Partial Content\r\nContent-Range: bytes {a}-{b}/{}",
+                        data.len()
+                    ),
+                    &data[a as usize..=b as usize],
+                )
+            }
+            Some(_) if !f.ignore_range.load(Ordering::SeqCst) => {
+                let _ = conn
+                    .write_all(b"HTTP/1.1 416 Range Not Satisfiable\r\nContent-Length: 0\r\n\r\n");
+                continue;
+            }
+            _ => ("200 OK".to_string(), &data[..]),
+        };
+        let head = format!(
+            "HTTP/1.1 {status}\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        if conn.write_all(head.as_bytes()).is_err() {
+            return;
+        }
+        let half = body.len() / 2;
+        if take(&f.reset) {
+            let _ = conn.write_all(&body[..half]);
+            // SO_LINGER 0: close sends RST.
+            let l = libc::linger {
+                l_onoff: 1,
+                l_linger: 0,
+            };
+            use std::os::fd::AsRawFd;
+            // SAFETY: a valid socket and a linger struct of the right size.
+            unsafe {
+                libc::setsockopt(
+                    conn.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    libc::SO_LINGER,
+                    (&l as *const libc::linger).cast(),
+                    std::mem::size_of::<libc::linger>() as u32,
+                )
+            };
+            return;
+        }
+        if take(&f.truncate) {
+            let _ = conn.write_all(&body[..half]);
+            let _ = conn.shutdown(Shutdown::Both);
+            return;
+        }
+        if take(&f.stall) {
+            let _ = conn.write_all(&body[..half]);
+            std::thread::sleep(Duration::from_millis(
+                f.stall_ms.load(Ordering::SeqCst) as u64
+            ));
+            return;
+        }
+        if f.drip.load(Ordering::SeqCst) {
+            for piece in body.chunks(1024) {
+                if conn.write_all(piece).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        } else if conn.write_all(body).is_err() {
+            return;
+        }
+    }
+}
