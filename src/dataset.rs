@@ -107,7 +107,7 @@ fn http_shard(
         url: url.to_string(),
         reason,
     })?);
-    let size = with_retries(net, jitter, url, || pool.head(&obj, ""))?;
+    let size = with_retries(net, jitter, url, || pool.head(&obj))?;
     Ok(Shard {
         name: url.to_string(),
         source: Source::Http(obj),

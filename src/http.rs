@@ -6,6 +6,15 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+/// Adds per-request headers, e.g. an S3 SigV4 signature. Called for every
+/// request, so it may refresh credentials. Must never put a secret in an
+/// error message.
+pub trait RequestSigner: Send + Sync + fmt::Debug {
+    /// Header lines (`Name: value\r\n` each) for `method` on `obj`, with
+    /// the `Range` header value (`bytes=a-b`) when there is one.
+    fn sign(&self, method: &str, obj: &HttpObject, range: Option<&str>) -> Result<String, Fail>;
+}
+
 /// An object on an HTTP server, read by byte ranges.
 #[derive(Debug)]
 pub struct HttpObject {
@@ -19,6 +28,8 @@ pub struct HttpObject {
     /// Every address DNS gave; connections spread over them.
     pub addrs: Vec<SocketAddr>,
     next_addr: AtomicUsize,
+    /// Signs each request (S3); `None` for plain HTTP.
+    pub signer: Option<std::sync::Arc<dyn RequestSigner>>,
 }
 
 impl HttpObject {
@@ -32,7 +43,21 @@ impl HttpObject {
             target: p.target,
             addrs,
             next_addr: AtomicUsize::new(0),
+            signer: None,
         })
+    }
+
+    /// The same object with requests signed by `signer`.
+    pub fn with_signer(mut self, signer: std::sync::Arc<dyn RequestSigner>) -> HttpObject {
+        self.signer = Some(signer);
+        self
+    }
+
+    fn signed(&self, method: &str, range: Option<&str>) -> Result<String, Fail> {
+        match &self.signer {
+            Some(s) => s.sign(method, self, range),
+            None => Ok(String::new()),
+        }
     }
 
     /// The address for the next connection: round robin over `addrs`.
@@ -123,31 +148,30 @@ pub fn parse_url(url: &str) -> Result<ParsedUrl, String> {
     })
 }
 
-/// The request for bytes `start..start + len` of `obj`, with extra headers
-/// (e.g. a signature) already formatted as `Name: value\r\n` lines.
-pub fn range_request(obj: &HttpObject, start: u64, len: u64, extra: &str) -> Vec<u8> {
-    format!(
-        "GET {} HTTP/1.1\r\nHost: {}\r\nRange: bytes={}-{}\r\nUser-Agent: ringfeed/{}\r\n{}\r\n",
+/// The request for bytes `start..start + len` of `obj`, signed when the
+/// object has a signer.
+pub fn range_request(obj: &HttpObject, start: u64, len: u64) -> Result<Vec<u8>, Fail> {
+    let range = format!("bytes={}-{}", start, start + len - 1);
+    let extra = obj.signed("GET", Some(&range))?;
+    Ok(format!(
+        "GET {} HTTP/1.1\r\nHost: {}\r\nRange: {range}\r\nUser-Agent: ringfeed/{}\r\n{extra}\r\n",
         obj.target,
         obj.host_header(),
-        start,
-        start + len - 1,
         env!("CARGO_PKG_VERSION"),
-        extra
     )
-    .into_bytes()
+    .into_bytes())
 }
 
-/// A `HEAD` request.
-pub fn head_request(obj: &HttpObject, extra: &str) -> Vec<u8> {
-    format!(
-        "HEAD {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: ringfeed/{}\r\n{}\r\n",
+/// A `HEAD` request, signed when the object has a signer.
+pub fn head_request(obj: &HttpObject) -> Result<Vec<u8>, Fail> {
+    let extra = obj.signed("HEAD", None)?;
+    Ok(format!(
+        "HEAD {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: ringfeed/{}\r\n{extra}\r\n",
         obj.target,
         obj.host_header(),
         env!("CARGO_PKG_VERSION"),
-        extra
     )
-    .into_bytes()
+    .into_bytes())
 }
 
 /// What the response head says.

@@ -163,8 +163,8 @@ impl HttpPool {
     }
 
     /// The object's size, from a `HEAD` request, once.
-    pub fn head(&mut self, obj: &HttpObject, extra_headers: &str) -> Result<u64, Fail> {
-        let req = http::head_request(obj, extra_headers);
+    pub fn head(&mut self, obj: &HttpObject) -> Result<u64, Fail> {
+        let req = http::head_request(obj)?;
         let (s, h, _) = self.exchange(obj, &req)?;
         if h.status >= 300 {
             return Err(Fail::new(

@@ -146,7 +146,7 @@ pub fn fetch_retrying(
     jitter: &mut Jitter,
 ) -> Result<usize, Error> {
     with_retries(net, jitter, &obj.url, || {
-        pool.fetch(obj, start, buf, "").map(|f| f.copied)
+        pool.fetch(obj, start, buf).map(|f| f.copied)
     })
 }
 
