@@ -115,15 +115,9 @@ impl HttpPool {
     }
 
     /// Reads bytes `start..start + buf.len()` of `obj` into `buf`, once.
-    pub fn fetch(
-        &mut self,
-        obj: &HttpObject,
-        start: u64,
-        buf: &mut [u8],
-        extra_headers: &str,
-    ) -> Result<Fetched, Fail> {
+    pub fn fetch(&mut self, obj: &HttpObject, start: u64, buf: &mut [u8]) -> Result<Fetched, Fail> {
         let len = buf.len() as u64;
-        let req = http::range_request(obj, start, len, extra_headers);
+        let req = http::range_request(obj, start, len)?;
         let (mut s, h, extra) = self.exchange(obj, &req)?;
         if let Err(mut f) = http::check_range_response(&h, start, len) {
             f.message = format!("{}: {}", obj.url, f.message);
