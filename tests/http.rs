@@ -93,31 +93,34 @@ fn injected_faults_are_retried_by_range_and_lose_nothing() {
     let (_, samples) = dataset(dir.path(), 22);
     let server = Server::start(dir.path().to_path_buf());
     let url = server.url("shard-{000000..000002}.tar");
-    let f = &server.faults;
-    f.throttle.store(3, Ordering::SeqCst);
-    f.server_error.store(1, Ordering::SeqCst);
-    f.reset.store(2, Ordering::SeqCst);
-    f.truncate.store(2, Ordering::SeqCst);
-    f.stall.store(1, Ordering::SeqCst);
-    f.stall_ms.store(1500, Ordering::SeqCst);
-    let loader = Loader::open(config(
-        vec![url],
-        serde_json::json!({"stall_timeout_ms": 300, "max_attempts": 10}),
-    ))
-    .unwrap();
-    assert_eq!(stream(&loader, 22), samples);
-    let s = loader.stats();
-    assert_eq!(s.retries["throttled"], 3);
-    assert_eq!(s.retries["server_error"], 1);
-    assert_eq!(s.retries["stalled"], 1);
-    // A reset mid-body reads as a reset or as a truncated body, depending on
-    // whether the RST or the FIN is seen first.
-    assert_eq!(
-        s.retries["reset"] + s.retries["truncated"],
-        4,
-        "{:?}",
-        s.retries
-    );
+    for backend in ["io_uring", "threads"] {
+        let f = &server.faults;
+        f.throttle.store(3, Ordering::SeqCst);
+        f.server_error.store(1, Ordering::SeqCst);
+        f.reset.store(2, Ordering::SeqCst);
+        f.truncate.store(2, Ordering::SeqCst);
+        f.stall.store(1, Ordering::SeqCst);
+        f.stall_ms.store(1500, Ordering::SeqCst);
+        let loader = Loader::open(config(
+            vec![url.clone()],
+            serde_json::json!({"stall_timeout_ms": 300, "max_attempts": 10, "io_backend": backend}),
+        ))
+        .unwrap();
+        assert_eq!(stream(&loader, 22), samples, "{backend}");
+        let s = loader.stats();
+        assert_eq!(s.io_backend, backend);
+        assert_eq!(s.retries["throttled"], 3, "{backend}");
+        assert_eq!(s.retries["server_error"], 1, "{backend}");
+        assert_eq!(s.retries["stalled"], 1, "{backend}");
+        // A reset mid-body reads as a reset or as a truncated body, depending
+        // on whether the RST or the FIN is seen first.
+        assert_eq!(
+            s.retries["reset"] + s.retries["truncated"],
+            4,
+            "{backend}: {:?}",
+            s.retries
+        );
+    }
 }
 
 #[test]

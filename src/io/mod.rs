@@ -9,6 +9,7 @@
 pub mod http_sync;
 pub mod threads;
 pub mod uring;
+mod uring_http;
 
 use std::io;
 use std::os::fd::RawFd;

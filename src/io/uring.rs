@@ -6,10 +6,8 @@ use std::io;
 
 use io_uring::{IoUring, opcode, types};
 
-use super::http_sync::HttpPool;
-use super::threads::run_blocking;
+use super::uring_http::{HttpDriver, TAG};
 use super::{Completion, NetOptions, ReadFail, ReadRequest, Reader, Target};
-use crate::retry::Jitter;
 
 /// How a ring was set up, for the stats.
 #[derive(Debug, Clone)]
@@ -21,13 +19,10 @@ pub struct UringSetup {
 pub struct UringReader {
     ring: IoUring,
     registered: bool,
-    queued: usize,
-    /// HTTP ranges: run on blocking sockets until the io_uring HTTP path
-    /// lands (the stats say so).
-    http: HttpPool,
-    http_queued: Vec<ReadRequest>,
-    net: NetOptions,
-    jitter: Jitter,
+    /// Ranged HTTP reads on this ring.
+    http: HttpDriver,
+    /// Completions finished during `submit` (a range that failed at once).
+    ready: Vec<Completion>,
 }
 
 /// Creates a ring with `entries` slots, with the best flags the kernel takes.
@@ -91,11 +86,8 @@ impl UringReader {
         Ok(UringReader {
             ring,
             registered,
-            queued: 0,
-            http: HttpPool::new(net.stall),
-            http_queued: Vec::new(),
-            net,
-            jitter: Jitter::new(seed),
+            http: HttpDriver::new(net, seed),
+            ready: Vec::new(),
         })
     }
 }
@@ -104,8 +96,11 @@ impl Reader for UringReader {
     unsafe fn submit(&mut self, req: ReadRequest) -> io::Result<()> {
         let fd = match &req.target {
             Target::File(fd) => types::Fd(*fd),
-            Target::Http(_) => {
-                self.http_queued.push(req);
+            Target::Http(obj) => {
+                let obj = std::sync::Arc::clone(obj);
+                if let Some(c) = self.http.start(&mut self.ring, &req, obj) {
+                    self.ready.push(c);
+                }
                 return Ok(());
             }
         };
@@ -125,7 +120,6 @@ impl Reader for UringReader {
             // SAFETY: the caller keeps the buffer and fd valid until the
             // completion is reaped (the contract of `Reader::submit`).
             if unsafe { self.ring.submission().push(&entry) }.is_ok() {
-                self.queued += 1;
                 return Ok(());
             }
             // Submission queue full: hand what is queued to the kernel.
@@ -134,34 +128,45 @@ impl Reader for UringReader {
     }
 
     fn wait(&mut self, min: usize, out: &mut Vec<Completion>) -> io::Result<()> {
-        if !self.http_queued.is_empty() {
-            let req = self.http_queued.remove(0);
-            if let Some(c) = run_blocking(&req, &mut self.http, &self.net, &mut self.jitter) {
-                out.push(c);
-            }
-            return Ok(());
-        }
-        loop {
-            match self.ring.submit_and_wait(min) {
-                Ok(_) => break,
+        let goal = out.len() + min;
+        out.append(&mut self.ready);
+        while out.len() < goal {
+            // HTTP steps produce completions that finish no read; wait for
+            // one at a time while reads are outstanding.
+            let want = if self.http.in_flight() > 0 {
+                1
+            } else {
+                goal - out.len()
+            };
+            match self.ring.submit_and_wait(want) {
+                Ok(_) => {}
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
                 // EBUSY: the completion queue is full; reap below, then retry.
-                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => break,
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
                 Err(e) => return Err(e),
             }
-        }
-        self.queued = 0;
-        for cqe in self.ring.completion() {
-            let r = cqe.result();
-            out.push(Completion {
-                id: cqe.user_data(),
-                result: if r < 0 {
-                    Err(ReadFail::Io(io::Error::from_raw_os_error(-r)))
-                } else {
-                    Ok(r as usize)
-                },
-                copied: 0,
-            });
+            let cqes: Vec<(u64, i32)> = self
+                .ring
+                .completion()
+                .map(|c| (c.user_data(), c.result()))
+                .collect();
+            for (ud, r) in cqes {
+                if ud & TAG != 0 {
+                    if let Some(c) = self.http.complete(&mut self.ring, ud, r) {
+                        out.push(c);
+                    }
+                    continue;
+                }
+                out.push(Completion {
+                    id: ud,
+                    result: if r < 0 {
+                        Err(ReadFail::Io(io::Error::from_raw_os_error(-r)))
+                    } else {
+                        Ok(r as usize)
+                    },
+                    copied: 0,
+                });
+            }
         }
         Ok(())
     }

@@ -1,0 +1,524 @@
+//! Ranged HTTP GETs driven by a worker's io_uring: connect, send the request,
+//! receive the response head into a small buffer, then receive the body
+//! straight into the destination chunk. Every receive carries a linked
+//! time-out (the stall time-out); a failed range is retried from the first
+//! byte not yet received, after a backoff that is itself an io_uring timer,
+//! so one slow range never blocks the others in flight.
+//!
+//! Each range in flight is an [`Op`] in a slab. Completions are routed by
+//! `user_data` = `TAG | generation | slot | step`; a completion whose
+//! generation does not match the slot (a linked time-out arriving after its
+//! range finished) is ignored. An op's buffers are its own until the
+//! completion of its current step arrives; only then does it move on or free.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use io_uring::{IoUring, opcode, squeue, types};
+
+use super::{Completion, NetOptions, ReadFail, ReadRequest};
+use crate::error::Error;
+use crate::http::{self, Fail, FailKind, HttpObject};
+use crate::retry::Jitter;
+
+/// Marks a `user_data` as belonging to the HTTP path (file reads use the
+/// worker's read ids, which are small).
+pub const TAG: u64 = 1 << 63;
+const STEP_BITS: u32 = 8;
+const SLOT_BITS: u32 = 24;
+
+/// How many bytes of the response head are received per `recv`. Body bytes
+/// that arrive in it are copied; 4 KiB holds an S3 head and bounds the copy
+/// to 0.05 % of an 8 MiB range.
+const HEAD_RECV: usize = 4096;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Step {
+    Connect = 1,
+    Send = 2,
+    Head = 3,
+    Body = 4,
+    Backoff = 5,
+    /// The linked time-out of a step; only its `-ETIME` matters, and that
+    /// shows as `-ECANCELED` on the step itself.
+    Timer = 6,
+}
+
+struct Conn {
+    fd: OwnedFd,
+    /// Came from the idle pool: a failure before any response byte is a
+    /// stale keep-alive, retried at once on a fresh connection.
+    reused: bool,
+}
+
+/// One range in flight.
+struct Op {
+    req_id: u64,
+    obj: Arc<HttpObject>,
+    start: u64,
+    buf: *mut u8,
+    len: usize,
+    /// Bytes of the body already in `buf`.
+    got: usize,
+    copied: usize,
+    attempt: u32,
+    step: Step,
+    conn: Option<Conn>,
+    addr: libc::sockaddr_storage,
+    addr_len: libc::socklen_t,
+    request: Vec<u8>,
+    sent: usize,
+    head: Vec<u8>,
+    head_got: usize,
+    /// The current response allows reusing the connection.
+    keep_alive: bool,
+    backoff: types::Timespec,
+    generation: u32,
+}
+
+/// The HTTP side of a `UringReader`.
+pub struct HttpDriver {
+    slots: Vec<Option<Box<Op>>>,
+    free: Vec<usize>,
+    generations: Vec<u32>,
+    idle: HashMap<(String, u16), Vec<OwnedFd>>,
+    net: NetOptions,
+    jitter: Jitter,
+    /// The stall time-out; boxed so its address is stable for the kernel.
+    stall: Box<types::Timespec>,
+}
+
+fn user_data(slot: usize, generation: u32, step: Step) -> u64 {
+    TAG | (u64::from(generation) << (SLOT_BITS + STEP_BITS))
+        | ((slot as u64) << STEP_BITS)
+        | step as u64
+}
+
+fn decode(ud: u64) -> (usize, u32, u8) {
+    let step = (ud & ((1 << STEP_BITS) - 1)) as u8;
+    let slot = ((ud >> STEP_BITS) & ((1 << SLOT_BITS) - 1)) as usize;
+    let generation = ((ud & !TAG) >> (SLOT_BITS + STEP_BITS)) as u32;
+    (slot, generation, step)
+}
+
+/// Pushes `e`, submitting first when the queue is full.
+fn push(ring: &mut IoUring, e: &squeue::Entry) -> Result<(), Fail> {
+    loop {
+        // SAFETY: every pointer in `e` refers to memory owned by an `Op` (or
+        // the driver) that stays put until the entry's completion arrives.
+        if unsafe { ring.submission().push(e) }.is_ok() {
+            return Ok(());
+        }
+        ring.submit()
+            .map_err(|e| Fail::new(FailKind::Reset, format!("io_uring submit: {e}")))?;
+    }
+}
+
+impl HttpDriver {
+    pub fn new(net: NetOptions, seed: u64) -> HttpDriver {
+        let stall = Box::new(types::Timespec::from(net.stall));
+        HttpDriver {
+            slots: Vec::new(),
+            free: Vec::new(),
+            generations: Vec::new(),
+            idle: HashMap::new(),
+            net,
+            jitter: Jitter::new(seed),
+            stall,
+        }
+    }
+
+    /// Starts a ranged read.
+    pub fn start(
+        &mut self,
+        ring: &mut IoUring,
+        req: &ReadRequest,
+        obj: Arc<HttpObject>,
+    ) -> Option<Completion> {
+        let slot = self.free.pop().unwrap_or_else(|| {
+            self.slots.push(None);
+            self.generations.push(0);
+            self.slots.len() - 1
+        });
+        self.generations[slot] = self.generations[slot].wrapping_add(1) & ((1 << 31) - 1);
+        // SAFETY: sockaddr_storage is plain data; zeroed is valid.
+        let addr: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        let op = Box::new(Op {
+            req_id: req.id,
+            obj,
+            start: req.offset,
+            buf: req.buf,
+            len: req.len,
+            got: 0,
+            copied: 0,
+            attempt: 0,
+            step: Step::Connect,
+            conn: None,
+            addr,
+            addr_len: 0,
+            request: Vec::new(),
+            sent: 0,
+            head: vec![0; http::MAX_HEAD],
+            head_got: 0,
+            keep_alive: false,
+            backoff: types::Timespec::new(),
+            generation: self.generations[slot],
+        });
+        self.slots[slot] = Some(op);
+        self.begin(ring, slot)
+    }
+
+    /// (Re)starts the request of `slot` for the bytes not yet received.
+    fn begin(&mut self, ring: &mut IoUring, slot: usize) -> Option<Completion> {
+        let op = self.slots[slot].as_mut().expect("live slot");
+        op.head_got = 0;
+        op.sent = 0;
+        self.net.stats.requests.fetch_add(1, Ordering::Relaxed);
+        match http::range_request(&op.obj, op.start + op.got as u64, (op.len - op.got) as u64) {
+            Ok(r) => op.request = r,
+            Err(f) => return self.fail(ring, slot, f),
+        }
+        let key = (op.obj.host.clone(), op.obj.port);
+        if let Some(fd) = self.idle.get_mut(&key).and_then(Vec::pop) {
+            op.conn = Some(Conn { fd, reused: true });
+            return self.send(ring, slot);
+        }
+        let Some(sa) = op.obj.pick_addr() else {
+            let f = Fail::new(FailKind::Dns, format!("`{}` has no address", op.obj.host));
+            return self.fail(ring, slot, f);
+        };
+        let (storage, len) = sockaddr(sa);
+        op.addr = storage;
+        op.addr_len = len;
+        let family = if sa.is_ipv4() {
+            libc::AF_INET
+        } else {
+            libc::AF_INET6
+        };
+        // SAFETY: plain socket(2) call.
+        let fd = unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+        if fd < 0 {
+            let e = std::io::Error::last_os_error();
+            return self.fail(
+                ring,
+                slot,
+                Fail::new(FailKind::Reset, format!("socket: {e}")),
+            );
+        }
+        // SAFETY: `fd` is a new descriptor we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let one: libc::c_int = 1;
+        // SAFETY: valid socket, option pointer and length.
+        unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_NODELAY,
+                (&one as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as u32,
+            )
+        };
+        let raw = fd.as_raw_fd();
+        op.conn = Some(Conn { fd, reused: false });
+        op.step = Step::Connect;
+        let e = opcode::Connect::new(
+            types::Fd(raw),
+            (&op.addr as *const libc::sockaddr_storage).cast(),
+            op.addr_len,
+        )
+        .build()
+        .flags(squeue::Flags::IO_LINK)
+        .user_data(user_data(slot, op.generation, Step::Connect));
+        let t = opcode::LinkTimeout::new(&*self.stall)
+            .build()
+            .user_data(user_data(slot, op.generation, Step::Timer));
+        if let Err(f) = push(ring, &e).and_then(|()| push(ring, &t)) {
+            return self.fail(ring, slot, f);
+        }
+        None
+    }
+
+    fn send(&mut self, ring: &mut IoUring, slot: usize) -> Option<Completion> {
+        let op = self.slots[slot].as_mut().expect("live slot");
+        op.step = Step::Send;
+        let fd = op.conn.as_ref().expect("connected").fd.as_raw_fd();
+        let rest = &op.request[op.sent..];
+        let e = opcode::Send::new(types::Fd(fd), rest.as_ptr(), rest.len() as u32)
+            .flags(libc::MSG_NOSIGNAL)
+            .build()
+            .flags(squeue::Flags::IO_LINK)
+            .user_data(user_data(slot, op.generation, Step::Send));
+        let t = opcode::LinkTimeout::new(&*self.stall)
+            .build()
+            .user_data(user_data(slot, op.generation, Step::Timer));
+        match push(ring, &e).and_then(|()| push(ring, &t)) {
+            Ok(()) => None,
+            Err(f) => self.fail(ring, slot, f),
+        }
+    }
+
+    fn recv(&mut self, ring: &mut IoUring, slot: usize, step: Step) -> Option<Completion> {
+        let op = self.slots[slot].as_mut().expect("live slot");
+        op.step = step;
+        let fd = op.conn.as_ref().expect("connected").fd.as_raw_fd();
+        let (ptr, len) = match step {
+            Step::Head => {
+                let room = (op.head.len() - op.head_got).min(HEAD_RECV);
+                // SAFETY: head_got < head.len().
+                (unsafe { op.head.as_mut_ptr().add(op.head_got) }, room)
+            }
+            // SAFETY: got < len: the rest of the destination.
+            _ => (unsafe { op.buf.add(op.got) }, op.len - op.got),
+        };
+        let e = opcode::Recv::new(types::Fd(fd), ptr, len.min(u32::MAX as usize) as u32)
+            .build()
+            .flags(squeue::Flags::IO_LINK)
+            .user_data(user_data(slot, op.generation, step));
+        let t = opcode::LinkTimeout::new(&*self.stall)
+            .build()
+            .user_data(user_data(slot, op.generation, Step::Timer));
+        match push(ring, &e).and_then(|()| push(ring, &t)) {
+            Ok(()) => None,
+            Err(f) => self.fail(ring, slot, f),
+        }
+    }
+
+    /// Routes one completion; may finish a range.
+    pub fn complete(&mut self, ring: &mut IoUring, ud: u64, res: i32) -> Option<Completion> {
+        let (slot, generation, step) = decode(ud);
+        if step == Step::Timer as u8 {
+            return None;
+        }
+        match self.slots.get(slot) {
+            Some(Some(op)) if op.generation == generation && op.step as u8 == step => {}
+            _ => return None,
+        }
+        let op = self.slots[slot].as_mut().expect("checked above");
+        let io_fail = |res: i32, what: &str| {
+            if res == -libc::ECANCELED {
+                Fail::new(
+                    FailKind::Stalled,
+                    format!("{what}: nothing for the stall time-out"),
+                )
+            } else {
+                let e = std::io::Error::from_raw_os_error(-res);
+                Fail::new(FailKind::of_io(&e), format!("{what}: {e}"))
+            }
+        };
+        match op.step {
+            Step::Backoff => self.begin(ring, slot),
+            Step::Connect => {
+                if res < 0 {
+                    let f = io_fail(res, &format!("connect to {}", op.obj.url));
+                    return self.fail(ring, slot, f);
+                }
+                self.send(ring, slot)
+            }
+            Step::Send => {
+                if res < 0 {
+                    let f = io_fail(res, "send");
+                    return self.retry_or_fail(ring, slot, f);
+                }
+                op.sent += res as usize;
+                if op.sent < op.request.len() {
+                    return self.send(ring, slot);
+                }
+                self.recv(ring, slot, Step::Head)
+            }
+            Step::Head => {
+                if res <= 0 {
+                    let f = if res == 0 {
+                        Fail::new(
+                            FailKind::Reset,
+                            "the connection closed before the response head",
+                        )
+                    } else {
+                        io_fail(res, "receive")
+                    };
+                    return self.retry_or_fail(ring, slot, f);
+                }
+                op.head_got += res as usize;
+                let h = match http::parse_head(&op.head[..op.head_got]) {
+                    Ok(Some(h)) => h,
+                    Ok(None) => return self.recv(ring, slot, Step::Head),
+                    Err(e) => return self.fail(ring, slot, Fail::new(FailKind::Protocol, e)),
+                };
+                op.conn.as_mut().expect("connected").reused = false;
+                let at = op.start + op.got as u64;
+                let want = (op.len - op.got) as u64;
+                if let Err(mut f) = http::check_range_response(&h, at, want) {
+                    f.message = format!("{}: {}", op.obj.url, f.message);
+                    return self.retry_or_fail(ring, slot, f);
+                }
+                let extra = op.head_got - h.head_len;
+                if extra as u64 > want {
+                    let f = Fail::new(FailKind::Protocol, "the server sent more than the range");
+                    return self.fail(ring, slot, f);
+                }
+                // SAFETY: `extra` <= the rest of the destination; the head
+                // buffer and the chunk do not overlap.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        op.head.as_ptr().add(h.head_len),
+                        op.buf.add(op.got),
+                        extra,
+                    )
+                };
+                op.got += extra;
+                op.copied += extra;
+                op.keep_alive = h.keep_alive;
+                if op.got == op.len {
+                    return self.finish(slot);
+                }
+                self.recv(ring, slot, Step::Body)
+            }
+            Step::Body => {
+                if res <= 0 {
+                    let f = if res == 0 {
+                        Fail::new(
+                            FailKind::Truncated,
+                            format!(
+                                "{}: the body ended after {} of {} bytes",
+                                op.obj.url, op.got, op.len
+                            ),
+                        )
+                    } else {
+                        io_fail(
+                            res,
+                            &format!(
+                                "{}: receive after {} of {} bytes",
+                                op.obj.url, op.got, op.len
+                            ),
+                        )
+                    };
+                    return self.retry_or_fail(ring, slot, f);
+                }
+                op.got += res as usize;
+                if op.got == op.len {
+                    return self.finish(slot);
+                }
+                self.recv(ring, slot, Step::Body)
+            }
+            Step::Timer => None,
+        }
+    }
+
+    fn free_slot(&mut self, slot: usize) -> Box<Op> {
+        let op = self.slots[slot].take().expect("live slot");
+        self.free.push(slot);
+        op
+    }
+
+    fn finish(&mut self, slot: usize) -> Option<Completion> {
+        let mut op = self.free_slot(slot);
+        if let Some(c) = op.conn.take()
+            && op.keep_alive
+        {
+            self.idle
+                .entry((op.obj.host.clone(), op.obj.port))
+                .or_default()
+                .push(c.fd);
+        }
+        Some(Completion {
+            id: op.req_id,
+            result: Ok(op.len),
+            copied: op.copied,
+        })
+    }
+
+    /// A step failed: close the connection and retry the rest of the range
+    /// after a backoff, or fail it.
+    fn retry_or_fail(&mut self, ring: &mut IoUring, slot: usize, f: Fail) -> Option<Completion> {
+        let op = self.slots[slot].as_mut().expect("live slot");
+        let stale = op.conn.as_ref().is_some_and(|c| c.reused) && op.step != Step::Body;
+        op.conn = None;
+        if stale {
+            // A keep-alive connection the server had closed: not a failure.
+            return self.begin(ring, slot);
+        }
+        self.fail(ring, slot, f)
+    }
+
+    fn fail(&mut self, ring: &mut IoUring, slot: usize, f: Fail) -> Option<Completion> {
+        let op = self.slots[slot].as_mut().expect("live slot");
+        op.conn = None;
+        match self
+            .net
+            .retry
+            .next_delay(op.attempt, f.kind, self.jitter.draw())
+        {
+            Some(d) => {
+                self.net.stats.retries[f.kind.index()].fetch_add(1, Ordering::Relaxed);
+                op.attempt += 1;
+                op.step = Step::Backoff;
+                op.backoff = types::Timespec::from(d);
+                let e = opcode::Timeout::new(&op.backoff)
+                    .build()
+                    .user_data(user_data(slot, op.generation, Step::Backoff));
+                match push(ring, &e) {
+                    Ok(()) => None,
+                    Err(f2) => self.give_up(slot, f2),
+                }
+            }
+            None => self.give_up(slot, f),
+        }
+    }
+
+    fn give_up(&mut self, slot: usize, f: Fail) -> Option<Completion> {
+        let op = self.free_slot(slot);
+        Some(Completion {
+            id: op.req_id,
+            result: Err(ReadFail::Net(Error::Http {
+                url: op.obj.url.clone(),
+                kind: f.kind,
+                message: f.message,
+                attempts: op.attempt + 1,
+            })),
+            copied: op.copied,
+        })
+    }
+
+    /// Ranges in flight.
+    pub fn in_flight(&self) -> usize {
+        self.slots.iter().filter(|s| s.is_some()).count()
+    }
+}
+
+fn sockaddr(sa: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: plain data; zeroed is valid.
+    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match sa {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(a.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
+            unsafe { std::ptr::write((&mut storage as *mut libc::sockaddr_storage).cast(), sin) };
+            std::mem::size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: a.flowinfo(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: a.ip().octets(),
+                },
+                sin6_scope_id: a.scope_id(),
+            };
+            // SAFETY: as above, for sockaddr_in6.
+            unsafe { std::ptr::write((&mut storage as *mut libc::sockaddr_storage).cast(), sin6) };
+            std::mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (storage, len as libc::socklen_t)
+}
