@@ -76,6 +76,9 @@ pub struct Config {
     pub stall_timeout_ms: u64,
     /// Attempts per network range, the first included.
     pub max_attempts: u32,
+    /// PEM file of CA certificates for https:// (default: `AWS_CA_BUNDLE`,
+    /// else the system's roots).
+    pub ca_bundle: Option<std::path::PathBuf>,
 }
 
 /// Cap of the automatic worker count. One worker keeps ~10 GB/s of
@@ -113,6 +116,7 @@ impl Default for Config {
             stall_timeout_ms: 10_000,
             // See retry::RetryPolicy: the SDKs' 3, raised for long jobs.
             max_attempts: 5,
+            ca_bundle: None,
         }
     }
 }
@@ -151,6 +155,7 @@ pub const KEYS: &[&str] = &[
     "epochs",
     "stall_timeout_ms",
     "max_attempts",
+    "ca_bundle",
 ];
 
 impl Config {
@@ -199,6 +204,13 @@ impl Config {
                 "register_buffers" => c.register_buffers = toggle(key, v)?,
                 "prefetch_batches" => c.prefetch_batches = positive(key, v)? as usize,
                 "epochs" => c.epochs = integer(key, v)?,
+                "ca_bundle" => {
+                    let p = v
+                        .as_str()
+                        .filter(|p| !p.is_empty())
+                        .ok_or_else(|| bad(key, "a file path", v))?;
+                    c.ca_bundle = Some(p.into());
+                }
                 "stall_timeout_ms" => c.stall_timeout_ms = positive(key, v)?,
                 "max_attempts" => {
                     c.max_attempts = u32::try_from(positive(key, v)?)

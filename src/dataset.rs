@@ -40,7 +40,7 @@ pub struct Shard {
 /// `HEAD` with its size (HTTP), in order.
 pub fn resolve(urls: &[String], net: &NetOptions) -> Result<Vec<Shard>> {
     let mut shards = Vec::new();
-    let mut pool = HttpPool::new(net.stall);
+    let mut pool = HttpPool::new(net.stall, Arc::clone(&net.tls));
     let mut jitter = Jitter::new(0x5eed);
     for url in urls {
         for one in expand_braces(url)? {
@@ -366,6 +366,7 @@ mod tests {
             stall: std::time::Duration::from_secs(1),
             retry: Default::default(),
             stats: Default::default(),
+            tls: Default::default(),
         };
         let e = resolve(&["/nonexistent/shard-{0..1}.tar".into()], &net).unwrap_err();
         assert!(e.to_string().contains("/nonexistent/shard-0.tar"), "{e}");

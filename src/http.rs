@@ -276,11 +276,16 @@ pub enum FailKind {
     Client,
     /// The server speaks something we do not (chunked ranges, garbage).
     Protocol,
+    /// The TLS handshake failed: untrusted certificate, wrong name, ...
+    Tls,
 }
 
 impl FailKind {
     pub fn retryable(self) -> bool {
-        !matches!(self, FailKind::Client | FailKind::Protocol | FailKind::Dns)
+        !matches!(
+            self,
+            FailKind::Client | FailKind::Protocol | FailKind::Dns | FailKind::Tls
+        )
     }
 
     pub fn name(self) -> &'static str {
@@ -294,10 +299,11 @@ impl FailKind {
             FailKind::Refused => "refused",
             FailKind::Client => "client_error",
             FailKind::Protocol => "protocol",
+            FailKind::Tls => "tls",
         }
     }
 
-    pub const ALL: [FailKind; 9] = [
+    pub const ALL: [FailKind; 10] = [
         FailKind::Throttled,
         FailKind::ServerError,
         FailKind::Reset,
@@ -307,6 +313,7 @@ impl FailKind {
         FailKind::Refused,
         FailKind::Client,
         FailKind::Protocol,
+        FailKind::Tls,
     ];
 
     pub fn index(self) -> usize {
@@ -325,6 +332,11 @@ impl FailKind {
     /// The kind of a socket error.
     pub fn of_io(e: &std::io::Error) -> FailKind {
         use std::io::ErrorKind as K;
+        if let Some(inner) = e.get_ref()
+            && inner.downcast_ref::<rustls::Error>().is_some()
+        {
+            return FailKind::Tls;
+        }
         match e.kind() {
             K::ConnectionRefused => FailKind::Refused,
             K::TimedOut | K::WouldBlock => FailKind::Stalled,

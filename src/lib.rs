@@ -24,6 +24,7 @@ pub mod ring;
 pub mod sample;
 pub mod synth;
 pub mod tar;
+pub mod tls;
 pub mod topology;
 
 mod sync;

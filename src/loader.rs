@@ -264,6 +264,11 @@ impl Loader {
                 ..RetryPolicy::default()
             },
             stats: Arc::new(NetStats::default()),
+            tls: Arc::new(crate::tls::TlsSetup::new(
+                cfg.ca_bundle
+                    .clone()
+                    .or_else(|| std::env::var_os("AWS_CA_BUNDLE").map(Into::into)),
+            )),
         };
         let shards = dataset::resolve(&cfg.urls, &net)?;
         if shards.is_empty() {

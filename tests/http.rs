@@ -289,3 +289,46 @@ fn bad_http_urls_are_named() {
         assert!(e.contains(want), "{url}: {e}");
     }
 }
+
+#[test]
+fn https_verifies_the_certificate_and_streams_with_a_ca_bundle() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, samples) = dataset(dir.path(), 27);
+    let (server, pem) = Server::start_tls(dir.path().to_path_buf());
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, pem).unwrap();
+    let url = server.https_url("localhost", "shard-{000000..000002}.tar");
+    for backend in ["io_uring", "threads"] {
+        let loader = Loader::open(config(
+            vec![url.clone()],
+            serde_json::json!({"ca_bundle": ca.display().to_string(), "io_backend": backend}),
+        ))
+        .unwrap();
+        assert_eq!(stream(&loader, 27), samples, "{backend}");
+    }
+    // Without the bundle the self-signed certificate is refused, at once.
+    let e = open_err(
+        serde_json::json!({"ca_bundle": "/etc/ssl/certs/ca-certificates.crt"}),
+        vec![url.clone()],
+    );
+    assert!(
+        matches!(
+            &e,
+            Error::Http {
+                kind: FailKind::Tls,
+                attempts: 1,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().to_lowercase().contains("certificate"), "{e}");
+    // A bundle that is not PEM is named.
+    let junk = dir.path().join("junk.pem");
+    std::fs::write(&junk, "not a certificate").unwrap();
+    let e = open_err(
+        serde_json::json!({"ca_bundle": junk.display().to_string()}),
+        vec![url],
+    );
+    assert!(e.to_string().contains("junk.pem"), "{e}");
+}

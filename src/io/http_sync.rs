@@ -7,15 +7,50 @@
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::sync::Arc;
 use std::time::Duration;
 
+use rustls::pki_types::ServerName;
+
 use crate::http::{self, Fail, FailKind, HttpObject, MAX_HEAD};
+use crate::tls::TlsSetup;
+
+/// A connection, plain or TLS (decrypted in user space by rustls).
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.read(buf),
+            Stream::Tls(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.write(buf),
+            Stream::Tls(s) => s.write(buf),
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Stream::Plain(s) => s.flush(),
+            Stream::Tls(s) => s.flush(),
+        }
+    }
+}
 
 /// Idle keep-alive connections and the stall time-out.
 pub struct HttpPool {
-    idle: HashMap<(String, u16), Vec<TcpStream>>,
+    idle: HashMap<(String, u16, bool), Vec<Stream>>,
     stall: Duration,
     head_buf: Vec<u8>,
+    tls: Arc<TlsSetup>,
 }
 
 /// Result of one fetch: body bytes copied from the head buffer.
@@ -24,26 +59,21 @@ pub struct Fetched {
 }
 
 impl HttpPool {
-    pub fn new(stall: Duration) -> HttpPool {
+    pub fn new(stall: Duration, tls: Arc<TlsSetup>) -> HttpPool {
         HttpPool {
             idle: HashMap::new(),
             stall,
             head_buf: vec![0; MAX_HEAD],
+            tls,
         }
     }
 
-    fn connect(&mut self, obj: &HttpObject) -> Result<(TcpStream, bool), Fail> {
-        if obj.tls {
-            return Err(Fail::new(
-                FailKind::Protocol,
-                "https:// is not supported by this version yet",
-            ));
-        }
-        if let Some(c) = self
-            .idle
-            .get_mut(&(obj.host.clone(), obj.port))
-            .and_then(Vec::pop)
-        {
+    fn key(obj: &HttpObject) -> (String, u16, bool) {
+        (obj.host.clone(), obj.port, obj.tls)
+    }
+
+    fn connect(&mut self, obj: &HttpObject) -> Result<(Stream, bool), Fail> {
+        if let Some(c) = self.idle.get_mut(&Self::key(obj)).and_then(Vec::pop) {
             return Ok((c, true));
         }
         let addr = obj
@@ -55,7 +85,18 @@ impl HttpPool {
         s.set_read_timeout(Some(self.stall))
             .and_then(|()| s.set_write_timeout(Some(self.stall)))
             .map_err(|e| Fail::new(FailKind::Reset, format!("socket options: {e}")))?;
-        Ok((s, false))
+        if !obj.tls {
+            return Ok((Stream::Plain(s), false));
+        }
+        let config = self.tls.config().map_err(|e| Fail::new(FailKind::Tls, e))?;
+        let name = ServerName::try_from(obj.host.clone())
+            .map_err(|e| Fail::new(FailKind::Tls, format!("`{}`: {e}", obj.host)))?;
+        let conn = rustls::ClientConnection::new(config, name)
+            .map_err(|e| Fail::new(FailKind::Tls, format!("TLS: {e}")))?;
+        Ok((
+            Stream::Tls(Box::new(rustls::StreamOwned::new(conn, s))),
+            false,
+        ))
     }
 
     /// Sends `req` and reads the response head; returns the stream, the head,
@@ -64,7 +105,7 @@ impl HttpPool {
         &mut self,
         obj: &HttpObject,
         req: &[u8],
-    ) -> Result<(TcpStream, http::ResponseHead, usize), Fail> {
+    ) -> Result<(Stream, http::ResponseHead, usize), Fail> {
         // A reused keep-alive connection may have been closed by the server
         // meanwhile: one immediate retry on a fresh one is not a failure.
         for fresh_try in 0..2 {
@@ -107,11 +148,8 @@ impl HttpPool {
         unreachable!("the loop returns on its second pass")
     }
 
-    fn put_back(&mut self, obj: &HttpObject, s: TcpStream) {
-        self.idle
-            .entry((obj.host.clone(), obj.port))
-            .or_default()
-            .push(s);
+    fn put_back(&mut self, obj: &HttpObject, s: Stream) {
+        self.idle.entry(Self::key(obj)).or_default().push(s);
     }
 
     /// Reads bytes `start..start + buf.len()` of `obj` into `buf`, once.

@@ -83,7 +83,7 @@ pub struct Completion {
 pub struct NetStats {
     pub requests: AtomicU64,
     /// Retries, indexed by `FailKind::index`.
-    pub retries: [AtomicU64; 9],
+    pub retries: [AtomicU64; 10],
 }
 
 impl NetStats {
@@ -101,6 +101,7 @@ pub struct NetOptions {
     pub stall: Duration,
     pub retry: RetryPolicy,
     pub stats: Arc<NetStats>,
+    pub tls: Arc<crate::tls::TlsSetup>,
 }
 
 /// Runs `op` until it succeeds, fails with an error retrying cannot fix, or

@@ -20,7 +20,7 @@ impl ThreadReader {
     pub fn new(net: NetOptions, seed: u64) -> ThreadReader {
         ThreadReader {
             queued: VecDeque::new(),
-            http: HttpPool::new(net.stall),
+            http: HttpPool::new(net.stall, std::sync::Arc::clone(&net.tls)),
             net,
             jitter: Jitter::new(seed),
         }

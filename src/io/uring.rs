@@ -23,6 +23,12 @@ pub struct UringReader {
     http: HttpDriver,
     /// Completions finished during `submit` (a range that failed at once).
     ready: Vec<Completion>,
+    /// https ranges: TLS is decrypted by rustls on blocking sockets, one
+    /// range per `wait`, between io_uring completions.
+    tls_queued: std::collections::VecDeque<ReadRequest>,
+    tls_pool: super::http_sync::HttpPool,
+    net: NetOptions,
+    jitter: crate::retry::Jitter,
 }
 
 /// Creates a ring with `entries` slots, with the best flags the kernel takes.
@@ -86,8 +92,12 @@ impl UringReader {
         Ok(UringReader {
             ring,
             registered,
-            http: HttpDriver::new(net, seed),
+            http: HttpDriver::new(net.clone(), seed),
             ready: Vec::new(),
+            tls_queued: Default::default(),
+            tls_pool: super::http_sync::HttpPool::new(net.stall, std::sync::Arc::clone(&net.tls)),
+            net,
+            jitter: crate::retry::Jitter::new(seed ^ 0x7f4a_7c15),
         })
     }
 }
@@ -96,6 +106,10 @@ impl Reader for UringReader {
     unsafe fn submit(&mut self, req: ReadRequest) -> io::Result<()> {
         let fd = match &req.target {
             Target::File(fd) => types::Fd(*fd),
+            Target::Http(obj) if obj.tls => {
+                self.tls_queued.push_back(req);
+                return Ok(());
+            }
             Target::Http(obj) => {
                 let obj = std::sync::Arc::clone(obj);
                 if let Some(c) = self.http.start(&mut self.ring, &req, obj) {
@@ -130,6 +144,20 @@ impl Reader for UringReader {
     fn wait(&mut self, min: usize, out: &mut Vec<Completion>) -> io::Result<()> {
         let goal = out.len() + min;
         out.append(&mut self.ready);
+        if out.len() < goal
+            && let Some(req) = self.tls_queued.pop_front()
+        {
+            match super::threads::run_blocking(
+                &req,
+                &mut self.tls_pool,
+                &self.net,
+                &mut self.jitter,
+            ) {
+                Some(c) => out.push(c),
+                None => self.tls_queued.push_front(req),
+            }
+            return Ok(());
+        }
         while out.len() < goal {
             // HTTP steps produce completions that finish no read; wait for
             // one at a time while reads are outstanding.

@@ -7,7 +7,7 @@
 #![allow(dead_code)]
 
 use std::io::{Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -51,6 +51,32 @@ pub struct Server {
 
 impl Server {
     pub fn start(root: PathBuf) -> Server {
+        Server::start_with(root, None)
+    }
+
+    /// An https server with a fresh self-signed certificate for `localhost`
+    /// and 127.0.0.1; returns it and the certificate as PEM.
+    pub fn start_tls(root: PathBuf) -> (Server, String) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let params =
+            rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
+                .unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        let pem = cert.pem();
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![cert.der().clone()],
+                rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+            )
+            .unwrap();
+        (Server::start_with(root, Some(Arc::new(config))), pem)
+    }
+
+    fn start_with(root: PathBuf, tls: Option<Arc<rustls::ServerConfig>>) -> Server {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let faults = Arc::new(Faults::default());
@@ -62,8 +88,21 @@ impl Server {
                     break;
                 }
                 let Ok(conn) = conn else { continue };
-                let (root, f) = (root.clone(), Arc::clone(&f));
-                std::thread::spawn(move || serve(conn, &root, &f));
+                let (root, f, tls) = (root.clone(), Arc::clone(&f), tls.clone());
+                std::thread::spawn(move || {
+                    use std::os::fd::AsRawFd;
+                    let fd = conn.as_raw_fd();
+                    let _ = conn.set_read_timeout(Some(Duration::from_secs(30)));
+                    match tls {
+                        None => serve(conn, fd, &root, &f),
+                        Some(cfg) => {
+                            let Ok(sc) = rustls::ServerConnection::new(cfg) else {
+                                return;
+                            };
+                            serve(rustls::StreamOwned::new(sc, conn), fd, &root, &f)
+                        }
+                    }
+                });
             }
         });
         Server { addr, faults, stop }
@@ -71,6 +110,10 @@ impl Server {
 
     pub fn url(&self, path: &str) -> String {
         format!("http://{}/{}", self.addr, path)
+    }
+
+    pub fn https_url(&self, host: &str, path: &str) -> String {
+        format!("https://{host}:{}/{}", self.addr.port(), path)
     }
 }
 
@@ -81,8 +124,7 @@ impl Drop for Server {
     }
 }
 
-fn serve(mut conn: TcpStream, root: &std::path::Path, f: &Faults) {
-    let _ = conn.set_read_timeout(Some(Duration::from_secs(30)));
+fn serve(mut conn: impl Read + Write, fd: i32, root: &std::path::Path, f: &Faults) {
     let mut buf = Vec::new();
     loop {
         // Read one request head.
@@ -194,11 +236,10 @@ fn serve(mut conn: TcpStream, root: &std::path::Path, f: &Faults) {
                 l_onoff: 1,
                 l_linger: 0,
             };
-            use std::os::fd::AsRawFd;
             // SAFETY: a valid socket and a linger struct of the right size.
             unsafe {
                 libc::setsockopt(
-                    conn.as_raw_fd(),
+                    fd,
                     libc::SOL_SOCKET,
                     libc::SO_LINGER,
                     (&l as *const libc::linger).cast(),
@@ -209,7 +250,9 @@ fn serve(mut conn: TcpStream, root: &std::path::Path, f: &Faults) {
         }
         if take(&f.truncate) {
             let _ = conn.write_all(&body[..half]);
-            let _ = conn.shutdown(Shutdown::Both);
+            let _ = conn.flush();
+            // SAFETY: shutting down a socket we are serving.
+            unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
             return;
         }
         if take(&f.stall) {
