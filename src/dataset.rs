@@ -94,15 +94,7 @@ fn http_shard(
         url: url.to_string(),
         reason,
     })?;
-    let addrs: Vec<_> = (parsed.host.as_str(), parsed.port)
-        .to_socket_addrs()
-        .map_err(|e| Error::Http {
-            url: url.to_string(),
-            kind: FailKind::Dns,
-            message: format!("cannot resolve `{}`: {e}", parsed.host),
-            attempts: 1,
-        })?
-        .collect();
+    let addrs = resolve_host(&parsed.host, parsed.port, url, net, jitter)?;
     let obj = Arc::new(HttpObject::new(url, addrs).map_err(|reason| Error::Url {
         url: url.to_string(),
         reason,
@@ -113,6 +105,41 @@ fn http_shard(
         source: Source::Http(obj),
         size,
     })
+}
+
+/// Every address of `host`. A name that does not exist fails at once; a
+/// temporary resolver failure (EAI_AGAIN) is retried like any network fault.
+fn resolve_host(
+    host: &str,
+    port: u16,
+    url: &str,
+    net: &NetOptions,
+    jitter: &mut Jitter,
+) -> Result<Vec<std::net::SocketAddr>> {
+    let mut permanent = None;
+    let result = with_retries(net, jitter, url, || match (host, port).to_socket_addrs() {
+        Ok(a) => Ok(a.collect::<Vec<_>>()),
+        Err(e) => {
+            let msg = format!("cannot resolve `{host}`: {e}");
+            // std reports getaddrinfo's text; only EAI_AGAIN is worth a retry.
+            if e.to_string().contains("Temporary failure") {
+                Err(crate::http::Fail::new(FailKind::Dns, msg))
+            } else {
+                permanent = Some(msg.clone());
+                Err(crate::http::Fail::new(FailKind::Client, msg))
+            }
+        }
+    });
+    match (result, permanent) {
+        (Ok(a), _) => Ok(a),
+        (Err(_), Some(message)) => Err(Error::Http {
+            url: url.to_string(),
+            kind: FailKind::Dns,
+            message,
+            attempts: 1,
+        }),
+        (Err(e), None) => Err(e),
+    }
 }
 
 /// Maps a local URL to a path; refuses other schemes with the reason.

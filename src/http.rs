@@ -268,7 +268,8 @@ pub enum FailKind {
     Truncated,
     /// No byte arrived for the stall time-out.
     Stalled,
-    /// The name did not resolve.
+    /// The name did not resolve (temporarily: a name that does not exist
+    /// is reported at once, see `dataset::resolve_host`).
     Dns,
     /// Nobody listens at the address.
     Refused,
@@ -282,10 +283,7 @@ pub enum FailKind {
 
 impl FailKind {
     pub fn retryable(self) -> bool {
-        !matches!(
-            self,
-            FailKind::Client | FailKind::Protocol | FailKind::Dns | FailKind::Tls
-        )
+        !matches!(self, FailKind::Client | FailKind::Protocol | FailKind::Tls)
     }
 
     pub fn name(self) -> &'static str {

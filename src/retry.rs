@@ -96,7 +96,8 @@ mod tests {
     fn client_errors_are_not_retried_and_attempts_are_bounded() {
         let p = RetryPolicy::default();
         assert_eq!(p.next_delay(0, FailKind::Client, 7), None);
-        assert_eq!(p.next_delay(0, FailKind::Dns, 7), None);
+        assert!(p.next_delay(0, FailKind::Dns, 7).is_some());
+        assert_eq!(p.next_delay(0, FailKind::Tls, 7), None);
         assert!(p.next_delay(0, FailKind::Throttled, 7).is_some());
         assert_eq!(p.next_delay(4, FailKind::ServerError, 7), None);
         assert!(p.next_delay(3, FailKind::ServerError, 7).is_some());
