@@ -233,13 +233,11 @@ impl HttpDriver {
         .build()
         .flags(squeue::Flags::IO_LINK)
         .user_data(user_data(slot, op.generation, Step::Connect));
-        let t = opcode::LinkTimeout::new(&*self.stall)
-            .build()
-            .user_data(user_data(slot, op.generation, Step::Timer));
-        if let Err(f) = push(ring, &e).and_then(|()| push(ring, &t)) {
-            return self.fail(ring, slot, f);
+        let generation = op.generation;
+        match self.push_with_stall(ring, &e, slot, generation) {
+            Ok(()) => None,
+            Err(f) => self.fail(ring, slot, f),
         }
-        None
     }
 
     fn send(&mut self, ring: &mut IoUring, slot: usize) -> Option<Completion> {
@@ -252,10 +250,8 @@ impl HttpDriver {
             .build()
             .flags(squeue::Flags::IO_LINK)
             .user_data(user_data(slot, op.generation, Step::Send));
-        let t = opcode::LinkTimeout::new(&*self.stall)
-            .build()
-            .user_data(user_data(slot, op.generation, Step::Timer));
-        match push(ring, &e).and_then(|()| push(ring, &t)) {
+        let generation = op.generation;
+        match self.push_with_stall(ring, &e, slot, generation) {
             Ok(()) => None,
             Err(f) => self.fail(ring, slot, f),
         }
@@ -278,13 +274,35 @@ impl HttpDriver {
             .build()
             .flags(squeue::Flags::IO_LINK)
             .user_data(user_data(slot, op.generation, step));
-        let t = opcode::LinkTimeout::new(&*self.stall)
-            .build()
-            .user_data(user_data(slot, op.generation, Step::Timer));
-        match push(ring, &e).and_then(|()| push(ring, &t)) {
+        let generation = op.generation;
+        match self.push_with_stall(ring, &e, slot, generation) {
             Ok(()) => None,
             Err(f) => self.fail(ring, slot, f),
         }
+    }
+
+    /// Pushes step `e` (flagged IO_LINK) and its linked stall time-out.
+    fn push_with_stall(
+        &self,
+        ring: &mut IoUring,
+        e: &squeue::Entry,
+        slot: usize,
+        generation: u32,
+    ) -> Result<(), Fail> {
+        let t = opcode::LinkTimeout::new(&*self.stall)
+            .build()
+            .user_data(user_data(slot, generation, Step::Timer));
+        // Both must be in the same submission: make room for two first.
+        let room = {
+            let sq = ring.submission();
+            sq.capacity() - sq.len()
+        };
+        if room < 2 {
+            ring.submit()
+                .map_err(|e| Fail::new(FailKind::Reset, format!("io_uring submit: {e}")))?;
+        }
+        push(ring, e)?;
+        push(ring, &t)
     }
 
     /// Routes one completion; may finish a range.
