@@ -12,7 +12,7 @@ use std::time::Duration;
 use ringfeed::http::FailKind;
 use ringfeed::synth::{self, GenOptions};
 use ringfeed::{Config, Error, Loader, Next};
-use support::Server;
+use support::{Proxy, Server};
 
 fn dataset(dir: &std::path::Path, seed: u64) -> (Vec<String>, usize) {
     let o = GenOptions {
@@ -331,4 +331,37 @@ fn https_verifies_the_certificate_and_streams_with_a_ca_bundle() {
         vec![url],
     );
     assert!(e.to_string().contains("junk.pem"), "{e}");
+}
+
+#[test]
+fn faults_injected_by_a_proxy_in_front_of_the_server_lose_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, samples) = dataset(dir.path(), 28);
+    let server = Server::start(dir.path().to_path_buf());
+    let proxy = Proxy::start(server.addr);
+    let url = format!("http://{}/shard-{{000000..000002}}.tar", proxy.addr);
+    for backend in ["io_uring", "threads"] {
+        let f = &proxy.faults;
+        f.throttle.store(4, Ordering::SeqCst);
+        f.reset.store(1, Ordering::SeqCst);
+        f.truncate.store(1, Ordering::SeqCst);
+        f.stall.store(1, Ordering::SeqCst);
+        f.stall_ms.store(1200, Ordering::SeqCst);
+        f.drip.store(backend == "threads", Ordering::SeqCst);
+        let loader = Loader::open(config(
+            vec![url.clone()],
+            serde_json::json!({"stall_timeout_ms": 300, "max_attempts": 10, "io_backend": backend}),
+        ))
+        .unwrap();
+        assert_eq!(stream(&loader, 28), samples, "{backend}");
+        let s = loader.stats();
+        assert_eq!(s.retries["throttled"], 4, "{backend}");
+        assert_eq!(s.retries["stalled"], 1, "{backend}");
+        assert_eq!(
+            s.retries["reset"] + s.retries["truncated"],
+            2,
+            "{backend}: {:?}",
+            s.retries
+        );
+    }
 }

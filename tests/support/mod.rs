@@ -274,3 +274,160 @@ fn serve(mut conn: impl Read + Write, fd: i32, root: &std::path::Path, f: &Fault
         }
     }
 }
+
+/// A fault-injecting HTTP proxy on 127.0.0.1 in front of any HTTP server
+/// (the S3 test server too): requests go upstream unchanged; the responses
+/// to GETs come back with the faults in `faults` (503 bursts without asking
+/// upstream, resets and truncation mid-body, stalls, slow drip).
+pub struct Proxy {
+    pub addr: SocketAddr,
+    pub faults: Arc<Faults>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Proxy {
+    pub fn start(upstream: SocketAddr) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let faults = Arc::new(Faults::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let (f, s) = (Arc::clone(&faults), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if s.load(Ordering::SeqCst) {
+                    break;
+                }
+                let Ok(conn) = conn else { continue };
+                let f = Arc::clone(&f);
+                std::thread::spawn(move || {
+                    let _ = proxy_conn(conn, upstream, &f);
+                });
+            }
+        });
+        Proxy { addr, faults, stop }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect(self.addr);
+    }
+}
+
+/// Reads one HTTP head (request or response) from `s` into `buf`; returns
+/// its length, or None at EOF.
+fn read_head(s: &mut TcpStream, buf: &mut Vec<u8>, response: bool) -> Option<usize> {
+    loop {
+        let mut headers = [httparse::EMPTY_HEADER; 64];
+        let done = if response {
+            httparse::Response::new(&mut headers).parse(buf)
+        } else {
+            httparse::Request::new(&mut headers).parse(buf)
+        };
+        if let Ok(httparse::Status::Complete(n)) = done {
+            return Some(n);
+        }
+        let mut tmp = [0u8; 8192];
+        match s.read(&mut tmp) {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&tmp[..n]),
+        }
+    }
+}
+
+fn content_length(head: &[u8]) -> usize {
+    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut r = httparse::Response::new(&mut headers);
+    let _ = r.parse(head);
+    r.headers
+        .iter()
+        .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+        .and_then(|h| std::str::from_utf8(h.value).ok()?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn proxy_conn(mut client: TcpStream, upstream: SocketAddr, f: &Faults) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let mut up = TcpStream::connect(upstream)?;
+    let mut req = Vec::new();
+    loop {
+        let Some(n) = read_head(&mut client, &mut req, false) else {
+            return Ok(());
+        };
+        let head: Vec<u8> = req.drain(..n).collect();
+        let is_get = head.starts_with(b"GET ");
+        if is_get {
+            f.gets.fetch_add(1, Ordering::SeqCst);
+            if take(&f.throttle) {
+                let body = b"<Error><Code>SlowDown</Code><Message>Reduce your request rate.</Message></Error>";
+                write!(
+                    client,
+                    "HTTP/1.1 503 Slow Down\r\nContent-Length: {}\r\n\r\n",
+                    body.len()
+                )?;
+                client.write_all(body)?;
+                continue;
+            }
+        }
+        up.write_all(&head)?;
+        let mut resp = Vec::new();
+        let Some(hn) = read_head(&mut up, &mut resp, true) else {
+            return Ok(());
+        };
+        let len = if head.starts_with(b"HEAD ") {
+            0
+        } else {
+            content_length(&resp[..hn])
+        };
+        while resp.len() < hn + len {
+            let mut tmp = vec![0u8; 1 << 16];
+            let n = up.read(&mut tmp)?;
+            if n == 0 {
+                break;
+            }
+            resp.extend_from_slice(&tmp[..n]);
+        }
+        let (rhead, body) = resp.split_at(hn);
+        let body = &body[..len.min(body.len())];
+        client.write_all(rhead)?;
+        let half = body.len() / 2;
+        if is_get && take(&f.reset) {
+            client.write_all(&body[..half])?;
+            let l = libc::linger {
+                l_onoff: 1,
+                l_linger: 0,
+            };
+            // SAFETY: a valid socket and a linger struct of the right size.
+            unsafe {
+                libc::setsockopt(
+                    client.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    libc::SO_LINGER,
+                    (&l as *const libc::linger).cast(),
+                    std::mem::size_of::<libc::linger>() as u32,
+                )
+            };
+            return Ok(());
+        }
+        if is_get && take(&f.truncate) {
+            client.write_all(&body[..half])?;
+            return client.shutdown(std::net::Shutdown::Both);
+        }
+        if is_get && take(&f.stall) {
+            client.write_all(&body[..half])?;
+            std::thread::sleep(Duration::from_millis(
+                f.stall_ms.load(Ordering::SeqCst) as u64
+            ));
+            return Ok(());
+        }
+        if f.drip.load(Ordering::SeqCst) {
+            for piece in body.chunks(4096) {
+                client.write_all(piece)?;
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        } else {
+            client.write_all(body)?;
+        }
+    }
+}
