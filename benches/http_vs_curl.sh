@@ -478,7 +478,10 @@ if [ "$SWEEP" = 1 ]; then
     for ((r = 1; r <= SWEEP_ROUNDS; r++)); do
         ensure_hot "sweep-$r-curl"
         run_curl "$OUT_DIR/sweep-$r-curl.json"
-        for s in "${SWEEP_SET[@]}"; do
+        # Rotated each round, as the main rounds are.
+        ns=${#SWEEP_SET[@]}
+        for ((i = 0; i < ns; i++)); do
+            s=${SWEEP_SET[(i + r - 1) % ns]}
             IFS=- read -r w q c <<<"$s"
             cmd=("$RF" bench "$HTTP_URL" --json --epochs "$EPOCHS" --workers "${w#w}"
                  --reads-in-flight "${q#q}" --chunk-size "${c#c}")
