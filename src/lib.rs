@@ -22,6 +22,7 @@ pub mod loader;
 pub mod retry;
 pub mod ring;
 pub mod sample;
+pub mod serve;
 pub mod synth;
 pub mod tar;
 pub mod topology;
