@@ -327,11 +327,14 @@ fn demo(size: u64, local: bool, opts: &LoaderArgs, mut report: ReportArgs) -> An
     bench(vec![url], opts, &report)?;
     let s = server.stats();
     if !report.json {
+        // The server runs in this process: its CPU is inside the `cpu` line.
         println!(
-            "server        {} requests over {} connections, {:.3} GB sent",
+            "server        {} requests over {} connections, {:.3} GB sent, {:.3} CPU-s \
+             (in-process: included in `cpu` above)",
             s.requests,
             s.connections,
-            s.body_bytes as f64 / 1e9
+            s.body_bytes as f64 / 1e9,
+            s.cpu_ns as f64 / 1e9
         );
     }
     Ok(())
