@@ -411,7 +411,9 @@ fn serve_connection(mut conn: TcpStream, shared: &Shared) {
 /// After an error answer the client may still be sending (a body we refused,
 /// the rest of an oversized head). Closing with unread bytes makes the kernel
 /// send RST, which can destroy our answer before the client reads it; so
-/// stop writing, drain briefly, then close.
+/// stop writing, drain briefly, then close. 200 ms per read and 1 s in all
+/// cover what is already in flight on any LAN; a client still sending after
+/// that is not reading our answer anyway.
 fn linger_close(mut conn: TcpStream) {
     let _ = conn.shutdown(Shutdown::Write);
     let _ = conn.set_read_timeout(Some(Duration::from_millis(200)));

@@ -360,7 +360,7 @@ fn connections_over_the_limit_get_503_until_a_slot_frees() {
     drop(first);
     // The slot frees once the first connection's thread has seen the close.
     let mut status = 0;
-    for _ in 0..200 {
+    for _ in 0..1000 {
         status = Client::connect(&server).get("/sub/x.tar", "").status;
         if status == 200 {
             break;

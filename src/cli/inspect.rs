@@ -28,7 +28,10 @@ fn inspect_config(urls: Vec<String>, a: &LoaderArgs) -> AnyResult<Config> {
     config_for(urls, &a)
 }
 
-/// The network options `Loader::open` would use for this configuration.
+/// The network options `Loader::open` would use for this configuration. A
+/// copy of what `Loader::open` builds: it must follow every field added to
+/// `NetOptions` there (a `NetOptions::for_config` in the library would
+/// remove the copy).
 fn net_options(cfg: &Config) -> NetOptions {
     NetOptions {
         stall: Duration::from_millis(cfg.stall_timeout_ms),
