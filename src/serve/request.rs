@@ -468,6 +468,60 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        #[test]
+        fn any_bytes_parse_or_fail_without_panicking(
+            buf in proptest::collection::vec(proptest::num::u8::ANY, 0..600),
+            max in 16usize..700,
+        ) {
+            if let Ok(Some(r)) = parse_request(&buf, max) {
+                proptest::prop_assert!(r.head_len <= max && r.head_len <= buf.len());
+            }
+        }
+
+        #[test]
+        fn no_target_resolves_outside_the_root(
+            segs in proptest::collection::vec(
+                proptest::prop_oneof![
+                    proptest::strategy::Just("..".to_string()),
+                    proptest::strategy::Just("%2e%2e".to_string()),
+                    proptest::strategy::Just("%2E.".to_string()),
+                    proptest::strategy::Just(".".to_string()),
+                    proptest::strategy::Just("%2f".to_string()),
+                    proptest::strategy::Just("".to_string()),
+                    "[a-z.%0-9]{1,6}",
+                ],
+                0..8,
+            ),
+        ) {
+            let root = Path::new("/srv/root");
+            let target = format!("/{}", segs.join("/"));
+            if let Ok(p) = file_path(root, &target) {
+                proptest::prop_assert!(p.starts_with(root), "{target} -> {p:?}");
+                proptest::prop_assert!(
+                    p.components().all(|c| c != std::path::Component::ParentDir),
+                    "{target} -> {p:?}"
+                );
+            }
+        }
+
+        #[test]
+        fn chosen_ranges_lie_inside_the_file(
+            a in proptest::option::of(0u64..2000),
+            b in proptest::option::of(0u64..2000),
+            size in 0u64..1500,
+        ) {
+            let h = format!(
+                "bytes={}-{}",
+                a.map(|v| v.to_string()).unwrap_or_default(),
+                b.map(|v| v.to_string()).unwrap_or_default()
+            );
+            if let RangeChoice::Part { start, end } = choose_range(Some(&h), size) {
+                proptest::prop_assert!(start <= end && end < size, "{h} on {size}");
+            }
+        }
+    }
+
     #[test]
     fn dates_are_imf_fixdate() {
         assert_eq!(http_date(0), "Thu, 01 Jan 1970 00:00:00 GMT");
