@@ -4,7 +4,9 @@
 //! arena ([`arena`]), walked as WebDataset tar ([`tar`], [`sample`]) without
 //! copying, grouped into batches ([`batch`]) and handed to consumers through a
 //! lock-free ring ([`ring`]). C and C++ reach it through [`ffi`]; the CLI is
-//! `src/main.rs`. See DESIGN.md for the map.
+//! `src/main.rs`. [`serve`] is not on the data path: it is a small file
+//! server for `ringfeed serve` and for the demo's loopback HTTP source.
+//! See DESIGN.md for the map.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
@@ -22,6 +24,7 @@ pub mod loader;
 pub mod retry;
 pub mod ring;
 pub mod sample;
+pub mod serve;
 pub mod synth;
 pub mod tar;
 pub mod tls;

@@ -1,6 +1,8 @@
 //! The `ringfeed` command: `gen` writes a synthetic WebDataset, `bench`
-//! streams a dataset and reports throughput and cost, `demo` does both in a
-//! temporary directory.
+//! streams a dataset and reports throughput and cost, `serve` serves a
+//! directory over HTTP, `ls` and `cat` look at a dataset (`cli/inspect.rs`),
+//! and `demo` generates shards in a temporary directory and streams them
+//! from an embedded loopback server.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -11,8 +13,13 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Map, Value, json};
 
 use ringfeed::config::{Config, parse_size};
+use ringfeed::serve::{ServeOptions, Server};
 use ringfeed::synth::{self, GenOptions};
 use ringfeed::{Loader, Next};
+
+mod cli {
+    pub mod inspect;
+}
 
 #[derive(Parser)]
 #[command(
@@ -31,14 +38,77 @@ enum Command {
     Gen(GenArgs),
     /// Stream a dataset and report GB/s, samples/s and CPU cost.
     Bench(BenchArgs),
-    /// Generate a small dataset in a temporary directory and benchmark it.
+    /// Serve the files of DIR over HTTP (GET, HEAD, Range) until Ctrl-C.
+    Serve(ServeArgs),
+    /// List the shards a dataset resolves to, with sizes (and sample counts).
+    Ls(LsArgs),
+    /// Print each sample's key and field sizes, or one field's raw bytes.
+    Cat(CatArgs),
+    /// Generate a dataset in a temporary directory, serve it on a loopback
+    /// HTTP server and stream it over http://, checking every byte.
     Demo {
         /// Total size of the generated dataset.
         #[arg(long, default_value = "512MiB", value_parser = size_arg)]
         size: u64,
+        /// Stream from the directory instead of over HTTP.
+        #[arg(long)]
+        local: bool,
         #[command(flatten)]
         opts: LoaderArgs,
+        #[command(flatten)]
+        report: ReportArgs,
     },
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// Directory whose files are served.
+    dir: PathBuf,
+    /// Port to listen on; 0 picks a free one.
+    #[arg(long, default_value_t = 0)]
+    port: u16,
+    /// Address to listen on (0.0.0.0 or :: for every interface).
+    #[arg(long, default_value = "127.0.0.1")]
+    bind: String,
+    /// Connections served at once.
+    #[arg(long, default_value_t = ServeOptions::default().max_connections)]
+    max_connections: usize,
+    /// Print one line per request on stderr.
+    #[arg(long)]
+    log: bool,
+}
+
+#[derive(Args)]
+struct LsArgs {
+    /// Dataset URLs or paths (brace expansion allowed).
+    #[arg(required = true)]
+    urls: Vec<String>,
+    /// Stream every shard and print its sample count and field names.
+    #[arg(long)]
+    samples: bool,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    opts: LoaderArgs,
+}
+
+#[derive(Args)]
+struct CatArgs {
+    /// Dataset URLs or paths (brace expansion allowed).
+    #[arg(required = true)]
+    urls: Vec<String>,
+    /// Only the sample with this key.
+    #[arg(long)]
+    key: Option<String>,
+    /// With --key: write this field's raw bytes to stdout.
+    #[arg(long, requires = "key")]
+    field: Option<String>,
+    /// Stop after this many samples.
+    #[arg(long)]
+    limit: Option<u64>,
+    #[command(flatten)]
+    opts: LoaderArgs,
 }
 
 #[derive(Args)]
@@ -71,8 +141,11 @@ struct BenchArgs {
     urls: Vec<String>,
     #[command(flatten)]
     opts: LoaderArgs,
+    #[command(flatten)]
+    report: ReportArgs,
 }
 
+/// Configuration keys as flags.
 #[derive(Args, Clone)]
 struct LoaderArgs {
     #[arg(long)]
@@ -101,6 +174,11 @@ struct LoaderArgs {
     /// More configuration keys as a JSON object (flags win).
     #[arg(long)]
     config: Option<String>,
+}
+
+/// What `bench` and `demo` report.
+#[derive(Args, Clone)]
+struct ReportArgs {
     /// Check every field's bytes against the generator's pattern with this seed.
     #[arg(long)]
     verify: Option<u64>,
@@ -117,8 +195,24 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Gen(a) => gen_cmd(a),
-        Command::Bench(a) => bench(a.urls, &a.opts),
-        Command::Demo { size, opts } => demo(size, opts),
+        Command::Bench(a) => bench(a.urls, &a.opts, &a.report),
+        Command::Serve(a) => serve_cmd(a),
+        Command::Ls(a) => cli::inspect::ls(a.urls, a.samples, a.json, &a.opts),
+        Command::Cat(a) => cli::inspect::cat(
+            a.urls,
+            &cli::inspect::CatArgs {
+                key: a.key,
+                field: a.field,
+                limit: a.limit,
+            },
+            &a.opts,
+        ),
+        Command::Demo {
+            size,
+            local,
+            opts,
+            report,
+        } => demo(size, local, &opts, report),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -129,7 +223,7 @@ fn main() -> ExitCode {
     }
 }
 
-type AnyResult<T> = Result<T, Box<dyn std::error::Error>>;
+pub(crate) type AnyResult<T> = Result<T, Box<dyn std::error::Error>>;
 
 fn gen_cmd(a: GenArgs) -> AnyResult<()> {
     let o = GenOptions {
@@ -161,7 +255,49 @@ fn generate(dir: &std::path::Path, o: &GenOptions) -> AnyResult<synth::GenReport
     Ok(r)
 }
 
-fn demo(size: u64, mut opts: LoaderArgs) -> AnyResult<()> {
+fn serve_cmd(a: ServeArgs) -> AnyResult<()> {
+    // An IPv6 literal needs brackets before the port.
+    let addr = if a.bind.contains(':') && !a.bind.starts_with('[') {
+        format!("[{}]:{}", a.bind, a.port)
+    } else {
+        format!("{}:{}", a.bind, a.port)
+    };
+    let server = Server::bind(
+        &addr,
+        &a.dir,
+        ServeOptions {
+            max_connections: a.max_connections,
+            access_log: a.log,
+            ..ServeOptions::default()
+        },
+    )?;
+    // The URL alone on stdout, for scripts; the rest on stderr.
+    println!("{}", server.url());
+    std::io::Write::flush(&mut std::io::stdout())?;
+    let example = std::fs::read_dir(server.root())
+        .ok()
+        .and_then(|d| {
+            let mut tars: Vec<String> = d
+                .filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .filter(|n| n.ends_with(".tar"))
+                .collect();
+            tars.sort();
+            tars.into_iter().next()
+        })
+        .unwrap_or_else(|| "shard.tar".into());
+    eprintln!(
+        "serving {} on {} (Ctrl-C stops); try: ringfeed ls {}{example}",
+        server.root().display(),
+        server.url(),
+        server.url()
+    );
+    loop {
+        // Serves on its own threads; this one only keeps the process alive.
+        std::thread::park();
+    }
+}
+
+fn demo(size: u64, local: bool, opts: &LoaderArgs, mut report: ReportArgs) -> AnyResult<()> {
     let dir = tempfile::Builder::new().prefix("ringfeed-demo").tempdir()?;
     let o = GenOptions {
         shards: 8,
@@ -175,12 +311,36 @@ fn demo(size: u64, mut opts: LoaderArgs) -> AnyResult<()> {
         dir.path().display()
     );
     let r = generate(dir.path(), &o)?;
-    opts.verify = opts.verify.or(Some(42));
-    eprintln!("streaming {}", r.pattern);
-    bench(vec![r.pattern], &opts)
+    report.verify = report.verify.or(Some(42));
+    if local {
+        eprintln!("streaming {}", r.pattern);
+        return bench(vec![r.pattern], opts, &report);
+    }
+    let server = Server::bind("127.0.0.1:0", dir.path(), ServeOptions::default())?;
+    let name = std::path::Path::new(&r.pattern)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or("the generated pattern has no file name")?;
+    let url = format!("{}{name}", server.url());
+    eprintln!("serving them on {} (loopback)", server.url());
+    eprintln!("streaming {url}");
+    bench(vec![url], opts, &report)?;
+    let s = server.stats();
+    if !report.json {
+        // The server runs in this process: its CPU is inside the `cpu` line.
+        println!(
+            "server        {} requests over {} connections, {:.3} GB sent, {:.3} CPU-s \
+             (in-process: included in `cpu` above)",
+            s.requests,
+            s.connections,
+            s.body_bytes as f64 / 1e9,
+            s.cpu_ns as f64 / 1e9
+        );
+    }
+    Ok(())
 }
 
-fn config_for(urls: Vec<String>, a: &LoaderArgs) -> AnyResult<Config> {
+pub(crate) fn config_for(urls: Vec<String>, a: &LoaderArgs) -> AnyResult<Config> {
     let mut m: Map<String, Value> = match &a.config {
         Some(text) => match serde_json::from_str(text)? {
             Value::Object(m) => m,
@@ -235,7 +395,8 @@ fn rusage() -> (Duration, u64) {
     (tv(u.ru_utime) + tv(u.ru_stime), u.ru_maxrss as u64 * 1024)
 }
 
-fn bench(urls: Vec<String>, a: &LoaderArgs) -> AnyResult<()> {
+fn bench(urls: Vec<String>, a: &LoaderArgs, out: &ReportArgs) -> AnyResult<()> {
+    let source = urls.join(" ");
     let cfg = config_for(urls, a)?;
     let epochs = cfg.epochs.max(1);
     let loader = Loader::open(cfg)?;
@@ -251,7 +412,7 @@ fn bench(urls: Vec<String>, a: &LoaderArgs) -> AnyResult<()> {
     loop {
         match loader.next(Some(Duration::from_secs(60)))? {
             Next::Batch(b) => {
-                if let Some(seed) = a.verify {
+                if let Some(seed) = out.verify {
                     for s in b.samples() {
                         for (name, data) in s.fields() {
                             if !synth::verify(seed, s.key(), name, data) {
@@ -287,12 +448,14 @@ fn bench(urls: Vec<String>, a: &LoaderArgs) -> AnyResult<()> {
         "copied_per_delivered": s.bytes_copied as f64 / s.bytes_delivered.max(1) as f64,
         "peak_rss_bytes": rss,
         "memory_budget": budget,
-        "verify_failures": a.verify.map(|_| bad),
+        "verify_failures": out.verify.map(|_| bad),
+        "source": source,
         "stats": s,
     });
-    if a.json {
+    if out.json {
         println!("{report}");
     } else {
+        println!("source        {source} ({} shards)", s.shards_total);
         println!(
             "delivered     {:.3} GB in {:.2} s: {:.2} GB/s, {:.0} samples/s",
             s.bytes_delivered as f64 / 1e9,
@@ -331,7 +494,7 @@ fn bench(urls: Vec<String>, a: &LoaderArgs) -> AnyResult<()> {
             "samples       {} in {} batches; {} entries skipped, {} samples dropped",
             s.samples_delivered, s.batches_delivered, s.entries_skipped, s.samples_dropped
         );
-        if let Some(seed) = a.verify {
+        if let Some(seed) = out.verify {
             println!("verified      every field against seed {seed}: {bad} mismatches");
         }
         for n in &s.notes {
