@@ -17,8 +17,7 @@ use crate::dataset::{self, Shard};
 use crate::error::{Error, Result};
 use crate::io::threads::ThreadReader;
 use crate::io::uring::{self, UringReader};
-use crate::io::{BackendKind, NetOptions, NetStats, Reader};
-use crate::retry::RetryPolicy;
+use crate::io::{BackendKind, NetOptions, Reader};
 use crate::topology;
 use crate::worker::Worker;
 
@@ -257,19 +256,7 @@ impl Loader {
     pub fn open(cfg: Config) -> Result<Loader> {
         let started = Instant::now();
         cfg.validate()?;
-        let net = NetOptions {
-            stall: Duration::from_millis(cfg.stall_timeout_ms),
-            retry: RetryPolicy {
-                max_attempts: cfg.max_attempts,
-                ..RetryPolicy::default()
-            },
-            stats: Arc::new(NetStats::default()),
-            tls: Arc::new(crate::tls::TlsSetup::new(
-                cfg.ca_bundle
-                    .clone()
-                    .or_else(|| std::env::var_os("AWS_CA_BUNDLE").map(Into::into)),
-            )),
-        };
+        let net = NetOptions::for_config(&cfg);
         let shards = dataset::resolve(&cfg.urls, &net)?;
         if shards.is_empty() {
             return Err(Error::config("`urls` names no shard"));

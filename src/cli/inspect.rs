@@ -6,14 +6,12 @@
 
 use std::collections::BTreeSet;
 use std::io::{self, Write};
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
 
 use ringfeed::config::Config;
-use ringfeed::io::{NetOptions, NetStats};
-use ringfeed::retry::RetryPolicy;
+use ringfeed::io::NetOptions;
 use ringfeed::{Loader, Next};
 
 use crate::{AnyResult, LoaderArgs, config_for};
@@ -33,14 +31,7 @@ fn inspect_config(urls: Vec<String>, a: &LoaderArgs) -> AnyResult<Config> {
 /// `NetOptions` there (a `NetOptions::for_config` in the library would
 /// remove the copy).
 fn net_options(cfg: &Config) -> NetOptions {
-    NetOptions {
-        stall: Duration::from_millis(cfg.stall_timeout_ms),
-        retry: RetryPolicy {
-            max_attempts: cfg.max_attempts,
-            ..RetryPolicy::default()
-        },
-        stats: Arc::new(NetStats::default()),
-    }
+    NetOptions::for_config(cfg)
 }
 
 /// Samples and field names of one shard, streamed through a loader.

@@ -137,6 +137,25 @@ pub fn with_retries<T>(
     }
 }
 
+impl NetOptions {
+    /// The network settings of a configuration, with fresh counters.
+    pub fn for_config(cfg: &crate::config::Config) -> NetOptions {
+        NetOptions {
+            stall: Duration::from_millis(cfg.stall_timeout_ms),
+            retry: RetryPolicy {
+                max_attempts: cfg.max_attempts,
+                ..RetryPolicy::default()
+            },
+            stats: Arc::new(NetStats::default()),
+            tls: Arc::new(crate::tls::TlsSetup::new(
+                cfg.ca_bundle
+                    .clone()
+                    .or_else(|| std::env::var_os("AWS_CA_BUNDLE").map(Into::into)),
+            )),
+        }
+    }
+}
+
 /// One ranged HTTP read with retries, on blocking sockets. Returns the bytes
 /// copied from response heads.
 pub fn fetch_retrying(
