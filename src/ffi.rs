@@ -176,6 +176,11 @@ impl From<Error> for Fail {
                 RINGFEED_ERR_DATASET
             }
             Error::Http { .. } => RINGFEED_ERR_NETWORK,
+            // Missing or denied objects and buckets are the dataset's fault;
+            // S3's 5xx codes (InternalError, SlowDown) are the network's.
+            Error::S3 { status, .. } if *status < 500 => RINGFEED_ERR_DATASET,
+            Error::S3 { .. } => RINGFEED_ERR_NETWORK,
+            Error::Credentials(_) => RINGFEED_ERR_CONFIG,
         };
         Fail(code, e.to_string())
     }

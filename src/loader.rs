@@ -265,7 +265,7 @@ impl Loader {
             },
             stats: Arc::new(NetStats::default()),
         };
-        let shards = dataset::resolve(&cfg.urls, &net)?;
+        let shards = dataset::resolve_config(&cfg, &net)?;
         if shards.is_empty() {
             return Err(Error::config("`urls` names no shard"));
         }
