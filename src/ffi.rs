@@ -539,3 +539,35 @@ pub extern "C" fn ringfeed_version() -> *const c_char {
         };
     VERSION.as_ptr()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::FailKind;
+
+    #[test]
+    fn s3_errors_map_to_dataset_network_and_config() {
+        let s3 = |status, code: &str| Error::S3 {
+            bucket: "b".into(),
+            key: "k".into(),
+            status,
+            code: code.into(),
+            explain: None,
+        };
+        assert_eq!(Fail::from(s3(404, "NoSuchKey")).0, RINGFEED_ERR_DATASET);
+        assert_eq!(Fail::from(s3(404, "NoSuchBucket")).0, RINGFEED_ERR_DATASET);
+        assert_eq!(Fail::from(s3(403, "AccessDenied")).0, RINGFEED_ERR_DATASET);
+        assert_eq!(Fail::from(s3(503, "SlowDown")).0, RINGFEED_ERR_NETWORK);
+        assert_eq!(
+            Fail::from(Error::Credentials("none".into())).0,
+            RINGFEED_ERR_CONFIG
+        );
+        let http = Error::Http {
+            url: "s3://b/k".into(),
+            kind: FailKind::Client,
+            message: "HTTP 403".into(),
+            attempts: 1,
+        };
+        assert_eq!(Fail::from(http).0, RINGFEED_ERR_DATASET);
+    }
+}
