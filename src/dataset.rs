@@ -201,6 +201,13 @@ impl Resolver<'_> {
     /// Each line of a manifest: `URL [size]`; `#` starts a comment. Relative
     /// local paths are taken from the manifest's directory.
     fn manifest(&mut self, m: &str) -> Result<()> {
+        if m.contains("://") && !m.starts_with("file://") {
+            return Err(Error::Url {
+                url: m.to_string(),
+                reason: "manifests are read from local files (a path or file://); copy it first"
+                    .into(),
+            });
+        }
         let path = local_path(m)?;
         let text = std::fs::read_to_string(&path).map_err(|e| Error::io("open", &path, &e))?;
         let entries = parse_manifest(&text).map_err(|reason| Error::Url {
@@ -619,6 +626,8 @@ mod tests {
         };
         let shards = resolve(&[mp.display().to_string()], &net).unwrap();
         assert_eq!((shards.len(), shards[0].size), (1, 4));
+        let e = resolve(&["s3://b/x.manifest".into()], &net).unwrap_err();
+        assert!(e.to_string().contains("local files"), "{e}");
         std::fs::write(&mp, "# nothing\n").unwrap();
         let e = resolve(&[mp.display().to_string()], &net).unwrap_err();
         assert!(e.to_string().contains("lists no shards"), "{e}");

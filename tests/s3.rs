@@ -258,6 +258,8 @@ fn listing_follows_continuation_tokens() {
         ..Default::default()
     };
     let client = S3Client::new(&cfg, &Env::default()).unwrap();
+    let debug = format!("{client:?}");
+    assert!(!debug.contains(SECRET_KEY), "{debug}");
     let net = NetOptions {
         stall: Duration::from_secs(5),
         retry: Default::default(),

@@ -2,9 +2,10 @@
 //! [`HttpObject`]s for the data plane, and lists prefixes with
 //! ListObjectsV2 (paginated by continuation token) over reqwest.
 
-use std::net::ToSocketAddrs;
-use std::sync::Arc;
-use std::time::SystemTime;
+use std::collections::HashMap;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 
 use serde::Deserialize;
 
@@ -67,6 +68,9 @@ pub struct S3Client {
     pub addressing: Addressing,
     signer: Option<Arc<SigV4Signer>>,
     http: reqwest::blocking::Client,
+    /// Addresses by `host:port`: a listing of a million keys on one
+    /// endpoint resolves it once, not once per object.
+    dns: Mutex<HashMap<(String, u16), Vec<SocketAddr>>>,
 }
 
 impl S3Client {
@@ -81,13 +85,18 @@ impl S3Client {
             Some(Arc::new(SigV4Signer::new(Arc::new(p), &addressing.region)))
         };
         let http = reqwest::blocking::Client::builder()
-            .connect_timeout(super::creds::CONNECT_TIMEOUT * 10)
+            // 10 s to connect, 60 s a page: a page of 1,000 keys is about
+            // 300 KB and S3 answers it in well under a second; a listing
+            // that stalls longer is failed (and retried) rather than hung.
+            .connect_timeout(Duration::from_secs(10))
+            .timeout(Duration::from_secs(60))
             .build()
             .map_err(|e| Error::Config(format!("HTTP client: {e}")))?;
         Ok(S3Client {
             addressing,
             signer,
             http,
+            dns: Mutex::new(HashMap::new()),
         })
     }
 
@@ -99,15 +108,24 @@ impl S3Client {
             url: url.display(),
             reason,
         })?;
-        let addrs: Vec<_> = (p.host.as_str(), p.port)
-            .to_socket_addrs()
-            .map_err(|e| Error::Http {
-                url: url.display(),
-                kind: FailKind::Dns,
-                message: format!("cannot resolve `{}`: {e}", p.host),
-                attempts: 1,
-            })?
-            .collect();
+        let mut dns = self.dns.lock().unwrap_or_else(|e| e.into_inner());
+        let addrs = match dns.get(&(p.host.clone(), p.port)) {
+            Some(a) => a.clone(),
+            None => {
+                let a: Vec<_> = (p.host.as_str(), p.port)
+                    .to_socket_addrs()
+                    .map_err(|e| Error::Http {
+                        url: url.display(),
+                        kind: FailKind::Dns,
+                        message: format!("cannot resolve `{}`: {e}", p.host),
+                        attempts: 1,
+                    })?
+                    .collect();
+                dns.insert((p.host.clone(), p.port), a.clone());
+                a
+            }
+        };
+        drop(dns);
         let mut obj = HttpObject::new(&http_url, addrs).map_err(|reason| Error::Url {
             url: url.display(),
             reason,
