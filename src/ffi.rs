@@ -35,9 +35,11 @@ pub const RINGFEED_FINISHED: i32 = 3;
 pub const RINGFEED_ERR_INVALID_ARGUMENT: i32 = -1;
 /// The loader handle is unknown or closed, or the batch was already released.
 pub const RINGFEED_ERR_INVALID_HANDLE: i32 = -2;
-/// The configuration is malformed, or a key is unknown or has a bad value.
+/// The configuration is malformed, or a key is unknown or has a bad value,
+/// or no AWS credentials could be found for `s3://` URLs.
 pub const RINGFEED_ERR_CONFIG: i32 = -3;
-/// A dataset URL is malformed, unsupported, or names nothing.
+/// A dataset URL is malformed, unsupported, or names nothing, or the server
+/// refused it for good (HTTP 4xx; S3 NoSuchKey, NoSuchBucket, AccessDenied).
 pub const RINGFEED_ERR_DATASET: i32 = -4;
 /// Reading a shard failed.
 pub const RINGFEED_ERR_IO: i32 = -5;

@@ -247,6 +247,26 @@ fn s3_shards_by_braces_listing_and_manifest_stream_exactly_once() {
 }
 
 #[test]
+fn keys_that_need_encoding_are_signed_as_s3_verifies_them() {
+    let root = tempfile::tempdir().unwrap();
+    let (names, _) = dataset(root.path(), 34);
+    let odd = root.path().join(BUCKET).join("odd dir=1");
+    std::fs::create_dir_all(&odd).unwrap();
+    let src = root.path().join(BUCKET).join(&names[0].0);
+    std::fs::copy(&src, odd.join("a b+c~ü.tar")).unwrap();
+    let server = S3Server::start(root.path());
+    let one = |url: String| {
+        let loader = Loader::open(config(&server, &[url], serde_json::json!({}))).unwrap();
+        let n = stream(&loader, 34);
+        assert!(n > 0);
+        n
+    };
+    let direct = one(format!("s3://{BUCKET}/odd dir=1/a b+c~ü.tar"));
+    let listed = one(format!("s3://{BUCKET}/odd dir=1/"));
+    assert_eq!(direct, listed);
+}
+
+#[test]
 fn listing_follows_continuation_tokens() {
     let root = tempfile::tempdir().unwrap();
     let (names, _) = dataset(root.path(), 32);
