@@ -491,10 +491,33 @@ fn fetch(source: Source, cfg: &S3Config, env: &Env) -> Result<Option<Credentials
     match source {
         Source::Config => from_config(cfg),
         Source::Environment => from_env(env),
-        Source::Profile => from_profile(env, &profile_name(cfg, env)),
+        Source::Profile => {
+            let name = profile_name(cfg, env);
+            let named = cfg.profile.is_some() || env.get("AWS_PROFILE").is_some();
+            if named && profile(env, &name).is_none() {
+                // A profile asked for by name and missing is a typo, not a
+                // reason to try the next identity.
+                return Err(format!("profile `{name}` is not in {}", shared_files(env)));
+            }
+            from_profile(env, &name)
+        }
         Source::WebIdentity => from_web_identity(env),
         Source::Container => from_container(env),
         Source::InstanceMetadata => from_imds(env),
+    }
+}
+
+/// The shared files' paths, for messages.
+fn shared_files(env: &Env) -> String {
+    let files: Vec<_> = [credentials_path(env), config_path(env)]
+        .iter()
+        .flatten()
+        .map(|p| p.display().to_string())
+        .collect();
+    if files.is_empty() {
+        "no shared files (no home directory)".to_string()
+    } else {
+        files.join(" and ")
     }
 }
 
@@ -502,12 +525,7 @@ fn fetch(source: Source, cfg: &S3Config, env: &Env) -> Result<Option<Credentials
 /// listing what was tried.
 pub fn chain(cfg: &S3Config, env: &Env) -> Result<(Source, Credentials), String> {
     let profile = profile_name(cfg, env);
-    let files = [credentials_path(env), config_path(env)]
-        .iter()
-        .flatten()
-        .map(|p| p.display().to_string())
-        .collect::<Vec<_>>()
-        .join(" and ");
+    let files = shared_files(env);
     let steps = [
         (
             Source::Config,

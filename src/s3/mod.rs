@@ -149,7 +149,8 @@ pub struct Addressing {
 }
 
 impl Addressing {
-    /// Endpoint: `s3_endpoint`, `AWS_ENDPOINT_URL_S3`, `AWS_ENDPOINT_URL`.
+    /// Endpoint: `s3_endpoint`, `AWS_ENDPOINT_URL_S3`, `AWS_ENDPOINT_URL`,
+    /// the profile's `endpoint_url`.
     /// Region: `s3_region`, `AWS_REGION`, `AWS_DEFAULT_REGION`, the profile's
     /// `region`, then us-east-1. Path-style: `s3_path_style`, else true with
     /// an endpoint and false on AWS.
@@ -159,6 +160,7 @@ impl Addressing {
             .clone()
             .or_else(|| env.get("AWS_ENDPOINT_URL_S3").map(str::to_string))
             .or_else(|| env.get("AWS_ENDPOINT_URL").map(str::to_string))
+            .or_else(|| creds::profile_value(env, &creds::profile_name(cfg, env), "endpoint_url"))
             .map(|e| e.trim_end_matches('/').to_string());
         if let Some(e) = &endpoint {
             let p = crate::http::parse_url(e).map_err(|why| format!("S3 endpoint `{e}`: {why}"))?;
