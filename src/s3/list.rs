@@ -238,9 +238,11 @@ pub fn s3_error(e: Error, bucket: &str, key: &str, code: Option<String>) -> Erro
                 || kind == FailKind::Throttled
                 || kind == FailKind::ServerError =>
         {
+            // The last "HTTP " is ours (the URL, which may hold anything,
+            // comes first in the message).
             let status = message
-                .split("HTTP ")
-                .nth(1)
+                .rsplit("HTTP ")
+                .next()
                 .and_then(|s| s.get(..3))
                 .and_then(|s| s.parse().ok())
                 .unwrap_or(0);
@@ -307,7 +309,7 @@ mod tests {
         let e = Error::Http {
             url: "s3://b/k".into(),
             kind: FailKind::Client,
-            message: "s3://b/k: HTTP 404 Not Found, S3 error code NoSuchKey".into(),
+            message: "s3://b/HTTP 500.tar: HTTP 404 Not Found, S3 error code NoSuchKey".into(),
             attempts: 1,
         };
         let e = s3_error(e, "b", "k", Some("NoSuchKey".into()));
