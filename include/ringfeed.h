@@ -55,10 +55,12 @@
 // The loader handle is unknown or closed, or the batch was already released.
 #define RINGFEED_ERR_INVALID_HANDLE -2
 
-// The configuration is malformed, or a key is unknown or has a bad value.
+// The configuration is malformed, or a key is unknown or has a bad value,
+// or no AWS credentials could be found for `s3://` URLs.
 #define RINGFEED_ERR_CONFIG -3
 
-// A dataset URL is malformed, unsupported, or names nothing.
+// A dataset URL is malformed, unsupported, or names nothing, or the server
+// refused it for good (HTTP 4xx; S3 NoSuchKey, NoSuchBucket, AccessDenied).
 #define RINGFEED_ERR_DATASET -4
 
 // Reading a shard failed.

@@ -10,6 +10,7 @@ use serde_json::{Map, Value};
 
 use crate::arena::MemoryKind;
 use crate::error::{Error, Result};
+use crate::s3::S3Config;
 
 /// Which I/O path reads the shards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,6 +80,11 @@ pub struct Config {
     /// PEM file of CA certificates for https:// (default: `AWS_CA_BUNDLE`,
     /// else the system's roots).
     pub ca_bundle: Option<std::path::PathBuf>,
+    /// A manifest of shards (`URL [size]` per line), read before `urls`.
+    pub manifest: Option<String>,
+    /// S3 endpoint, region, addressing and credentials (`s3_*`, `aws_*`).
+    /// Its `Debug` redacts the secrets.
+    pub s3: S3Config,
 }
 
 /// Cap of the automatic worker count. One worker keeps ~10 GB/s of
@@ -117,6 +123,12 @@ impl Default for Config {
             // See retry::RetryPolicy: the SDKs' 3, raised for long jobs.
             max_attempts: 5,
             ca_bundle: None,
+            // No manifest: shards come from `urls`.
+            manifest: None,
+            // No endpoint (AWS, or AWS_ENDPOINT_URL), region from the
+            // environment or profile (else us-east-1), path-style only with
+            // an endpoint, requests signed with the credential chain's keys.
+            s3: S3Config::default(),
         }
     }
 }
@@ -156,6 +168,15 @@ pub const KEYS: &[&str] = &[
     "stall_timeout_ms",
     "max_attempts",
     "ca_bundle",
+    "manifest",
+    "s3_endpoint",
+    "s3_region",
+    "s3_path_style",
+    "s3_unsigned",
+    "aws_access_key_id",
+    "aws_secret_access_key",
+    "aws_session_token",
+    "aws_profile",
 ];
 
 impl Config {
@@ -218,6 +239,31 @@ impl Config {
                         .filter(|&n| n <= 100)
                         .ok_or_else(|| bad(key, "an integer from 1 to 100", v))?
                 }
+                "manifest" => c.manifest = Some(text(key, v)?),
+                "s3_endpoint" => {
+                    let e = text(key, v)?;
+                    match crate::http::parse_url(&e) {
+                        Ok(p) if p.target == "/" => {}
+                        Ok(_) => return Err(bad(key, "scheme, host and port only, no path", v)),
+                        Err(why) => {
+                            return Err(Error::config(format!("`{key}`: \"{e}\": {why}")));
+                        }
+                    }
+                    c.s3.endpoint = Some(e.trim_end_matches('/').to_string());
+                }
+                "s3_region" => {
+                    let r = text(key, v)?;
+                    if !r.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+                        return Err(bad(key, "a region name such as \"us-east-1\"", v));
+                    }
+                    c.s3.region = Some(r);
+                }
+                "s3_path_style" => c.s3.path_style = Some(boolean(key, v)?),
+                "s3_unsigned" => c.s3.unsigned = boolean(key, v)?,
+                "aws_access_key_id" => c.s3.access_key_id = Some(secret(key, v)?),
+                "aws_secret_access_key" => c.s3.secret_access_key = Some(secret(key, v)?),
+                "aws_session_token" => c.s3.session_token = Some(secret(key, v)?),
+                "aws_profile" => c.s3.profile = Some(text(key, v)?),
                 _ => {
                     return Err(Error::config(format!(
                         "unknown key `{key}`; known keys: {}",
@@ -232,9 +278,25 @@ impl Config {
 
     /// Checks the values together (each was checked alone when parsed).
     pub fn validate(&self) -> Result<()> {
-        if self.urls.is_empty() {
+        if self.urls.is_empty() && self.manifest.is_none() {
             return Err(Error::config(
-                "`urls` is required: give one or more dataset URLs or paths",
+                "`urls` is required: give one or more dataset URLs or paths (or a `manifest`)",
+            ));
+        }
+        let s3 = &self.s3;
+        if s3.access_key_id.is_some() != s3.secret_access_key.is_some() {
+            return Err(Error::config(
+                "`aws_access_key_id` and `aws_secret_access_key` must be given together",
+            ));
+        }
+        if s3.session_token.is_some() && s3.access_key_id.is_none() {
+            return Err(Error::config(
+                "`aws_session_token` needs `aws_access_key_id` and `aws_secret_access_key`",
+            ));
+        }
+        if s3.unsigned && (s3.access_key_id.is_some() || s3.profile.is_some()) {
+            return Err(Error::config(
+                "`s3_unsigned` is true but credentials or a profile are given; choose one",
             ));
         }
         if self.batch_size == 0 {
@@ -356,6 +418,23 @@ fn urls(key: &str, v: &Value) -> Result<Vec<String>> {
     Ok(list)
 }
 
+fn text(key: &str, v: &Value) -> Result<String> {
+    match v.as_str() {
+        Some(s) if !s.trim().is_empty() => Ok(s.trim().to_string()),
+        _ => Err(bad(key, "a non-empty string", v)),
+    }
+}
+
+/// A credential: like `text`, but the message never shows the value.
+fn secret(key: &str, v: &Value) -> Result<String> {
+    match v.as_str() {
+        Some(s) if !s.trim().is_empty() && !s.contains(['\r', '\n']) => Ok(s.trim().to_string()),
+        _ => Err(Error::config(format!(
+            "`{key}` must be a non-empty string on one line (value not shown)"
+        ))),
+    }
+}
+
 fn size(key: &str, v: &Value) -> Result<u64> {
     match v {
         Value::Number(_) => integer(key, v),
@@ -447,5 +526,41 @@ mod tests {
         assert!(err(r#"{}"#).contains("`urls` is required"));
         assert!(err(r#"{"urls":"a","reads_in_flight":100000}"#).contains("`reads_in_flight`"));
         assert!(err(r#"{"urls":"a","workers":1.5}"#).contains("`workers`"));
+    }
+
+    #[test]
+    fn s3_keys_are_checked_and_secrets_never_echoed() {
+        let c = Config::from_json(
+            r#"{"urls":"s3://b/k.tar","s3_endpoint":"http://127.0.0.1:9000/","s3_region":"eu-west-1",
+                "s3_path_style":false,"aws_access_key_id":"AKID","aws_secret_access_key":"SECRETVALUE1",
+                "aws_session_token":"TOKENVALUE1","aws_profile":"p"}"#,
+        )
+        .unwrap();
+        assert_eq!(c.s3.endpoint.as_deref(), Some("http://127.0.0.1:9000"));
+        assert_eq!(c.s3.region.as_deref(), Some("eu-west-1"));
+        assert_eq!(c.s3.path_style, Some(false));
+        let d = format!("{c:?}");
+        assert!(
+            !d.contains("SECRETVALUE1") && !d.contains("TOKENVALUE1"),
+            "{d}"
+        );
+        let c = Config::from_json(r#"{"manifest":"m.manifest"}"#).unwrap();
+        assert_eq!(c.manifest.as_deref(), Some("m.manifest"));
+        assert!(err(r#"{"urls":"a","s3_endpoint":"ftp://x"}"#).contains("`s3_endpoint`"));
+        assert!(err(r#"{"urls":"a","s3_endpoint":"http://x/path"}"#).contains("no path"));
+        assert!(err(r#"{"urls":"a","s3_region":"us east"}"#).contains("`s3_region`"));
+        assert!(err(r#"{"urls":"a","s3_unsigned":"yes"}"#).contains("`s3_unsigned`"));
+        assert!(err(r#"{"urls":"a","manifest":""}"#).contains("`manifest`"));
+        assert!(err(r#"{"urls":"a","aws_access_key_id":"A"}"#).contains("together"));
+        let e = err(r#"{"urls":"a","aws_secret_access_key":123456789}"#);
+        assert!(
+            e.contains("`aws_secret_access_key`") && !e.contains("123456789"),
+            "{e}"
+        );
+        assert!(
+            err(r#"{"urls":"a","aws_access_key_id":"A","aws_secret_access_key":"S","s3_unsigned":true}"#)
+                .contains("`s3_unsigned`")
+        );
+        assert!(err(r#"{"urls":"a","aws_session_token":"T"}"#).contains("`aws_session_token`"));
     }
 }

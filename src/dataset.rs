@@ -2,9 +2,11 @@
 //!
 //! A URL names one shard (`/data/a.tar`, `file:///data/a.tar`), a set of
 //! shards by brace expansion (`shard-{000000..000127}.tar`, `{train,val}`), or
-//! a directory whose `.tar` files are taken in name order. Network schemes
-//! (`s3://`, `http(s)://`) are recognised and refused with a clear error until
-//! their data plane exists.
+//! a directory whose `.tar` files are taken in name order, an `http(s)://`
+//! URL (size from `HEAD`), an `s3://bucket/key` object or an
+//! `s3://bucket/prefix/` to list (see `crate::s3`), or a manifest
+//! (`*.manifest`, or the `manifest` key): one `URL [size]` per line, so a
+//! job starts without listing or `HEAD`s.
 
 use std::net::ToSocketAddrs;
 use std::path::PathBuf;
@@ -15,6 +17,8 @@ use crate::http::{FailKind, HttpObject};
 use crate::io::http_sync::HttpPool;
 use crate::io::{NetOptions, with_retries};
 use crate::retry::Jitter;
+use crate::s3::list::{LIST_PAGE, S3Client, s3_error};
+use crate::s3::{Env, S3Config, S3Url};
 
 /// Upper bound on what one URL may expand to; a typo such as
 /// `{0..99999999}` must fail fast, not allocate gigabytes of names.
@@ -37,55 +41,270 @@ pub struct Shard {
 }
 
 /// Expands every URL and checks each shard exists (local files) or answers
-/// `HEAD` with its size (HTTP), in order.
+/// `HEAD` with its size (HTTP), in order. S3 settings come from the process
+/// environment; see [`resolve_with`].
 pub fn resolve(urls: &[String], net: &NetOptions) -> Result<Vec<Shard>> {
-    let mut shards = Vec::new();
-    let mut pool = HttpPool::new(net.stall, Arc::clone(&net.tls));
-    let mut jitter = Jitter::new(0x5eed);
-    for url in urls {
-        for one in expand_braces(url)? {
-            if one.starts_with("http://") || one.starts_with("https://") {
-                shards.push(http_shard(&one, &mut pool, net, &mut jitter)?);
-                continue;
-            }
-            let path = local_path(&one)?;
-            let meta = std::fs::metadata(&path).map_err(|e| Error::io("open", &path, &e))?;
-            if meta.is_dir() {
-                let mut found: Vec<PathBuf> = std::fs::read_dir(&path)
-                    .map_err(|e| Error::io("list", &path, &e))?
-                    .filter_map(|e| e.ok().map(|e| e.path()))
-                    .filter(|p| p.extension().is_some_and(|x| x == "tar"))
-                    .collect();
-                found.sort();
-                if found.is_empty() {
-                    return Err(Error::Url {
-                        url: one,
-                        reason: "the directory holds no .tar files".into(),
-                    });
-                }
-                for p in found {
-                    let m = std::fs::metadata(&p).map_err(|e| Error::io("open", &p, &e))?;
-                    shards.push(Shard {
-                        name: p.display().to_string(),
-                        source: Source::File(p),
-                        size: m.len(),
-                    });
-                }
-            } else {
-                shards.push(Shard {
-                    name: one,
-                    source: Source::File(path),
-                    size: meta.len(),
-                });
-            }
-        }
-    }
-    Ok(shards)
+    resolve_with(urls, None, net, &S3Config::default(), &Env::process())
 }
 
-/// An HTTP shard: the URL parsed, its host resolved, its size from `HEAD`.
+/// Resolves a loader's configuration: the `manifest` first, then `urls`.
+pub fn resolve_config(cfg: &crate::Config, net: &NetOptions) -> Result<Vec<Shard>> {
+    resolve_with(
+        &cfg.urls,
+        cfg.manifest.as_deref(),
+        net,
+        &cfg.s3,
+        &Env::process(),
+    )
+}
+
+/// [`resolve`] with the manifest, the S3 settings and the environment given.
+/// The S3 client (and so the credential chain) is only set up when an
+/// `s3://` URL appears.
+pub fn resolve_with(
+    urls: &[String],
+    manifest: Option<&str>,
+    net: &NetOptions,
+    s3: &S3Config,
+    env: &Env,
+) -> Result<Vec<Shard>> {
+    let mut r = Resolver {
+        net,
+        pool: HttpPool::new(net.stall, Arc::clone(&net.tls)),
+        jitter: Jitter::new(0x5eed),
+        s3_config: s3,
+        env,
+        s3: None,
+        shards: Vec::new(),
+    };
+    if let Some(m) = manifest {
+        r.manifest(m)?;
+    }
+    for url in urls {
+        if url.ends_with(".manifest") {
+            r.manifest(url)?;
+            continue;
+        }
+        for one in expand_braces(url)? {
+            r.one(&one, None)?;
+        }
+    }
+    Ok(r.shards)
+}
+
+struct Resolver<'a> {
+    net: &'a NetOptions,
+    pool: HttpPool,
+    jitter: Jitter,
+    s3_config: &'a S3Config,
+    env: &'a Env,
+    s3: Option<S3Client>,
+    shards: Vec<Shard>,
+}
+
+impl Resolver<'_> {
+    /// One expanded URL; `size` from a manifest spares the `HEAD`.
+    fn one(&mut self, one: &str, size: Option<u64>) -> Result<()> {
+        if one.starts_with("s3://") {
+            return self.s3_url(one, size);
+        }
+        if one.starts_with("http://") || one.starts_with("https://") {
+            let shard = http_shard(one, size, &mut self.pool, self.net, &mut self.jitter)?;
+            self.shards.push(shard);
+            return Ok(());
+        }
+        let path = local_path(one)?;
+        let meta = std::fs::metadata(&path).map_err(|e| Error::io("open", &path, &e))?;
+        if meta.is_dir() {
+            let mut found: Vec<PathBuf> = std::fs::read_dir(&path)
+                .map_err(|e| Error::io("list", &path, &e))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "tar"))
+                .collect();
+            found.sort();
+            if found.is_empty() {
+                return Err(Error::Url {
+                    url: one.to_string(),
+                    reason: "the directory holds no .tar files".into(),
+                });
+            }
+            for p in found {
+                let m = std::fs::metadata(&p).map_err(|e| Error::io("open", &p, &e))?;
+                self.shards.push(Shard {
+                    name: p.display().to_string(),
+                    source: Source::File(p),
+                    size: m.len(),
+                });
+            }
+        } else {
+            self.shards.push(Shard {
+                name: one.to_string(),
+                source: Source::File(path),
+                size: meta.len(),
+            });
+        }
+        Ok(())
+    }
+
+    fn s3_client(&mut self) -> Result<&S3Client> {
+        if self.s3.is_none() {
+            self.s3 = Some(S3Client::new(self.s3_config, self.env)?);
+        }
+        Ok(self.s3.as_ref().expect("set above"))
+    }
+
+    /// An object (size from the manifest or `HEAD`), or a prefix to list.
+    fn s3_url(&mut self, one: &str, size: Option<u64>) -> Result<()> {
+        let url = S3Url::parse(one).map_err(|reason| Error::Url {
+            url: one.to_string(),
+            reason,
+        })?;
+        let (net, page) = (self.net, LIST_PAGE);
+        let mut jitter = Jitter::new(0x5eed ^ 3);
+        if url.is_prefix() {
+            let client = self.s3_client()?;
+            let listed = client.list(&url.bucket, &url.key, page, net, &mut jitter)?;
+            let mut found = Vec::new();
+            for (key, size) in listed.into_iter().filter(|(k, _)| k.ends_with(".tar")) {
+                let u = S3Url {
+                    bucket: url.bucket.clone(),
+                    key,
+                };
+                found.push(Shard {
+                    name: u.display(),
+                    source: Source::Http(Arc::new(client.object(&u)?)),
+                    size,
+                });
+            }
+            if found.is_empty() {
+                return Err(Error::Url {
+                    url: one.to_string(),
+                    reason: "the prefix holds no .tar objects".into(),
+                });
+            }
+            self.shards.extend(found);
+            return Ok(());
+        }
+        let obj = Arc::new(self.s3_client()?.object(&url)?);
+        let size = match size {
+            Some(s) => s,
+            None => s3_size(&obj, &url, &mut self.pool, net, &mut self.jitter)?,
+        };
+        self.shards.push(Shard {
+            name: url.display(),
+            source: Source::Http(obj),
+            size,
+        });
+        Ok(())
+    }
+
+    /// Each line of a manifest: `URL [size]`; `#` starts a comment. Relative
+    /// local paths are taken from the manifest's directory.
+    fn manifest(&mut self, m: &str) -> Result<()> {
+        if m.contains("://") && !m.starts_with("file://") {
+            return Err(Error::Url {
+                url: m.to_string(),
+                reason: "manifests are read from local files (a path or file://); copy it first"
+                    .into(),
+            });
+        }
+        let path = local_path(m)?;
+        let text = std::fs::read_to_string(&path).map_err(|e| Error::io("open", &path, &e))?;
+        let entries = parse_manifest(&text).map_err(|reason| Error::Url {
+            url: m.to_string(),
+            reason,
+        })?;
+        if entries.is_empty() {
+            return Err(Error::Url {
+                url: m.to_string(),
+                reason: "the manifest lists no shards".into(),
+            });
+        }
+        let dir = path.parent().map(PathBuf::from).unwrap_or_default();
+        for (url, size) in entries {
+            let url = if !url.contains("://") && !url.starts_with('/') {
+                dir.join(&url).display().to_string()
+            } else {
+                url
+            };
+            self.one(&url, size)?;
+        }
+        Ok(())
+    }
+}
+
+/// The lines of a manifest: `URL [size]`, blank lines and `#` comments
+/// skipped; the error names the line.
+pub fn parse_manifest(text: &str) -> std::result::Result<Vec<(String, Option<u64>)>, String> {
+    let mut out = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        let line = raw.split_once('#').map_or(raw, |(a, _)| a).trim();
+        if line.is_empty() {
+            continue;
+        }
+        let mut fields = line.split_whitespace();
+        let url = fields.next().unwrap_or_default().to_string();
+        let size = match fields.next() {
+            None => None,
+            Some(f) => Some(
+                f.parse::<u64>()
+                    .map_err(|_| format!("line {}: the size `{f}` is not a byte count", i + 1))?,
+            ),
+        };
+        if fields.next().is_some() {
+            return Err(format!(
+                "line {}: expected `URL [size]`, got more fields",
+                i + 1
+            ));
+        }
+        out.push((url, size));
+    }
+    Ok(out)
+}
+
+/// An S3 object's size from `HEAD`; when that is refused, one ranged GET
+/// reads the XML error body (a `HEAD` answer has none) for S3's code, so the
+/// error says NoSuchKey, NoSuchBucket or AccessDenied.
+fn s3_size(
+    obj: &HttpObject,
+    url: &S3Url,
+    pool: &mut HttpPool,
+    net: &NetOptions,
+    jitter: &mut Jitter,
+) -> Result<u64> {
+    match with_retries(net, jitter, &obj.url, || pool.head(obj)) {
+        Ok(size) => Ok(size),
+        Err(
+            e @ Error::Http {
+                kind: FailKind::Client,
+                ..
+            },
+        ) => {
+            let mut one = [0u8; 1];
+            match pool.fetch(obj, 0, &mut one) {
+                Err(f) if f.code.is_some() => Err(s3_error(
+                    Error::Http {
+                        url: obj.url.clone(),
+                        kind: f.kind,
+                        message: f.message,
+                        attempts: 1,
+                    },
+                    &url.bucket,
+                    &url.key,
+                    f.code,
+                )),
+                _ => Err(e),
+            }
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// An HTTP shard: the URL parsed, its host resolved, its size from `HEAD`
+/// unless a manifest gave it.
 fn http_shard(
     url: &str,
+    size: Option<u64>,
     pool: &mut HttpPool,
     net: &NetOptions,
     jitter: &mut Jitter,
@@ -99,7 +318,10 @@ fn http_shard(
         url: url.to_string(),
         reason,
     })?);
-    let size = with_retries(net, jitter, url, || pool.head(&obj))?;
+    let size = match size {
+        Some(s) => s,
+        None => with_retries(net, jitter, url, || pool.head(&obj))?,
+    };
     Ok(Shard {
         name: url.to_string(),
         source: Source::Http(obj),
@@ -158,9 +380,7 @@ pub fn local_path(url: &str) -> Result<PathBuf> {
     }
     if let Some((scheme, _)) = url.split_once("://") {
         return Err(match scheme {
-            "s3" => err(
-                "s3:// sources are not supported by this version yet; use http(s):// or local paths",
-            ),
+            "s3" | "http" | "https" => err("not a local path (resolved as a network URL)"),
             _ => err(&format!(
                 "unsupported scheme `{scheme}`; use a local path or file://"
             )),
@@ -371,7 +591,7 @@ mod tests {
             local_path("s3://b/k")
                 .unwrap_err()
                 .to_string()
-                .contains("not supported")
+                .contains("not a local path")
         );
         assert!(
             local_path("gopher://x")
@@ -400,5 +620,45 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let e = resolve(&[d.path().display().to_string()], &net).unwrap_err();
         assert!(e.to_string().contains("no .tar files"), "{e}");
+    }
+
+    #[test]
+    fn manifests_list_urls_with_optional_sizes() {
+        let m = "# shards\n\ns3://b/a.tar 100\n  http://h/b.tar   # no size\n/d/c.tar\t7\n";
+        assert_eq!(
+            parse_manifest(m).unwrap(),
+            vec![
+                ("s3://b/a.tar".to_string(), Some(100)),
+                ("http://h/b.tar".to_string(), None),
+                ("/d/c.tar".to_string(), Some(7)),
+            ]
+        );
+        assert!(
+            parse_manifest("a.tar ten\n")
+                .unwrap_err()
+                .contains("line 1")
+        );
+        assert!(
+            parse_manifest("\na.tar 1 2\n")
+                .unwrap_err()
+                .contains("line 2")
+        );
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("x.tar"), b"0123").unwrap();
+        let mp = d.path().join("set.manifest");
+        std::fs::write(&mp, "x.tar\n").unwrap();
+        let net = NetOptions {
+            stall: std::time::Duration::from_secs(1),
+            retry: Default::default(),
+            stats: Default::default(),
+            tls: Default::default(),
+        };
+        let shards = resolve(&[mp.display().to_string()], &net).unwrap();
+        assert_eq!((shards.len(), shards[0].size), (1, 4));
+        let e = resolve(&["s3://b/x.manifest".into()], &net).unwrap_err();
+        assert!(e.to_string().contains("local files"), "{e}");
+        std::fs::write(&mp, "# nothing\n").unwrap();
+        let e = resolve(&[mp.display().to_string()], &net).unwrap_err();
+        assert!(e.to_string().contains("lists no shards"), "{e}");
     }
 }

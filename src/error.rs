@@ -64,6 +64,23 @@ pub enum Error {
         message: String,
         attempts: u32,
     },
+    /// S3 refused a request for good: the bucket and key (or prefix), the
+    /// HTTP status and S3's error code from the XML body. Never holds a
+    /// credential: the body's other fields (which may echo the access key
+    /// and the string to sign) are not kept.
+    #[error("S3 bucket `{bucket}`, key `{key}`: {code} (HTTP {status}){}", explain.map(|e| format!(": {e}")).unwrap_or_default())]
+    S3 {
+        bucket: String,
+        key: String,
+        status: u16,
+        /// `NoSuchKey`, `NoSuchBucket`, `AccessDenied`, ...; the HTTP
+        /// reason when the body held none.
+        code: String,
+        explain: Option<&'static str>,
+    },
+    /// No usable AWS credentials, or their source failed.
+    #[error("AWS credentials: {0}")]
+    Credentials(String),
     /// The loader was closed while the call was in progress.
     #[error("the loader is closed")]
     Closed,

@@ -35,9 +35,11 @@ pub const RINGFEED_FINISHED: i32 = 3;
 pub const RINGFEED_ERR_INVALID_ARGUMENT: i32 = -1;
 /// The loader handle is unknown or closed, or the batch was already released.
 pub const RINGFEED_ERR_INVALID_HANDLE: i32 = -2;
-/// The configuration is malformed, or a key is unknown or has a bad value.
+/// The configuration is malformed, or a key is unknown or has a bad value,
+/// or no AWS credentials could be found for `s3://` URLs.
 pub const RINGFEED_ERR_CONFIG: i32 = -3;
-/// A dataset URL is malformed, unsupported, or names nothing.
+/// A dataset URL is malformed, unsupported, or names nothing, or the server
+/// refused it for good (HTTP 4xx; S3 NoSuchKey, NoSuchBucket, AccessDenied).
 pub const RINGFEED_ERR_DATASET: i32 = -4;
 /// Reading a shard failed.
 pub const RINGFEED_ERR_IO: i32 = -5;
@@ -176,6 +178,11 @@ impl From<Error> for Fail {
                 RINGFEED_ERR_DATASET
             }
             Error::Http { .. } => RINGFEED_ERR_NETWORK,
+            // Missing or denied objects and buckets are the dataset's fault;
+            // S3's 5xx codes (InternalError, SlowDown) are the network's.
+            Error::S3 { status, .. } if *status < 500 => RINGFEED_ERR_DATASET,
+            Error::S3 { .. } => RINGFEED_ERR_NETWORK,
+            Error::Credentials(_) => RINGFEED_ERR_CONFIG,
         };
         Fail(code, e.to_string())
     }
@@ -533,4 +540,36 @@ pub extern "C" fn ringfeed_version() -> *const c_char {
             Err(_) => c"unknown",
         };
     VERSION.as_ptr()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::FailKind;
+
+    #[test]
+    fn s3_errors_map_to_dataset_network_and_config() {
+        let s3 = |status, code: &str| Error::S3 {
+            bucket: "b".into(),
+            key: "k".into(),
+            status,
+            code: code.into(),
+            explain: None,
+        };
+        assert_eq!(Fail::from(s3(404, "NoSuchKey")).0, RINGFEED_ERR_DATASET);
+        assert_eq!(Fail::from(s3(404, "NoSuchBucket")).0, RINGFEED_ERR_DATASET);
+        assert_eq!(Fail::from(s3(403, "AccessDenied")).0, RINGFEED_ERR_DATASET);
+        assert_eq!(Fail::from(s3(503, "SlowDown")).0, RINGFEED_ERR_NETWORK);
+        assert_eq!(
+            Fail::from(Error::Credentials("none".into())).0,
+            RINGFEED_ERR_CONFIG
+        );
+        let http = Error::Http {
+            url: "s3://b/k".into(),
+            kind: FailKind::Client,
+            message: "HTTP 403".into(),
+            attempts: 1,
+        };
+        assert_eq!(Fail::from(http).0, RINGFEED_ERR_DATASET);
+    }
 }

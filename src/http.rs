@@ -349,6 +349,8 @@ impl FailKind {
 pub struct Fail {
     pub kind: FailKind,
     pub message: String,
+    /// S3's error code from the XML error body (`NoSuchKey`), when there was one.
+    pub code: Option<String>,
 }
 
 impl fmt::Display for Fail {
@@ -362,6 +364,7 @@ impl Fail {
         Fail {
             kind,
             message: message.into(),
+            code: None,
         }
     }
 }

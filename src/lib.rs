@@ -23,6 +23,7 @@ pub mod io;
 pub mod loader;
 pub mod retry;
 pub mod ring;
+pub mod s3;
 pub mod sample;
 pub mod serve;
 pub mod synth;

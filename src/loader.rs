@@ -257,7 +257,7 @@ impl Loader {
         let started = Instant::now();
         cfg.validate()?;
         let net = NetOptions::for_config(&cfg);
-        let shards = dataset::resolve(&cfg.urls, &net)?;
+        let shards = dataset::resolve_config(&cfg, &net)?;
         if shards.is_empty() {
             return Err(Error::config("`urls` names no shard"));
         }

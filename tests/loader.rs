@@ -532,7 +532,7 @@ fn bad_configurations_and_urls_fail_at_open_with_the_reason() {
             r#"{"urls": "/nonexistent/x-{0..2}.tar"}"#,
             "/nonexistent/x-0.tar",
         ),
-        (r#"{"urls": "s3://bucket/a.tar"}"#, "not supported"),
+        (r#"{"urls": "s3:///a.tar"}"#, "no bucket"),
         (r#"{"urls": "x{0..2"}"#, "unmatched"),
         (r#"{"urls": "a.tar", "wokers": 2}"#, "unknown key `wokers`"),
         (

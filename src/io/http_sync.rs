@@ -45,6 +45,10 @@ impl Write for Stream {
     }
 }
 
+/// Largest error body read for its S3 error code. S3's are under 1 KiB;
+/// 64 KiB bounds what a misbehaving server can make us buffer.
+pub const MAX_ERROR_BODY: usize = 64 << 10;
+
 /// Idle keep-alive connections and the stall time-out.
 pub struct HttpPool {
     idle: HashMap<(String, u16, bool), Vec<Stream>>,
@@ -158,6 +162,12 @@ impl HttpPool {
         let req = http::range_request(obj, start, len)?;
         let (mut s, h, extra) = self.exchange(obj, &req)?;
         if let Err(mut f) = http::check_range_response(&h, start, len) {
+            if h.status >= 300
+                && let Some(code) = self.error_code(obj, s, &h, extra)
+            {
+                f.message = format!("{}, S3 error code {code}", f.message);
+                f.code = Some(code);
+            }
             f.message = format!("{}: {}", obj.url, f.message);
             return Err(f);
         }
@@ -192,6 +202,31 @@ impl HttpPool {
             self.put_back(obj, s);
         }
         Ok(Fetched { copied: from_head })
+    }
+
+    /// Reads an error response's body, when it is small and has a length,
+    /// and returns S3's `<Code>` from it. The rest of the body (which for
+    /// SignatureDoesNotMatch echoes the access key id and the string to
+    /// sign) is dropped. The connection goes back to the pool only when the
+    /// whole body was read.
+    fn error_code(
+        &mut self,
+        obj: &HttpObject,
+        mut s: Stream,
+        h: &http::ResponseHead,
+        extra: usize,
+    ) -> Option<String> {
+        let n = usize::try_from(h.content_length?).ok()?;
+        if h.chunked || n > MAX_ERROR_BODY || extra > n {
+            return None;
+        }
+        let mut body = self.head_buf[h.head_len..h.head_len + extra].to_vec();
+        body.resize(n, 0);
+        s.read_exact(&mut body[extra..]).ok()?;
+        if h.keep_alive {
+            self.put_back(obj, s);
+        }
+        crate::s3::error_code(&body)
     }
 
     /// The object's size, from a `HEAD` request, once.
