@@ -190,3 +190,17 @@ def test_samples_with_different_fields(tmp_path):
             bv.fixed()
         values, offsets = bv.gather()
         assert len(values) == 20
+
+
+def test_same_count_different_names(tmp_path):
+    members = []
+    for i in range(10):
+        key = f"s{i:03d}"
+        second = "bb" if i != 7 else "bc"  # same count and length, another name
+        members += [(f"{key}.a", sample_bytes(key, "a", 9)), (f"{key}.{second}", sample_bytes(key, second, 4))]
+    path = write_tar(tmp_path / "names.tar", members)
+    with first_batch(path, batch_size=10, workers=1) as b:
+        assert set(b.fields) == {"a", "bb", "bc"}
+        assert list(b["bc"].present) == [i == 7 for i in range(10)]
+        assert b["a"].present.all()
+        assert bytes(b["bb"][0]) == sample_bytes("s000", "bb", 4)
