@@ -105,3 +105,21 @@ def test_stateful_dataloader(shards4):
 def test_epochs_keyword_is_refused(shards4):
     with pytest.raises(TypeError, match="epochs"):
         RingfeedDataset(shards4, epochs=2)
+
+
+def test_stateful_dataloader_with_workers(shards4):
+    sdl = pytest.importorskip("torchdata.stateful_dataloader", reason="torchdata is not installed")
+
+    def make():
+        ds = RingfeedDataset(shards4, batch_size=10, workers=1)
+        return sdl.StatefulDataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork")
+
+    dl = make()
+    it = iter(dl)
+    seen = keys_of([next(it) for _ in range(5)])
+    state = dl.state_dict()
+    del it
+    dl2 = make()
+    dl2.load_state_dict(state)
+    rest = keys_of(dl2)
+    assert sorted(seen + rest) == all_keys(shards4)
