@@ -38,16 +38,26 @@ def fork_generation():
     return _fork_generation
 
 
+_live = [0]  # batches not yet given back to the engine (GIL-protected counter)
+
+
+def live_batches():
+    """Batches whose memory the engine has not got back yet (held, or kept by exports)."""
+    return _live[0]
+
+
 class _Lease:
     __slots__ = ("raw", "generation", "__weakref__")
 
     def __init__(self, raw):
         self.raw = raw
         self.generation = _fork_generation
+        _live[0] += 1
 
     def __del__(self):
         raw = self.raw
         try:
+            _live[0] -= 1
             if raw.handle and self.generation == _fork_generation:
                 _ffi.lib.ringfeed_batch_release(ctypes.byref(raw))
         except Exception:  # interpreter shutdown: the library may be gone

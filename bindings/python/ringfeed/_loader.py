@@ -5,15 +5,19 @@ import json
 import os
 import re
 import threading
+import warnings
 
 from . import _ffi
 from ._batch import Batch
-from ._lease import _Lease, fork_generation
+from ._lease import _Lease, fork_generation, live_batches
 from .errors import ClosedError, ForkedError, from_status
 
 _lib = _ffi.lib
 # Slice of a blocking wait: short enough for Ctrl-C to be seen between calls.
 _WAIT_SLICE_MS = 200
+# A wait this long while batches are held unreleased is worth a warning: the
+# engine may be stopped because they hold its whole memory budget.
+_STALL_WARN_MS = 10_000
 
 _known_keys = None
 
@@ -102,6 +106,7 @@ class Loader:
         self._handle = handle.value
         self._closed = False
         self._finished = False
+        self._warned = False
 
     # -- lifetime --------------------------------------------------------
 
@@ -149,6 +154,7 @@ class Loader:
         """The next batch; None at the end of an epoch (or when `timeout`
         seconds passed); StopIteration when every epoch is over."""
         deadline_ms = None if timeout is None else max(0, int(timeout * 1000))
+        waited_ms = 0
         while True:
             handle = self._check()
             raw = _ffi.RawBatch()
@@ -157,6 +163,16 @@ class Loader:
             if st == _ffi.RINGFEED_OK:
                 return Batch(_Lease(raw))
             if st == _ffi.RINGFEED_TIMEOUT:
+                waited_ms += wait
+                if waited_ms >= _STALL_WARN_MS and not self._warned and live_batches():
+                    self._warned = True
+                    warnings.warn(
+                        f"ringfeed: no batch for {waited_ms / 1000:.0f} s while {live_batches()} batches "
+                        "are not released; the engine waits for memory they hold (release batches, or "
+                        "drop the arrays exported from them)",
+                        RuntimeWarning,
+                        stacklevel=3,
+                    )
                 if deadline_ms is not None:
                     deadline_ms -= wait
                     if deadline_ms <= 0:

@@ -20,6 +20,10 @@ yielded ``n`` samples of the current one. Resuming skips ``n`` samples of
 this consumer's stream. The stream's order is deterministic only with the
 engine's ``workers=1``; with more engine threads, the skipped samples are
 ``n`` samples, not necessarily the same ones (exact resume is a later issue).
+When the resume point falls inside an engine batch, `transform` gets that
+batch's remaining samples as a copied stand-in that offers ``keys``,
+``fields``, ``len()`` and ``[name].gather()`` / ``.lengths`` only (what
+`to_tensors` uses).
 """
 
 import os

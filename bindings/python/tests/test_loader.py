@@ -258,3 +258,20 @@ def test_pax_and_gnu_long_names(tmp_path, fmt):
         key = f"{long_dir}/sample-{i:03d}-ünï"
         assert got[key]["txt"] == sample_bytes(key, "txt", 100 + i)
         assert got[key]["seg.png"] == sample_bytes(key, "seg.png", 7)
+
+
+def test_a_stall_on_held_batches_warns(small_shards, monkeypatch):
+    from ringfeed import _loader
+
+    monkeypatch.setattr(_loader, "_STALL_WARN_MS", 600)
+    with ringfeed.Loader(small_shards, batch_size=4, chunk_size="64KiB", memory_budget="256KiB",
+                         workers=1, prefetch_batches=1) as loader:
+        held = []
+        with pytest.warns(RuntimeWarning, match="not released"):
+            while True:
+                b = loader.next_batch(timeout=1.0)
+                if b is None:
+                    break
+                held.append(b)
+        for b in held:
+            b.release()
