@@ -9,6 +9,7 @@ memory, with zero-copy batches for Python.
                 sizes = jpg.lengths          # int64 numpy array, one per sample
                 first = jpg[0]               # memoryview of sample 0's bytes
                 labels = batch["cls"].gather()  # (uint8 values, int64 offsets), copied
+                # fixed-size fields: batch["emb"].fixed(numpy.float32) -> (batch, n) view
 
 See `Loader`, `Batch`, `FieldView`, and `ringfeed.torch` for PyTorch.
 """

@@ -123,3 +123,22 @@ def test_stateful_dataloader_with_workers(shards4):
     dl2.load_state_dict(state)
     rest = keys_of(dl2)
     assert sorted(seen + rest) == all_keys(shards4)
+
+
+def test_rank_from_torch_distributed_when_initialised(shards4, monkeypatch):
+    dist = torch.distributed
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available in this torch build")
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("RANK", "5")  # ignored: the initialised group wins
+    monkeypatch.setenv("WORLD_SIZE", "9")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        assert rank_and_world() == (0, 1)
+        assert RingfeedDataset(shards4).my_shards() == shards4
+    finally:
+        dist.destroy_process_group()
