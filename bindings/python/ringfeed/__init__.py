@@ -1,0 +1,79 @@
+"""ringfeed: a data-loader engine streaming WebDataset shards into pinned
+memory, with zero-copy batches for Python.
+
+    import ringfeed
+    with ringfeed.Loader("/data/shard-{000000..000127}.tar", batch_size=256, workers=2) as loader:
+        for batch in loader:
+            with batch:
+                jpg = batch["jpg"]           # a FieldView: no bytes copied
+                sizes = jpg.lengths          # int64 numpy array, one per sample
+                first = jpg[0]               # memoryview of sample 0's bytes
+                labels = batch["cls"].gather()  # (uint8 values, int64 offsets), copied
+                # fixed-size fields: batch["emb"].fixed(numpy.float32) -> (batch, n) view
+
+See `Loader`, `Batch`, `FieldView`, and `ringfeed.torch` for PyTorch.
+"""
+
+from . import _ffi
+from ._batch import Batch, FieldView
+from ._loader import Loader, config_keys
+from .errors import (
+    BufferTooSmallError,
+    ClosedError,
+    ConfigError,
+    DatasetError,
+    Error,
+    ForkedError,
+    FormatError,
+    InvalidArgumentError,
+    InvalidHandleError,
+    IoError,
+    IoUringError,
+    MemorySetupError,
+    NetworkError,
+    PanicError,
+    ReleasedError,
+)
+from .urls import expand_braces, expand_urls
+
+try:
+    from importlib.metadata import PackageNotFoundError, version as _dist_version
+
+    __version__ = _dist_version("ringfeed")
+except Exception:  # not installed (a source checkout): the library's version
+    __version__ = _ffi.lib.ringfeed_version().decode()
+
+LIBRARY_PATH = _ffi.LIBRARY_PATH
+
+
+def library_version():
+    """The version of the loaded native library."""
+    return _ffi.lib.ringfeed_version().decode()
+
+
+__all__ = [
+    "Batch",
+    "BufferTooSmallError",
+    "ClosedError",
+    "ConfigError",
+    "DatasetError",
+    "Error",
+    "FieldView",
+    "ForkedError",
+    "FormatError",
+    "InvalidArgumentError",
+    "InvalidHandleError",
+    "IoError",
+    "IoUringError",
+    "Loader",
+    "MemorySetupError",
+    "NetworkError",
+    "PanicError",
+    "ReleasedError",
+    "config_keys",
+    "expand_braces",
+    "expand_urls",
+    "library_version",
+    "LIBRARY_PATH",
+    "__version__",
+]

@@ -1,0 +1,435 @@
+"""Batches and field views.
+
+A `Batch` wraps one C `ringfeed_batch`. Its descriptor arrays (samples and
+fields) are read with numpy once per batch, so the Python cost is per batch,
+not per sample: field lengths and addresses come out as numpy arrays, and the
+bytes are exposed without copying as numpy arrays or memoryviews.
+
+Lifetime rule (see `_lease.py`): `release()` ends the batch for ringfeed's
+own objects (`Batch`, `FieldView` raise `ReleasedError`; per-sample
+memoryviews raise `ValueError`), while numpy arrays and DLPack tensors
+exported from it keep its memory alive: the engine gets the memory back when
+the last of them is gone. Hold exported arrays only as long as needed: the
+engine's memory budget is shared with the batches still in flight.
+"""
+
+import ctypes
+import sys
+
+import numpy as np
+
+from . import _ffi
+from ._lease import _Exported, fork_generation, memoryview_at
+from .errors import ForkedError, ReleasedError
+
+_U64 = ctypes.c_uint64
+_FIELD_WORDS = ctypes.sizeof(_ffi.RawField) // 8
+_SAMPLE_WORDS = ctypes.sizeof(_ffi.RawSample) // 8
+assert ctypes.sizeof(_ffi.RawField) == 3 * 8 and ctypes.sizeof(_ffi.RawSample) == 3 * 8, (
+    "ringfeed's Python binding needs a 64-bit platform"
+)
+
+
+def _words(address, count):
+    """An owned copy of `count` uint64 words at `address`."""
+    if count == 0:
+        return np.empty(0, np.uint64)
+    return np.frombuffer((_U64 * count).from_address(address), np.uint64).copy()
+
+
+def _export(lease, address, shape, strides, dtype):
+    return np.asarray(_Exported(lease, address, shape, strides, np.dtype(dtype).str))
+
+
+def _same_names(fields_address, first, b):
+    """True when sample i's field j is named first[j], for every i and j.
+    (One ctypes slice reads every name: ~0.1 us a name; a writev/readv
+    gather through a pipe and process_vm_readv were measured slower.)"""
+    k = len(first)
+    names = (ctypes.c_char_p * (3 * k * b)).from_address(fields_address)[0::3]
+    return all(names[j::k].count(first[j]) == b for j in range(k))
+
+
+class _Layout:
+    """Owned metadata of a batch: where each field of each sample is."""
+
+    __slots__ = ("names", "index", "addresses", "lengths", "partial")
+
+    def __init__(self, raw):
+        b = raw.sample_count
+        f = raw.field_count
+        fields = _words(raw.fields, 3 * f).reshape(f, 3) if f else np.empty((0, 3), np.uint64)
+        self.addresses = fields[:, 1]
+        self.lengths = fields[:, 2].astype(np.int64)
+        samples = _words(raw.samples, 3 * b).reshape(b, 3) if b else np.empty((0, 3), np.uint64)
+        counts = samples[:, 2]
+        # name -> int64 index of that field per sample into the field arrays (-1: absent)
+        self.index = {}
+        self.partial = set()  # names of fields some samples lack
+        k = int(counts[0]) if b else 0
+        if b and k and f == b * k and bool((counts == k).all()):
+            # Fast path: every sample has the same fields in the same order.
+            first = (ctypes.c_char_p * (3 * k)).from_address(raw.fields)[0::3]
+            starts = (samples[:, 1] - np.uint64(raw.fields or 0)) // np.uint64(24)
+            if (
+                len(set(first)) == k
+                and bool((starts == np.arange(0, f, k, dtype=np.uint64)).all())
+                and _same_names(raw.fields, first, b)
+            ):
+                for j, name in enumerate(first):
+                    self.index[name.decode("utf-8", "surrogateescape")] = np.arange(j, f, k, dtype=np.int64)
+                self.names = tuple(self.index)
+                return
+        # General case: samples with different field sets or orders.
+        names = (ctypes.c_char_p * (3 * f)).from_address(raw.fields)[0::3] if f else []
+        base = raw.fields or 0
+        for i in range(b):
+            start = (int(samples[i, 1]) - base) // 24
+            for j in range(start, start + int(counts[i])):
+                name = names[j].decode("utf-8", "surrogateescape")
+                idx = self.index.get(name)
+                if idx is None:
+                    idx = self.index[name] = np.full(b, -1, np.int64)
+                idx[i] = j
+        self.partial = {n for n, idx in self.index.items() if (idx < 0).any()}
+        self.names = tuple(self.index)
+
+
+class Batch:
+    """A batch of samples, handed out by `Loader`; its bytes live in the engine.
+
+    - ``len(batch)``: samples; ``batch.keys``: their keys (``"000003-0000012"``);
+      ``batch.fields``: field names (``("jpg", "cls")``);
+      ``batch["jpg"]`` or ``batch.field("jpg")``: a `FieldView`;
+      ``batch.sample(i)``: ``{field: memoryview}`` of sample ``i``.
+    - ``batch.release()`` (or ``with batch:``, or garbage collection) ends it.
+      Afterwards the batch and its `FieldView`\\ s raise `ReleasedError` and its
+      per-sample memoryviews raise ``ValueError``; numpy arrays and DLPack
+      tensors exported before keep the memory alive until they are gone.
+    """
+
+    __slots__ = ("_lease", "_layout", "_views", "_keys", "epoch", "index", "nbytes", "_len", "__weakref__")
+
+    def __init__(self, lease):
+        raw = lease.raw
+        self._lease = lease
+        self._layout = None
+        self._views = []
+        self._keys = None
+        self.epoch = raw.epoch
+        self.index = raw.index
+        self.nbytes = raw.bytes
+        self._len = raw.sample_count
+
+    # -- lifetime --------------------------------------------------------
+
+    def _live(self):
+        lease = self._lease
+        if lease is None:
+            raise ReleasedError(f"batch {self.index} was released; views of it cannot be used")
+        if lease.generation != fork_generation():
+            raise ForkedError("this batch belongs to the parent process (fork); open a new Loader here")
+        return lease
+
+    @property
+    def released(self):
+        return self._lease is None
+
+    def release(self):
+        """Ends the batch. Returns True when its memory went back to the engine
+        now, False when exported numpy arrays or tensors still hold it (it goes
+        back when they are gone). Idempotent."""
+        lease = self._lease
+        if lease is None:
+            return False
+        self._lease = None
+        self._layout = None
+        views, self._views = self._views, []
+        for mv in views:
+            try:
+                mv.release()
+            except BufferError:  # something reads through it: it keeps the lease
+                pass
+        del views
+        now = sys.getrefcount(lease) <= 2  # this frame and getrefcount's argument
+        del lease
+        return now
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:
+            pass
+
+    # -- contents --------------------------------------------------------
+
+    def _get_layout(self):
+        lease = self._live()
+        layout = self._layout
+        if layout is None:
+            layout = self._layout = _Layout(lease.raw)
+        return lease, layout
+
+    def __len__(self):
+        return self._len
+
+    @property
+    def keys(self):
+        """The samples' keys, as str (undecodable bytes kept by ``surrogateescape``)."""
+        lease = self._live()
+        if self._keys is None:
+            raw = lease.raw
+            n = raw.sample_count
+            ks = (ctypes.c_char_p * (3 * n)).from_address(raw.samples)[0::3] if n else []
+            self._keys = [k.decode("utf-8", "surrogateescape") for k in ks]
+        return list(self._keys)
+
+    @property
+    def fields(self):
+        """Field names present in the batch, in order of first appearance."""
+        return self._get_layout()[1].names
+
+    def field(self, name):
+        """The `FieldView` of field `name` (KeyError if no sample has it)."""
+        _, layout = self._get_layout()
+        if name not in layout.index:
+            raise KeyError(f"no field {name!r} in this batch (fields: {', '.join(layout.names)})")
+        return FieldView(self, name)
+
+    __getitem__ = field
+
+    def __contains__(self, name):
+        return name in self._get_layout()[1].index
+
+    def sample(self, i):
+        """``{field: memoryview}`` of sample `i` (zero-copy, released with the batch)."""
+        return {name: self.field(name)[i] for name in self.fields if self.field(name).present[i]}
+
+    def __repr__(self):
+        state = "released" if self._lease is None else f"{self._len} samples, {self.nbytes} bytes"
+        return f"<ringfeed.Batch index={self.index} epoch={self.epoch} {state}>"
+
+
+class FieldView:
+    """One field across a batch, without copying its bytes.
+
+    - ``lengths`` (int64) and ``addresses`` (uint64): per sample; ``present``:
+      bool mask of the samples that have the field.
+    - ``view[i]``: sample i's bytes as a read-only memoryview (None if absent);
+      ``iter(view)``, ``len(view)``.
+    - ``contiguous``: True when the samples' bytes follow each other in
+      memory; then ``values`` (a uint8 numpy array over all of them) and
+      ``offsets`` (int64, ``len + 1`` entries) are a zero-copy ragged array.
+      Tar shards put headers between members, so this mostly holds only for
+      batches the engine collated; otherwise use ``view[i]`` (zero-copy) or
+      ``gather()`` (one copy into new arrays).
+    - ``fixed(dtype, copy=None)``: a ``(batch, n)`` numpy array when every
+      sample's field has the same size; zero-copy when the fields lie at a
+      constant stride in memory (``fixed_zero_copy``), else copied (or, with
+      ``copy=False``, ValueError).
+    - ``__dlpack__``: ``torch.from_dlpack(view)``, ``numpy.from_dlpack(view)``
+      give the same ``(batch, n)`` uint8 data without copying; the batch's
+      memory stays alive until the tensor is gone.
+
+    Exported numpy arrays are read-only views of the engine's memory and keep
+    it alive (see `Batch`); the view itself raises `ReleasedError` once the
+    batch is released.
+    """
+
+    __slots__ = ("_batch", "name")
+
+    def __init__(self, batch, name):
+        self._batch = batch
+        self.name = name
+
+    def _get(self):
+        lease, layout = self._batch._get_layout()
+        return lease, layout, layout.index[self.name]
+
+    def __len__(self):
+        return len(self._batch)
+
+    @property
+    def present(self):
+        return self._get()[2] >= 0
+
+    @property
+    def lengths(self):
+        _, layout, idx = self._get()
+        out = layout.lengths[idx]
+        if self.name in layout.partial:
+            out[idx < 0] = 0
+        return out
+
+    @property
+    def addresses(self):
+        _, layout, idx = self._get()
+        out = layout.addresses[idx]
+        if self.name in layout.partial:
+            out[idx < 0] = 0
+        return out
+
+    @property
+    def nbytes(self):
+        return int(self.lengths.sum())
+
+    @property
+    def contiguous(self):
+        _, layout, idx = self._get()
+        return self._contiguous(layout, idx)
+
+    @staticmethod
+    def _contiguous(layout, idx):
+        if (idx < 0).any():
+            return False
+        a = layout.addresses[idx]
+        n = layout.lengths[idx].astype(np.uint64)
+        return bool((a[1:] == a[:-1] + n[:-1]).all())
+
+    @property
+    def offsets(self):
+        """int64 start of each sample in ``values`` plus the end (``len + 1`` entries)."""
+        lengths = self.lengths
+        out = np.zeros(len(lengths) + 1, np.int64)
+        np.cumsum(lengths, out=out[1:])
+        return out
+
+    @property
+    def values(self):
+        """The field's bytes of every sample as one uint8 array, without copying.
+        Only when ``contiguous``; ValueError otherwise (use ``view[i]`` or ``gather()``)."""
+        lease, layout, idx = self._get()
+        if not self._contiguous(layout, idx):
+            raise ValueError(
+                f"field {self.name!r}: the samples' bytes are not contiguous in memory "
+                "(tar headers lie between members); use view[i] (zero-copy) or gather() (a copy)"
+            )
+        total = int(layout.lengths[idx].sum())
+        addr = int(layout.addresses[idx[0]]) if len(idx) else 0
+        if total == 0:
+            return np.empty(0, np.uint8)
+        return _export(lease, addr, (total,), None, np.uint8)
+
+    def __getitem__(self, i):
+        lease, layout, idx = self._get()
+        j = int(idx[i])
+        if j < 0:
+            return None
+        mv = memoryview_at(lease, int(layout.addresses[j]), int(layout.lengths[j]))
+        self._batch._views.append(mv)
+        return mv
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+    def memoryviews(self):
+        """Every sample's bytes as read-only memoryviews (None where absent)."""
+        return [self[i] for i in range(len(self))]
+
+    def gather(self):
+        """Copies the field of every sample into new arrays: ``(values, offsets)``,
+        uint8 and int64. The copies do not depend on the batch."""
+        lease, layout, idx = self._get()
+        offsets = self.offsets
+        out = np.empty(int(offsets[-1]), np.uint8)
+        dst = out.ctypes.data
+        addrs = layout.addresses[idx].tolist()
+        lens = layout.lengths[idx].tolist()
+        for o, a, n, j in zip(offsets.tolist(), addrs, lens, idx.tolist()):
+            if j >= 0 and n:
+                ctypes.memmove(dst + o, a, n)
+        del lease
+        return out, offsets
+
+    # -- fixed-size fields -------------------------------------------------
+
+    def _fixed_layout(self, dtype):
+        """(lease, address, shape, strides or None when not at a constant stride)."""
+        lease, layout, idx = self._get()
+        dtype = np.dtype(dtype)
+        if (idx < 0).any():
+            raise ValueError(f"field {self.name!r} is missing from some samples; it is not fixed-size")
+        lengths = layout.lengths[idx]
+        b = len(idx)
+        n = int(lengths[0]) if b else 0
+        if b and not bool((lengths == n).all()):
+            raise ValueError(
+                f"field {self.name!r} is not fixed-size: lengths from {int(lengths.min())} "
+                f"to {int(lengths.max())} bytes"
+            )
+        if n % dtype.itemsize:
+            raise ValueError(f"field {self.name!r}: {n} bytes is not a whole number of {dtype} items")
+        addrs = layout.addresses[idx]
+        shape = (b, n // dtype.itemsize)
+        if b <= 1:
+            return lease, int(addrs[0]) if b else 0, shape, (max(n, dtype.itemsize), dtype.itemsize)
+        d = np.diff(addrs.astype(np.int64))
+        if bool((d == d[0]).all()) and d[0] >= n:
+            return lease, int(addrs[0]), shape, (int(d[0]), dtype.itemsize)
+        return lease, int(addrs[0]), shape, None
+
+    @property
+    def fixed_zero_copy(self):
+        """True when ``fixed()`` can return a view: equal sizes at a constant stride."""
+        try:
+            return self._fixed_layout(np.uint8)[3] is not None
+        except ValueError:
+            return False
+
+    def fixed(self, dtype=np.uint8, copy=None):
+        """The field as a ``(batch, n)`` array of `dtype` (n = bytes / itemsize).
+
+        Every sample's field must have the same size (ValueError otherwise).
+        ``copy=None``: a zero-copy read-only view when the fields lie at a
+        constant stride (one chunk of the same tar layout), else a copy;
+        ``copy=False``: the view or ValueError; ``copy=True``: always a copy.
+        A view keeps the batch's memory alive until it is gone.
+        """
+        lease, addr, shape, strides = self._fixed_layout(dtype)
+        dtype = np.dtype(dtype)
+        if strides is not None and copy is not True:
+            if shape[0] == 0 or shape[1] == 0:
+                return np.empty(shape, dtype)
+            return _export(lease, addr, shape, strides, dtype)
+        if copy is False:
+            raise ValueError(
+                f"field {self.name!r} is fixed-size but not at a constant stride in memory "
+                "(the batch spans chunks, or other members lie between); use copy=None or True"
+            )
+        out = np.empty(shape, dtype)
+        _, layout, idx = self._get()
+        row = shape[1] * dtype.itemsize
+        dst = out.ctypes.data
+        for i, a in enumerate(layout.addresses[idx].tolist()):
+            ctypes.memmove(dst + i * row, a, row)
+        del lease
+        return out
+
+    # -- DLPack ------------------------------------------------------------
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        from . import _dlpack
+
+        if dl_device is not None and tuple(dl_device)[0] != _dlpack.KDL_CPU:
+            raise BufferError("ringfeed batches are in host memory; dl_device must be CPU")
+        lease, addr, shape, strides = self._fixed_layout(np.uint8)
+        if strides is None or copy is True:
+            if copy is False:
+                raise BufferError(f"field {self.name!r} is not at a constant stride; cannot export without a copy")
+            return self.fixed(copy=True).__dlpack__()
+        return _dlpack.capsule(lease, addr, shape, strides)
+
+    def __dlpack_device__(self):
+        from . import _dlpack
+
+        return (_dlpack.KDL_CPU, 0)
+
+    def __repr__(self):
+        return f"<ringfeed.FieldView {self.name!r} of {self._batch!r}>"

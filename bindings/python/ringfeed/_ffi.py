@@ -1,0 +1,174 @@
+"""The C ABI of include/ringfeed.h, declared once, in C spelling.
+
+Every struct field, prototype and #define below is written as the header
+writes it; the ctypes types are derived from that spelling through
+`C_TYPES`. `tests/test_header_drift.py` parses the header and fails when
+these declarations and the header disagree.
+
+Loader handles are opaque `void *` values; batch descriptors are read with
+numpy in `_batch.py`, so `ringfeed_sample` and `ringfeed_field` are declared
+here for the drift check and for their sizes.
+"""
+
+import ctypes
+
+from ._lib import load_library
+
+# #define constants of the header, name -> value.
+CONSTANTS = {
+    "RINGFEED_OK": 0,
+    "RINGFEED_END_OF_EPOCH": 1,
+    "RINGFEED_TIMEOUT": 2,
+    "RINGFEED_FINISHED": 3,
+    "RINGFEED_ERR_INVALID_ARGUMENT": -1,
+    "RINGFEED_ERR_INVALID_HANDLE": -2,
+    "RINGFEED_ERR_CONFIG": -3,
+    "RINGFEED_ERR_DATASET": -4,
+    "RINGFEED_ERR_IO": -5,
+    "RINGFEED_ERR_FORMAT": -6,
+    "RINGFEED_ERR_MEMORY": -7,
+    "RINGFEED_ERR_BUFFER_TOO_SMALL": -8,
+    "RINGFEED_ERR_CLOSED": -9,
+    "RINGFEED_ERR_PANIC": -10,
+    "RINGFEED_ERR_IO_URING": -11,
+    "RINGFEED_ERR_NETWORK": -12,
+    "RINGFEED_MEMORY_HUGETLB": 1,
+    "RINGFEED_MEMORY_THP": 2,
+    "RINGFEED_MEMORY_NORMAL": 3,
+    "RINGFEED_BACKEND_IO_URING": 1,
+    "RINGFEED_BACKEND_THREADS": 2,
+}
+globals().update(CONSTANTS)
+
+# struct name -> [(C type, field name)], in header order.
+STRUCTS = {
+    "ringfeed_field": [
+        ("const char *", "name"),
+        ("const uint8_t *", "data"),
+        ("size_t", "len"),
+    ],
+    "ringfeed_sample": [
+        ("const char *", "key"),
+        ("const struct ringfeed_field *", "fields"),
+        ("size_t", "field_count"),
+    ],
+    "ringfeed_batch": [
+        ("uint64_t", "handle"),
+        ("uint64_t", "epoch"),
+        ("uint64_t", "index"),
+        ("uint64_t", "bytes"),
+        ("size_t", "sample_count"),
+        ("const struct ringfeed_sample *", "samples"),
+        ("size_t", "field_count"),
+        ("const struct ringfeed_field *", "fields"),
+    ],
+    "ringfeed_stats": [
+        ("uint64_t", "bytes_delivered"),
+        ("uint64_t", "samples_delivered"),
+        ("uint64_t", "batches_delivered"),
+        ("uint64_t", "bytes_read"),
+        ("uint64_t", "bytes_copied"),
+        ("uint64_t", "reads"),
+        ("uint64_t", "members"),
+        ("uint64_t", "members_skipped"),
+        ("uint64_t", "entries_skipped"),
+        ("uint64_t", "samples_dropped"),
+        ("uint64_t", "shards_total"),
+        ("uint64_t", "shards_done"),
+        ("uint64_t", "epochs_done"),
+        ("uint64_t", "chunk_size"),
+        ("uint64_t", "chunk_count"),
+        ("uint64_t", "chunks_in_use"),
+        ("uint64_t", "chunks_peak"),
+        ("uint64_t", "arena_bytes"),
+        ("uint64_t", "consumer_wait_ns"),
+        ("uint64_t", "time_to_first_batch_ns"),
+        ("uint64_t", "elapsed_ns"),
+        ("uint64_t", "http_requests"),
+        ("uint64_t", "retries"),
+        ("uint32_t", "workers"),
+        ("int32_t", "memory_kind"),
+        ("int32_t", "io_backend"),
+        ("uint32_t", "memory_locked"),
+        ("uint32_t", "buffers_registered"),
+    ],
+}
+
+# function name -> (C return type, [(C type, parameter name)]).
+FUNCTIONS = {
+    "ringfeed_loader_open": (
+        "int32_t",
+        [("const char *", "config_json"), ("struct ringfeed_loader **", "out")],
+    ),
+    "ringfeed_loader_next": (
+        "int32_t",
+        [
+            ("struct ringfeed_loader *", "loader"),
+            ("int64_t", "timeout_ms"),
+            ("struct ringfeed_batch *", "out"),
+        ],
+    ),
+    "ringfeed_batch_release": ("int32_t", [("struct ringfeed_batch *", "batch")]),
+    "ringfeed_loader_stats": (
+        "int32_t",
+        [("struct ringfeed_loader *", "loader"), ("struct ringfeed_stats *", "out")],
+    ),
+    "ringfeed_loader_stats_json": (
+        "int32_t",
+        [
+            ("struct ringfeed_loader *", "loader"),
+            ("char *", "buf"),
+            ("size_t", "len"),
+            ("size_t *", "needed"),
+        ],
+    ),
+    "ringfeed_loader_close": ("int32_t", [("struct ringfeed_loader *", "loader")]),
+    "ringfeed_last_error": ("size_t", [("char *", "buf"), ("size_t", "len")]),
+    "ringfeed_status_name": ("const char *", [("int32_t", "status")]),
+    "ringfeed_version": ("const char *", []),
+}
+
+
+def _struct(name):
+    return STRUCT_TYPES[name]
+
+
+# C spelling -> ctypes type. Pointers to library-owned arrays are plain
+# addresses (c_void_p): Python reads them with numpy, never through ctypes
+# pointer objects.
+C_TYPES = {
+    "int32_t": ctypes.c_int32,
+    "uint32_t": ctypes.c_uint32,
+    "int64_t": ctypes.c_int64,
+    "uint64_t": ctypes.c_uint64,
+    "size_t": ctypes.c_size_t,
+    "size_t *": ctypes.POINTER(ctypes.c_size_t),
+    "const char *": ctypes.c_char_p,
+    "char *": ctypes.c_char_p,
+    "const uint8_t *": ctypes.c_void_p,
+    "const struct ringfeed_field *": ctypes.c_void_p,
+    "const struct ringfeed_sample *": ctypes.c_void_p,
+    "struct ringfeed_loader *": ctypes.c_void_p,
+    "struct ringfeed_loader **": ctypes.POINTER(ctypes.c_void_p),
+    "struct ringfeed_batch *": None,  # filled below: POINTER(ringfeed_batch)
+    "struct ringfeed_stats *": None,  # filled below: POINTER(ringfeed_stats)
+}
+
+STRUCT_TYPES = {}
+for _name, _fields in STRUCTS.items():
+    STRUCT_TYPES[_name] = type(
+        _name, (ctypes.Structure,), {"_fields_": [(f, C_TYPES[t]) for t, f in _fields]}
+    )
+C_TYPES["struct ringfeed_batch *"] = ctypes.POINTER(STRUCT_TYPES["ringfeed_batch"])
+C_TYPES["struct ringfeed_stats *"] = ctypes.POINTER(STRUCT_TYPES["ringfeed_stats"])
+
+RawBatch = STRUCT_TYPES["ringfeed_batch"]
+RawStats = STRUCT_TYPES["ringfeed_stats"]
+RawField = STRUCT_TYPES["ringfeed_field"]
+RawSample = STRUCT_TYPES["ringfeed_sample"]
+
+lib, LIBRARY_PATH = load_library()
+for _fname, (_ret, _params) in FUNCTIONS.items():
+    _f = getattr(lib, _fname)
+    _f.restype = C_TYPES[_ret]
+    _f.argtypes = [C_TYPES[t] for t, _ in _params]

@@ -1,0 +1,229 @@
+"""`Loader`: one engine, opened from Python keyword arguments."""
+
+import ctypes
+import json
+import os
+import re
+import threading
+import warnings
+
+from . import _ffi
+from ._batch import Batch
+from ._lease import _Lease, fork_generation, live_batches
+from .errors import ClosedError, ForkedError, from_status
+
+_lib = _ffi.lib
+# Slice of a blocking wait: short enough for Ctrl-C to be seen between calls.
+_WAIT_SLICE_MS = 200
+# A wait this long while batches are held unreleased is worth a warning: the
+# engine may be stopped because they hold its whole memory budget.
+_STALL_WARN_MS = 10_000
+
+_known_keys = None
+
+
+def config_keys():
+    """The configuration keys the engine accepts (its own list, asked once)."""
+    global _known_keys
+    if _known_keys is None:
+        handle = ctypes.c_void_p()
+        st = _lib.ringfeed_loader_open(b'{"__ringfeed_probe__": 0}', ctypes.byref(handle))
+        if st == _ffi.RINGFEED_OK:  # cannot happen with an unknown key; be safe
+            _lib.ringfeed_loader_close(handle)
+            return None
+        msg = from_status(st).message
+        m = re.search(r"known keys: (.*)$", msg)
+        if not m:
+            return None
+        _known_keys = tuple(k.strip() for k in m.group(1).split(","))
+    return _known_keys
+
+
+def _url_value(urls):
+    if isinstance(urls, (str, os.PathLike)):
+        return os.fspath(urls)
+    try:
+        items = list(urls)
+    except TypeError:
+        raise TypeError(
+            f"urls must be a str, a path, or a list of them, not {type(urls).__name__}"
+        ) from None
+    for u in items:
+        if not isinstance(u, (str, os.PathLike)):
+            raise TypeError(f"urls must hold str or paths, not {type(u).__name__}")
+    return [os.fspath(u) for u in items]
+
+
+class Loader:
+    """A ringfeed engine streaming batches from WebDataset shards.
+
+    ``Loader(urls, batch_size=32, **config)``: `urls` is a path, URL or brace
+    pattern (``"/data/shard-{000000..000127}.tar"``) or a list of them; the
+    keywords are the C configuration's JSON keys (README, "Configuration
+    reference"): ``workers=2, memory_budget="512MiB", epochs=2, ...``. An
+    unknown keyword raises TypeError naming it; a bad value raises
+    `ringfeed.ConfigError` (a ValueError) with the engine's message naming
+    the key; other failures raise the `ringfeed.Error` subclass of the status.
+
+    Iterating yields `Batch` objects of every epoch until the last;
+    `iter_epoch()` yields those of the current epoch only. ``with Loader(...)
+    as loader:`` closes it at the end; `close()` is idempotent and may come
+    from another thread, whose iteration then raises `ClosedError`. Batches
+    still held stay valid after close until released.
+
+    A loader belongs to the process that opened it: after fork() the child
+    must open its own (using the parent's raises `ForkedError`).
+    """
+
+    def __init__(self, urls, batch_size=32, **config):
+        self._handle = None
+        self._closed = True
+        self._lock = threading.Lock()
+        self._generation = fork_generation()
+        known = config_keys()
+        if known is not None:
+            for key in config:
+                if key not in known or key in ("urls", "batch_size"):
+                    raise TypeError(
+                        f"Loader() got an unexpected keyword argument {key!r}; "
+                        f"configuration keys: {', '.join(k for k in known if k not in ('urls', 'batch_size'))}"
+                    )
+        cfg = {"urls": _url_value(urls), "batch_size": batch_size}
+        for key, value in config.items():
+            if isinstance(value, os.PathLike):
+                value = os.fspath(value)
+            try:
+                json.dumps(value)
+            except (TypeError, ValueError):
+                raise TypeError(f"{key}: {type(value).__name__} is not a JSON value") from None
+            cfg[key] = value
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int):
+            raise TypeError(f"batch_size must be an int, not {type(batch_size).__name__}")
+        handle = ctypes.c_void_p()
+        st = _lib.ringfeed_loader_open(json.dumps(cfg).encode(), ctypes.byref(handle))
+        if st != _ffi.RINGFEED_OK:
+            raise from_status(st)
+        self._handle = handle.value
+        self._closed = False
+        self._finished = False
+        self._warned = False
+
+    # -- lifetime --------------------------------------------------------
+
+    def _check(self):
+        if self._generation != fork_generation():
+            raise ForkedError("this Loader was opened in the parent process (fork); open a new one here")
+        handle = self._handle
+        if self._closed:
+            raise ClosedError("the loader is closed")
+        return handle
+
+    @property
+    def closed(self):
+        return self._closed
+
+    def close(self):
+        """Stops the engine. Idempotent; threads blocked in iteration raise `ClosedError`."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            handle = self._handle
+        if self._generation != fork_generation():
+            return  # the child must not touch the parent's engine
+        _lib.ringfeed_loader_close(handle)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __reduce__(self):
+        raise TypeError("a ringfeed.Loader cannot be pickled or sent to another process; open one there")
+
+    # -- batches ---------------------------------------------------------
+
+    def next_batch(self, timeout=None):
+        """The next batch; None at the end of an epoch (or when `timeout`
+        seconds passed); StopIteration when every epoch is over."""
+        deadline_ms = None if timeout is None else max(0, int(timeout * 1000))
+        waited_ms = 0
+        while True:
+            handle = self._check()
+            raw = _ffi.RawBatch()
+            wait = _WAIT_SLICE_MS if deadline_ms is None else min(_WAIT_SLICE_MS, deadline_ms)
+            st = _lib.ringfeed_loader_next(handle, wait, ctypes.byref(raw))
+            if st == _ffi.RINGFEED_OK:
+                return Batch(_Lease(raw))
+            if st == _ffi.RINGFEED_TIMEOUT:
+                waited_ms += wait
+                if waited_ms >= _STALL_WARN_MS and not self._warned and live_batches():
+                    self._warned = True
+                    warnings.warn(
+                        f"ringfeed: no batch for {waited_ms / 1000:.0f} s while {live_batches()} batches "
+                        "are not released; the engine waits for memory they hold (release batches, or "
+                        "drop the arrays exported from them)",
+                        RuntimeWarning,
+                        stacklevel=3,
+                    )
+                if deadline_ms is not None:
+                    deadline_ms -= wait
+                    if deadline_ms <= 0:
+                        return None
+                continue
+            if st == _ffi.RINGFEED_END_OF_EPOCH:
+                return None
+            if st == _ffi.RINGFEED_FINISHED:
+                self._finished = True
+                raise StopIteration
+            if self._closed:
+                raise ClosedError("the loader was closed while waiting for a batch")
+            raise from_status(st)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        while True:
+            b = self.next_batch()
+            if b is not None:
+                return b
+
+    def iter_epoch(self):
+        """Yields the batches of the current epoch, then stops."""
+        while True:
+            try:
+                b = self.next_batch()
+            except StopIteration:
+                return
+            if b is None:
+                return
+            yield b
+
+    # -- stats -----------------------------------------------------------
+
+    def stats(self):
+        """The engine's counters and setup as a dict (``ringfeed_loader_stats_json``):
+        bytes/samples/batches delivered, reads, copies, chunk use, wait times,
+        memory kind, I/O backend, and the setup notes."""
+        handle = self._check()
+        needed = ctypes.c_size_t(0)
+        size = 4096
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            st = _lib.ringfeed_loader_stats_json(handle, buf, size, ctypes.byref(needed))
+            if st == _ffi.RINGFEED_OK:
+                return json.loads(buf.value.decode())
+            if st != _ffi.RINGFEED_ERR_BUFFER_TOO_SMALL:
+                raise from_status(st)
+            size = needed.value + 1 + 1024
+
+    def __repr__(self):
+        return f"<ringfeed.Loader {'closed' if self._closed else 'open'}>"
