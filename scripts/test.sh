@@ -8,6 +8,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# No test may reach past 127.0.0.1. The S3 credential chain ends at the
+# instance metadata service (169.254.169.254); tests that need it point it at
+# a local server, and this keeps any other path from trying the real one.
+export AWS_EC2_METADATA_DISABLED=true
+
 # The C ABI tests compile C and C++ programs with sanitizers.
 if ! command -v cc >/dev/null || ! command -v c++ >/dev/null; then
     apt-get update -qq && apt-get install -y -qq gcc g++ >/dev/null

@@ -328,16 +328,6 @@ impl Loader {
         }
         let registered = backend == BackendKind::IoUring
             && register_probe(&iovecs, cfg.register_buffers, &net, &mut notes)?;
-        if backend == BackendKind::IoUring
-            && shards
-                .iter()
-                .any(|s| matches!(s.source, dataset::Source::Http(_)))
-        {
-            notes.push(
-                "HTTP ranges are read on blocking sockets by each worker; the io_uring HTTP path is not in this version"
-                    .into(),
-            );
-        }
 
         let cpus = if cfg.pin_cpus {
             topology::worker_cpus(workers, &allowed)

@@ -100,10 +100,10 @@ fn injected_faults_are_retried_by_range_and_lose_nothing() {
         f.reset.store(2, Ordering::SeqCst);
         f.truncate.store(2, Ordering::SeqCst);
         f.stall.store(1, Ordering::SeqCst);
-        f.stall_ms.store(1500, Ordering::SeqCst);
+        f.stall_ms.store(3000, Ordering::SeqCst);
         let loader = Loader::open(config(
             vec![url.clone()],
-            serde_json::json!({"stall_timeout_ms": 300, "max_attempts": 10, "io_backend": backend}),
+            serde_json::json!({"stall_timeout_ms": 1000, "max_attempts": 10, "io_backend": backend}),
         ))
         .unwrap();
         assert_eq!(stream(&loader, 22), samples, "{backend}");
@@ -111,7 +111,9 @@ fn injected_faults_are_retried_by_range_and_lose_nothing() {
         assert_eq!(s.io_backend, backend);
         assert_eq!(s.retries["throttled"], 3, "{backend}");
         assert_eq!(s.retries["server_error"], 1, "{backend}");
-        assert_eq!(s.retries["stalled"], 1, "{backend}");
+        // The injected stall always shows; a loaded machine may add more (a
+        // slow answer is indistinguishable from a stall), each a harmless retry.
+        assert!(s.retries["stalled"] >= 1, "{backend}: {:?}", s.retries);
         // A reset mid-body reads as a reset or as a truncated body, depending
         // on whether the RST or the FIN is seen first.
         assert_eq!(
@@ -346,17 +348,19 @@ fn faults_injected_by_a_proxy_in_front_of_the_server_lose_nothing() {
         f.reset.store(1, Ordering::SeqCst);
         f.truncate.store(1, Ordering::SeqCst);
         f.stall.store(1, Ordering::SeqCst);
-        f.stall_ms.store(1200, Ordering::SeqCst);
+        f.stall_ms.store(3000, Ordering::SeqCst);
         f.drip.store(backend == "threads", Ordering::SeqCst);
         let loader = Loader::open(config(
             vec![url.clone()],
-            serde_json::json!({"stall_timeout_ms": 300, "max_attempts": 10, "io_backend": backend}),
+            serde_json::json!({"stall_timeout_ms": 1000, "max_attempts": 10, "io_backend": backend}),
         ))
         .unwrap();
         assert_eq!(stream(&loader, 28), samples, "{backend}");
         let s = loader.stats();
         assert_eq!(s.retries["throttled"], 4, "{backend}");
-        assert_eq!(s.retries["stalled"], 1, "{backend}");
+        // The injected stall always shows; a loaded machine may add more (a
+        // slow answer is indistinguishable from a stall), each a harmless retry.
+        assert!(s.retries["stalled"] >= 1, "{backend}: {:?}", s.retries);
         assert_eq!(
             s.retries["reset"] + s.retries["truncated"],
             2,

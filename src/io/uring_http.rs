@@ -270,7 +270,19 @@ impl HttpDriver {
             // SAFETY: got < len: the rest of the destination.
             _ => (unsafe { op.buf.add(op.got) }, op.len - op.got),
         };
+        // The body is received with MSG_WAITALL: one completion for the whole
+        // range instead of one per socket-buffer's worth, which is what the
+        // receiving thread's CPU goes into besides the copy. When the stall
+        // time-out cancels it, the kernel reports the bytes it did receive
+        // (positive), and the next receive carries on from there; only a
+        // receive that gets nothing at all fails as stalled.
+        let flags = if step == Step::Body {
+            libc::MSG_WAITALL
+        } else {
+            0
+        };
         let e = opcode::Recv::new(types::Fd(fd), ptr, len.min(u32::MAX as usize) as u32)
+            .flags(flags)
             .build()
             .flags(squeue::Flags::IO_LINK)
             .user_data(user_data(slot, op.generation, step));

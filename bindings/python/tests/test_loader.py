@@ -210,7 +210,7 @@ def test_missing_file_names_the_path(tmp_path):
         ringfeed.Loader(str(missing), batch_size=4)
     assert e.value.status_name == "RINGFEED_ERR_DATASET"
     with pytest.raises(ringfeed.DatasetError):
-        ringfeed.Loader("s3://bucket/x.tar")
+        ringfeed.Loader("gopher://bucket/x.tar")
 
 
 def test_corrupt_shard_raises_format_error_after_good_batches(tmp_path):
