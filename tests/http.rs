@@ -5,14 +5,13 @@
 
 mod support;
 
-use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use ringfeed::http::FailKind;
 use ringfeed::synth::{self, GenOptions};
 use ringfeed::{Config, Error, Loader, Next};
-use support::{Proxy, Server};
+use support::{Proxy, Server, stream};
 
 fn dataset(dir: &std::path::Path, seed: u64) -> (Vec<String>, usize) {
     let o = GenOptions {
@@ -43,26 +42,6 @@ fn config(urls: Vec<String>, extra: serde_json::Value) -> Config {
         m.extend(e);
     }
     Config::from_map(&m).unwrap()
-}
-
-/// Streams everything; checks each sample once and its bytes.
-fn stream(loader: &Loader, seed: u64) -> usize {
-    let mut seen = BTreeMap::new();
-    loop {
-        match loader.next(Some(Duration::from_secs(60))).unwrap() {
-            Next::Batch(b) => {
-                for s in b.samples() {
-                    for (name, data) in s.fields() {
-                        assert!(synth::verify(seed, s.key(), name, data), "bad bytes");
-                    }
-                    assert!(seen.insert(s.key().to_vec(), ()).is_none(), "sample twice");
-                }
-            }
-            Next::EndOfEpoch(_) => {}
-            Next::Finished => return seen.len(),
-            Next::Timeout => panic!("stalled"),
-        }
-    }
 }
 
 #[test]

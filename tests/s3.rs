@@ -5,13 +5,14 @@
 //! (wrong secret, missing key, missing bucket) named with S3's code, never
 //! with a credential.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 mod support;
+
+use support::stream;
 
 use ringfeed::io::NetOptions;
 use ringfeed::retry::Jitter;
@@ -157,26 +158,6 @@ fn config(server: &S3Server, urls: &[String], extra: serde_json::Value) -> Confi
         m.extend(e);
     }
     Config::from_map(&m).unwrap()
-}
-
-/// Streams everything; checks each sample once and its bytes.
-fn stream(loader: &Loader, seed: u64) -> usize {
-    let mut seen = BTreeMap::new();
-    loop {
-        match loader.next(Some(Duration::from_secs(60))).unwrap() {
-            Next::Batch(b) => {
-                for s in b.samples() {
-                    for (name, data) in s.fields() {
-                        assert!(synth::verify(seed, s.key(), name, data), "bad bytes");
-                    }
-                    assert!(seen.insert(s.key().to_vec(), ()).is_none(), "sample twice");
-                }
-            }
-            Next::EndOfEpoch(_) => {}
-            Next::Finished => return seen.len(),
-            Next::Timeout => panic!("stalled"),
-        }
-    }
 }
 
 fn open_err(cfg: Config) -> Error {

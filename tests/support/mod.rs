@@ -13,6 +13,31 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
+/// Streams a loader to its end; checks each sample arrives once with the
+/// generator's bytes for `seed`; returns how many samples came.
+pub fn stream(loader: &ringfeed::Loader, seed: u64) -> usize {
+    use ringfeed::Next;
+    let mut seen = std::collections::BTreeSet::new();
+    loop {
+        match loader.next(Some(Duration::from_secs(60))).unwrap() {
+            Next::Batch(b) => {
+                for s in b.samples() {
+                    for (name, data) in s.fields() {
+                        assert!(
+                            ringfeed::synth::verify(seed, s.key(), name, data),
+                            "bad bytes"
+                        );
+                    }
+                    assert!(seen.insert(s.key().to_vec()), "sample twice");
+                }
+            }
+            Next::EndOfEpoch(_) => {}
+            Next::Finished => return seen.len(),
+            Next::Timeout => panic!("stalled"),
+        }
+    }
+}
+
 /// Faults to inject into the next N ranged GETs, each counter decremented
 /// as it fires.
 #[derive(Default)]
