@@ -526,6 +526,11 @@ mod tests {
         assert!(err(r#"{}"#).contains("`urls` is required"));
         assert!(err(r#"{"urls":"a","reads_in_flight":100000}"#).contains("`reads_in_flight`"));
         assert!(err(r#"{"urls":"a","workers":1.5}"#).contains("`workers`"));
+        assert!(err(r#"{"urls":"a","stall_timeout_ms":0}"#).contains("`stall_timeout_ms`"));
+        assert!(err(r#"{"urls":"a","max_attempts":0}"#).contains("`max_attempts`"));
+        assert!(err(r#"{"urls":"a","max_attempts":1000}"#).contains("from 1 to 100"));
+        assert!(err(r#"{"urls":"a","ca_bundle":""}"#).contains("`ca_bundle`"));
+        assert!(err(r#"{"urls":"a","ca_bundle":7}"#).contains("`ca_bundle`"));
     }
 
     #[test]

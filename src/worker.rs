@@ -426,9 +426,13 @@ impl ShardSink<'_> {
 
 impl MemberSink for ShardSink<'_> {
     fn whole(&mut self, name: &[u8], offset: u64, range: std::ops::Range<usize>) -> Result<()> {
-        let (ptr, chunk) = self.seg_ptr(range.start);
-        let chunk = chunk.clone();
-        self.member(name, offset, &chunk, ptr, range.len())
+        let (ptr, _) = self.seg_ptr(range.start);
+        // Lend the segment's reference to `member` instead of cloning it: a
+        // clone per member is two atomic operations on the hot path.
+        let chunk = self.segment.take().expect("a segment is being fed");
+        let result = self.member(name, offset, &chunk, ptr, range.len());
+        self.segment = Some(chunk);
+        result
     }
 
     fn split_begin(

@@ -63,6 +63,24 @@ pub struct Faults {
     pub gets: AtomicUsize,
 }
 
+/// SO_LINGER 0: closing `fd` then sends RST instead of FIN.
+fn reset_on_close(fd: i32) {
+    let l = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: a valid socket and a linger struct of the right size.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&l as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as u32,
+        )
+    };
+}
+
 fn take(c: &AtomicUsize) -> bool {
     c.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
         .is_ok()
@@ -256,21 +274,7 @@ fn serve(mut conn: impl Read + Write, fd: i32, root: &std::path::Path, f: &Fault
         let half = body.len() / 2;
         if take(&f.reset) {
             let _ = conn.write_all(&body[..half]);
-            // SO_LINGER 0: close sends RST.
-            let l = libc::linger {
-                l_onoff: 1,
-                l_linger: 0,
-            };
-            // SAFETY: a valid socket and a linger struct of the right size.
-            unsafe {
-                libc::setsockopt(
-                    fd,
-                    libc::SOL_SOCKET,
-                    libc::SO_LINGER,
-                    (&l as *const libc::linger).cast(),
-                    std::mem::size_of::<libc::linger>() as u32,
-                )
-            };
+            reset_on_close(fd);
             return;
         }
         if take(&f.truncate) {
@@ -419,20 +423,7 @@ fn proxy_conn(mut client: TcpStream, upstream: SocketAddr, f: &Faults) -> std::i
         let half = body.len() / 2;
         if is_get && take(&f.reset) {
             client.write_all(&body[..half])?;
-            let l = libc::linger {
-                l_onoff: 1,
-                l_linger: 0,
-            };
-            // SAFETY: a valid socket and a linger struct of the right size.
-            unsafe {
-                libc::setsockopt(
-                    client.as_raw_fd(),
-                    libc::SOL_SOCKET,
-                    libc::SO_LINGER,
-                    (&l as *const libc::linger).cast(),
-                    std::mem::size_of::<libc::linger>() as u32,
-                )
-            };
+            reset_on_close(client.as_raw_fd());
             return Ok(());
         }
         if is_get && take(&f.truncate) {
