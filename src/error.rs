@@ -81,6 +81,13 @@ pub enum Error {
     /// No usable AWS credentials, or their source failed.
     #[error("AWS credentials: {0}")]
     Credentials(String),
+    /// A resume state is malformed, or does not fit this dataset or layout.
+    #[error("resume state: {0}")]
+    State(String),
+    /// A shard's samples are not what the plan was made from (a manifest's
+    /// sample count is wrong, or the shard changed).
+    #[error("shard `{shard}`: {message}")]
+    Plan { shard: String, message: String },
     /// The loader was closed while the call was in progress.
     #[error("the loader is closed")]
     Closed,

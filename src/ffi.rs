@@ -59,6 +59,10 @@ pub const RINGFEED_ERR_IO_URING: i32 = -11;
 /// A network read failed after its retries (throttling, 5xx, resets,
 /// truncation, stalls, refused connections).
 pub const RINGFEED_ERR_NETWORK: i32 = -12;
+/// A resume state is malformed or does not fit this dataset, its epoch
+/// settings or its layout; or a shard's samples do not match the plan (a
+/// manifest's sample count is wrong).
+pub const RINGFEED_ERR_STATE: i32 = -13;
 
 /// `ringfeed_stats.memory_kind`: explicit huge pages (MAP_HUGETLB).
 pub const RINGFEED_MEMORY_HUGETLB: i32 = 1;
@@ -183,6 +187,7 @@ impl From<Error> for Fail {
             Error::S3 { status, .. } if *status < 500 => RINGFEED_ERR_DATASET,
             Error::S3 { .. } => RINGFEED_ERR_NETWORK,
             Error::Credentials(_) => RINGFEED_ERR_CONFIG,
+            Error::State(_) | Error::Plan { .. } => RINGFEED_ERR_STATE,
         };
         Fail(code, e.to_string())
     }

@@ -21,6 +21,8 @@ pub mod ffi;
 pub mod http;
 pub mod io;
 pub mod loader;
+pub mod plan;
+pub mod resume;
 pub mod retry;
 pub mod ring;
 pub mod s3;

@@ -1,0 +1,304 @@
+//! Resume states: the few bytes a consumer saves to continue an epoch later,
+//! and the rule that turns the states given at open into where to start.
+//!
+//! A state says: this dataset and these epoch settings (a fingerprint), this
+//! epoch, this layout (consumers, this consumer, streams), and how many
+//! batches this consumer handed out. The plan is deterministic, so that is
+//! enough to know exactly which samples were delivered.
+//!
+//! The rule at open:
+//! - no state: epoch 0 from the start;
+//! - states at an epoch boundary (0 batches into it): that epoch, any layout;
+//! - the same layout: this consumer's own state among those given; the
+//!   epoch continues exactly where the uninterrupted run would have been
+//!   (its batches before the cut are replayed and skipped);
+//! - another layout (elastic): the states of *every* consumer of the old
+//!   layout; the samples they delivered are left out and the rest of the
+//!   epoch is split over the new layout. The history of such cuts within the
+//!   epoch travels in every later state, so a resumed run can be cut again.
+
+use crate::error::{Error, Result};
+use crate::plan::{Delivered, PlanOptions, delivered_by};
+
+const MAGIC: &[u8; 4] = b"RFST";
+const VERSION: u32 = 1;
+
+/// An elastic cut earlier in the epoch: the old layout and each of its
+/// consumers' batch counts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Round {
+    pub streams: u64,
+    pub batches: Vec<u64>,
+}
+
+/// A consumer's position, as saved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct State {
+    pub fingerprint: u64,
+    pub epoch: u64,
+    pub consumers: u64,
+    pub consumer: u64,
+    pub streams: u64,
+    /// Batches this consumer handed out in `epoch` (skipped ones included).
+    pub batches: u64,
+    /// Samples in those batches.
+    pub samples: u64,
+    pub history: Vec<Round>,
+}
+
+impl State {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(80);
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&VERSION.to_le_bytes());
+        for v in [
+            self.fingerprint,
+            self.epoch,
+            self.consumers,
+            self.consumer,
+            self.streams,
+            self.batches,
+            self.samples,
+            self.history.len() as u64,
+        ] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        for r in &self.history {
+            out.extend_from_slice(&r.streams.to_le_bytes());
+            out.extend_from_slice(&(r.batches.len() as u64).to_le_bytes());
+            for b in &r.batches {
+                out.extend_from_slice(&b.to_le_bytes());
+            }
+        }
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<State> {
+        let bad = |why: &str| Error::State(format!("not a ringfeed resume state ({why})"));
+        if bytes.len() < 8 || &bytes[..4] != MAGIC {
+            return Err(bad("no RFST header"));
+        }
+        let version = u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes"));
+        if version != VERSION {
+            return Err(Error::State(format!(
+                "version {version}; this build reads version {VERSION}"
+            )));
+        }
+        let mut rest = &bytes[8..];
+        let mut word = || -> Result<u64> {
+            if rest.len() < 8 {
+                return Err(bad("truncated"));
+            }
+            let (w, r) = rest.split_at(8);
+            rest = r;
+            Ok(u64::from_le_bytes(w.try_into().expect("8 bytes")))
+        };
+        let mut s = State {
+            fingerprint: word()?,
+            epoch: word()?,
+            consumers: word()?,
+            consumer: word()?,
+            streams: word()?,
+            batches: word()?,
+            samples: word()?,
+            history: Vec::new(),
+        };
+        let rounds = word()?;
+        if rounds > 1024 {
+            return Err(bad("too many rounds"));
+        }
+        for _ in 0..rounds {
+            let streams = word()?;
+            let n = word()?;
+            if n == 0 || n > 1 << 20 {
+                return Err(bad("bad consumer count"));
+            }
+            let batches = (0..n).map(|_| word()).collect::<Result<Vec<_>>>()?;
+            s.history.push(Round { streams, batches });
+        }
+        if !rest.is_empty() {
+            return Err(bad("trailing bytes"));
+        }
+        if s.consumers == 0 || s.consumer >= s.consumers || s.streams == 0 {
+            return Err(bad("bad layout"));
+        }
+        Ok(s)
+    }
+
+    /// Hex, for JSON configurations.
+    pub fn to_hex(&self) -> String {
+        self.encode().iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    pub fn from_hex(text: &str) -> Result<State> {
+        if text.len() % 2 != 0 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(Error::State(
+                "expected the hex string a loader's state gave".into(),
+            ));
+        }
+        let bytes: Vec<u8> = (0..text.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&text[i..i + 2], 16).expect("hex digits"))
+            .collect();
+        State::decode(&bytes)
+    }
+}
+
+/// FNV-1a over the values that decide the order, layout aside.
+pub fn fingerprint(shards: &[(&str, u64)], opts: &PlanOptions) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for &b in bytes {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    for (name, size) in shards {
+        eat(name.as_bytes());
+        eat(&[0]);
+        eat(&size.to_le_bytes());
+    }
+    for v in [
+        opts.seed,
+        u64::from(opts.shuffle),
+        opts.shuffle_buffer as u64,
+        opts.shuffle_initial as u64,
+        u64::from(opts.resampled),
+        opts.samples_per_epoch,
+        u64::from(opts.remainder == crate::plan::Remainder::Drop),
+        opts.batch_size as u64,
+        u64::from(opts.drop_last),
+    ] {
+        eat(&v.to_le_bytes());
+    }
+    h
+}
+
+/// Where a loader starts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Start {
+    pub epoch: u64,
+    /// Elastic cuts within `epoch` (their delivered samples are left out).
+    pub history: Vec<Round>,
+    /// Batches (and their samples) of `epoch` to replay and skip.
+    pub skip_batches: u64,
+    pub skip_samples: u64,
+}
+
+impl Start {
+    /// True when the plan needs every shard's sample count to start here.
+    pub fn needs_counts(&self) -> bool {
+        !self.history.is_empty()
+    }
+
+    /// The samples of the epoch delivered before the cuts in `history`.
+    pub fn delivered(&self, opts: &PlanOptions, counts: &[u64]) -> Result<Option<Delivered>> {
+        let mut d: Option<Delivered> = None;
+        for r in &self.history {
+            let o = PlanOptions {
+                streams: r.streams as usize,
+                ..opts.clone()
+            };
+            d = Some(delivered_by(
+                &o,
+                counts,
+                self.epoch,
+                d.as_ref(),
+                &r.batches,
+            )?);
+        }
+        Ok(d)
+    }
+}
+
+/// Applies the rule of this module's comment.
+pub fn start_from(states: &[State], fingerprint: u64, opts: &PlanOptions) -> Result<Start> {
+    let Some(first) = states.first() else {
+        return Ok(Start::default());
+    };
+    for s in states {
+        if s.fingerprint != fingerprint {
+            return Err(Error::State(
+                "taken with another dataset or other epoch settings (the shard list, `seed`, \
+                 `shuffle`, `shuffle_buffer`, `shuffle_initial`, `resampled`, `samples_per_epoch`, \
+                 `remainder`, `batch_size` and `drop_last` must be the same)"
+                    .into(),
+            ));
+        }
+        if (s.epoch, &s.history, s.consumers, s.streams)
+            != (first.epoch, &first.history, first.consumers, first.streams)
+        {
+            return Err(Error::State(format!(
+                "the states given are from different points (epoch {} with {} consumers of {} \
+                 streams, and epoch {} with {} of {}): give states saved at the same step",
+                first.epoch, first.consumers, first.streams, s.epoch, s.consumers, s.streams
+            )));
+        }
+    }
+    let boundary = states.iter().all(|s| s.batches == 0) && first.history.is_empty();
+    if boundary {
+        return Ok(Start {
+            epoch: first.epoch,
+            ..Start::default()
+        });
+    }
+    if first.consumers == opts.consumers && first.streams == opts.streams as u64 {
+        let own = states
+            .iter()
+            .find(|s| s.consumer == opts.consumer)
+            .ok_or_else(|| {
+                Error::State(format!(
+                    "no state of consumer {} among the {} given (same layout: each consumer \
+                     resumes from its own)",
+                    opts.consumer,
+                    states.len()
+                ))
+            })?;
+        return Ok(Start {
+            epoch: own.epoch,
+            history: own.history.clone(),
+            skip_batches: own.batches,
+            skip_samples: own.samples,
+        });
+    }
+    let mut batches = vec![None; first.consumers as usize];
+    for s in states {
+        match &mut batches[s.consumer as usize] {
+            Some(b) if *b != s.batches => {
+                return Err(Error::State(format!(
+                    "two different states of consumer {}",
+                    s.consumer
+                )));
+            }
+            slot => *slot = Some(s.batches),
+        }
+    }
+    let missing: Vec<String> = batches
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| b.is_none())
+        .map(|(c, _)| c.to_string())
+        .collect();
+    if !missing.is_empty() {
+        return Err(Error::State(format!(
+            "resuming {} consumers of {} streams as {} of {} needs the state of every old \
+             consumer; missing: {}",
+            first.consumers,
+            first.streams,
+            opts.consumers,
+            opts.streams,
+            missing.join(", ")
+        )));
+    }
+    let mut history = first.history.clone();
+    history.push(Round {
+        streams: first.streams,
+        batches: batches.into_iter().map(|b| b.expect("checked")).collect(),
+    });
+    Ok(Start {
+        epoch: first.epoch,
+        history,
+        skip_batches: 0,
+        skip_samples: 0,
+    })
+}
