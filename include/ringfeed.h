@@ -88,6 +88,11 @@
 // truncation, stalls, refused connections).
 #define RINGFEED_ERR_NETWORK -12
 
+// A resume state is malformed or does not fit this dataset, its epoch
+// settings or its layout; or a shard's samples do not match the plan (a
+// manifest's sample count is wrong).
+#define RINGFEED_ERR_STATE -13
+
 // `ringfeed_stats.memory_kind`: explicit huge pages (MAP_HUGETLB).
 #define RINGFEED_MEMORY_HUGETLB 1
 
@@ -178,6 +183,20 @@ typedef struct ringfeed_stats {
   uint64_t http_requests;
   // Network ranges retried, all kinds (the JSON stats give each kind).
   uint64_t retries;
+  // Samples repeated to even out an epoch across consumers (`remainder: "pad"`).
+  uint64_t samples_padded;
+  // Batches and samples replayed and not handed out to resume a state.
+  uint64_t batches_skipped;
+  uint64_t samples_skipped;
+  // Payload bytes the shuffle buffers copied out of sparse chunks (also in
+  // `bytes_copied`).
+  uint64_t shuffle_copied;
+  // The epoch `ringfeed_loader_next` is in.
+  uint64_t epoch;
+  // Consumers of the dataset (`world_size` × `loader_workers`), and this
+  // loader's index among them.
+  uint64_t consumers;
+  uint64_t consumer;
   uint32_t workers;
   // One of `RINGFEED_MEMORY_*`.
   int32_t memory_kind;
@@ -241,6 +260,21 @@ int32_t ringfeed_loader_stats_json(struct ringfeed_loader *loader,
                                    char *buf,
                                    size_t len,
                                    size_t *needed);
+
+// Writes the loader's resume state into `buf` as a NUL-terminated ASCII
+// string: the position after the batches handed out so far. Give it back
+// as the configuration's `"resume"` value (or one of an array of them, for
+// an elastic resume) to continue the epoch where it stopped. It is a few
+// hundred bytes at most; the length without the NUL goes to `*needed` (if
+// not NULL); when `len` is too small, returns
+// `RINGFEED_ERR_BUFFER_TOO_SMALL` and writes nothing else.
+//
+// # Safety
+// `buf` must be NULL or point to `len` writable bytes; `needed` NULL or writable.
+int32_t ringfeed_loader_state(struct ringfeed_loader *loader,
+                              char *buf,
+                              size_t len,
+                              size_t *needed);
 
 // Closes a loader: stops its workers and invalidates the handle. Threads
 // waiting in `ringfeed_loader_next` return `RINGFEED_ERR_CLOSED`. Batches

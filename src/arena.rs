@@ -213,7 +213,16 @@ struct PoolState {
     /// happen (a worker's first read, a spill), so speculative reads cannot
     /// take the last chunks that a batch needs to complete.
     reserve: usize,
+    /// Owner of each run (at its first chunk), `NO_OWNER` for none.
+    owner: Vec<u32>,
+    /// Chunks each owner holds (runs not yet returned).
+    used: Vec<usize>,
+    /// Most chunks one owner may hold; 0: no limit.
+    quota: usize,
 }
+
+/// The owner of runs taken without one (no quota applies).
+pub const NO_OWNER: usize = u32::MAX as usize;
 
 /// Reference-counted chunks over an [`Arena`].
 pub struct ChunkPool {
@@ -245,6 +254,9 @@ impl ChunkPool {
                 running: 0,
                 waiting: 0,
                 reserve: 0,
+                owner: vec![u32::MAX; n],
+                used: Vec::new(),
+                quota: 0,
             }),
             freed: Condvar::new(),
             stop: AtomicBool::new(false),
@@ -328,21 +340,66 @@ impl ChunkPool {
         self.lock().reserve = chunks;
     }
 
-    /// One chunk for read-ahead, only while more than the reserve is free;
-    /// never waits.
+    /// Splits the pool among `owners` (the plan's streams), each holding at
+    /// most `quota` chunks. A stream then never waits on chunks that another
+    /// stream's queued batches or shuffle buffer hold: the round-robin
+    /// delivery waits on each stream in turn, so one stream starving
+    /// another would deadlock.
+    pub fn set_owners(&self, owners: usize, quota: usize) {
+        let mut s = self.lock();
+        s.used = vec![0; owners];
+        s.quota = quota;
+    }
+
+    /// The per-owner quota (0: none).
+    pub fn quota(&self) -> usize {
+        self.lock().quota
+    }
+
+    /// Chunks `owner` holds now.
+    pub fn owner_used(&self, owner: usize) -> usize {
+        self.lock().used.get(owner).copied().unwrap_or(0)
+    }
+
+    /// One chunk for read-ahead, only while more than the reserve is free
+    /// and `owner` keeps `headroom` chunks of its quota; never waits.
     pub fn acquire_spare(self: &Arc<Self>) -> Result<Option<ChunkRef>> {
+        self.acquire_spare_as(NO_OWNER, 0)
+    }
+
+    /// [`ChunkPool::acquire_spare`] for `owner`.
+    pub fn acquire_spare_as(
+        self: &Arc<Self>,
+        owner: usize,
+        headroom: usize,
+    ) -> Result<Option<ChunkRef>> {
         {
             let s = self.lock();
             if s.free_count <= s.reserve {
                 return Ok(None);
             }
+            if let Some(&u) = s.used.get(owner)
+                && u + 1 + headroom > s.quota
+            {
+                return Ok(None);
+            }
         }
-        self.acquire(1, false)
+        self.acquire_as(owner, 1, false)
     }
 
     /// Takes a run of `n` consecutive chunks. With `wait`, blocks until one is
     /// free; fails when the pool shuts down, or when no progress is possible.
     pub fn acquire(self: &Arc<Self>, n: usize, wait: bool) -> Result<Option<ChunkRef>> {
+        self.acquire_as(NO_OWNER, n, wait)
+    }
+
+    /// [`ChunkPool::acquire`] counted against `owner`'s quota.
+    pub fn acquire_as(
+        self: &Arc<Self>,
+        owner: usize,
+        n: usize,
+        wait: bool,
+    ) -> Result<Option<ChunkRef>> {
         if n == 0 || n > self.chunk_count() {
             return Err(Error::Memory(format!(
                 "a run of {n} chunks cannot come from a pool of {}",
@@ -350,13 +407,30 @@ impl ChunkPool {
             )));
         }
         let mut s = self.lock();
+        let owned = owner < s.used.len();
+        if owned && n > s.quota {
+            return Err(Error::BudgetTooSmall {
+                budget: self.arena.len() as u64,
+                detail: format!(
+                    "a run of {n} chunks of {} bytes is wanted, but each of the {} workers may hold {}",
+                    self.chunk_size,
+                    s.used.len(),
+                    s.quota
+                ),
+            });
+        }
         let mut stuck_rounds = 0;
         loop {
-            if let Some(start) = find_run(&s.free, n) {
+            let allowed = !owned || s.used[owner] + n <= s.quota;
+            if let Some(start) = find_run(&s.free, n).filter(|_| allowed) {
                 for f in &mut s.free[start..start + n] {
                     *f = false;
                 }
                 s.free_count -= n;
+                if owned {
+                    s.owner[start] = owner as u32;
+                    s.used[owner] += n;
+                }
                 let in_use = self.chunk_count() - s.free_count;
                 s.peak_in_use = s.peak_in_use.max(in_use);
                 // Relaxed: the chunk is exclusively ours; the state lock
@@ -407,6 +481,10 @@ impl ChunkPool {
 
     fn release_run(&self, start: usize, n: usize) {
         let mut s = self.lock();
+        let o = std::mem::replace(&mut s.owner[start], u32::MAX) as usize;
+        if let Some(u) = s.used.get_mut(o) {
+            *u -= n;
+        }
         for f in &mut s.free[start..start + n] {
             *f = true;
         }

@@ -36,6 +36,90 @@ pub struct RawSample {
     pub field_count: usize,
 }
 
+/// A sample outside any batch (waiting in a shuffle buffer): key and field
+/// names, pointers into chunks, and references to those chunks.
+pub struct Held {
+    /// The key, then each field name, each NUL-terminated.
+    names: Vec<u8>,
+    /// Per field: name offset in `names`, data, length.
+    fields: Vec<(usize, *const u8, usize)>,
+    chunks: Vec<ChunkRef>,
+    bytes: u64,
+}
+
+// SAFETY: the pointers point into chunks the sample holds references to;
+// nothing writes there while it lives, so it may move between threads.
+unsafe impl Send for Held {}
+
+impl Held {
+    pub fn new(key: &[u8]) -> Held {
+        let mut names = Vec::with_capacity(key.len() + 16);
+        names.extend_from_slice(key);
+        names.push(0);
+        Held {
+            names,
+            fields: Vec::with_capacity(2),
+            chunks: Vec::with_capacity(1),
+            bytes: 0,
+        }
+    }
+
+    pub fn has_field(&self, name: &[u8]) -> bool {
+        self.fields
+            .iter()
+            .any(|&(off, _, _)| cstr_at(&self.names, off) == name)
+    }
+
+    pub fn add_field(&mut self, name: &[u8], chunk: &ChunkRef, data: *const u8, len: usize) {
+        let off = self.names.len();
+        self.names.extend_from_slice(name);
+        self.names.push(0);
+        self.fields.push((off, data, len));
+        self.bytes += len as u64;
+        if !self.chunks.iter().any(|c| c.same_run(chunk)) {
+            self.chunks.push(chunk.clone());
+        }
+    }
+
+    /// Payload bytes.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// The runs the sample's fields point into.
+    pub fn chunks(&self) -> &[ChunkRef] {
+        &self.chunks
+    }
+
+    /// Copies every field into `dest` from `at` (which must hold `bytes()`
+    /// more bytes, 64-byte aligned per field), and points the sample there.
+    /// Returns the end offset.
+    ///
+    /// # Safety
+    /// `dest` from `at` has room for the fields as laid out here, and no
+    /// one else writes that range.
+    pub unsafe fn move_into(&mut self, dest: &ChunkRef, mut at: usize) -> usize {
+        for f in &mut self.fields {
+            // SAFETY: the caller gives room; the source lives in a chunk this
+            // sample still references, a different range from the destination.
+            unsafe {
+                let to = dest.ptr().add(at);
+                std::ptr::copy_nonoverlapping(f.1, to, f.2);
+                f.1 = to;
+            }
+            at = (at + f.2 + 63) & !63;
+        }
+        self.chunks.clear();
+        self.chunks.push(dest.clone());
+        at
+    }
+
+    /// Bytes `move_into` uses, alignment included.
+    pub fn moved_size(&self) -> usize {
+        self.fields.iter().map(|f| (f.2 + 63) & !63).sum()
+    }
+}
+
 /// Builds one batch. Pointers to the string table are stored as offsets while
 /// it grows, and fixed up once in [`BatchBuilder::finish`].
 pub struct BatchBuilder {
@@ -124,6 +208,27 @@ impl BatchBuilder {
         if !self.chunks.last().is_some_and(|c| c.same_run(chunk)) {
             self.chunks.push(chunk.clone());
         }
+    }
+
+    /// Adds a held sample as one complete sample.
+    pub fn push_held(&mut self, h: Held) {
+        let key = cstr_at(&h.names, 0);
+        self.begin_sample(key);
+        for &(off, data, len) in &h.fields {
+            let name = self.intern(cstr_at(&h.names, off));
+            self.fields.push(RawField {
+                name: offset_ptr(name),
+                data,
+                len,
+            });
+        }
+        self.bytes += h.bytes;
+        for c in h.chunks {
+            if !self.chunks.last().is_some_and(|l| l.same_run(&c)) {
+                self.chunks.push(c);
+            }
+        }
+        self.end_sample();
     }
 
     /// Closes the open sample.

@@ -5,8 +5,9 @@
 //! a directory whose `.tar` files are taken in name order, an `http(s)://`
 //! URL (size from `HEAD`), an `s3://bucket/key` object or an
 //! `s3://bucket/prefix/` to list (see `crate::s3`), or a manifest
-//! (`*.manifest`, or the `manifest` key): one `URL [size]` per line, so a
-//! job starts without listing or `HEAD`s.
+//! (`*.manifest`, or the `manifest` key): one `URL [size [samples]]` per
+//! line, so a job starts without listing or `HEAD`s, and the plan knows each
+//! shard's sample count without reading it (`ringfeed index` writes one).
 
 use std::net::ToSocketAddrs;
 use std::path::PathBuf;
@@ -38,6 +39,9 @@ pub struct Shard {
     pub name: String,
     pub source: Source,
     pub size: u64,
+    /// Samples in the shard, when a manifest gave them or the loader
+    /// counted them (see `crate::plan`: splitting among consumers needs them).
+    pub samples: Option<u64>,
 }
 
 /// Expands every URL and checks each shard exists (local files) or answers
@@ -134,6 +138,7 @@ impl Resolver<'_> {
                     name: p.display().to_string(),
                     source: Source::File(p),
                     size: m.len(),
+                    samples: None,
                 });
             }
         } else {
@@ -141,6 +146,7 @@ impl Resolver<'_> {
                 name: one.to_string(),
                 source: Source::File(path),
                 size: meta.len(),
+                samples: None,
             });
         }
         Ok(())
@@ -174,6 +180,7 @@ impl Resolver<'_> {
                     name: u.display(),
                     source: Source::Http(Arc::new(client.object(&u)?)),
                     size,
+                    samples: None,
                 });
             }
             if found.is_empty() {
@@ -194,6 +201,7 @@ impl Resolver<'_> {
             name: url.display(),
             source: Source::Http(obj),
             size,
+            samples: None,
         });
         Ok(())
     }
@@ -221,21 +229,37 @@ impl Resolver<'_> {
             });
         }
         let dir = path.parent().map(PathBuf::from).unwrap_or_default();
-        for (url, size) in entries {
+        for (url, size, samples) in entries {
             let url = if !url.contains("://") && !url.starts_with('/') {
                 dir.join(&url).display().to_string()
             } else {
                 url
             };
+            let before = self.shards.len();
             self.one(&url, size)?;
+            if samples.is_some() {
+                if self.shards.len() != before + 1 {
+                    return Err(Error::Url {
+                        url: m.to_string(),
+                        reason: format!(
+                            "`{url}` names {} shards; a sample count belongs to one",
+                            self.shards.len() - before
+                        ),
+                    });
+                }
+                self.shards[before].samples = samples;
+            }
         }
         Ok(())
     }
 }
 
-/// The lines of a manifest: `URL [size]`, blank lines and `#` comments
-/// skipped; the error names the line.
-pub fn parse_manifest(text: &str) -> std::result::Result<Vec<(String, Option<u64>)>, String> {
+/// A manifest line: URL, size in bytes, samples.
+pub type ManifestEntry = (String, Option<u64>, Option<u64>);
+
+/// The lines of a manifest: `URL [size [samples]]`, blank lines and `#`
+/// comments skipped; the error names the line.
+pub fn parse_manifest(text: &str) -> std::result::Result<Vec<ManifestEntry>, String> {
     let mut out = Vec::new();
     for (i, raw) in text.lines().enumerate() {
         let line = raw.split_once('#').map_or(raw, |(a, _)| a).trim();
@@ -251,13 +275,20 @@ pub fn parse_manifest(text: &str) -> std::result::Result<Vec<(String, Option<u64
                     .map_err(|_| format!("line {}: the size `{f}` is not a byte count", i + 1))?,
             ),
         };
+        let samples =
+            match fields.next() {
+                None => None,
+                Some(f) => Some(f.parse::<u64>().map_err(|_| {
+                    format!("line {}: the sample count `{f}` is not a number", i + 1)
+                })?),
+            };
         if fields.next().is_some() {
             return Err(format!(
-                "line {}: expected `URL [size]`, got more fields",
+                "line {}: expected `URL [size [samples]]`, got more fields",
                 i + 1
             ));
         }
-        out.push((url, size));
+        out.push((url, size, samples));
     }
     Ok(out)
 }
@@ -326,6 +357,7 @@ fn http_shard(
         name: url.to_string(),
         source: Source::Http(obj),
         size,
+        samples: None,
     })
 }
 
@@ -624,13 +656,13 @@ mod tests {
 
     #[test]
     fn manifests_list_urls_with_optional_sizes() {
-        let m = "# shards\n\ns3://b/a.tar 100\n  http://h/b.tar   # no size\n/d/c.tar\t7\n";
+        let m = "# shards\n\ns3://b/a.tar 100\n  http://h/b.tar   # no size\n/d/c.tar\t7 3\n";
         assert_eq!(
             parse_manifest(m).unwrap(),
             vec![
-                ("s3://b/a.tar".to_string(), Some(100)),
-                ("http://h/b.tar".to_string(), None),
-                ("/d/c.tar".to_string(), Some(7)),
+                ("s3://b/a.tar".to_string(), Some(100), None),
+                ("http://h/b.tar".to_string(), None, None),
+                ("/d/c.tar".to_string(), Some(7), Some(3)),
             ]
         );
         assert!(
@@ -639,7 +671,7 @@ mod tests {
                 .contains("line 1")
         );
         assert!(
-            parse_manifest("\na.tar 1 2\n")
+            parse_manifest("\na.tar 1 2 3\n")
                 .unwrap_err()
                 .contains("line 2")
         );

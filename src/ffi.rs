@@ -136,6 +136,20 @@ pub struct ringfeed_stats {
     pub http_requests: u64,
     /// Network ranges retried, all kinds (the JSON stats give each kind).
     pub retries: u64,
+    /// Samples repeated to even out an epoch across consumers (`remainder: "pad"`).
+    pub samples_padded: u64,
+    /// Batches and samples replayed and not handed out to resume a state.
+    pub batches_skipped: u64,
+    pub samples_skipped: u64,
+    /// Payload bytes the shuffle buffers copied out of sparse chunks (also in
+    /// `bytes_copied`).
+    pub shuffle_copied: u64,
+    /// The epoch `ringfeed_loader_next` is in.
+    pub epoch: u64,
+    /// Consumers of the dataset (`world_size` × `loader_workers`), and this
+    /// loader's index among them.
+    pub consumers: u64,
+    pub consumer: u64,
     pub workers: u32,
     /// One of `RINGFEED_MEMORY_*`.
     pub memory_kind: i32,
@@ -406,6 +420,13 @@ pub unsafe extern "C" fn ringfeed_loader_stats(
             elapsed_ns: s.elapsed_ns,
             http_requests: s.http_requests,
             retries: s.retries.values().sum(),
+            samples_padded: s.samples_padded,
+            batches_skipped: s.batches_skipped,
+            samples_skipped: s.samples_skipped,
+            shuffle_copied: s.shuffle_copied,
+            epoch: s.epoch,
+            consumers: s.consumers,
+            consumer: s.consumer,
             workers: s.workers as u32,
             memory_kind: match s.memory_kind {
                 "hugetlb" => RINGFEED_MEMORY_HUGETLB,
@@ -442,25 +463,68 @@ pub unsafe extern "C" fn ringfeed_loader_stats_json(
     boundary(|| {
         let s = lookup(loader)?.stats();
         let text = serde_json::to_string(&s).map_err(|e| invalid(e.to_string()))?;
-        if !needed.is_null() {
-            check(needed, "needed")?;
-            // SAFETY: checked non-NULL and aligned; the caller says it is writable.
-            unsafe { needed.write(text.len()) };
-        }
-        if len <= text.len() {
-            return Err(Fail(
-                RINGFEED_ERR_BUFFER_TOO_SMALL,
-                format!("stats need {} bytes, the buffer has {len}", text.len() + 1),
-            ));
-        }
-        check(buf, "buf")?;
-        // SAFETY: `buf` has `len` > text.len() writable bytes.
-        unsafe {
-            std::ptr::copy_nonoverlapping(text.as_ptr(), buf.cast(), text.len());
-            buf.add(text.len()).write(0);
-        }
-        Ok(RINGFEED_OK)
+        // SAFETY: forwarded from this function's contract.
+        unsafe { write_text(&text, "stats", buf, len, needed) }
     })
+}
+
+/// Writes the loader's resume state into `buf` as a NUL-terminated ASCII
+/// string: the position after the batches handed out so far. Give it back
+/// as the configuration's `"resume"` value (or one of an array of them, for
+/// an elastic resume) to continue the epoch where it stopped. It is a few
+/// hundred bytes at most; the length without the NUL goes to `*needed` (if
+/// not NULL); when `len` is too small, returns
+/// `RINGFEED_ERR_BUFFER_TOO_SMALL` and writes nothing else.
+///
+/// # Safety
+/// `buf` must be NULL or point to `len` writable bytes; `needed` NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ringfeed_loader_state(
+    loader: *mut ringfeed_loader,
+    buf: *mut c_char,
+    len: usize,
+    needed: *mut usize,
+) -> i32 {
+    boundary(|| {
+        let text = lookup(loader)?.state().to_hex();
+        // SAFETY: forwarded from this function's contract.
+        unsafe { write_text(&text, "state", buf, len, needed) }
+    })
+}
+
+/// Writes `text` NUL-terminated into `buf` (the `*_json` / `*_state`
+/// convention).
+///
+/// # Safety
+/// `buf` must be NULL or point to `len` writable bytes; `needed` NULL or writable.
+unsafe fn write_text(
+    text: &str,
+    what: &str,
+    buf: *mut c_char,
+    len: usize,
+    needed: *mut usize,
+) -> Result<i32, Fail> {
+    if !needed.is_null() {
+        check(needed, "needed")?;
+        // SAFETY: checked non-NULL and aligned; the caller says it is writable.
+        unsafe { needed.write(text.len()) };
+    }
+    if len <= text.len() {
+        return Err(Fail(
+            RINGFEED_ERR_BUFFER_TOO_SMALL,
+            format!(
+                "{what} needs {} bytes, the buffer has {len}",
+                text.len() + 1
+            ),
+        ));
+    }
+    check(buf, "buf")?;
+    // SAFETY: `buf` has `len` > text.len() writable bytes.
+    unsafe {
+        std::ptr::copy_nonoverlapping(text.as_ptr(), buf.cast(), text.len());
+        buf.add(text.len()).write(0);
+    }
+    Ok(RINGFEED_OK)
 }
 
 /// Closes a loader: stops its workers and invalidates the handle. Threads
@@ -531,6 +595,7 @@ pub extern "C" fn ringfeed_status_name(status: i32) -> *const c_char {
         RINGFEED_ERR_PANIC => c"RINGFEED_ERR_PANIC",
         RINGFEED_ERR_IO_URING => c"RINGFEED_ERR_IO_URING",
         RINGFEED_ERR_NETWORK => c"RINGFEED_ERR_NETWORK",
+        RINGFEED_ERR_STATE => c"RINGFEED_ERR_STATE",
         _ => c"RINGFEED_UNKNOWN_STATUS",
     };
     s.as_ptr()

@@ -28,6 +28,7 @@ pub mod ring;
 pub mod s3;
 pub mod sample;
 pub mod serve;
+mod shuffle;
 pub mod synth;
 pub mod tar;
 pub mod tls;

@@ -1,9 +1,16 @@
 //! The loader: owns the arena, the workers and the ring for one dataset, and
 //! is what consumers call `next` on. It is `Sync`: several consumer threads
 //! may call `next` at once, and `close` may come from any thread.
+//!
+//! Each worker reads one stream of the epoch plan (`crate::plan`) and pushes
+//! its batches into its own queue; the sequencer thread takes them
+//! round-robin (the plan's delivery order), merges the streams' short last
+//! batches at the end of each epoch, skips what a resume state says was
+//! delivered, and feeds the ring that `next` pops.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, mpsc};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -12,18 +19,22 @@ use serde::Serialize;
 use crate::arena::{Arena, ArenaOptions, ChunkPool};
 use crate::batch::{Batch, BatchBuilder};
 use crate::channel::{Channel, RecvError};
-use crate::config::{Config, IoBackend, MAX_AUTO_WORKERS, Toggle};
+use crate::config::{AUTO_WORKERS, Config, IoBackend, Toggle};
 use crate::dataset::{self, Shard};
 use crate::error::{Error, Result};
 use crate::io::threads::ThreadReader;
 use crate::io::uring::{self, UringReader};
 use crate::io::{BackendKind, NetOptions, Reader};
+use crate::plan::{ConsumerPlan, Delivered, Delivery, PlanOptions, plan_epoch};
+use crate::resume::{self, Round, Start, State};
 use crate::topology;
 use crate::worker::Worker;
 
-/// What the ring carries.
+/// What the queues and the ring carry.
 pub(crate) enum Item {
     Batch(Batch),
+    /// A stream's short last batch of the epoch (stream queues only).
+    Tail(BatchBuilder),
     EndOfEpoch(u64),
 }
 
@@ -55,12 +66,19 @@ pub(crate) struct Counters {
     pub consumer_wait_ns: AtomicU64,
     pub first_batch_ns: AtomicU64,
     pub epochs_done: AtomicU64,
+    pub samples_padded: AtomicU64,
+    pub batches_skipped: AtomicU64,
+    pub samples_skipped: AtomicU64,
+    pub shuffle_copied: AtomicU64,
 }
 
-struct EpochSync {
+/// Where the consumer stands, for `state`.
+#[derive(Debug, Clone)]
+struct Progress {
     epoch: u64,
-    finished: usize,
-    carry: Option<BatchBuilder>,
+    batches: u64,
+    samples: u64,
+    history: Vec<Round>,
 }
 
 /// State shared by the loader and its workers.
@@ -69,20 +87,26 @@ pub(crate) struct Shared {
     pub shards: Vec<Shard>,
     pub pool: Arc<ChunkPool>,
     pub channel: Channel<Item>,
+    /// One queue per stream, from its worker to the sequencer.
+    streams: Vec<Channel<Item>>,
     pub counters: Counters,
-    pub next_shard: AtomicUsize,
+    pub plan_opts: PlanOptions,
+    /// Each shard's sample count, where known.
+    counts: Vec<Option<u64>>,
+    pub start: Start,
+    /// Samples of the start epoch delivered before an elastic resume.
+    base_delivered: Option<Delivered>,
+    plans: Mutex<HashMap<u64, Arc<ConsumerPlan>>>,
+    fingerprint: u64,
     /// Bytes of front and back slack in each chunk (see `worker`).
     pub slack: usize,
     /// Bytes of a chunk that reads fill.
     pub data_len: usize,
     pub net: NetOptions,
-    workers: usize,
-    workers_alive: AtomicUsize,
     batch_index: AtomicU64,
     /// Batches handed to consumers so far: the next batch's `index`.
     delivered: AtomicU64,
-    epoch: Mutex<EpochSync>,
-    epoch_cv: Condvar,
+    progress: Mutex<Progress>,
     stop: AtomicBool,
     failure: Mutex<Option<Error>>,
     started: Instant,
@@ -104,63 +128,141 @@ impl Shared {
         self.channel.push_wait(item).map_err(|_| Error::Closed)
     }
 
-    /// A worker's shards for `epoch` are done: merge its short batch into the
-    /// shared carry; the last worker seals the epoch, the others wait for it
-    /// when `more` epochs follow.
-    pub fn end_epoch(&self, mine: BatchBuilder, epoch: u64, more: bool) -> Result<()> {
-        let mut s = self.epoch.lock().unwrap_or_else(|p| p.into_inner());
-        let bs = self.cfg.batch_size;
-        let carry = s.carry.get_or_insert_with(|| BatchBuilder::new(bs));
-        let mut full = Vec::new();
-        carry.absorb(mine, |b| full.push(self.seal(b, epoch)));
-        // Pushed under the lock so no batch of this epoch follows its marker.
-        for b in full {
-            self.push(Item::Batch(b))?;
+    pub fn push_stream(&self, stream: usize, item: Item) -> Result<()> {
+        self.streams[stream]
+            .push_wait(item)
+            .map_err(|_| Error::Closed)
+    }
+
+    /// This consumer's plan of `epoch` (made once, shared by the workers and
+    /// the sequencer).
+    pub fn plan(&self, epoch: u64) -> Result<Arc<ConsumerPlan>> {
+        let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = plans.get(&epoch) {
+            return Ok(Arc::clone(p));
         }
-        s.finished += 1;
-        if s.finished == self.workers {
-            let mut carry = s.carry.take().unwrap_or_else(|| BatchBuilder::new(bs));
+        let base = (epoch == self.start.epoch)
+            .then_some(self.base_delivered.as_ref())
+            .flatten();
+        let p = Arc::new(plan_epoch(&self.plan_opts, &self.counts, epoch, base)?);
+        // Workers are at most an epoch apart from the sequencer.
+        plans.retain(|&e, _| e + 2 > epoch);
+        plans.insert(epoch, Arc::clone(&p));
+        Ok(p)
+    }
+
+    /// The sequencer: stream batches round-robin into the ring, epoch by
+    /// epoch, as `crate::plan::order_of_plan` describes.
+    fn sequence(&self) -> Result<()> {
+        let bs = self.cfg.batch_size;
+        let mut epoch = self.start.epoch;
+        let mut skip = self.start.skip_batches;
+        let mut skipped_samples = 0u64;
+        while self.cfg.epochs == 0 || epoch < self.cfg.epochs {
+            let plan = self.plan(epoch)?;
+            let mut samples = 0u64;
+            let mut deliver = |b: Batch, samples: &mut u64| -> Result<()> {
+                *samples += b.len() as u64;
+                if skip > 0 {
+                    skip -= 1;
+                    skipped_samples += b.len() as u64;
+                    self.counters
+                        .batches_skipped
+                        .fetch_add(1, Ordering::Relaxed);
+                    self.counters
+                        .samples_skipped
+                        .fetch_add(b.len() as u64, Ordering::Relaxed);
+                    if skip == 0 && skipped_samples != self.start.skip_samples {
+                        return Err(Error::State(format!(
+                            "the state says its {} batches held {} samples, but they hold {}: \
+                             it was not saved by this dataset and configuration",
+                            self.start.skip_batches, self.start.skip_samples, skipped_samples
+                        )));
+                    }
+                    return Ok(());
+                }
+                self.push(Item::Batch(b))
+            };
+            let mut order = Delivery::new(self.streams.len());
+            let mut tails: Vec<Option<BatchBuilder>> =
+                (0..self.streams.len()).map(|_| None).collect();
+            while let Some(s) = order.next_stream() {
+                match self.streams[s].pop_until(None) {
+                    Ok(Item::Batch(b)) => deliver(b, &mut samples)?,
+                    Ok(Item::Tail(t)) => {
+                        tails[s] = Some(t);
+                        order.ended(s);
+                    }
+                    Ok(Item::EndOfEpoch(_)) => unreachable!("workers send no end marker"),
+                    Err(_) => return Err(Error::Closed),
+                }
+            }
+            let mut carry = BatchBuilder::new(bs);
+            let mut full = Vec::new();
+            for t in tails.into_iter().flatten() {
+                carry.absorb(t, |b| full.push(self.seal(b, epoch)));
+            }
+            for b in full {
+                deliver(b, &mut samples)?;
+            }
             if !carry.is_empty() {
                 if self.cfg.drop_last {
+                    samples += carry.len() as u64;
                     self.counters
                         .samples_dropped
                         .fetch_add(carry.len() as u64, Ordering::Relaxed);
                 } else {
                     let b = self.seal(&mut carry, epoch);
-                    self.push(Item::Batch(b))?;
+                    deliver(b, &mut samples)?;
                 }
             }
-            drop(carry);
+            if skip > 0 {
+                return Err(Error::State(format!(
+                    "the state is {} batches into epoch {epoch}, which has only {}",
+                    self.start.skip_batches,
+                    self.start.skip_batches - skip
+                )));
+            }
+            if let Some(want) = plan.samples
+                && want != samples
+            {
+                return Err(Error::Plan {
+                    shard: "(epoch)".into(),
+                    message: format!(
+                        "epoch {epoch} gave {samples} samples where the plan expects {want}"
+                    ),
+                });
+            }
+            self.counters
+                .samples_padded
+                .fetch_add(plan.padded, Ordering::Relaxed);
+            self.counters
+                .samples_dropped
+                .fetch_add(plan.dropped, Ordering::Relaxed);
             self.push(Item::EndOfEpoch(epoch))?;
             self.counters.epochs_done.fetch_add(1, Ordering::Relaxed);
-            s.finished = 0;
-            s.epoch = epoch + 1;
-            // Relaxed: ordered before the next epoch by this lock.
-            self.next_shard.store(0, Ordering::Relaxed);
-            self.epoch_cv.notify_all();
-            return Ok(());
-        }
-        if !more {
-            return Ok(());
-        }
-        self.pool.worker_running(false);
-        while s.epoch == epoch && !self.stopping() {
-            s = self.epoch_cv.wait(s).unwrap_or_else(|p| p.into_inner());
-        }
-        self.pool.worker_running(true);
-        if self.stopping() {
-            return Err(Error::Closed);
+            epoch += 1;
         }
         Ok(())
     }
 
+    /// Stops the workers and the sequencer; `next` returns Closed.
     fn stop_all(&self) {
+        self.halt();
+        self.channel.close();
+    }
+
+    /// Stops the workers. The sequencer still passes on the batches the
+    /// stream queues hold (in order, up to the first stream that ran dry),
+    /// then closes the ring: batches made before a failure are delivered
+    /// before its error.
+    fn halt(&self) {
         // Release: pairs with the Acquire load in `stopping`.
         self.stop.store(true, Ordering::Release);
         self.pool.shut_down();
-        self.channel.close();
-        let _s = self.epoch.lock().unwrap_or_else(|p| p.into_inner());
-        self.epoch_cv.notify_all();
+        for q in &self.streams {
+            q.close();
+        }
     }
 
     fn fail(&self, e: Error) {
@@ -169,7 +271,7 @@ impl Shared {
             *f = Some(e);
         }
         drop(f);
-        self.stop_all();
+        self.halt();
     }
 
     fn failure(&self) -> Option<Error> {
@@ -233,6 +335,19 @@ pub struct Stats {
     pub retries: std::collections::BTreeMap<&'static str, u64>,
     /// Why a preferred setting was not obtained (huge pages, mlock, io_uring...).
     pub notes: Vec<String>,
+    /// Samples delivered a second time to even out an epoch (`remainder: pad`).
+    pub samples_padded: u64,
+    /// Batches (and samples) replayed and not handed out, to resume a state.
+    pub batches_skipped: u64,
+    pub samples_skipped: u64,
+    /// Payload bytes the shuffle buffers copied out of sparse chunks (also
+    /// counted in `bytes_copied`).
+    pub shuffle_copied: u64,
+    /// The layout: consumers (ranks × loader workers) and this one's index.
+    pub consumers: u64,
+    pub consumer: u64,
+    /// The epoch `next` is in (the state's epoch).
+    pub epoch: u64,
 }
 
 /// A running loader.
@@ -263,12 +378,11 @@ impl Loader {
         }
         let allowed = topology::allowed_cpus();
         let workers = match cfg.workers {
-            0 => allowed
-                .len()
-                .clamp(1, MAX_AUTO_WORKERS)
-                .min(shards.len().max(1)),
+            0 => AUTO_WORKERS.min(shards.len()),
             n => n,
         };
+        let (plan_opts, counts, start, base_delivered, fingerprint) =
+            plan_setup(&cfg, &shards, workers)?;
         let chunk = cfg.chunk_size as usize;
         let budget = cfg.effective_budget(workers);
         let chunks = (budget / cfg.chunk_size) as usize;
@@ -296,6 +410,8 @@ impl Loader {
         let pool = ChunkPool::new(arena, chunk);
         // Per worker: its first read and a spill run.
         pool.set_reserve(2 * workers);
+        // Each worker (plan stream) its share, so none waits on another's.
+        pool.set_owners(workers, chunks / workers);
 
         let (backend, uring_flags) = match cfg.io_backend {
             IoBackend::Threads => (BackendKind::Threads, ""),
@@ -334,25 +450,32 @@ impl Loader {
         } else {
             Vec::new()
         };
+        // A stream's queue: its share of the read-ahead in batches, at least
+        // two so a worker fills one while the sequencer takes the other.
+        let per_stream = cfg.prefetch_batches.div_ceil(workers).max(2);
         let shared = Arc::new(Shared {
             shards,
             pool,
             channel: Channel::new(cfg.prefetch_batches),
+            streams: (0..workers).map(|_| Channel::new(per_stream)).collect(),
             counters: Counters::default(),
-            next_shard: AtomicUsize::new(0),
+            plan_opts,
+            counts,
+            progress: Mutex::new(Progress {
+                epoch: start.epoch,
+                batches: start.skip_batches,
+                samples: start.skip_samples,
+                history: start.history.clone(),
+            }),
+            start,
+            base_delivered,
+            plans: Mutex::new(HashMap::new()),
+            fingerprint,
             slack,
             data_len,
             net,
-            workers,
-            workers_alive: AtomicUsize::new(workers),
             batch_index: AtomicU64::new(0),
             delivered: AtomicU64::new(0),
-            epoch: Mutex::new(EpochSync {
-                epoch: 0,
-                finished: 0,
-                carry: None,
-            }),
-            epoch_cv: Condvar::new(),
             stop: AtomicBool::new(false),
             failure: Mutex::new(None),
             started,
@@ -370,7 +493,7 @@ impl Loader {
             let spawned = std::thread::Builder::new()
                 .name(format!("ringfeed-w{id}"))
                 .spawn(move || {
-                    worker_main(worker_shared, cpu, backend, registered, &iovecs, ready)
+                    worker_main(worker_shared, id, cpu, backend, registered, &iovecs, ready)
                 });
             match spawned {
                 Ok(t) => threads.push(t),
@@ -386,6 +509,22 @@ impl Loader {
             }
         }
         drop(ready_tx);
+        let seq_shared = Arc::clone(&shared);
+        match std::thread::Builder::new()
+            .name("ringfeed-seq".into())
+            .spawn(move || sequencer_main(seq_shared))
+        {
+            Ok(t) => threads.push(t),
+            Err(e) => {
+                shared.stop_all();
+                for t in threads {
+                    let _ = t.join();
+                }
+                return Err(Error::Memory(format!(
+                    "cannot start the sequencer thread: {e}"
+                )));
+            }
+        }
         let mut startup_error = None;
         for _ in 0..workers {
             match ready_rx.recv() {
@@ -436,6 +575,21 @@ impl Loader {
             Ok(Item::Batch(mut b)) => {
                 // Relaxed: distinct, increasing numbers in hand-out order.
                 b.set_index(sh.delivered.fetch_add(1, Ordering::Relaxed));
+                {
+                    let mut p = sh.progress.lock().unwrap_or_else(|p| p.into_inner());
+                    if b.epoch() > p.epoch {
+                        // Another consumer thread has not recorded the end
+                        // marker yet.
+                        *p = Progress {
+                            epoch: b.epoch(),
+                            batches: 0,
+                            samples: 0,
+                            history: Vec::new(),
+                        };
+                    }
+                    p.batches += 1;
+                    p.samples += b.len() as u64;
+                }
                 if c.batches_delivered.fetch_add(1, Ordering::Relaxed) == 0 {
                     let since = sh.started.elapsed().as_nanos() as u64;
                     c.first_batch_ns.store(since, Ordering::Relaxed);
@@ -445,7 +599,19 @@ impl Loader {
                 c.bytes_delivered.fetch_add(b.bytes(), Ordering::Relaxed);
                 Ok(Next::Batch(b))
             }
-            Ok(Item::EndOfEpoch(e)) => Ok(Next::EndOfEpoch(e)),
+            Ok(Item::EndOfEpoch(e)) => {
+                let mut p = sh.progress.lock().unwrap_or_else(|p| p.into_inner());
+                if p.epoch <= e {
+                    *p = Progress {
+                        epoch: e + 1,
+                        batches: 0,
+                        samples: 0,
+                        history: Vec::new(),
+                    };
+                }
+                Ok(Next::EndOfEpoch(e))
+            }
+            Ok(Item::Tail(_)) => unreachable!("tails stay in the stream queues"),
             Err(RecvError::Timeout) => Ok(Next::Timeout),
             Err(RecvError::Closed) => match sh.failure() {
                 Some(e) => Err(e),
@@ -469,6 +635,30 @@ impl Loader {
             let _ = t.join();
         }
         while self.shared.channel.try_pop().is_some() {}
+        for q in &self.shared.streams {
+            while q.try_pop().is_some() {}
+        }
+    }
+
+    /// The resume state after the batches handed out so far: give it back as
+    /// `resume` (hex) to continue from here. See `crate::resume` for the rule.
+    pub fn state(&self) -> State {
+        let sh = &self.shared;
+        let p = sh
+            .progress
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        State {
+            fingerprint: sh.fingerprint,
+            epoch: p.epoch,
+            consumers: sh.plan_opts.consumers,
+            consumer: sh.plan_opts.consumer,
+            streams: sh.plan_opts.streams as u64,
+            batches: p.batches,
+            samples: p.samples,
+            history: p.history,
+        }
     }
 
     pub fn is_closed(&self) -> bool {
@@ -514,6 +704,13 @@ impl Loader {
             http_requests: sh.net.stats.requests.load(Ordering::Relaxed),
             retries: sh.net.stats.retries_by_kind().into_iter().collect(),
             notes: self.setup.notes.clone(),
+            samples_padded: r(&c.samples_padded),
+            batches_skipped: r(&c.batches_skipped),
+            samples_skipped: r(&c.samples_skipped),
+            shuffle_copied: r(&c.shuffle_copied),
+            consumers: sh.plan_opts.consumers,
+            consumer: sh.plan_opts.consumer,
+            epoch: sh.progress.lock().unwrap_or_else(|p| p.into_inner()).epoch,
         }
     }
 
@@ -572,6 +769,7 @@ unsafe impl Sync for Iovecs {}
 
 fn worker_main(
     shared: Arc<Shared>,
+    stream: usize,
     cpu: Option<usize>,
     backend: BackendKind,
     registered: bool,
@@ -607,7 +805,6 @@ fn worker_main(
                     let _ = ready.send(Err(Error::IoUring(format!(
                         "worker ring setup failed: {e}"
                     ))));
-                    finish_worker(&shared);
                     return;
                 }
             }
@@ -617,7 +814,7 @@ fn worker_main(
     drop(ready);
     shared.pool.worker_running(true);
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        Worker::new(&shared, &mut *reader).run()
+        Worker::new(&shared, &mut *reader, stream).run()
     }));
     shared.pool.worker_running(false);
     match result {
@@ -625,23 +822,74 @@ fn worker_main(
         Ok(Err(Error::Closed)) if shared.stopping() => {}
         Ok(Err(e)) => shared.fail(e),
         Err(panic) => {
-            let msg = panic
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| panic.downcast_ref::<&str>().copied())
-                .unwrap_or("unknown panic");
             shared.fail(Error::Memory(format!(
-                "internal error: a worker panicked: {msg}"
+                "internal error: a worker panicked: {}",
+                panic_message(&*panic)
             )));
         }
     }
     drop(reader);
-    finish_worker(&shared);
 }
 
-fn finish_worker(shared: &Shared) {
-    // AcqRel: the last worker out closes the channel after all pushes.
-    if shared.workers_alive.fetch_sub(1, Ordering::AcqRel) == 1 {
-        shared.channel.close();
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("unknown panic")
+}
+
+fn sequencer_main(shared: Arc<Shared>) {
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| shared.sequence()));
+    match result {
+        // Every epoch went out: `next` returns Finished once the ring is empty.
+        Ok(Ok(())) => {}
+        // Stopped by close or by a worker's failure (already recorded).
+        Ok(Err(Error::Closed)) if shared.stopping() => {}
+        Ok(Err(e)) => shared.fail(e),
+        Err(panic) => shared.fail(Error::Memory(format!(
+            "internal error: the sequencer panicked: {}",
+            panic_message(&*panic)
+        ))),
     }
+    shared.channel.close();
+}
+
+type PlanSetup = (PlanOptions, Vec<Option<u64>>, Start, Option<Delivered>, u64);
+
+/// The plan's options, each shard's count where known (local shards are
+/// counted from their headers when the plan needs counts), where to start
+/// (from the resume states), and the dataset's fingerprint.
+fn plan_setup(cfg: &Config, shards: &[Shard], workers: usize) -> Result<PlanSetup> {
+    let opts = cfg.plan_options(workers);
+    let ids: Vec<(&str, u64)> = shards.iter().map(|s| (s.name.as_str(), s.size)).collect();
+    let fingerprint = resume::fingerprint(&ids, &opts);
+    let states = cfg
+        .resume
+        .iter()
+        .map(|h| State::from_hex(h))
+        .collect::<Result<Vec<_>>>()?;
+    let start = resume::start_from(&states, fingerprint, &opts)?;
+    let mut counts: Vec<Option<u64>> = shards.iter().map(|s| s.samples).collect();
+    if opts.needs_counts() || start.needs_counts() {
+        for (c, s) in counts.iter_mut().zip(shards) {
+            if c.is_none()
+                && let crate::dataset::Source::File(path) = &s.source
+            {
+                *c = Some(crate::tar::count_file_samples(path)?);
+            }
+        }
+    }
+    let base = if start.needs_counts() {
+        let known: Option<Vec<u64>> = counts.iter().copied().collect();
+        match known {
+            Some(k) => start.delivered(&opts, &k)?,
+            None => None,
+        }
+    } else {
+        None
+    };
+    // Surface plan errors (missing counts, bad layout) at open.
+    plan_epoch(&opts, &counts, start.epoch, base.as_ref())?;
+    Ok((opts, counts, start, base, fingerprint))
 }

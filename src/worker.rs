@@ -1,6 +1,9 @@
-//! A worker: one thread, one I/O backend, reading whole shards in file order
-//! into chunks, walking their tar members, grouping samples, and pushing
-//! full batches into the ring.
+//! A worker: one thread, one I/O backend, one stream of the epoch plan
+//! (`crate::plan`). It reads its segments' shards in file order into chunks,
+//! walks their tar members, groups samples, keeps the samples its segments
+//! want (by index in the shard), passes them through its shuffle buffer,
+//! and pushes full batches into its stream's queue; at the end of an epoch
+//! its short last batch goes to the sequencer (`crate::loader`).
 //!
 //! Each chunk is laid out as `[front slack | data | back slack]`; reads fill
 //! only the data region. A member that crosses from chunk k into chunk k+1 is
@@ -15,19 +18,28 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use crate::arena::ChunkRef;
-use crate::batch::BatchBuilder;
+use crate::batch::{BatchBuilder, Held};
 use crate::dataset::{Shard, Source};
 use crate::error::{Error, Result};
 use crate::io::{Completion, ReadFail, ReadRequest, Reader, Target};
 use crate::loader::{Item, Shared};
+use crate::plan::{Segment, ShuffleBuffer};
 use crate::sample::split_name;
+use crate::shuffle::Shuffler;
 use crate::tar::{MemberSink, TarWalk};
+
+/// Chunks of a worker's quota that read-ahead leaves alone: one for a spill
+/// run and one for a shuffle compaction target.
+const HEADROOM: usize = 2;
 
 /// Everything a worker thread owns.
 pub(crate) struct Worker<'a> {
     shared: &'a Arc<Shared>,
     reader: &'a mut dyn Reader,
+    /// The plan stream this worker reads; also its chunk-quota owner.
+    stream: usize,
     builder: BatchBuilder,
+    shuffle: Option<Shuffler>,
     completions: Vec<Completion>,
     next_read_id: u64,
 }
@@ -44,11 +56,13 @@ struct PendingRead {
 }
 
 impl<'a> Worker<'a> {
-    pub(crate) fn new(shared: &'a Arc<Shared>, reader: &'a mut dyn Reader) -> Self {
+    pub(crate) fn new(shared: &'a Arc<Shared>, reader: &'a mut dyn Reader, stream: usize) -> Self {
         Worker {
             shared,
             reader,
+            stream,
             builder: BatchBuilder::new(shared.cfg.batch_size),
+            shuffle: None,
             completions: Vec::new(),
             next_read_id: 1,
         }
@@ -57,34 +71,57 @@ impl<'a> Worker<'a> {
     /// Runs every epoch of the plan.
     pub(crate) fn run(&mut self) -> Result<()> {
         let sh = self.shared;
-        let mut epoch = 0u64;
-        loop {
-            loop {
+        let mut epoch = sh.start.epoch;
+        while sh.cfg.epochs == 0 || epoch < sh.cfg.epochs {
+            let plan = sh.plan(epoch)?;
+            if sh.plan_opts.shuffle_buffer > 0 {
+                let buf = ShuffleBuffer::for_stream(&sh.plan_opts, epoch, self.stream);
+                let quota = sh.pool.quota();
+                // Besides the buffer's chunks a worker holds its reads in
+                // flight, the chunk being parsed, a spill run and a
+                // compaction target; one more absorbs the check coming
+                // after the push that crossed the limit.
+                let limit = quota.saturating_sub(sh.cfg.reads_in_flight + HEADROOM + 2);
+                self.shuffle = Some(Shuffler::new(buf, limit, self.stream));
+            }
+            for seg in &plan.streams[self.stream] {
                 if sh.stopping() {
                     return Err(Error::Closed);
                 }
-                // Relaxed: the index only hands out distinct shards; the
-                // reset between epochs is ordered by the epoch lock.
-                let idx = sh.next_shard.fetch_add(1, Ordering::Relaxed);
-                if idx >= sh.shards.len() {
-                    break;
-                }
-                self.shard(&sh.shards[idx], epoch)
-                    .map_err(|e| tag_shard(e, &sh.shards[idx]))?;
+                let shard = &sh.shards[seg.shard];
+                self.shard(shard, seg, epoch)
+                    .map_err(|e| tag_shard(e, shard))
+                    .map_err(|e| match e {
+                        // The pool's own check fired first: say what holds
+                        // the chunks.
+                        Error::BudgetTooSmall { budget, detail } if self.shuffle.is_some() => {
+                            Error::BudgetTooSmall {
+                                budget,
+                                detail: format!(
+                                    "{detail}; the shuffle buffer holds samples too: lower \
+                                     `shuffle_buffer` or raise `memory_budget`"
+                                ),
+                            }
+                        }
+                        e => e,
+                    })?;
                 sh.counters.shards_done.fetch_add(1, Ordering::Relaxed);
             }
-            let more = sh.cfg.epochs == 0 || epoch + 1 < sh.cfg.epochs;
-            let mine = std::mem::replace(&mut self.builder, BatchBuilder::new(sh.cfg.batch_size));
-            sh.end_epoch(mine, epoch, more)?;
-            if !more {
-                return Ok(());
+            if let Some(mut sf) = self.shuffle.take() {
+                while let Some(h) = sf.drain_one() {
+                    emit_held(sh, self.stream, &mut self.builder, h, epoch)?;
+                }
             }
+            let tail = std::mem::replace(&mut self.builder, BatchBuilder::new(sh.cfg.batch_size));
+            sh.push_stream(self.stream, Item::Tail(tail))?;
             epoch += 1;
         }
+        Ok(())
     }
 
-    /// Reads one shard to its end and walks it.
-    fn shard(&mut self, shard: &Shard, epoch: u64) -> Result<()> {
+    /// Reads one shard (to its end, or until the segment's last sample) and
+    /// walks it.
+    fn shard(&mut self, shard: &Shard, seg: &Segment, epoch: u64) -> Result<()> {
         // The file (when local) stays open until every read of it completed.
         let (_file, target, size) = match &shard.source {
             Source::File(path) => {
@@ -99,8 +136,8 @@ impl<'a> Worker<'a> {
             Source::Http(obj) => (None, Target::Http(Arc::clone(obj)), shard.size),
         };
         let mut pending: VecDeque<PendingRead> = VecDeque::new();
-        let result = self.shard_reads(&target, shard, size, epoch, &mut pending);
-        if result.is_err() {
+        let result = self.shard_reads(&target, shard, seg, size, epoch, &mut pending);
+        if result.is_err() || !pending.is_empty() {
             // Reads still in flight write into their chunks: wait for them
             // before the chunks can go back to the pool.
             self.drain(&mut pending);
@@ -112,6 +149,7 @@ impl<'a> Worker<'a> {
         &mut self,
         target: &Target,
         shard: &Shard,
+        seg: &Segment,
         size: u64,
         epoch: u64,
         pending: &mut VecDeque<PendingRead>,
@@ -121,10 +159,17 @@ impl<'a> Worker<'a> {
         let builder = std::mem::replace(&mut self.builder, BatchBuilder::new(sh.cfg.batch_size));
         let mut sink = ShardSink {
             shared: sh,
+            stream: self.stream,
             builder,
+            shuffle: self.shuffle.take(),
+            held: None,
             epoch,
             key: Vec::new(),
             open: false,
+            keep: false,
+            index: 0,
+            seg,
+            done: false,
             segment: None,
             split: None,
             spill: None,
@@ -132,6 +177,7 @@ impl<'a> Worker<'a> {
         };
         let result = self.pump(target, shard, size, &mut walk, &mut sink, pending);
         self.builder = sink.builder;
+        self.shuffle = sink.shuffle;
         result
     }
 
@@ -153,9 +199,9 @@ impl<'a> Worker<'a> {
                 // The first read may wait (and use the reserve); read-ahead
                 // takes only chunks beyond it.
                 let got = if pending.is_empty() {
-                    sh.pool.acquire(1, true)?
+                    sh.pool.acquire_as(self.stream, 1, true)?
                 } else {
-                    sh.pool.acquire_spare()?
+                    sh.pool.acquire_spare_as(self.stream, HEADROOM)?
                 };
                 let Some(chunk) = got else {
                     break;
@@ -192,9 +238,25 @@ impl<'a> Worker<'a> {
             sink.segment = Some(read.chunk);
             walk.feed(seg, sink)?;
             sink.segment = None;
+            if sink.done {
+                // The segment's last sample went by: the rest of the shard
+                // is another consumer's (reads in flight are drained).
+                return Ok(());
+            }
         }
         walk.finish()?;
         sink.close_sample()?;
+        let found = sink.index;
+        let expected = sink.seg.to.or(shard.samples);
+        if let Some(n) = expected.filter(|&n| n > found || (sink.seg.to.is_none() && n != found)) {
+            return Err(Error::Plan {
+                shard: shard.name.clone(),
+                message: format!(
+                    "holds {found} samples but the plan expects {n} (from the manifest or an \
+                     earlier count): fix the manifest's count, or the shard changed"
+                ),
+            });
+        }
         let counts = walk.counts();
         sh.counters
             .entries_skipped
@@ -305,6 +367,23 @@ impl<'a> Worker<'a> {
     }
 }
 
+/// A sample out of the shuffle buffer goes into the batch; a full batch goes
+/// to the stream's queue.
+fn emit_held(
+    sh: &Shared,
+    stream: usize,
+    builder: &mut BatchBuilder,
+    h: Held,
+    epoch: u64,
+) -> Result<()> {
+    builder.push_held(h);
+    if builder.len() == sh.cfg.batch_size {
+        let batch = sh.seal(builder, epoch);
+        sh.push_stream(stream, Item::Batch(batch))?;
+    }
+    Ok(())
+}
+
 fn tag_shard(e: Error, shard: &Shard) -> Error {
     match e {
         Error::Tar { shard: s, source } if s.is_empty() => Error::Tar {
@@ -332,11 +411,22 @@ struct Split {
 /// members into samples, and fills batches.
 struct ShardSink<'s> {
     shared: &'s Arc<Shared>,
+    stream: usize,
     builder: BatchBuilder,
+    shuffle: Option<Shuffler>,
+    /// The open sample, when it goes to the shuffle buffer.
+    held: Option<Held>,
     epoch: u64,
     /// Key of the open sample.
     key: Vec<u8>,
     open: bool,
+    /// The open sample belongs to the segment.
+    keep: bool,
+    /// Samples begun in this shard so far (the next one's index).
+    index: u64,
+    seg: &'s Segment,
+    /// Past the segment's last sample: the rest of the shard is not ours.
+    done: bool,
     /// The chunk whose data region is being fed.
     segment: Option<ChunkRef>,
     split: Option<Split>,
@@ -362,12 +452,19 @@ impl ShardSink<'_> {
         len: usize,
     ) -> Result<()> {
         let sh = self.shared;
+        if self.done {
+            return Ok(());
+        }
         let Some((key, field)) = split_name(name) else {
             sh.counters.members_skipped.fetch_add(1, Ordering::Relaxed);
             return Ok(());
         };
         if self.open && key == self.key.as_slice() {
-            if self.builder.open_sample_has(field) {
+            let dup = match &self.held {
+                Some(h) => h.has_field(field),
+                None => self.keep && self.builder.open_sample_has(field),
+            };
+            if dup {
                 return Err(Error::DuplicateField {
                     shard: self.shard.name.clone(),
                     offset,
@@ -377,12 +474,30 @@ impl ShardSink<'_> {
             }
         } else {
             self.close_sample()?;
+            let index = self.index;
+            self.index += 1;
+            if self.seg.to.is_some_and(|t| index >= t) {
+                self.done = true;
+                return Ok(());
+            }
             self.key.clear();
             self.key.extend_from_slice(key);
-            self.builder.begin_sample(key);
             self.open = true;
+            self.keep = self.seg.wants(index);
+            if self.keep {
+                if self.shuffle.is_some() {
+                    self.held = Some(Held::new(key));
+                } else {
+                    self.builder.begin_sample(key);
+                }
+            }
         }
-        self.builder.add_field(field, chunk, data, len);
+        if self.keep {
+            match &mut self.held {
+                Some(h) => h.add_field(field, chunk, data, len),
+                None => self.builder.add_field(field, chunk, data, len),
+            }
+        }
         sh.counters.members.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -393,10 +508,24 @@ impl ShardSink<'_> {
             return Ok(());
         }
         self.open = false;
+        if !self.keep {
+            return Ok(());
+        }
+        let sh = self.shared;
+        if let Some(h) = self.held.take() {
+            let sf = self
+                .shuffle
+                .as_mut()
+                .expect("held samples go to the shuffle buffer");
+            if let Some(out) = sf.push(h, sh)? {
+                emit_held(sh, self.stream, &mut self.builder, out, self.epoch)?;
+            }
+            return Ok(());
+        }
         self.builder.end_sample();
-        if self.builder.len() == self.shared.cfg.batch_size {
-            let batch = self.shared.seal(&mut self.builder, self.epoch);
-            self.shared.push(Item::Batch(batch))?;
+        if self.builder.len() == sh.cfg.batch_size {
+            let batch = sh.seal(&mut self.builder, self.epoch);
+            sh.push_stream(self.stream, Item::Batch(batch))?;
         }
         Ok(())
     }
@@ -416,7 +545,7 @@ impl ShardSink<'_> {
         }
         let chunks = size.div_ceil(pool.chunk_size()).max(1);
         let run = pool
-            .acquire(chunks, true)?
+            .acquire_as(self.stream, chunks, true)?
             .expect("a waiting acquire returns a run or an error");
         let ptr = run.ptr();
         self.spill = Some((run.clone(), size));

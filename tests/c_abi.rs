@@ -6,6 +6,8 @@
 //! - `abi_stream.c`: every sample once per epoch with the generator's bytes,
 //!   batch descriptors, stats and stats JSON.
 //! - `abi_misuse.c`: each documented misuse gives its status and a message.
+//! - `abi_epochs.c`: consumers split an epoch exactly once with equal
+//!   lengths; a resume state continues it exactly; elastic resume.
 //! - `abi_fallbacks.c`: without `CAP_IPC_LOCK` and with `io_uring` denied by
 //!   seccomp, the loader still streams and says what it fell back from.
 //! - `wrapper_test.cpp` and the example `trainer.cpp`: the C++ wrapper.
@@ -291,6 +293,15 @@ fn c_stream_delivers_every_sample_once_with_its_bytes() {
     let exe = build("tests/c/abi_stream.c", tmp.path(), false);
     let out = run_ok(&exe, &data.args());
     assert!(out.contains("abi_stream: all checks passed"), "{out}");
+}
+
+#[test]
+fn c_epochs_split_resume_and_resume_elastically() {
+    let data = shards();
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = build("tests/c/abi_epochs.c", tmp.path(), false);
+    let out = run_ok(&exe, &data.args());
+    assert!(out.contains("abi_epochs: all checks passed"), "{out}");
 }
 
 #[test]

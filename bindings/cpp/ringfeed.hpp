@@ -356,6 +356,25 @@ class Loader {
     }
   }
 
+  // The resume state after the batches handed out so far: an opaque ASCII
+  // string to give back as the configuration's "resume" value (or one of an
+  // array of them, for an elastic resume). See the README on epochs.
+  std::string state() const {
+    std::string text(256, '\0');
+    for (;;) {
+      std::size_t needed = 0;
+      std::int32_t status = ringfeed_loader_state(handle_.get(), &text[0], text.size(), &needed);
+      if (status == RINGFEED_OK) {
+        text.resize(needed);
+        return text;
+      }
+      if (status != RINGFEED_ERR_BUFFER_TOO_SMALL) {
+        detail::fail(status);
+      }
+      text.resize(needed + 64);
+    }
+  }
+
   // Stops the loader. Threads waiting in next() throw Error
   // (RINGFEED_ERR_CLOSED); later calls throw RINGFEED_ERR_INVALID_HANDLE.
   // Batches still held stay valid. Closing again does nothing.

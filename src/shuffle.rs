@@ -1,0 +1,210 @@
+//! A worker's shuffle buffer over real samples, within the memory budget.
+//!
+//! The order comes from [`crate::plan::ShuffleBuffer`] (pure, seeded). What
+//! this adds is memory: a sample waiting in the buffer keeps its whole chunk
+//! alive, and the survivors of a chunk thin out slowly, so a buffer of B
+//! samples of m per chunk pins about `B/m · (ln m + 0.6)` chunks, several
+//! times its own bytes. When the chunks the buffer pins pass the worker's
+//! limit, the survivors of the sparsest chunks are copied together into a
+//! fresh chunk (counted as copied bytes), which lets the sparse chunks go
+//! back to the pool. The order does not change: only where bytes live.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
+
+use crate::arena::ChunkRef;
+use crate::batch::Held;
+use crate::error::{Error, Result};
+use crate::loader::Shared;
+use crate::plan::ShuffleBuffer;
+
+#[derive(Default, Clone, Copy)]
+struct Pin {
+    samples: u32,
+    bytes: u64,
+    chunks: u32,
+}
+
+pub(crate) struct Shuffler {
+    buf: ShuffleBuffer<Held>,
+    /// Runs the buffered samples point into, by first chunk.
+    pins: HashMap<u32, Pin>,
+    pinned_chunks: usize,
+    /// Payload bytes of the buffered samples.
+    bytes: u64,
+    /// Most chunks the buffer may pin before it compacts.
+    limit: usize,
+    stream: usize,
+    /// Where compaction copies to, and the bytes used in it.
+    target: Option<(ChunkRef, usize)>,
+}
+
+impl Shuffler {
+    pub(crate) fn new(buf: ShuffleBuffer<Held>, limit: usize, stream: usize) -> Self {
+        Shuffler {
+            buf,
+            pins: HashMap::new(),
+            pinned_chunks: 0,
+            bytes: 0,
+            limit: limit.max(1),
+            stream,
+            target: None,
+        }
+    }
+
+    fn pin(&mut self, h: &Held, chunk_size: usize) {
+        self.bytes += h.bytes();
+        for c in h.chunks() {
+            let p = self.pins.entry(c.index()).or_default();
+            if p.samples == 0 {
+                p.chunks = (c.len() / chunk_size) as u32;
+                self.pinned_chunks += p.chunks as usize;
+            }
+            p.samples += 1;
+            p.bytes += h.bytes();
+        }
+    }
+
+    fn unpin(&mut self, h: &Held) {
+        self.bytes -= h.bytes();
+        for c in h.chunks() {
+            if let Some(p) = self.pins.get_mut(&c.index()) {
+                p.samples -= 1;
+                p.bytes = p.bytes.saturating_sub(h.bytes());
+                if p.samples == 0 {
+                    self.pinned_chunks -= p.chunks as usize;
+                    self.pins.remove(&c.index());
+                }
+            }
+        }
+    }
+
+    /// Puts a sample in; may give one out.
+    pub(crate) fn push(&mut self, h: Held, sh: &Shared) -> Result<Option<Held>> {
+        let cs = sh.pool.chunk_size();
+        self.pin(&h, cs);
+        let out = self.buf.push(h);
+        if let Some(o) = &out {
+            self.unpin(o);
+        }
+        if self.pinned_chunks > self.limit {
+            self.compact(sh)?;
+        }
+        // Packed tight, the buffer's samples would still pass the limit.
+        if self.bytes.div_ceil(cs as u64) as usize > self.limit {
+            return Err(self.too_big(sh));
+        }
+        Ok(out)
+    }
+
+    fn too_big(&self, sh: &Shared) -> Error {
+        Error::BudgetTooSmall {
+            budget: sh.pool.arena().len() as u64,
+            detail: format!(
+                "the shuffle buffer of worker {} holds {} samples ({} bytes) in {} chunks of {} bytes, \
+                 and may pin {} of the {} a worker holds: lower `shuffle_buffer` or raise \
+                 `memory_budget` (see the README on the memory cost of shuffling)",
+                self.stream,
+                self.buf.len(),
+                self.bytes,
+                self.pinned_chunks,
+                sh.pool.chunk_size(),
+                self.limit,
+                sh.pool.quota()
+            ),
+        }
+    }
+
+    /// The next sample of the end-of-epoch drain.
+    pub(crate) fn drain_one(&mut self) -> Option<Held> {
+        let out = self.buf.drain_one();
+        if let Some(o) = &out {
+            self.unpin(o);
+        }
+        if self.buf.is_empty() {
+            self.target = None;
+        }
+        out
+    }
+
+    /// Copies the survivors of the sparsest runs into dense chunks until the
+    /// buffer pins at most 3/4 of its limit, or no run is sparse.
+    fn compact(&mut self, sh: &Shared) -> Result<()> {
+        let cs = sh.pool.chunk_size();
+        let target_run = self.target.as_ref().map(|(t, _)| t.index());
+        let mut runs: Vec<(u32, Pin)> = self
+            .pins
+            .iter()
+            .filter(|(k, _)| Some(**k) != target_run)
+            .map(|(k, p)| (*k, *p))
+            .collect();
+        // Fullness: bytes per chunk of the run, emptiest first.
+        runs.sort_by_key(|(k, p)| (p.bytes / u64::from(p.chunks.max(1)), *k));
+        let goal = self.pinned_chunks - self.limit * 3 / 4;
+        let mut chosen = HashSet::new();
+        let mut freed = 0usize;
+        for (k, p) in runs {
+            // Moving a run 3/4 full frees a chunk for 3/4 of a chunk copied;
+            // fuller runs are left alone.
+            if p.bytes * 4 > u64::from(p.chunks) * cs as u64 * 3 || freed >= goal {
+                break;
+            }
+            chosen.insert(k);
+            freed += p.chunks as usize;
+        }
+        if chosen.is_empty() {
+            // Every run is at least 3/4 full: the buffer's own bytes pass
+            // the limit, which compaction cannot fix.
+            if self.pinned_chunks > self.limit {
+                return Err(self.too_big(sh));
+            }
+            return Ok(());
+        }
+        let mut copied = 0u64;
+        for i in 0..self.buf.len() {
+            let hit = self.buf.items()[i]
+                .chunks()
+                .iter()
+                .any(|c| chosen.contains(&c.index()));
+            let size = self.buf.items()[i].moved_size();
+            if !hit || size > cs {
+                continue;
+            }
+            let room = self
+                .target
+                .as_ref()
+                .is_some_and(|(_, used)| used + size <= cs);
+            if !room {
+                // Never wait here: the chunks this would wait for may be
+                // the ones this buffer pins. Compact again on a later push.
+                match sh.pool.acquire_as(self.stream, 1, false)? {
+                    Some(run) => self.target = Some((run, 0)),
+                    None => break,
+                }
+            }
+            let (run, at) = {
+                let (run, used) = self.target.as_ref().expect("a target exists");
+                (run.clone(), *used)
+            };
+            let h = &mut self.buf.items_mut()[i];
+            let bytes = h.bytes();
+            // Unpin before the move (the pins follow the sample's chunks).
+            let mut held = std::mem::replace(h, Held::new(b""));
+            self.unpin(&held);
+            // SAFETY: `at + size <= chunk size`: the range is free in the
+            // target run, which only this worker writes.
+            let end = unsafe { held.move_into(&run, at) };
+            if let Some((_, used)) = self.target.as_mut() {
+                *used = end;
+            }
+            self.pin(&held, cs);
+            self.buf.items_mut()[i] = held;
+            copied += bytes;
+        }
+        sh.pool.add_copied(copied);
+        sh.counters
+            .shuffle_copied
+            .fetch_add(copied, Ordering::Relaxed);
+        Ok(())
+    }
+}

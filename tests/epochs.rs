@@ -1,0 +1,389 @@
+//! End-to-end tests of the epoch plan on real shards: the order the engine
+//! delivers is the pure plan's order (`ringfeed::plan`), bit for bit, on
+//! both backends; consumers split the data exactly once with equal lengths;
+//! a resume state continues an epoch exactly; an elastic resume loses and
+//! repeats nothing; shuffling stays within the memory budget; and bad
+//! states, wrong manifests and impossible layouts are named errors.
+//!
+//! Sample keys of the generated shards are `SSSSSS-IIIIIII` (shard, index),
+//! so each delivered key says which sample of the plan it is.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ringfeed::plan::{self, SampleRef};
+use ringfeed::synth::{self, GenOptions};
+use ringfeed::{Config, Error, Loader, Next};
+use serde_json::{Value, json};
+
+fn make_shards(dir: &Path, shards: usize, shard_bytes: u64, sample_bytes: u64) -> Vec<PathBuf> {
+    let o = GenOptions {
+        shards,
+        shard_bytes,
+        sample_bytes,
+        spread: 0.9,
+        fields: vec!["jpg".into(), "cls".into()],
+        seed: 5,
+    };
+    synth::generate(dir, &o, |_| {}).unwrap().paths
+}
+
+fn config(paths: &[PathBuf], extra: Value) -> Config {
+    let mut m = serde_json::Map::new();
+    let urls: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+    m.insert("urls".into(), json!(urls));
+    m.insert("memory_budget".into(), json!("16MiB"));
+    m.insert("chunk_size".into(), json!("256KiB"));
+    m.insert("batch_size".into(), json!(5));
+    if let Value::Object(e) = extra {
+        m.extend(e);
+    }
+    Config::from_map(&m).unwrap()
+}
+
+/// (shard, index) of a generated key.
+fn sample_of(key: &[u8]) -> (usize, u64) {
+    let k = std::str::from_utf8(key).unwrap();
+    let (s, i) = k.split_once('-').unwrap();
+    (s.parse().unwrap(), i.parse().unwrap())
+}
+
+/// One batch as (shard, index) pairs, each field checked against the
+/// generator's content.
+fn batch_samples(b: &ringfeed::batch::Batch) -> Vec<(usize, u64)> {
+    b.samples()
+        .map(|s| {
+            for (name, data) in s.fields() {
+                assert!(
+                    synth::verify(5, s.key(), name, data),
+                    "bytes of {:?}",
+                    s.key()
+                );
+            }
+            sample_of(s.key())
+        })
+        .collect()
+}
+
+/// The batches of the current epoch, at most `limit` of them (then the
+/// loader is left mid-epoch).
+fn take_batches(l: &Loader, limit: usize) -> Vec<Vec<(usize, u64)>> {
+    let mut out = Vec::new();
+    while out.len() < limit {
+        match l.next(Some(Duration::from_secs(30))).unwrap() {
+            Next::Batch(b) => out.push(batch_samples(&b)),
+            Next::EndOfEpoch(_) | Next::Finished => break,
+            Next::Timeout => panic!("no batch within 30 s"),
+        }
+    }
+    out
+}
+
+fn counts_of(paths: &[PathBuf]) -> Vec<u64> {
+    paths
+        .iter()
+        .map(|p| ringfeed::tar::count_file_samples(p).unwrap())
+        .collect()
+}
+
+fn strip(order: Vec<Vec<SampleRef>>) -> Vec<Vec<(usize, u64)>> {
+    order
+        .into_iter()
+        .map(|b| b.into_iter().map(|(s, i, _)| (s, i)).collect())
+        .collect()
+}
+
+#[test]
+fn the_engine_delivers_the_plans_order_on_both_backends() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = make_shards(dir.path(), 7, 300_000, 9_000);
+    let counts = counts_of(&paths);
+    let total: u64 = counts.iter().sum();
+    for backend in ["io_uring", "threads"] {
+        for (consumers, workers, buffer, remainder) in [
+            (1, 1, 0, "pad"),
+            (3, 2, 40, "pad"),
+            (2, 3, 17, "drop"),
+            (4, 2, 0, "drop"),
+        ] {
+            let mut seen: HashMap<(usize, u64), u32> = HashMap::new();
+            let mut lengths = Vec::new();
+            for c in 0..consumers {
+                let cfg = config(
+                    &paths,
+                    json!({"io_backend": backend, "workers": workers, "seed": 11, "shuffle": true,
+                           "shuffle_buffer": buffer, "remainder": remainder,
+                           "world_size": consumers, "rank": c, "epochs": 2}),
+                );
+                let opts = cfg.plan_options(workers);
+                let l = Loader::open(cfg).unwrap();
+                for epoch in 0..2 {
+                    let got = take_batches(&l, usize::MAX);
+                    let want = strip(plan::consumer_order(&opts, &counts, epoch, None).unwrap());
+                    assert_eq!(
+                        got, want,
+                        "{backend}, consumer {c}/{consumers}, {workers} workers, epoch {epoch}"
+                    );
+                    if epoch == 0 {
+                        lengths.push(got.len());
+                        for s in got.into_iter().flatten() {
+                            *seen.entry(s).or_default() += 1;
+                        }
+                    }
+                }
+                assert!(matches!(l.next(None).unwrap(), Next::Finished));
+                let st = l.stats();
+                assert_eq!(st.consumers, consumers);
+                assert_eq!(st.epochs_done, 2);
+            }
+            assert!(lengths.iter().all(|&n| n == lengths[0]), "{lengths:?}");
+            let repeats: u32 = seen.values().map(|&k| k - 1).sum();
+            if remainder == "pad" {
+                assert_eq!(seen.len() as u64, total, "every sample once");
+                assert!(u64::from(repeats) < consumers, "only pads repeat");
+            } else {
+                assert_eq!(repeats, 0);
+                assert!(total - (seen.len() as u64) < consumers);
+            }
+        }
+    }
+}
+
+#[test]
+fn the_same_seed_gives_the_same_order_and_epochs_differ() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = make_shards(dir.path(), 5, 200_000, 7_000);
+    let run = |seed: u64| {
+        let l = Loader::open(config(
+            &paths,
+            json!({"seed": seed, "shuffle": true, "shuffle_buffer": 64, "workers": 2, "epochs": 2}),
+        ))
+        .unwrap();
+        (take_batches(&l, usize::MAX), take_batches(&l, usize::MAX))
+    };
+    let (a0, a1) = run(3);
+    let (b0, b1) = run(3);
+    assert_eq!((&a0, &a1), (&b0, &b1), "same seed, same order");
+    assert_ne!(a0, a1, "epochs are shuffled differently");
+    assert_ne!(run(4).0, a0, "another seed, another order");
+    let mut sorted: Vec<_> = a0.concat();
+    sorted.sort();
+    let mut natural = sorted.clone();
+    natural.dedup();
+    assert_eq!(sorted, natural, "a permutation: no repeats");
+}
+
+#[test]
+fn a_resume_state_continues_the_epoch_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = make_shards(dir.path(), 6, 250_000, 8_000);
+    let extra = json!({"seed": 9, "shuffle": true, "shuffle_buffer": 30, "workers": 2,
+                       "world_size": 2, "rank": 1, "epochs": 2});
+    let full = {
+        let l = Loader::open(config(&paths, extra.clone())).unwrap();
+        (take_batches(&l, usize::MAX), take_batches(&l, usize::MAX))
+    };
+    for cut in [0, 1, full.0.len() / 2, full.0.len()] {
+        let l = Loader::open(config(&paths, extra.clone())).unwrap();
+        let head = take_batches(&l, cut);
+        let state = l.state();
+        assert_eq!(state.batches as usize, cut);
+        drop(l);
+        let mut resumed = extra.clone();
+        resumed["resume"] = json!(state.to_hex());
+        let l = Loader::open(config(&paths, resumed)).unwrap();
+        let mut rest = take_batches(&l, usize::MAX);
+        let next_epoch = take_batches(&l, usize::MAX);
+        let mut again = head;
+        again.append(&mut rest);
+        if cut == full.0.len() {
+            // The cut fell on the epoch's last batch: the state still points
+            // into epoch 0, and resuming ends it at once.
+            assert_eq!(again, full.0);
+        } else {
+            assert_eq!(again, full.0, "cut after {cut} batches");
+        }
+        assert_eq!(next_epoch, full.1, "the next epoch is untouched");
+        assert_eq!(l.stats().batches_skipped, cut as u64);
+    }
+}
+
+#[test]
+fn an_elastic_resume_from_two_consumers_to_three_loses_and_repeats_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = make_shards(dir.path(), 6, 250_000, 8_000);
+    let counts = counts_of(&paths);
+    let total: u64 = counts.iter().sum();
+    let base = json!({"seed": 2, "shuffle": true, "shuffle_buffer": 20, "workers": 2});
+    let mut delivered = Vec::new();
+    let mut states = Vec::new();
+    for (rank, cut) in [(0, 3), (1, 5)] {
+        let mut e = base.clone();
+        e["world_size"] = json!(2);
+        e["rank"] = json!(rank);
+        let l = Loader::open(config(&paths, e)).unwrap();
+        delivered.extend(take_batches(&l, cut).concat());
+        states.push(l.state().to_hex());
+    }
+    let mut lengths = Vec::new();
+    for rank in 0..3 {
+        let mut e = base.clone();
+        e["world_size"] = json!(3);
+        e["rank"] = json!(rank);
+        e["workers"] = json!(1);
+        e["resume"] = json!(states);
+        let l = Loader::open(config(&paths, e)).unwrap();
+        let got = take_batches(&l, usize::MAX);
+        lengths.push(got.len());
+        delivered.extend(got.concat());
+        assert!(matches!(l.next(None).unwrap(), Next::Finished));
+    }
+    assert!(lengths.iter().all(|&n| n == lengths[0]), "{lengths:?}");
+    let mut seen: HashMap<(usize, u64), u32> = HashMap::new();
+    for s in delivered {
+        *seen.entry(s).or_default() += 1;
+    }
+    assert_eq!(seen.len() as u64, total, "every sample of the epoch");
+    let repeats: u32 = seen.values().map(|&k| k - 1).sum();
+    assert!(repeats <= 2, "only pads repeat ({repeats})");
+}
+
+#[test]
+fn a_large_shuffle_buffer_compacts_within_the_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    // ~5,000 samples of ~6 KB over 5 shards; a 1,200-sample buffer (~7 MB,
+    // ~30 chunks when dense, ~4x that as survivors spread over chunks) with
+    // a 64-chunk budget of 256 KiB chunks must copy survivors together.
+    let paths = make_shards(dir.path(), 5, 6_000_000, 6_000);
+    let counts = counts_of(&paths);
+    let cfg = config(
+        &paths,
+        json!({"memory_budget": "16MiB", "workers": 1, "seed": 1, "shuffle_buffer": 1200}),
+    );
+    let opts = cfg.plan_options(1);
+    let l = Loader::open(cfg).unwrap();
+    let got = take_batches(&l, usize::MAX);
+    assert_eq!(
+        got,
+        strip(plan::consumer_order(&opts, &counts, 0, None).unwrap())
+    );
+    let st = l.stats();
+    assert!(st.shuffle_copied > 0, "survivors were compacted");
+    assert!(st.chunks_peak <= st.chunk_count);
+    assert!(st.bytes_copied >= st.shuffle_copied);
+}
+
+#[test]
+fn a_shuffle_buffer_larger_than_the_budget_is_a_named_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = make_shards(dir.path(), 2, 3_000_000, 60_000);
+    let l = Loader::open(config(
+        &paths,
+        json!({"memory_budget": "4MiB", "workers": 1, "shuffle_buffer": 1000}),
+    ))
+    .unwrap();
+    let e = loop {
+        match l.next(Some(Duration::from_secs(30))) {
+            Ok(Next::Batch(_)) => continue,
+            Ok(other) => panic!("expected an error, got {other:?}"),
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(e, Error::BudgetTooSmall { .. }), "{e}");
+    assert!(e.to_string().contains("shuffle_buffer"), "{e}");
+}
+
+#[test]
+fn samples_per_epoch_and_resampling_fix_the_epoch_length() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = make_shards(dir.path(), 3, 100_000, 5_000);
+    for resampled in [false, true] {
+        let l = Loader::open(config(
+            &paths,
+            json!({"samples_per_epoch": 123, "world_size": 2, "rank": 1, "resampled": resampled,
+                   "epochs": 2, "seed": 4}),
+        ))
+        .unwrap();
+        for _ in 0..2 {
+            let n: usize = take_batches(&l, usize::MAX).iter().map(Vec::len).sum();
+            assert_eq!(n, 61, "resampled: {resampled}");
+        }
+    }
+}
+
+#[test]
+fn bad_states_wrong_counts_and_impossible_layouts_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = make_shards(dir.path(), 3, 100_000, 5_000);
+    let open_err = |extra: Value| {
+        let mut m = serde_json::Map::new();
+        let urls: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+        m.insert("urls".into(), json!(urls));
+        if let Value::Object(e) = extra {
+            m.extend(e);
+        }
+        match Config::from_map(&m).and_then(Loader::open) {
+            Ok(_) => panic!("opened with {m:?}"),
+            Err(e) => e.to_string(),
+        }
+    };
+    assert!(open_err(json!({"resume": "zz"})).contains("hex"));
+    assert!(open_err(json!({"resume": "00112233"})).contains("not a ringfeed resume state"));
+    assert!(open_err(json!({"resume": 7})).contains("`resume`"));
+    assert!(open_err(json!({"rank": 2, "world_size": 2})).contains("`rank` 2"));
+    assert!(open_err(json!({"resampled": true})).contains("samples_per_epoch"));
+    assert!(open_err(json!({"shuffle_initial": 5})).contains("shuffle_initial"));
+    // A state of another configuration.
+    let l = Loader::open(config(&paths, json!({"seed": 1}))).unwrap();
+    take_batches(&l, 1);
+    let st = l.state().to_hex();
+    drop(l);
+    let e = open_err(json!({"seed": 2, "batch_size": 5, "resume": st}));
+    assert!(e.contains("another dataset or other epoch settings"), "{e}");
+    // States of a 2-consumer layout, one missing, resumed as 3.
+    let mut e2 = json!({"world_size": 2, "rank": 0});
+    let l = Loader::open(config(&paths, e2.clone())).unwrap();
+    take_batches(&l, 1);
+    e2["world_size"] = json!(3);
+    e2["batch_size"] = json!(5);
+    e2["resume"] = json!([l.state().to_hex()]);
+    let e = open_err(e2);
+    assert!(
+        e.contains("needs the state of every old consumer; missing: 1"),
+        "{e}"
+    );
+    // A manifest whose sample count is wrong.
+    let m = dir.path().join("set.manifest");
+    let counts = counts_of(&paths);
+    let mut text = String::new();
+    for (i, (p, c)) in paths.iter().zip(&counts).enumerate() {
+        let c = if i == 1 { c + 3 } else { *c };
+        text.push_str(&format!(
+            "{} {} {c}\n",
+            p.display(),
+            p.metadata().unwrap().len()
+        ));
+    }
+    std::fs::write(&m, text).unwrap();
+    let cfg = Config::from_map(
+        // Rank 1's share ends at the end of shard 1 as the manifest counts it.
+        json!({"manifest": m.display().to_string(), "world_size": 2, "rank": 1,
+               "memory_budget": "16MiB", "chunk_size": "256KiB"})
+        .as_object()
+        .unwrap(),
+    )
+    .unwrap();
+    let l = Loader::open(cfg).unwrap();
+    let e = loop {
+        match l.next(Some(Duration::from_secs(30))) {
+            Ok(Next::Batch(_)) => continue,
+            Ok(other) => panic!("expected an error, got {other:?}"),
+            Err(e) => break e,
+        }
+    };
+    assert!(
+        matches!(&e, Error::Plan { .. }) && e.to_string().contains("samples"),
+        "{e}"
+    );
+}
