@@ -110,6 +110,10 @@ pub struct Config {
     pub loader_workers: u64,
     /// Resume states (hex) saved by `state`: see `crate::resume`.
     pub resume: Vec<String>,
+    /// The epoch to start at (each epoch has its own shuffle); `epochs`
+    /// still counts from 0, so the loader runs `epoch..epochs`. A resume
+    /// state overrides it.
+    pub epoch: u64,
 }
 
 /// The automatic worker count. A fixed number, not one per CPU: the workers
@@ -172,6 +176,7 @@ impl Default for Config {
             loader_worker: 0,
             loader_workers: 1,
             resume: Vec::new(),
+            epoch: 0,
         }
     }
 }
@@ -255,6 +260,7 @@ pub const KEYS: &[&str] = &[
     "loader_worker",
     "loader_workers",
     "resume",
+    "epoch",
 ];
 
 impl Config {
@@ -355,6 +361,7 @@ impl Config {
                     }
                 }
                 "rank" => c.rank = integer(key, v)?,
+                "epoch" => c.epoch = integer(key, v)?,
                 "world_size" => c.world_size = positive(key, v)?,
                 "loader_worker" => c.loader_worker = integer(key, v)?,
                 "loader_workers" => c.loader_workers = positive(key, v)?,

@@ -869,7 +869,10 @@ fn plan_setup(cfg: &Config, shards: &[Shard], workers: usize) -> Result<PlanSetu
         .iter()
         .map(|h| State::from_hex(h))
         .collect::<Result<Vec<_>>>()?;
-    let start = resume::start_from(&states, fingerprint, &opts)?;
+    let mut start = resume::start_from(&states, fingerprint, &opts)?;
+    if states.is_empty() {
+        start.epoch = cfg.epoch;
+    }
     let mut counts: Vec<Option<u64>> = shards.iter().map(|s| s.samples).collect();
     if opts.needs_counts() || start.needs_counts() {
         for (c, s) in counts.iter_mut().zip(shards) {

@@ -167,6 +167,14 @@ fn the_same_seed_gives_the_same_order_and_epochs_differ() {
     assert_eq!((&a0, &a1), (&b0, &b1), "same seed, same order");
     assert_ne!(a0, a1, "epochs are shuffled differently");
     assert_ne!(run(4).0, a0, "another seed, another order");
+    // Starting at epoch 1 gives epoch 1's order (each epoch its own shuffle).
+    let l = Loader::open(config(
+        &paths,
+        json!({"seed": 3, "shuffle": true, "shuffle_buffer": 64, "workers": 2, "epochs": 2, "epoch": 1}),
+    ))
+    .unwrap();
+    assert_eq!(take_batches(&l, usize::MAX), a1);
+    assert!(matches!(l.next(None).unwrap(), Next::Finished));
     let mut sorted: Vec<_> = a0.concat();
     sorted.sort();
     let mut natural = sorted.clone();
