@@ -1,6 +1,7 @@
 //! The `ringfeed` command: `gen` writes a synthetic WebDataset, `bench`
 //! streams a dataset and reports throughput and cost, `serve` serves a
-//! directory over HTTP, `ls` and `cat` look at a dataset (`cli/inspect.rs`),
+//! directory over HTTP, `ls`, `index` and `cat` look at a dataset
+//! (`cli/inspect.rs`),
 //! and `demo` generates shards in a temporary directory and streams them
 //! from an embedded loopback server.
 
@@ -42,6 +43,9 @@ enum Command {
     Serve(ServeArgs),
     /// List the shards a dataset resolves to, with sizes (and sample counts).
     Ls(LsArgs),
+    /// Write a manifest (`URL size samples` per line) of the dataset: with
+    /// it, loaders split the data among ranks without counting samples.
+    Index(IndexArgs),
     /// Print each sample's key and field sizes, or one field's raw bytes.
     Cat(CatArgs),
     /// Generate a dataset in a temporary directory, serve it on a loopback
@@ -89,6 +93,18 @@ struct LsArgs {
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    opts: LoaderArgs,
+}
+
+#[derive(Args)]
+struct IndexArgs {
+    /// Dataset URLs or paths (brace expansion allowed).
+    #[arg(required = true)]
+    urls: Vec<String>,
+    /// Write the manifest here instead of to stdout.
+    #[arg(long, short)]
+    output: Option<PathBuf>,
     #[command(flatten)]
     opts: LoaderArgs,
 }
@@ -198,6 +214,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => bench(a.urls, &a.opts, &a.report),
         Command::Serve(a) => serve_cmd(a),
         Command::Ls(a) => cli::inspect::ls(a.urls, a.samples, a.json, &a.opts),
+        Command::Index(a) => cli::inspect::index(a.urls, a.output.as_deref(), &a.opts),
         Command::Cat(a) => cli::inspect::cat(
             a.urls,
             &cli::inspect::CatArgs {

@@ -270,3 +270,41 @@ fn bad_input_fails_with_a_message_naming_the_problem() {
         "cannot listen on 192.0.2.1:0",
     );
 }
+
+#[test]
+fn index_writes_a_manifest_that_splits_the_dataset_among_ranks() {
+    let (dir, samples) = dataset();
+    let m = dir.path().join("set.manifest");
+    let m_s = m.to_str().unwrap();
+    ok(&["index", &pattern(dir.path()), "-o", m_s]);
+    let text = std::fs::read_to_string(&m).unwrap();
+    let counted: u64 = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| l.split_whitespace().nth(2).unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(counted, samples, "{text}");
+    // Two ranks from the manifest: each gets half, padded to equal length.
+    let mut got = 0;
+    for rank in 0..2 {
+        let cfg = format!(r#"{{"world_size": 2, "rank": {rank}}}"#);
+        let out = ok(&[
+            "bench",
+            m_s,
+            "--json",
+            "--verify",
+            &SEED.to_string(),
+            "--config",
+            &cfg,
+            "--memory-budget",
+            "64MiB",
+            "--chunk-size",
+            "1MiB",
+        ]);
+        let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        got += v["samples"].as_u64().unwrap() - v["stats"]["samples_padded"].as_u64().unwrap();
+        assert_eq!(v["verify_failures"], 0);
+    }
+    assert_eq!(got, samples);
+    fails(&["index", "/nonexistent/x.tar"], "/nonexistent/x.tar");
+}

@@ -1,4 +1,4 @@
-//! `ringfeed ls` and `ringfeed cat`: looking at a dataset. `ls` shows what
+//! `ringfeed ls`, `ringfeed index` and `ringfeed cat`: looking at a dataset. `ls` shows what
 //! the URLs resolve to (the library's own resolution, so a listing and a
 //! training job agree) and, with `--samples`, streams each shard through a
 //! loader of its own to count its samples; `cat` streams the dataset through
@@ -124,6 +124,47 @@ pub fn ls(urls: Vec<String>, samples: bool, json: bool, a: &LoaderArgs) -> AnyRe
         )
     };
     write_or_quit(writeln!(out, "{summary}"))?;
+    Ok(())
+}
+
+/// `ringfeed index`: a manifest (`URL size samples` per line) of the
+/// dataset, so loaders split it among consumers without counting. Local
+/// shards are counted from their headers alone; remote ones are streamed.
+pub fn index(urls: Vec<String>, output: Option<&std::path::Path>, a: &LoaderArgs) -> AnyResult<()> {
+    let cfg = config_for(urls, a)?;
+    let shards = ringfeed::dataset::resolve(&cfg.urls, &net_options(&cfg))?;
+    if shards.is_empty() {
+        return Err("the URLs name no shard".into());
+    }
+    let bar = indicatif::ProgressBar::new(shards.len() as u64);
+    bar.set_style(indicatif::ProgressStyle::with_template(
+        "{spinner} indexing {pos}/{len} shards {msg}",
+    )?);
+    let mut text = format!(
+        "# ringfeed manifest: URL size samples ({} shards)\n",
+        shards.len()
+    );
+    let mut total = 0u64;
+    for s in &shards {
+        bar.set_message(s.name.clone());
+        let n = match &s.source {
+            ringfeed::dataset::Source::File(path) => ringfeed::tar::count_file_samples(path)?,
+            _ => count_shard(&s.name, a)?.samples,
+        };
+        total += n;
+        text.push_str(&format!("{} {} {n}\n", s.name, s.size));
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    match output {
+        Some(p) => {
+            std::fs::write(p, &text).map_err(|e| format!("write `{}`: {e}", p.display()))?;
+            eprintln!("{}: {} shards, {total} samples", p.display(), shards.len());
+        }
+        None => {
+            write_or_quit(io::stdout().lock().write_all(text.as_bytes()))?;
+        }
+    }
     Ok(())
 }
 
