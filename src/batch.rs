@@ -43,7 +43,12 @@ pub struct Held {
     names: Vec<u8>,
     /// Per field: name offset in `names`, data, length.
     fields: Vec<(usize, *const u8, usize)>,
-    chunks: Vec<ChunkRef>,
+    /// The run of the first field, kept inline: the shuffle buffer reads it
+    /// for every sample it takes out, at a random place in the buffer, and a
+    /// separate allocation would be one more cache miss each time.
+    chunk: Option<ChunkRef>,
+    /// Other runs (fields in different chunks, spills).
+    more: Vec<ChunkRef>,
     bytes: u64,
 }
 
@@ -59,7 +64,8 @@ impl Held {
         Held {
             names,
             fields: Vec::with_capacity(2),
-            chunks: Vec::with_capacity(1),
+            chunk: None,
+            more: Vec::new(),
             bytes: 0,
         }
     }
@@ -76,8 +82,14 @@ impl Held {
         self.names.push(0);
         self.fields.push((off, data, len));
         self.bytes += len as u64;
-        if !self.chunks.iter().any(|c| c.same_run(chunk)) {
-            self.chunks.push(chunk.clone());
+        match &self.chunk {
+            None => self.chunk = Some(chunk.clone()),
+            Some(c) if c.same_run(chunk) => {}
+            Some(_) => {
+                if !self.more.iter().any(|c| c.same_run(chunk)) {
+                    self.more.push(chunk.clone());
+                }
+            }
         }
     }
 
@@ -87,8 +99,8 @@ impl Held {
     }
 
     /// The runs the sample's fields point into.
-    pub fn chunks(&self) -> &[ChunkRef] {
-        &self.chunks
+    pub fn chunks(&self) -> impl Iterator<Item = &ChunkRef> {
+        self.chunk.iter().chain(self.more.iter())
     }
 
     /// Copies every field into `dest` from `at` (which must hold `bytes()`
@@ -109,8 +121,8 @@ impl Held {
             }
             at = (at + f.2 + 63) & !63;
         }
-        self.chunks.clear();
-        self.chunks.push(dest.clone());
+        self.more.clear();
+        self.chunk = Some(dest.clone());
         at
     }
 
@@ -223,7 +235,7 @@ impl BatchBuilder {
             });
         }
         self.bytes += h.bytes;
-        for c in h.chunks {
+        for c in h.chunk.into_iter().chain(h.more) {
             if !self.chunks.last().is_some_and(|l| l.same_run(&c)) {
                 self.chunks.push(c);
             }

@@ -9,7 +9,7 @@
 //! fresh chunk (counted as copied bytes), which lets the sparse chunks go
 //! back to the pool. The order does not change: only where bytes live.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 
 use crate::arena::ChunkRef;
@@ -27,8 +27,9 @@ struct Pin {
 
 pub(crate) struct Shuffler {
     buf: ShuffleBuffer<Held>,
-    /// Runs the buffered samples point into, by first chunk.
-    pins: HashMap<u32, Pin>,
+    /// Runs the buffered samples point into, by first chunk (a table over
+    /// the pool's chunks: this is on every sample's path).
+    pins: Vec<Pin>,
     pinned_chunks: usize,
     /// Payload bytes of the buffered samples.
     bytes: u64,
@@ -40,10 +41,15 @@ pub(crate) struct Shuffler {
 }
 
 impl Shuffler {
-    pub(crate) fn new(buf: ShuffleBuffer<Held>, limit: usize, stream: usize) -> Self {
+    pub(crate) fn new(
+        buf: ShuffleBuffer<Held>,
+        limit: usize,
+        stream: usize,
+        chunk_count: usize,
+    ) -> Self {
         Shuffler {
             buf,
-            pins: HashMap::new(),
+            pins: vec![Pin::default(); chunk_count],
             pinned_chunks: 0,
             bytes: 0,
             limit: limit.max(1),
@@ -55,7 +61,7 @@ impl Shuffler {
     fn pin(&mut self, h: &Held, chunk_size: usize) {
         self.bytes += h.bytes();
         for c in h.chunks() {
-            let p = self.pins.entry(c.index()).or_default();
+            let p = &mut self.pins[c.index() as usize];
             if p.samples == 0 {
                 p.chunks = (c.len() / chunk_size) as u32;
                 self.pinned_chunks += p.chunks as usize;
@@ -68,13 +74,12 @@ impl Shuffler {
     fn unpin(&mut self, h: &Held) {
         self.bytes -= h.bytes();
         for c in h.chunks() {
-            if let Some(p) = self.pins.get_mut(&c.index()) {
-                p.samples -= 1;
-                p.bytes = p.bytes.saturating_sub(h.bytes());
-                if p.samples == 0 {
-                    self.pinned_chunks -= p.chunks as usize;
-                    self.pins.remove(&c.index());
-                }
+            let p = &mut self.pins[c.index() as usize];
+            p.samples -= 1;
+            p.bytes = p.bytes.saturating_sub(h.bytes());
+            if p.samples == 0 {
+                self.pinned_chunks -= p.chunks as usize;
+                p.bytes = 0;
             }
         }
     }
@@ -135,8 +140,9 @@ impl Shuffler {
         let mut runs: Vec<(u32, Pin)> = self
             .pins
             .iter()
-            .filter(|(k, _)| Some(**k) != target_run)
-            .map(|(k, p)| (*k, *p))
+            .enumerate()
+            .map(|(k, p)| (k as u32, *p))
+            .filter(|(k, p)| p.samples > 0 && Some(*k) != target_run)
             .collect();
         // Fullness: bytes per chunk of the run, emptiest first.
         runs.sort_by_key(|(k, p)| (p.bytes / u64::from(p.chunks.max(1)), *k));
@@ -164,10 +170,12 @@ impl Shuffler {
         for i in 0..self.buf.len() {
             let hit = self.buf.items()[i]
                 .chunks()
-                .iter()
                 .any(|c| chosen.contains(&c.index()));
+            if !hit {
+                continue;
+            }
             let size = self.buf.items()[i].moved_size();
-            if !hit || size > cs {
+            if size > cs {
                 continue;
             }
             let room = self

@@ -82,7 +82,12 @@ impl<'a> Worker<'a> {
                 // compaction target; one more absorbs the check coming
                 // after the push that crossed the limit.
                 let limit = quota.saturating_sub(sh.cfg.reads_in_flight + HEADROOM + 2);
-                self.shuffle = Some(Shuffler::new(buf, limit, self.stream));
+                self.shuffle = Some(Shuffler::new(
+                    buf,
+                    limit,
+                    self.stream,
+                    sh.pool.chunk_count(),
+                ));
             }
             for seg in &plan.streams[self.stream] {
                 if sh.stopping() {
