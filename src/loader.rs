@@ -96,6 +96,10 @@ pub(crate) struct Shared {
     pub start: Start,
     /// Samples of the start epoch delivered before an elastic resume.
     base_delivered: Option<Delivered>,
+    /// For a resume at the same layout with every count known: per stream
+    /// and segment, the samples of the skipped batches, which workers pass
+    /// on as placeholders without reading them (see `plan::replayed`).
+    replay: Option<Vec<Vec<Vec<u64>>>>,
     plans: Mutex<HashMap<u64, Arc<ConsumerPlan>>>,
     fingerprint: u64,
     /// Bytes of front and back slack in each chunk (see `worker`).
@@ -132,6 +136,20 @@ impl Shared {
         self.streams[stream]
             .push_wait(item)
             .map_err(|_| Error::Closed)
+    }
+
+    /// The replayed samples of segment `seg` of `stream`, in `epoch`.
+    pub fn replayed(&self, epoch: u64, stream: usize, seg: usize) -> Option<&[u64]> {
+        if epoch != self.start.epoch {
+            return None;
+        }
+        let r = self.replay.as_ref()?;
+        Some(&r[stream][seg])
+    }
+
+    /// Each shard's sample count, where known.
+    pub fn count(&self, shard: usize) -> Option<u64> {
+        self.counts[shard]
     }
 
     /// This consumer's plan of `epoch` (made once, shared by the workers and
@@ -180,6 +198,14 @@ impl Shared {
                         )));
                     }
                     return Ok(());
+                }
+                if self.replay.is_some()
+                    && epoch == self.start.epoch
+                    && b.raw_samples().iter().any(|s| s.field_count == 0)
+                {
+                    return Err(Error::State(
+                        "internal error: a replayed placeholder came after the resume point".into(),
+                    ));
                 }
                 self.push(Item::Batch(b))
             };
@@ -381,7 +407,7 @@ impl Loader {
             0 => AUTO_WORKERS.min(shards.len()),
             n => n,
         };
-        let (plan_opts, counts, start, base_delivered, fingerprint) =
+        let (plan_opts, counts, start, base_delivered, replay, fingerprint) =
             plan_setup(&cfg, &shards, workers)?;
         let chunk = cfg.chunk_size as usize;
         let budget = cfg.effective_budget(workers);
@@ -469,6 +495,7 @@ impl Loader {
             }),
             start,
             base_delivered,
+            replay,
             plans: Mutex::new(HashMap::new()),
             fingerprint,
             slack,
@@ -855,7 +882,15 @@ fn sequencer_main(shared: Arc<Shared>) {
     shared.channel.close();
 }
 
-type PlanSetup = (PlanOptions, Vec<Option<u64>>, Start, Option<Delivered>, u64);
+type Replay = Vec<Vec<Vec<u64>>>;
+type PlanSetup = (
+    PlanOptions,
+    Vec<Option<u64>>,
+    Start,
+    Option<Delivered>,
+    Option<Replay>,
+    u64,
+);
 
 /// The plan's options, each shard's count where known (local shards are
 /// counted from their headers when the plan needs counts), where to start
@@ -874,7 +909,7 @@ fn plan_setup(cfg: &Config, shards: &[Shard], workers: usize) -> Result<PlanSetu
         start.epoch = cfg.epoch;
     }
     let mut counts: Vec<Option<u64>> = shards.iter().map(|s| s.samples).collect();
-    if opts.needs_counts() || start.needs_counts() {
+    if opts.needs_counts() || start.needs_counts() || start.skip_batches > 0 {
         for (c, s) in counts.iter_mut().zip(shards) {
             if c.is_none()
                 && let crate::dataset::Source::File(path) = &s.source
@@ -893,6 +928,15 @@ fn plan_setup(cfg: &Config, shards: &[Shard], workers: usize) -> Result<PlanSetu
         None
     };
     // Surface plan errors (missing counts, bad layout) at open.
-    plan_epoch(&opts, &counts, start.epoch, base.as_ref())?;
-    Ok((opts, counts, start, base, fingerprint))
+    let plan = plan_epoch(&opts, &counts, start.epoch, base.as_ref())?;
+    // A resume with every count known replays the cut's batches without
+    // reading them; with unknown counts it reads and skips them.
+    let known: Option<Vec<u64>> = counts.iter().copied().collect();
+    let replay = match known {
+        Some(k) if start.skip_batches > 0 => {
+            Some(crate::plan::replayed(&opts, &k, &plan, start.skip_batches))
+        }
+        _ => None,
+    };
+    Ok((opts, counts, start, base, replay, fingerprint))
 }

@@ -614,28 +614,67 @@ pub fn order_of_plan(
     counts: &[u64],
     plan: &ConsumerPlan,
 ) -> Result<Vec<Vec<SampleRef>>> {
+    Ok(simulate(opts, counts, plan, |_, _, seg, i| {
+        (seg.shard, i, seg.pad)
+    }))
+}
+
+/// Per stream, per segment (by its place in the stream), the indices of the
+/// samples delivered in the plan's first `batches` batches, sorted: what a
+/// resume replays without reading their bytes.
+pub fn replayed(
+    opts: &PlanOptions,
+    counts: &[u64],
+    plan: &ConsumerPlan,
+    batches: u64,
+) -> Vec<Vec<Vec<u64>>> {
+    let order = simulate(opts, counts, plan, |s, j, _, i| (s, j, i));
+    let mut out: Vec<Vec<Vec<u64>>> = plan
+        .streams
+        .iter()
+        .map(|segs| vec![Vec::new(); segs.len()])
+        .collect();
+    for b in order.iter().take(batches as usize) {
+        for &(s, j, i) in b {
+            out[s][j].push(i);
+        }
+    }
+    for x in out.iter_mut().flatten() {
+        x.sort_unstable();
+    }
+    out
+}
+
+/// Runs the plan's order on sample indices: each stream's samples through
+/// its shuffle buffer into batches, round-robin delivery, tails merged.
+/// `item(stream, segment place, segment, index)` names each sample.
+fn simulate<T: Copy>(
+    opts: &PlanOptions,
+    counts: &[u64],
+    plan: &ConsumerPlan,
+    item: impl Fn(usize, usize, &Segment, u64) -> T,
+) -> Vec<Vec<T>> {
     let bs = opts.batch_size.max(1);
     // Per stream: its batches and its tail, as the workers make them.
-    let mut per_stream: Vec<(std::collections::VecDeque<Vec<SampleRef>>, Vec<SampleRef>)> =
-        Vec::new();
+    let mut per_stream: Vec<(std::collections::VecDeque<Vec<T>>, Vec<T>)> = Vec::new();
     for (s, segs) in plan.streams.iter().enumerate() {
         let mut buf =
             (opts.shuffle_buffer > 0).then(|| ShuffleBuffer::for_stream(opts, plan.epoch, s));
         let mut batches = std::collections::VecDeque::new();
         let mut open = Vec::with_capacity(bs);
-        let mut emit = |x: SampleRef, open: &mut Vec<SampleRef>| {
+        let mut emit = |x: T, open: &mut Vec<T>| {
             open.push(x);
             if open.len() == bs {
                 batches.push_back(std::mem::take(open));
             }
         };
-        for seg in segs {
+        for (j, seg) in segs.iter().enumerate() {
             let to = seg.to.unwrap_or(counts[seg.shard]);
             for i in seg.from..to {
                 if !seg.wants(i) {
                     continue;
                 }
-                let x = (seg.shard, i, seg.pad);
+                let x = item(s, j, seg, i);
                 match &mut buf {
                     None => emit(x, &mut open),
                     Some(b) => {
@@ -655,7 +694,7 @@ pub fn order_of_plan(
     }
     let mut out = Vec::new();
     let mut d = Delivery::new(per_stream.len());
-    let mut tails = vec![Vec::new(); per_stream.len()];
+    let mut tails: Vec<Vec<T>> = (0..per_stream.len()).map(|_| Vec::new()).collect();
     while let Some(s) = d.next_stream() {
         match per_stream[s].0.pop_front() {
             Some(b) => out.push(b),
@@ -665,7 +704,7 @@ pub fn order_of_plan(
             }
         }
     }
-    let mut carry: Vec<SampleRef> = Vec::with_capacity(bs);
+    let mut carry: Vec<T> = Vec::with_capacity(bs);
     for t in tails {
         for x in t {
             carry.push(x);
@@ -677,7 +716,7 @@ pub fn order_of_plan(
     if !carry.is_empty() && !opts.drop_last {
         out.push(carry);
     }
-    Ok(out)
+    out
 }
 
 /// The samples of `epoch` that the consumers of a layout delivered, given

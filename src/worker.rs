@@ -89,12 +89,32 @@ impl<'a> Worker<'a> {
                     sh.pool.chunk_count(),
                 ));
             }
-            for seg in &plan.streams[self.stream] {
+            for (place, seg) in plan.streams[self.stream].iter().enumerate() {
                 if sh.stopping() {
                     return Err(Error::Closed);
                 }
                 let shard = &sh.shards[seg.shard];
-                self.shard(shard, seg, epoch)
+                let ghosts = sh.replayed(epoch, self.stream, place);
+                if let (Some(g), Some(count)) = (ghosts, sh.count(seg.shard)) {
+                    let wanted: Vec<u64> = (seg.from..seg.to.unwrap_or(count))
+                        .filter(|&i| seg.wants(i))
+                        .collect();
+                    if wanted.len() == g.len() {
+                        // Every sample of the segment went out before the
+                        // cut: pass placeholders on without reading.
+                        for _ in wanted {
+                            emit_ghost(
+                                sh,
+                                self.stream,
+                                &mut self.builder,
+                                &mut self.shuffle,
+                                epoch,
+                            )?;
+                        }
+                        continue;
+                    }
+                }
+                self.shard(shard, seg, ghosts, epoch)
                     .map_err(|e| tag_shard(e, shard))
                     .map_err(|e| match e {
                         // The pool's own check fired first: say what holds
@@ -126,7 +146,13 @@ impl<'a> Worker<'a> {
 
     /// Reads one shard (to its end, or until the segment's last sample) and
     /// walks it.
-    fn shard(&mut self, shard: &Shard, seg: &Segment, epoch: u64) -> Result<()> {
+    fn shard(
+        &mut self,
+        shard: &Shard,
+        seg: &Segment,
+        ghosts: Option<&[u64]>,
+        epoch: u64,
+    ) -> Result<()> {
         // The file (when local) stays open until every read of it completed.
         let (_file, target, size) = match &shard.source {
             Source::File(path) => {
@@ -141,7 +167,7 @@ impl<'a> Worker<'a> {
             Source::Http(obj) => (None, Target::Http(Arc::clone(obj)), shard.size),
         };
         let mut pending: VecDeque<PendingRead> = VecDeque::new();
-        let result = self.shard_reads(&target, shard, seg, size, epoch, &mut pending);
+        let result = self.shard_reads(&target, shard, seg, ghosts, size, epoch, &mut pending);
         if result.is_err() || !pending.is_empty() {
             // Reads still in flight write into their chunks: wait for them
             // before the chunks can go back to the pool.
@@ -150,11 +176,13 @@ impl<'a> Worker<'a> {
         result
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn shard_reads(
         &mut self,
         target: &Target,
         shard: &Shard,
         seg: &Segment,
+        ghosts: Option<&[u64]>,
         size: u64,
         epoch: u64,
         pending: &mut VecDeque<PendingRead>,
@@ -174,6 +202,7 @@ impl<'a> Worker<'a> {
             keep: false,
             index: 0,
             seg,
+            ghosts,
             done: false,
             segment: None,
             split: None,
@@ -372,6 +401,35 @@ impl<'a> Worker<'a> {
     }
 }
 
+/// A placeholder for a sample delivered before the resume point: it takes
+/// the sample's place in the shuffle buffer and the batch (which the
+/// sequencer skips) without its bytes.
+fn emit_ghost(
+    sh: &Shared,
+    stream: usize,
+    builder: &mut BatchBuilder,
+    shuffle: &mut Option<Shuffler>,
+    epoch: u64,
+) -> Result<()> {
+    match shuffle {
+        Some(sf) => {
+            if let Some(out) = sf.push(Held::new(b""), sh)? {
+                emit_held(sh, stream, builder, out, epoch)?;
+            }
+            Ok(())
+        }
+        None => {
+            builder.begin_sample(b"");
+            builder.end_sample();
+            if builder.len() == sh.cfg.batch_size {
+                let batch = sh.seal(builder, epoch);
+                sh.push_stream(stream, Item::Batch(batch))?;
+            }
+            Ok(())
+        }
+    }
+}
+
 /// A sample out of the shuffle buffer goes into the batch; a full batch goes
 /// to the stream's queue.
 fn emit_held(
@@ -430,6 +488,8 @@ struct ShardSink<'s> {
     /// Samples begun in this shard so far (the next one's index).
     index: u64,
     seg: &'s Segment,
+    /// Samples delivered before a resume point: passed on as placeholders.
+    ghosts: Option<&'s [u64]>,
     /// Past the segment's last sample: the rest of the shard is not ours.
     done: bool,
     /// The chunk whose data region is being fed.
@@ -489,6 +549,16 @@ impl ShardSink<'_> {
             self.key.extend_from_slice(key);
             self.open = true;
             self.keep = self.seg.wants(index);
+            if self.keep && self.ghosts.is_some_and(|g| g.binary_search(&index).is_ok()) {
+                self.keep = false;
+                emit_ghost(
+                    sh,
+                    self.stream,
+                    &mut self.builder,
+                    &mut self.shuffle,
+                    self.epoch,
+                )?;
+            }
             if self.keep {
                 if self.shuffle.is_some() {
                     self.held = Some(Held::new(key));

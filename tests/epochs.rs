@@ -182,39 +182,93 @@ fn the_same_seed_gives_the_same_order_and_epochs_differ() {
     assert_eq!(sorted, natural, "a permutation: no repeats");
 }
 
-#[test]
-fn a_resume_state_continues_the_epoch_exactly() {
-    let dir = tempfile::tempdir().unwrap();
-    let paths = make_shards(dir.path(), 6, 250_000, 8_000);
-    let extra = json!({"seed": 9, "shuffle": true, "shuffle_buffer": 30, "workers": 2,
-                       "world_size": 2, "rank": 1, "epochs": 2});
-    let full = {
-        let l = Loader::open(config(&paths, extra.clone())).unwrap();
-        (take_batches(&l, usize::MAX), take_batches(&l, usize::MAX))
+/// Cuts a consumer at several points, resumes from its state, and checks
+/// the concatenation against the uninterrupted run; returns the bytes each
+/// resumed loader read.
+fn resume_at_cuts(urls: Vec<String>, extra: Value) -> Vec<(usize, u64, u64)> {
+    let cfg = |extra: &Value| {
+        let mut m = serde_json::Map::new();
+        m.insert("urls".into(), json!(urls));
+        m.insert("memory_budget".into(), json!("16MiB"));
+        m.insert("chunk_size".into(), json!("256KiB"));
+        m.insert("batch_size".into(), json!(5));
+        if let Value::Object(e) = extra {
+            m.extend(e.clone());
+        }
+        Config::from_map(&m).unwrap()
     };
-    for cut in [0, 1, full.0.len() / 2, full.0.len()] {
-        let l = Loader::open(config(&paths, extra.clone())).unwrap();
+    let (full, full_read) = {
+        let l = Loader::open(cfg(&extra)).unwrap();
+        let f = (take_batches(&l, usize::MAX), take_batches(&l, usize::MAX));
+        let read = l.stats().bytes_read;
+        (f, read)
+    };
+    let mut reads = Vec::new();
+    for cut in [0, 1, full.0.len() / 2, full.0.len() - 1, full.0.len()] {
+        let l = Loader::open(cfg(&extra)).unwrap();
         let head = take_batches(&l, cut);
         let state = l.state();
         assert_eq!(state.batches as usize, cut);
         drop(l);
         let mut resumed = extra.clone();
         resumed["resume"] = json!(state.to_hex());
-        let l = Loader::open(config(&paths, resumed)).unwrap();
+        let l = Loader::open(cfg(&resumed)).unwrap();
         let mut rest = take_batches(&l, usize::MAX);
         let next_epoch = take_batches(&l, usize::MAX);
         let mut again = head;
         again.append(&mut rest);
-        if cut == full.0.len() {
-            // The cut fell on the epoch's last batch: the state still points
-            // into epoch 0, and resuming ends it at once.
-            assert_eq!(again, full.0);
-        } else {
-            assert_eq!(again, full.0, "cut after {cut} batches");
-        }
+        assert_eq!(again, full.0, "cut after {cut} batches");
         assert_eq!(next_epoch, full.1, "the next epoch is untouched");
-        assert_eq!(l.stats().batches_skipped, cut as u64);
+        let st = l.stats();
+        assert_eq!(st.batches_skipped, cut as u64);
+        reads.push((cut, st.bytes_read, full_read));
     }
+    reads
+}
+
+#[test]
+fn a_resume_state_continues_the_epoch_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    // Many small shards: a resume re-reads only the segments that still
+    // hold samples to deliver, a small part of the epoch late in it.
+    let paths = make_shards(dir.path(), 24, 60_000, 4_000);
+    let urls: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+    // Local shards: counted at open, so the cut's batches are replayed as
+    // placeholders and whole segments before the cut are not read again.
+    for extra in [
+        json!({"seed": 9, "shuffle": true, "shuffle_buffer": 30, "workers": 2,
+               "world_size": 2, "rank": 1, "epochs": 2}),
+        json!({"seed": 9, "workers": 3, "epochs": 2}),
+    ] {
+        let reads = resume_at_cuts(urls.clone(), extra);
+        // The runs cover epochs 0 and 1; a resume late in epoch 0 re-reads
+        // little of it (only segments with samples still to deliver).
+        let (cut, late, full) = reads[reads.len() - 2];
+        let per_epoch = full / 2;
+        assert!(
+            late - per_epoch < per_epoch / 2,
+            "resumed after {cut} batches, the loader read {} bytes of epoch 0 (of {per_epoch})",
+            late - per_epoch
+        );
+    }
+}
+
+#[test]
+fn a_resume_without_sample_counts_reads_and_skips_the_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    make_shards(dir.path(), 4, 200_000, 8_000);
+    let server =
+        ringfeed::serve::Server::bind("127.0.0.1:0", dir.path(), Default::default()).unwrap();
+    let urls = vec![format!("{}shard-{{000000..000003}}.tar", server.url())];
+    // One consumer over HTTP without a manifest: no counts, so the resumed
+    // loader reads the shards from the start and skips the cut's batches.
+    let reads = resume_at_cuts(
+        urls,
+        json!({"seed": 2, "shuffle": true, "shuffle_buffer": 25, "workers": 2, "epochs": 2}),
+    );
+    // Epoch 0 is read whole again, then epoch 1: as much as the full run.
+    let (_, late, full) = reads[reads.len() - 2];
+    assert_eq!(late, full, "without counts, the cut is read again");
 }
 
 #[test]
