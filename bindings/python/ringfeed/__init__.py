@@ -33,6 +33,7 @@ from .errors import (
     NetworkError,
     PanicError,
     ReleasedError,
+    StateError,
 )
 from .urls import expand_braces, expand_urls
 
@@ -70,6 +71,7 @@ __all__ = [
     "NetworkError",
     "PanicError",
     "ReleasedError",
+    "StateError",
     "config_keys",
     "expand_braces",
     "expand_urls",

@@ -32,6 +32,7 @@ CONSTANTS = {
     "RINGFEED_ERR_PANIC": -10,
     "RINGFEED_ERR_IO_URING": -11,
     "RINGFEED_ERR_NETWORK": -12,
+    "RINGFEED_ERR_STATE": -13,
     "RINGFEED_MEMORY_HUGETLB": 1,
     "RINGFEED_MEMORY_THP": 2,
     "RINGFEED_MEMORY_NORMAL": 3,
@@ -86,6 +87,13 @@ STRUCTS = {
         ("uint64_t", "elapsed_ns"),
         ("uint64_t", "http_requests"),
         ("uint64_t", "retries"),
+        ("uint64_t", "samples_padded"),
+        ("uint64_t", "batches_skipped"),
+        ("uint64_t", "samples_skipped"),
+        ("uint64_t", "shuffle_copied"),
+        ("uint64_t", "epoch"),
+        ("uint64_t", "consumers"),
+        ("uint64_t", "consumer"),
         ("uint32_t", "workers"),
         ("int32_t", "memory_kind"),
         ("int32_t", "io_backend"),
@@ -114,6 +122,15 @@ FUNCTIONS = {
         [("struct ringfeed_loader *", "loader"), ("struct ringfeed_stats *", "out")],
     ),
     "ringfeed_loader_stats_json": (
+        "int32_t",
+        [
+            ("struct ringfeed_loader *", "loader"),
+            ("char *", "buf"),
+            ("size_t", "len"),
+            ("size_t *", "needed"),
+        ],
+    ),
+    "ringfeed_loader_state": (
         "int32_t",
         [
             ("struct ringfeed_loader *", "loader"),

@@ -10,7 +10,7 @@ import warnings
 from . import _ffi
 from ._batch import Batch
 from ._lease import _Lease, fork_generation, live_batches
-from .errors import ClosedError, ForkedError, from_status
+from .errors import ClosedError, ForkedError, StateError, from_status
 
 _lib = _ffi.lib
 # Slice of a blocking wait: short enough for Ctrl-C to be seen between calls.
@@ -39,6 +39,27 @@ def config_keys():
     return _known_keys
 
 
+def _state_text(value):
+    """A state as JSON: bytes from `Loader.state()` become str; any other value
+    goes to the engine as it is, which names what is wrong with it."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        try:
+            return bytes(value).decode("ascii")
+        except UnicodeDecodeError:
+            raise StateError(
+                "`resume`: not a ringfeed resume state (not ASCII; give the bytes Loader.state() returned)",
+                _ffi.RINGFEED_ERR_STATE,
+            ) from None
+    return value
+
+
+def _resume_value(value):
+    """`resume=`: one state, or a list/tuple of them (an elastic resume)."""
+    if isinstance(value, (list, tuple)):
+        return [_state_text(v) for v in value]
+    return _state_text(value)
+
+
 def _url_value(urls):
     if isinstance(urls, (str, os.PathLike)):
         return os.fspath(urls)
@@ -65,6 +86,17 @@ class Loader:
     `ringfeed.ConfigError` (a ValueError) with the engine's message naming
     the key; other failures raise the `ringfeed.Error` subclass of the status.
 
+    Resuming: `state()` gives the position after the batches handed out so
+    far (opaque ASCII bytes); ``Loader(..., resume=state)`` with the same
+    dataset and epoch settings continues the epoch exactly where it stopped,
+    in the order the uninterrupted run would have used. ``resume=[s0, s1,
+    ...]``, the states of every consumer of an old layout (``rank``,
+    ``world_size``, ``loader_worker(s)``, ``workers``), resumes elastically
+    in a new one: nothing is lost, and nothing delivered repeats but the
+    engine's pads (``remainder="pad"``). A malformed
+    state raises `ConfigError`; one of another dataset, other settings, or
+    an incomplete set raises `StateError`.
+
     Iterating yields `Batch` objects of every epoch until the last;
     `iter_epoch()` yields those of the current epoch only. ``with Loader(...)
     as loader:`` closes it at the end; `close()` is idempotent and may come
@@ -90,6 +122,8 @@ class Loader:
                     )
         cfg = {"urls": _url_value(urls), "batch_size": batch_size}
         for key, value in config.items():
+            if key == "resume":
+                value = _resume_value(value)
             if isinstance(value, os.PathLike):
                 value = os.fspath(value)
             try:
@@ -224,6 +258,22 @@ class Loader:
             if st != _ffi.RINGFEED_ERR_BUFFER_TOO_SMALL:
                 raise from_status(st)
             size = needed.value + 1 + 1024
+
+    def state(self):
+        """The resume state (``ringfeed_loader_state``): opaque ASCII bytes naming
+        the position after the batches handed out so far. Pass it back as
+        ``resume=`` to continue from there."""
+        handle = self._check()
+        needed = ctypes.c_size_t(0)
+        size = 512  # "a few hundred bytes at most" (ringfeed.h); grown on demand
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            st = _lib.ringfeed_loader_state(handle, buf, size, ctypes.byref(needed))
+            if st == _ffi.RINGFEED_OK:
+                return buf.value
+            if st != _ffi.RINGFEED_ERR_BUFFER_TOO_SMALL:
+                raise from_status(st)
+            size = needed.value + 1
 
     def __repr__(self):
         return f"<ringfeed.Loader {'closed' if self._closed else 'open'}>"

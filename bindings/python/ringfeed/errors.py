@@ -93,6 +93,14 @@ class NetworkError(Error):
     status = _ffi.RINGFEED_ERR_NETWORK
 
 
+class StateError(Error, ValueError):
+    """A resume state is malformed or does not fit this dataset, its epoch
+    settings or its layout; or a shard's samples do not match the plan (a
+    manifest's sample count is wrong)."""
+
+    status = _ffi.RINGFEED_ERR_STATE
+
+
 class ReleasedError(Error, ValueError):
     """A batch, or a view of it, was used after `release()`."""
 
@@ -120,6 +128,7 @@ BY_STATUS = {
         PanicError,
         IoUringError,
         NetworkError,
+        StateError,
     )
 }
 
