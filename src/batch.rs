@@ -36,13 +36,66 @@ pub struct RawSample {
     pub field_count: usize,
 }
 
+/// A short array kept in place, spilling to the heap when it outgrows `N`.
+/// A held sample is read once, at a random place of a large shuffle buffer:
+/// everything in one place is one cache miss instead of one per allocation,
+/// and no allocator call per sample.
+struct Small<T: Copy, const N: usize> {
+    len: usize,
+    inline: [T; N],
+    heap: Vec<T>,
+}
+
+impl<T: Copy, const N: usize> Small<T, N> {
+    fn new(fill: T) -> Self {
+        Small {
+            len: 0,
+            inline: [fill; N],
+            heap: Vec::new(),
+        }
+    }
+
+    fn extend(&mut self, items: &[T]) {
+        if self.heap.is_empty() && self.len + items.len() <= N {
+            self.inline[self.len..self.len + items.len()].copy_from_slice(items);
+        } else {
+            if self.heap.is_empty() {
+                self.heap.extend_from_slice(&self.inline[..self.len]);
+            }
+            self.heap.extend_from_slice(items);
+        }
+        self.len += items.len();
+    }
+
+    fn as_slice(&self) -> &[T] {
+        if self.heap.is_empty() {
+            &self.inline[..self.len]
+        } else {
+            &self.heap
+        }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [T] {
+        if self.heap.is_empty() {
+            &mut self.inline[..self.len]
+        } else {
+            &mut self.heap
+        }
+    }
+}
+
+/// Room for a key and two or three field names of usual WebDataset length.
+const HELD_NAMES: usize = 48;
+/// Most WebDataset samples have 1-3 fields.
+const HELD_FIELDS: usize = 3;
+
 /// A sample outside any batch (waiting in a shuffle buffer): key and field
 /// names, pointers into chunks, and references to those chunks.
 pub struct Held {
     /// The key, then each field name, each NUL-terminated.
-    names: Vec<u8>,
+    names: Small<u8, HELD_NAMES>,
     /// Per field: name offset in `names`, data, length.
-    fields: Vec<(usize, *const u8, usize)>,
+    fields: Small<(usize, *const u8, usize), HELD_FIELDS>,
     /// The run of the first field, kept inline: the shuffle buffer reads it
     /// for every sample it takes out, at a random place in the buffer, and a
     /// separate allocation would be one more cache miss each time.
@@ -58,12 +111,12 @@ unsafe impl Send for Held {}
 
 impl Held {
     pub fn new(key: &[u8]) -> Held {
-        let mut names = Vec::with_capacity(key.len() + 16);
-        names.extend_from_slice(key);
-        names.push(0);
+        let mut names = Small::new(0);
+        names.extend(key);
+        names.extend(&[0]);
         Held {
             names,
-            fields: Vec::with_capacity(2),
+            fields: Small::new((0, std::ptr::null(), 0)),
             chunk: None,
             more: Vec::new(),
             bytes: 0,
@@ -72,15 +125,16 @@ impl Held {
 
     pub fn has_field(&self, name: &[u8]) -> bool {
         self.fields
+            .as_slice()
             .iter()
-            .any(|&(off, _, _)| cstr_at(&self.names, off) == name)
+            .any(|&(off, _, _)| cstr_at(self.names.as_slice(), off) == name)
     }
 
     pub fn add_field(&mut self, name: &[u8], chunk: &ChunkRef, data: *const u8, len: usize) {
-        let off = self.names.len();
-        self.names.extend_from_slice(name);
-        self.names.push(0);
-        self.fields.push((off, data, len));
+        let off = self.names.len;
+        self.names.extend(name);
+        self.names.extend(&[0]);
+        self.fields.extend(&[(off, data, len)]);
         self.bytes += len as u64;
         match &self.chunk {
             None => self.chunk = Some(chunk.clone()),
@@ -111,7 +165,7 @@ impl Held {
     /// `dest` from `at` has room for the fields as laid out here, and no
     /// one else writes that range.
     pub unsafe fn move_into(&mut self, dest: &ChunkRef, mut at: usize) -> usize {
-        for f in &mut self.fields {
+        for f in self.fields.as_mut_slice() {
             // SAFETY: the caller gives room; the source lives in a chunk this
             // sample still references, a different range from the destination.
             unsafe {
@@ -128,7 +182,11 @@ impl Held {
 
     /// Bytes `move_into` uses, alignment included.
     pub fn moved_size(&self) -> usize {
-        self.fields.iter().map(|f| (f.2 + 63) & !63).sum()
+        self.fields
+            .as_slice()
+            .iter()
+            .map(|f| (f.2 + 63) & !63)
+            .sum()
     }
 }
 
@@ -224,10 +282,10 @@ impl BatchBuilder {
 
     /// Adds a held sample as one complete sample.
     pub fn push_held(&mut self, h: Held) {
-        let key = cstr_at(&h.names, 0);
-        self.begin_sample(key);
-        for &(off, data, len) in &h.fields {
-            let name = self.intern(cstr_at(&h.names, off));
+        let names = h.names.as_slice();
+        self.begin_sample(cstr_at(names, 0));
+        for &(off, data, len) in h.fields.as_slice() {
+            let name = self.intern(cstr_at(names, off));
             self.fields.push(RawField {
                 name: offset_ptr(name),
                 data,
@@ -426,5 +484,52 @@ impl<'a> SampleView<'a> {
                 )
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arena::{Arena, ArenaOptions, MemoryKind};
+
+    #[test]
+    fn held_samples_keep_names_and_fields_in_place_or_spilled() {
+        let arena = Arena::new(
+            2 * 4096,
+            ArenaOptions {
+                kind: Some(MemoryKind::Normal),
+                lock: Some(false),
+                prefault: false,
+            },
+        )
+        .unwrap();
+        let pool = ChunkPool::new(arena, 4096);
+        let a = pool.acquire(1, false).unwrap().unwrap();
+        let b = pool.acquire(1, false).unwrap().unwrap();
+        // Short: everything inline. Long: a 100-byte key and 5 fields spill.
+        for (key, n) in [(b"k1".to_vec(), 2usize), (vec![b'x'; 100], 5)] {
+            let mut h = Held::new(&key);
+            for i in 0..n {
+                let name = format!("field{i}");
+                let chunk = if i % 2 == 0 { &a } else { &b };
+                // SAFETY: i * 8 < 4096, inside the chunk.
+                let p = unsafe { chunk.ptr().add(i * 8) };
+                h.add_field(name.as_bytes(), chunk, p, i + 1);
+                assert!(h.has_field(name.as_bytes()));
+            }
+            assert!(!h.has_field(b"nope"));
+            assert_eq!(h.chunks().count(), if n > 1 { 2 } else { 1 });
+            let mut builder = BatchBuilder::new(1);
+            builder.push_held(h);
+            let batch = builder.finish(&pool, 0, 0);
+            let s = batch.samples().next().unwrap();
+            assert_eq!(s.key(), key.as_slice());
+            let fields: Vec<(Vec<u8>, usize)> =
+                s.fields().map(|(f, d)| (f.to_vec(), d.len())).collect();
+            let want: Vec<(Vec<u8>, usize)> = (0..n)
+                .map(|i| (format!("field{i}").into_bytes(), i + 1))
+                .collect();
+            assert_eq!(fields, want);
+        }
     }
 }
