@@ -39,6 +39,8 @@ use crate::error::{Error, Result};
 #[derive(Debug, Clone)]
 pub struct Rng {
     s: [u64; 4],
+    /// The next output, drawn ahead by `peek` (the sequence is unchanged).
+    ahead: Option<u64>,
 }
 
 fn splitmix(x: &mut u64) -> u64 {
@@ -61,10 +63,27 @@ impl Rng {
         for v in &mut s {
             *v = splitmix(&mut x);
         }
-        Rng { s }
+        Rng { s, ahead: None }
+    }
+
+    /// The next `next_u64` output, without consuming it.
+    pub fn peek(&mut self) -> u64 {
+        if let Some(v) = self.ahead {
+            return v;
+        }
+        let v = self.step();
+        self.ahead = Some(v);
+        v
     }
 
     pub fn next_u64(&mut self) -> u64 {
+        match self.ahead.take() {
+            Some(v) => v,
+            None => self.step(),
+        }
+    }
+
+    fn step(&mut self) -> u64 {
         let r = self.s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
         let t = self.s[1] << 17;
         self.s[2] ^= self.s[0];
@@ -481,6 +500,9 @@ pub struct ShuffleBuffer<T> {
     started: bool,
     grow: bool,
     rng: Rng,
+    /// Where the last item taken out was (it was swap-removed from there),
+    /// so a caller can mirror the buffer in arrays of its own.
+    taken: usize,
 }
 
 impl<T> ShuffleBuffer<T> {
@@ -493,6 +515,7 @@ impl<T> ShuffleBuffer<T> {
             started: false,
             grow: false,
             rng,
+            taken: 0,
         }
     }
 
@@ -524,7 +547,38 @@ impl<T> ShuffleBuffer<T> {
 
     fn take_random(&mut self) -> T {
         let k = self.rng.below(self.items.len() as u64) as usize;
-        self.items.swap_remove(k)
+        let out = self.items.swap_remove(k);
+        self.taken = k;
+        self.prefetch_next();
+        out
+    }
+
+    /// Starts loading the item the next take will most likely pick (in the
+    /// steady state the buffer holds one more then): the buffer is far
+    /// larger than the caches, and its items are taken at random, so
+    /// without this every take waits on memory. A hint only: the order is
+    /// the generator's either way.
+    fn prefetch_next(&mut self) {
+        let len = self.items.len() as u64 + 1;
+        let k = ((u128::from(self.rng.peek()) * u128::from(len)) >> 64) as usize;
+        if let Some(item) = self.items.get(k) {
+            let p = (item as *const T).cast::<u8>();
+            let size = std::mem::size_of::<T>();
+            let mut off = 0;
+            while off < size {
+                // SAFETY: a prefetch never faults and reads nothing; the
+                // address is inside `item`.
+                #[cfg(target_arch = "x86_64")]
+                unsafe {
+                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                        p.add(off).cast(),
+                    );
+                }
+                off += 64;
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = p;
+        }
     }
 
     /// Puts an item in; may give one out.
@@ -547,6 +601,11 @@ impl<T> ShuffleBuffer<T> {
         }
         self.grow = false;
         Some(self.take_random())
+    }
+
+    /// The index the last item given out was swap-removed from.
+    pub fn last_taken(&self) -> usize {
+        self.taken
     }
 
     /// The next item of the end-of-stream drain.

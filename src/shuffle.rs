@@ -9,7 +9,6 @@
 //! fresh chunk (counted as copied bytes), which lets the sparse chunks go
 //! back to the pool. The order does not change: only where bytes live.
 
-use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 
 use crate::arena::ChunkRef;
@@ -25,11 +24,26 @@ struct Pin {
     chunks: u32,
 }
 
+/// `runs_of` for a sample pointing into several runs (or none).
+const MULTI: u32 = u32::MAX;
+
+fn run_of(h: &Held) -> u32 {
+    let mut runs = h.chunks();
+    match (runs.next(), runs.next()) {
+        (Some(c), None) => c.index(),
+        _ => MULTI,
+    }
+}
+
 pub(crate) struct Shuffler {
     buf: ShuffleBuffer<Held>,
     /// Runs the buffered samples point into, by first chunk (a table over
     /// the pool's chunks: this is on every sample's path).
     pins: Vec<Pin>,
+    /// Per buffered sample (mirroring the buffer's order), the run it points
+    /// into, `MULTI` when several: compaction scans this, 4 bytes a sample,
+    /// instead of the samples themselves.
+    runs_of: Vec<u32>,
     pinned_chunks: usize,
     /// Payload bytes of the buffered samples.
     bytes: u64,
@@ -50,6 +64,7 @@ impl Shuffler {
         Shuffler {
             buf,
             pins: vec![Pin::default(); chunk_count],
+            runs_of: Vec::new(),
             pinned_chunks: 0,
             bytes: 0,
             limit: limit.max(1),
@@ -88,8 +103,10 @@ impl Shuffler {
     pub(crate) fn push(&mut self, h: Held, sh: &Shared) -> Result<Option<Held>> {
         let cs = sh.pool.chunk_size();
         self.pin(&h, cs);
+        self.runs_of.push(run_of(&h));
         let out = self.buf.push(h);
         if let Some(o) = &out {
+            self.runs_of.swap_remove(self.buf.last_taken());
             self.unpin(o);
         }
         if self.pinned_chunks > self.limit {
@@ -124,6 +141,7 @@ impl Shuffler {
     pub(crate) fn drain_one(&mut self) -> Option<Held> {
         let out = self.buf.drain_one();
         if let Some(o) = &out {
+            self.runs_of.swap_remove(self.buf.last_taken());
             self.unpin(o);
         }
         if self.buf.is_empty() {
@@ -146,8 +164,16 @@ impl Shuffler {
             .collect();
         // Fullness: bytes per chunk of the run, emptiest first.
         runs.sort_by_key(|(k, p)| (p.bytes / u64::from(p.chunks.max(1)), *k));
-        let goal = self.pinned_chunks - self.limit * 3 / 4;
-        let mut chosen = HashSet::new();
+        // Just back under the limit: the runs freed are then the oldest, with
+        // the fewest survivors (a run's survivors thin out as exp(-age/B)),
+        // so each chunk freed costs the least copy. Compacting further down
+        // would move younger, fuller runs: measured 6.9% of the bytes copied
+        // with a 3/4 target against ~4% with this one (B = 2,500 per worker,
+        // ~340 samples per chunk). The scan it costs per compaction is
+        // sequential over the buffer.
+        let goal = self.pinned_chunks - (self.limit - 1);
+        let mut chosen = vec![false; self.pins.len()];
+        let mut any = false;
         let mut freed = 0usize;
         for (k, p) in runs {
             // Moving a run 3/4 full frees a chunk for 3/4 of a chunk copied;
@@ -155,10 +181,11 @@ impl Shuffler {
             if p.bytes * 4 > u64::from(p.chunks) * cs as u64 * 3 || freed >= goal {
                 break;
             }
-            chosen.insert(k);
+            chosen[k as usize] = true;
+            any = true;
             freed += p.chunks as usize;
         }
-        if chosen.is_empty() {
+        if !any {
             // Every run is at least 3/4 full: the buffer's own bytes pass
             // the limit, which compaction cannot fix.
             if self.pinned_chunks > self.limit {
@@ -168,9 +195,12 @@ impl Shuffler {
         }
         let mut copied = 0u64;
         for i in 0..self.buf.len() {
-            let hit = self.buf.items()[i]
-                .chunks()
-                .any(|c| chosen.contains(&c.index()));
+            let hit = match self.runs_of[i] {
+                MULTI => self.buf.items()[i]
+                    .chunks()
+                    .any(|c| chosen[c.index() as usize]),
+                r => chosen[r as usize],
+            };
             if !hit {
                 continue;
             }
@@ -206,6 +236,7 @@ impl Shuffler {
                 *used = end;
             }
             self.pin(&held, cs);
+            self.runs_of[i] = run_of(&held);
             self.buf.items_mut()[i] = held;
             copied += bytes;
         }
