@@ -88,9 +88,10 @@
 // truncation, stalls, refused connections).
 #define RINGFEED_ERR_NETWORK -12
 
-// A resume state is malformed or does not fit this dataset, its epoch
-// settings or its layout; or a shard's samples do not match the plan (a
-// manifest's sample count is wrong).
+// A resume state (well formed: a malformed one is `RINGFEED_ERR_CONFIG`)
+// does not fit this dataset, its epoch settings or its layout, or an
+// elastic resume lacks an old consumer's state; or a shard's samples do not
+// match the plan (a manifest's sample count is wrong).
 #define RINGFEED_ERR_STATE -13
 
 // `ringfeed_stats.memory_kind`: explicit huge pages (MAP_HUGETLB).
@@ -264,9 +265,10 @@ int32_t ringfeed_loader_stats_json(struct ringfeed_loader *loader,
 // Writes the loader's resume state into `buf` as a NUL-terminated ASCII
 // string: the position after the batches handed out so far. Give it back
 // as the configuration's `"resume"` value (or one of an array of them, for
-// an elastic resume) to continue the epoch where it stopped. It is a few
-// hundred bytes at most; the length without the NUL goes to `*needed` (if
-// not NULL); when `len` is too small, returns
+// an elastic resume) to continue the epoch where it stopped. It is about
+// 150 bytes, plus 16 per consumer of an earlier layout for each elastic
+// resume within the epoch; the length without the NUL goes to `*needed`
+// (if not NULL); when `len` is too small, returns
 // `RINGFEED_ERR_BUFFER_TOO_SMALL` and writes nothing else.
 //
 // # Safety

@@ -237,6 +237,9 @@ pub struct ChunkPool {
     /// only after a batch's chunks went back (see `BatchGuard`), so a waiter
     /// that reads 0 under the state lock sees every chunk they held as free.
     batches_alive: AtomicUsize,
+    /// Of those, the ones handed on to the ring (and so to a consumer, who
+    /// will release them): see `acquire_or_stuck`.
+    batches_out: AtomicUsize,
     copied: AtomicU64,
 }
 
@@ -261,6 +264,7 @@ impl ChunkPool {
             freed: Condvar::new(),
             stop: AtomicBool::new(false),
             batches_alive: AtomicUsize::new(0),
+            batches_out: AtomicUsize::new(0),
             copied: AtomicU64::new(0),
         })
     }
@@ -317,6 +321,19 @@ impl ChunkPool {
             s.running -= 1;
         }
         self.freed.notify_all();
+    }
+
+    /// A batch went on towards the consumer.
+    pub(crate) fn batch_out(&self) {
+        // Relaxed: read as a hint in `acquire_or_stuck`, which looks several
+        // rounds apart before it decides.
+        self.batches_out.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A batch that went out was released (after its chunks went back).
+    pub(crate) fn batch_out_gone(&self) {
+        // Release: as in `batch_gone`.
+        self.batches_out.fetch_sub(1, Ordering::Release);
     }
 
     pub(crate) fn batch_born(&self) {
@@ -400,6 +417,33 @@ impl ChunkPool {
         n: usize,
         wait: bool,
     ) -> Result<Option<ChunkRef>> {
+        self.acquire_inner(owner, n, wait, &|| false)
+    }
+
+    /// A waiting [`ChunkPool::acquire_as`] that fails with `BudgetTooSmall`
+    /// instead of waiting for ever when `owner` is at its quota, no batch is
+    /// out with a consumer (none will come back), and `stuck()` says the
+    /// owner is the one everything waits on (the loader's sequencer waits on
+    /// its stream): then the chunks are all held by the owner itself — its
+    /// open batch, shuffle buffer or spill — and nothing can free one.
+    pub fn acquire_or_stuck(
+        self: &Arc<Self>,
+        owner: usize,
+        n: usize,
+        stuck: &dyn Fn() -> bool,
+    ) -> Result<ChunkRef> {
+        Ok(self
+            .acquire_inner(owner, n, true, stuck)?
+            .expect("a waiting acquire returns a run or an error"))
+    }
+
+    fn acquire_inner(
+        self: &Arc<Self>,
+        owner: usize,
+        n: usize,
+        wait: bool,
+        stuck: &dyn Fn() -> bool,
+    ) -> Result<Option<ChunkRef>> {
         if n == 0 || n > self.chunk_count() {
             return Err(Error::Memory(format!(
                 "a run of {n} chunks cannot come from a pool of {}",
@@ -420,6 +464,7 @@ impl ChunkPool {
             });
         }
         let mut stuck_rounds = 0;
+        let mut own_rounds = 0;
         loop {
             let allowed = !owned || s.used[owner] + n <= s.quota;
             if let Some(start) = find_run(&s.free, n).filter(|_| allowed) {
@@ -466,6 +511,26 @@ impl ChunkPool {
                 }
             } else {
                 stuck_rounds = 0;
+            }
+            // Acquire: pairs with the Release decrement in `batch_out_gone`.
+            if !allowed && self.batches_out.load(Ordering::Acquire) == 0 && stuck() {
+                own_rounds += 1;
+                if own_rounds >= 3 {
+                    return Err(Error::BudgetTooSmall {
+                        budget: self.arena.len() as u64,
+                        detail: format!(
+                            "worker {owner} holds all {} chunks of its share ({} workers share {} \
+                             chunks of {} bytes) in its own open batch, shuffle buffer or spill, \
+                             with no batch out to free one; a run of {n} wanted",
+                            s.quota,
+                            s.used.len(),
+                            self.chunk_count(),
+                            self.chunk_size
+                        ),
+                    });
+                }
+            } else {
+                own_rounds = 0;
             }
             s.waiting += 1;
             // The time-out only bounds how long a missed shutdown or a stuck

@@ -367,6 +367,7 @@ impl BatchBuilder {
             bytes: b.bytes,
             epoch,
             index,
+            out: false,
             pool: Arc::clone(pool),
         }
     }
@@ -386,6 +387,8 @@ pub struct Batch {
     bytes: u64,
     epoch: u64,
     index: u64,
+    /// Handed on towards the consumer (counted in the pool while alive).
+    out: bool,
     pool: Arc<ChunkPool>,
 }
 
@@ -422,6 +425,14 @@ impl Batch {
         self.index = index;
     }
 
+    /// The batch goes on to the ring, towards a consumer.
+    pub(crate) fn mark_out(&mut self) {
+        if !self.out {
+            self.out = true;
+            self.pool.batch_out();
+        }
+    }
+
     pub fn raw_samples(&self) -> &[RawSample] {
         &self.samples
     }
@@ -453,6 +464,9 @@ impl std::fmt::Debug for Batch {
 impl Drop for Batch {
     fn drop(&mut self) {
         self.chunks.clear();
+        if self.out {
+            self.pool.batch_out_gone();
+        }
         self.pool.batch_gone();
     }
 }

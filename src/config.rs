@@ -445,6 +445,25 @@ impl Config {
                 self.reads_in_flight
             )));
         }
+        if self.consumers() > crate::resume::MAX_CONSUMERS {
+            return Err(Error::config(format!(
+                "`world_size` × `loader_workers` is {}; at most {} consumers are supported",
+                self.consumers(),
+                crate::resume::MAX_CONSUMERS
+            )));
+        }
+        if self.samples_per_epoch > 1 << 40 {
+            return Err(Error::config(format!(
+                "`samples_per_epoch` must be at most 2^40, got {}",
+                self.samples_per_epoch
+            )));
+        }
+        if self.epoch > crate::resume::MAX_EPOCH {
+            return Err(Error::config(format!(
+                "`epoch` must be at most 2^48, got {}",
+                self.epoch
+            )));
+        }
         if self.rank >= self.world_size {
             return Err(Error::config(format!(
                 "`rank` {} must be below `world_size` {}",

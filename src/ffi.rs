@@ -59,9 +59,10 @@ pub const RINGFEED_ERR_IO_URING: i32 = -11;
 /// A network read failed after its retries (throttling, 5xx, resets,
 /// truncation, stalls, refused connections).
 pub const RINGFEED_ERR_NETWORK: i32 = -12;
-/// A resume state is malformed or does not fit this dataset, its epoch
-/// settings or its layout; or a shard's samples do not match the plan (a
-/// manifest's sample count is wrong).
+/// A resume state (well formed: a malformed one is `RINGFEED_ERR_CONFIG`)
+/// does not fit this dataset, its epoch settings or its layout, or an
+/// elastic resume lacks an old consumer's state; or a shard's samples do not
+/// match the plan (a manifest's sample count is wrong).
 pub const RINGFEED_ERR_STATE: i32 = -13;
 
 /// `ringfeed_stats.memory_kind`: explicit huge pages (MAP_HUGETLB).
@@ -471,9 +472,10 @@ pub unsafe extern "C" fn ringfeed_loader_stats_json(
 /// Writes the loader's resume state into `buf` as a NUL-terminated ASCII
 /// string: the position after the batches handed out so far. Give it back
 /// as the configuration's `"resume"` value (or one of an array of them, for
-/// an elastic resume) to continue the epoch where it stopped. It is a few
-/// hundred bytes at most; the length without the NUL goes to `*needed` (if
-/// not NULL); when `len` is too small, returns
+/// an elastic resume) to continue the epoch where it stopped. It is about
+/// 150 bytes, plus 16 per consumer of an earlier layout for each elastic
+/// resume within the epoch; the length without the NUL goes to `*needed`
+/// (if not NULL); when `len` is too small, returns
 /// `RINGFEED_ERR_BUFFER_TOO_SMALL` and writes nothing else.
 ///
 /// # Safety

@@ -9,7 +9,7 @@
 //! delivered, and feeds the ring that `next` pops.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -111,6 +111,8 @@ pub(crate) struct Shared {
     /// Batches handed to consumers so far: the next batch's `index`.
     delivered: AtomicU64,
     progress: Mutex<Progress>,
+    /// The stream whose queue the sequencer waits on, `usize::MAX` for none.
+    awaiting: AtomicUsize,
     stop: AtomicBool,
     failure: Mutex<Option<Error>>,
     started: Instant,
@@ -129,7 +131,21 @@ impl Shared {
     }
 
     pub fn push(&self, item: Item) -> Result<()> {
+        let item = match item {
+            Item::Batch(mut b) => {
+                b.mark_out();
+                Item::Batch(b)
+            }
+            other => other,
+        };
         self.channel.push_wait(item).map_err(|_| Error::Closed)
+    }
+
+    /// True while the sequencer waits on `stream`'s queue: then a worker
+    /// of that stream that cannot get a chunk holds up everything.
+    pub fn awaited(&self, stream: usize) -> bool {
+        // Relaxed: a hint, read over several rounds (see acquire_or_stuck).
+        self.awaiting.load(Ordering::Relaxed) == stream
     }
 
     pub fn push_stream(&self, stream: usize, item: Item) -> Result<()> {
@@ -163,8 +179,8 @@ impl Shared {
             .then_some(self.base_delivered.as_ref())
             .flatten();
         let p = Arc::new(plan_epoch(&self.plan_opts, &self.counts, epoch, base)?);
-        // Workers are at most an epoch apart from the sequencer.
-        plans.retain(|&e, _| e + 2 > epoch);
+        // Plans are cheap to make again (pure); keep the last few epochs'.
+        plans.retain(|&e, _| e.saturating_add(4) > epoch);
         plans.insert(epoch, Arc::clone(&p));
         Ok(p)
     }
@@ -203,7 +219,7 @@ impl Shared {
                     && epoch == self.start.epoch
                     && b.raw_samples().iter().any(|s| s.field_count == 0)
                 {
-                    return Err(Error::State(
+                    return Err(Error::Memory(
                         "internal error: a replayed placeholder came after the resume point".into(),
                     ));
                 }
@@ -213,13 +229,21 @@ impl Shared {
             let mut tails: Vec<Option<BatchBuilder>> =
                 (0..self.streams.len()).map(|_| None).collect();
             while let Some(s) = order.next_stream() {
-                match self.streams[s].pop_until(None) {
+                // Relaxed: a hint for `awaited`.
+                self.awaiting.store(s, Ordering::Relaxed);
+                let got = self.streams[s].pop_until(None);
+                self.awaiting.store(usize::MAX, Ordering::Relaxed);
+                match got {
                     Ok(Item::Batch(b)) => deliver(b, &mut samples)?,
                     Ok(Item::Tail(t)) => {
                         tails[s] = Some(t);
                         order.ended(s);
                     }
-                    Ok(Item::EndOfEpoch(_)) => unreachable!("workers send no end marker"),
+                    Ok(Item::EndOfEpoch(_)) => {
+                        return Err(Error::Memory(
+                            "internal error: a worker sent an end-of-epoch marker".into(),
+                        ));
+                    }
                     Err(_) => return Err(Error::Closed),
                 }
             }
@@ -487,6 +511,7 @@ impl Loader {
             counters: Counters::default(),
             plan_opts,
             counts,
+            awaiting: AtomicUsize::new(usize::MAX),
             progress: Mutex::new(Progress {
                 epoch: start.epoch,
                 batches: start.skip_batches,
@@ -638,7 +663,9 @@ impl Loader {
                 }
                 Ok(Next::EndOfEpoch(e))
             }
-            Ok(Item::Tail(_)) => unreachable!("tails stay in the stream queues"),
+            Ok(Item::Tail(_)) => Err(Error::Memory(
+                "internal error: a stream's tail reached the ring".into(),
+            )),
             Err(RecvError::Timeout) => Ok(Next::Timeout),
             Err(RecvError::Closed) => match sh.failure() {
                 Some(e) => Err(e),
@@ -922,7 +949,15 @@ fn plan_setup(cfg: &Config, shards: &[Shard], workers: usize) -> Result<PlanSetu
         let known: Option<Vec<u64>> = counts.iter().copied().collect();
         match known {
             Some(k) => start.delivered(&opts, &k)?,
-            None => None,
+            None => {
+                let missing = counts.iter().filter(|c| c.is_none()).count();
+                return Err(Error::config(format!(
+                    "resuming on another layout needs every shard's sample count and {missing} \
+                     of {} shards have none: list them in a manifest with their counts \
+                     (`ringfeed index URL... -o set.manifest`)",
+                    counts.len()
+                )));
+            }
         }
     } else {
         None

@@ -23,6 +23,14 @@ use crate::plan::{Delivered, PlanOptions, delivered_by};
 const MAGIC: &[u8; 4] = b"RFST";
 const VERSION: u32 = 1;
 
+/// Bounds on what a state may say, so that one from outside cannot make the
+/// loader allocate or compute without end: consumers per layout, workers
+/// (the `workers` key's own bound), elastic cuts per epoch, and the epoch.
+pub const MAX_CONSUMERS: u64 = 1 << 16;
+const MAX_STREAMS: u64 = 1024;
+const MAX_ROUNDS: u64 = 64;
+pub const MAX_EPOCH: u64 = 1 << 48;
+
 /// An elastic cut earlier in the epoch: the old layout and each of its
 /// consumers' batch counts.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,14 +112,14 @@ impl State {
             history: Vec::new(),
         };
         let rounds = word()?;
-        if rounds > 1024 {
-            return Err(bad("too many rounds"));
+        if rounds > MAX_ROUNDS {
+            return Err(bad("too many elastic cuts"));
         }
         for _ in 0..rounds {
             let streams = word()?;
             let n = word()?;
-            if n == 0 || n > 1 << 20 {
-                return Err(bad("bad consumer count"));
+            if n == 0 || n > MAX_CONSUMERS || streams == 0 || streams > MAX_STREAMS {
+                return Err(bad("bad layout of an earlier cut"));
             }
             let batches = (0..n).map(|_| word()).collect::<Result<Vec<_>>>()?;
             s.history.push(Round { streams, batches });
@@ -119,8 +127,16 @@ impl State {
         if !rest.is_empty() {
             return Err(bad("trailing bytes"));
         }
-        if s.consumers == 0 || s.consumer >= s.consumers || s.streams == 0 {
+        if s.consumers == 0
+            || s.consumers > MAX_CONSUMERS
+            || s.consumer >= s.consumers
+            || s.streams == 0
+            || s.streams > MAX_STREAMS
+        {
             return Err(bad("bad layout"));
+        }
+        if s.epoch > MAX_EPOCH || s.samples < s.batches {
+            return Err(bad("bad position"));
         }
         Ok(s)
     }
@@ -261,6 +277,14 @@ pub fn start_from(states: &[State], fingerprint: u64, opts: &PlanOptions) -> Res
             skip_samples: own.samples,
         });
     }
+    if opts.samples_per_epoch > 0 || opts.resampled {
+        return Err(Error::State(
+            "an epoch of `samples_per_epoch` or `resampled` draws cannot be resumed on another \
+             layout mid-epoch; resume it on the same layout, or from a state taken at an epoch \
+             boundary"
+                .into(),
+        ));
+    }
     let mut batches = vec![None; first.consumers as usize];
     for s in states {
         match &mut batches[s.consumer as usize] {
@@ -273,13 +297,17 @@ pub fn start_from(states: &[State], fingerprint: u64, opts: &PlanOptions) -> Res
             slot => *slot = Some(s.batches),
         }
     }
-    let missing: Vec<String> = batches
+    let missing: Vec<usize> = batches
         .iter()
         .enumerate()
         .filter(|(_, b)| b.is_none())
-        .map(|(c, _)| c.to_string())
+        .map(|(c, _)| c)
         .collect();
     if !missing.is_empty() {
+        let mut named: Vec<String> = missing.iter().take(10).map(|c| c.to_string()).collect();
+        if missing.len() > 10 {
+            named.push(format!("and {} more", missing.len() - 10));
+        }
         return Err(Error::State(format!(
             "resuming {} consumers of {} streams as {} of {} needs the state of every old \
              consumer; missing: {}",
@@ -287,7 +315,7 @@ pub fn start_from(states: &[State], fingerprint: u64, opts: &PlanOptions) -> Res
             first.streams,
             opts.consumers,
             opts.streams,
-            missing.join(", ")
+            named.join(", ")
         )));
     }
     let mut history = first.history.clone();
@@ -301,4 +329,72 @@ pub fn start_from(states: &[State], fingerprint: u64, opts: &PlanOptions) -> Res
         skip_batches: 0,
         skip_samples: 0,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn sample() -> State {
+        State {
+            fingerprint: 7,
+            epoch: 3,
+            consumers: 4,
+            consumer: 2,
+            streams: 2,
+            batches: 5,
+            samples: 40,
+            history: vec![Round {
+                streams: 3,
+                batches: vec![1, 2, 3],
+            }],
+        }
+    }
+
+    #[test]
+    fn states_round_trip_and_bad_ones_are_named() {
+        let s = sample();
+        assert_eq!(State::decode(&s.encode()).unwrap(), s);
+        assert_eq!(State::from_hex(&s.to_hex()).unwrap(), s);
+        let huge = State {
+            consumers: 1 << 40,
+            consumer: 0,
+            ..sample()
+        };
+        assert!(
+            State::decode(&huge.encode()).is_err(),
+            "a layout past the bound"
+        );
+        let streams = State {
+            streams: 1 << 20,
+            ..sample()
+        };
+        assert!(State::decode(&streams.encode()).is_err());
+        let mut trailing = s.encode();
+        trailing.push(0);
+        assert!(
+            State::decode(&trailing)
+                .unwrap_err()
+                .to_string()
+                .contains("trailing")
+        );
+        assert!(State::from_hex("zz").is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn garbage_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..300)) {
+            let _ = State::decode(&bytes);
+        }
+
+        #[test]
+        fn damaged_states_never_panic(at in any::<prop::sample::Index>(), v in any::<u8>(), cut in any::<prop::sample::Index>()) {
+            let mut b = sample().encode();
+            let i = at.index(b.len());
+            b[i] = v;
+            let _ = State::decode(&b);
+            let _ = State::decode(&b[..cut.index(b.len())]);
+        }
+    }
 }

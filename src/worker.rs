@@ -232,8 +232,12 @@ impl<'a> Worker<'a> {
             while pending.len() < sh.cfg.reads_in_flight && next_offset < size {
                 // The first read may wait (and use the reserve); read-ahead
                 // takes only chunks beyond it.
+                let stream = self.stream;
                 let got = if pending.is_empty() {
-                    sh.pool.acquire_as(self.stream, 1, true)?
+                    Some(
+                        sh.pool
+                            .acquire_or_stuck(stream, 1, &|| sh.awaited(stream))?,
+                    )
                 } else {
                     sh.pool.acquire_spare_as(self.stream, HEADROOM)?
                 };
@@ -619,9 +623,8 @@ impl ShardSink<'_> {
             }
         }
         let chunks = size.div_ceil(pool.chunk_size()).max(1);
-        let run = pool
-            .acquire_as(self.stream, chunks, true)?
-            .expect("a waiting acquire returns a run or an error");
+        let (sh, stream) = (self.shared, self.stream);
+        let run = pool.acquire_or_stuck(stream, chunks, &|| sh.awaited(stream))?;
         let ptr = run.ptr();
         self.spill = Some((run.clone(), size));
         Ok((run, ptr))

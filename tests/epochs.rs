@@ -332,8 +332,14 @@ fn a_large_shuffle_buffer_compacts_within_the_budget() {
     );
     let st = l.stats();
     assert!(st.shuffle_copied > 0, "survivors were compacted");
-    assert!(st.chunks_peak <= st.chunk_count);
     assert!(st.bytes_copied >= st.shuffle_copied);
+    // Compaction moves the few survivors of old chunks, not the data again.
+    assert!(
+        st.shuffle_copied < st.bytes_delivered / 2,
+        "{} of {} bytes copied",
+        st.shuffle_copied,
+        st.bytes_delivered
+    );
 }
 
 #[test]
@@ -446,6 +452,93 @@ fn bad_states_wrong_counts_and_impossible_layouts_are_named() {
     };
     assert!(
         matches!(&e, Error::Plan { .. }) && e.to_string().contains("samples"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_worker_whose_open_batch_fills_its_share_is_an_error_not_a_hang() {
+    // Stream 0 reads a shard of ~200 KB samples, stream 1 one of ~4 KB
+    // samples. A batch of 16 large samples needs ~16 chunks of 256 KiB, but
+    // each of the 2 workers may hold 8: stream 1 fills its queue and waits,
+    // the sequencer waits on stream 0, which can never complete its batch.
+    let big = tempfile::tempdir().unwrap();
+    let small = tempfile::tempdir().unwrap();
+    let a = make_shards(big.path(), 1, 6_000_000, 200_000);
+    let b = make_shards(small.path(), 1, 2_000_000, 4_000);
+    let paths = vec![a[0].clone(), b[0].clone()];
+    let l = Loader::open(config(
+        &paths,
+        json!({"memory_budget": "4MiB", "workers": 2, "batch_size": 16}),
+    ))
+    .unwrap();
+    let e = match l.next(Some(Duration::from_secs(60))) {
+        Err(e) => e,
+        Ok(other) => panic!("expected an error, got {other:?}"),
+    };
+    assert!(matches!(e, Error::BudgetTooSmall { .. }), "{e}");
+    assert!(e.to_string().contains("worker 0 holds all"), "{e}");
+}
+
+#[test]
+fn elastic_resumes_that_cannot_be_exact_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    make_shards(dir.path(), 3, 150_000, 5_000);
+    let server =
+        ringfeed::serve::Server::bind("127.0.0.1:0", dir.path(), Default::default()).unwrap();
+    let urls = vec![format!("{}shard-{{000000..000002}}.tar", server.url())];
+    let open = |extra: Value| {
+        let mut m = serde_json::Map::new();
+        m.insert("urls".into(), json!(urls));
+        m.insert("memory_budget".into(), json!("16MiB"));
+        m.insert("chunk_size".into(), json!("256KiB"));
+        m.insert("batch_size".into(), json!(5));
+        if let Value::Object(e) = extra {
+            m.extend(e);
+        }
+        Config::from_map(&m).and_then(Loader::open)
+    };
+    // Over HTTP without a manifest, the counts are unknown: a mid-epoch
+    // state of 2 workers cannot say which samples went out in 3.
+    let l = open(json!({"workers": 2})).unwrap();
+    take_batches(&l, 2);
+    let st = l.state().to_hex();
+    drop(l);
+    let e = open(json!({"workers": 3, "resume": st}))
+        .err()
+        .expect("refused");
+    assert!(
+        e.to_string().contains("needs every shard's sample count"),
+        "{e}"
+    );
+    // Its own layout resumes (by replay).
+    let l = open(json!({"workers": 2, "resume": st})).unwrap();
+    assert!(!take_batches(&l, usize::MAX).is_empty());
+    drop(l);
+    // samples_per_epoch: the length of the rest is not defined on another layout.
+    let dir2 = tempfile::tempdir().unwrap();
+    let paths = make_shards(dir2.path(), 3, 150_000, 5_000);
+    let l = Loader::open(config(
+        &paths,
+        json!({"samples_per_epoch": 40, "workers": 2}),
+    ))
+    .unwrap();
+    take_batches(&l, 2);
+    let st = l.state().to_hex();
+    drop(l);
+    let e = Config::from_map(
+        json!({"urls": paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
+               "memory_budget": "16MiB", "chunk_size": "256KiB", "batch_size": 5,
+               "samples_per_epoch": 40, "workers": 3, "resume": st})
+        .as_object()
+        .unwrap(),
+    )
+    .and_then(Loader::open)
+    .err()
+    .expect("refused");
+    assert!(
+        e.to_string()
+            .contains("cannot be resumed on another layout"),
         "{e}"
     );
 }

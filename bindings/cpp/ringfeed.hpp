@@ -360,6 +360,7 @@ class Loader {
   // string to give back as the configuration's "resume" value (or one of an
   // array of them, for an elastic resume). See the README on epochs.
   std::string state() const {
+    // About 150 bytes; more after elastic resumes (the buffer grows).
     std::string text(256, '\0');
     for (;;) {
       std::size_t needed = 0;

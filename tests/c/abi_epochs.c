@@ -24,6 +24,11 @@ static size_t n_shards;
     "\"memory_budget\": \"64MiB\", \"chunk_size\": \"1MiB\", \"batch_size\": 6, "        \
     "\"shuffle\": true, \"shuffle_buffer\": 40"
 
+/* Checks that an snprintf result fit its buffer (a state can grow). */
+static void fits(int n, size_t cap, const char *what) {
+    CHECK(n >= 0 && (size_t)n < cap, "%s: %d bytes do not fit %zu", what, n, cap);
+}
+
 /* One epoch's keys in delivery order (at most `limit` batches; the loader
  * is left mid-epoch then). Returns the batches taken. */
 static size_t take(ringfeed_loader *l, size_t limit, key_list *keys) {
@@ -44,10 +49,10 @@ static size_t take(ringfeed_loader *l, size_t limit, key_list *keys) {
 
 static char *config_for(int world, int rank, int workers, const char *resume_json) {
     char extra[8192];
-    snprintf(extra, sizeof extra,
+    fits(snprintf(extra, sizeof extra,
              SETUP ", \"seed\": 17, \"world_size\": %d, \"rank\": %d, \"workers\": %d%s%s",
              world, rank, workers, resume_json ? ", \"resume\": " : "",
-             resume_json ? resume_json : "");
+             resume_json ? resume_json : ""), sizeof extra, "extra");
     return make_config(shards, n_shards, extra);
 }
 
@@ -123,7 +128,7 @@ static void resume_exactly(void) {
         char *state = state_of(l);
         EXPECT_STATUS(ringfeed_loader_close(l), RINGFEED_OK);
         char quoted[2048];
-        snprintf(quoted, sizeof quoted, "\"%s\"", state);
+        fits(snprintf(quoted, sizeof quoted, "\"%s\"", state), sizeof quoted, "quoted");
         char *resumed = config_for(3, 1, 2, quoted);
         l = open_or_die(resumed);
         take(l, SIZE_MAX, &again);
@@ -158,13 +163,13 @@ static void elastic_three_to_two(void) {
         ringfeed_loader *l = open_or_die(config);
         take(l, cut[r], &seen);
         char *s = state_of(l);
-        snprintf(states[r], sizeof states[r], "%s", s);
+        fits(snprintf(states[r], sizeof states[r], "%s", s), sizeof states[r], "states[r]");
         free(s);
         EXPECT_STATUS(ringfeed_loader_close(l), RINGFEED_OK);
         free(config);
     }
     char list[4096];
-    snprintf(list, sizeof list, "[\"%s\", \"%s\", \"%s\"]", states[0], states[1], states[2]);
+    fits(snprintf(list, sizeof list, "[\"%s\", \"%s\", \"%s\"]", states[0], states[1], states[2]), sizeof list, "list");
     for (int r = 0; r < 2; r++) {
         char *config = config_for(2, r, 1, list);
         ringfeed_loader *l = open_or_die(config);
@@ -206,8 +211,8 @@ static void bad_states(void) {
     EXPECT_STATUS(ringfeed_loader_close(l), RINGFEED_OK);
     free(config);
     char extra[2048];
-    snprintf(extra, sizeof extra, SETUP ", \"seed\": 18, \"workers\": 2, \"resume\": \"%s\"",
-             s);
+    fits(snprintf(extra, sizeof extra, SETUP ", \"seed\": 18, \"workers\": 2, \"resume\": \"%s\"",
+             s), sizeof extra, "extra");
     config = make_config(shards, n_shards, extra);
     l = NULL;
     EXPECT_STATUS(ringfeed_loader_open(config, &l), RINGFEED_ERR_STATE);

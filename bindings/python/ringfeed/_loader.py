@@ -10,7 +10,7 @@ import warnings
 from . import _ffi
 from ._batch import Batch
 from ._lease import _Lease, fork_generation, live_batches
-from .errors import ClosedError, ForkedError, StateError, from_status
+from .errors import ClosedError, ConfigError, ForkedError, from_status
 
 _lib = _ffi.lib
 # Slice of a blocking wait: short enough for Ctrl-C to be seen between calls.
@@ -46,9 +46,9 @@ def _state_text(value):
         try:
             return bytes(value).decode("ascii")
         except UnicodeDecodeError:
-            raise StateError(
+            raise ConfigError(
                 "`resume`: not a ringfeed resume state (not ASCII; give the bytes Loader.state() returned)",
-                _ffi.RINGFEED_ERR_STATE,
+                _ffi.RINGFEED_ERR_CONFIG,
             ) from None
     return value
 

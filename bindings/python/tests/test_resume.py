@@ -88,7 +88,7 @@ def test_bad_resume_values_are_named_errors(shards5):
         ringfeed.Loader(shards5, resume=7)
     with pytest.raises(ringfeed.ConfigError, match="resume"):
         ringfeed.Loader(shards5, resume=["zz"])
-    with pytest.raises(ringfeed.StateError, match="not ASCII") as e:
+    with pytest.raises(ringfeed.ConfigError, match="not ASCII") as e:
         ringfeed.Loader(shards5, resume=b"\xff\xfe")
     assert isinstance(e.value, ValueError)
 
