@@ -508,9 +508,19 @@ fn bench(urls: Vec<String>, a: &LoaderArgs, out: &ReportArgs) -> AnyResult<()> {
             s.workers
         );
         println!(
-            "samples       {} in {} batches; {} entries skipped, {} samples dropped",
-            s.samples_delivered, s.batches_delivered, s.entries_skipped, s.samples_dropped
+            "samples       {} in {} batches; {} entries skipped, {} samples dropped, {} padded",
+            s.samples_delivered,
+            s.batches_delivered,
+            s.entries_skipped,
+            s.samples_dropped,
+            s.samples_padded
         );
+        if s.consumers > 1 || s.batches_skipped > 0 || s.shuffle_copied > 0 {
+            println!(
+                "epochs        consumer {} of {}; {} batches replayed to resume; shuffle copied {} bytes",
+                s.consumer, s.consumers, s.batches_skipped, s.shuffle_copied
+            );
+        }
         if let Some(seed) = out.verify {
             println!("verified      every field against seed {seed}: {bad} mismatches");
         }
