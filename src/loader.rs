@@ -551,36 +551,18 @@ impl Loader {
                 .spawn(move || {
                     worker_main(worker_shared, id, cpu, backend, registered, &iovecs, ready)
                 });
-            match spawned {
-                Ok(t) => threads.push(t),
-                Err(e) => {
-                    shared.stop_all();
-                    for t in threads {
-                        let _ = t.join();
-                    }
-                    return Err(Error::Memory(format!(
-                        "cannot start worker thread {id}: {e}"
-                    )));
-                }
-            }
+            keep_started(spawned, &mut threads, &shared, || {
+                format!("worker thread {id}")
+            })?;
         }
         drop(ready_tx);
         let seq_shared = Arc::clone(&shared);
-        match std::thread::Builder::new()
+        let spawned = std::thread::Builder::new()
             .name("ringfeed-seq".into())
-            .spawn(move || sequencer_main(seq_shared))
-        {
-            Ok(t) => threads.push(t),
-            Err(e) => {
-                shared.stop_all();
-                for t in threads {
-                    let _ = t.join();
-                }
-                return Err(Error::Memory(format!(
-                    "cannot start the sequencer thread: {e}"
-                )));
-            }
-        }
+            .spawn(move || sequencer_main(seq_shared));
+        keep_started(spawned, &mut threads, &shared, || {
+            "the sequencer thread".into()
+        })?;
         let mut startup_error = None;
         for _ in 0..workers {
             match ready_rx.recv() {
@@ -781,6 +763,29 @@ impl Loader {
 impl Drop for Loader {
     fn drop(&mut self) {
         self.close();
+    }
+}
+
+/// Keeps a started thread, or stops and joins those started before and
+/// names the one that failed.
+fn keep_started(
+    spawned: std::io::Result<JoinHandle<()>>,
+    threads: &mut Vec<JoinHandle<()>>,
+    shared: &Shared,
+    what: impl FnOnce() -> String,
+) -> Result<()> {
+    match spawned {
+        Ok(t) => {
+            threads.push(t);
+            Ok(())
+        }
+        Err(e) => {
+            shared.stop_all();
+            for t in threads.drain(..) {
+                let _ = t.join();
+            }
+            Err(Error::Memory(format!("cannot start {}: {e}", what())))
+        }
     }
 }
 

@@ -29,17 +29,30 @@ fn make_shards(dir: &Path, shards: usize, shard_bytes: u64, sample_bytes: u64) -
     synth::generate(dir, &o, |_| {}).unwrap().paths
 }
 
-fn config(paths: &[PathBuf], extra: Value) -> Config {
+/// The tests' configuration: small chunks and budget, batches of 5.
+fn config_urls(urls: &[String], extra: &Value) -> ringfeed::Result<Config> {
     let mut m = serde_json::Map::new();
-    let urls: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
     m.insert("urls".into(), json!(urls));
     m.insert("memory_budget".into(), json!("16MiB"));
     m.insert("chunk_size".into(), json!("256KiB"));
     m.insert("batch_size".into(), json!(5));
     if let Value::Object(e) = extra {
-        m.extend(e);
+        m.extend(e.clone());
     }
-    Config::from_map(&m).unwrap()
+    Config::from_map(&m)
+}
+
+fn config(paths: &[PathBuf], extra: Value) -> Config {
+    let urls: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+    config_urls(&urls, &extra).unwrap()
+}
+
+/// `shards` generated shards served over HTTP on 127.0.0.1, as one brace URL.
+fn served(dir: &Path, shards: usize) -> (ringfeed::serve::Server, Vec<String>) {
+    make_shards(dir, shards, 150_000, 5_000);
+    let server = ringfeed::serve::Server::bind("127.0.0.1:0", dir, Default::default()).unwrap();
+    let url = format!("{}shard-{{000000..{:06}}}.tar", server.url(), shards - 1);
+    (server, vec![url])
 }
 
 /// (shard, index) of a generated key.
@@ -186,17 +199,7 @@ fn the_same_seed_gives_the_same_order_and_epochs_differ() {
 /// the concatenation against the uninterrupted run; returns the bytes each
 /// resumed loader read.
 fn resume_at_cuts(urls: Vec<String>, extra: Value) -> Vec<(usize, u64, u64)> {
-    let cfg = |extra: &Value| {
-        let mut m = serde_json::Map::new();
-        m.insert("urls".into(), json!(urls));
-        m.insert("memory_budget".into(), json!("16MiB"));
-        m.insert("chunk_size".into(), json!("256KiB"));
-        m.insert("batch_size".into(), json!(5));
-        if let Value::Object(e) = extra {
-            m.extend(e.clone());
-        }
-        Config::from_map(&m).unwrap()
-    };
+    let cfg = |extra: &Value| config_urls(&urls, extra).unwrap();
     let (full, full_read) = {
         let l = Loader::open(cfg(&extra)).unwrap();
         let f = (take_batches(&l, usize::MAX), take_batches(&l, usize::MAX));
@@ -256,10 +259,7 @@ fn a_resume_state_continues_the_epoch_exactly() {
 #[test]
 fn a_resume_without_sample_counts_reads_and_skips_the_cut() {
     let dir = tempfile::tempdir().unwrap();
-    make_shards(dir.path(), 4, 200_000, 8_000);
-    let server =
-        ringfeed::serve::Server::bind("127.0.0.1:0", dir.path(), Default::default()).unwrap();
-    let urls = vec![format!("{}shard-{{000000..000003}}.tar", server.url())];
+    let (_server, urls) = served(dir.path(), 4);
     // One consumer over HTTP without a manifest: no counts, so the resumed
     // loader reads the shards from the start and skips the cut's batches.
     let reads = resume_at_cuts(
@@ -483,21 +483,8 @@ fn a_worker_whose_open_batch_fills_its_share_is_an_error_not_a_hang() {
 #[test]
 fn elastic_resumes_that_cannot_be_exact_are_refused() {
     let dir = tempfile::tempdir().unwrap();
-    make_shards(dir.path(), 3, 150_000, 5_000);
-    let server =
-        ringfeed::serve::Server::bind("127.0.0.1:0", dir.path(), Default::default()).unwrap();
-    let urls = vec![format!("{}shard-{{000000..000002}}.tar", server.url())];
-    let open = |extra: Value| {
-        let mut m = serde_json::Map::new();
-        m.insert("urls".into(), json!(urls));
-        m.insert("memory_budget".into(), json!("16MiB"));
-        m.insert("chunk_size".into(), json!("256KiB"));
-        m.insert("batch_size".into(), json!(5));
-        if let Value::Object(e) = extra {
-            m.extend(e);
-        }
-        Config::from_map(&m).and_then(Loader::open)
-    };
+    let (_server, urls) = served(dir.path(), 3);
+    let open = |extra: Value| config_urls(&urls, &extra).and_then(Loader::open);
     // Over HTTP without a manifest, the counts are unknown: a mid-epoch
     // state of 2 workers cannot say which samples went out in 3.
     let l = open(json!({"workers": 2})).unwrap();
@@ -526,14 +513,10 @@ fn elastic_resumes_that_cannot_be_exact_are_refused() {
     take_batches(&l, 2);
     let st = l.state().to_hex();
     drop(l);
-    let e = Config::from_map(
-        json!({"urls": paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
-               "memory_budget": "16MiB", "chunk_size": "256KiB", "batch_size": 5,
-               "samples_per_epoch": 40, "workers": 3, "resume": st})
-        .as_object()
-        .unwrap(),
-    )
-    .and_then(Loader::open)
+    let e = Loader::open(config(
+        &paths,
+        json!({"samples_per_epoch": 40, "workers": 3, "resume": st}),
+    ))
     .err()
     .expect("refused");
     assert!(

@@ -338,43 +338,13 @@ class Loader {
   }
 
   // The stats as a JSON object, with the setup notes.
-  std::string stats_json() const {
-    // Room for the usual size; a retry when a counter grew in between.
-    std::string text(1024, '\0');
-    for (;;) {
-      std::size_t needed = 0;
-      std::int32_t status =
-          ringfeed_loader_stats_json(handle_.get(), &text[0], text.size(), &needed);
-      if (status == RINGFEED_OK) {
-        text.resize(needed);
-        return text;
-      }
-      if (status != RINGFEED_ERR_BUFFER_TOO_SMALL) {
-        detail::fail(status);
-      }
-      text.resize(needed + 64);
-    }
-  }
+  std::string stats_json() const { return text_of(ringfeed_loader_stats_json, 1024); }
 
   // The resume state after the batches handed out so far: an opaque ASCII
   // string to give back as the configuration's "resume" value (or one of an
-  // array of them, for an elastic resume). See the README on epochs.
-  std::string state() const {
-    // About 150 bytes; more after elastic resumes (the buffer grows).
-    std::string text(256, '\0');
-    for (;;) {
-      std::size_t needed = 0;
-      std::int32_t status = ringfeed_loader_state(handle_.get(), &text[0], text.size(), &needed);
-      if (status == RINGFEED_OK) {
-        text.resize(needed);
-        return text;
-      }
-      if (status != RINGFEED_ERR_BUFFER_TOO_SMALL) {
-        detail::fail(status);
-      }
-      text.resize(needed + 64);
-    }
-  }
+  // array of them, for an elastic resume). See the README on epochs. About
+  // 150 bytes; more after elastic resumes (the buffer grows).
+  std::string state() const { return text_of(ringfeed_loader_state, 256); }
 
   // Stops the loader. Threads waiting in next() throw Error
   // (RINGFEED_ERR_CLOSED); later calls throw RINGFEED_ERR_INVALID_HANDLE.
@@ -390,6 +360,25 @@ class Loader {
   explicit operator bool() const noexcept { return handle_ != nullptr; }
 
  private:
+  // Calls a `ringfeed_loader_*` text function (the NUL-terminated buffer
+  // protocol), growing the buffer when the text grew in between.
+  template <typename Fn>
+  std::string text_of(Fn fn, std::size_t size) const {
+    std::string text(size, '\0');
+    for (;;) {
+      std::size_t needed = 0;
+      std::int32_t status = fn(handle_.get(), &text[0], text.size(), &needed);
+      if (status == RINGFEED_OK) {
+        text.resize(needed);
+        return text;
+      }
+      if (status != RINGFEED_ERR_BUFFER_TOO_SMALL) {
+        detail::fail(status);
+      }
+      text.resize(needed + 64);
+    }
+  }
+
   struct Closer {
     void operator()(ringfeed_loader* loader) const noexcept { (void)ringfeed_loader_close(loader); }
   };
