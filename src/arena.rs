@@ -224,6 +224,14 @@ struct PoolState {
 /// The owner of runs taken without one (no quota applies).
 pub const NO_OWNER: usize = u32::MAX as usize;
 
+/// Most owners (workers) a pool tells apart; `workers` is bounded by it.
+pub const MAX_OWNERS: usize = 1024;
+
+/// How long an owner must look stuck before `acquire_or_stuck` gives up:
+/// long against any hand-over (the sequencer taking a batch and passing it
+/// on takes microseconds), short against a person waiting for an error.
+const STUCK_FOR: Duration = Duration::from_millis(250);
+
 /// Reference-counted chunks over an [`Arena`].
 pub struct ChunkPool {
     arena: Arena,
@@ -238,8 +246,10 @@ pub struct ChunkPool {
     /// that reads 0 under the state lock sees every chunk they held as free.
     batches_alive: AtomicUsize,
     /// Of those, the ones handed on to the ring (and so to a consumer, who
-    /// will release them): see `acquire_or_stuck`.
-    batches_out: AtomicUsize,
+    /// will release them), by the owner of their chunks; the last slot
+    /// counts batches of several owners (merged epoch tails). See
+    /// `acquire_or_stuck`.
+    batches_out: Box<[AtomicUsize]>,
     copied: AtomicU64,
 }
 
@@ -264,7 +274,7 @@ impl ChunkPool {
             freed: Condvar::new(),
             stop: AtomicBool::new(false),
             batches_alive: AtomicUsize::new(0),
-            batches_out: AtomicUsize::new(0),
+            batches_out: (0..=MAX_OWNERS).map(|_| AtomicUsize::new(0)).collect(),
             copied: AtomicU64::new(0),
         })
     }
@@ -323,17 +333,29 @@ impl ChunkPool {
         self.freed.notify_all();
     }
 
-    /// A batch went on towards the consumer.
-    pub(crate) fn batch_out(&self) {
-        // Relaxed: read as a hint in `acquire_or_stuck`, which looks several
-        // rounds apart before it decides.
-        self.batches_out.fetch_add(1, Ordering::Relaxed);
+    fn out_slot(&self, owner: usize) -> &AtomicUsize {
+        &self.batches_out[owner.min(MAX_OWNERS)]
+    }
+
+    /// A batch of `owner`'s chunks (`NO_OWNER`: of several) went on towards
+    /// the consumer.
+    pub(crate) fn batch_out(&self, owner: usize) {
+        // Relaxed: read in `acquire_or_stuck`, which needs the condition to
+        // hold for STUCK_FOR before it decides.
+        self.out_slot(owner).fetch_add(1, Ordering::Relaxed);
     }
 
     /// A batch that went out was released (after its chunks went back).
-    pub(crate) fn batch_out_gone(&self) {
+    pub(crate) fn batch_out_gone(&self, owner: usize) {
         // Release: as in `batch_gone`.
-        self.batches_out.fetch_sub(1, Ordering::Release);
+        self.out_slot(owner).fetch_sub(1, Ordering::Release);
+    }
+
+    /// True when no batch holding `owner`'s chunks is out with a consumer.
+    fn none_out(&self, owner: usize) -> bool {
+        // Acquire: pairs with the Release decrement in `batch_out_gone`.
+        self.out_slot(owner).load(Ordering::Acquire) == 0
+            && self.out_slot(NO_OWNER).load(Ordering::Acquire) == 0
     }
 
     pub(crate) fn batch_born(&self) {
@@ -421,10 +443,11 @@ impl ChunkPool {
     }
 
     /// A waiting [`ChunkPool::acquire_as`] that fails with `BudgetTooSmall`
-    /// instead of waiting for ever when `owner` is at its quota, no batch is
-    /// out with a consumer (none will come back), and `stuck()` says the
-    /// owner is the one everything waits on (the loader's sequencer waits on
-    /// its stream): then the chunks are all held by the owner itself — its
+    /// instead of waiting for ever when, for `STUCK_FOR` on end, `owner` is
+    /// at its quota, no batch holding its chunks is out with a consumer
+    /// (none will come back), and `stuck()` says the owner is the one
+    /// everything waits on (the loader's sequencer sleeps on its stream's
+    /// empty queue): then the chunks are all held by the owner itself — its
     /// open batch, shuffle buffer or spill — and nothing can free one.
     pub fn acquire_or_stuck(
         self: &Arc<Self>,
@@ -464,7 +487,7 @@ impl ChunkPool {
             });
         }
         let mut stuck_rounds = 0;
-        let mut own_rounds = 0;
+        let mut own_since: Option<(std::time::Instant, u32)> = None;
         loop {
             let allowed = !owned || s.used[owner] + n <= s.quota;
             if let Some(start) = find_run(&s.free, n).filter(|_| allowed) {
@@ -512,10 +535,10 @@ impl ChunkPool {
             } else {
                 stuck_rounds = 0;
             }
-            // Acquire: pairs with the Release decrement in `batch_out_gone`.
-            if !allowed && self.batches_out.load(Ordering::Acquire) == 0 && stuck() {
-                own_rounds += 1;
-                if own_rounds >= 3 {
+            if !allowed && self.none_out(owner) && stuck() {
+                let (since, checks) = own_since.get_or_insert((std::time::Instant::now(), 0));
+                *checks += 1;
+                if *checks >= 3 && since.elapsed() >= STUCK_FOR {
                     return Err(Error::BudgetTooSmall {
                         budget: self.arena.len() as u64,
                         detail: format!(
@@ -530,7 +553,7 @@ impl ChunkPool {
                     });
                 }
             } else {
-                own_rounds = 0;
+                own_since = None;
             }
             s.waiting += 1;
             // The time-out only bounds how long a missed shutdown or a stuck

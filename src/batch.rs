@@ -341,8 +341,9 @@ impl BatchBuilder {
         }
     }
 
-    /// Seals the batch. `epoch` and `index` identify it.
-    pub fn finish(&mut self, pool: &Arc<ChunkPool>, epoch: u64, index: u64) -> Batch {
+    /// Seals the batch. `epoch` and `index` identify it; `owner` is the
+    /// worker whose chunks it holds (`arena::NO_OWNER` when several).
+    pub fn finish(&mut self, pool: &Arc<ChunkPool>, epoch: u64, index: u64, owner: usize) -> Batch {
         self.end_sample();
         let mut b = std::mem::replace(self, BatchBuilder::new(self.batch_size));
         let base = b.strings.as_ptr();
@@ -368,6 +369,7 @@ impl BatchBuilder {
             epoch,
             index,
             out: false,
+            owner,
             pool: Arc::clone(pool),
         }
     }
@@ -389,6 +391,8 @@ pub struct Batch {
     index: u64,
     /// Handed on towards the consumer (counted in the pool while alive).
     out: bool,
+    /// The worker whose chunks the batch holds (`NO_OWNER`: several).
+    owner: usize,
     pool: Arc<ChunkPool>,
 }
 
@@ -429,7 +433,7 @@ impl Batch {
     pub(crate) fn mark_out(&mut self) {
         if !self.out {
             self.out = true;
-            self.pool.batch_out();
+            self.pool.batch_out(self.owner);
         }
     }
 
@@ -465,7 +469,7 @@ impl Drop for Batch {
     fn drop(&mut self) {
         self.chunks.clear();
         if self.out {
-            self.pool.batch_out_gone();
+            self.pool.batch_out_gone(self.owner);
         }
         self.pool.batch_gone();
     }
@@ -535,7 +539,7 @@ mod tests {
             assert_eq!(h.chunks().count(), if n > 1 { 2 } else { 1 });
             let mut builder = BatchBuilder::new(1);
             builder.push_held(h);
-            let batch = builder.finish(&pool, 0, 0);
+            let batch = builder.finish(&pool, 0, 0, crate::arena::NO_OWNER);
             let s = batch.samples().next().unwrap();
             assert_eq!(s.key(), key.as_slice());
             let fields: Vec<(Vec<u8>, usize)> =

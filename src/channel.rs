@@ -64,6 +64,12 @@ impl<T> Channel<T> {
         self.not_full.notify_all();
     }
 
+    /// Threads asleep (or about to sleep) in `pop_until` on an empty ring.
+    pub fn sleepers(&self) -> usize {
+        // SeqCst: as the other accesses of the count (see the type's comment).
+        self.pop_waiting.load(Ordering::SeqCst)
+    }
+
     pub fn is_closed(&self) -> bool {
         self.closed.load(Ordering::SeqCst)
     }

@@ -72,6 +72,8 @@ pub struct Config {
     pub lock_memory: Toggle,
     pub register_buffers: Toggle,
     /// Ready batches the ring holds ahead of the consumer.
+    /// Also the depth of each worker's queue to the sequencer (what they
+    /// hold counts against the worker's share of the budget).
     pub prefetch_batches: usize,
     /// Passes over the dataset; 0 repeats forever.
     pub epochs: u64,
@@ -450,6 +452,18 @@ impl Config {
                 "`world_size` × `loader_workers` is {}; at most {} consumers are supported",
                 self.consumers(),
                 crate::resume::MAX_CONSUMERS
+            )));
+        }
+        if self.prefetch_batches > 4096 {
+            return Err(Error::config(format!(
+                "`prefetch_batches` must be at most 4096, got {}",
+                self.prefetch_batches
+            )));
+        }
+        if self.batch_size > 1 << 20 {
+            return Err(Error::config(format!(
+                "`batch_size` must be at most 1048576, got {}",
+                self.batch_size
             )));
         }
         if self.samples_per_epoch > 1 << 40 {

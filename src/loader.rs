@@ -9,14 +9,14 @@
 //! delivered, and feeds the ring that `next` pops.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::arena::{Arena, ArenaOptions, ChunkPool};
+use crate::arena::{Arena, ArenaOptions, ChunkPool, NO_OWNER};
 use crate::batch::{Batch, BatchBuilder};
 use crate::channel::{Channel, RecvError};
 use crate::config::{AUTO_WORKERS, Config, IoBackend, Toggle};
@@ -111,8 +111,6 @@ pub(crate) struct Shared {
     /// Batches handed to consumers so far: the next batch's `index`.
     delivered: AtomicU64,
     progress: Mutex<Progress>,
-    /// The stream whose queue the sequencer waits on, `usize::MAX` for none.
-    awaiting: AtomicUsize,
     stop: AtomicBool,
     failure: Mutex<Option<Error>>,
     started: Instant,
@@ -124,10 +122,11 @@ impl Shared {
         self.stop.load(Ordering::Acquire)
     }
 
-    pub fn seal(&self, builder: &mut BatchBuilder, epoch: u64) -> Batch {
+    /// Seals a batch of `owner`'s chunks (`arena::NO_OWNER`: several).
+    pub fn seal(&self, builder: &mut BatchBuilder, epoch: u64, owner: usize) -> Batch {
         // Relaxed: only needs distinct numbers.
         let index = self.batch_index.fetch_add(1, Ordering::Relaxed);
-        builder.finish(&self.pool, epoch, index)
+        builder.finish(&self.pool, epoch, index, owner)
     }
 
     pub fn push(&self, item: Item) -> Result<()> {
@@ -141,11 +140,11 @@ impl Shared {
         self.channel.push_wait(item).map_err(|_| Error::Closed)
     }
 
-    /// True while the sequencer waits on `stream`'s queue: then a worker
-    /// of that stream that cannot get a chunk holds up everything.
+    /// True while the sequencer sleeps on `stream`'s empty queue (it is
+    /// the queue's only reader): then a worker of that stream that cannot
+    /// get a chunk holds up everything.
     pub fn awaited(&self, stream: usize) -> bool {
-        // Relaxed: a hint, read over several rounds (see acquire_or_stuck).
-        self.awaiting.load(Ordering::Relaxed) == stream
+        self.streams[stream].sleepers() > 0
     }
 
     pub fn push_stream(&self, stream: usize, item: Item) -> Result<()> {
@@ -229,11 +228,7 @@ impl Shared {
             let mut tails: Vec<Option<BatchBuilder>> =
                 (0..self.streams.len()).map(|_| None).collect();
             while let Some(s) = order.next_stream() {
-                // Relaxed: a hint for `awaited`.
-                self.awaiting.store(s, Ordering::Relaxed);
-                let got = self.streams[s].pop_until(None);
-                self.awaiting.store(usize::MAX, Ordering::Relaxed);
-                match got {
+                match self.streams[s].pop_until(None) {
                     Ok(Item::Batch(b)) => deliver(b, &mut samples)?,
                     Ok(Item::Tail(t)) => {
                         tails[s] = Some(t);
@@ -250,7 +245,7 @@ impl Shared {
             let mut carry = BatchBuilder::new(bs);
             let mut full = Vec::new();
             for t in tails.into_iter().flatten() {
-                carry.absorb(t, |b| full.push(self.seal(b, epoch)));
+                carry.absorb(t, |b| full.push(self.seal(b, epoch, NO_OWNER)));
             }
             for b in full {
                 deliver(b, &mut samples)?;
@@ -262,7 +257,7 @@ impl Shared {
                         .samples_dropped
                         .fetch_add(carry.len() as u64, Ordering::Relaxed);
                 } else {
-                    let b = self.seal(&mut carry, epoch);
+                    let b = self.seal(&mut carry, epoch, NO_OWNER);
                     deliver(b, &mut samples)?;
                 }
             }
@@ -515,7 +510,6 @@ impl Loader {
             counters: Counters::default(),
             plan_opts,
             counts,
-            awaiting: AtomicUsize::new(usize::MAX),
             progress: Mutex::new(Progress {
                 epoch: start.epoch,
                 batches: start.skip_batches,

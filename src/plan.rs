@@ -108,6 +108,12 @@ impl Rng {
     }
 }
 
+/// Bounds that keep a plan's size proportional to the data: how many times
+/// a consumer may cycle its share to reach `samples_per_epoch`, and how many
+/// shard draws a resampled epoch may take.
+const MAX_REPEATS: u64 = 1 << 16;
+const MAX_SEGMENTS: usize = 1 << 22;
+
 /// Tags that keep the generators of different purposes apart.
 const TAG_SHARDS: u64 = 1;
 const TAG_SHUFFLE: u64 = 2;
@@ -349,6 +355,12 @@ fn resample(opts: &PlanOptions, counts: &[u64], epoch: u64, l: u64) -> Result<Ve
     let mut out = Vec::new();
     let mut have = 0;
     while have < l {
+        if out.len() >= MAX_SEGMENTS {
+            return Err(Error::config(format!(
+                "`resampled` needs more than {MAX_SEGMENTS} shard draws for {l} samples per \
+                 consumer: lower `samples_per_epoch` or use larger shards"
+            )));
+        }
         let shard = rng.below(counts.len() as u64) as usize;
         let take = counts[shard].min(l - have);
         if take == 0 {
@@ -389,7 +401,8 @@ fn split(
     let mut pieces = Vec::with_capacity(order.len());
     let mut n = 0u64;
     for &shard in order {
-        let gone = excluded(shard).map_or(0, |x| x.iter().filter(|&&i| i < counts[shard]).count());
+        // Sorted: the delivered indices below the count.
+        let gone = excluded(shard).map_or(0, |x| x.partition_point(|&i| i < counts[shard]));
         let len = counts[shard] - gone as u64;
         pieces.push(Piece {
             shard,
@@ -420,6 +433,13 @@ fn split(
     // Pad from this consumer's own share, cycling; a consumer with no share
     // (more consumers than samples) repeats from the start of the sequence.
     let (from, span) = if mine > 0 { (lo, mine) } else { (0, n) };
+    let repeats = (l - take).div_ceil(span.max(1));
+    if repeats > MAX_REPEATS {
+        return Err(Error::config(format!(
+            "`samples_per_epoch` asks each consumer for {l} samples, {repeats} times its share of \
+             {span}: at most {MAX_REPEATS} repeats"
+        )));
+    }
     while padded < l - take {
         let k = (l - take - padded).min(span);
         cut(&pieces, counts, &excluded, from, from + k, true, &mut segs);
@@ -789,6 +809,9 @@ pub fn delivered_by(
 ) -> Result<Delivered> {
     let mut d: Delivered = vec![Vec::new(); counts.len()];
     for (c, &n) in batches.iter().enumerate() {
+        if n == 0 {
+            continue;
+        }
         let o = PlanOptions {
             consumer: c as u64,
             consumers: batches.len() as u64,

@@ -115,11 +115,17 @@ impl State {
         if rounds > MAX_ROUNDS {
             return Err(bad("too many elastic cuts"));
         }
+        // The consumers of all earlier layouts: each is simulated at open.
+        let mut total = 0u64;
         for _ in 0..rounds {
             let streams = word()?;
             let n = word()?;
             if n == 0 || n > MAX_CONSUMERS || streams == 0 || streams > MAX_STREAMS {
                 return Err(bad("bad layout of an earlier cut"));
+            }
+            total += n;
+            if total > MAX_CONSUMERS {
+                return Err(bad("too many earlier consumers"));
             }
             let batches = (0..n).map(|_| word()).collect::<Result<Vec<_>>>()?;
             s.history.push(Round { streams, batches });
@@ -270,6 +276,13 @@ pub fn start_from(states: &[State], fingerprint: u64, opts: &PlanOptions) -> Res
                     states.len()
                 ))
             })?;
+        if !own.history.is_empty() && (opts.samples_per_epoch > 0 || opts.resampled) {
+            return Err(Error::State(
+                "the state carries elastic cuts, which `samples_per_epoch` and `resampled` \
+                 epochs cannot have"
+                    .into(),
+            ));
+        }
         return Ok(Start {
             epoch: own.epoch,
             history: own.history.clone(),
@@ -284,6 +297,12 @@ pub fn start_from(states: &[State], fingerprint: u64, opts: &PlanOptions) -> Res
              boundary"
                 .into(),
         ));
+    }
+    if first.history.len() as u64 >= MAX_ROUNDS {
+        return Err(Error::State(format!(
+            "the epoch was already resumed on {MAX_ROUNDS} layouts; resume it on the same layout \
+             or from an epoch boundary"
+        )));
     }
     let mut batches = vec![None; first.consumers as usize];
     for s in states {

@@ -426,7 +426,7 @@ fn emit_ghost(
             builder.begin_sample(b"");
             builder.end_sample();
             if builder.len() == sh.cfg.batch_size {
-                let batch = sh.seal(builder, epoch);
+                let batch = sh.seal(builder, epoch, stream);
                 sh.push_stream(stream, Item::Batch(batch))?;
             }
             Ok(())
@@ -445,7 +445,7 @@ fn emit_held(
 ) -> Result<()> {
     builder.push_held(h);
     if builder.len() == sh.cfg.batch_size {
-        let batch = sh.seal(builder, epoch);
+        let batch = sh.seal(builder, epoch, stream);
         sh.push_stream(stream, Item::Batch(batch))?;
     }
     Ok(())
@@ -603,7 +603,7 @@ impl ShardSink<'_> {
         }
         self.builder.end_sample();
         if self.builder.len() == sh.cfg.batch_size {
-            let batch = sh.seal(&mut self.builder, self.epoch);
+            let batch = sh.seal(&mut self.builder, self.epoch, self.stream);
             sh.push_stream(self.stream, Item::Batch(batch))?;
         }
         Ok(())

@@ -265,7 +265,7 @@ class Loader:
         ``resume=`` to continue from there."""
         handle = self._check()
         needed = ctypes.c_size_t(0)
-        size = 512  # "a few hundred bytes at most" (ringfeed.h); grown on demand
+        size = 512  # ~150 bytes, more after elastic resumes (ringfeed.h); grown on demand
         while True:
             buf = ctypes.create_string_buffer(size)
             st = _lib.ringfeed_loader_state(handle, buf, size, ctypes.byref(needed))

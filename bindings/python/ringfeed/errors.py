@@ -94,9 +94,10 @@ class NetworkError(Error):
 
 
 class StateError(Error, ValueError):
-    """A resume state is malformed or does not fit this dataset, its epoch
-    settings or its layout; or a shard's samples do not match the plan (a
-    manifest's sample count is wrong)."""
+    """A resume state (well formed: a malformed one is `ConfigError`) does not
+    fit this dataset, its epoch settings or its layout, or an elastic resume
+    lacks an old consumer's state; or a shard's samples do not match the plan
+    (a manifest's sample count is wrong)."""
 
     status = _ffi.RINGFEED_ERR_STATE
 
