@@ -98,11 +98,9 @@ SWEEP_ROUNDS=${SWEEP_ROUNDS:-3}
 OUT_DIR=${OUT_DIR:-benches/out/http_vs_curl/$(date +%Y%m%d-%H%M%S)}
 STRICT=${STRICT:-0}
 
-say() { printf '\n== %s\n' "$*"; }
-die() { printf 'http_vs_curl: %s\n' "$*" >&2; exit 1; }
-# Prints a command the way it can be pasted back into a shell.
-show() { printf '$'; printf ' %q' "$@"; printf '\n'; }
-now_ns() { date +%s%N; }
+BENCH=http_vs_curl
+# shellcheck source=benches/lib.sh
+. benches/lib.sh
 
 # --- 1. tools and binary ----------------------------------------------------
 say "tools"
@@ -126,14 +124,7 @@ fi
 "$NGINX" -v 2>&1
 curl --version | head -1
 "$VENV/bin/python" -c "import boto3, botocore, sys; print('boto3', boto3.__version__, 'botocore', botocore.__version__, 'python', sys.version.split()[0])"
-show cargo build --release
-cargo build --release
-RF=$ROOT/target/release/ringfeed
-# The tree the binary came from: figures from a dirty tree are not a commit's.
-SOURCE="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-dirty=$(git status --porcelain --untracked-files=no -- src Cargo.toml Cargo.lock 2>/dev/null | wc -l)
-[ "$dirty" -eq 0 ] || SOURCE="$SOURCE + $dirty modified files under src/ or Cargo.*"
-echo "ringfeed built from $SOURCE"
+build_ringfeed
 
 mkdir -p "$OUT_DIR"
 OUT_DIR=$(cd "$OUT_DIR" && pwd)
@@ -142,24 +133,7 @@ CMDS=$OUT_DIR/commands.txt
 
 # --- 2. dataset -------------------------------------------------------------
 say "dataset"
-SHARDS_DIR=$SERVE_ROOT/$BUCKET
-GEN=("$RF" gen "$SHARDS_DIR" --shards "$SHARDS" --shard-size "$SHARD_SIZE"
-     --sample-size "$SAMPLE_SIZE" --seed "$SEED")
-STAMP=$SHARDS_DIR/.gen-params
-want_stamp="gen --shards $SHARDS --shard-size $SHARD_SIZE --sample-size $SAMPLE_SIZE --seed $SEED"
-have=0
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want_stamp" ]; then
-    have=$(find "$SHARDS_DIR" -maxdepth 1 -name 'shard-*.tar' | wc -l)
-fi
-if [ "$have" -eq "$SHARDS" ]; then
-    echo "reusing $SHARDS_DIR ($want_stamp)"
-else
-    mkdir -p "$SHARDS_DIR"
-    rm -f "$SHARDS_DIR"/shard-*.tar "$STAMP"
-    show "${GEN[@]}"
-    "${GEN[@]}"
-    echo "$want_stamp" >"$STAMP"
-fi
+gen_shards "$SERVE_ROOT/$BUCKET"
 {
     echo "# ringfeed built from $SOURCE"
     echo "# in $ROOT"
@@ -167,9 +141,6 @@ fi
     show "${GEN[@]}"
 } >>"$CMDS"
 SERVE_ROOT=$(cd "$SERVE_ROOT" && pwd)
-SHARDS_DIR=$SERVE_ROOT/$BUCKET
-mapfile -t FILES < <(find "$SHARDS_DIR" -maxdepth 1 -name 'shard-*.tar' | sort)
-[ "${#FILES[@]}" -eq "$SHARDS" ] || die "expected $SHARDS shards in $SHARDS_DIR, found ${#FILES[@]}"
 KEYS=()
 for f in "${FILES[@]}"; do KEYS+=("$(basename "$f")"); done
 # Sums in bash: mawk's printf %d saturates at 2^31 - 1.
@@ -185,27 +156,8 @@ RANGE="{$(printf "%0${width}d" 0)..$(printf "%0${width}d" "$last")}"
 
 # --- 3. page cache ----------------------------------------------------------
 say "page cache"
-# Prints the fraction of the shards' bytes resident in the page cache.
-resident() {
-    fincore --bytes --noheadings --raw -o RES,SIZE "${FILES[@]}" |
-        awk '{r = ($1 < $2) ? $1 : $2; res += r; size += $2} END {printf "%.4f\n", res / size}'
-}
 cat "${FILES[@]}" >/dev/null
 echo "resident after one read: $(resident)"
-# Reads the shards again when some fell out of the cache: otherwise nginx
-# would serve from disk and a run would time the disk. A VM may page out
-# idle memory on its own (DAMON `pageout` schemes do). Appends
-# "LABEL RESIDENT_BEFORE REWARMED" to residency.txt.
-ensure_hot() {
-    local res rewarmed=0
-    res=$(resident)
-    if python3 -c "import sys; sys.exit(0 if float('$res') < 0.9999 else 1)"; then
-        cat "${FILES[@]}" >/dev/null
-        rewarmed=1
-    fi
-    echo "$1 $res $rewarmed" >>"$OUT_DIR/residency.txt"
-}
-
 # --- 4. nginx ---------------------------------------------------------------
 say "nginx"
 port_free() {

@@ -62,11 +62,9 @@ FIO_IODEPTH=${FIO_IODEPTH:-}
 OUT_DIR=${OUT_DIR:-benches/out/local_vs_fio/$(date +%Y%m%d-%H%M%S)}
 STRICT=${STRICT:-0}
 
-say() { printf '\n== %s\n' "$*"; }
-die() { printf 'local_vs_fio: %s\n' "$*" >&2; exit 1; }
-# Prints a command the way it can be pasted back into a shell.
-show() { printf '$'; printf ' %q' "$@"; printf '\n'; }
-now_ns() { date +%s%N; }
+BENCH=local_vs_fio
+# shellcheck source=benches/lib.sh
+. benches/lib.sh
 
 # --- 1. tools and binary --------------------------------------------------
 say "tools"
@@ -77,14 +75,7 @@ fi
 command -v python3 >/dev/null || die "python3 is needed to read the JSON"
 command -v fincore >/dev/null || die "fincore (util-linux) is needed to check the page cache"
 fio --version
-show cargo build --release
-cargo build --release
-RF=$ROOT/target/release/ringfeed
-# The tree the binary came from: figures from a dirty tree are not a commit's.
-SOURCE="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-dirty=$(git status --porcelain --untracked-files=no -- src Cargo.toml Cargo.lock 2>/dev/null | wc -l)
-[ "$dirty" -eq 0 ] || SOURCE="$SOURCE + $dirty modified files under src/ or Cargo.*"
-echo "ringfeed built from $SOURCE"
+build_ringfeed
 
 mkdir -p "$OUT_DIR"
 OUT_DIR=$(cd "$OUT_DIR" && pwd)
@@ -93,32 +84,13 @@ CMDS=$OUT_DIR/commands.txt
 
 # --- 2. dataset -------------------------------------------------------------
 say "dataset"
-GEN=("$RF" gen "$SHARDS_DIR" --shards "$SHARDS" --shard-size "$SHARD_SIZE"
-     --sample-size "$SAMPLE_SIZE" --seed "$SEED")
-STAMP=$SHARDS_DIR/.gen-params
-want_stamp="gen --shards $SHARDS --shard-size $SHARD_SIZE --sample-size $SAMPLE_SIZE --seed $SEED"
-have=0
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want_stamp" ]; then
-    have=$(find "$SHARDS_DIR" -maxdepth 1 -name 'shard-*.tar' | wc -l)
-fi
-if [ "$have" -eq "$SHARDS" ]; then
-    echo "reusing $SHARDS_DIR ($want_stamp)"
-else
-    mkdir -p "$SHARDS_DIR"
-    rm -f "$SHARDS_DIR"/shard-*.tar "$STAMP"
-    show "${GEN[@]}"
-    "${GEN[@]}"
-    echo "$want_stamp" >"$STAMP"
-fi
+gen_shards "$SHARDS_DIR"
 {
     echo "# ringfeed built from $SOURCE"
     echo "# in $ROOT"
     echo "# dataset"
     show "${GEN[@]}"
 } >>"$CMDS"
-SHARDS_DIR=$(cd "$SHARDS_DIR" && pwd)
-mapfile -t FILES < <(find "$SHARDS_DIR" -maxdepth 1 -name 'shard-*.tar' | sort)
-[ "${#FILES[@]}" -eq "$SHARDS" ] || die "expected $SHARDS shards in $SHARDS_DIR, found ${#FILES[@]}"
 case "$SHARDS_DIR" in *:*) die "fio's --filename cannot take a ':' in $SHARDS_DIR" ;; esac
 # Sums in bash: mawk's printf %d saturates at 2^31 - 1.
 DATA_BYTES=0
@@ -127,27 +99,8 @@ echo "$SHARDS shards, $DATA_BYTES bytes in $SHARDS_DIR"
 
 # --- 3. page cache ----------------------------------------------------------
 say "page cache"
-# Prints the fraction of the shards' bytes resident in the page cache.
-resident() {
-    fincore --bytes --noheadings --raw -o RES,SIZE "${FILES[@]}" |
-        awk '{r = ($1 < $2) ? $1 : $2; res += r; size += $2} END {printf "%.4f\n", res / size}'
-}
 cat "${FILES[@]}" >/dev/null
 echo "resident after one read: $(resident)"
-# Reads the shards again when some fell out of the cache. Memory pressure is
-# not the only cause: a VM may page out idle memory on its own (DAMON
-# `pageout` schemes do, a few 100 MiB/s), and then a run would time the disk.
-# Appends "LABEL RESIDENT_BEFORE REWARMED" to residency.txt.
-ensure_hot() {
-    local res rewarmed=0
-    res=$(resident)
-    if python3 -c "import sys; sys.exit(0 if float('$res') < 0.9999 else 1)"; then
-        cat "${FILES[@]}" >/dev/null
-        rewarmed=1
-    fi
-    echo "$1 $res $rewarmed" >>"$OUT_DIR/residency.txt"
-}
-
 # --- ringfeed and fio commands ----------------------------------------------
 RF_CMD=("$RF" bench "$SHARDS_DIR" --json --reads-in-flight "$READS_IN_FLIGHT" --epochs "$EPOCHS")
 [ -n "$WORKERS" ] && RF_CMD+=(--workers "$WORKERS")

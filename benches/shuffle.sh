@@ -49,62 +49,22 @@ WORKERS=${WORKERS:-}
 OUT_DIR=${OUT_DIR:-benches/out/shuffle/$(date +%Y%m%d-%H%M%S)}
 STRICT=${STRICT:-0}
 
-say() { printf '\n== %s\n' "$*"; }
-die() { printf 'shuffle: %s\n' "$*" >&2; exit 1; }
-show() { printf '$'; printf ' %q' "$@"; printf '\n'; }
+BENCH=shuffle
+# shellcheck source=benches/lib.sh
+. benches/lib.sh
 
 say "binary"
 command -v python3 >/dev/null || die "python3 is needed to read the JSON"
 command -v fincore >/dev/null || die "fincore (util-linux) is needed to check the page cache"
-show cargo build --release
-cargo build --release
-RF=$ROOT/target/release/ringfeed
-SOURCE="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-dirty=$(git status --porcelain --untracked-files=no -- src Cargo.toml Cargo.lock 2>/dev/null | wc -l)
-[ "$dirty" -eq 0 ] || SOURCE="$SOURCE + $dirty modified files under src/ or Cargo.*"
-echo "ringfeed built from $SOURCE"
+build_ringfeed
 mkdir -p "$OUT_DIR"
 OUT_DIR=$(cd "$OUT_DIR" && pwd)
 CMDS=$OUT_DIR/commands.txt
 : >"$CMDS"
 
 say "dataset"
-GEN=("$RF" gen "$SHARDS_DIR" --shards "$SHARDS" --shard-size "$SHARD_SIZE"
-     --sample-size "$SAMPLE_SIZE" --seed "$SEED")
-STAMP=$SHARDS_DIR/.gen-params
-want_stamp="gen --shards $SHARDS --shard-size $SHARD_SIZE --sample-size $SAMPLE_SIZE --seed $SEED"
-have=0
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want_stamp" ]; then
-    have=$(find "$SHARDS_DIR" -maxdepth 1 -name 'shard-*.tar' | wc -l)
-fi
-if [ "$have" -eq "$SHARDS" ]; then
-    echo "reusing $SHARDS_DIR ($want_stamp)"
-else
-    mkdir -p "$SHARDS_DIR"
-    rm -f "$SHARDS_DIR"/shard-*.tar "$STAMP"
-    show "${GEN[@]}"
-    "${GEN[@]}"
-    echo "$want_stamp" >"$STAMP"
-fi
-SHARDS_DIR=$(cd "$SHARDS_DIR" && pwd)
-mapfile -t FILES < <(find "$SHARDS_DIR" -maxdepth 1 -name 'shard-*.tar' | sort)
-[ "${#FILES[@]}" -eq "$SHARDS" ] || die "expected $SHARDS shards in $SHARDS_DIR, found ${#FILES[@]}"
+gen_shards "$SHARDS_DIR"
 
-resident() {
-    fincore --bytes --noheadings --raw -o RES,SIZE "${FILES[@]}" |
-        awk '{r = ($1 < $2) ? $1 : $2; res += r; size += $2} END {printf "%.4f\n", res / size}'
-}
-# Reads the shards again when some fell out of the cache (a VM may page
-# out idle memory on its own); a run must time ringfeed, not the disk.
-ensure_hot() {
-    local res rewarmed=0
-    res=$(resident)
-    if python3 -c "import sys; sys.exit(0 if float('$res') < 0.9999 else 1)"; then
-        cat "${FILES[@]}" >/dev/null
-        rewarmed=1
-    fi
-    echo "$1 $res $rewarmed" >>"$OUT_DIR/residency.txt"
-}
 cat "${FILES[@]}" >/dev/null
 echo "resident: $(resident)"
 

@@ -1,0 +1,70 @@
+# Shared by the benchmark scripts (sourced, not run). Each script sets BENCH
+# (its name, for messages) and, before calling these, the variables each
+# function names.
+
+say() { printf '\n== %s\n' "$*"; }
+die() { printf '%s: %s\n' "${BENCH:-bench}" "$*" >&2; exit 1; }
+# Prints a command the way it can be pasted back into a shell.
+show() { printf '$'; printf ' %q' "$@"; printf '\n'; }
+now_ns() { date +%s%N; }
+
+# Builds the release binary; sets RF (its path) and SOURCE (the commit, and
+# how many files under src/ or Cargo.* differ from it: figures from a dirty
+# tree are not a commit's). Needs ROOT.
+build_ringfeed() {
+    show cargo build --release
+    cargo build --release
+    RF=$ROOT/target/release/ringfeed
+    SOURCE="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    local dirty
+    dirty=$(git status --porcelain --untracked-files=no -- src Cargo.toml Cargo.lock 2>/dev/null | wc -l)
+    [ "$dirty" -eq 0 ] || SOURCE="$SOURCE + $dirty modified files under src/ or Cargo.*"
+    echo "ringfeed built from $SOURCE"
+}
+
+# Generates the shards in $1 with `ringfeed gen` unless a run with the same
+# parameters (SHARDS, SHARD_SIZE, SAMPLE_SIZE, SEED) left them there. Sets
+# GEN (the command), SHARDS_DIR (absolute) and FILES (the shards, sorted).
+gen_shards() {
+    local dir=$1 stamp want have=0
+    GEN=("$RF" gen "$dir" --shards "$SHARDS" --shard-size "$SHARD_SIZE"
+         --sample-size "$SAMPLE_SIZE" --seed "$SEED")
+    stamp=$dir/.gen-params
+    want="gen --shards $SHARDS --shard-size $SHARD_SIZE --sample-size $SAMPLE_SIZE --seed $SEED"
+    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+        have=$(find "$dir" -maxdepth 1 -name 'shard-*.tar' | wc -l)
+    fi
+    if [ "$have" -eq "$SHARDS" ]; then
+        echo "reusing $dir ($want)"
+    else
+        mkdir -p "$dir"
+        rm -f "$dir"/shard-*.tar "$stamp"
+        show "${GEN[@]}"
+        "${GEN[@]}"
+        echo "$want" >"$stamp"
+    fi
+    SHARDS_DIR=$(cd "$dir" && pwd)
+    mapfile -t FILES < <(find "$SHARDS_DIR" -maxdepth 1 -name 'shard-*.tar' | sort)
+    [ "${#FILES[@]}" -eq "$SHARDS" ] || die "expected $SHARDS shards in $SHARDS_DIR, found ${#FILES[@]}"
+}
+
+# Prints the fraction of the FILES' bytes resident in the page cache.
+resident() {
+    fincore --bytes --noheadings --raw -o RES,SIZE "${FILES[@]}" |
+        awk '{r = ($1 < $2) ? $1 : $2; res += r; size += $2} END {printf "%.4f\n", res / size}'
+}
+
+# Reads the FILES again when some fell out of the page cache, so a run
+# times ringfeed (or the server) and not the disk: memory pressure is not
+# the only cause, a VM may page out idle memory on its own (DAMON `pageout`
+# schemes do, a few 100 MiB/s). Appends "LABEL RESIDENT_BEFORE REWARMED" to
+# $OUT_DIR/residency.txt.
+ensure_hot() {
+    local res rewarmed=0
+    res=$(resident)
+    if python3 -c "import sys; sys.exit(0 if float('$res') < 0.9999 else 1)"; then
+        cat "${FILES[@]}" >/dev/null
+        rewarmed=1
+    fi
+    echo "$1 $res $rewarmed" >>"$OUT_DIR/residency.txt"
+}
