@@ -8,6 +8,8 @@
 //! Sample keys of the generated shards are `SSSSSS-IIIIIII` (shard, index),
 //! so each delivered key says which sample of the plan it is.
 
+mod support;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -346,18 +348,10 @@ fn a_large_shuffle_buffer_compacts_within_the_budget() {
 fn a_shuffle_buffer_larger_than_the_budget_is_a_named_error() {
     let dir = tempfile::tempdir().unwrap();
     let paths = make_shards(dir.path(), 2, 3_000_000, 60_000);
-    let l = Loader::open(config(
+    let e = support::first_error(config(
         &paths,
         json!({"memory_budget": "4MiB", "workers": 1, "shuffle_buffer": 1000}),
-    ))
-    .unwrap();
-    let e = loop {
-        match l.next(Some(Duration::from_secs(30))) {
-            Ok(Next::Batch(_)) => continue,
-            Ok(other) => panic!("expected an error, got {other:?}"),
-            Err(e) => break e,
-        }
-    };
+    ));
     assert!(matches!(e, Error::BudgetTooSmall { .. }), "{e}");
     assert!(e.to_string().contains("shuffle_buffer"), "{e}");
 }
@@ -442,14 +436,7 @@ fn bad_states_wrong_counts_and_impossible_layouts_are_named() {
         .unwrap(),
     )
     .unwrap();
-    let l = Loader::open(cfg).unwrap();
-    let e = loop {
-        match l.next(Some(Duration::from_secs(30))) {
-            Ok(Next::Batch(_)) => continue,
-            Ok(other) => panic!("expected an error, got {other:?}"),
-            Err(e) => break e,
-        }
-    };
+    let e = support::first_error(cfg);
     assert!(
         matches!(&e, Error::Plan { .. }) && e.to_string().contains("samples"),
         "{e}"

@@ -6,11 +6,10 @@
 mod support;
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use ringfeed::http::FailKind;
 use ringfeed::synth::{self, GenOptions};
-use ringfeed::{Config, Error, Loader, Next};
+use ringfeed::{Config, Error, Loader};
 use support::{Proxy, Server, stream};
 
 fn dataset(dir: &std::path::Path, seed: u64) -> (Vec<String>, usize) {
@@ -119,16 +118,7 @@ fn a_slow_drip_still_delivers_everything() {
 }
 
 fn open_err(json: serde_json::Value, urls: Vec<String>) -> Error {
-    match Loader::open(config(urls, json)) {
-        Err(e) => e,
-        Ok(l) => loop {
-            match l.next(Some(Duration::from_secs(60))) {
-                Ok(Next::Batch(_)) | Ok(Next::EndOfEpoch(_)) => {}
-                Ok(other) => panic!("no error: {other:?}"),
-                Err(e) => break e,
-            }
-        },
-    }
+    support::first_error(config(urls, json))
 }
 
 #[test]

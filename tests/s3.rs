@@ -19,7 +19,7 @@ use ringfeed::retry::Jitter;
 use ringfeed::s3::list::S3Client;
 use ringfeed::s3::{Env, S3Config};
 use ringfeed::synth::{self, GenOptions};
-use ringfeed::{Config, Error, Loader, Next};
+use ringfeed::{Config, Error, Loader};
 
 const ACCESS_KEY: &str = "AKIARINGFEEDTEST";
 const SECRET_KEY: &str = "ringfeed-test-secret-0123456789abcdef";
@@ -161,16 +161,7 @@ fn config(server: &S3Server, urls: &[String], extra: serde_json::Value) -> Confi
 }
 
 fn open_err(cfg: Config) -> Error {
-    match Loader::open(cfg) {
-        Err(e) => e,
-        Ok(l) => loop {
-            match l.next(Some(Duration::from_secs(60))) {
-                Ok(Next::Batch(_)) | Ok(Next::EndOfEpoch(_)) => {}
-                Ok(other) => panic!("no error: {other:?}"),
-                Err(e) => break e,
-            }
-        },
-    }
+    support::first_error(cfg)
 }
 
 #[test]

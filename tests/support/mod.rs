@@ -13,6 +13,23 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
+/// The error a configuration ends in: at open, or the first one `next`
+/// reports (batches and end-of-epoch markers before it are passed over).
+/// Panics if the loader finishes, or waits 60 s, without one.
+pub fn first_error(cfg: ringfeed::Config) -> ringfeed::Error {
+    use ringfeed::Next;
+    match ringfeed::Loader::open(cfg) {
+        Err(e) => e,
+        Ok(l) => loop {
+            match l.next(Some(Duration::from_secs(60))) {
+                Ok(Next::Batch(_)) | Ok(Next::EndOfEpoch(_)) => {}
+                Ok(other) => panic!("no error: {other:?}"),
+                Err(e) => break e,
+            }
+        },
+    }
+}
+
 /// Streams a loader to its end; checks each sample arrives once with the
 /// generator's bytes for `seed`; returns how many samples came.
 pub fn stream(loader: &ringfeed::Loader, seed: u64) -> usize {
