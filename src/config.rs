@@ -713,6 +713,53 @@ mod tests {
     }
 
     #[test]
+    fn epoch_keys_reject_bad_values_by_name() {
+        let cases = [
+            (r#""seed":-1"#, "`seed`"),
+            (r#""shuffle":"yes""#, "`shuffle` must be true or false"),
+            (r#""shuffle_buffer":1.5"#, "`shuffle_buffer`"),
+            (
+                r#""shuffle_buffer":100000000"#,
+                "`shuffle_buffer` must be at most",
+            ),
+            (
+                r#""shuffle_buffer":4,"shuffle_initial":5"#,
+                "`shuffle_initial` 5",
+            ),
+            (r#""resampled":true"#, "set `samples_per_epoch`"),
+            (r#""samples_per_epoch":"many""#, "`samples_per_epoch`"),
+            (r#""samples_per_epoch":2000000000000"#, "at most 2^40"),
+            (r#""remainder":"round""#, "`remainder`"),
+            (r#""world_size":0"#, "`world_size`"),
+            (
+                r#""rank":2,"world_size":2"#,
+                "`rank` 2 must be below `world_size` 2",
+            ),
+            (
+                r#""loader_worker":1"#,
+                "`loader_worker` 1 must be below `loader_workers` 1",
+            ),
+            (r#""loader_workers":0"#, "`loader_workers`"),
+            (r#""world_size":70000"#, "consumers are supported"),
+            (r#""epoch":1000000000000000000"#, "`epoch` must be at most"),
+            (r#""resume":{}"#, "`resume`"),
+            (r#""resume":["RFST"]"#, "`resume`"),
+            (
+                r#""prefetch_batches":5000"#,
+                "`prefetch_batches` must be at most 4096",
+            ),
+            (r#""batch_size":2000000"#, "`batch_size` must be at most"),
+        ];
+        for (extra, want) in cases {
+            let e = err(&format!(r#"{{"urls":"a",{extra}}}"#));
+            assert!(e.contains(want), "{extra}: {e}");
+        }
+        // A state is accepted in either form, one or a list; null means none.
+        let c = Config::from_json(r#"{"urls":"a","resume":null}"#).unwrap();
+        assert!(c.resume.is_empty());
+    }
+
+    #[test]
     fn s3_keys_are_checked_and_secrets_never_echoed() {
         let c = Config::from_json(
             r#"{"urls":"s3://b/k.tar","s3_endpoint":"http://127.0.0.1:9000/","s3_region":"eu-west-1",

@@ -671,6 +671,11 @@ mod tests {
                 .contains("line 1")
         );
         assert!(
+            parse_manifest("a.tar 10 some\n")
+                .unwrap_err()
+                .contains("the sample count `some` is not a number")
+        );
+        assert!(
             parse_manifest("\na.tar 1 2 3\n")
                 .unwrap_err()
                 .contains("line 2")

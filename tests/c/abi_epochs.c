@@ -220,6 +220,13 @@ static void bad_states(void) {
     CHECK(l == NULL, "a failed open wrote a handle");
     EXPECT_STATUS(ringfeed_loader_state(NULL, extra, sizeof extra, NULL),
                   RINGFEED_ERR_INVALID_ARGUMENT);
+    /* A NULL buffer said to be large is refused, not written through. */
+    char *plain = config_for(1, 0, 2, NULL);
+    l = open_or_die(plain);
+    EXPECT_STATUS(ringfeed_loader_state(l, NULL, 4096, NULL), RINGFEED_ERR_INVALID_ARGUMENT);
+    CHECK(contains(last_error(), "buf"), "message: %s", last_error());
+    EXPECT_STATUS(ringfeed_loader_close(l), RINGFEED_OK);
+    free(plain);
     EXPECT_STATUS(ringfeed_loader_state((ringfeed_loader *)(uintptr_t)0x5151, extra, sizeof extra,
                                         NULL),
                   RINGFEED_ERR_INVALID_HANDLE);
