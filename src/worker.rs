@@ -96,13 +96,13 @@ impl<'a> Worker<'a> {
                 let shard = &sh.shards[seg.shard];
                 let ghosts = sh.replayed(epoch, self.stream, place);
                 if let (Some(g), Some(count)) = (ghosts, sh.count(seg.shard)) {
-                    let wanted: Vec<u64> = (seg.from..seg.to.unwrap_or(count))
+                    let wanted = (seg.from..seg.to.unwrap_or(count))
                         .filter(|&i| seg.wants(i))
-                        .collect();
-                    if wanted.len() == g.len() {
+                        .count();
+                    if wanted == g.len() {
                         // Every sample of the segment went out before the
                         // cut: pass placeholders on without reading.
-                        for _ in wanted {
+                        for _ in 0..wanted {
                             emit_ghost(
                                 sh,
                                 self.stream,
