@@ -109,6 +109,9 @@
 // `ringfeed_stats.io_backend`: plain threads with pread.
 #define RINGFEED_BACKEND_THREADS 2
 
+// The source of a placeholder sample, which comes from no shard.
+#define NO_SOURCE UINT32_MAX
+
 // An open loader. Opaque: only ever used through a pointer.
 typedef struct ringfeed_loader ringfeed_loader;
 
@@ -133,6 +136,12 @@ typedef struct ringfeed_sample {
 
 // A batch handed out by `ringfeed_loader_next`. Every pointer in it stays
 // valid until `ringfeed_batch_release` is called with it.
+//
+// Two layout rules let a consumer read a batch with array operations: the
+// samples' keys lie one after the other in sample order, each
+// NUL-terminated (`samples[i + 1].key == samples[i].key +
+// strlen(samples[i].key) + 1`), and the fields of one name share one
+// `name` pointer within the batch (compare pointers, not strings).
 typedef struct ringfeed_batch {
   // Identifies the batch to `ringfeed_batch_release`; 0 when empty.
   uint64_t handle;
@@ -277,6 +286,59 @@ int32_t ringfeed_loader_state(struct ringfeed_loader *loader,
                               char *buf,
                               size_t len,
                               size_t *needed);
+
+// Writes the name (path or URL, as the configuration gave it) of the shard
+// that sample `sample` of `batch` came from into `buf`, NUL-terminated, to
+// say where a sample that fails to decode lives. Same buffer convention as
+// `ringfeed_loader_state`. A sample index past the batch gives
+// `RINGFEED_ERR_INVALID_ARGUMENT`; a released batch
+// `RINGFEED_ERR_INVALID_HANDLE`.
+//
+// # Safety
+// `batch` must be NULL or point to a readable `ringfeed_batch`; `buf` NULL
+// or `len` writable bytes; `needed` NULL or writable.
+int32_t ringfeed_batch_sample_source(const struct ringfeed_batch *batch,
+                                     size_t sample,
+                                     char *buf,
+                                     size_t len,
+                                     size_t *needed);
+
+// The memory a loader's batches live in, for a consumer in another
+// process: when the loader was opened with `"shared_arena": true`, writes
+// the descriptor of its memory file to `*fd` (owned by the loader, open
+// until the loader is closed and its last batch released: `dup` it or
+// open `/proc/<pid>/fd/<fd>` to keep it), the arena's first byte in this
+// process to `*base` and its length to `*len`. Mapping the file
+// (`MAP_SHARED`, offset 0, `len` bytes) shows every batch's bytes at
+// `data - base` from the mapping's start. Without `shared_arena`, returns
+// `RINGFEED_ERR_CONFIG`.
+//
+// # Safety
+// `fd`, `base` and `len` must be NULL or writable.
+int32_t ringfeed_loader_arena(struct ringfeed_loader *loader,
+                              int32_t *fd,
+                              const uint8_t **base,
+                              uint64_t *len);
+
+// Copies `count` ranges of `src` one after the other into `dst`: range i
+// is `lengths[i]` bytes from `src + starts[i]`. The library's own memcpy
+// loop for a caller that packs the fields of a batch (a view of `src_len`
+// bytes) into one contiguous buffer (`dst_len` bytes), without a call per
+// sample. Every range must lie inside `src_len` and their total inside
+// `dst_len`; otherwise returns `RINGFEED_ERR_INVALID_ARGUMENT` and copies
+// nothing. `src` and `dst` must not overlap.
+//
+// # Safety
+// `src` must be NULL or point to `src_len` readable bytes, `dst` NULL or
+// `dst_len` writable bytes, `starts` and `lengths` NULL or `count` readable
+// values each.
+int32_t ringfeed_gather(const uint8_t *src,
+                        size_t src_len,
+                        const int64_t *starts,
+                        const int64_t *lengths,
+                        size_t count,
+                        uint8_t *dst,
+                        size_t dst_len);
 
 // Closes a loader: stops its workers and invalidates the handle. Threads
 // waiting in `ringfeed_loader_next` return `RINGFEED_ERR_CLOSED`. Batches

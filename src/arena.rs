@@ -60,12 +60,18 @@ pub struct ArenaOptions {
     /// `None`: lock when permitted. `Some(true)`: lock or fail. `Some(false)`: never.
     pub lock: Option<bool>,
     pub prefault: bool,
+    /// Back the arena with a memory file (`memfd`, `MAP_SHARED`) that another
+    /// process may map: how a PyTorch DataLoader worker's batches reach the
+    /// main process without a copy. Otherwise an anonymous private mapping.
+    pub shared: bool,
 }
 
 /// The mapping itself. Its bytes are only reached through raw pointers: the
 /// kernel writes into it (io_uring reads) while consumers read other parts.
 pub struct Arena {
     _map: MmapMut,
+    /// The memory file behind a shared arena.
+    file: Option<std::fs::File>,
     base: *mut u8,
     len: usize,
     report: ArenaReport,
@@ -82,7 +88,13 @@ const HUGE_2M: usize = 2 << 20;
 impl Arena {
     pub fn new(len: usize, opts: ArenaOptions) -> Result<Arena> {
         let mut notes = Vec::new();
-        let (mut map, kind) = map_region(len, opts.kind, &mut notes)?;
+        let (mut map, kind, file) = if opts.shared {
+            let (m, k, f) = map_shared(len, opts.kind, &mut notes)?;
+            (m, k, Some(f))
+        } else {
+            let (m, k) = map_region(len, opts.kind, &mut notes)?;
+            (m, k, None)
+        };
         let locked = match opts.lock {
             Some(false) => false,
             want => match map.lock() {
@@ -118,6 +130,7 @@ impl Arena {
         let base = map.as_mut_ptr();
         Ok(Arena {
             _map: map,
+            file,
             base,
             len,
             report: ArenaReport {
@@ -144,6 +157,95 @@ impl Arena {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+
+    /// The memory file of a shared arena (`ArenaOptions::shared`): mapping
+    /// it (`MAP_SHARED`, offset 0) in another process shows the same bytes.
+    pub fn shared_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        self.file.as_ref().map(|f| f.as_raw_fd())
+    }
+}
+
+/// The kernel's transparent-huge-page mode for shared memory (the bracketed
+/// word of `shmem_enabled`), when it can be read.
+fn shmem_thp_mode() -> Option<String> {
+    let text = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled").ok()?;
+    let start = text.find('[')? + 1;
+    let end = start + text[start..].find(']')?;
+    Some(text[start..end].to_string())
+}
+
+/// A memory file of `len` bytes mapped `MAP_SHARED`: explicit huge pages
+/// (`MFD_HUGETLB`) when reserved, else transparent huge pages when the
+/// kernel gives them to shared memory, else normal pages.
+fn map_shared(
+    len: usize,
+    want: Option<MemoryKind>,
+    notes: &mut Vec<String>,
+) -> Result<(MmapMut, MemoryKind, std::fs::File)> {
+    use std::os::fd::FromRawFd;
+    let memfd = |flags: libc::c_uint| -> std::io::Result<(MmapMut, std::fs::File)> {
+        // SAFETY: a static NUL-terminated name and plain flags.
+        let fd =
+            unsafe { libc::memfd_create(c"ringfeed-arena".as_ptr(), libc::MFD_CLOEXEC | flags) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just created and is owned by nothing else.
+        let file = unsafe { std::fs::File::from_raw_fd(fd) };
+        file.set_len(len as u64)?;
+        // SAFETY: the file is ours alone until the arena hands its
+        // descriptor out; its length was set above and never changes.
+        let map = unsafe { MmapOptions::new().len(len).map_mut(&file) }?;
+        Ok((map, file))
+    };
+    let mut want_huge = want.is_none() || want == Some(MemoryKind::Hugetlb);
+    if want.is_none() && len % HUGE_2M != 0 {
+        notes.push(format!(
+            "{len} bytes is not a multiple of 2 MiB: no MFD_HUGETLB"
+        ));
+        want_huge = false;
+    }
+    if want_huge {
+        match memfd(libc::MFD_HUGETLB) {
+            Ok((m, f)) => return Ok((m, MemoryKind::Hugetlb, f)),
+            Err(e) if want == Some(MemoryKind::Hugetlb) => {
+                return Err(Error::Memory(format!(
+                    "a shared arena of {len} bytes in huge pages failed ({e}); `memory_kind` is \
+                     \"hugetlb\": reserve huge pages in /proc/sys/vm/nr_hugepages or choose \"auto\""
+                )));
+            }
+            Err(e) => notes.push(format!("MFD_HUGETLB failed ({e}): no huge pages reserved")),
+        }
+    }
+    let (map, file) = memfd(0)
+        .map_err(|e| Error::Memory(format!("a shared arena of {len} bytes (memfd) failed: {e}")))?;
+    if want == Some(MemoryKind::Normal) {
+        return Ok((map, MemoryKind::Normal, file));
+    }
+    let mode = shmem_thp_mode();
+    let thp = matches!(
+        mode.as_deref(),
+        Some("always" | "within_size" | "advise" | "force")
+    );
+    if thp && map.advise(Advice::HugePage).is_ok() {
+        return Ok((map, MemoryKind::Thp, file));
+    }
+    let why = match mode {
+        Some(m) if !thp => format!(
+            "the kernel gives shared memory no transparent huge pages \
+             (/sys/kernel/mm/transparent_hugepage/shmem_enabled is {m})"
+        ),
+        Some(_) => "MADV_HUGEPAGE refused on shared memory".to_string(),
+        None => "shared memory THP mode unknown".to_string(),
+    };
+    if want == Some(MemoryKind::Thp) {
+        return Err(Error::Memory(format!(
+            "`memory_kind` is \"thp\" but {why}; `shared_arena` needs shared memory"
+        )));
+    }
+    notes.push(format!("shared arena: normal pages: {why}"));
+    Ok((map, MemoryKind::Normal, file))
 }
 
 fn map_region(
@@ -219,6 +321,11 @@ struct PoolState {
     used: Vec<usize>,
     /// Most chunks one owner may hold; 0: no limit.
     quota: usize,
+    /// Where each owner's next run is looked for first: right after its
+    /// last one, so that a stream's consecutive chunks lie next to each
+    /// other and a batch's samples span little more memory than their bytes
+    /// (the last entry is for `NO_OWNER`).
+    next: Vec<usize>,
 }
 
 /// The owner of runs taken without one (no quota applies).
@@ -270,6 +377,7 @@ impl ChunkPool {
                 owner: vec![u32::MAX; n],
                 used: Vec::new(),
                 quota: 0,
+                next: vec![0],
             }),
             freed: Condvar::new(),
             stop: AtomicBool::new(false),
@@ -388,6 +496,9 @@ impl ChunkPool {
         let mut s = self.lock();
         s.used = vec![0; owners];
         s.quota = quota;
+        // Owners start spread over the arena and walk it from there.
+        let n = self.chunk_count();
+        s.next = (0..=owners).map(|o| o * n / (owners + 1)).collect();
     }
 
     /// The per-owner quota (0: none).
@@ -490,10 +601,13 @@ impl ChunkPool {
         let mut own_since: Option<(std::time::Instant, u32)> = None;
         loop {
             let allowed = !owned || s.used[owner] + n <= s.quota;
-            if let Some(start) = find_run(&s.free, n).filter(|_| allowed) {
+            let hint = s.next.len() - 1;
+            let slot = if owned { owner.min(hint) } else { hint };
+            if let Some(start) = find_run_from(&s.free, n, s.next[slot]).filter(|_| allowed) {
                 for f in &mut s.free[start..start + n] {
                     *f = false;
                 }
+                s.next[slot] = (start + n) % self.chunk_count();
                 s.free_count -= n;
                 if owned {
                     s.owner[start] = owner as u32;
@@ -581,6 +695,14 @@ impl ChunkPool {
             self.freed.notify_all();
         }
     }
+}
+
+/// A run of `n` free chunks, the first from `from` on, else the first at all.
+fn find_run_from(free: &[bool], n: usize, from: usize) -> Option<usize> {
+    let from = from.min(free.len());
+    find_run(&free[from..], n)
+        .map(|i| i + from)
+        .or_else(|| find_run(free, n))
 }
 
 fn find_run(free: &[bool], n: usize) -> Option<usize> {
@@ -681,6 +803,7 @@ mod tests {
             kind: Some(MemoryKind::Normal),
             lock: Some(false),
             prefault: false,
+            shared: false,
         };
         ChunkPool::new(Arena::new(chunks * 4096, opts).unwrap(), 4096)
     }
@@ -696,6 +819,31 @@ mod tests {
         drop(b);
         assert_eq!(p.usage().in_use, 0);
         assert_eq!(p.usage().peak, 1);
+    }
+
+    #[test]
+    fn an_owners_runs_follow_each_other_while_the_next_chunk_is_free() {
+        let p = pool(8);
+        p.set_owners(2, 4);
+        // Owner 0 starts at chunk 0, owner 1 at chunk 8 * 1 / 3 = 2.
+        let a0 = p.acquire_as(0, 1, false).unwrap().unwrap();
+        let b0 = p.acquire_as(1, 1, false).unwrap().unwrap();
+        let a1 = p.acquire_as(0, 1, false).unwrap().unwrap();
+        let b1 = p.acquire_as(1, 1, false).unwrap().unwrap();
+        assert_eq!((a0.index(), a1.index()), (0, 1));
+        assert_eq!((b0.index(), b1.index()), (2, 3));
+        // Owner 0's next chunk (2) is taken: it goes on after owner 1's.
+        let a2 = p.acquire_as(0, 1, false).unwrap().unwrap();
+        assert_eq!(a2.index(), 4);
+        // Freed chunks behind the hint are found when nothing is ahead.
+        drop((a0, a1));
+        let rest: Vec<_> = (0..3).map(|_| p.acquire_as(1, 1, false).unwrap()).collect();
+        let got: Vec<_> = rest.iter().map(|r| r.as_ref().map(|c| c.index())).collect();
+        assert_eq!(got, vec![Some(5), Some(6), None], "owner 1's quota is 4");
+        let a3 = p.acquire_as(0, 1, false).unwrap().unwrap();
+        assert_eq!(a3.index(), 7);
+        let a4 = p.acquire_as(0, 1, false).unwrap().unwrap();
+        assert_eq!(a4.index(), 0, "wraps to the first free chunk");
     }
 
     #[test]
@@ -774,6 +922,7 @@ mod tests {
                     kind: Some(kind),
                     lock: None,
                     prefault: true,
+                    shared: false,
                 },
             )
             .unwrap();
@@ -785,6 +934,7 @@ mod tests {
                 kind: None,
                 lock: Some(false),
                 prefault: true,
+                shared: false,
             },
         )
         .unwrap();
@@ -802,6 +952,7 @@ mod tests {
                     kind: Some(MemoryKind::Hugetlb),
                     lock: None,
                     prefault: false,
+                    shared: false,
                 },
             );
             match forced {

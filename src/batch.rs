@@ -5,8 +5,13 @@
 //! pointers. A batch holds a reference to every chunk its fields point into;
 //! dropping it (the consumer's `release`) gives them back.
 //!
-//! Keys and field names are copied into the batch's own string table, NUL
+//! Keys and field names are copied into the batch's own tables, NUL
 //! terminated for C: they are metadata of a few bytes per sample, not payload.
+//! Two layout rules hold for every batch, and the C header promises them so
+//! a consumer can read a whole batch with array operations instead of a
+//! string comparison per field: the keys lie one after the other in sample
+//! order (`samples[i + 1].key == samples[i].key + strlen(samples[i].key) + 1`),
+//! and fields of the same name share one name pointer.
 
 use std::ffi::c_char;
 use std::sync::Arc;
@@ -103,14 +108,22 @@ pub struct Held {
     /// Other runs (fields in different chunks, spills).
     more: Vec<ChunkRef>,
     bytes: u64,
+    /// Index of the shard the sample came from (`NO_SOURCE`: none).
+    source: u32,
 }
+
+/// The source of a placeholder sample, which comes from no shard.
+pub const NO_SOURCE: u32 = u32::MAX;
+
+/// The names of the loader's shards, indexed by a sample's source.
+pub type ShardNames = Arc<[Box<str>]>;
 
 // SAFETY: the pointers point into chunks the sample holds references to;
 // nothing writes there while it lives, so it may move between threads.
 unsafe impl Send for Held {}
 
 impl Held {
-    pub fn new(key: &[u8]) -> Held {
+    pub fn new(key: &[u8], source: u32) -> Held {
         let mut names = Small::new(0);
         names.extend(key);
         names.extend(&[0]);
@@ -120,6 +133,7 @@ impl Held {
             chunk: None,
             more: Vec::new(),
             bytes: 0,
+            source,
         }
     }
 
@@ -190,12 +204,22 @@ impl Held {
     }
 }
 
-/// Builds one batch. Pointers to the string table are stored as offsets while
-/// it grows, and fixed up once in [`BatchBuilder::finish`].
+/// Builds one batch. Pointers to the key and name tables are stored as
+/// offsets while they grow, and fixed up once in [`BatchBuilder::finish`].
 pub struct BatchBuilder {
     samples: Vec<RawSample>,
     fields: Vec<RawField>,
-    strings: Vec<u8>,
+    /// Every key, NUL-terminated, in sample order.
+    keys: Vec<u8>,
+    /// Each distinct field name once, NUL-terminated.
+    names: Vec<u8>,
+    /// (offset, length) in `names` of each distinct name.
+    name_at: Vec<(usize, usize)>,
+    /// Index in `name_at` of the last name interned: samples list their
+    /// fields in the same order, so the next name is most often the next one.
+    last_name: usize,
+    /// Each sample's shard (`NO_SOURCE` for placeholders).
+    sources: Vec<u32>,
     chunks: Vec<ChunkRef>,
     bytes: u64,
     /// Index in `fields` of the open sample's first field.
@@ -211,13 +235,23 @@ fn offset_ptr<T>(off: usize) -> *const T {
     std::ptr::without_provenance(off)
 }
 
+/// `s` up to its first NUL: C strings end there, and tar names never hold one.
+fn c_prefix(s: &[u8]) -> &[u8] {
+    &s[..s.iter().position(|&b| b == 0).unwrap_or(s.len())]
+}
+
 impl BatchBuilder {
     pub fn new(batch_size: usize) -> Self {
         BatchBuilder {
             samples: Vec::with_capacity(batch_size),
             // Most WebDataset samples have 1-4 fields.
             fields: Vec::with_capacity(batch_size * 2),
-            strings: Vec::with_capacity(batch_size * 32),
+            // WebDataset keys are mostly 10-30 bytes.
+            keys: Vec::with_capacity(batch_size * 24),
+            names: Vec::new(),
+            name_at: Vec::new(),
+            last_name: 0,
+            sources: Vec::with_capacity(batch_size),
             chunks: Vec::new(),
             bytes: 0,
             open_from: None,
@@ -234,25 +268,43 @@ impl BatchBuilder {
         self.samples.is_empty() && self.open_from.is_none()
     }
 
-    fn intern(&mut self, s: &[u8]) -> usize {
-        let off = self.strings.len();
-        // C strings end at the first NUL; tar names never hold one.
-        let end = s.iter().position(|&b| b == 0).unwrap_or(s.len());
-        self.strings.extend_from_slice(&s[..end]);
-        self.strings.push(0);
-        off
+    /// Offset of `name` in the name table, added there the first time.
+    fn intern_name(&mut self, name: &[u8]) -> usize {
+        let name = c_prefix(name);
+        let same = |&(off, len): &(usize, usize)| self.names[off..off + len] == *name;
+        let n = self.name_at.len();
+        // Try the name after the last one first, then every name: a batch
+        // has a handful of distinct names, so a scan is cheaper than a hash.
+        let next = (self.last_name + 1) % n.max(1);
+        let found = if n > 0 && same(&self.name_at[next]) {
+            Some(next)
+        } else {
+            self.name_at.iter().position(same)
+        };
+        let i = found.unwrap_or_else(|| {
+            let off = self.names.len();
+            self.names.extend_from_slice(name);
+            self.names.push(0);
+            self.name_at.push((off, name.len()));
+            n
+        });
+        self.last_name = i;
+        self.name_at[i].0
     }
 
-    /// Opens a sample; its fields follow with `add_field`.
-    pub fn begin_sample(&mut self, key: &[u8]) {
+    /// Opens a sample from shard `source`; its fields follow with `add_field`.
+    pub fn begin_sample(&mut self, key: &[u8], source: u32) {
         debug_assert!(self.open_from.is_none());
-        let key = self.intern(key);
+        let off = self.keys.len();
+        self.keys.extend_from_slice(c_prefix(key));
+        self.keys.push(0);
         self.open_from = Some(self.fields.len());
         self.samples.push(RawSample {
-            key: offset_ptr(key),
+            key: offset_ptr(off),
             fields: std::ptr::null(),
             field_count: 0,
         });
+        self.sources.push(source);
     }
 
     /// True if the open sample already has a field of this name.
@@ -262,13 +314,13 @@ impl BatchBuilder {
         };
         self.fields[from..]
             .iter()
-            .any(|f| cstr_at(&self.strings, f.name.addr()) == name)
+            .any(|f| cstr_at(&self.names, f.name.addr()) == name)
     }
 
     /// Adds a field of the open sample: `len` bytes at `data`, inside `chunk`.
     pub fn add_field(&mut self, name: &[u8], chunk: &ChunkRef, data: *const u8, len: usize) {
         debug_assert!(self.open_from.is_some());
-        let name = self.intern(name);
+        let name = self.intern_name(name);
         self.fields.push(RawField {
             name: offset_ptr(name),
             data,
@@ -283,9 +335,9 @@ impl BatchBuilder {
     /// Adds a held sample as one complete sample.
     pub fn push_held(&mut self, h: Held) {
         let names = h.names.as_slice();
-        self.begin_sample(cstr_at(names, 0));
+        self.begin_sample(cstr_at(names, 0), h.source);
         for &(off, data, len) in h.fields.as_slice() {
-            let name = self.intern(cstr_at(names, off));
+            let name = self.intern_name(cstr_at(names, off));
             self.fields.push(RawField {
                 name: offset_ptr(name),
                 data,
@@ -314,12 +366,11 @@ impl BatchBuilder {
     /// `self` each time it reaches `batch_size`.
     pub fn absorb(&mut self, other: BatchBuilder, mut full: impl FnMut(&mut BatchBuilder)) {
         let mut attached = false;
-        for s in &other.samples {
-            let key = cstr_at(&other.strings, s.key.addr());
-            self.begin_sample(key);
+        for (s, &source) in other.samples.iter().zip(&other.sources) {
+            self.begin_sample(cstr_at(&other.keys, s.key.addr()), source);
             let from = s.fields.addr();
             for f in &other.fields[from..from + s.field_count] {
-                let name = self.intern(cstr_at(&other.strings, f.name.addr()));
+                let name = self.intern_name(cstr_at(&other.names, f.name.addr()));
                 self.fields.push(RawField {
                     name: offset_ptr(name),
                     data: f.data,
@@ -342,20 +393,29 @@ impl BatchBuilder {
     }
 
     /// Seals the batch. `epoch` and `index` identify it; `owner` is the
-    /// worker whose chunks it holds (`arena::NO_OWNER` when several).
-    pub fn finish(&mut self, pool: &Arc<ChunkPool>, epoch: u64, index: u64, owner: usize) -> Batch {
+    /// worker whose chunks it holds (`arena::NO_OWNER` when several);
+    /// `shards` names the samples' sources.
+    pub fn finish(
+        &mut self,
+        pool: &Arc<ChunkPool>,
+        shards: &ShardNames,
+        epoch: u64,
+        index: u64,
+        owner: usize,
+    ) -> Batch {
         self.end_sample();
         let mut b = std::mem::replace(self, BatchBuilder::new(self.batch_size));
-        let base = b.strings.as_ptr();
+        let names = b.names.as_ptr();
         for f in &mut b.fields {
-            // SAFETY: the offset was returned by `intern`, inside `strings`.
-            f.name = unsafe { base.add(f.name.addr()) }.cast();
+            // SAFETY: the offset was returned by `intern_name`, inside `names`.
+            f.name = unsafe { names.add(f.name.addr()) }.cast();
         }
+        let keys = b.keys.as_ptr();
         let fbase = b.fields.as_ptr();
         for s in &mut b.samples {
-            // SAFETY: offsets were taken from `strings` and `fields` above.
+            // SAFETY: offsets were taken from `keys` and `fields` above.
             unsafe {
-                s.key = base.add(s.key.addr()).cast();
+                s.key = keys.add(s.key.addr()).cast();
                 s.fields = fbase.add(s.fields.addr());
             }
         }
@@ -363,7 +423,10 @@ impl BatchBuilder {
         Batch {
             samples: b.samples,
             fields: b.fields,
-            _strings: b.strings,
+            _keys: b.keys,
+            _names: b.names,
+            sources: b.sources,
+            shards: Arc::clone(shards),
             chunks: b.chunks,
             bytes: b.bytes,
             epoch,
@@ -384,7 +447,10 @@ fn cstr_at(strings: &[u8], off: usize) -> &[u8] {
 pub struct Batch {
     samples: Vec<RawSample>,
     fields: Vec<RawField>,
-    _strings: Vec<u8>,
+    _keys: Vec<u8>,
+    _names: Vec<u8>,
+    sources: Vec<u32>,
+    shards: ShardNames,
     chunks: Vec<ChunkRef>,
     bytes: u64,
     epoch: u64,
@@ -443,6 +509,13 @@ impl Batch {
 
     pub fn raw_fields(&self) -> &[RawField] {
         &self.fields
+    }
+
+    /// The name of the shard sample `i` came from (None for a placeholder,
+    /// or past the end).
+    pub fn source(&self, i: usize) -> Option<&str> {
+        let s = *self.sources.get(i)?;
+        self.shards.get(s as usize).map(|n| &**n)
     }
 
     /// The samples, for Rust consumers.
@@ -518,6 +591,7 @@ mod tests {
                 kind: Some(MemoryKind::Normal),
                 lock: Some(false),
                 prefault: false,
+                shared: false,
             },
         )
         .unwrap();
@@ -526,7 +600,7 @@ mod tests {
         let b = pool.acquire(1, false).unwrap().unwrap();
         // Short: everything inline. Long: a 100-byte key and 5 fields spill.
         for (key, n) in [(b"k1".to_vec(), 2usize), (vec![b'x'; 100], 5)] {
-            let mut h = Held::new(&key);
+            let mut h = Held::new(&key, 0);
             for i in 0..n {
                 let name = format!("field{i}");
                 let chunk = if i % 2 == 0 { &a } else { &b };
@@ -539,7 +613,10 @@ mod tests {
             assert_eq!(h.chunks().count(), if n > 1 { 2 } else { 1 });
             let mut builder = BatchBuilder::new(1);
             builder.push_held(h);
-            let batch = builder.finish(&pool, 0, 0, crate::arena::NO_OWNER);
+            let shards: ShardNames = vec!["s0.tar".into()].into();
+            let batch = builder.finish(&pool, &shards, 0, 0, crate::arena::NO_OWNER);
+            assert_eq!(batch.source(0), Some("s0.tar"));
+            assert_eq!(batch.source(1), None);
             let s = batch.samples().next().unwrap();
             assert_eq!(s.key(), key.as_slice());
             let fields: Vec<(Vec<u8>, usize)> =

@@ -71,6 +71,9 @@ pub struct Config {
     pub memory_kind: Option<MemoryKind>,
     pub lock_memory: Toggle,
     pub register_buffers: Toggle,
+    /// Back the arena with a memory file another process may map (see
+    /// `ringfeed_loader_arena`): for consumers in a child process.
+    pub shared_arena: bool,
     /// Ready batches the ring holds ahead of the consumer.
     /// Also the depth of each worker's queue to the sequencer (what they
     /// hold counts against the worker's share of the budget).
@@ -148,6 +151,8 @@ impl Default for Config {
             memory_kind: None,
             lock_memory: Toggle::Auto,
             register_buffers: Toggle::Auto,
+            // Private memory unless a consumer elsewhere needs to map it.
+            shared_arena: false,
             // Eight batches ahead hides a slow read without pinning much.
             prefetch_batches: 8,
             epochs: 1,
@@ -236,6 +241,7 @@ pub const KEYS: &[&str] = &[
     "memory_kind",
     "lock_memory",
     "register_buffers",
+    "shared_arena",
     "prefetch_batches",
     "epochs",
     "stall_timeout_ms",
@@ -292,6 +298,7 @@ impl Config {
                 "reads_in_flight" => c.reads_in_flight = positive(key, v)? as usize,
                 "workers" => c.workers = integer(key, v)? as usize,
                 "pin_cpus" => c.pin_cpus = boolean(key, v)?,
+                "shared_arena" => c.shared_arena = boolean(key, v)?,
                 "io_backend" => {
                     c.io_backend = match choice(key, v, &["auto", "io_uring", "threads"])? {
                         "auto" => IoBackend::Auto,

@@ -83,6 +83,12 @@ pub struct ringfeed_loader {
 
 /// A batch handed out by `ringfeed_loader_next`. Every pointer in it stays
 /// valid until `ringfeed_batch_release` is called with it.
+///
+/// Two layout rules let a consumer read a batch with array operations: the
+/// samples' keys lie one after the other in sample order, each
+/// NUL-terminated (`samples[i + 1].key == samples[i].key +
+/// strlen(samples[i].key) + 1`), and the fields of one name share one
+/// `name` pointer within the batch (compare pointers, not strings).
 #[repr(C)]
 pub struct ringfeed_batch {
     /// Identifies the batch to `ringfeed_batch_release`; 0 when empty.
@@ -491,6 +497,160 @@ pub unsafe extern "C" fn ringfeed_loader_state(
         let text = lookup(loader)?.state().to_hex();
         // SAFETY: forwarded from this function's contract.
         unsafe { write_text(&text, "state", buf, len, needed) }
+    })
+}
+
+/// Writes the name (path or URL, as the configuration gave it) of the shard
+/// that sample `sample` of `batch` came from into `buf`, NUL-terminated, to
+/// say where a sample that fails to decode lives. Same buffer convention as
+/// `ringfeed_loader_state`. A sample index past the batch gives
+/// `RINGFEED_ERR_INVALID_ARGUMENT`; a released batch
+/// `RINGFEED_ERR_INVALID_HANDLE`.
+///
+/// # Safety
+/// `batch` must be NULL or point to a readable `ringfeed_batch`; `buf` NULL
+/// or `len` writable bytes; `needed` NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ringfeed_batch_sample_source(
+    batch: *const ringfeed_batch,
+    sample: usize,
+    buf: *mut c_char,
+    len: usize,
+    needed: *mut usize,
+) -> i32 {
+    boundary(|| {
+        check(batch, "batch")?;
+        // SAFETY: checked non-NULL and aligned; only the integer is read.
+        let handle = unsafe { std::ptr::addr_of!((*batch).handle).read() };
+        let batches = lock(&BATCHES);
+        let b = batches.get(&handle).ok_or_else(|| {
+            Fail(
+                RINGFEED_ERR_INVALID_HANDLE,
+                format!(
+                    "batch handle {handle} is not held: released, or not from ringfeed_loader_next"
+                ),
+            )
+        })?;
+        if sample >= b.len() {
+            return Err(invalid(format!(
+                "sample {sample} is past the batch's {} samples",
+                b.len()
+            )));
+        }
+        let name = b.source(sample).unwrap_or("");
+        // SAFETY: forwarded from this function's contract.
+        unsafe { write_text(name, "source", buf, len, needed) }
+    })
+}
+
+/// The memory a loader's batches live in, for a consumer in another
+/// process: when the loader was opened with `"shared_arena": true`, writes
+/// the descriptor of its memory file to `*fd` (owned by the loader, open
+/// until the loader is closed and its last batch released: `dup` it or
+/// open `/proc/<pid>/fd/<fd>` to keep it), the arena's first byte in this
+/// process to `*base` and its length to `*len`. Mapping the file
+/// (`MAP_SHARED`, offset 0, `len` bytes) shows every batch's bytes at
+/// `data - base` from the mapping's start. Without `shared_arena`, returns
+/// `RINGFEED_ERR_CONFIG`.
+///
+/// # Safety
+/// `fd`, `base` and `len` must be NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ringfeed_loader_arena(
+    loader: *mut ringfeed_loader,
+    fd: *mut i32,
+    base: *mut *const u8,
+    len: *mut u64,
+) -> i32 {
+    boundary(|| {
+        check(fd, "fd")?;
+        check(base, "base")?;
+        check(len, "len")?;
+        let l = lookup(loader)?;
+        let arena = l.arena();
+        let Some(file) = arena.shared_fd() else {
+            return Err(Fail(
+                RINGFEED_ERR_CONFIG,
+                "the loader's arena is private: open it with \"shared_arena\": true to map it elsewhere"
+                    .into(),
+            ));
+        };
+        // SAFETY: each checked non-NULL and aligned; the caller says writable.
+        unsafe {
+            fd.write(file);
+            base.write(arena.base());
+            len.write(arena.len() as u64);
+        }
+        Ok(RINGFEED_OK)
+    })
+}
+
+/// Copies `count` ranges of `src` one after the other into `dst`: range i
+/// is `lengths[i]` bytes from `src + starts[i]`. The library's own memcpy
+/// loop for a caller that packs the fields of a batch (a view of `src_len`
+/// bytes) into one contiguous buffer (`dst_len` bytes), without a call per
+/// sample. Every range must lie inside `src_len` and their total inside
+/// `dst_len`; otherwise returns `RINGFEED_ERR_INVALID_ARGUMENT` and copies
+/// nothing. `src` and `dst` must not overlap.
+///
+/// # Safety
+/// `src` must be NULL or point to `src_len` readable bytes, `dst` NULL or
+/// `dst_len` writable bytes, `starts` and `lengths` NULL or `count` readable
+/// values each.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ringfeed_gather(
+    src: *const u8,
+    src_len: usize,
+    starts: *const i64,
+    lengths: *const i64,
+    count: usize,
+    dst: *mut u8,
+    dst_len: usize,
+) -> i32 {
+    boundary(|| {
+        if count == 0 {
+            return Ok(RINGFEED_OK);
+        }
+        check(src, "src")?;
+        check(starts, "starts")?;
+        check(lengths, "lengths")?;
+        check(dst, "dst")?;
+        // SAFETY: checked non-NULL and aligned; the caller gives `count` values.
+        let (starts, lengths) = unsafe {
+            (
+                std::slice::from_raw_parts(starts, count),
+                std::slice::from_raw_parts(lengths, count),
+            )
+        };
+        let mut total = 0usize;
+        for (i, (&s, &n)) in starts.iter().zip(lengths).enumerate() {
+            let end = (s >= 0 && n >= 0).then(|| s.checked_add(n)).flatten();
+            if end.is_none_or(|e| e as u64 > src_len as u64) {
+                return Err(invalid(format!(
+                    "range {i} ({n} bytes at {s}) is not inside the {src_len}-byte source"
+                )));
+            }
+            total = total.saturating_add(n as usize);
+        }
+        if total > dst_len {
+            return Err(invalid(format!(
+                "the ranges hold {total} bytes, the destination has {dst_len}"
+            )));
+        }
+        let (src_end, dst_end) = (src.addr() + src_len, dst.addr() + dst_len);
+        if src.addr() < dst_end && dst.addr() < src_end {
+            return Err(invalid("`src` and `dst` overlap"));
+        }
+        let mut at = 0usize;
+        for (&s, &n) in starts.iter().zip(lengths) {
+            // SAFETY: every range was checked inside `src`, the total inside
+            // `dst`, and the two buffers do not overlap.
+            unsafe {
+                std::ptr::copy_nonoverlapping(src.add(s as usize), dst.add(at), n as usize);
+            }
+            at += n as usize;
+        }
+        Ok(RINGFEED_OK)
     })
 }
 

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::arena::{Arena, ArenaOptions, ChunkPool, NO_OWNER};
-use crate::batch::{Batch, BatchBuilder};
+use crate::batch::{Batch, BatchBuilder, ShardNames};
 use crate::channel::{Channel, RecvError};
 use crate::config::{AUTO_WORKERS, Config, IoBackend, Toggle};
 use crate::dataset::{self, Shard};
@@ -85,6 +85,8 @@ struct Progress {
 pub(crate) struct Shared {
     pub cfg: Config,
     pub shards: Vec<Shard>,
+    /// The shards' names, which each batch holds to name its samples' sources.
+    shard_names: ShardNames,
     pub pool: Arc<ChunkPool>,
     pub channel: Channel<Item>,
     /// One queue per stream, from its worker to the sequencer.
@@ -126,7 +128,7 @@ impl Shared {
     pub fn seal(&self, builder: &mut BatchBuilder, epoch: u64, owner: usize) -> Batch {
         // Relaxed: only needs distinct numbers.
         let index = self.batch_index.fetch_add(1, Ordering::Relaxed);
-        builder.finish(&self.pool, epoch, index, owner)
+        builder.finish(&self.pool, &self.shard_names, epoch, index, owner)
     }
 
     pub fn push(&self, item: Item) -> Result<()> {
@@ -449,6 +451,7 @@ impl Loader {
                 kind: cfg.memory_kind,
                 lock: cfg.lock_memory.required(),
                 prefault: true,
+                shared: cfg.shared_arena,
             },
         )?;
         let mut notes = arena.report().notes.clone();
@@ -491,7 +494,13 @@ impl Loader {
             && register_probe(&iovecs, cfg.register_buffers, &net, &mut notes)?;
 
         let cpus = if cfg.pin_cpus {
-            topology::worker_cpus(workers, &allowed)
+            // The engines of one rank's loader workers (each a process)
+            // start at different CPUs instead of all at the first.
+            topology::worker_cpus(
+                workers,
+                (cfg.loader_worker as usize).wrapping_mul(workers),
+                &allowed,
+            )
         } else {
             Vec::new()
         };
@@ -503,6 +512,7 @@ impl Loader {
         // queues hold counts against each worker's chunk quota.
         let per_stream = cfg.prefetch_batches.max(2);
         let shared = Arc::new(Shared {
+            shard_names: shards.iter().map(|s| s.name.as_str().into()).collect(),
             shards,
             pool,
             channel: Channel::new(cfg.prefetch_batches),
@@ -746,6 +756,11 @@ impl Loader {
             consumer: sh.plan_opts.consumer,
             epoch: sh.progress.lock().unwrap_or_else(|p| p.into_inner()).epoch,
         }
+    }
+
+    /// The memory every batch's bytes live in.
+    pub fn arena(&self) -> &Arena {
+        self.shared.pool.arena()
     }
 
     /// Shards of the dataset, in order.

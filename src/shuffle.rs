@@ -12,7 +12,7 @@
 use std::sync::atomic::Ordering;
 
 use crate::arena::ChunkRef;
-use crate::batch::Held;
+use crate::batch::{Held, NO_SOURCE};
 use crate::error::{Error, Result};
 use crate::loader::Shared;
 use crate::plan::ShuffleBuffer;
@@ -227,7 +227,7 @@ impl Shuffler {
             let h = &mut self.buf.items_mut()[i];
             let bytes = h.bytes();
             // Unpin before the move (the pins follow the sample's chunks).
-            let mut held = std::mem::replace(h, Held::new(b""));
+            let mut held = std::mem::replace(h, Held::new(b"", NO_SOURCE));
             self.unpin(&held);
             // SAFETY: `at + size <= chunk size`: the range is free in the
             // target run, which only this worker writes.

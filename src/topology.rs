@@ -22,12 +22,15 @@ pub fn allowed_cpus() -> Vec<usize> {
         .collect()
 }
 
-/// The CPU for each of `workers` workers, from `allowed`.
-pub fn worker_cpus(workers: usize, allowed: &[usize]) -> Vec<usize> {
+/// The CPU for each of `workers` workers, from `allowed`, starting at the
+/// `first`-th allowed CPU and wrapping around.
+pub fn worker_cpus(workers: usize, first: usize, allowed: &[usize]) -> Vec<usize> {
     if allowed.is_empty() {
         return Vec::new();
     }
-    (0..workers).map(|i| allowed[i % allowed.len()]).collect()
+    (0..workers)
+        .map(|i| allowed[first.wrapping_add(i) % allowed.len()])
+        .collect()
 }
 
 /// Pins the calling thread to `cpu`.
@@ -52,8 +55,11 @@ mod tests {
 
     #[test]
     fn workers_cycle_over_the_allowed_cpus() {
-        assert_eq!(worker_cpus(3, &[2, 5]), vec![2, 5, 2]);
-        assert_eq!(worker_cpus(2, &[]), Vec::<usize>::new());
+        assert_eq!(worker_cpus(3, 0, &[2, 5]), vec![2, 5, 2]);
+        assert_eq!(worker_cpus(2, 0, &[]), Vec::<usize>::new());
+        // A second loader worker's engine starts where the first one's ends.
+        assert_eq!(worker_cpus(2, 2, &[0, 1, 2, 3]), vec![2, 3]);
+        assert_eq!(worker_cpus(2, 3, &[0, 1, 2]), vec![0, 1]);
         assert!(!allowed_cpus().is_empty());
     }
 }

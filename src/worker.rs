@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use crate::arena::ChunkRef;
-use crate::batch::{BatchBuilder, Held};
+use crate::batch::{BatchBuilder, Held, NO_SOURCE};
 use crate::dataset::{Shard, Source};
 use crate::error::{Error, Result};
 use crate::io::{Completion, ReadFail, ReadRequest, Reader, Target};
@@ -417,13 +417,13 @@ fn emit_ghost(
 ) -> Result<()> {
     match shuffle {
         Some(sf) => {
-            if let Some(out) = sf.push(Held::new(b""), sh)? {
+            if let Some(out) = sf.push(Held::new(b"", NO_SOURCE), sh)? {
                 emit_held(sh, stream, builder, out, epoch)?;
             }
             Ok(())
         }
         None => {
-            builder.begin_sample(b"");
+            builder.begin_sample(b"", NO_SOURCE);
             builder.end_sample();
             if builder.len() == sh.cfg.batch_size {
                 let batch = sh.seal(builder, epoch, stream);
@@ -565,9 +565,9 @@ impl ShardSink<'_> {
             }
             if self.keep {
                 if self.shuffle.is_some() {
-                    self.held = Some(Held::new(key));
+                    self.held = Some(Held::new(key, self.seg.shard as u32));
                 } else {
-                    self.builder.begin_sample(key);
+                    self.builder.begin_sample(key, self.seg.shard as u32);
                 }
             }
         }

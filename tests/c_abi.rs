@@ -5,6 +5,8 @@
 //!
 //! - `abi_stream.c`: every sample once per epoch with the generator's bytes,
 //!   batch descriptors, stats and stats JSON.
+//! - `abi_layout.c`: the batch layout rules, sample sources, a shared arena
+//!   mapped twice, `ringfeed_gather`, and their misuse.
 //! - `abi_misuse.c`: each documented misuse gives its status and a message.
 //! - `abi_epochs.c`: consumers split an epoch exactly once with equal
 //!   lengths; a resume state continues it exactly; elastic resume.
@@ -302,6 +304,15 @@ fn c_epochs_split_resume_and_resume_elastically() {
     let exe = build("tests/c/abi_epochs.c", tmp.path(), false);
     let out = run_ok(&exe, &data.args());
     assert!(out.contains("abi_epochs: all checks passed"), "{out}");
+}
+
+#[test]
+fn c_layout_sources_shared_arena_and_gather() {
+    let data = shards();
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = build("tests/c/abi_layout.c", tmp.path(), false);
+    let out = run_ok(&exe, &data.args());
+    assert!(out.contains("abi_layout: all checks passed"), "{out}");
 }
 
 #[test]

@@ -611,3 +611,63 @@ fn a_field_repeated_within_a_sample_is_an_error() {
         other => panic!("{other}"),
     }
 }
+
+/// The layout the C header promises: keys one after the other in sample
+/// order, one name pointer per field name, and each sample's source the
+/// shard it came from — through plain batches, shuffle buffers and the
+/// merged tails of several workers.
+#[test]
+fn batches_keep_keys_in_a_row_share_name_pointers_and_name_each_samples_shard() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = make_shards(dir.path(), 4, 1 << 20, 20_000, 5);
+    let mut shard_of = BTreeMap::new();
+    for p in &paths {
+        for key in expected(std::slice::from_ref(p)).into_keys() {
+            shard_of.insert(key, p.display().to_string());
+        }
+    }
+    for extra in [
+        serde_json::json!({"workers": 3}),
+        serde_json::json!({"workers": 2, "shuffle_buffer": 40, "seed": 9}),
+    ] {
+        let loader = Loader::open(config(urls(&paths), extra.clone())).unwrap();
+        let mut seen = 0;
+        while let Next::Batch(b) = loader.next(Some(Duration::from_secs(30))).unwrap() {
+            let samples = b.raw_samples();
+            for (i, pair) in samples.windows(2).enumerate() {
+                // SAFETY: keys are NUL-terminated strings the batch holds.
+                let len = unsafe { std::ffi::CStr::from_ptr(pair[0].key) }.count_bytes();
+                assert_eq!(
+                    pair[1].key.addr(),
+                    pair[0].key.addr() + len + 1,
+                    "{extra}: key {} does not follow key {i}",
+                    i + 1
+                );
+            }
+            let mut by_name: BTreeMap<Vec<u8>, usize> = BTreeMap::new();
+            for f in b.raw_fields() {
+                // SAFETY: as above, for field names.
+                let name = unsafe { std::ffi::CStr::from_ptr(f.name) }
+                    .to_bytes()
+                    .to_vec();
+                let ptr = *by_name.entry(name.clone()).or_insert(f.name.addr());
+                assert_eq!(ptr, f.name.addr(), "{extra}: two pointers for one name");
+            }
+            assert_eq!(
+                by_name
+                    .values()
+                    .collect::<std::collections::BTreeSet<_>>()
+                    .len(),
+                by_name.len(),
+                "{extra}: one pointer for two names"
+            );
+            for (i, s) in b.samples().enumerate() {
+                let key = String::from_utf8(s.key().to_vec()).unwrap();
+                assert_eq!(b.source(i), Some(shard_of[&key].as_str()), "{extra}: {key}");
+                seen += 1;
+            }
+            assert_eq!(b.source(b.len()), None);
+        }
+        assert_eq!(seen, shard_of.len(), "{extra}");
+    }
+}

@@ -139,6 +139,37 @@ FUNCTIONS = {
             ("size_t *", "needed"),
         ],
     ),
+    "ringfeed_batch_sample_source": (
+        "int32_t",
+        [
+            ("const struct ringfeed_batch *", "batch"),
+            ("size_t", "sample"),
+            ("char *", "buf"),
+            ("size_t", "len"),
+            ("size_t *", "needed"),
+        ],
+    ),
+    "ringfeed_loader_arena": (
+        "int32_t",
+        [
+            ("struct ringfeed_loader *", "loader"),
+            ("int32_t *", "fd"),
+            ("const uint8_t **", "base"),
+            ("uint64_t *", "len"),
+        ],
+    ),
+    "ringfeed_gather": (
+        "int32_t",
+        [
+            ("const uint8_t *", "src"),
+            ("size_t", "src_len"),
+            ("const int64_t *", "starts"),
+            ("const int64_t *", "lengths"),
+            ("size_t", "count"),
+            ("uint8_t *", "dst"),
+            ("size_t", "dst_len"),
+        ],
+    ),
     "ringfeed_loader_close": ("int32_t", [("struct ringfeed_loader *", "loader")]),
     "ringfeed_last_error": ("size_t", [("char *", "buf"), ("size_t", "len")]),
     "ringfeed_status_name": ("const char *", [("int32_t", "status")]),
@@ -168,6 +199,13 @@ C_TYPES = {
     "struct ringfeed_loader *": ctypes.c_void_p,
     "struct ringfeed_loader **": ctypes.POINTER(ctypes.c_void_p),
     "struct ringfeed_batch *": None,  # filled below: POINTER(ringfeed_batch)
+    "const struct ringfeed_batch *": None,  # the same
+    "int32_t *": ctypes.POINTER(ctypes.c_int32),
+    "uint64_t *": ctypes.POINTER(ctypes.c_uint64),
+    "const uint8_t **": ctypes.POINTER(ctypes.c_void_p),
+    # Arrays the caller owns (numpy buffers): passed as addresses.
+    "const int64_t *": ctypes.c_void_p,
+    "uint8_t *": ctypes.c_void_p,
     "struct ringfeed_stats *": None,  # filled below: POINTER(ringfeed_stats)
 }
 
@@ -177,6 +215,7 @@ for _name, _fields in STRUCTS.items():
         _name, (ctypes.Structure,), {"_fields_": [(f, C_TYPES[t]) for t, f in _fields]}
     )
 C_TYPES["struct ringfeed_batch *"] = ctypes.POINTER(STRUCT_TYPES["ringfeed_batch"])
+C_TYPES["const struct ringfeed_batch *"] = C_TYPES["struct ringfeed_batch *"]
 C_TYPES["struct ringfeed_stats *"] = ctypes.POINTER(STRUCT_TYPES["ringfeed_stats"])
 
 RawBatch = STRUCT_TYPES["ringfeed_batch"]
