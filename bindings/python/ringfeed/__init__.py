@@ -11,7 +11,8 @@ memory, with zero-copy batches for Python.
                 labels = batch["cls"].gather()  # (uint8 values, int64 offsets), copied
                 # fixed-size fields: batch["emb"].fixed(numpy.float32) -> (batch, n) view
 
-See `Loader`, `Batch`, `FieldView`, and `ringfeed.torch` for PyTorch.
+See `Loader`, `Batch`, `FieldView`, `ringfeed.decode` for WebDataset-style
+decoding, and `ringfeed.torch` for PyTorch.
 """
 
 from . import _ffi
@@ -35,6 +36,7 @@ from .errors import (
     ReleasedError,
     StateError,
 )
+from .decode import DecodeError
 from .urls import expand_braces, expand_urls
 
 try:
@@ -58,6 +60,7 @@ __all__ = [
     "ClosedError",
     "ConfigError",
     "DatasetError",
+    "DecodeError",
     "Error",
     "FieldView",
     "ForkedError",

@@ -41,58 +41,96 @@ def _export(lease, address, shape, strides, dtype):
     return np.asarray(_Exported(lease, address, shape, strides, np.dtype(dtype).str))
 
 
-def _same_names(fields_address, first, b):
-    """True when sample i's field j is named first[j], for every i and j.
-    (One ctypes slice reads every name: ~0.1 us a name; a writev/readv
-    gather through a pipe and process_vm_readv were measured slower.)"""
-    k = len(first)
-    names = (ctypes.c_char_p * (3 * k * b)).from_address(fields_address)[0::3]
-    return all(names[j::k].count(first[j]) == b for j in range(k))
+def _name_at(address):
+    return ctypes.string_at(address).decode("utf-8", "surrogateescape")
+
+
+def gather(src_address, src_len, starts, lengths, dst_address, dst_len):
+    """Copies ranges of the `src_len` bytes at `src_address` one after the
+    other to `dst_address` (``ringfeed_gather``: the library's memcpy loop,
+    with every range checked inside the source and the destination)."""
+    starts = np.ascontiguousarray(starts, np.int64)
+    lengths = np.ascontiguousarray(lengths, np.int64)
+    st = _ffi.lib.ringfeed_gather(
+        src_address, src_len, starts.ctypes.data, lengths.ctypes.data, len(starts), dst_address, dst_len
+    )
+    if st != _ffi.RINGFEED_OK:
+        from .errors import from_status
+
+        raise from_status(st)
 
 
 class _Layout:
-    """Owned metadata of a batch: where each field of each sample is."""
+    """Owned metadata of a batch: where each field of each sample is.
 
-    __slots__ = ("names", "index", "addresses", "lengths", "partial")
+    Built with array operations only, from two rules of the C layout
+    (``ringfeed.h``, ``ringfeed_batch``): fields of one name share one name
+    pointer, and the keys lie one after the other in sample order."""
+
+    __slots__ = ("names", "index", "addresses", "lengths", "partial", "key_addresses")
 
     def __init__(self, raw):
         b = raw.sample_count
         f = raw.field_count
         fields = _words(raw.fields, 3 * f).reshape(f, 3) if f else np.empty((0, 3), np.uint64)
+        samples = _words(raw.samples, 3 * b).reshape(b, 3) if b else np.empty((0, 3), np.uint64)
         self.addresses = fields[:, 1]
         self.lengths = fields[:, 2].astype(np.int64)
-        samples = _words(raw.samples, 3 * b).reshape(b, 3) if b else np.empty((0, 3), np.uint64)
-        counts = samples[:, 2]
+        self.key_addresses = samples[:, 0]
+        counts = samples[:, 2].astype(np.int64)
         # name -> int64 index of that field per sample into the field arrays (-1: absent)
         self.index = {}
         self.partial = set()  # names of fields some samples lack
+        pointers = fields[:, 0]
         k = int(counts[0]) if b else 0
         if b and k and f == b * k and bool((counts == k).all()):
             # Fast path: every sample has the same fields in the same order.
-            first = (ctypes.c_char_p * (3 * k)).from_address(raw.fields)[0::3]
-            starts = (samples[:, 1] - np.uint64(raw.fields or 0)) // np.uint64(24)
-            if (
-                len(set(first)) == k
-                and bool((starts == np.arange(0, f, k, dtype=np.uint64)).all())
-                and _same_names(raw.fields, first, b)
-            ):
-                for j, name in enumerate(first):
-                    self.index[name.decode("utf-8", "surrogateescape")] = np.arange(j, f, k, dtype=np.int64)
+            grid = pointers.reshape(b, k)
+            first = grid[0]
+            if bool((grid == first).all()) and len(set(first.tolist())) == k:
+                for j, p in enumerate(first.tolist()):
+                    self.index[_name_at(p)] = np.arange(j, f, k, dtype=np.int64)
                 self.names = tuple(self.index)
                 return
-        # General case: samples with different field sets or orders.
-        names = (ctypes.c_char_p * (3 * f)).from_address(raw.fields)[0::3] if f else []
-        base = raw.fields or 0
-        for i in range(b):
-            start = (int(samples[i, 1]) - base) // 24
-            for j in range(start, start + int(counts[i])):
-                name = names[j].decode("utf-8", "surrogateescape")
-                idx = self.index.get(name)
-                if idx is None:
-                    idx = self.index[name] = np.full(b, -1, np.int64)
-                idx[i] = j
-        self.partial = {n for n, idx in self.index.items() if (idx < 0).any()}
+        if f:
+            # General case: samples with different field sets or orders.
+            sample_of = np.repeat(np.arange(b, dtype=np.int64), counts)
+            unique, first_at, inverse = np.unique(pointers, return_index=True, return_inverse=True)
+            for u in np.argsort(first_at, kind="stable").tolist():
+                at = np.flatnonzero(inverse == u)
+                idx = np.full(b, -1, np.int64)
+                idx[sample_of[at]] = at
+                name = _name_at(int(unique[u]))
+                self.index[name] = idx
+                if len(at) < b:
+                    self.partial.add(name)
         self.names = tuple(self.index)
+
+    def key_array(self):
+        """The keys as a numpy bytes array (``dtype S<n>``), a copy."""
+        kp = self.key_addresses
+        n = len(kp)
+        if n == 0:
+            return np.empty(0, "S1")
+        last = len(ctypes.string_at(int(kp[-1])))
+        lengths = np.empty(n, np.int64)
+        lengths[:-1] = np.diff(kp.astype(np.int64)) - 1
+        lengths[-1] = last
+        total = int(kp[-1] - kp[0]) + last + 1
+        table = np.frombuffer((ctypes.c_ubyte * total).from_address(int(kp[0])), np.uint8)
+        width = int(lengths.max())
+        if width == 0:
+            return np.zeros(n, "S1")
+        if bool((lengths == width).all()):
+            # Equal keys (the usual "000003-0000012"): the table is an (n, width + 1) array.
+            return table.reshape(n, width + 1)[:, :width].copy().view(f"S{width}").reshape(n)
+        out = np.zeros((n, width), np.uint8)
+        starts = np.zeros(n, np.int64)
+        np.cumsum(lengths[:-1] + 1, out=starts[1:])
+        row = np.repeat(np.arange(n), lengths)
+        col = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        out[row, col] = table[np.repeat(starts, lengths) + col]
+        return out.view(f"S{width}").reshape(n)
 
 
 class Batch:
@@ -189,6 +227,30 @@ class Batch:
             ks = (ctypes.c_char_p * (3 * n)).from_address(raw.samples)[0::3] if n else []
             self._keys = [k.decode("utf-8", "surrogateescape") for k in ks]
         return list(self._keys)
+
+    def key_array(self):
+        """The samples' keys as one numpy bytes array (``dtype S<longest>``,
+        ``[b"000003-0000012", ...]``), built without a Python object per key;
+        a copy that does not depend on the batch."""
+        return self._get_layout()[1].key_array()
+
+    def source(self, i):
+        """The shard (path or URL as configured) that sample `i` came from."""
+        lease = self._live()
+        if not 0 <= i < self._len:
+            raise IndexError(f"sample {i} of a batch of {self._len}")
+        needed = ctypes.c_size_t(0)
+        size = 256
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            st = _ffi.lib.ringfeed_batch_sample_source(ctypes.byref(lease.raw), i, buf, size, ctypes.byref(needed))
+            if st == _ffi.RINGFEED_OK:
+                return buf.value.decode("utf-8", "surrogateescape")
+            if st != _ffi.RINGFEED_ERR_BUFFER_TOO_SMALL:
+                from .errors import from_status
+
+                raise from_status(st)
+            size = needed.value + 1
 
     @property
     def fields(self):
@@ -337,14 +399,16 @@ class FieldView:
         """Copies the field of every sample into new arrays: ``(values, offsets)``,
         uint8 and int64. The copies do not depend on the batch."""
         lease, layout, idx = self._get()
-        offsets = self.offsets
+        lengths = self.lengths
+        offsets = np.zeros(len(lengths) + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
         out = np.empty(int(offsets[-1]), np.uint8)
-        dst = out.ctypes.data
-        addrs = layout.addresses[idx].tolist()
-        lens = layout.lengths[idx].tolist()
-        for o, a, n, j in zip(offsets.tolist(), addrs, lens, idx.tolist()):
-            if j >= 0 and n:
-                ctypes.memmove(dst + o, a, n)
+        if len(out):
+            addrs = self.addresses.astype(np.int64)
+            present = lengths > 0
+            lo = int(addrs[present].min())
+            hi = int((addrs + lengths)[present].max())
+            gather(lo, hi - lo, np.where(present, addrs - lo, 0), lengths, out.ctypes.data, len(out))
         del lease
         return out, offsets
 
@@ -406,9 +470,10 @@ class FieldView:
         out = np.empty(shape, dtype)
         _, layout, idx = self._get()
         row = shape[1] * dtype.itemsize
-        dst = out.ctypes.data
-        for i, a in enumerate(layout.addresses[idx].tolist()):
-            ctypes.memmove(dst + i * row, a, row)
+        if out.size:
+            addrs = layout.addresses[idx].astype(np.int64)
+            lo, hi = int(addrs.min()), int(addrs.max()) + row
+            gather(lo, hi - lo, addrs - lo, np.full(len(addrs), row, np.int64), out.ctypes.data, out.nbytes)
         del lease
         return out
 

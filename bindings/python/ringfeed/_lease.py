@@ -47,11 +47,15 @@ def live_batches():
 
 
 class _Lease:
-    __slots__ = ("raw", "generation", "__weakref__")
+    __slots__ = ("raw", "generation", "arena", "ticket", "__weakref__")
 
-    def __init__(self, raw):
+    def __init__(self, raw, arena=None):
         self.raw = raw
         self.generation = _fork_generation
+        # The loader's shared arena (`_transport.Arena`) when it has one:
+        # then the batch can be shipped to another process without a copy.
+        self.arena = arena
+        self.ticket = None  # its `_transport.Ticket`, once shipped
         _live[0] += 1
 
     def __del__(self):
@@ -69,11 +73,14 @@ class _Exported:
 
     __slots__ = ("__array_interface__", "_lease")
 
-    def __init__(self, lease, address, shape, strides, typestr):
+    def __init__(self, lease, address, shape, strides, typestr, writable=False):
         self._lease = lease
         self.__array_interface__ = {
             "version": 3,
-            "data": (address, True),  # read-only: the engine's bytes are `const`
+            # Read-only for numpy: the engine's bytes are `const`. torch has no
+            # read-only tensors (it warns on each one made from such an
+            # array), so its views are writable by contract only.
+            "data": (address, not writable),
             "shape": shape,
             "strides": strides,
             "typestr": typestr,

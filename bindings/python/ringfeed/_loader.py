@@ -7,7 +7,7 @@ import re
 import threading
 import warnings
 
-from . import _ffi
+from . import _ffi, _transport
 from ._batch import Batch
 from ._lease import _Lease, fork_generation, live_batches
 from .errors import ClosedError, ConfigError, ForkedError, from_status
@@ -15,6 +15,9 @@ from .errors import ClosedError, ConfigError, ForkedError, from_status
 _lib = _ffi.lib
 # Slice of a blocking wait: short enough for Ctrl-C to be seen between calls.
 _WAIT_SLICE_MS = 200
+# The slice while batches shipped to another process are out: their release
+# comes back through a pipe this thread drains between slices.
+_SHIPPED_SLICE_MS = 2
 # A wait this long while batches are held unreleased is worth a warning: the
 # engine may be stopped because they hold its whole memory budget.
 _STALL_WARN_MS = 10_000
@@ -141,6 +144,14 @@ class Loader:
         self._closed = False
         self._finished = False
         self._warned = False
+        self._arena = None
+        if cfg.get("shared_arena") is True:
+            fd, base, length = ctypes.c_int32(-1), ctypes.c_void_p(), ctypes.c_uint64(0)
+            st = _lib.ringfeed_loader_arena(self._handle, ctypes.byref(fd), ctypes.byref(base), ctypes.byref(length))
+            if st != _ffi.RINGFEED_OK:
+                self.close()
+                raise from_status(st)
+            self._arena = _transport.Arena(fd.value, base.value, length.value)
 
     # -- lifetime --------------------------------------------------------
 
@@ -189,13 +200,20 @@ class Loader:
         seconds passed); StopIteration when every epoch is over."""
         deadline_ms = None if timeout is None else max(0, int(timeout * 1000))
         waited_ms = 0
+        # Batches shipped to another process come back through its outbox:
+        # drain it before asking, and wait in short slices while some are out.
+        box = _transport.current_outbox() if self._arena is not None else None
         while True:
             handle = self._check()
             raw = _ffi.RawBatch()
             wait = _WAIT_SLICE_MS if deadline_ms is None else min(_WAIT_SLICE_MS, deadline_ms)
+            if box is not None:
+                box.drain()
+                if box.pending():
+                    wait = min(wait, _SHIPPED_SLICE_MS)
             st = _lib.ringfeed_loader_next(handle, wait, ctypes.byref(raw))
             if st == _ffi.RINGFEED_OK:
-                return Batch(_Lease(raw))
+                return Batch(_Lease(raw, self._arena))
             if st == _ffi.RINGFEED_TIMEOUT:
                 waited_ms += wait
                 if waited_ms >= _STALL_WARN_MS and not self._warned and live_batches():

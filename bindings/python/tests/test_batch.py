@@ -205,3 +205,44 @@ def test_same_count_different_names(tmp_path):
         assert list(b["bc"].present) == [i == 7 for i in range(10)]
         assert b["a"].present.all()
         assert bytes(b["bb"][0]) == sample_bytes("s000", "bb", 4)
+
+
+def test_key_array_of_equal_and_unequal_keys(tmp_path):
+    names = ["a", "bb", "ccc/dddd", "e", "ffffffffff", "g"]
+    shard = write_tar(tmp_path / "keys.tar", [(f"{k}.txt", k.encode()) for k in names])
+    with ringfeed.Loader([shard], batch_size=6) as loader:
+        b = next(loader)
+        keys = b.key_array()
+        assert keys.tolist() == [k.encode() for k in names] and keys.dtype == np.dtype("S10")
+        assert b.keys == names
+    with ringfeed.Loader([shard], batch_size=1) as loader:
+        assert [b.key_array().tolist() for b in loader] == [[k.encode()] for k in names]
+
+
+def test_key_array_and_sources_of_generated_shards(small_shards):
+    with ringfeed.Loader(small_shards, batch_size=37, workers=2) as loader:
+        for b in loader:
+            with b:
+                assert b.key_array().astype(str).tolist() == b.keys
+                # generated keys start with their shard's number
+                for i, key in enumerate(b.keys):
+                    assert b.source(i) == small_shards[int(key.split("-")[0])]
+                with pytest.raises(IndexError):
+                    b.source(len(b))
+        with pytest.raises(ringfeed.ReleasedError):
+            b.source(0)
+
+
+def test_gather_of_fields_some_samples_lack(tmp_path):
+    members = []
+    for i in range(8):
+        members.append((f"k{i}.txt", f"t{i}".encode()))
+        if i % 2:
+            members.append((f"k{i}.bin", bytes([i]) * 100))
+    shard = write_tar(tmp_path / "some.tar", members)
+    with ringfeed.Loader([shard], batch_size=8) as loader:
+        b = next(loader)
+        values, offsets = b["bin"].gather()
+        assert offsets.tolist() == [0, 0, 100, 100, 200, 200, 300, 300, 400]
+        assert bytes(values) == b"".join(bytes([i]) * 100 for i in (1, 3, 5, 7))
+        b.release()

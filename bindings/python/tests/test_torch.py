@@ -24,7 +24,8 @@ def all_keys(shards):
 
 
 def keys_of(items):
-    return [k for item in items for k in item["__key__"]]
+    """The keys of items, as str (the default item carries a numpy bytes array)."""
+    return [k.decode() if isinstance(k, bytes) else k for item in items for k in item["__key__"]]
 
 
 # Shuffled shards and buffer, two engine threads: an order only the plan fixes.
@@ -42,7 +43,7 @@ def tag_worker(batch):
 def by_worker(items):
     out = {}
     for item in items:
-        out.setdefault(item["__worker__"], []).extend(item["__key__"])
+        out.setdefault(item["__worker__"], []).extend(keys_of([item]))
     return out
 
 
@@ -77,9 +78,14 @@ def test_default_items(shards4):
     ds = RingfeedDataset(shards4, batch_size=16)
     item = next(iter(ds))
     assert set(item) == {"__key__", "jpg", "cls"}
-    values, offsets = item["jpg"]
+    keys = item["__key__"]
+    assert keys.dtype.kind == "S" and len(keys) == 16
+    jpg = item["jpg"]
+    assert isinstance(jpg, ringfeed.torch.Ragged) and len(jpg) == 16
+    assert jpg.values.dtype == torch.uint8 and jpg.starts.dtype == jpg.lengths.dtype == torch.int64
+    values, offsets = jpg.pack()
     assert values.dtype == torch.uint8 and offsets.dtype == torch.int64
-    assert len(offsets) == len(item["__key__"]) + 1 and offsets[-1] == len(values)
+    assert len(offsets) == len(keys) + 1 and offsets[-1] == len(values) == jpg.nbytes
 
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])

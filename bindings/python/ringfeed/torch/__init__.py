@@ -1,0 +1,352 @@
+"""PyTorch: `RingfeedDataset`, an IterableDataset over ringfeed.
+
+Items. Each item is one engine batch. By default (`to_tensors`) it is
+``{"__key__": keys, field: Ragged, ...}``: the keys as one numpy bytes array,
+each field a `Ragged` of tensors viewing the batch's memory (no copy, no
+Python object per sample), so a DataLoader passes it on without walking it.
+With per-sample stages, WebDataset style —
+``.decode("torchrgb8").to_tuple("jpg", "cls").map(fn)`` — each sample is
+decoded and transformed, and the batch collated (``default_collate``, or
+`collate`); ``map_batch(fn)`` applies to the finished item either way.
+
+The engine splits the data, not Python: each DataLoader worker of each rank
+opens its own engine with ``rank`` / ``world_size`` (from
+``torch.distributed`` when it is initialised, else the ``RANK`` /
+``WORLD_SIZE`` environment variables, else 0 / 1) and ``loader_worker`` /
+``loader_workers`` (from ``torch.utils.data.get_worker_info()``). The engine
+plans the epoch once and splits it by sample over the ``world_size *
+loader_workers`` consumers: every sample goes to exactly one consumer, and
+every consumer gets the same number of batches. With ``remainder="pad"`` (the
+default) short consumers repeat a few samples (``stats()["samples_padded"]``);
+``remainder="drop"`` leaves the extra few out. The order is fixed by the
+dataset, ``seed``, ``shuffle``/``shuffle_buffer`` and the layout (consumers and
+the engine's ``workers``), never by timing.
+
+Workers. Each DataLoader worker's engine gets ``4 // num_workers`` I/O
+threads (at least 1) unless ``workers`` is given, pinned from its own CPU on,
+so k workers do not pile onto the same cores. A worker's batches reach the
+main process without a copy: its engine keeps its arena in shared memory
+(``shared_arena``), and a `Ragged` crosses as a ticket that the main process
+maps (see ``ringfeed._transport``); decoded items cross as PyTorch sends
+tensors.
+
+Epochs. The engine is opened inside ``__iter__``, in the process that
+iterates (a DataLoader worker, fork or spawn), never inherited across a fork.
+One ``iter()`` is one epoch; the engine stays open at the end of an epoch and
+goes on with the next (its first batches already read), unless
+``keep_open=False``. DataLoader workers that are not persistent start from the
+main process's copy of the dataset: call ``set_epoch(e)`` before each epoch,
+as with ``DistributedSampler``. Use ``DataLoader(ds, batch_size=None)``.
+
+State (``state_dict()`` / ``load_state_dict()``, as torchdata's
+StatefulDataLoader calls them in each worker): ``{"epoch": e, "state": s}``,
+where ``s`` is the engine's resume state after the last batch this consumer
+yielded, asked of the engine only when ``state_dict()`` is called, or None at
+the start of epoch ``e``. Loading it makes the next ``iter()`` continue the
+epoch exactly, in the order the uninterrupted run would have used, provided
+the dataset, the epoch settings and the layout are the same. To resume in
+another layout (elastic), give each new consumer the states of *all* the old
+consumers: ``load_state_dict({"epoch": e, "state": [s0, s1, ...]})``.
+"""
+
+import copy
+import os
+
+import torch
+import torch.utils.data
+
+from .._lease import fork_generation
+from .._loader import Loader, _resume_value
+from ..decode import DecodeError, Decoder
+from ._ragged import Ragged
+
+__all__ = ["DecodeError", "Ragged", "RingfeedDataset", "rank_and_world", "to_tensors"]
+
+# I/O threads a loader opens by default (the engine's own auto value),
+# shared out among a rank's DataLoader workers.
+_ENGINE_THREADS = 4
+
+
+def to_tensors(batch):
+    """Default transform: ``{"__key__": keys, field: Ragged}`` — the keys as a
+    numpy bytes array (``keys.astype(str)`` for str), each field a `Ragged`
+    of tensors viewing the batch's memory. Nothing is copied."""
+    out = {"__key__": batch.key_array()}
+    for name in batch.fields:
+        out[name] = Ragged.of(batch, name)
+    return out
+
+
+def rank_and_world():
+    """(rank, world_size): torch.distributed when initialised, else RANK/WORLD_SIZE, else (0, 1)."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def _field_names(sample):
+    return [k for k in sample if not k.startswith("__")]
+
+
+class _ToTuple:
+    def __init__(self, keys):
+        if not keys:
+            raise ValueError("to_tuple needs at least one field name")
+        self.keys = [k.split(";") for k in keys]
+
+    def __call__(self, sample):
+        out = []
+        for alternatives in self.keys:
+            for k in alternatives:
+                if k in sample:
+                    out.append(sample[k])
+                    break
+            else:
+                raise KeyError(
+                    f"no field {' or '.join(map(repr, alternatives))} (fields: {', '.join(_field_names(sample))})"
+                )
+        return tuple(out)
+
+
+class _MapTuple:
+    def __init__(self, fns):
+        self.fns = fns
+
+    def __call__(self, sample):
+        if not isinstance(sample, tuple) or len(sample) != len(self.fns):
+            raise TypeError(f"map_tuple with {len(self.fns)} functions got {type(sample).__name__} {sample!r:.80}")
+        return tuple(v if f is None else f(v) for f, v in zip(self.fns, sample))
+
+
+class RingfeedDataset(torch.utils.data.IterableDataset):
+    """``RingfeedDataset(urls, batch_size=32, transform=None, **config)``.
+
+    `config` keys are those of `ringfeed.Loader`, except the ones this class
+    sets itself: ``epochs`` and ``epoch`` (one ``iter()`` is one epoch; see
+    `set_epoch`), ``rank``, ``world_size``, ``loader_worker`` and
+    ``loader_workers`` (from torch). ``resume=`` gives the state (or, for an
+    elastic resume, the list of states) the first ``iter()`` starts from;
+    ``keep_open=False`` closes the engine at the end of each epoch.
+
+    `transform` (default `to_tensors`) gets each `ringfeed.Batch` and returns
+    the item; the batch is released after it returns (tensors and arrays it
+    exported stay valid and hold the engine's memory while they live). The
+    per-sample stages (`decode`, `map`, `to_tuple`, `map_tuple`) replace it.
+    """
+
+    # Keys this class passes to the engine itself.
+    _OWN_KEYS = ("epochs", "epoch", "rank", "world_size", "loader_worker", "loader_workers")
+
+    def __init__(self, urls, batch_size=32, transform=None, keep_open=True, **config):
+        super().__init__()
+        for key in self._OWN_KEYS:
+            if key in config:
+                raise TypeError(
+                    f"RingfeedDataset: `{key}` is not a keyword here: each iter() is one epoch "
+                    "(set_epoch() chooses it), the rank and world size come from torch.distributed "
+                    "or RANK/WORLD_SIZE, the DataLoader worker from get_worker_info()"
+                )
+        if not isinstance(urls, (str, os.PathLike)):
+            urls = list(urls)
+        self.urls = urls
+        self.batch_size = batch_size
+        self.transform = transform
+        self.keep_open = keep_open
+        self._resume = _resume_value(config.pop("resume", None))
+        self.config = config
+        self._stages = []
+        self._collate = None
+        self._batch_maps = []
+        self._epoch = 0
+        self._reset_engine()
+
+    def _reset_engine(self):
+        self._loader = None
+        self._loader_key = None
+        self._loader_epoch = None  # the epoch whose start the open engine is at
+        self._in_epoch = False
+
+    # -- the WebDataset-style pipeline ---------------------------------------
+
+    def _with(self, stage=None, collate=None, batch_map=None):
+        ds = copy.copy(self)
+        ds._reset_engine()
+        ds._stages = list(self._stages)
+        ds._batch_maps = list(self._batch_maps)
+        if stage is not None:
+            if self.transform is not None:
+                raise ValueError(
+                    "a batch `transform` and per-sample stages do not mix: the stages replace the "
+                    "transform; use map_batch(fn) for a function of the collated batch"
+                )
+            ds._stages.append(stage)
+        if collate is not None:
+            ds._collate = collate
+        if batch_map is not None:
+            ds._batch_maps.append(batch_map)
+        return ds
+
+    def decode(self, *specs, only=None):
+        """Decodes each sample's fields by extension (`ringfeed.decode.Decoder`):
+        ``decode("torchrgb8")``, ``decode("pil")``, ``decode(my_handler)``."""
+        return self._with(stage=("decode", Decoder(*specs, only=only)))
+
+    def map(self, fn):
+        """Applies `fn` to each sample (a dict, or what the stage before made)."""
+        return self._with(stage=("map", fn))
+
+    def to_tuple(self, *keys):
+        """Each sample as a tuple of these fields (``"jpg;png"``: the first present)."""
+        return self._with(stage=("map", _ToTuple(keys)))
+
+    def map_tuple(self, *fns):
+        """Applies ``fns[i]`` to element i of each tuple sample (None: unchanged)."""
+        return self._with(stage=("map", _MapTuple(fns)))
+
+    def collate(self, fn):
+        """Makes the item from the list of a batch's samples (default ``default_collate``)."""
+        return self._with(collate=fn)
+
+    def map_batch(self, fn):
+        """Applies `fn` to every finished item (after `transform` or `collate`)."""
+        return self._with(batch_map=fn)
+
+    # -- layout and engine ---------------------------------------------------
+
+    def set_epoch(self, epoch):
+        """The epoch the next ``iter()`` runs, from its start."""
+        self._epoch = int(epoch)
+        self._resume = None
+
+    def consumer(self):
+        """This consumer's layout keys: rank, world_size, loader_worker, loader_workers."""
+        rank, world = rank_and_world()
+        info = torch.utils.data.get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        return {"rank": rank, "world_size": world, "loader_worker": wid, "loader_workers": nw}
+
+    def _engine_config(self, epoch, consumer, resume):
+        cfg = dict(self.config)
+        cfg.setdefault("workers", max(1, _ENGINE_THREADS // consumer["loader_workers"]))
+        if "shared_arena" not in cfg and torch.utils.data.get_worker_info() is not None:
+            # Batches of views cross to the main process as tickets into a
+            # shared arena; decoded items do not need one.
+            cfg["shared_arena"] = not self._stages
+        cfg.update(consumer, epoch=epoch, epochs=0 if self.keep_open else epoch + 1)
+        if resume is not None:
+            cfg["resume"] = resume
+        return cfg
+
+    def _open_loader(self):
+        loader = self._loader
+        if loader is not None and (loader._generation != fork_generation() or loader.closed):
+            loader = self._loader = None  # a parent's engine (fork), or closed
+        return loader
+
+    def close(self):
+        """Closes the engine kept open between epochs (a new ``iter()`` opens one)."""
+        loader = self._open_loader()
+        if loader is not None:
+            loader.close()
+        self._reset_engine()
+
+    def __iter__(self):
+        epoch = self._epoch
+        resume, self._resume = self._resume, None
+        consumer = self.consumer()
+        loader = self._open_loader()
+        reusable = (
+            loader is not None
+            and resume is None
+            and self._loader_key == consumer
+            and self._loader_epoch == epoch
+            and not self._in_epoch
+        )
+        if not reusable:
+            self.close()
+            loader = Loader(self.urls, batch_size=self.batch_size, **self._engine_config(epoch, consumer, resume))
+            self._loader, self._loader_key = loader, consumer
+        self._loader_epoch = epoch
+        self._in_epoch = True
+        for batch in loader.iter_epoch():
+            # Not a local: a suspended generator's locals stay alive, and the
+            # item holds the batch's memory until the consumer drops it.
+            yield self._released_after(batch)
+        self._epoch = epoch + 1
+        self._in_epoch = False
+        if self.keep_open:
+            self._loader_epoch = epoch + 1
+        else:
+            self.close()
+
+    # -- items ---------------------------------------------------------------
+
+    def _samples(self, batch):
+        keys = batch.key_array().tolist()
+        views = [(name, batch[name]) for name in batch.fields]
+        present = [v.present for _, v in views]
+        raw = not (self._stages and self._stages[0][0] == "decode")
+        for i, key in enumerate(keys):
+            s = {"__key__": key.decode("utf-8", "surrogateescape"), "__url__": batch.source(i)}
+            for (name, view), has in zip(views, present):
+                if has[i]:
+                    s[name] = bytes(view[i]) if raw else view[i]
+            yield s
+
+    def _run(self, sample):
+        value = sample
+        for kind, fn in self._stages:
+            if kind == "decode":
+                value = fn(value)  # names shard, key and field itself
+                continue
+            try:
+                value = fn(value)
+            except DecodeError:
+                raise
+            except Exception as e:
+                raise DecodeError(
+                    f"{sample['__url__']}: sample {sample['__key__']!r}: {getattr(fn, '__name__', fn)!s:.60} "
+                    f"failed: {type(e).__name__}: {e}",
+                    shard=sample["__url__"],
+                    key=sample["__key__"],
+                ) from e
+        return value
+
+    def _released_after(self, batch):
+        with batch:
+            return self._item(batch)
+
+    def _item(self, batch):
+        if self._stages:
+            samples = [self._run(s) for s in self._samples(batch)]
+            item = (self._collate or torch.utils.data.default_collate)(samples)
+        else:
+            item = (self.transform or to_tensors)(batch)
+        for fn in self._batch_maps:
+            item = fn(item)
+        return item
+
+    # -- state ---------------------------------------------------------------
+
+    def state_dict(self):
+        state = self._resume
+        loader = self._open_loader()
+        if self._in_epoch and loader is not None:
+            state = loader.state().decode("ascii")
+        return {"epoch": self._epoch, "state": state}
+
+    def load_state_dict(self, state):
+        if not isinstance(state, dict) or set(state) != {"epoch", "state"}:
+            raise ValueError(
+                'RingfeedDataset.load_state_dict: expected {"epoch": e, "state": str, list of str, or None} '
+                f"(from state_dict()), got {state!r:.200}"
+            )
+        self._epoch = int(state["epoch"])
+        self._resume = _resume_value(state["state"])
+        self._in_epoch = False
+
+    def __getstate__(self):
+        d = dict(self.__dict__)
+        d.update(_loader=None, _loader_key=None, _loader_epoch=None, _in_epoch=False)
+        return d

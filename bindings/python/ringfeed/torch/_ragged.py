@@ -1,0 +1,284 @@
+"""`Ragged`: one field of every sample of a batch, as tensors over the batch's memory.
+
+A tar shard puts a header before every member, so the samples' bytes of one
+field are not contiguous; copying them together (what a ``(values,
+offsets)`` pair needs) was a third of the PyTorch path's time. A `Ragged`
+instead views the span of memory from the field's first byte to its last,
+with each sample's start and length in it: nothing is copied until a
+consumer asks for contiguous bytes (`pack`), pinned memory (`pin_memory`,
+which DataLoader calls with ``pin_memory=True``) or another device (`to`).
+
+Where the bytes live (a `Span`):
+
+- in this process's engine (`LocalSpan`, holding the batch's lease);
+- in a DataLoader worker's engine, mapped here (`MappedSpan`, holding the
+  `_transport.RemoteBatch`): a `Ragged` pickled in a worker whose loader has
+  a shared arena travels as a ticket, not as bytes;
+- in memory of its own (`OwnedSpan`): packed copies, or the copy a `Ragged`
+  travels as when its engine's memory cannot be shared.
+
+The views hold the batch: the engine gets its memory back when the last
+`Ragged`, tensor or array made from it is gone.
+"""
+
+import numpy as np
+import torch
+
+from .._batch import gather
+from .._lease import _Exported
+from .._transport import Ticket
+
+
+class LocalSpan:
+    """Bytes in this process's engine: `nbytes` at `address`, kept by `lease`."""
+
+    __slots__ = ("lease", "address", "nbytes")
+
+    def __init__(self, lease, address, nbytes):
+        self.lease = lease
+        self.address = address
+        self.nbytes = nbytes
+
+    def array(self):
+        return np.asarray(_Exported(self.lease, self.address, (self.nbytes,), None, "|u1", writable=True))
+
+    def shippable(self):
+        return self.lease.arena is not None
+
+    def ship(self):
+        lease = self.lease
+        if lease.ticket is None:
+            lease.ticket = Ticket(lease)
+        return (lease.ticket, self.address - lease.arena.base, self.nbytes)
+
+
+class MappedSpan:
+    """Bytes of a worker's batch, through this process's mapping of its arena."""
+
+    __slots__ = ("batch", "offset", "nbytes")
+
+    def __init__(self, batch, offset, nbytes):
+        self.batch = batch
+        self.offset = offset
+        self.nbytes = nbytes
+
+    @property
+    def address(self):
+        return self.batch.mapping.address + self.offset
+
+    def array(self):
+        return np.asarray(_Exported(self.batch, self.address, (self.nbytes,), None, "|u1", writable=True))
+
+    def shippable(self):
+        return False
+
+
+class OwnedSpan:
+    """Bytes in a tensor of their own."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+    @property
+    def address(self):
+        return self.tensor.data_ptr()
+
+    @property
+    def nbytes(self):
+        return self.tensor.numel()
+
+    def shippable(self):
+        return False
+
+
+def _from_numpy(a):
+    return torch.from_numpy(a)
+
+
+class Ragged:
+    """One field of the samples of a batch: sample ``i``'s bytes are
+    ``values[starts[i] : starts[i] + lengths[i]]``.
+
+    - ``values``: a uint8 tensor viewing the batch's memory from the field's
+      first byte to its last. Between the samples lie bytes that are not
+      theirs (tar headers, other fields): read through ``starts`` and
+      ``lengths``, ``r[i]`` or ``pack()``. Do not write into it: it is the
+      engine's memory.
+    - ``starts``, ``lengths``: int64 tensors, one entry per sample;
+      ``present``: bool tensor, False where a sample lacks the field (its
+      length is then 0).
+    - ``r[i]``: sample i's bytes as a uint8 tensor view; ``len(r)``,
+      ``iter(r)``, ``r.tolist()`` (``bytes`` per sample, copied),
+      ``r.nbytes``.
+    - ``r.pack()``: ``(values, offsets)`` with the bytes contiguous, one
+      copy (``offsets`` has ``len + 1`` entries); ``r.pin_memory()`` the same
+      into pinned memory, as a `Ragged` (what ``DataLoader(pin_memory=True)``
+      calls); ``r.to(device)``.
+    - ``r.numpy()``: ``(values, starts, lengths)`` as numpy arrays.
+
+    The tensors hold the batch: its memory goes back to the engine when the
+    `Ragged` and every tensor made from it are gone.
+    """
+
+    __slots__ = ("_span", "_starts", "_lengths", "_present", "_values", "_packed")
+
+    def __init__(self, span, starts, lengths, present=None, packed=False):
+        self._span = span
+        self._starts = starts
+        self._lengths = lengths
+        self._present = present
+        self._values = None
+        self._packed = packed
+
+    @classmethod
+    def of(cls, batch, name):
+        """Field `name` of a `ringfeed.Batch`, without copying its bytes."""
+        lease, layout, idx = batch.field(name)._get()
+        absent = idx < 0
+        lengths = layout.lengths[idx]
+        addresses = layout.addresses[idx].astype(np.int64)
+        present = None
+        if absent.any():
+            present = ~absent
+            lengths = np.where(absent, 0, lengths)
+            addresses = np.where(absent, 0, addresses)
+            has = present
+        else:
+            has = lengths >= 0
+        if not has.any():
+            return cls(LocalSpan(lease, 0, 0), np.zeros(len(idx), np.int64), lengths, present)
+        lo = int(addresses[has].min())
+        hi = int((addresses + lengths)[has].max())
+        starts = np.where(has, addresses - lo, 0)
+        return cls(LocalSpan(lease, lo, hi - lo), starts, lengths, present)
+
+    # -- tensors -----------------------------------------------------------
+
+    @property
+    def values(self):
+        v = self._values
+        if v is None:
+            span = self._span
+            if isinstance(span, OwnedSpan):
+                v = span.tensor
+            elif span.nbytes == 0:
+                v = torch.empty(0, dtype=torch.uint8)
+            else:
+                v = _from_numpy(span.array())
+            self._values = v
+        return v
+
+    @property
+    def starts(self):
+        return _from_numpy(self._starts) if isinstance(self._starts, np.ndarray) else self._starts
+
+    @property
+    def lengths(self):
+        return _from_numpy(self._lengths) if isinstance(self._lengths, np.ndarray) else self._lengths
+
+    @property
+    def present(self):
+        if self._present is None:
+            return torch.ones(len(self), dtype=torch.bool)
+        return _from_numpy(self._present) if isinstance(self._present, np.ndarray) else self._present
+
+    @property
+    def nbytes(self):
+        return int(self._lengths.sum())
+
+    def __len__(self):
+        return len(self._lengths)
+
+    def __getitem__(self, i):
+        s = int(self._starts[i])
+        return self.values[s : s + int(self._lengths[i])]
+
+    def __iter__(self):
+        values = self.values
+        for s, n in zip(self._np(self._starts).tolist(), self._np(self._lengths).tolist()):
+            yield values[s : s + n]
+
+    @staticmethod
+    def _np(a):
+        return a if isinstance(a, np.ndarray) else a.cpu().numpy()
+
+    def numpy(self):
+        """``(values, starts, lengths)`` as numpy arrays (views, no copy)."""
+        return self.values.numpy(), self._np(self._starts), self._np(self._lengths)
+
+    def tolist(self):
+        """Every sample's bytes as ``bytes`` (copied)."""
+        values, starts, lengths = self.numpy()
+        mv = memoryview(values)
+        return [bytes(mv[s : s + n]) for s, n in zip(starts.tolist(), lengths.tolist())]
+
+    # -- copies ------------------------------------------------------------
+
+    def pack(self, pin_memory=False):
+        """``(values, offsets)``: the samples' bytes one after the other in a
+        new uint8 tensor (pinned with `pin_memory`) and int64 offsets
+        (``len + 1`` entries). One copy, by the library's gather loop."""
+        lengths = self._np(self._lengths)
+        offsets = np.zeros(len(lengths) + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        if self._packed and not pin_memory:
+            return self.values, torch.from_numpy(offsets)
+        total = int(offsets[-1])
+        out = torch.empty(total, dtype=torch.uint8, pin_memory=pin_memory)
+        if total:
+            span = self._span
+            values = self.values  # keeps the memory alive during the copy
+            gather(span.address, span.nbytes, self._np(self._starts), lengths, out.data_ptr(), total)
+            del values
+        return out, torch.from_numpy(offsets)
+
+    def _packed_ragged(self, pin_memory):
+        values, offsets = self.pack(pin_memory=pin_memory)
+        starts = offsets[:-1]
+        lengths = self.lengths
+        present = None if self._present is None else self.present
+        if pin_memory:
+            starts, lengths = starts.pin_memory(), lengths.pin_memory()
+            present = None if present is None else present.pin_memory()
+        return Ragged(OwnedSpan(values), starts, lengths, present, packed=True)
+
+    def pin_memory(self, device=None):
+        """A packed copy in pinned memory (DataLoader's ``pin_memory=True``)."""
+        return self._packed_ragged(pin_memory=True)
+
+    def to(self, device, non_blocking=False):
+        """The field on `device` (packed first; pinned when `non_blocking`)."""
+        device = torch.device(device)
+        if device.type == "cpu" and self.values.device.type == "cpu":
+            return self
+        r = self._packed_ragged(pin_memory=non_blocking and not self._packed)
+        move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
+        present = None if r._present is None else move(r.present)
+        return Ragged(OwnedSpan(move(r.values)), move(r.starts), move(r.lengths), present, packed=True)
+
+    # -- pickling (DataLoader workers) ---------------------------------------
+
+    def __reduce__(self):
+        span = self._span
+        if isinstance(span, LocalSpan) and span.shippable():
+            ticket, offset, nbytes = span.ship()
+            return (_received, (ticket, offset, nbytes, self._np(self._starts), self._np(self._lengths), self._present))
+        values, offsets = self.pack()
+        present = None if self._present is None else self._np(self._present)
+        return (_copied, (values.numpy(), offsets.numpy(), present))
+
+    def __repr__(self):
+        return f"<ringfeed.torch.Ragged {len(self)} samples, {self.nbytes} bytes>"
+
+
+def _received(batch, offset, nbytes, starts, lengths, present):
+    return Ragged(MappedSpan(batch, offset, nbytes), starts, lengths, present)
+
+
+def _copied(values, offsets, present):
+    values = torch.from_numpy(values)
+    offsets = torch.from_numpy(offsets)
+    present = None if present is None else torch.from_numpy(present)
+    return Ragged(OwnedSpan(values), offsets[:-1], offsets[1:] - offsets[:-1], present, packed=True)
