@@ -30,10 +30,11 @@ if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
 fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 rm -rf bindings/python/build
-.venv/bin/python -m pip install -q ./bindings/python numpy pytest
-# torch (CPU use only) for ringfeed.torch and the DLPack tests: the tests that
-# need it skip, saying so, where it cannot be installed.
-if ! .venv/bin/python -m pip install -q torch torchdata; then
+.venv/bin/python -m pip install -q ./bindings/python numpy pytest pillow
+# torch (CPU use only) for ringfeed.torch, the DLPack and decoding tests and
+# the training example: the tests that need it skip, saying so, where it
+# cannot be installed. torchvision for its image decoder.
+if ! .venv/bin/python -m pip install -q torch torchdata torchvision; then
     echo "test.sh: torch could not be installed; the torch tests will be skipped" >&2
 fi
 status=0

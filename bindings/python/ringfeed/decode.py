@@ -102,14 +102,16 @@ class ImageHandler:
             return img
         import numpy as np
 
-        a = np.asarray(img)
+        # Pillow's array is read-only (it views the image's bytes); torch
+        # needs a writable one.
+        a = np.asarray(img) if self.library == "numpy" else np.array(img)
         if self.dtype == "float":
             a = a.astype(np.float32) / 255.0
         if self.library == "numpy":
             return a
         import torch
 
-        t = torch.from_numpy(np.ascontiguousarray(a))
+        t = torch.from_numpy(a)
         return t.unsqueeze(0) if t.ndim == 2 else t.permute(2, 0, 1)
 
     def __repr__(self):

@@ -1,6 +1,7 @@
 """Shared fixtures: shards from the CLI (`ringfeed gen`) and from tarfile."""
 
 import io
+import json
 import os
 import subprocess
 import tarfile
@@ -92,3 +93,58 @@ def all_samples(loader):
                     if mv is not None:
                         out.setdefault(k, {})[name] = bytes(mv)
     return out
+
+
+def make_image(i, size=(32, 24)):
+    """A picture that decodes to a known colour: sample i's (r, g, b) fill
+    with a gradient, so JPEG stays close to it."""
+    import numpy as np
+
+    w, h = size
+    r, g, b = (37 * i) % 256, (91 * i + 40) % 256, (13 * i + 200) % 256
+    a = np.empty((h, w, 3), np.uint8)
+    a[..., 0], a[..., 1], a[..., 2] = r, g, b
+    a[..., 0] = (a[..., 0].astype(int) + np.arange(w)[None, :] // 4) % 256
+    return a
+
+
+def encode_image(a, fmt):
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(a).save(buf, format=fmt, **({"quality": 95} if fmt == "JPEG" else {}))
+    return buf.getvalue()
+
+
+def image_shards(dest, shards=2, per_shard=20, size=(32, 24), corrupt=None):
+    """Shards of real images: sample i has ``jpg`` (``png`` for every third
+    one), ``cls`` (i % 10), ``json`` ({"i": i}), ``npy`` (arange(i % 5)) and
+    ``txt``. `corrupt`: the index of a sample whose image is cut short.
+    Returns (paths, {key: i})."""
+    import numpy as np
+
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    paths, index = [], {}
+    i = 0
+    for s in range(shards):
+        members = []
+        for _ in range(per_shard):
+            key = f"img{s:02d}/{i:05d}"
+            index[key] = i
+            ext, fmt = ("png", "PNG") if i % 3 == 0 else ("jpg", "JPEG")
+            data = encode_image(make_image(i, size), fmt)
+            if i == corrupt:
+                data = data[: len(data) // 3]
+            npy = io.BytesIO()
+            np.save(npy, np.arange(i % 5, dtype=np.int16))
+            members += [
+                (f"{key}.{ext}", data),
+                (f"{key}.cls", str(i % 10).encode()),
+                (f"{key}.json", json.dumps({"i": i}).encode()),
+                (f"{key}.npy", npy.getvalue()),
+                (f"{key}.txt", f"sample {i}".encode()),
+            ]
+            i += 1
+        paths.append(write_tar(dest / f"images-{s:03d}.tar", members))
+    return paths, index
