@@ -1,0 +1,105 @@
+"""examples/train.py under torchrun: two ranks (gloo, CPU), two DataLoader
+workers each, decoding on; rank 0 is killed mid-epoch, the job is started
+again, resumes from its checkpoints, and every rank trains on exactly the
+samples, in exactly the order, of a run that never stopped."""
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (scripts/test.sh tries pip install torch)")
+pytest.importorskip("torchdata.stateful_dataloader", reason="torchdata is not installed")
+pytest.importorskip("PIL", reason="Pillow is not installed")
+
+import ringfeed  # noqa: E402
+
+from conftest import REPO  # noqa: E402
+
+EXAMPLE = REPO / "examples" / "train.py"
+RANKS, WORKERS, EPOCHS = 2, 2, 2
+
+
+def torchrun(*args, cwd):
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
+    return subprocess.run(
+        [torchrun, "--standalone", "--nproc_per_node", str(RANKS), str(EXAMPLE), *args],
+        cwd=cwd, capture_output=True, text=True, timeout=240,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+
+
+def example_module():
+    spec = importlib.util.spec_from_file_location("train_example", EXAMPLE)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def expected_order(urls, epoch, rank):
+    """What rank `rank` trains on in `epoch` without a stop: its two workers'
+    batches (each a consumer of the engine's split) taken in turn, as the
+    DataLoader does."""
+    ds = example_module().dataset(urls, 16, 7)
+    per_worker = []
+    for w in range(WORKERS):
+        with ringfeed.Loader(
+            urls, batch_size=ds.batch_size, workers=4 // WORKERS, epoch=epoch, epochs=epoch + 1,
+            rank=rank, world_size=RANKS, loader_worker=w, loader_workers=WORKERS, **ds.config,
+        ) as loader:
+            per_worker.append([b.keys for b in loader])
+    assert len({len(b) for b in per_worker}) == 1, "equal lengths"
+    return [k for batches in zip(*per_worker) for batch in batches for k in batch]
+
+
+def logged(out, rank):
+    """{epoch: [keys in order]} from the rank's log; the steps must run 1, 2, ..."""
+    by_epoch, steps = {}, []
+    for line in (out / f"keys-rank{rank}.log").read_text().splitlines():
+        step, epoch, key = line.split()
+        by_epoch.setdefault(int(epoch), []).append(key)
+        if not steps or steps[-1] != int(step):
+            steps.append(int(step))
+    assert steps == list(range(1, len(steps) + 1)), f"rank {rank}: steps {steps}"
+    return by_epoch
+
+
+def test_killed_mid_epoch_and_resumed_trains_on_exactly_the_uninterrupted_samples(tmp_path):
+    data, out = tmp_path / "data", tmp_path / "run"
+    made = subprocess.run(
+        [sys.executable, str(EXAMPLE), "make-data", str(data), "--shards", "4", "--per-shard", "48"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert made.returncode == 0, made.stderr
+    urls = sorted(str(p) for p in data.glob("train-*.tar"))
+
+    # 192 samples, 4 consumers of 48, 3 batches of 16 each: 6 steps an epoch.
+    first = torchrun("train", str(data), str(out), "--epochs", str(EPOCHS), "--ckpt-every", "4",
+                     "--kill-at-step", "5", cwd=tmp_path)
+    assert first.returncode != 0, "rank 0 killed itself"
+    assert "killing myself after step 5" in first.stdout + first.stderr
+    assert not (out / "done-rank0").exists()
+    assert all((out / f"ckpt-rank{r}.pt").exists() for r in range(RANKS))
+
+    second = torchrun("train", str(data), str(out), "--epochs", str(EPOCHS), "--ckpt-every", "4", cwd=tmp_path)
+    assert second.returncode == 0, second.stdout + second.stderr
+    text = second.stdout + second.stderr
+    assert "rank 0: resumed at epoch 0, step 4" in text and "rank 1: resumed at epoch 0, step 4" in text
+
+    everything = []
+    for rank in range(RANKS):
+        got = logged(out, rank)
+        assert sorted(got) == list(range(EPOCHS))
+        for epoch in range(EPOCHS):
+            assert got[epoch] == expected_order(urls, epoch, rank), f"rank {rank}, epoch {epoch}"
+            everything += [(epoch, k) for k in got[epoch]]
+        assert (out / f"done-rank{rank}").read_text().strip() == str(EPOCHS * 6)
+    with ringfeed.Loader(urls, batch_size=64) as loader:
+        keys = sorted(k for b in loader for k in b.keys)
+    for epoch in range(EPOCHS):
+        trained = sorted(k for e, k in everything if e == epoch)
+        assert trained == keys, f"epoch {epoch}: every sample once across the ranks"
