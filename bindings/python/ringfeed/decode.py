@@ -92,27 +92,30 @@ class ImageHandler:
             return None
         import PIL.Image
 
-        with PIL.Image.open(io.BytesIO(data)) as img:
-            img.load()
-            if self.mode is not None and img.mode != self.mode:
-                img = img.convert(self.mode)
-            elif self.mode is None:
-                img = img.copy()
+        # Not `with`: a closed image decodes its file again when read.
+        img = PIL.Image.open(io.BytesIO(data))
+        img.load()
+        if self.mode is not None and img.mode != self.mode:
+            img = img.convert(self.mode)
         if self.library == "pil":
             return img
         import numpy as np
 
-        # Pillow's array is read-only (it views the image's bytes); torch
-        # needs a writable one.
-        a = np.asarray(img) if self.library == "numpy" else np.array(img)
-        if self.dtype == "float":
-            a = a.astype(np.float32) / 255.0
+        # A read-only view of Pillow's bytes (no copy yet).
+        a = np.asarray(img)
         if self.library == "numpy":
-            return a
+            return a.astype(np.float32) / np.float32(255) if self.dtype == "float" else a
         import torch
 
-        t = torch.from_numpy(a)
-        return t.unsqueeze(0) if t.ndim == 2 else t.permute(2, 0, 1)
+        # One copy, into the contiguous CHW layout (a permuted view would
+        # make every later batch stack a strided gather).
+        chw = a[None] if a.ndim == 2 else a.transpose(2, 0, 1)
+        out = np.empty(chw.shape, np.float32 if self.dtype == "float" else np.uint8)
+        if self.dtype == "float":
+            np.multiply(chw, np.float32(1 / 255), out=out)
+        else:
+            out[...] = chw
+        return torch.from_numpy(out)
 
     def __repr__(self):
         return f"ImageHandler({self.spec!r})"
