@@ -175,7 +175,7 @@ def train(a):
                 print(f"rank 0: killing myself after step {step}", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
         epoch += 1
-        print(f"rank {rank}: epoch {epoch - 1} done, step {step}, "
+        print(f"rank {rank} of {world}: epoch {epoch - 1} done, step {step}, "
               f"train accuracy {correct / max(seen, 1):.2f} on {seen} samples", flush=True)
     log.close()
     (out / f"done-rank{rank}").write_text(f"{step}\n")

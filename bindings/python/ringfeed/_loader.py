@@ -152,6 +152,10 @@ class Loader:
                 self.close()
                 raise from_status(st)
             self._arena = _transport.Arena(fd.value, base.value, length.value)
+            # The outbox its batches leave through, made now: its releases
+            # are drained from the first wait on, and a failure to make it
+            # (no descriptors left) is raised here, not in a queue's thread.
+            _transport.outbox()
 
     # -- lifetime --------------------------------------------------------
 
@@ -202,7 +206,7 @@ class Loader:
         waited_ms = 0
         # Batches shipped to another process come back through its outbox:
         # drain it before asking, and wait in short slices while some are out.
-        box = _transport.current_outbox() if self._arena is not None else None
+        box = _transport.outbox() if self._arena is not None else None
         while True:
             handle = self._check()
             raw = _ffi.RawBatch()

@@ -24,8 +24,13 @@ the engine's memory budget still bounds what the main process holds, and a
 view never sees its bytes reused. The mapping outlives the worker: views
 still held when a worker exits stay valid.
 
-Tickets carry a random token per worker process, so a reused process id
-never maps another process's memory.
+Tickets carry a random token per worker process and the identity (device
+and inode) of the arena's file and of the pipe: what the receiver opens
+through ``/proc`` is checked against them, so a reused process id or
+descriptor number never maps another process's memory or releases its
+batches. The receiver's mappings are not inherited by the processes it
+forks (``MADV_DONTFORK``): new DataLoader workers do not keep old arenas
+alive.
 """
 
 import collections
@@ -48,7 +53,7 @@ _SERIAL = struct.Struct("<Q")
 class Arena:
     """A loader's shared arena, as its process knows it."""
 
-    __slots__ = ("serial", "fd", "base", "length")
+    __slots__ = ("serial", "fd", "base", "length", "inode")
 
     _serials = itertools.count(1)
 
@@ -57,6 +62,8 @@ class Arena:
         self.fd = fd
         self.base = base
         self.length = length
+        st = os.fstat(fd)
+        self.inode = (st.st_dev, st.st_ino)
 
 
 class Outbox:
@@ -77,6 +84,8 @@ class Outbox:
         self._sent = {}  # serial -> [lease, count]
         self._serials = itertools.count(1)
         self._rest = b""
+        st = os.fstat(self._write)
+        self._pipe_inode = (st.st_dev, st.st_ino)
 
     def ship(self, ticket):
         """Counts one more receiver of `ticket`'s batch; returns its serial."""
@@ -127,7 +136,10 @@ class Outbox:
 
     def address(self, arena):
         """What a receiver needs to find `arena` and this outbox."""
-        return (self.token, self.pid, self._write, arena.serial, arena.fd, arena.length)
+        return (
+            self.token, self.pid, self._write, self._pipe_inode,
+            arena.serial, arena.fd, arena.length, arena.inode,
+        )
 
 
 _outbox = None
@@ -186,7 +198,7 @@ class Mapping:
 
     __slots__ = ("mm", "address", "length", "path", "inode", "_anchor", "__weakref__")
 
-    def __init__(self, pid, fd, length):
+    def __init__(self, pid, fd, length, inode):
         self.path = f"/proc/{pid}/fd/{fd}"
         try:
             f = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
@@ -199,16 +211,19 @@ class Mapping:
             ) from None
         try:
             st = os.fstat(f)
-            if st.st_size != length:
-                raise TransportError(
-                    errno.EINVAL,
-                    f"ringfeed: {self.path} is {st.st_size} bytes, not the {length}-byte arena announced",
-                )
             self.inode = (st.st_dev, st.st_ino)
+            if self.inode != tuple(inode) or st.st_size != length:
+                raise TransportError(
+                    errno.ESTALE,
+                    f"ringfeed: {self.path} is not the arena the batch was sent from (its worker exited and "
+                    "the process id or descriptor was reused)",
+                )
             flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
             self.mm = mmap.mmap(f, length, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(f)
+        if hasattr(mmap, "MADV_DONTFORK"):
+            self.mm.madvise(mmap.MADV_DONTFORK)
         self._anchor = ctypes.c_char.from_buffer(self.mm)
         self.address = ctypes.addressof(self._anchor)
         self.length = length
@@ -225,34 +240,51 @@ class Mapping:
 class Releaser:
     """Writes released serials into a worker's pipe."""
 
-    def __init__(self, pid, fd):
+    def __init__(self, pid, fd, inode):
         self.path = f"/proc/{pid}/fd/{fd}"
         self._lock = threading.Lock()
-        self._pending = b""
+        self._queue = collections.deque()  # serials to write
+        self._pending = b""  # bytes of serials a full pipe did not take yet
         try:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError as e:
             raise TransportError(
                 e.errno, f"ringfeed: cannot open DataLoader worker {pid}'s release pipe at {self.path}"
             ) from None
+        st = os.fstat(self._fd)
+        if (st.st_dev, st.st_ino) != tuple(inode):
+            os.close(self._fd)
+            raise TransportError(errno.ESTALE, f"ringfeed: {self.path} is not the pipe the batch was sent with")
 
     def release(self, serial):
-        with self._lock:
-            if self._fd < 0:
-                return
-            data = self._pending + _SERIAL.pack(serial)
+        """Queues `serial` for the worker. Never blocks and never waits on a
+        lock: the garbage collector may call it from a `RemoteBatch` while
+        this thread is inside it, and then the holder writes it."""
+        self._queue.append(serial)
+        while self._queue and self._lock.acquire(blocking=False):
             try:
-                n = os.write(self._fd, data)
-            except BlockingIOError:
-                n = 0
-            except OSError:  # the worker is gone: its memory went with it
-                os.close(self._fd)
-                self._fd = -1
-                self._pending = b""
-                return
-            # Whole serials only: a pipe write of at most PIPE_BUF is atomic,
-            # a longer one may be cut; what is left goes with the next one.
-            self._pending = data[n:]
+                self._write_queued()
+            finally:
+                self._lock.release()
+
+    def _write_queued(self):
+        data = self._pending
+        while self._queue:
+            data += _SERIAL.pack(self._queue.popleft())
+        if self._fd < 0:
+            return
+        try:
+            n = os.write(self._fd, data)
+        except BlockingIOError:
+            n = 0
+        except OSError:  # the worker is gone: its memory went with it
+            os.close(self._fd)
+            self._fd = -1
+            self._pending = b""
+            return
+        # A pipe write of at most PIPE_BUF is whole or nothing; a longer one
+        # may be cut: the rest goes with the next one, the worker reassembles.
+        self._pending = data[n:]
 
     def __del__(self):
         if getattr(self, "_fd", -1) >= 0:
@@ -268,7 +300,7 @@ _KEEP = 64
 _lock = threading.Lock()
 
 
-def _mapping(token, pid, serial, fd, length):
+def _mapping(token, pid, serial, fd, length, inode):
     key = (token, serial)
     with _lock:
         m = _MAPPINGS.get(key)
@@ -278,17 +310,17 @@ def _mapping(token, pid, serial, fd, length):
         # A new arena: drop the ones their workers closed (or that exited).
         for k in [k for k, v in _MAPPINGS.items() if not v.current()]:
             del _MAPPINGS[k]
-        m = _MAPPINGS[key] = Mapping(pid, fd, length)
+        m = _MAPPINGS[key] = Mapping(pid, fd, length, inode)
         while len(_MAPPINGS) > _KEEP:
             _MAPPINGS.popitem(last=False)
         return m
 
 
-def _releaser(token, pid, fd):
+def _releaser(token, pid, fd, inode):
     with _lock:
         r = _RELEASERS.get(token)
         if r is None:
-            r = _RELEASERS[token] = Releaser(pid, fd)
+            r = _RELEASERS[token] = Releaser(pid, fd, inode)
             while len(_RELEASERS) > _KEEP:
                 _RELEASERS.popitem(last=False)
         else:
@@ -299,14 +331,17 @@ def _releaser(token, pid, fd):
 class RemoteBatch:
     """A worker's batch held in this process; its end releases it there."""
 
-    __slots__ = ("mapping", "releaser", "serial", "__weakref__")
+    __slots__ = ("mapping", "releaser", "serial", "generation", "__weakref__")
 
     def __init__(self, mapping, releaser, serial):
         self.mapping = mapping
         self.releaser = releaser
         self.serial = serial
+        self.generation = fork_generation()
 
     def __del__(self):
+        if self.generation != fork_generation():
+            return  # a forked child's copy: the batch is its parent's to release
         try:
             self.releaser.release(self.serial)
         except Exception:  # interpreter shutdown
@@ -314,6 +349,6 @@ class RemoteBatch:
 
 
 def _receive_batch(address, serial):
-    token, pid, pipe_fd, arena_serial, arena_fd, length = address
-    mapping = _mapping(token, pid, arena_serial, arena_fd, length)
-    return RemoteBatch(mapping, _releaser(token, pid, pipe_fd), serial)
+    token, pid, pipe_fd, pipe_inode, arena_serial, arena_fd, length, arena_inode = address
+    mapping = _mapping(token, pid, arena_serial, arena_fd, length, arena_inode)
+    return RemoteBatch(mapping, _releaser(token, pid, pipe_fd, pipe_inode), serial)

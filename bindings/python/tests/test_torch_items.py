@@ -167,7 +167,42 @@ def test_pickled_items_travel_as_tickets_with_a_shared_arena(shards, truth):
 
 def test_a_missing_worker_is_a_clear_error():
     with pytest.raises(_transport.TransportError, match="/proc/999999999/fd"):
-        _transport._receive_batch((12345, 999999999, 5, 1, 7, 4096), 1)
+        _transport._receive_batch((12345, 999999999, 5, (0, 0), 1, 7, 4096, (0, 0)), 1)
+
+
+def test_a_reused_descriptor_is_not_taken_for_the_arena(shards):
+    """A ticket whose file is not the one it names (the worker exited and the
+    number was reused) is refused, not mapped."""
+    with ringfeed.Loader(shards, batch_size=8, shared_arena=True) as loader:
+        arena = loader._arena
+        box = _transport.outbox()
+        token, pid, pipe, pipe_inode, serial, fd, length, inode = box.address(arena)
+        other = (inode[0], inode[1] + 1)
+        with pytest.raises(_transport.TransportError, match="not the arena"):
+            _transport._receive_batch((token + 1, pid, pipe, pipe_inode, serial, fd, length, other), 1)
+        with pytest.raises(_transport.TransportError, match="not the pipe"):
+            _transport._releaser(token + 2, pid, pipe, (pipe_inode[0], pipe_inode[1] + 1))
+
+
+def test_a_release_inside_a_release_does_not_deadlock(shards):
+    """The garbage collector may end a RemoteBatch while its thread is inside
+    Releaser.release: the inner call queues and the holder writes."""
+    ds = RingfeedDataset(shards, batch_size=8, shared_arena=True)
+    it = iter(ds)
+    back = [pickle.loads(ForkingPickler.dumps(next(it))) for _ in range(2)]
+    batches = [item["jpg"]._span.batch for item in back]
+    releaser = batches[0].releaser
+    assert releaser is batches[1].releaser
+    assert _transport.current_outbox().pending() == 2
+    with releaser._lock:  # as if this thread were inside release()
+        del back, batches
+        gc.collect()
+        assert len(releaser._queue) == 2, "queued, not blocked"
+    releaser.release(0)  # the next release writes what was queued (0: no batch)
+    _transport.current_outbox().drain()
+    assert _transport.current_outbox().pending() == 0
+    del it
+    ds.close()
 
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])

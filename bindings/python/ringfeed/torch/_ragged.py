@@ -224,7 +224,9 @@ class Ragged:
         offsets = np.zeros(len(lengths) + 1, np.int64)
         np.cumsum(lengths, out=offsets[1:])
         if self._packed and not pin_memory:
-            return self.values, torch.from_numpy(offsets)
+            return self.values, torch.from_numpy(offsets).to(self.values.device)
+        if self.values.device.type != "cpu":
+            raise ValueError(f"a Ragged on {self.values.device} cannot be pinned: it is not in host memory")
         total = int(offsets[-1])
         out = torch.empty(total, dtype=torch.uint8, pin_memory=pin_memory)
         if total:
