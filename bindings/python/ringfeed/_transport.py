@@ -253,7 +253,8 @@ class Releaser:
             ) from None
         st = os.fstat(self._fd)
         if (st.st_dev, st.st_ino) != tuple(inode):
-            os.close(self._fd)
+            fd, self._fd = self._fd, -1  # closed once, here: not again in __del__
+            os.close(fd)
             raise TransportError(errno.ESTALE, f"ringfeed: {self.path} is not the pipe the batch was sent with")
 
     def release(self, serial):
