@@ -740,6 +740,10 @@ mod tests {
         assert!(err(r#"{"urls":"a","max_attempts":1000}"#).contains("from 1 to 100"));
         assert!(err(r#"{"urls":"a","ca_bundle":""}"#).contains("`ca_bundle`"));
         assert!(err(r#"{"urls":"a","ca_bundle":7}"#).contains("`ca_bundle`"));
+        assert!(
+            err(r#"{"urls":"a","shared_arena":"yes"}"#)
+                .contains("`shared_arena` must be true or false")
+        );
     }
 
     #[test]

@@ -20,7 +20,7 @@ import numpy as np
 
 from . import _ffi
 from ._lease import _Exported, fork_generation, memoryview_at
-from .errors import ForkedError, ReleasedError
+from .errors import ForkedError, ReleasedError, from_status
 
 _U64 = ctypes.c_uint64
 _FIELD_WORDS = ctypes.sizeof(_ffi.RawField) // 8
@@ -55,9 +55,32 @@ def gather(src_address, src_len, starts, lengths, dst_address, dst_len):
         src_address, src_len, starts.ctypes.data, lengths.ctypes.data, len(starts), dst_address, dst_len
     )
     if st != _ffi.RINGFEED_OK:
-        from .errors import from_status
-
         raise from_status(st)
+
+
+def text_out(call, size=256):
+    """The text a C entry point writes into a buffer (the `*_state` /
+    `*_json` convention): ``call(buf, len, needed_ptr)``, grown until it fits."""
+    needed = ctypes.c_size_t(0)
+    while True:
+        buf = ctypes.create_string_buffer(size)
+        st = call(buf, size, ctypes.byref(needed))
+        if st == _ffi.RINGFEED_OK:
+            return buf.value
+        if st != _ffi.RINGFEED_ERR_BUFFER_TOO_SMALL:
+            raise from_status(st)
+        size = needed.value + 1
+
+
+def span(addresses, lengths, present):
+    """Where a field's samples lie: ``(lo, nbytes, starts)``, the range from
+    the first byte of any present sample to the last, and each sample's start
+    in it (0 where absent). `addresses` int64, `present` bool."""
+    if not present.any():
+        return 0, 0, np.zeros(len(addresses), np.int64)
+    lo = int(addresses[present].min())
+    hi = int((addresses + lengths)[present].max())
+    return lo, hi - lo, np.where(present, addresses - lo, 0)
 
 
 class _Layout:
@@ -239,18 +262,9 @@ class Batch:
         lease = self._live()
         if not 0 <= i < self._len:
             raise IndexError(f"sample {i} of a batch of {self._len}")
-        needed = ctypes.c_size_t(0)
-        size = 256
-        while True:
-            buf = ctypes.create_string_buffer(size)
-            st = _ffi.lib.ringfeed_batch_sample_source(ctypes.byref(lease.raw), i, buf, size, ctypes.byref(needed))
-            if st == _ffi.RINGFEED_OK:
-                return buf.value.decode("utf-8", "surrogateescape")
-            if st != _ffi.RINGFEED_ERR_BUFFER_TOO_SMALL:
-                from .errors import from_status
-
-                raise from_status(st)
-            size = needed.value + 1
+        raw = ctypes.byref(lease.raw)
+        text = text_out(lambda buf, size, needed: _ffi.lib.ringfeed_batch_sample_source(raw, i, buf, size, needed))
+        return text.decode("utf-8", "surrogateescape")
 
     @property
     def fields(self):
@@ -404,11 +418,8 @@ class FieldView:
         np.cumsum(lengths, out=offsets[1:])
         out = np.empty(int(offsets[-1]), np.uint8)
         if len(out):
-            addrs = self.addresses.astype(np.int64)
-            present = lengths > 0
-            lo = int(addrs[present].min())
-            hi = int((addrs + lengths)[present].max())
-            gather(lo, hi - lo, np.where(present, addrs - lo, 0), lengths, out.ctypes.data, len(out))
+            lo, nbytes, starts = span(layout.addresses[idx].astype(np.int64), lengths, idx >= 0)
+            gather(lo, nbytes, starts, lengths, out.ctypes.data, len(out))
         del lease
         return out, offsets
 

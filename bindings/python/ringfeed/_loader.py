@@ -8,7 +8,7 @@ import threading
 import warnings
 
 from . import _ffi, _transport
-from ._batch import Batch
+from ._batch import Batch, text_out
 from ._lease import _Lease, fork_generation, live_batches
 from .errors import ClosedError, ConfigError, ForkedError, from_status
 
@@ -270,32 +270,16 @@ class Loader:
         bytes/samples/batches delivered, reads, copies, chunk use, wait times,
         memory kind, I/O backend, and the setup notes."""
         handle = self._check()
-        needed = ctypes.c_size_t(0)
-        size = 4096
-        while True:
-            buf = ctypes.create_string_buffer(size)
-            st = _lib.ringfeed_loader_stats_json(handle, buf, size, ctypes.byref(needed))
-            if st == _ffi.RINGFEED_OK:
-                return json.loads(buf.value.decode())
-            if st != _ffi.RINGFEED_ERR_BUFFER_TOO_SMALL:
-                raise from_status(st)
-            size = needed.value + 1 + 1024
+        text = text_out(lambda buf, size, needed: _lib.ringfeed_loader_stats_json(handle, buf, size, needed), 4096)
+        return json.loads(text.decode())
 
     def state(self):
         """The resume state (``ringfeed_loader_state``): opaque ASCII bytes naming
         the position after the batches handed out so far. Pass it back as
         ``resume=`` to continue from there."""
         handle = self._check()
-        needed = ctypes.c_size_t(0)
-        size = 512  # ~150 bytes, more after elastic resumes (ringfeed.h); grown on demand
-        while True:
-            buf = ctypes.create_string_buffer(size)
-            st = _lib.ringfeed_loader_state(handle, buf, size, ctypes.byref(needed))
-            if st == _ffi.RINGFEED_OK:
-                return buf.value
-            if st != _ffi.RINGFEED_ERR_BUFFER_TOO_SMALL:
-                raise from_status(st)
-            size = needed.value + 1
+        # ~150 bytes, more after elastic resumes (ringfeed.h); grown on demand.
+        return text_out(lambda buf, size, needed: _lib.ringfeed_loader_state(handle, buf, size, needed), 512)
 
     def __repr__(self):
         return f"<ringfeed.Loader {'closed' if self._closed else 'open'}>"

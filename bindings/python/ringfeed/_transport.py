@@ -146,14 +146,6 @@ _outbox = None
 _outbox_lock = threading.Lock()
 
 
-def current_outbox():
-    """This process's outbox if it shipped anything, else None."""
-    box = _outbox
-    if box is None or box.generation != fork_generation() or box.pid != os.getpid():
-        return None
-    return box
-
-
 def outbox():
     """This process's outbox (a new one after fork)."""
     global _outbox

@@ -171,6 +171,25 @@ def test_failing_map_and_missing_fields_name_the_sample(images):
         list(RingfeedDataset(paths, batch_size=4).decode().to_tuple("seg"))
 
 
+@pytest.mark.parametrize(
+    "field, data, cause",
+    [
+        ("json", b"{not json", "JSONDecodeError"),
+        ("cls", b"seven", "ValueError"),
+        ("txt", b"\xff\xfe", "UnicodeDecodeError"),
+        ("npy", b"\x93NUMPY garbage", "ValueError"),
+        ("png", b"\x89PNG\r\n\x1a\n", "UnidentifiedImageError"),
+    ],
+)
+def test_garbage_fields_name_the_sample_and_field(tmp_path, field, data, cause):
+    from conftest import write_tar
+
+    shard = write_tar(tmp_path / "bad.tar", [("a.txt", b"fine"), (f"b.{field}", data)])
+    with pytest.raises(DecodeError, match=rf"bad\.tar: sample 'b', field '{field}': {cause}") as e:
+        list(RingfeedDataset([shard], batch_size=2).decode("rgb8").collate(list))
+    assert (e.value.shard, e.value.key, e.value.field) == (shard, "b", field)
+
+
 def test_undecoded_fields_are_bytes_that_outlive_the_batch(images):
     paths, index = images
     (samples,) = list(RingfeedDataset(paths, batch_size=60).map(lambda s: s).collate(list))

@@ -48,9 +48,7 @@ def item_samples(item):
 def drained():
     """Batches not yet back with the engine, after collecting and draining."""
     gc.collect()
-    box = _transport.current_outbox()
-    if box is not None:
-        box.drain()
+    _transport.outbox().drain()
     return _lease.live_batches()
 
 
@@ -162,7 +160,7 @@ def test_pickled_items_travel_as_tickets_with_a_shared_arena(shards, truth):
     ds.close()
     assert got == truth
     assert drained() == 0
-    assert _transport.current_outbox().pending() == 0
+    assert _transport.outbox().pending() == 0
 
 
 def test_a_missing_worker_is_a_clear_error():
@@ -193,14 +191,14 @@ def test_a_release_inside_a_release_does_not_deadlock(shards):
     batches = [item["jpg"]._span.batch for item in back]
     releaser = batches[0].releaser
     assert releaser is batches[1].releaser
-    assert _transport.current_outbox().pending() == 2
+    assert _transport.outbox().pending() == 2
     with releaser._lock:  # as if this thread were inside release()
         del back, batches
         gc.collect()
         assert len(releaser._queue) == 2, "queued, not blocked"
     releaser.release(0)  # the next release writes what was queued (0: no batch)
-    _transport.current_outbox().drain()
-    assert _transport.current_outbox().pending() == 0
+    _transport.outbox().drain()
+    assert _transport.outbox().pending() == 0
     del it
     ds.close()
 

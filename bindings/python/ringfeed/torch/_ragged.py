@@ -24,23 +24,37 @@ The views hold the batch: the engine gets its memory back when the last
 import numpy as np
 import torch
 
-from .._batch import gather
+from .._batch import gather, span as field_span
 from .._lease import _Exported
 from .._transport import Ticket
 
 
-class LocalSpan:
-    """Bytes in this process's engine: `nbytes` at `address`, kept by `lease`."""
+class _View:
+    """`nbytes` at `address`, kept alive by `keeper` (numpy arrays made from
+    it hold the keeper)."""
 
-    __slots__ = ("lease", "address", "nbytes")
+    __slots__ = ("keeper", "address", "nbytes")
 
-    def __init__(self, lease, address, nbytes):
-        self.lease = lease
+    def __init__(self, keeper, address, nbytes):
+        self.keeper = keeper
         self.address = address
         self.nbytes = nbytes
 
     def array(self):
-        return np.asarray(_Exported(self.lease, self.address, (self.nbytes,), None, "|u1", writable=True))
+        return np.asarray(_Exported(self.keeper, self.address, (self.nbytes,), None, "|u1", writable=True))
+
+    def shippable(self):
+        return False
+
+
+class LocalSpan(_View):
+    """Bytes in this process's engine, kept by the batch's lease."""
+
+    __slots__ = ()
+
+    @property
+    def lease(self):
+        return self.keeper
 
     def shippable(self):
         return self.lease.arena is not None
@@ -52,25 +66,18 @@ class LocalSpan:
         return (lease.ticket, self.address - lease.arena.base, self.nbytes)
 
 
-class MappedSpan:
-    """Bytes of a worker's batch, through this process's mapping of its arena."""
+class MappedSpan(_View):
+    """Bytes of a worker's batch, through this process's mapping of its
+    arena, kept by the `_transport.RemoteBatch`."""
 
-    __slots__ = ("batch", "offset", "nbytes")
+    __slots__ = ()
 
     def __init__(self, batch, offset, nbytes):
-        self.batch = batch
-        self.offset = offset
-        self.nbytes = nbytes
+        super().__init__(batch, batch.mapping.address + offset, nbytes)
 
     @property
-    def address(self):
-        return self.batch.mapping.address + self.offset
-
-    def array(self):
-        return np.asarray(_Exported(self.batch, self.address, (self.nbytes,), None, "|u1", writable=True))
-
-    def shippable(self):
-        return False
+    def batch(self):
+        return self.keeper
 
 
 class OwnedSpan:
@@ -136,23 +143,10 @@ class Ragged:
     def of(cls, batch, name):
         """Field `name` of a `ringfeed.Batch`, without copying its bytes."""
         lease, layout, idx = batch.field(name)._get()
-        absent = idx < 0
-        lengths = layout.lengths[idx]
-        addresses = layout.addresses[idx].astype(np.int64)
-        present = None
-        if absent.any():
-            present = ~absent
-            lengths = np.where(absent, 0, lengths)
-            addresses = np.where(absent, 0, addresses)
-            has = present
-        else:
-            has = lengths >= 0
-        if not has.any():
-            return cls(LocalSpan(lease, 0, 0), np.zeros(len(idx), np.int64), lengths, present)
-        lo = int(addresses[has].min())
-        hi = int((addresses + lengths)[has].max())
-        starts = np.where(has, addresses - lo, 0)
-        return cls(LocalSpan(lease, lo, hi - lo), starts, lengths, present)
+        has = idx >= 0
+        lengths = np.where(has, layout.lengths[idx], 0)
+        lo, nbytes, starts = field_span(layout.addresses[idx].astype(np.int64), lengths, has)
+        return cls(LocalSpan(lease, lo, nbytes), starts, lengths, None if has.all() else has)
 
     # -- tensors -----------------------------------------------------------
 
