@@ -19,8 +19,8 @@ if ! command -v cc >/dev/null || ! command -v c++ >/dev/null; then
 fi
 
 cargo fmt --all -- --check
-cargo clippy --all-targets --locked -- -D warnings
-cargo test --all-targets --locked --no-fail-fast
+cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo test --workspace --all-targets --locked --no-fail-fast
 
 # The Python package. pip builds it with `cargo build --release --lib` and
 # bundles the library; the tests generate shards with the release CLI.

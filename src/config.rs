@@ -8,10 +8,10 @@
 
 use serde_json::{Map, Value};
 
-use crate::arena::MemoryKind;
 use crate::error::{Error, Result};
+use crate::memory::MemoryKind;
+use crate::net::s3::S3Config;
 use crate::plan::{PlanOptions, Remainder};
-use crate::s3::S3Config;
 
 /// Which I/O path reads the shards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,7 +113,7 @@ pub struct Config {
     /// DataLoader workers), and their number.
     pub loader_worker: u64,
     pub loader_workers: u64,
-    /// Resume states (hex) saved by `state`: see `crate::resume`.
+    /// Resume states (hex) saved by `state`: see `crate::plan::resume`.
     pub resume: Vec<String>,
     /// The epoch to start at (each epoch has its own shuffle); `epochs`
     /// still counts from 0, so the loader runs `epoch..epochs`. A resume
@@ -340,7 +340,7 @@ impl Config {
                 "manifest" => c.manifest = Some(text(key, v)?),
                 "s3_endpoint" => {
                     let e = text(key, v)?;
-                    match crate::http::parse_url(&e) {
+                    match crate::net::http::parse_url(&e) {
                         Ok(p) if p.target == "/" => {}
                         Ok(_) => return Err(bad(key, "scheme, host and port only, no path", v)),
                         Err(why) => {
@@ -385,7 +385,7 @@ impl Config {
                         _ => urls(key, v)?,
                     };
                     for st in &states {
-                        crate::resume::State::from_hex(st)
+                        crate::plan::resume::State::from_hex(st)
                             .map_err(|e| Error::config(format!("`{key}`: {e}")))?;
                     }
                     c.resume = states;
@@ -459,11 +459,11 @@ impl Config {
                 self.reads_in_flight
             )));
         }
-        if self.consumers() > crate::resume::MAX_CONSUMERS {
+        if self.consumers() > crate::plan::resume::MAX_CONSUMERS {
             return Err(Error::config(format!(
                 "`world_size` × `loader_workers` is {}; at most {} consumers are supported",
                 self.consumers(),
-                crate::resume::MAX_CONSUMERS
+                crate::plan::resume::MAX_CONSUMERS
             )));
         }
         if self.prefetch_batches > 4096 {
@@ -484,7 +484,7 @@ impl Config {
                 self.samples_per_epoch
             )));
         }
-        if self.epoch > crate::resume::MAX_EPOCH {
+        if self.epoch > crate::plan::resume::MAX_EPOCH {
             return Err(Error::config(format!(
                 "`epoch` must be at most 2^48, got {}",
                 self.epoch

@@ -60,7 +60,7 @@ pub enum Error {
     #[error("`{url}`: {message} ({} after {attempts} attempt{})", kind.name(), if *attempts == 1 { "" } else { "s" })]
     Http {
         url: String,
-        kind: crate::http::FailKind,
+        kind: crate::net::http::FailKind,
         message: String,
         attempts: u32,
     },

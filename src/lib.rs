@@ -1,42 +1,30 @@
 //! ringfeed: a data-loader engine for ML training.
 //!
-//! Shards are read by per-worker io_uring instances into a pinned, huge-page
-//! arena ([`arena`]), walked as WebDataset tar ([`tar`], [`sample`]) without
-//! copying, grouped into batches ([`batch`]) and handed to consumers through a
-//! lock-free ring ([`ring`]). C and C++ reach it through [`ffi`]; the CLI is
-//! `src/main.rs`. [`serve`] is not on the data path: it is a small file
-//! server for `ringfeed serve` and for the demo's loopback HTTP source.
-//! See DESIGN.md for the map.
+//! The data path, one folder per stage (see `docs/architecture.md`):
+//! [`dataset`] names the shards, [`plan`] decides which samples each
+//! consumer gets and in which order, [`fetch`] reads byte ranges (io_uring
+//! or threads; over [`net`] for HTTP and S3) into chunks of the [`memory`]
+//! arena, [`tar`] walks the members in place, [`engine`] groups them into
+//! samples and batches (shuffled) and sequences them into the [`queue`]s,
+//! and [`ffi`] hands them to C, C++ and Python. [`serve`] and [`synth`] are
+//! not on the data path: a file server and a shard generator for the CLI,
+//! the demo and the tests.
 
-#![deny(unsafe_op_in_unsafe_fn)]
-#![warn(clippy::undocumented_unsafe_blocks)]
-
-pub mod arena;
-pub mod batch;
-pub mod channel;
-pub mod config;
-pub mod dataset;
-pub mod error;
-pub mod ffi;
-pub mod http;
-pub mod io;
-pub mod loader;
-pub mod plan;
-pub mod resume;
-pub mod retry;
-pub mod ring;
-pub mod s3;
-pub mod sample;
-pub mod serve;
-mod shuffle;
-pub mod synth;
-pub mod tar;
-pub mod tls;
-pub mod topology;
-
-mod sync;
-mod worker;
+pub mod config; // the configuration keys, parsed and checked
+pub mod dataset; // URLs, braces and manifests → shards (and the resolver)
+pub mod engine; // the loader: start-up, workers, shuffler, sequencer, stats
+pub mod error; // the one error type and its kinds
+pub mod fetch; // the read backends: io_uring, threads, HTTP over both
+pub mod ffi; // the C ABI
+pub mod memory; // the arena, the chunk pool, batches
+pub mod net; // HTTP, TLS, retries, S3
+pub mod plan; // epoch plans, shuffle order, resume states (pure)
+pub mod queue; // the lock-free ring and the blocking channel
+pub mod serve; // a small HTTP file server (CLI `serve`, demo, tests)
+pub mod synth; // deterministic shard generator and checker (CLI `gen`, tests)
+pub mod tar; // the tar walk over chunks, header parsing, counting
+pub mod topology; // CPUs this process may use, worker pinning
 
 pub use config::Config;
+pub use engine::{Loader, Next, Stats};
 pub use error::{Error, Result};
-pub use loader::{Loader, Next, Stats};

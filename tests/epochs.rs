@@ -66,7 +66,7 @@ fn sample_of(key: &[u8]) -> (usize, u64) {
 
 /// One batch as (shard, index) pairs, each field checked against the
 /// generator's content.
-fn batch_samples(b: &ringfeed::batch::Batch) -> Vec<(usize, u64)> {
+fn batch_samples(b: &ringfeed::memory::Batch) -> Vec<(usize, u64)> {
     b.samples()
         .map(|s| {
             for (name, data) in s.fields() {

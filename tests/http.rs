@@ -7,7 +7,7 @@ mod support;
 
 use std::sync::atomic::Ordering;
 
-use ringfeed::http::FailKind;
+use ringfeed::net::http::FailKind;
 use ringfeed::synth::{self, GenOptions};
 use ringfeed::{Config, Error, Loader};
 use support::{Proxy, Server, stream};

@@ -1,6 +1,6 @@
-//! Model-checks the lock-free ring with loom: `src/ring.rs` is compiled here
+//! Model-checks the lock-free ring with loom: `src/queue/ring.rs` is compiled here
 //! against loom's atomics and cells (the `sync` module below has the shape of
-//! `src/sync.rs`), and loom runs every interleaving of the threads, within a
+//! `src/queue/sync.rs`), and loom runs every interleaving of the threads, within a
 //! preemption bound, checking that each value arrives exactly once, in order
 //! per producer, that nothing is lost when the ring is full, and that
 //! undelivered values are dropped with the ring.
@@ -16,7 +16,7 @@ mod sync {
 }
 
 #[allow(dead_code)]
-#[path = "../src/ring.rs"]
+#[path = "../src/queue/ring.rs"]
 mod ring;
 
 use loom::sync::Arc;

@@ -14,10 +14,10 @@ mod support;
 
 use support::stream;
 
-use ringfeed::io::NetOptions;
-use ringfeed::retry::Jitter;
-use ringfeed::s3::list::S3Client;
-use ringfeed::s3::{Env, S3Config};
+use ringfeed::fetch::NetOptions;
+use ringfeed::net::retry::Jitter;
+use ringfeed::net::s3::list::S3Client;
+use ringfeed::net::s3::{Env, S3Config};
 use ringfeed::synth::{self, GenOptions};
 use ringfeed::{Config, Error, Loader};
 

@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use ringfeed::s3::creds::{self, Provider, Source};
-use ringfeed::s3::{Env, S3Config};
+use ringfeed::net::s3::creds::{self, Provider, Source};
+use ringfeed::net::s3::{Env, S3Config};
 
 /// One request as the server saw it.
 #[derive(Debug, Clone)]

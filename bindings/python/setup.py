@@ -41,7 +41,7 @@ class BuildWithEngine(build_py):
                 "(pip install ./bindings/python) or set RINGFEED_BUILD_LIB=0 and RINGFEED_LIB"
             )
         cargo = os.environ.get("CARGO", "cargo")
-        subprocess.run([cargo, "build", "--release", "--lib", "--locked"], cwd=REPO, check=True)
+        subprocess.run([cargo, "build", "--release", "--lib", "-p", "ringfeed", "--locked"], cwd=REPO, check=True)
         target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
         if not target.is_absolute():
             target = REPO / target

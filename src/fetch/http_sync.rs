@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use rustls::pki_types::ServerName;
 
-use crate::http::{self, Fail, FailKind, HttpObject, MAX_HEAD};
-use crate::tls::TlsSetup;
+use crate::net::http::{self, Fail, FailKind, HttpObject, MAX_HEAD};
+use crate::net::tls::TlsSetup;
 
 /// A connection, plain or TLS (decrypted in user space by rustls).
 enum Stream {
@@ -226,7 +226,7 @@ impl HttpPool {
         if h.keep_alive {
             self.put_back(obj, s);
         }
-        crate::s3::error_code(&body)
+        crate::net::s3::error_code(&body)
     }
 
     /// The object's size, from a `HEAD` request, once.

@@ -31,6 +31,8 @@
 //! same code ([`ShuffleBuffer`], [`Delivery`]) on real samples, so the tests
 //! of this module are tests of the engine's order.
 
+pub mod resume;
+
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
@@ -845,7 +847,7 @@ pub fn delivered_by(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resume::{Round, State, fingerprint, start_from};
+    use crate::plan::resume::{Round, State, fingerprint, start_from};
     use proptest::prelude::*;
     use std::collections::HashMap;
 

@@ -21,8 +21,8 @@ use io_uring::{IoUring, opcode, squeue, types};
 
 use super::{Completion, NetOptions, ReadFail, ReadRequest};
 use crate::error::Error;
-use crate::http::{self, Fail, FailKind, HttpObject};
-use crate::retry::Jitter;
+use crate::net::http::{self, Fail, FailKind, HttpObject};
+use crate::net::retry::Jitter;
 
 /// Marks a `user_data` as belonging to the HTTP path (file reads use the
 /// worker's read ids, which are small).

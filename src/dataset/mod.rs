@@ -4,7 +4,7 @@
 //! shards by brace expansion (`shard-{000000..000127}.tar`, `{train,val}`), or
 //! a directory whose `.tar` files are taken in name order, an `http(s)://`
 //! URL (size from `HEAD`), an `s3://bucket/key` object or an
-//! `s3://bucket/prefix/` to list (see `crate::s3`), or a manifest
+//! `s3://bucket/prefix/` to list (see `crate::net::s3`), or a manifest
 //! (`*.manifest`, or the `manifest` key): one `URL [size [samples]]` per
 //! line, so a job starts without listing or `HEAD`s, and the plan knows each
 //! shard's sample count without reading it (`ringfeed index` writes one).
@@ -14,12 +14,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::http::{FailKind, HttpObject};
-use crate::io::http_sync::HttpPool;
-use crate::io::{NetOptions, with_retries};
-use crate::retry::Jitter;
-use crate::s3::list::{LIST_PAGE, S3Client, s3_error};
-use crate::s3::{Env, S3Config, S3Url};
+use crate::fetch::http_sync::HttpPool;
+use crate::fetch::{NetOptions, with_retries};
+use crate::net::http::{FailKind, HttpObject};
+use crate::net::retry::Jitter;
+use crate::net::s3::list::{LIST_PAGE, S3Client, s3_error};
+use crate::net::s3::{Env, S3Config, S3Url};
 
 /// Upper bound on what one URL may expand to; a typo such as
 /// `{0..99999999}` must fail fast, not allocate gigabytes of names.
@@ -340,7 +340,7 @@ fn http_shard(
     net: &NetOptions,
     jitter: &mut Jitter,
 ) -> Result<Shard> {
-    let parsed = crate::http::parse_url(url).map_err(|reason| Error::Url {
+    let parsed = crate::net::http::parse_url(url).map_err(|reason| Error::Url {
         url: url.to_string(),
         reason,
     })?;
@@ -377,10 +377,10 @@ fn resolve_host(
             let msg = format!("cannot resolve `{host}`: {e}");
             // std reports getaddrinfo's text; only EAI_AGAIN is worth a retry.
             if e.to_string().contains("Temporary failure") {
-                Err(crate::http::Fail::new(FailKind::Dns, msg))
+                Err(crate::net::http::Fail::new(FailKind::Dns, msg))
             } else {
                 permanent = Some(msg.clone());
-                Err(crate::http::Fail::new(FailKind::Client, msg))
+                Err(crate::net::http::Fail::new(FailKind::Client, msg))
             }
         }
     });

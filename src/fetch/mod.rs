@@ -18,8 +18,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::error::Error;
-use crate::http::{FailKind, HttpObject};
-use crate::retry::{Jitter, RetryPolicy};
+use crate::net::http::{FailKind, HttpObject};
+use crate::net::retry::{Jitter, RetryPolicy};
 
 /// Which backend runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,7 +101,7 @@ pub struct NetOptions {
     pub stall: Duration,
     pub retry: RetryPolicy,
     pub stats: Arc<NetStats>,
-    pub tls: Arc<crate::tls::TlsSetup>,
+    pub tls: Arc<crate::net::tls::TlsSetup>,
 }
 
 /// Runs `op` until it succeeds, fails with an error retrying cannot fix, or
@@ -111,7 +111,7 @@ pub fn with_retries<T>(
     net: &NetOptions,
     jitter: &mut Jitter,
     url: &str,
-    mut op: impl FnMut() -> Result<T, crate::http::Fail>,
+    mut op: impl FnMut() -> Result<T, crate::net::http::Fail>,
 ) -> Result<T, Error> {
     let mut attempt = 0;
     loop {
@@ -147,7 +147,7 @@ impl NetOptions {
                 ..RetryPolicy::default()
             },
             stats: Arc::new(NetStats::default()),
-            tls: Arc::new(crate::tls::TlsSetup::new(
+            tls: Arc::new(crate::net::tls::TlsSetup::new(
                 cfg.ca_bundle
                     .clone()
                     .or_else(|| std::env::var_os("AWS_CA_BUNDLE").map(Into::into)),

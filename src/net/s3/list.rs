@@ -13,9 +13,9 @@ use super::creds::Provider;
 use super::sign::SigV4Signer;
 use super::{Addressing, Env, S3Config, S3Url, encode_query, error_code, explain_code};
 use crate::error::{Error, Result};
-use crate::http::{Fail, FailKind, HttpObject, RequestSigner};
-use crate::io::{NetOptions, with_retries};
-use crate::retry::Jitter;
+use crate::fetch::{NetOptions, with_retries};
+use crate::net::http::{Fail, FailKind, HttpObject, RequestSigner};
+use crate::net::retry::Jitter;
 
 /// One page of a ListObjectsV2 answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,7 +104,7 @@ impl S3Client {
     /// in messages.
     pub fn object(&self, url: &S3Url) -> Result<HttpObject> {
         let http_url = self.addressing.object_url(&url.bucket, &url.key);
-        let p = crate::http::parse_url(&http_url).map_err(|reason| Error::Url {
+        let p = crate::net::http::parse_url(&http_url).map_err(|reason| Error::Url {
             url: url.display(),
             reason,
         })?;

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::http::FailKind;
+use crate::net::http::FailKind;
 
 #[derive(Debug, Clone, Copy)]
 pub struct RetryPolicy {

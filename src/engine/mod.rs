@@ -8,6 +8,9 @@
 //! batches at the end of each epoch, skips what a resume state says was
 //! delivered, and feeds the ring that `next` pops.
 
+mod shuffler;
+mod worker;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
@@ -16,19 +19,19 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::arena::{Arena, ArenaOptions, ChunkPool, NO_OWNER};
-use crate::batch::{Batch, BatchBuilder, ShardNames};
-use crate::channel::{Channel, RecvError};
 use crate::config::{AUTO_WORKERS, Config, IoBackend, Toggle};
 use crate::dataset::{self, Shard};
 use crate::error::{Error, Result};
-use crate::io::threads::ThreadReader;
-use crate::io::uring::{self, UringReader};
-use crate::io::{BackendKind, NetOptions, Reader};
+use crate::fetch::threads::ThreadReader;
+use crate::fetch::uring::{self, UringReader};
+use crate::fetch::{BackendKind, NetOptions, Reader};
+use crate::memory::{Arena, ArenaOptions, ChunkPool, NO_OWNER};
+use crate::memory::{Batch, BatchBuilder, ShardNames};
+use crate::plan::resume::{self, Round, Start, State};
 use crate::plan::{ConsumerPlan, Delivered, Delivery, PlanOptions, plan_epoch};
-use crate::resume::{self, Round, Start, State};
+use crate::queue::{Channel, RecvError};
 use crate::topology;
-use crate::worker::Worker;
+use worker::Worker;
 
 /// What the queues and the ring carry.
 pub(crate) enum Item {
@@ -685,7 +688,7 @@ impl Loader {
     }
 
     /// The resume state after the batches handed out so far: give it back as
-    /// `resume` (hex) to continue from here. See `crate::resume` for the rule.
+    /// `resume` (hex) to continue from here. See `crate::plan::resume` for the rule.
     pub fn state(&self) -> State {
         let sh = &self.shared;
         let p = sh

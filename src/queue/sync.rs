@@ -1,6 +1,6 @@
 //! The synchronization primitives the ring uses. `tests/ring_loom.rs`
 //! provides a module of the same shape over loom's types and compiles
-//! `src/ring.rs` against it, so the model checker runs the same code.
+//! `src/queue/ring.rs` against it, so the model checker runs the same code.
 
 pub(crate) use std::sync::atomic::{AtomicUsize, Ordering, fence};
 

@@ -3,7 +3,7 @@
 //! Threads park on a condition variable only when the ring is empty
 //! (consumers) or full (producers), so the fast path takes no lock.
 
-use crate::ring::Ring;
+use crate::queue::Ring;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering, fence};
 use std::sync::{Condvar, Mutex};
 use std::time::Instant;

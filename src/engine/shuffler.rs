@@ -11,10 +11,10 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::arena::ChunkRef;
-use crate::batch::{Held, NO_SOURCE};
+use crate::engine::Shared;
 use crate::error::{Error, Result};
-use crate::loader::Shared;
+use crate::memory::ChunkRef;
+use crate::memory::{Held, NO_SOURCE};
 use crate::plan::ShuffleBuffer;
 
 #[derive(Default, Clone, Copy)]

@@ -18,9 +18,7 @@ use ringfeed::serve::{ServeOptions, Server};
 use ringfeed::synth::{self, GenOptions};
 use ringfeed::{Loader, Next};
 
-mod cli {
-    pub mod inspect;
-}
+mod inspect;
 
 #[derive(Parser)]
 #[command(
@@ -213,11 +211,11 @@ fn main() -> ExitCode {
         Command::Gen(a) => gen_cmd(a),
         Command::Bench(a) => bench(a.urls, &a.opts, &a.report),
         Command::Serve(a) => serve_cmd(a),
-        Command::Ls(a) => cli::inspect::ls(a.urls, a.samples, a.json, &a.opts),
-        Command::Index(a) => cli::inspect::index(a.urls, a.output.as_deref(), &a.opts),
-        Command::Cat(a) => cli::inspect::cat(
+        Command::Ls(a) => inspect::ls(a.urls, a.samples, a.json, &a.opts),
+        Command::Index(a) => inspect::index(a.urls, a.output.as_deref(), &a.opts),
+        Command::Cat(a) => inspect::cat(
             a.urls,
-            &cli::inspect::CatArgs {
+            &inspect::CatArgs {
                 key: a.key,
                 field: a.field,
                 limit: a.limit,

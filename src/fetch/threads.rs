@@ -7,7 +7,7 @@ use std::io;
 
 use super::http_sync::HttpPool;
 use super::{Completion, NetOptions, ReadFail, ReadRequest, Reader, Target, fetch_retrying};
-use crate::retry::Jitter;
+use crate::net::retry::Jitter;
 
 pub struct ThreadReader {
     queued: VecDeque<ReadRequest>,

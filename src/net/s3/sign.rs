@@ -14,7 +14,7 @@ use aws_sigv4::http_request::{
 use aws_smithy_runtime_api::client::identity::Identity;
 
 use super::creds::Provider;
-use crate::http::{Fail, FailKind, HttpObject, RequestSigner};
+use crate::net::http::{Fail, FailKind, HttpObject, RequestSigner};
 
 /// Signs S3 requests with the provider's current credentials.
 #[derive(Debug)]
@@ -108,8 +108,8 @@ impl RequestSigner for SigV4Signer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::s3::creds::{Credentials, Source};
-    use crate::s3::{Env, S3Config};
+    use crate::net::s3::creds::{Credentials, Source};
+    use crate::net::s3::{Env, S3Config};
 
     fn signer(token: Option<&str>) -> SigV4Signer {
         let c = Credentials::new(
@@ -166,7 +166,7 @@ mod tests {
         let obj = HttpObject::new("http://127.0.0.1:9000/b/k%20x.tar", vec![])
             .unwrap()
             .with_signer(Arc::new(signer(None)));
-        let req = String::from_utf8(crate::http::range_request(&obj, 0, 10).unwrap()).unwrap();
+        let req = String::from_utf8(crate::net::http::range_request(&obj, 0, 10).unwrap()).unwrap();
         assert!(req.starts_with("GET /b/k%20x.tar HTTP/1.1\r\n"), "{req}");
         assert!(
             req.contains("\r\nauthorization: AWS4-HMAC-SHA256 "),

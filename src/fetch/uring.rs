@@ -28,7 +28,7 @@ pub struct UringReader {
     tls_queued: std::collections::VecDeque<ReadRequest>,
     tls_pool: super::http_sync::HttpPool,
     net: NetOptions,
-    jitter: crate::retry::Jitter,
+    jitter: crate::net::retry::Jitter,
 }
 
 /// Creates a ring with `entries` slots, with the best flags the kernel takes.
@@ -97,7 +97,7 @@ impl UringReader {
             tls_queued: Default::default(),
             tls_pool: super::http_sync::HttpPool::new(net.stall, std::sync::Arc::clone(&net.tls)),
             net,
-            jitter: crate::retry::Jitter::new(seed ^ 0x7f4a_7c15),
+            jitter: crate::net::retry::Jitter::new(seed ^ 0x7f4a_7c15),
         })
     }
 }

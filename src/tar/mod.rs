@@ -19,13 +19,16 @@
 //! reading the shard; sharing the walk keeps its verdicts (counts, errors and
 //! their offsets) those of the worker's streaming walk.
 
+pub mod sample;
+
+pub use sample::split_name;
+
 use std::fs::File;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use crate::error::{Error, TarError};
-use crate::sample::split_name;
 
 /// Tar block size: headers and member data are padded to it.
 pub const BLOCK: u64 = 512;
@@ -538,7 +541,7 @@ impl MemberSink for SampleCounter {
 }
 
 /// Samples in a tar shard, counted by reading only its headers (and GNU long-name / pax records):
-/// consecutive members with the same key (crate::sample::split_name) form one sample, exactly as
+/// consecutive members with the same key (crate::tar::split_name) form one sample, exactly as
 /// the worker groups them; members without a field part are not samples; non-regular entries skipped.
 ///
 /// `read_at(offset, buf)` fills `buf` from the shard's byte `offset` or fails;

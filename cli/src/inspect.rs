@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use ringfeed::config::Config;
-use ringfeed::io::NetOptions;
+use ringfeed::fetch::NetOptions;
 use ringfeed::{Loader, Next};
 
 use crate::{AnyResult, LoaderArgs, config_for};

@@ -16,7 +16,7 @@
 use std::ffi::c_char;
 use std::sync::Arc;
 
-use crate::arena::{ChunkPool, ChunkRef};
+use crate::memory::{ChunkPool, ChunkRef};
 
 /// One field of a sample, as C sees it.
 #[repr(C)]
@@ -581,7 +581,7 @@ impl<'a> SampleView<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::arena::{Arena, ArenaOptions, MemoryKind};
+    use crate::memory::{Arena, ArenaOptions, MemoryKind};
 
     #[test]
     fn held_samples_keep_names_and_fields_in_place_or_spilled() {
@@ -614,7 +614,7 @@ mod tests {
             let mut builder = BatchBuilder::new(1);
             builder.push_held(h);
             let shards: ShardNames = vec!["s0.tar".into()].into();
-            let batch = builder.finish(&pool, &shards, 0, 0, crate::arena::NO_OWNER);
+            let batch = builder.finish(&pool, &shards, 0, 0, crate::memory::NO_OWNER);
             assert_eq!(batch.source(0), Some("s0.tar"));
             assert_eq!(batch.source(1), None);
             let s = batch.samples().next().unwrap();

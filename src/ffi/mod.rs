@@ -19,9 +19,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
-use crate::batch::{Batch, RawField, RawSample};
+use crate::engine::{Loader, Next};
 use crate::error::Error;
-use crate::loader::{Loader, Next};
+use crate::memory::{Batch, RawField, RawSample};
 
 /// Success; for `ringfeed_loader_next`, a batch was written.
 pub const RINGFEED_OK: i32 = 0;
@@ -198,7 +198,7 @@ impl From<Error> for Fail {
             Error::IoUring(_) => RINGFEED_ERR_IO_URING,
             Error::Closed => RINGFEED_ERR_CLOSED,
             Error::Http { kind, .. }
-                if !kind.retryable() && *kind != crate::http::FailKind::Protocol =>
+                if !kind.retryable() && *kind != crate::net::http::FailKind::Protocol =>
             {
                 RINGFEED_ERR_DATASET
             }
@@ -777,7 +777,7 @@ pub extern "C" fn ringfeed_version() -> *const c_char {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::FailKind;
+    use crate::net::http::FailKind;
 
     #[test]
     fn s3_errors_map_to_dataset_network_and_config() {

@@ -15,16 +15,16 @@
 //! `head` and `tail` sit on their own cache lines; only the thread that wins
 //! the compare-exchange of a position touches the slot's value.
 //!
-//! `crate::channel::Channel` adds blocking with time-outs on top.
+//! `crate::queue::Channel` adds blocking with time-outs on top.
 //!
-//! This file has no other dependency than `crate::sync`, so
+//! This file has no other dependency than `super::sync`, so
 //! `tests/ring_loom.rs` compiles it against loom's atomics and explores the
 //! interleavings of pushes and pops.
 
 use crossbeam_utils::CachePadded;
 use std::mem::MaybeUninit;
 
-use crate::sync::{AtomicUsize, Ordering, UnsafeCell, spin};
+use super::sync::{AtomicUsize, Ordering, UnsafeCell, spin};
 
 struct Slot<T> {
     /// Turn of this slot, in positions (see the module comment).
@@ -118,7 +118,7 @@ impl<T> Ring<T> {
             } else if stamp.wrapping_add(self.lap) == tail + 1 {
                 // The slot still holds last lap's value: full, unless a
                 // consumer has moved head since.
-                crate::sync::fence(Ordering::SeqCst);
+                super::sync::fence(Ordering::SeqCst);
                 // Relaxed: ordered by the SeqCst fence above.
                 let head = self.head.load(Ordering::Relaxed);
                 if head.wrapping_add(self.lap) == tail {
@@ -167,7 +167,7 @@ impl<T> Ring<T> {
                 }
             } else if stamp == head {
                 // Empty slot: empty ring, unless a producer moved tail since.
-                crate::sync::fence(Ordering::SeqCst);
+                super::sync::fence(Ordering::SeqCst);
                 // Relaxed: ordered by the SeqCst fence above.
                 let tail = self.tail.load(Ordering::Relaxed);
                 if tail == head {

@@ -17,15 +17,15 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use crate::arena::ChunkRef;
-use crate::batch::{BatchBuilder, Held, NO_SOURCE};
 use crate::dataset::{Shard, Source};
+use crate::engine::shuffler::Shuffler;
+use crate::engine::{Item, Shared};
 use crate::error::{Error, Result};
-use crate::io::{Completion, ReadFail, ReadRequest, Reader, Target};
-use crate::loader::{Item, Shared};
+use crate::fetch::{Completion, ReadFail, ReadRequest, Reader, Target};
+use crate::memory::ChunkRef;
+use crate::memory::{BatchBuilder, Held, NO_SOURCE};
 use crate::plan::{Segment, ShuffleBuffer};
-use crate::sample::split_name;
-use crate::shuffle::Shuffler;
+use crate::tar::split_name;
 use crate::tar::{MemberSink, TarWalk};
 
 /// Chunks of a worker's quota that read-ahead leaves alone: one for a spill

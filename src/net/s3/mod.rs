@@ -1,6 +1,6 @@
 //! S3: the control plane and the signing of the data plane.
 //!
-//! An `s3://bucket/key` URL becomes an [`HttpObject`](crate::http::HttpObject)
+//! An `s3://bucket/key` URL becomes an [`HttpObject`](crate::net::http::HttpObject)
 //! on the endpoint (path-style `http://endpoint/bucket/key` or virtual-hosted
 //! `https://bucket.s3.REGION.amazonaws.com/key`), read with the same ranged
 //! GETs as any HTTP shard; each request is signed by [`sign::SigV4Signer`]
@@ -163,7 +163,8 @@ impl Addressing {
             .or_else(|| creds::profile_value(env, &creds::profile_name(cfg, env), "endpoint_url"))
             .map(|e| e.trim_end_matches('/').to_string());
         if let Some(e) = &endpoint {
-            let p = crate::http::parse_url(e).map_err(|why| format!("S3 endpoint `{e}`: {why}"))?;
+            let p = crate::net::http::parse_url(e)
+                .map_err(|why| format!("S3 endpoint `{e}`: {why}"))?;
             if p.target != "/" {
                 return Err(format!(
                     "S3 endpoint `{e}`: give only scheme, host and port, no path"
