@@ -78,7 +78,8 @@
 // The loader was closed while the call waited.
 #define RINGFEED_ERR_CLOSED -9
 
-// An internal error (a Rust panic) was caught at the boundary.
+// An internal error: a Rust panic caught at the boundary or in an engine
+// thread, or a thread that could not be started.
 #define RINGFEED_ERR_PANIC -10
 
 // io_uring was required by the configuration but is not available.

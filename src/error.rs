@@ -88,6 +88,11 @@ pub enum Error {
     /// sample count is wrong, or the shard changed).
     #[error("shard `{shard}`: {message}")]
     Plan { shard: String, message: String },
+    /// A fault inside ringfeed, not caused by the input: a worker or the
+    /// sequencer panicked, a thread could not be started, or an invariant
+    /// broke. Maps to `RINGFEED_ERR_PANIC`.
+    #[error("internal error: {0}")]
+    Internal(String),
     /// The loader was closed while the call was in progress.
     #[error("the loader is closed")]
     Closed,

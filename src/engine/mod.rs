@@ -223,8 +223,8 @@ impl Shared {
                     && epoch == self.start.epoch
                     && b.raw_samples().iter().any(|s| s.field_count == 0)
                 {
-                    return Err(Error::Memory(
-                        "internal error: a replayed placeholder came after the resume point".into(),
+                    return Err(Error::Internal(
+                        "a replayed placeholder came after the resume point".into(),
                     ));
                 }
                 self.push(Item::Batch(b))
@@ -240,8 +240,8 @@ impl Shared {
                         order.ended(s);
                     }
                     Ok(Item::EndOfEpoch(_)) => {
-                        return Err(Error::Memory(
-                            "internal error: a worker sent an end-of-epoch marker".into(),
+                        return Err(Error::Internal(
+                            "a worker sent an end-of-epoch marker".into(),
                         ));
                     }
                     Err(_) => return Err(Error::Closed),
@@ -577,7 +577,7 @@ impl Loader {
                 Ok(Ok(None)) => {}
                 Ok(Err(e)) => startup_error = startup_error.or(Some(e)),
                 Err(_) => {
-                    startup_error = startup_error.or(Some(Error::Memory(
+                    startup_error = startup_error.or(Some(Error::Internal(
                         "a worker thread died while starting".into(),
                     )))
                 }
@@ -656,9 +656,7 @@ impl Loader {
                 }
                 Ok(Next::EndOfEpoch(e))
             }
-            Ok(Item::Tail(_)) => Err(Error::Memory(
-                "internal error: a stream's tail reached the ring".into(),
-            )),
+            Ok(Item::Tail(_)) => Err(Error::Internal("a stream's tail reached the ring".into())),
             Err(RecvError::Timeout) => Ok(Next::Timeout),
             Err(RecvError::Closed) => match sh.failure() {
                 Some(e) => Err(e),
@@ -796,7 +794,7 @@ fn keep_started(
             for t in threads.drain(..) {
                 let _ = t.join();
             }
-            Err(Error::Memory(format!("cannot start {}: {e}", what())))
+            Err(Error::Internal(format!("cannot start {}: {e}", what())))
         }
     }
 }
@@ -897,8 +895,8 @@ fn worker_main(
         Ok(Err(Error::Closed)) if shared.stopping() => {}
         Ok(Err(e)) => shared.fail(e),
         Err(panic) => {
-            shared.fail(Error::Memory(format!(
-                "internal error: a worker panicked: {}",
+            shared.fail(Error::Internal(format!(
+                "a worker panicked: {}",
                 panic_message(&*panic)
             )));
         }
@@ -922,8 +920,8 @@ fn sequencer_main(shared: Arc<Shared>) {
         // Stopped by close or by a worker's failure (already recorded).
         Ok(Err(Error::Closed)) if shared.stopping() => {}
         Ok(Err(e)) => shared.fail(e),
-        Err(panic) => shared.fail(Error::Memory(format!(
-            "internal error: the sequencer panicked: {}",
+        Err(panic) => shared.fail(Error::Internal(format!(
+            "the sequencer panicked: {}",
             panic_message(&*panic)
         ))),
     }

@@ -51,7 +51,8 @@ pub const RINGFEED_ERR_MEMORY: i32 = -7;
 pub const RINGFEED_ERR_BUFFER_TOO_SMALL: i32 = -8;
 /// The loader was closed while the call waited.
 pub const RINGFEED_ERR_CLOSED: i32 = -9;
-/// An internal error (a Rust panic) was caught at the boundary.
+/// An internal error: a Rust panic caught at the boundary or in an engine
+/// thread, or a thread that could not be started.
 pub const RINGFEED_ERR_PANIC: i32 = -10;
 /// io_uring was required by the configuration but is not available.
 pub const RINGFEED_ERR_IO_URING: i32 = -11;
@@ -197,6 +198,7 @@ impl From<Error> for Fail {
             Error::Memory(_) | Error::BudgetTooSmall { .. } => RINGFEED_ERR_MEMORY,
             Error::IoUring(_) => RINGFEED_ERR_IO_URING,
             Error::Closed => RINGFEED_ERR_CLOSED,
+            Error::Internal(_) => RINGFEED_ERR_PANIC,
             Error::Http { kind, .. }
                 if !kind.retryable() && *kind != crate::net::http::FailKind::Protocol =>
             {
