@@ -9,11 +9,12 @@
 //! fresh chunk (counted as copied bytes), which lets the sparse chunks go
 //! back to the pool. The order does not change: only where bytes live.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use crate::engine::Shared;
+use crate::engine::stats::Counters;
 use crate::error::{Error, Result};
-use crate::memory::ChunkRef;
+use crate::memory::{ChunkPool, ChunkRef};
 use crate::memory::{Held, NO_SOURCE};
 use crate::plan::ShuffleBuffer;
 
@@ -52,6 +53,9 @@ pub(crate) struct Shuffler {
     stream: usize,
     /// Where compaction copies to, and the bytes used in it.
     target: Option<(ChunkRef, usize)>,
+    pool: Arc<ChunkPool>,
+    /// Where compaction counts what it copies (`shuffle_copied`).
+    counters: Arc<Counters>,
 }
 
 impl Shuffler {
@@ -59,17 +63,20 @@ impl Shuffler {
         buf: ShuffleBuffer<Held>,
         limit: usize,
         stream: usize,
-        chunk_count: usize,
+        pool: Arc<ChunkPool>,
+        counters: Arc<Counters>,
     ) -> Self {
         Shuffler {
             buf,
-            pins: vec![Pin::default(); chunk_count],
+            pins: vec![Pin::default(); pool.chunk_count()],
             runs_of: Vec::new(),
             pinned_chunks: 0,
             bytes: 0,
             limit: limit.max(1),
             stream,
             target: None,
+            pool,
+            counters,
         }
     }
 
@@ -100,8 +107,8 @@ impl Shuffler {
     }
 
     /// Puts a sample in; may give one out.
-    pub(crate) fn push(&mut self, h: Held, sh: &Shared) -> Result<Option<Held>> {
-        let cs = sh.pool.chunk_size();
+    pub(crate) fn push(&mut self, h: Held) -> Result<Option<Held>> {
+        let cs = self.pool.chunk_size();
         self.pin(&h, cs);
         self.runs_of.push(run_of(&h));
         let out = self.buf.push(h);
@@ -110,18 +117,18 @@ impl Shuffler {
             self.unpin(o);
         }
         if self.pinned_chunks > self.limit {
-            self.compact(sh)?;
+            self.compact()?;
         }
         // Packed tight, the buffer's samples would still pass the limit.
         if self.bytes.div_ceil(cs as u64) as usize > self.limit {
-            return Err(self.too_big(sh));
+            return Err(self.too_big());
         }
         Ok(out)
     }
 
-    fn too_big(&self, sh: &Shared) -> Error {
+    fn too_big(&self) -> Error {
         Error::BudgetTooSmall {
-            budget: sh.pool.arena().len() as u64,
+            budget: self.pool.arena().len() as u64,
             detail: format!(
                 "the shuffle buffer of worker {} holds {} samples ({} bytes) in {} chunks of {} bytes, \
                  and may pin {} of the {} a worker holds: lower `shuffle_buffer` or raise \
@@ -130,9 +137,9 @@ impl Shuffler {
                 self.buf.len(),
                 self.bytes,
                 self.pinned_chunks,
-                sh.pool.chunk_size(),
+                self.pool.chunk_size(),
                 self.limit,
-                sh.pool.quota()
+                self.pool.quota()
             ),
         }
     }
@@ -152,8 +159,8 @@ impl Shuffler {
 
     /// Copies the survivors of the sparsest runs into dense chunks until the
     /// buffer pins less than its limit, or no run is at most 3/4 full.
-    fn compact(&mut self, sh: &Shared) -> Result<()> {
-        let cs = sh.pool.chunk_size();
+    fn compact(&mut self) -> Result<()> {
+        let cs = self.pool.chunk_size();
         let target_run = self.target.as_ref().map(|(t, _)| t.index());
         let mut runs: Vec<(u32, Pin)> = self
             .pins
@@ -189,7 +196,7 @@ impl Shuffler {
             // Every run is at least 3/4 full: the buffer's own bytes pass
             // the limit, which compaction cannot fix.
             if self.pinned_chunks > self.limit {
-                return Err(self.too_big(sh));
+                return Err(self.too_big());
             }
             return Ok(());
         }
@@ -215,7 +222,7 @@ impl Shuffler {
             if !room {
                 // Never wait here: the chunks this would wait for may be
                 // the ones this buffer pins. Compact again on a later push.
-                match sh.pool.acquire_as(self.stream, 1, false)? {
+                match self.pool.acquire_as(self.stream, 1, false)? {
                     Some(run) => self.target = Some((run, 0)),
                     None => break,
                 }
@@ -240,8 +247,9 @@ impl Shuffler {
             self.buf.items_mut()[i] = held;
             copied += bytes;
         }
-        sh.pool.add_copied(copied);
-        sh.counters
+        self.pool.add_copied(copied);
+        // Relaxed: a statistic.
+        self.counters
             .shuffle_copied
             .fetch_add(copied, Ordering::Relaxed);
         Ok(())

@@ -436,7 +436,7 @@ pub unsafe extern "C" fn ringfeed_loader_stats(
             epoch: s.epoch,
             consumers: s.consumers,
             consumer: s.consumer,
-            workers: s.workers as u32,
+            workers: s.workers,
             memory_kind: match s.memory_kind {
                 "hugetlb" => RINGFEED_MEMORY_HUGETLB,
                 "thp" => RINGFEED_MEMORY_THP,

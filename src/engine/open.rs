@@ -1,0 +1,364 @@
+//! Start-up: resolves the dataset, makes the epoch plan's options and the
+//! resume point, sets up the arena and the chunk pool, probes io_uring and
+//! fixed buffers, and starts the worker and sequencer threads.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex, mpsc};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use crate::config::{AUTO_WORKERS, Config, IoBackend, Toggle};
+use crate::dataset::{self, Shard};
+use crate::engine::Loader;
+use crate::engine::shared::{Progress, Shared};
+use crate::engine::stats::Counters;
+use crate::engine::threads::{sequencer_main, worker_main};
+use crate::error::{Error, Result};
+use crate::fetch::uring::{self, UringReader};
+use crate::fetch::{BackendKind, NetOptions};
+use crate::memory::{Arena, ArenaOptions, ChunkPool};
+use crate::plan::resume::{self, Start, State};
+use crate::plan::{Delivered, PlanOptions, plan_epoch};
+use crate::queue::Channel;
+use crate::topology;
+
+/// Fixed facts of a loader, decided at open.
+#[derive(Debug, Clone)]
+pub(super) struct Setup {
+    pub(super) backend: BackendKind,
+    pub(super) uring_flags: &'static str,
+    pub(super) registered: bool,
+    pub(super) workers: usize,
+    pub(super) cpus: Vec<usize>,
+    pub(super) notes: Vec<String>,
+}
+
+/// Most buffers io_uring registers in one table (IORING_MAX_REG_BUFFERS).
+const MAX_REGISTERED: usize = 1 << 14;
+
+impl Loader {
+    /// Opens a loader from a JSON configuration.
+    pub fn open_json(json: &str) -> Result<Loader> {
+        Loader::open(Config::from_json(json)?)
+    }
+
+    /// Resolves the dataset, sets up memory and I/O, and starts the workers.
+    pub fn open(cfg: Config) -> Result<Loader> {
+        let started = Instant::now();
+        cfg.validate()?;
+        let net = NetOptions::for_config(&cfg);
+        let shards = dataset::resolve_config(&cfg, &net)?;
+        if shards.is_empty() {
+            return Err(Error::config("`urls` names no shard"));
+        }
+        let allowed = topology::allowed_cpus();
+        let workers = match cfg.workers {
+            0 => AUTO_WORKERS.min(shards.len()),
+            n => n,
+        };
+        let (plan_opts, counts, start, base_delivered, replay, fingerprint) =
+            plan_setup(&cfg, &shards, workers)?;
+        let chunk = cfg.chunk_size as usize;
+        let budget = cfg.effective_budget(workers);
+        let chunks = (budget / cfg.chunk_size) as usize;
+        let need = 2 * workers + 2;
+        if chunks < need {
+            return Err(Error::config(format!(
+                "`memory_budget` of {} bytes holds {chunks} chunks of {chunk} bytes; {workers} workers \
+                 need at least {need}: raise `memory_budget`, lower `chunk_size` or `workers`",
+                budget
+            )));
+        }
+        // Slack of 1/16 chunk on each side: it absorbs the smaller piece of any
+        // member up to 1/8 of a chunk (1 MiB at 8 MiB chunks) without a spill.
+        let slack = (chunk / 16) & !4095;
+        let data_len = chunk - 2 * slack;
+        let arena = Arena::new(
+            chunks * chunk,
+            ArenaOptions {
+                kind: cfg.memory_kind,
+                lock: cfg.lock_memory.required(),
+                prefault: true,
+                shared: cfg.shared_arena,
+            },
+        )?;
+        let mut notes = arena.report().notes.clone();
+        let pool = ChunkPool::new(arena, chunk);
+        // Per worker: its first read and a spill run.
+        pool.set_reserve(2 * workers);
+        // Each worker (plan stream) its share, so none waits on another's.
+        pool.set_owners(workers, chunks / workers);
+
+        let (backend, uring_flags) = match cfg.io_backend {
+            IoBackend::Threads => (BackendKind::Threads, ""),
+            want => match uring::probe() {
+                Ok(setup) => (BackendKind::IoUring, setup.flags),
+                Err(e) if want == IoBackend::IoUring => {
+                    return Err(Error::IoUring(format!(
+                        "cannot set up a ring ({e}); `io_backend` is \"io_uring\": use \"auto\" or \"threads\""
+                    )));
+                }
+                Err(e) => {
+                    notes.push(format!("io_uring unavailable ({e}): thread backend"));
+                    (BackendKind::Threads, "")
+                }
+            },
+        };
+        let iovecs: Vec<libc::iovec> = (0..pool.chunk_count())
+            .map(|i| libc::iovec {
+                // SAFETY: i < chunk_count, inside the arena.
+                iov_base: unsafe { pool.arena().base().add(i * chunk) }.cast(),
+                iov_len: chunk,
+            })
+            .collect();
+        if backend == BackendKind::Threads && cfg.register_buffers == Toggle::On {
+            return Err(Error::IoUring(
+                "`register_buffers` is \"on\" but the thread backend runs (io_uring is off or unavailable); \
+                 fixed buffers need io_uring: set it to \"auto\""
+                    .into(),
+            ));
+        }
+        let registered = backend == BackendKind::IoUring
+            && register_probe(&iovecs, cfg.register_buffers, &net, &mut notes)?;
+
+        let cpus = if cfg.pin_cpus {
+            // The engines of one rank's loader workers (each a process)
+            // start at different CPUs instead of all at the first.
+            topology::worker_cpus(
+                workers,
+                (cfg.loader_worker as usize).wrapping_mul(workers),
+                &allowed,
+            )
+        } else {
+            Vec::new()
+        };
+        // A stream's queue holds `prefetch_batches` too: the sequencer takes
+        // the streams in turn, so each needs room to run ahead while
+        // another is behind (descheduled, or at a shard boundary). With a
+        // queue of 2 per stream, 4 workers on 2 cores delivered 6.3-6.5
+        // GB/s of page-cache shards; with 8, 7.4-7.9 (dev machine). What the
+        // queues hold counts against each worker's chunk quota.
+        let per_stream = cfg.prefetch_batches.max(2);
+        let shared = Arc::new(Shared {
+            shard_names: shards.iter().map(|s| s.name.as_str().into()).collect(),
+            shards,
+            pool,
+            channel: Channel::new(cfg.prefetch_batches),
+            streams: (0..workers).map(|_| Channel::new(per_stream)).collect(),
+            counters: Arc::new(Counters::default()),
+            plan_opts,
+            counts,
+            progress: Mutex::new(Progress {
+                epoch: start.epoch,
+                batches: start.skip_batches,
+                samples: start.skip_samples,
+                history: start.history.clone(),
+            }),
+            start,
+            base_delivered,
+            replay,
+            plans: Mutex::new(HashMap::new()),
+            fingerprint,
+            slack,
+            data_len,
+            net,
+            batch_index: AtomicU64::new(0),
+            delivered: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+            failure: Mutex::new(None),
+            started,
+            cfg,
+        });
+
+        let iovecs = Arc::new(Iovecs(iovecs));
+        let (ready_tx, ready_rx) = mpsc::channel::<std::result::Result<Option<String>, Error>>();
+        let mut threads = Vec::with_capacity(workers);
+        for id in 0..workers {
+            let worker_shared = Arc::clone(&shared);
+            let cpu = cpus.get(id).copied();
+            let ready = ready_tx.clone();
+            let iovecs = Arc::clone(&iovecs);
+            let spawned = std::thread::Builder::new()
+                .name(format!("ringfeed-w{id}"))
+                .spawn(move || {
+                    worker_main(worker_shared, id, cpu, backend, registered, &iovecs, ready)
+                });
+            keep_started(spawned, &mut threads, &shared, || {
+                format!("worker thread {id}")
+            })?;
+        }
+        drop(ready_tx);
+        let seq_shared = Arc::clone(&shared);
+        let spawned = std::thread::Builder::new()
+            .name("ringfeed-seq".into())
+            .spawn(move || sequencer_main(seq_shared));
+        keep_started(spawned, &mut threads, &shared, || {
+            "the sequencer thread".into()
+        })?;
+        let mut startup_error = None;
+        for _ in 0..workers {
+            match ready_rx.recv() {
+                Ok(Ok(Some(note))) => notes.push(note),
+                Ok(Ok(None)) => {}
+                Ok(Err(e)) => startup_error = startup_error.or(Some(e)),
+                Err(_) => {
+                    startup_error = startup_error.or(Some(Error::Internal(
+                        "a worker thread died while starting".into(),
+                    )))
+                }
+            }
+        }
+        notes.sort();
+        notes.dedup();
+        let loader = Loader {
+            shared,
+            setup: Setup {
+                backend,
+                uring_flags,
+                registered,
+                workers,
+                cpus,
+                notes,
+            },
+            threads: Mutex::new(threads),
+            closed: AtomicBool::new(false),
+        };
+        if let Some(e) = startup_error {
+            loader.close();
+            return Err(e);
+        }
+        Ok(loader)
+    }
+}
+
+/// Keeps a started thread, or stops and joins those started before and
+/// names the one that failed.
+fn keep_started(
+    spawned: std::io::Result<JoinHandle<()>>,
+    threads: &mut Vec<JoinHandle<()>>,
+    shared: &Shared,
+    what: impl FnOnce() -> String,
+) -> Result<()> {
+    match spawned {
+        Ok(t) => {
+            threads.push(t);
+            Ok(())
+        }
+        Err(e) => {
+            shared.stop_all();
+            for t in threads.drain(..) {
+                let _ = t.join();
+            }
+            Err(Error::Internal(format!("cannot start {}: {e}", what())))
+        }
+    }
+}
+
+/// Registers the chunks on a probe ring to learn whether workers may; the
+/// answer depends on RLIMIT_MEMLOCK / CAP_IPC_LOCK, not on the ring.
+fn register_probe(
+    iovecs: &[libc::iovec],
+    want: Toggle,
+    net: &NetOptions,
+    notes: &mut Vec<String>,
+) -> Result<bool> {
+    if want == Toggle::Off {
+        return Ok(false);
+    }
+    let why = if iovecs.len() > MAX_REGISTERED {
+        format!(
+            "{} chunks exceed io_uring's {MAX_REGISTERED} fixed buffers",
+            iovecs.len()
+        )
+    } else {
+        // SAFETY: the iovecs point into the arena, which outlives the probe reader.
+        match unsafe { UringReader::new(8, Some(iovecs), net.clone(), 0) } {
+            Ok(_) => return Ok(true),
+            Err(e) => format!("register_buffers refused ({e})"),
+        }
+    };
+    if want == Toggle::On {
+        return Err(Error::IoUring(format!(
+            "{why}; `register_buffers` is \"on\": raise `ulimit -l` or set it to \"auto\""
+        )));
+    }
+    notes.push(format!("{why}: plain reads into unregistered chunks"));
+    Ok(false)
+}
+
+/// The chunks as io_uring buffer descriptors.
+pub(super) struct Iovecs(pub(super) Vec<libc::iovec>);
+
+// SAFETY: the iovecs only describe arena memory; they are read, never written,
+// and the arena itself is Send + Sync.
+unsafe impl Send for Iovecs {}
+// SAFETY: as above.
+unsafe impl Sync for Iovecs {}
+
+type Replay = Vec<Vec<Vec<u64>>>;
+type PlanSetup = (
+    PlanOptions,
+    Vec<Option<u64>>,
+    Start,
+    Option<Delivered>,
+    Option<Replay>,
+    u64,
+);
+
+/// The plan's options, each shard's count where known (local shards are
+/// counted from their headers when the plan needs counts), where to start
+/// (from the resume states), and the dataset's fingerprint.
+fn plan_setup(cfg: &Config, shards: &[Shard], workers: usize) -> Result<PlanSetup> {
+    let opts = cfg.plan_options(workers);
+    let ids: Vec<(&str, u64)> = shards.iter().map(|s| (s.name.as_str(), s.size)).collect();
+    let fingerprint = resume::fingerprint(&ids, &opts);
+    let states = cfg
+        .resume
+        .iter()
+        .map(|h| State::from_hex(h))
+        .collect::<Result<Vec<_>>>()?;
+    let mut start = resume::start_from(&states, fingerprint, &opts)?;
+    if states.is_empty() {
+        start.epoch = cfg.epoch;
+    }
+    let mut counts: Vec<Option<u64>> = shards.iter().map(|s| s.samples).collect();
+    if opts.needs_counts() || start.needs_counts() || start.skip_batches > 0 {
+        for (c, s) in counts.iter_mut().zip(shards) {
+            if c.is_none()
+                && let crate::dataset::Source::File(path) = &s.source
+            {
+                *c = Some(crate::tar::count_file_samples(path)?);
+            }
+        }
+    }
+    let base = if start.needs_counts() {
+        let known: Option<Vec<u64>> = counts.iter().copied().collect();
+        match known {
+            Some(k) => start.delivered(&opts, &k)?,
+            None => {
+                let missing = counts.iter().filter(|c| c.is_none()).count();
+                return Err(Error::config(format!(
+                    "resuming on another layout needs every shard's sample count and {missing} \
+                     of {} shards have none: list them in a manifest with their counts \
+                     (`ringfeed index URL... -o set.manifest`)",
+                    counts.len()
+                )));
+            }
+        }
+    } else {
+        None
+    };
+    // Surface plan errors (missing counts, bad layout) at open.
+    let plan = plan_epoch(&opts, &counts, start.epoch, base.as_ref())?;
+    // A resume with every count known replays the cut's batches without
+    // reading them; with unknown counts it reads and skips them.
+    let known: Option<Vec<u64>> = counts.iter().copied().collect();
+    let replay = match known {
+        Some(k) if start.skip_batches > 0 => {
+            Some(crate::plan::replayed(&opts, &k, &plan, start.skip_batches))
+        }
+        _ => None,
+    };
+    Ok((opts, counts, start, base, replay, fingerprint))
+}

@@ -1,0 +1,176 @@
+//! What a loader's threads share: the configuration and shards, the chunk
+//! pool, the queues (one per plan stream, from its worker to the sequencer,
+//! and the ring to consumers), the counters, the plans per epoch, where the
+//! consumer stands (for resume states), and the stop flag with the first
+//! failure. Lower parts (the worker, the shuffler) take only what they need
+//! from it; nothing here knows about threads or I/O backends.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use crate::config::Config;
+use crate::dataset::Shard;
+use crate::engine::stats::Counters;
+use crate::error::{Error, Result};
+use crate::fetch::NetOptions;
+use crate::memory::{Batch, BatchBuilder, ChunkPool, ShardNames};
+use crate::plan::resume::{Round, Start};
+use crate::plan::{ConsumerPlan, Delivered, PlanOptions, plan_epoch};
+use crate::queue::Channel;
+
+pub(crate) enum Item {
+    Batch(Batch),
+    /// A stream's short last batch of the epoch (stream queues only).
+    Tail(BatchBuilder),
+    EndOfEpoch(u64),
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct Progress {
+    pub(super) epoch: u64,
+    pub(super) batches: u64,
+    pub(super) samples: u64,
+    pub(super) history: Vec<Round>,
+}
+
+pub(crate) struct Shared {
+    pub cfg: Config,
+    pub shards: Vec<Shard>,
+    /// The shards' names, which each batch holds to name its samples' sources.
+    pub(super) shard_names: ShardNames,
+    pub pool: Arc<ChunkPool>,
+    pub channel: Channel<Item>,
+    /// One queue per stream, from its worker to the sequencer.
+    pub(super) streams: Vec<Channel<Item>>,
+    pub counters: Arc<Counters>,
+    pub plan_opts: PlanOptions,
+    /// Each shard's sample count, where known.
+    pub(super) counts: Vec<Option<u64>>,
+    pub start: Start,
+    /// Samples of the start epoch delivered before an elastic resume.
+    pub(super) base_delivered: Option<Delivered>,
+    /// For a resume at the same layout with every count known: per stream
+    /// and segment, the samples of the skipped batches, which workers pass
+    /// on as placeholders without reading them (see `plan::replayed`).
+    pub(super) replay: Option<Vec<Vec<Vec<u64>>>>,
+    pub(super) plans: Mutex<HashMap<u64, Arc<ConsumerPlan>>>,
+    pub(super) fingerprint: u64,
+    /// Bytes of front and back slack in each chunk (see `worker`).
+    pub slack: usize,
+    /// Bytes of a chunk that reads fill.
+    pub data_len: usize,
+    pub net: NetOptions,
+    pub(super) batch_index: AtomicU64,
+    /// Batches handed to consumers so far: the next batch's `index`.
+    pub(super) delivered: AtomicU64,
+    pub(super) progress: Mutex<Progress>,
+    pub(super) stop: AtomicBool,
+    pub(super) failure: Mutex<Option<Error>>,
+    pub(super) started: Instant,
+}
+
+impl Shared {
+    pub fn stopping(&self) -> bool {
+        // Acquire: pairs with the Release store in `stop_all`.
+        self.stop.load(Ordering::Acquire)
+    }
+
+    /// Seals a batch of `owner`'s chunks (`arena::NO_OWNER`: several).
+    pub fn seal(&self, builder: &mut BatchBuilder, epoch: u64, owner: usize) -> Batch {
+        // Relaxed: only needs distinct numbers.
+        let index = self.batch_index.fetch_add(1, Ordering::Relaxed);
+        builder.finish(&self.pool, &self.shard_names, epoch, index, owner)
+    }
+
+    pub fn push(&self, item: Item) -> Result<()> {
+        let item = match item {
+            Item::Batch(mut b) => {
+                b.mark_out();
+                Item::Batch(b)
+            }
+            other => other,
+        };
+        self.channel.push_wait(item).map_err(|_| Error::Closed)
+    }
+
+    /// True while the sequencer sleeps on `stream`'s empty queue (it is
+    /// the queue's only reader): then a worker of that stream that cannot
+    /// get a chunk holds up everything.
+    pub fn awaited(&self, stream: usize) -> bool {
+        self.streams[stream].sleepers() > 0
+    }
+
+    pub fn push_stream(&self, stream: usize, item: Item) -> Result<()> {
+        self.streams[stream]
+            .push_wait(item)
+            .map_err(|_| Error::Closed)
+    }
+
+    /// The replayed samples of segment `seg` of `stream`, in `epoch`.
+    pub fn replayed(&self, epoch: u64, stream: usize, seg: usize) -> Option<&[u64]> {
+        if epoch != self.start.epoch {
+            return None;
+        }
+        let r = self.replay.as_ref()?;
+        Some(&r[stream][seg])
+    }
+
+    /// Each shard's sample count, where known.
+    pub fn count(&self, shard: usize) -> Option<u64> {
+        self.counts[shard]
+    }
+
+    /// This consumer's plan of `epoch` (made once, shared by the workers and
+    /// the sequencer).
+    pub fn plan(&self, epoch: u64) -> Result<Arc<ConsumerPlan>> {
+        let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = plans.get(&epoch) {
+            return Ok(Arc::clone(p));
+        }
+        let base = (epoch == self.start.epoch)
+            .then_some(self.base_delivered.as_ref())
+            .flatten();
+        let p = Arc::new(plan_epoch(&self.plan_opts, &self.counts, epoch, base)?);
+        // Plans are cheap to make again (pure); keep the last few epochs'.
+        plans.retain(|&e, _| e.saturating_add(4) > epoch);
+        plans.insert(epoch, Arc::clone(&p));
+        Ok(p)
+    }
+
+    /// Stops the workers and the sequencer; `next` returns Closed.
+    pub(super) fn stop_all(&self) {
+        self.halt();
+        self.channel.close();
+    }
+
+    /// Stops the workers. The sequencer still passes on the batches the
+    /// stream queues hold (in order, up to the first stream that ran dry),
+    /// then closes the ring: batches made before a failure are delivered
+    /// before its error.
+    pub(super) fn halt(&self) {
+        // Release: pairs with the Acquire load in `stopping`.
+        self.stop.store(true, Ordering::Release);
+        self.pool.shut_down();
+        for q in &self.streams {
+            q.close();
+        }
+    }
+
+    pub(super) fn fail(&self, e: Error) {
+        let mut f = self.failure.lock().unwrap_or_else(|p| p.into_inner());
+        if f.is_none() {
+            *f = Some(e);
+        }
+        drop(f);
+        self.halt();
+    }
+
+    pub(super) fn failure(&self) -> Option<Error> {
+        self.failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}

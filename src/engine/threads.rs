@@ -1,0 +1,103 @@
+//! The thread mains: each sets up its part (a worker pins itself and makes
+//! its own reader), runs inside a panic catch, and turns what ended it into
+//! the loader's failure or a clean stop.
+
+use std::sync::{Arc, mpsc};
+
+use crate::engine::open::Iovecs;
+use crate::engine::sequencer::sequence;
+use crate::engine::shared::Shared;
+use crate::engine::worker::Worker;
+use crate::error::Error;
+use crate::fetch::threads::ThreadReader;
+use crate::fetch::uring::UringReader;
+use crate::fetch::{BackendKind, Reader};
+use crate::topology;
+
+pub(super) fn worker_main(
+    shared: Arc<Shared>,
+    stream: usize,
+    cpu: Option<usize>,
+    backend: BackendKind,
+    registered: bool,
+    iovecs: &Iovecs,
+    ready: mpsc::Sender<std::result::Result<Option<String>, Error>>,
+) {
+    let mut note = None;
+    if let Some(cpu) = cpu
+        && let Err(e) = topology::pin_current_thread(cpu)
+    {
+        note = Some(format!("pinning to CPU {cpu} failed ({e})"));
+    }
+    let entries = (shared.cfg.reads_in_flight * 2).next_power_of_two().max(8) as u32;
+    // Jitter seeds differ per worker and per run.
+    let seed = (std::process::id() as u64) << 32
+        ^ cpu.unwrap_or(0) as u64
+        ^ shared.started.elapsed().as_nanos() as u64;
+    let mut reader: Box<dyn Reader> = match backend {
+        BackendKind::Threads => Box::new(ThreadReader::new(shared.net.clone(), seed)),
+        BackendKind::IoUring => {
+            // SAFETY: the iovecs point into the arena, which `shared` keeps
+            // alive for longer than this reader (dropped at the end of this fn).
+            match unsafe {
+                UringReader::new(
+                    entries,
+                    registered.then_some(&iovecs.0[..]),
+                    shared.net.clone(),
+                    seed,
+                )
+            } {
+                Ok(r) => Box::new(r),
+                Err(e) => {
+                    let _ = ready.send(Err(Error::IoUring(format!(
+                        "worker ring setup failed: {e}"
+                    ))));
+                    return;
+                }
+            }
+        }
+    };
+    let _ = ready.send(Ok(note));
+    drop(ready);
+    shared.pool.worker_running(true);
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        Worker::new(&shared, &mut *reader, stream).run()
+    }));
+    shared.pool.worker_running(false);
+    match result {
+        Ok(Ok(())) => {}
+        Ok(Err(Error::Closed)) if shared.stopping() => {}
+        Ok(Err(e)) => shared.fail(e),
+        Err(panic) => {
+            shared.fail(Error::Internal(format!(
+                "a worker panicked: {}",
+                panic_message(&*panic)
+            )));
+        }
+    }
+    drop(reader);
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("unknown panic")
+}
+
+pub(super) fn sequencer_main(shared: Arc<Shared>) {
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sequence(&shared)));
+    match result {
+        // Every epoch went out: `next` returns Finished once the ring is empty.
+        Ok(Ok(())) => {}
+        // Stopped by close or by a worker's failure (already recorded).
+        Ok(Err(Error::Closed)) if shared.stopping() => {}
+        Ok(Err(e)) => shared.fail(e),
+        Err(panic) => shared.fail(Error::Internal(format!(
+            "the sequencer panicked: {}",
+            panic_message(&*panic)
+        ))),
+    }
+    shared.channel.close();
+}
