@@ -10,10 +10,14 @@
 
 mod assemble;
 mod open;
+#[cfg(test)]
+mod script;
 mod sequencer;
 mod shared;
 mod shuffler;
 mod stats;
+#[cfg(test)]
+mod tests;
 mod threads;
 mod worker;
 

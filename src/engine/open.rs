@@ -13,7 +13,7 @@ use crate::dataset::{self, Shard};
 use crate::engine::Loader;
 use crate::engine::shared::{Progress, Shared};
 use crate::engine::stats::Counters;
-use crate::engine::threads::{sequencer_main, worker_main};
+use crate::engine::threads::{MakeReader, Readers, sequencer_main, worker_main};
 use crate::error::{Error, Result};
 use crate::fetch::uring::{self, UringReader};
 use crate::fetch::{BackendKind, NetOptions};
@@ -49,6 +49,31 @@ impl Loader {
         cfg.validate()?;
         let net = NetOptions::for_config(&cfg);
         let shards = dataset::resolve_config(&cfg, &net)?;
+        Loader::start(cfg, net, shards, started, None)
+    }
+
+    /// A loader over `shards` whose workers read through readers `make`
+    /// gives (the engine's unit tests: scripted readers, no files or
+    /// sockets). Stats report the thread backend.
+    #[cfg(test)]
+    pub(crate) fn open_with_readers(
+        cfg: Config,
+        shards: Vec<Shard>,
+        make: MakeReader,
+    ) -> Result<Loader> {
+        cfg.validate()?;
+        let net = NetOptions::for_config(&cfg);
+        Loader::start(cfg, net, shards, Instant::now(), Some(make))
+    }
+
+    /// Sets up memory and I/O for `shards` and starts the threads.
+    fn start(
+        cfg: Config,
+        net: NetOptions,
+        shards: Vec<Shard>,
+        started: Instant,
+        make: Option<MakeReader>,
+    ) -> Result<Loader> {
         if shards.is_empty() {
             return Err(Error::config("`urls` names no shard"));
         }
@@ -91,6 +116,7 @@ impl Loader {
         pool.set_owners(workers, chunks / workers);
 
         let (backend, uring_flags) = match cfg.io_backend {
+            _ if make.is_some() => (BackendKind::Threads, ""),
             IoBackend::Threads => (BackendKind::Threads, ""),
             want => match uring::probe() {
                 Ok(setup) => (BackendKind::IoUring, setup.flags),
@@ -119,7 +145,8 @@ impl Loader {
                     .into(),
             ));
         }
-        let registered = backend == BackendKind::IoUring
+        let registered = make.is_none()
+            && backend == BackendKind::IoUring
             && register_probe(&iovecs, cfg.register_buffers, &net, &mut notes)?;
 
         let cpus = if cfg.pin_cpus {
@@ -171,19 +198,24 @@ impl Loader {
             cfg,
         });
 
-        let iovecs = Arc::new(Iovecs(iovecs));
+        let readers = match make {
+            Some(make) => Readers::Made(make),
+            None => Readers::Backend {
+                kind: backend,
+                registered,
+                iovecs: Arc::new(Iovecs(iovecs)),
+            },
+        };
         let (ready_tx, ready_rx) = mpsc::channel::<std::result::Result<Option<String>, Error>>();
         let mut threads = Vec::with_capacity(workers);
         for id in 0..workers {
             let worker_shared = Arc::clone(&shared);
             let cpu = cpus.get(id).copied();
             let ready = ready_tx.clone();
-            let iovecs = Arc::clone(&iovecs);
+            let readers = readers.clone();
             let spawned = std::thread::Builder::new()
                 .name(format!("ringfeed-w{id}"))
-                .spawn(move || {
-                    worker_main(worker_shared, id, cpu, backend, registered, &iovecs, ready)
-                });
+                .spawn(move || worker_main(worker_shared, id, cpu, readers, ready));
             keep_started(spawned, &mut threads, &shared, || {
                 format!("worker thread {id}")
             })?;

@@ -12,15 +12,34 @@ use crate::error::Error;
 use crate::fetch::threads::ThreadReader;
 use crate::fetch::uring::UringReader;
 use crate::fetch::{BackendKind, Reader};
+use crate::memory::ChunkPool;
 use crate::topology;
+
+/// Makes a worker's reader on the worker's thread, from its stream and the
+/// pool its reads land in.
+pub(crate) type MakeReader = Arc<dyn Fn(usize, &Arc<ChunkPool>) -> Box<dyn Reader> + Send + Sync>;
+
+/// How each worker gets its reader.
+#[derive(Clone)]
+pub(super) enum Readers {
+    /// The backend start-up chose: io_uring (into fixed buffers when
+    /// `registered`) or threads.
+    Backend {
+        kind: BackendKind,
+        registered: bool,
+        iovecs: Arc<Iovecs>,
+    },
+    /// Made by a function: the engine's unit tests drive workers with
+    /// scripted readers (no files, no sockets).
+    #[cfg_attr(not(test), allow(dead_code))]
+    Made(MakeReader),
+}
 
 pub(super) fn worker_main(
     shared: Arc<Shared>,
     stream: usize,
     cpu: Option<usize>,
-    backend: BackendKind,
-    registered: bool,
-    iovecs: &Iovecs,
+    readers: Readers,
     ready: mpsc::Sender<std::result::Result<Option<String>, Error>>,
 ) {
     let mut note = None;
@@ -34,9 +53,17 @@ pub(super) fn worker_main(
     let seed = (std::process::id() as u64) << 32
         ^ cpu.unwrap_or(0) as u64
         ^ shared.started.elapsed().as_nanos() as u64;
-    let mut reader: Box<dyn Reader> = match backend {
-        BackendKind::Threads => Box::new(ThreadReader::new(shared.net.clone(), seed)),
-        BackendKind::IoUring => {
+    let mut reader: Box<dyn Reader> = match &readers {
+        Readers::Made(make) => make(stream, &shared.pool),
+        Readers::Backend {
+            kind: BackendKind::Threads,
+            ..
+        } => Box::new(ThreadReader::new(shared.net.clone(), seed)),
+        Readers::Backend {
+            kind: BackendKind::IoUring,
+            registered,
+            iovecs,
+        } => {
             // SAFETY: the iovecs point into the arena, which `shared` keeps
             // alive for longer than this reader (dropped at the end of this fn).
             match unsafe {

@@ -9,6 +9,7 @@
 use std::collections::VecDeque;
 use std::fs::File;
 use std::os::fd::AsRawFd;
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -163,13 +164,19 @@ impl<'a> Worker<'a> {
             Source::Http(obj) => (None, Target::Http(Arc::clone(obj)), shard.size),
         };
         let mut pending: VecDeque<PendingRead> = VecDeque::new();
-        let result = self.shard_reads(&target, shard, seg, ghosts, size, epoch, &mut pending);
-        if result.is_err() || !pending.is_empty() {
-            // Reads still in flight write into their chunks: wait for them
-            // before the chunks can go back to the pool.
+        // Reads still in flight write into their chunks: on every way out of
+        // the shard, an error or a panic included, wait for them before the
+        // chunks can go back to the pool (unwinding would drop `pending`).
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            self.shard_reads(&target, shard, seg, ghosts, size, epoch, &mut pending)
+        }));
+        if !pending.is_empty() {
             self.drain(&mut pending);
         }
-        result
+        match result {
+            Ok(r) => r,
+            Err(panic) => resume_unwind(panic),
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -374,9 +381,10 @@ impl<'a> Worker<'a> {
     fn drain(&mut self, pending: &mut VecDeque<PendingRead>) {
         while pending.iter().any(|r| r.in_flight) {
             let mut done = Vec::new();
-            if self.reader.wait(1, &mut done).is_err() {
-                // The backend cannot wait: keep the chunks forever rather
-                // than let the kernel write into reused memory.
+            let waited = catch_unwind(AssertUnwindSafe(|| self.reader.wait(1, &mut done)));
+            if !matches!(waited, Ok(Ok(()))) {
+                // The backend cannot wait (or panicked): keep the chunks
+                // forever rather than let the kernel write into reused memory.
                 for r in pending.drain(..) {
                     std::mem::forget(r.chunk);
                 }

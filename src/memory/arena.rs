@@ -413,6 +413,13 @@ impl ChunkPool {
         }
     }
 
+    /// Whether the run starting at chunk `index` is back in the pool: the
+    /// engine's tests check that no read lands in a returned chunk.
+    #[cfg(test)]
+    pub(crate) fn is_free(&self, index: usize) -> bool {
+        self.lock().free[index]
+    }
+
     /// Payload bytes copied by the engine (spilled members).
     pub fn add_copied(&self, n: u64) {
         // Relaxed: a statistic, read only for reporting.

@@ -1,0 +1,341 @@
+//! The engine's unit tests: whole loaders (workers, shuffler, sequencer)
+//! over scripted readers (`script`), so the worker's read loop, sample
+//! assembly, the shuffler and the sequencer are driven through every order
+//! of completions, short reads, delays, failing reads and a panicking
+//! backend, without files or sockets. The oracle for the order is the pure
+//! plan (`plan::consumer_order`): whatever the I/O does, the engine must
+//! deliver exactly the plan's batches.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use proptest::prelude::*;
+
+use super::script::Script;
+use super::{Loader, Next};
+use crate::config::Config;
+use crate::dataset::{Shard, Source};
+use crate::error::Error;
+use crate::net::http::HttpObject;
+use crate::plan::{self, SampleRef};
+use crate::synth;
+
+const SEED: u64 = 11;
+
+/// One in-memory shard: `samples` samples of two fields, the first of
+/// `size` bytes (varied by index), the second small; returns its tar bytes.
+fn shard_bytes(shard: usize, samples: u64, size: usize) -> Vec<u8> {
+    let mut tar = Vec::new();
+    for j in 0..samples {
+        let key = synth::sample_key(shard, j);
+        for (field, len) in [("bin", size + (j as usize * 977) % (size + 1)), ("cls", 7)] {
+            let mut data = vec![0u8; len];
+            synth::fill(SEED, key.as_bytes(), field.as_bytes(), &mut data);
+            synth::write_member(&mut tar, &format!("{key}.{field}"), &data).unwrap();
+        }
+    }
+    tar.extend_from_slice(&[0u8; 1024]);
+    tar
+}
+
+struct Data {
+    shards: Vec<Shard>,
+    objects: HashMap<String, Vec<u8>>,
+    counts: Vec<u64>,
+}
+
+fn data(samples: &[u64], size: usize) -> Data {
+    let mut d = Data {
+        shards: Vec::new(),
+        objects: HashMap::new(),
+        counts: samples.to_vec(),
+    };
+    for (i, &n) in samples.iter().enumerate() {
+        let url = format!("http://scripted.invalid/shard-{i}.tar");
+        let bytes = shard_bytes(i, n, size);
+        d.shards.push(Shard {
+            name: url.clone(),
+            source: Source::Http(Arc::new(HttpObject::new(&url, Vec::new()).unwrap())),
+            size: bytes.len() as u64,
+            samples: None,
+        });
+        d.objects.insert(url, bytes);
+    }
+    d
+}
+
+/// A small engine: 64 KiB chunks (56 KiB read per chunk, so members cross
+/// chunks and spill), normal pages, no pinning.
+fn config(workers: usize, reads_in_flight: usize, budget_chunks: u64, extra: &str) -> Config {
+    Config::from_json(&format!(
+        r#"{{"urls": ["scripted"], "batch_size": 5, "workers": {workers},
+            "reads_in_flight": {reads_in_flight}, "chunk_size": 65536,
+            "memory_budget": {}, "memory_kind": "normal", "lock_memory": "off",
+            "pin_cpus": false, "prefetch_batches": 2 {extra}}}"#,
+        budget_chunks * 65536
+    ))
+    .unwrap()
+}
+
+fn open(cfg: Config, d: &Data, script: Script) -> (Result<Loader, Error>, Arc<Script>) {
+    let script = Arc::new(Script {
+        objects: d.objects.clone(),
+        ..script
+    });
+    let s = Arc::clone(&script);
+    let loader = Loader::open_with_readers(
+        cfg,
+        d.shards.clone(),
+        Arc::new(move |stream, pool| s.reader(stream, pool)),
+    );
+    (loader, script)
+}
+
+/// Every batch until the end (each sample's bytes checked), or the error.
+fn drain(loader: &Loader) -> (Vec<Vec<SampleRef>>, Option<Error>) {
+    let mut batches = Vec::new();
+    loop {
+        match loader.next(Some(Duration::from_secs(60))) {
+            Ok(Next::Batch(b)) => {
+                let mut refs = Vec::new();
+                for s in b.samples() {
+                    let key = std::str::from_utf8(s.key()).unwrap();
+                    let (shard, index) = key.split_once('-').unwrap();
+                    for (name, data) in s.fields() {
+                        assert!(
+                            synth::verify(SEED, s.key(), name, data),
+                            "bad bytes in {key}"
+                        );
+                    }
+                    assert_eq!(s.fields().count(), 2, "{key} lost a field");
+                    refs.push((shard.parse().unwrap(), index.parse().unwrap(), false));
+                }
+                batches.push(refs);
+            }
+            Ok(Next::EndOfEpoch(_)) => {}
+            Ok(Next::Finished) => return (batches, None),
+            Ok(Next::Timeout) => panic!("the loader stalled (no batch, no error in 60 s)"),
+            Err(e) => return (batches, Some(e)),
+        }
+    }
+}
+
+fn plan_order(cfg: &Config, workers: usize, counts: &[u64]) -> Vec<Vec<SampleRef>> {
+    plan::consumer_order(&cfg.plan_options(workers), counts, 0, None)
+        .unwrap()
+        .into_iter()
+        .map(|b| b.into_iter().map(|(s, i, _)| (s, i, false)).collect())
+        .collect()
+}
+
+#[test]
+fn one_worker_reads_in_any_order_with_short_reads_and_delays() {
+    let d = data(&[40, 25, 60], 3000);
+    let cfg = config(1, 4, 16, r#", "epochs": 1"#);
+    let want = plan_order(&cfg, 1, &d.counts);
+    for seed in 0..8 {
+        let script = Script {
+            seed,
+            short_reads: true,
+            max_delay: 3,
+            ..Script::default()
+        };
+        let (loader, script) = open(cfg.clone(), &d, script);
+        let loader = loader.unwrap();
+        let (got, err) = drain(&loader);
+        assert!(err.is_none(), "seed {seed}: {err:?}");
+        assert_eq!(got, want, "seed {seed}: not the plan's order");
+        let chunks = d
+            .objects
+            .values()
+            .map(|o| o.len().div_ceil(57344))
+            .sum::<usize>();
+        let submitted = script.submitted.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(
+            submitted > chunks as u64,
+            "seed {seed}: no short read was continued"
+        );
+        drop(loader);
+        assert_eq!(script.violations(), Vec::<String>::new());
+    }
+}
+
+#[test]
+fn members_larger_than_a_chunk_spill_and_arrive_whole() {
+    // 150 KB members span three chunks: they go into spill runs.
+    let d = data(&[6, 4], 150_000);
+    let cfg = config(2, 3, 80, r#", "epochs": 1"#);
+    let want = plan_order(&cfg, 2, &d.counts);
+    let (loader, script) = open(
+        cfg,
+        &d,
+        Script {
+            seed: 3,
+            short_reads: true,
+            max_delay: 2,
+            ..Script::default()
+        },
+    );
+    let loader = loader.unwrap();
+    let (got, err) = drain(&loader);
+    assert!(err.is_none(), "{err:?}");
+    assert_eq!(got, want);
+    assert!(
+        loader.stats().bytes_copied > 0,
+        "no member was made contiguous"
+    );
+    drop(loader);
+    assert_eq!(script.violations(), Vec::<String>::new());
+}
+
+#[test]
+fn the_shuffler_keeps_the_plan_order_and_compacts_within_its_share() {
+    // A buffer of 60 samples of ~4.5 KB per worker (about 12 to a chunk)
+    // pins some 15 chunks, its limit is 6 of the 12 a worker holds: it
+    // compacts (packed, its 270 KB take 5).
+    let d = data(&[120, 90, 150, 80], 3000);
+    let cfg = config(
+        2,
+        2,
+        24,
+        r#", "epochs": 2, "shuffle": true, "seed": 5, "shuffle_buffer": 120"#,
+    );
+    let mut want = plan_order(&cfg, 2, &d.counts);
+    want.extend(
+        plan::consumer_order(&cfg.plan_options(2), &d.counts, 1, None)
+            .unwrap()
+            .into_iter()
+            .map(|b| {
+                b.into_iter()
+                    .map(|(s, i, _)| (s, i, false))
+                    .collect::<Vec<_>>()
+            }),
+    );
+    for seed in [1, 2] {
+        let (loader, script) = open(
+            cfg.clone(),
+            &d,
+            Script {
+                seed,
+                short_reads: true,
+                max_delay: 2,
+                ..Script::default()
+            },
+        );
+        let loader = loader.unwrap();
+        let (got, err) = drain(&loader);
+        assert!(err.is_none(), "{err:?}");
+        assert_eq!(got, want, "seed {seed}");
+        assert!(
+            loader.stats().shuffle_copied > 0,
+            "the buffer never compacted"
+        );
+        drop(loader);
+        assert_eq!(script.violations(), Vec::<String>::new());
+    }
+}
+
+#[test]
+fn a_failing_read_is_a_named_error_after_the_batches_before_it() {
+    let d = data(&[40, 40, 40], 3000);
+    let cfg = config(1, 4, 16, r#", "epochs": 1"#);
+    let url = d.shards[1].name.clone();
+    let (loader, script) = open(
+        cfg,
+        &d,
+        Script {
+            seed: 9,
+            max_delay: 2,
+            fail_at: Some((url.clone(), 70_000)),
+            ..Script::default()
+        },
+    );
+    let loader = loader.unwrap();
+    let (got, err) = drain(&loader);
+    match err {
+        Some(Error::Io {
+            op, path, errno, ..
+        }) => {
+            assert_eq!((op, errno), ("read", libc::EIO));
+            assert_eq!(path.to_str(), Some(url.as_str()));
+        }
+        other => panic!("expected the read error, got {other:?}"),
+    }
+    // The first shard's samples came before the error.
+    let first: usize = got.iter().flatten().filter(|r| r.0 == 0).count();
+    assert_eq!(first, 40);
+    drop(loader);
+    assert_eq!(script.violations(), Vec::<String>::new());
+}
+
+#[test]
+fn a_panicking_backend_is_an_internal_error_and_its_reads_drain_first() {
+    let d = data(&[200], 3000);
+    let cfg = config(1, 4, 16, r#", "epochs": 1"#);
+    let url = d.shards[0].name.clone();
+    // Reads are 56 KiB: the read at 172,032 is submitted while the ones
+    // before it are still in flight (held back by the delays).
+    let (loader, script) = open(
+        cfg,
+        &d,
+        Script {
+            seed: 4,
+            max_delay: 4,
+            panic_at: Some((url, 180_000)),
+            ..Script::default()
+        },
+    );
+    let loader = loader.unwrap();
+    let (_, err) = drain(&loader);
+    match err {
+        Some(Error::Internal(m)) => assert!(m.contains("a worker panicked"), "{m}"),
+        other => panic!("expected an internal error, got {other:?}"),
+    }
+    drop(loader);
+    assert_eq!(script.violations(), Vec::<String>::new());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// Any shards, layout and I/O script: either every sample of the plan
+    /// arrives in the plan's order, or (when a read fails) the error names
+    /// the shard; never a hang, never a read into a returned chunk.
+    #[test]
+    fn any_script_gives_the_plan_or_a_named_error(
+        samples in prop::collection::vec(1u64..60, 1..4),
+        size in 100usize..20_000,
+        workers in 1usize..4,
+        reads in 1usize..6,
+        seed in any::<u64>(),
+        short_reads in any::<bool>(),
+        max_delay in 0u32..4,
+        fail in prop::option::of((any::<prop::sample::Index>(), any::<prop::sample::Index>())),
+    ) {
+        let d = data(&samples, size);
+        let budget = 2 * workers as u64 * (reads as u64 + 6) + 8;
+        let cfg = config(workers, reads, budget, r#", "epochs": 1"#);
+        let fail_at = fail.map(|(s, o)| {
+            let shard = &d.shards[s.index(d.shards.len())];
+            (shard.name.clone(), o.index(shard.size as usize) as u64)
+        });
+        let (loader, script) = open(
+            cfg.clone(),
+            &d,
+            Script { seed, short_reads, max_delay, fail_at: fail_at.clone(), ..Script::default() },
+        );
+        let loader = loader.unwrap();
+        let (got, err) = drain(&loader);
+        match (&err, &fail_at) {
+            (None, None) => prop_assert_eq!(got, plan_order(&cfg, workers, &d.counts)),
+            (Some(Error::Io { op: "read", path, errno, .. }), Some((url, _))) => {
+                prop_assert_eq!(*errno, libc::EIO);
+                prop_assert_eq!(path.to_str(), Some(url.as_str()));
+            }
+            (e, f) => prop_assert!(false, "error {:?} for failure {:?}", e, f),
+        }
+        drop(loader);
+        prop_assert_eq!(script.violations(), Vec::<String>::new());
+    }
+}
