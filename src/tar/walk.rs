@@ -280,7 +280,8 @@ impl TarWalk {
         Ok(())
     }
 
-    /// Called at the end of the shard; `total` is the shard's length.
+    /// Called at the end of the shard, once every byte of it was fed (so
+    /// `position()` is the shard's length).
     pub fn finish(&mut self) -> Result<(), TarError> {
         let offset = self.pos;
         match self.state {
