@@ -353,6 +353,8 @@ pub fn start_from(states: &[State], fingerprint: u64, opts: &PlanOptions) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::fixtures::{all_orders, flat, layout, opts, tally};
+    use crate::plan::{Remainder, SampleRef, consumer_order};
     use proptest::prelude::*;
 
     fn sample() -> State {
@@ -414,6 +416,86 @@ mod tests {
             b[i] = v;
             let _ = State::decode(&b);
             let _ = State::decode(&b[..cut.index(b.len())]);
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        #[test]
+        fn an_elastic_resume_loses_and_repeats_nothing(
+            (counts, c, s, seed, buf, bs) in layout(),
+            c2 in 1u64..7, s2 in 1usize..4,
+            cuts in prop::collection::vec(any::<prop::sample::Index>(), 6),
+            lockstep in any::<bool>(),
+        ) {
+            let o = opts(c, s, seed, buf, bs, Remainder::Pad);
+            let fp = fingerprint(&[("a", 1)], &o);
+            let n: u64 = counts.iter().sum();
+            let orders = all_orders(&o, &counts, 0);
+            let states: Vec<State> = (0..c).map(|k| {
+                let len = orders[k as usize].len();
+                let at = if lockstep { cuts[0].index(len + 1) } else { cuts[k as usize].index(len + 1) };
+                State { fingerprint: fp, epoch: 0, consumers: c, consumer: k, streams: s as u64,
+                        batches: at as u64, samples: 0, history: vec![] }
+            }).collect();
+            let before: Vec<SampleRef> = states.iter()
+                .flat_map(|st| flat(&orders[st.consumer as usize][..st.batches as usize]))
+                .collect();
+            // Another layout (the same one resumes each consumer from its own state).
+            let c2 = if (c2, s2) == (c, s) { c2 + 1 } else { c2 };
+            let o2 = PlanOptions { consumers: c2, streams: s2, ..o.clone() };
+            let mut after = Vec::new();
+            let mut lens = Vec::new();
+            for k in 0..c2 {
+                let o2 = PlanOptions { consumer: k, ..o2.clone() };
+                let start = start_from(&states, fp, &o2).unwrap();
+                prop_assert_eq!(start.skip_batches, 0);
+                let d = start.delivered(&o2, &counts).unwrap();
+                let ord = consumer_order(&o2, &counts, 0, d.as_ref()).unwrap();
+                lens.push(ord.len());
+                after.extend(flat(&ord));
+            }
+            prop_assert!(lens.iter().all(|&l| l == lens[0]), "equal lengths after the cut: {:?}", lens);
+            let (m, pads) = tally(before.iter().chain(after.iter()));
+            prop_assert_eq!(m.len() as u64, n, "every sample of the epoch delivered");
+            let extra: u64 = m.values().map(|&k| k - 1).sum();
+            prop_assert!(extra <= pads, "{} repeats but {} pads", extra, pads);
+
+            // Cut the new layout too, and resume it elastically once more
+            // (back to the first layout): the states now carry the first cut.
+            let round1 = Round { streams: s as u64, batches: states.iter().map(|st| st.batches).collect() };
+            let mut before2 = before.clone();
+            let mut states2 = Vec::new();
+            for k in 0..c2 {
+                let o2k = PlanOptions { consumer: k, ..o2.clone() };
+                let start = start_from(&states, fp, &o2k).unwrap();
+                let d = start.delivered(&o2k, &counts).unwrap();
+                let ord = consumer_order(&o2k, &counts, 0, d.as_ref()).unwrap();
+                let at = cuts[(k as usize + 3) % 6].index(ord.len() + 1);
+                before2.extend(flat(&ord[..at]));
+                // The history a resumed loader saves is its start's: the
+                // first cut, or none when every old consumer was at 0
+                // batches (an epoch boundary, not an elastic cut).
+                let want = if states.iter().all(|st| st.batches == 0) { vec![] } else { vec![round1.clone()] };
+                prop_assert_eq!(&start.history, &want);
+                states2.push(State { fingerprint: fp, epoch: 0, consumers: c2, consumer: k,
+                    streams: s2 as u64, batches: at as u64, samples: 0, history: start.history.clone() });
+            }
+            let mut after2 = Vec::new();
+            for k in 0..c {
+                let ok = PlanOptions { consumer: k, ..o.clone() };
+                let start = start_from(&states2, fp, &ok).unwrap();
+                let boundary = states2[0].history.is_empty() && states2.iter().all(|st| st.batches == 0);
+                let rounds = if boundary { 0 } else { states2[0].history.len() + 1 };
+                prop_assert_eq!(start.history.len(), rounds);
+                let d = start.delivered(&ok, &counts).unwrap();
+                after2.extend(flat(&consumer_order(&ok, &counts, 0, d.as_ref()).unwrap()));
+            }
+            let (m2, pads2) = tally(before2.iter().chain(after2.iter()));
+            prop_assert_eq!(m2.len() as u64, n, "every sample after two cuts");
+            let extra2: u64 = m2.values().map(|&k| k - 1).sum();
+            prop_assert!(extra2 <= pads2, "{} repeats but {} pads after two cuts", extra2, pads2);
         }
     }
 }

@@ -1,0 +1,373 @@
+//! The resolver: the half of naming a dataset that touches the world. It
+//! expands each URL (`parse.rs`), then stats local files and lists
+//! directories, sends `HEAD`s to HTTP servers (resolving their hosts), and
+//! lists S3 prefixes or `HEAD`s S3 objects, so that every shard comes out
+//! with a source and a size before the plan is made. A manifest spares the
+//! listing and the `HEAD`s.
+
+use std::net::ToSocketAddrs;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::parse::{expand_braces, local_path, parse_manifest};
+use super::{Shard, Source};
+use crate::error::{Error, Result};
+use crate::fetch::http_sync::HttpPool;
+use crate::fetch::{NetOptions, with_retries};
+use crate::net::http::{FailKind, HttpObject};
+use crate::net::retry::Jitter;
+use crate::net::s3::list::{LIST_PAGE, S3Client, s3_error};
+use crate::net::s3::{Env, S3Config, S3Url};
+
+/// Expands every URL and checks each shard exists (local files) or answers
+/// `HEAD` with its size (HTTP), in order. S3 settings come from the process
+/// environment; see [`resolve_with`].
+pub fn resolve(urls: &[String], net: &NetOptions) -> Result<Vec<Shard>> {
+    resolve_with(urls, None, net, &S3Config::default(), &Env::process())
+}
+
+/// Resolves a loader's configuration: the `manifest` first, then `urls`.
+pub fn resolve_config(cfg: &crate::Config, net: &NetOptions) -> Result<Vec<Shard>> {
+    resolve_with(
+        &cfg.urls,
+        cfg.manifest.as_deref(),
+        net,
+        &cfg.s3,
+        &Env::process(),
+    )
+}
+
+/// [`resolve`] with the manifest, the S3 settings and the environment given.
+/// The S3 client (and so the credential chain) is only set up when an
+/// `s3://` URL appears.
+pub fn resolve_with(
+    urls: &[String],
+    manifest: Option<&str>,
+    net: &NetOptions,
+    s3: &S3Config,
+    env: &Env,
+) -> Result<Vec<Shard>> {
+    let mut r = Resolver {
+        net,
+        pool: HttpPool::new(net.stall, Arc::clone(&net.tls)),
+        jitter: Jitter::new(0x5eed),
+        s3_config: s3,
+        env,
+        s3: None,
+        shards: Vec::new(),
+    };
+    if let Some(m) = manifest {
+        r.manifest(m)?;
+    }
+    for url in urls {
+        if url.ends_with(".manifest") {
+            r.manifest(url)?;
+            continue;
+        }
+        for one in expand_braces(url)? {
+            r.one(&one, None)?;
+        }
+    }
+    Ok(r.shards)
+}
+
+struct Resolver<'a> {
+    net: &'a NetOptions,
+    pool: HttpPool,
+    jitter: Jitter,
+    s3_config: &'a S3Config,
+    env: &'a Env,
+    s3: Option<S3Client>,
+    shards: Vec<Shard>,
+}
+
+impl Resolver<'_> {
+    /// One expanded URL; `size` from a manifest spares the `HEAD`.
+    fn one(&mut self, one: &str, size: Option<u64>) -> Result<()> {
+        if one.starts_with("s3://") {
+            return self.s3_url(one, size);
+        }
+        if one.starts_with("http://") || one.starts_with("https://") {
+            let shard = http_shard(one, size, &mut self.pool, self.net, &mut self.jitter)?;
+            self.shards.push(shard);
+            return Ok(());
+        }
+        let path = local_path(one)?;
+        let meta = std::fs::metadata(&path).map_err(|e| Error::io("open", &path, &e))?;
+        if meta.is_dir() {
+            let mut found: Vec<PathBuf> = std::fs::read_dir(&path)
+                .map_err(|e| Error::io("list", &path, &e))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "tar"))
+                .collect();
+            found.sort();
+            if found.is_empty() {
+                return Err(Error::Url {
+                    url: one.to_string(),
+                    reason: "the directory holds no .tar files".into(),
+                });
+            }
+            for p in found {
+                let m = std::fs::metadata(&p).map_err(|e| Error::io("open", &p, &e))?;
+                self.shards.push(Shard {
+                    name: p.display().to_string(),
+                    source: Source::File(p),
+                    size: m.len(),
+                    samples: None,
+                });
+            }
+        } else {
+            self.shards.push(Shard {
+                name: one.to_string(),
+                source: Source::File(path),
+                size: meta.len(),
+                samples: None,
+            });
+        }
+        Ok(())
+    }
+
+    fn s3_client(&mut self) -> Result<&S3Client> {
+        if self.s3.is_none() {
+            self.s3 = Some(S3Client::new(self.s3_config, self.env)?);
+        }
+        Ok(self.s3.as_ref().expect("set above"))
+    }
+
+    /// An object (size from the manifest or `HEAD`), or a prefix to list.
+    fn s3_url(&mut self, one: &str, size: Option<u64>) -> Result<()> {
+        let url = S3Url::parse(one).map_err(|reason| Error::Url {
+            url: one.to_string(),
+            reason,
+        })?;
+        let (net, page) = (self.net, LIST_PAGE);
+        let mut jitter = Jitter::new(0x5eed ^ 3);
+        if url.is_prefix() {
+            let client = self.s3_client()?;
+            let listed = client.list(&url.bucket, &url.key, page, net, &mut jitter)?;
+            let mut found = Vec::new();
+            for (key, size) in listed.into_iter().filter(|(k, _)| k.ends_with(".tar")) {
+                let u = S3Url {
+                    bucket: url.bucket.clone(),
+                    key,
+                };
+                found.push(Shard {
+                    name: u.display(),
+                    source: Source::Http(Arc::new(client.object(&u)?)),
+                    size,
+                    samples: None,
+                });
+            }
+            if found.is_empty() {
+                return Err(Error::Url {
+                    url: one.to_string(),
+                    reason: "the prefix holds no .tar objects".into(),
+                });
+            }
+            self.shards.extend(found);
+            return Ok(());
+        }
+        let obj = Arc::new(self.s3_client()?.object(&url)?);
+        let size = match size {
+            Some(s) => s,
+            None => s3_size(&obj, &url, &mut self.pool, net, &mut self.jitter)?,
+        };
+        self.shards.push(Shard {
+            name: url.display(),
+            source: Source::Http(obj),
+            size,
+            samples: None,
+        });
+        Ok(())
+    }
+
+    /// Each line of a manifest: `URL [size]`; `#` starts a comment. Relative
+    /// local paths are taken from the manifest's directory.
+    fn manifest(&mut self, m: &str) -> Result<()> {
+        if m.contains("://") && !m.starts_with("file://") {
+            return Err(Error::Url {
+                url: m.to_string(),
+                reason: "manifests are read from local files (a path or file://); copy it first"
+                    .into(),
+            });
+        }
+        let path = local_path(m)?;
+        let text = std::fs::read_to_string(&path).map_err(|e| Error::io("open", &path, &e))?;
+        let entries = parse_manifest(&text).map_err(|reason| Error::Url {
+            url: m.to_string(),
+            reason,
+        })?;
+        if entries.is_empty() {
+            return Err(Error::Url {
+                url: m.to_string(),
+                reason: "the manifest lists no shards".into(),
+            });
+        }
+        let dir = path.parent().map(PathBuf::from).unwrap_or_default();
+        for (url, size, samples) in entries {
+            let url = if !url.contains("://") && !url.starts_with('/') {
+                dir.join(&url).display().to_string()
+            } else {
+                url
+            };
+            let before = self.shards.len();
+            self.one(&url, size)?;
+            if samples.is_some() {
+                if self.shards.len() != before + 1 {
+                    return Err(Error::Url {
+                        url: m.to_string(),
+                        reason: format!(
+                            "`{url}` names {} shards; a sample count belongs to one",
+                            self.shards.len() - before
+                        ),
+                    });
+                }
+                self.shards[before].samples = samples;
+            }
+        }
+        Ok(())
+    }
+}
+/// An S3 object's size from `HEAD`; when that is refused, one ranged GET
+/// reads the XML error body (a `HEAD` answer has none) for S3's code, so the
+/// error says NoSuchKey, NoSuchBucket or AccessDenied.
+fn s3_size(
+    obj: &HttpObject,
+    url: &S3Url,
+    pool: &mut HttpPool,
+    net: &NetOptions,
+    jitter: &mut Jitter,
+) -> Result<u64> {
+    match with_retries(net, jitter, &obj.url, || pool.head(obj)) {
+        Ok(size) => Ok(size),
+        Err(
+            e @ Error::Http {
+                kind: FailKind::Client,
+                ..
+            },
+        ) => {
+            let mut one = [0u8; 1];
+            match pool.fetch(obj, 0, &mut one) {
+                Err(f) if f.code.is_some() => Err(s3_error(
+                    Error::Http {
+                        url: obj.url.clone(),
+                        kind: f.kind,
+                        message: f.message,
+                        attempts: 1,
+                    },
+                    &url.bucket,
+                    &url.key,
+                    f.code,
+                )),
+                _ => Err(e),
+            }
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// An HTTP shard: the URL parsed, its host resolved, its size from `HEAD`
+/// unless a manifest gave it.
+fn http_shard(
+    url: &str,
+    size: Option<u64>,
+    pool: &mut HttpPool,
+    net: &NetOptions,
+    jitter: &mut Jitter,
+) -> Result<Shard> {
+    let parsed = crate::net::http::parse_url(url).map_err(|reason| Error::Url {
+        url: url.to_string(),
+        reason,
+    })?;
+    let addrs = resolve_host(&parsed.host, parsed.port, url, net, jitter)?;
+    let obj = Arc::new(HttpObject::new(url, addrs).map_err(|reason| Error::Url {
+        url: url.to_string(),
+        reason,
+    })?);
+    let size = match size {
+        Some(s) => s,
+        None => with_retries(net, jitter, url, || pool.head(&obj))?,
+    };
+    Ok(Shard {
+        name: url.to_string(),
+        source: Source::Http(obj),
+        size,
+        samples: None,
+    })
+}
+
+/// Every address of `host`. A name that does not exist fails at once; a
+/// temporary resolver failure (EAI_AGAIN) is retried like any network fault.
+fn resolve_host(
+    host: &str,
+    port: u16,
+    url: &str,
+    net: &NetOptions,
+    jitter: &mut Jitter,
+) -> Result<Vec<std::net::SocketAddr>> {
+    let mut permanent = None;
+    let result = with_retries(net, jitter, url, || match (host, port).to_socket_addrs() {
+        Ok(a) => Ok(a.collect::<Vec<_>>()),
+        Err(e) => {
+            let msg = format!("cannot resolve `{host}`: {e}");
+            // std reports getaddrinfo's text; only EAI_AGAIN is worth a retry.
+            if e.to_string().contains("Temporary failure") {
+                Err(crate::net::http::Fail::new(FailKind::Dns, msg))
+            } else {
+                permanent = Some(msg.clone());
+                Err(crate::net::http::Fail::new(FailKind::Client, msg))
+            }
+        }
+    });
+    match (result, permanent) {
+        (Ok(a), _) => Ok(a),
+        (Err(_), Some(message)) => Err(Error::Http {
+            url: url.to_string(),
+            kind: FailKind::Dns,
+            message,
+            attempts: 1,
+        }),
+        (Err(e), None) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_shards_and_empty_directories_are_named() {
+        let net = NetOptions {
+            stall: std::time::Duration::from_secs(1),
+            retry: Default::default(),
+            stats: Default::default(),
+            tls: Default::default(),
+        };
+        let e = resolve(&["/nonexistent/shard-{0..1}.tar".into()], &net).unwrap_err();
+        assert!(e.to_string().contains("/nonexistent/shard-0.tar"), "{e}");
+        let d = tempfile::tempdir().unwrap();
+        let e = resolve(&[d.path().display().to_string()], &net).unwrap_err();
+        assert!(e.to_string().contains("no .tar files"), "{e}");
+    }
+
+    #[test]
+    fn manifests_are_local_files_and_name_shards_from_their_directory() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("x.tar"), b"0123").unwrap();
+        let mp = d.path().join("set.manifest");
+        std::fs::write(&mp, "x.tar\n").unwrap();
+        let net = NetOptions {
+            stall: std::time::Duration::from_secs(1),
+            retry: Default::default(),
+            stats: Default::default(),
+            tls: Default::default(),
+        };
+        let shards = resolve(&[mp.display().to_string()], &net).unwrap();
+        assert_eq!((shards.len(), shards[0].size), (1, 4));
+        let e = resolve(&["s3://b/x.manifest".into()], &net).unwrap_err();
+        assert!(e.to_string().contains("local files"), "{e}");
+        std::fs::write(&mp, "# nothing\n").unwrap();
+        let e = resolve(&[mp.display().to_string()], &net).unwrap_err();
+        assert!(e.to_string().contains("lists no shards"), "{e}");
+    }
+}
