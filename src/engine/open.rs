@@ -10,10 +10,10 @@ use std::time::Instant;
 
 use crate::config::{AUTO_WORKERS, Config, IoBackend, Toggle};
 use crate::dataset::{self, Shard};
-use crate::engine::Loader;
+use crate::engine::counters::Counters;
+use crate::engine::loader::{Loader, Setup};
 use crate::engine::shared::{Progress, Shared};
-use crate::engine::stats::Counters;
-use crate::engine::threads::{MakeReader, Readers, sequencer_main, worker_main};
+use crate::engine::threads::{Iovecs, MakeReader, Readers, sequencer_main, worker_main};
 use crate::error::{Error, Result};
 use crate::fetch::uring::{self, UringReader};
 use crate::fetch::{BackendKind, NetOptions};
@@ -22,17 +22,6 @@ use crate::plan::resume::{self, Start, State};
 use crate::plan::{Delivered, PlanOptions, plan_epoch};
 use crate::queue::Channel;
 use crate::topology;
-
-/// Fixed facts of a loader, decided at open.
-#[derive(Debug, Clone)]
-pub(super) struct Setup {
-    pub(super) backend: BackendKind,
-    pub(super) uring_flags: &'static str,
-    pub(super) registered: bool,
-    pub(super) workers: usize,
-    pub(super) cpus: Vec<usize>,
-    pub(super) notes: Vec<String>,
-}
 
 /// Most buffers io_uring registers in one table (IORING_MAX_REG_BUFFERS).
 const MAX_REGISTERED: usize = 1 << 14;
@@ -318,15 +307,6 @@ fn register_probe(
     notes.push(format!("{why}: plain reads into unregistered chunks"));
     Ok(false)
 }
-
-/// The chunks as io_uring buffer descriptors.
-pub(super) struct Iovecs(pub(super) Vec<libc::iovec>);
-
-// SAFETY: the iovecs only describe arena memory; they are read, never written,
-// and the arena itself is Send + Sync.
-unsafe impl Send for Iovecs {}
-// SAFETY: as above.
-unsafe impl Sync for Iovecs {}
 
 type Replay = Vec<Vec<Vec<u64>>>;
 type PlanSetup = (

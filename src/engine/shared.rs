@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use crate::config::Config;
 use crate::dataset::Shard;
-use crate::engine::stats::Counters;
+use crate::engine::counters::Counters;
 use crate::error::{Error, Result};
 use crate::fetch::NetOptions;
 use crate::memory::{Batch, BatchBuilder, ChunkPool, ShardNames};

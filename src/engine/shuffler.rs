@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use crate::engine::stats::Counters;
+use crate::engine::counters::Counters;
 use crate::error::{Error, Result};
 use crate::memory::{ChunkPool, ChunkRef};
 use crate::memory::{Held, NO_SOURCE};

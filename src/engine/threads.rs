@@ -4,7 +4,6 @@
 
 use std::sync::{Arc, mpsc};
 
-use crate::engine::open::Iovecs;
 use crate::engine::sequencer::sequence;
 use crate::engine::shared::Shared;
 use crate::engine::worker::Worker;
@@ -14,6 +13,15 @@ use crate::fetch::uring::UringReader;
 use crate::fetch::{BackendKind, Reader};
 use crate::memory::ChunkPool;
 use crate::topology;
+
+/// The chunks as io_uring buffer descriptors.
+pub(super) struct Iovecs(pub(super) Vec<libc::iovec>);
+
+// SAFETY: the iovecs only describe arena memory; they are read, never written,
+// and the arena itself is Send + Sync.
+unsafe impl Send for Iovecs {}
+// SAFETY: as above.
+unsafe impl Sync for Iovecs {}
 
 /// Makes a worker's reader on the worker's thread, from its stream and the
 /// pool its reads land in.

@@ -1,0 +1,126 @@
+//! What a loader counts, written once: [`Counts`] is both the Rust stats'
+//! numbers and the C `ringfeed_stats` (cbindgen reads this file), and the
+//! atomics the threads bump are generated from a list of its field names.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
+
+/// A snapshot of a loader's counters and setup: the one list of what a
+/// loader counts. C reads it as `ringfeed_stats` (the header's name for it,
+/// see cbindgen.toml), Rust and JSON as [`Stats`], which adds the setup
+/// details that are text. A new counter is a field here; a counter the
+/// threads bump is also a name in the `live!` list below (the compiler checks
+/// that every name there is a field here).
+#[repr(C)]
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Counts {
+    pub bytes_delivered: u64,
+    pub samples_delivered: u64,
+    pub batches_delivered: u64,
+    pub bytes_read: u64,
+    /// Payload bytes the engine copied (members split across chunks).
+    pub bytes_copied: u64,
+    pub reads: u64,
+    pub members: u64,
+    /// Members skipped because their name has no field part.
+    pub members_skipped: u64,
+    /// Tar entries that are not regular files (directories, links, ...).
+    pub entries_skipped: u64,
+    /// Samples of a short last batch dropped by `drop_last`.
+    pub samples_dropped: u64,
+    pub shards_total: u64,
+    /// Shards walked to their end, counted over all epochs.
+    pub shards_done: u64,
+    pub epochs_done: u64,
+    pub chunk_size: u64,
+    pub chunk_count: u64,
+    pub chunks_in_use: u64,
+    pub chunks_peak: u64,
+    pub arena_bytes: u64,
+    pub consumer_wait_ns: u64,
+    pub time_to_first_batch_ns: u64,
+    pub elapsed_ns: u64,
+    /// Network requests sent (ranged GETs and HEADs, retries included).
+    pub http_requests: u64,
+    /// Network ranges retried, all kinds (the JSON stats give each kind).
+    #[serde(skip)]
+    pub retries: u64,
+    /// Samples repeated to even out an epoch across consumers (`remainder: "pad"`).
+    pub samples_padded: u64,
+    /// Batches and samples replayed and not handed out to resume a state.
+    pub batches_skipped: u64,
+    pub samples_skipped: u64,
+    /// Payload bytes the shuffle buffers copied out of sparse chunks (also in
+    /// `bytes_copied`).
+    pub shuffle_copied: u64,
+    /// The epoch `ringfeed_loader_next` is in.
+    pub epoch: u64,
+    /// Consumers of the dataset (`world_size` × `loader_workers`), and this
+    /// loader's index among them.
+    pub consumers: u64,
+    pub consumer: u64,
+    pub workers: u32,
+    /// One of `RINGFEED_MEMORY_*`.
+    #[serde(skip)]
+    pub memory_kind: i32,
+    /// One of `RINGFEED_BACKEND_*`.
+    #[serde(skip)]
+    pub io_backend: i32,
+    /// 1 when the arena is locked in memory (mlock).
+    #[serde(skip)]
+    pub memory_locked: u32,
+    /// 1 when the chunks are registered with io_uring as fixed buffers.
+    #[serde(skip)]
+    pub buffers_registered: u32,
+}
+
+/// `ringfeed_stats.memory_kind`: explicit huge pages (MAP_HUGETLB).
+pub const RINGFEED_MEMORY_HUGETLB: i32 = 1;
+/// `ringfeed_stats.memory_kind`: transparent huge pages (MADV_HUGEPAGE).
+pub const RINGFEED_MEMORY_THP: i32 = 2;
+/// `ringfeed_stats.memory_kind`: normal pages.
+pub const RINGFEED_MEMORY_NORMAL: i32 = 3;
+/// `ringfeed_stats.io_backend`: io_uring.
+pub const RINGFEED_BACKEND_IO_URING: i32 = 1;
+/// `ringfeed_stats.io_backend`: plain threads with pread.
+pub const RINGFEED_BACKEND_THREADS: i32 = 2;
+
+/// The counters the threads bump, as atomics named like the fields of
+/// [`Counts`] they fill. All Relaxed: statistics, read only for reporting.
+macro_rules! live {
+    ($($name:ident),* $(,)?) => {
+        #[derive(Default)]
+        pub(crate) struct Counters {
+            $(pub $name: AtomicU64,)*
+        }
+
+        impl Counters {
+            /// Copies every live counter into its field of `c`.
+            pub(super) fn fill(&self, c: &mut Counts) {
+                // Relaxed: a report, nothing is read through it.
+                $(c.$name = self.$name.load(Ordering::Relaxed);)*
+            }
+        }
+    };
+}
+
+live!(
+    bytes_read,
+    reads,
+    members,
+    members_skipped,
+    entries_skipped,
+    shards_done,
+    samples_dropped,
+    bytes_delivered,
+    samples_delivered,
+    batches_delivered,
+    consumer_wait_ns,
+    time_to_first_batch_ns,
+    epochs_done,
+    samples_padded,
+    batches_skipped,
+    samples_skipped,
+    shuffle_copied,
+);

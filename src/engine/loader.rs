@@ -1,0 +1,171 @@
+//! The loader handle: what consumers call `next`, `state` and `close` on.
+//! It is `Sync`: several consumer threads may call `next` at once, and
+//! `close` may come from any thread. Opening it is `open`; its stats are
+//! `stats`.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::dataset::Shard;
+use crate::engine::shared::{Item, Progress, Shared};
+use crate::error::{Error, Result};
+use crate::fetch::BackendKind;
+use crate::memory::{Arena, Batch};
+use crate::plan::resume::State;
+use crate::queue::RecvError;
+
+/// What `next` returns when it does not fail.
+#[derive(Debug)]
+pub enum Next {
+    Batch(Batch),
+    /// Every batch of this epoch was handed out.
+    EndOfEpoch(u64),
+    /// Nothing arrived before the time-out.
+    Timeout,
+    /// Every epoch is over; no batch will come.
+    Finished,
+}
+
+/// Fixed facts of a loader, decided at open.
+#[derive(Debug, Clone)]
+pub(super) struct Setup {
+    pub(super) backend: BackendKind,
+    pub(super) uring_flags: &'static str,
+    pub(super) registered: bool,
+    pub(super) workers: usize,
+    pub(super) cpus: Vec<usize>,
+    pub(super) notes: Vec<String>,
+}
+
+/// A running loader.
+pub struct Loader {
+    pub(super) shared: Arc<Shared>,
+    pub(super) setup: Setup,
+    pub(super) threads: Mutex<Vec<JoinHandle<()>>>,
+    pub(super) closed: AtomicBool,
+}
+
+impl Loader {
+    /// The next batch, end of epoch, or time-out (`None`: wait for ever).
+    pub fn next(&self, timeout: Option<Duration>) -> Result<Next> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        let sh = &self.shared;
+        let t0 = Instant::now();
+        let got = sh.channel.pop_until(timeout.map(|t| t0 + t));
+        let waited = t0.elapsed().as_nanos() as u64;
+        let c = &sh.counters;
+        c.consumer_wait_ns.fetch_add(waited, Ordering::Relaxed);
+        match got {
+            Ok(Item::Batch(mut b)) => {
+                // Relaxed: distinct, increasing numbers in hand-out order.
+                b.set_index(sh.delivered.fetch_add(1, Ordering::Relaxed));
+                {
+                    let mut p = sh.progress.lock().unwrap_or_else(|p| p.into_inner());
+                    if b.epoch() > p.epoch {
+                        // Another consumer thread has not recorded the end
+                        // marker yet.
+                        *p = Progress {
+                            epoch: b.epoch(),
+                            batches: 0,
+                            samples: 0,
+                            history: Vec::new(),
+                        };
+                    }
+                    p.batches += 1;
+                    p.samples += b.len() as u64;
+                }
+                if c.batches_delivered.fetch_add(1, Ordering::Relaxed) == 0 {
+                    let since = sh.started.elapsed().as_nanos() as u64;
+                    c.time_to_first_batch_ns.store(since, Ordering::Relaxed);
+                }
+                c.samples_delivered
+                    .fetch_add(b.len() as u64, Ordering::Relaxed);
+                c.bytes_delivered.fetch_add(b.bytes(), Ordering::Relaxed);
+                Ok(Next::Batch(b))
+            }
+            Ok(Item::EndOfEpoch(e)) => {
+                let mut p = sh.progress.lock().unwrap_or_else(|p| p.into_inner());
+                if p.epoch <= e {
+                    *p = Progress {
+                        epoch: e + 1,
+                        batches: 0,
+                        samples: 0,
+                        history: Vec::new(),
+                    };
+                }
+                Ok(Next::EndOfEpoch(e))
+            }
+            Ok(Item::Tail(_)) => Err(Error::Internal("a stream's tail reached the ring".into())),
+            Err(RecvError::Timeout) => Ok(Next::Timeout),
+            Err(RecvError::Closed) => match sh.failure() {
+                Some(e) => Err(e),
+                None if self.closed.load(Ordering::Acquire) || sh.stopping() => Err(Error::Closed),
+                None => Ok(Next::Finished),
+            },
+        }
+    }
+
+    /// Stops the workers and frees what the loader holds. Batches already
+    /// handed out stay valid until dropped (they keep the arena alive).
+    /// Idempotent; other threads blocked in `next` return `Error::Closed`.
+    pub fn close(&self) {
+        // AcqRel: the first closer does the work; later ones see it done.
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.shared.stop_all();
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()));
+        for t in threads {
+            let _ = t.join();
+        }
+        while self.shared.channel.try_pop().is_some() {}
+        for q in &self.shared.streams {
+            while q.try_pop().is_some() {}
+        }
+    }
+
+    /// The resume state after the batches handed out so far: give it back as
+    /// `resume` (hex) to continue from here. See `crate::plan::resume` for the rule.
+    pub fn state(&self) -> State {
+        let sh = &self.shared;
+        let p = sh
+            .progress
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        State {
+            fingerprint: sh.fingerprint,
+            epoch: p.epoch,
+            consumers: sh.plan_opts.consumers,
+            consumer: sh.plan_opts.consumer,
+            streams: sh.plan_opts.streams as u64,
+            batches: p.batches,
+            samples: p.samples,
+            history: p.history,
+        }
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// The memory every batch's bytes live in.
+    pub fn arena(&self) -> &Arena {
+        self.shared.pool.arena()
+    }
+
+    /// Shards of the dataset, in order.
+    pub fn shards(&self) -> &[Shard] {
+        &self.shared.shards
+    }
+}
+
+impl Drop for Loader {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
