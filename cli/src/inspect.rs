@@ -28,10 +28,8 @@ fn inspect_config(urls: Vec<String>, a: &LoaderArgs) -> AnyResult<Config> {
     config_for(urls, &a)
 }
 
-/// The network options `Loader::open` would use for this configuration. A
-/// copy of what `Loader::open` builds: it must follow every field added to
-/// `NetOptions` there (a `NetOptions::for_config` in the library would
-/// remove the copy).
+/// The network options `Loader::open` uses for this configuration (the
+/// library's `NetOptions::for_config`, so the two cannot drift apart).
 fn net_options(cfg: &Config) -> NetOptions {
     NetOptions::for_config(cfg)
 }

@@ -1,7 +1,7 @@
 //! AWS credentials: the chain the AWS SDKs use, each source a small
-//! function of an [`Env`](super::Env) (variables and home directory) so tests give fake
-//! ones, and a [`Provider`] that keeps the chosen source's credentials and
-//! fetches new ones before temporary credentials expire.
+//! function of an [`Env`](super::Env) (variables and home directory) so
+//! tests give fake ones, and a [`Provider`] that keeps the chosen source's
+//! credentials and fetches new ones before temporary credentials expire.
 //!
 //! Order: configuration keys, environment variables, the shared credentials
 //! and config files (profiles), the web identity token file (EKS IRSA, STS
