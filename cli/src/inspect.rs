@@ -1,8 +1,9 @@
-//! `ringfeed ls`, `ringfeed index` and `ringfeed cat`: looking at a dataset. `ls` shows what
-//! the URLs resolve to (the library's own resolution, so a listing and a
-//! training job agree) and, with `--samples`, streams each shard through a
-//! loader of its own to count its samples; `cat` streams the dataset through
-//! the loader and prints sample keys and field sizes, or one field's raw bytes.
+//! `ringfeed ls`, `ringfeed index` and `ringfeed cat`: looking at a
+//! dataset. `ls` shows what the URLs resolve to (the library's own
+//! resolution, so a listing and a training job agree) and, with
+//! `--samples`, streams each shard through a loader of its own to count its
+//! samples; `cat` streams the dataset through the loader and prints sample
+//! keys and field sizes, or one field's raw bytes.
 
 use std::collections::BTreeSet;
 use std::io::{self, Write};
@@ -14,7 +15,8 @@ use ringfeed::config::Config;
 use ringfeed::fetch::NetOptions;
 use ringfeed::{Loader, Next};
 
-use crate::{AnyResult, LoaderArgs, config_for};
+use crate::AnyResult;
+use crate::args::{LoaderArgs, config_for};
 
 /// Inspection reads one shard or a few samples: one worker keeps the
 /// dataset's order, and a 64 MiB arena (8 chunks of 8 MiB) is faulted in at
@@ -26,10 +28,8 @@ fn inspect_config(urls: Vec<String>, a: &LoaderArgs) -> AnyResult<Config> {
     config_for(urls, &a)
 }
 
-/// The network options `Loader::open` would use for this configuration. A
-/// copy of what `Loader::open` builds: it must follow every field added to
-/// `NetOptions` there (a `NetOptions::for_config` in the library would
-/// remove the copy).
+/// The network options `Loader::open` uses for this configuration (the
+/// library's `NetOptions::for_config`, so the two cannot drift apart).
 fn net_options(cfg: &Config) -> NetOptions {
     NetOptions::for_config(cfg)
 }

@@ -5,6 +5,11 @@
 //!   `READ_FIXED` into registered chunks where permitted;
 //! - [`threads::ThreadReader`]: plain `pread` on the worker thread, for
 //!   kernels and containers (seccomp) where io_uring cannot be set up.
+//!
+//! HTTP and S3 shards are read with ranged GETs by each backend in its own
+//! way: on the worker's ring (`uring_http.rs`) or on blocking sockets
+//! ([`http_sync`]); the protocol itself (requests, response heads, retry
+//! policy, TLS, signing) is in [`crate::net`].
 
 pub mod http_sync;
 pub mod threads;
@@ -14,12 +19,16 @@ mod uring_http;
 use std::io;
 use std::os::fd::RawFd;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::error::Error;
-use crate::net::http::{FailKind, HttpObject};
+use crate::net::http::HttpObject;
 use crate::net::retry::{Jitter, RetryPolicy};
+
+// The network settings, counters and blocking retry loop live in `net`
+// (the S3 listing and the dataset resolver use them too); named here as
+// well, where the readers take them.
+pub use crate::net::{NetOptions, NetStats, with_retries};
 
 /// Which backend runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,65 +87,8 @@ pub struct Completion {
     pub copied: usize,
 }
 
-/// Network counters shared by a loader's readers. Relaxed: statistics.
-#[derive(Debug, Default)]
-pub struct NetStats {
-    pub requests: AtomicU64,
-    /// Retries, indexed by `FailKind::index`.
-    pub retries: [AtomicU64; 10],
-}
-
-impl NetStats {
-    pub fn retries_by_kind(&self) -> Vec<(&'static str, u64)> {
-        FailKind::ALL
-            .iter()
-            .map(|k| (k.name(), self.retries[k.index()].load(Ordering::Relaxed)))
-            .collect()
-    }
-}
-
-/// What a reader needs for network reads.
-#[derive(Debug, Clone)]
-pub struct NetOptions {
-    pub stall: Duration,
-    pub retry: RetryPolicy,
-    pub stats: Arc<NetStats>,
-    pub tls: Arc<crate::net::tls::TlsSetup>,
-}
-
-/// Runs `op` until it succeeds, fails with an error retrying cannot fix, or
-/// runs out of attempts; sleeps the policy's backoff between attempts and
-/// counts each retry by kind.
-pub fn with_retries<T>(
-    net: &NetOptions,
-    jitter: &mut Jitter,
-    url: &str,
-    mut op: impl FnMut() -> Result<T, crate::net::http::Fail>,
-) -> Result<T, Error> {
-    let mut attempt = 0;
-    loop {
-        net.stats.requests.fetch_add(1, Ordering::Relaxed);
-        match op() {
-            Ok(v) => return Ok(v),
-            Err(f) => match net.retry.next_delay(attempt, f.kind, jitter.draw()) {
-                Some(d) => {
-                    net.stats.retries[f.kind.index()].fetch_add(1, Ordering::Relaxed);
-                    std::thread::sleep(d);
-                    attempt += 1;
-                }
-                None => {
-                    return Err(Error::Http {
-                        url: url.to_string(),
-                        kind: f.kind,
-                        message: f.message,
-                        attempts: attempt + 1,
-                    });
-                }
-            },
-        }
-    }
-}
-
+// The configuration's side of `NetOptions`: here rather than in `net`,
+// which the configuration itself depends on (`S3Config`).
 impl NetOptions {
     /// The network settings of a configuration, with fresh counters.
     pub fn for_config(cfg: &crate::config::Config) -> NetOptions {

@@ -1,6 +1,7 @@
 //! HTTP/1.1 for the data plane, as pure functions: URLs, the ranged `GET`
 //! request, the response head (parsed with httparse), and what each failure
-//! means for a retry. The sockets live in `io`; nothing here does I/O.
+//! means for a retry. The sockets live in `crate::fetch` (`http_sync.rs`,
+//! `uring_http.rs`); nothing here does I/O.
 
 use std::fmt;
 use std::net::SocketAddr;

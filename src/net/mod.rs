@@ -1,8 +1,13 @@
 //! The network protocols the readers and the dataset resolver speak: HTTP/1.1
 //! ranged GETs ([`http`]), TLS set-up ([`tls`]), the retry policy
-//! ([`retry`]) and S3 (signing, credentials, listing: [`s3`]).
+//! ([`retry`]), S3 (signing, credentials, listing: [`s3`]), and the
+//! settings and counters every network read shares ([`NetOptions`],
+//! [`with_retries`]).
 
 pub mod http;
+mod options;
 pub mod retry;
 pub mod s3;
 pub mod tls;
+
+pub use options::{NetOptions, NetStats, with_retries};

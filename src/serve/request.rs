@@ -1,7 +1,8 @@
 //! The decisions of the file server, as pure functions: what a request head
 //! asks for, which file a request target names (or why it names none), which
 //! bytes a `Range` header selects, and the response head that says so. No
-//! sockets here; `serve.rs` is the shell that reads and writes.
+//! sockets here; `server.rs` and `connection.rs` are the shell that reads
+//! and writes.
 
 use std::path::{Path, PathBuf};
 

@@ -13,9 +13,9 @@ use super::creds::Provider;
 use super::sign::SigV4Signer;
 use super::{Addressing, Env, S3Config, S3Url, encode_query, error_code, explain_code};
 use crate::error::{Error, Result};
-use crate::fetch::{NetOptions, with_retries};
 use crate::net::http::{Fail, FailKind, HttpObject, RequestSigner};
 use crate::net::retry::Jitter;
+use crate::net::{NetOptions, with_retries};
 
 /// One page of a ListObjectsV2 answer.
 #[derive(Debug, Clone, PartialEq, Eq)]

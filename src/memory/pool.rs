@@ -1,300 +1,19 @@
-//! The arena: one anonymous mapping sized by the memory budget, holding every
-//! payload byte the engine reads, cut into equal chunks with reference counts.
+//! The chunk pool: the arena ([`super::Arena`]) cut into equal chunks, handed
+//! out as runs of consecutive chunks ([`ChunkRef`]s) to the workers that read
+//! into them.
 //!
-//! Memory is asked for in order of preference — explicit huge pages
-//! (`MAP_HUGETLB`), transparent huge pages (`MADV_HUGEPAGE`), normal pages —
-//! then locked with `mlock` when permitted and prefaulted, so no page fault
-//! lands mid-run. What was obtained, and why a preference was not, is kept in
-//! [`ArenaReport`] for the stats.
-//!
-//! [`ChunkPool`] hands out runs of consecutive chunks as [`ChunkRef`]s. A run
-//! goes back to the free set when its last reference drops; `acquire` waits
-//! while none is free, which is how memory never passes the budget.
+//! A run goes back to the free set when its last reference drops; `acquire`
+//! waits while none is free, which is how memory never passes the budget.
+//! Owners (the plan's streams) each hold at most a quota of chunks, a reserve
+//! is kept from read-ahead, and a waiter that nothing can ever free fails
+//! with `BudgetTooSmall` instead of hanging.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
-use memmap2::{Advice, MmapMut, MmapOptions};
-use serde::Deserialize;
-
 use crate::error::{Error, Result};
-
-/// Which kind of memory backs the arena.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum MemoryKind {
-    /// Explicit huge pages from the reserved pool (`/proc/sys/vm/nr_hugepages`).
-    Hugetlb,
-    /// Transparent huge pages, asked for with `madvise(MADV_HUGEPAGE)`.
-    Thp,
-    /// Ordinary 4 KiB pages.
-    Normal,
-}
-
-impl MemoryKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            MemoryKind::Hugetlb => "hugetlb",
-            MemoryKind::Thp => "thp",
-            MemoryKind::Normal => "normal",
-        }
-    }
-}
-
-/// What the arena setup obtained, for the stats.
-#[derive(Debug, Clone)]
-pub struct ArenaReport {
-    pub kind: MemoryKind,
-    pub bytes: usize,
-    pub locked: bool,
-    /// Why a better memory kind, or locking, was not obtained.
-    pub notes: Vec<String>,
-}
-
-/// How the arena is asked to set itself up (from the configuration).
-#[derive(Debug, Clone, Copy)]
-pub struct ArenaOptions {
-    /// `None`: best available. `Some(kind)`: exactly that kind, or an error.
-    pub kind: Option<MemoryKind>,
-    /// `None`: lock when permitted. `Some(true)`: lock or fail. `Some(false)`: never.
-    pub lock: Option<bool>,
-    pub prefault: bool,
-    /// Back the arena with a memory file (`memfd`, `MAP_SHARED`) that another
-    /// process may map: how a PyTorch DataLoader worker's batches reach the
-    /// main process without a copy. Otherwise an anonymous private mapping.
-    pub shared: bool,
-}
-
-/// The mapping itself. Its bytes are only reached through raw pointers: the
-/// kernel writes into it (io_uring reads) while consumers read other parts.
-pub struct Arena {
-    _map: MmapMut,
-    /// The memory file behind a shared arena.
-    file: Option<std::fs::File>,
-    base: *mut u8,
-    len: usize,
-    report: ArenaReport,
-}
-
-// SAFETY: the arena is a plain block of memory; which thread may touch which
-// byte is decided by chunk ownership (ChunkRef), not by the Arena value.
-unsafe impl Send for Arena {}
-// SAFETY: as above; the Arena itself has no interior state besides the mapping.
-unsafe impl Sync for Arena {}
-
-const HUGE_2M: usize = 2 << 20;
-
-impl Arena {
-    pub fn new(len: usize, opts: ArenaOptions) -> Result<Arena> {
-        let mut notes = Vec::new();
-        let (mut map, kind, file) = if opts.shared {
-            let (m, k, f) = map_shared(len, opts.kind, &mut notes)?;
-            (m, k, Some(f))
-        } else {
-            let (m, k) = map_region(len, opts.kind, &mut notes)?;
-            (m, k, None)
-        };
-        let locked = match opts.lock {
-            Some(false) => false,
-            want => match map.lock() {
-                Ok(()) => true,
-                Err(e) if want == Some(true) => {
-                    return Err(Error::Memory(format!(
-                        "mlock of {len} bytes failed ({e}); `lock_memory` is \"on\". \
-                         Raise `ulimit -l`, grant CAP_IPC_LOCK, or set it to \"auto\""
-                    )));
-                }
-                Err(e) => {
-                    notes.push(format!(
-                        "mlock refused ({e}): memory is not locked (ulimit -l or CAP_IPC_LOCK)"
-                    ));
-                    false
-                }
-            },
-        };
-        if opts.prefault && !locked {
-            // mlock already faulted everything in. Otherwise ask the kernel to
-            // populate writable pages, or touch one byte per page.
-            if map.advise(Advice::PopulateWrite).is_err() {
-                let page = if kind == MemoryKind::Normal {
-                    4096
-                } else {
-                    HUGE_2M
-                };
-                for off in (0..len).step_by(page) {
-                    map[off] = 0;
-                }
-            }
-        }
-        let base = map.as_mut_ptr();
-        Ok(Arena {
-            _map: map,
-            file,
-            base,
-            len,
-            report: ArenaReport {
-                kind,
-                bytes: len,
-                locked,
-                notes,
-            },
-        })
-    }
-
-    pub fn report(&self) -> &ArenaReport {
-        &self.report
-    }
-
-    pub fn base(&self) -> *mut u8 {
-        self.base
-    }
-
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The memory file of a shared arena (`ArenaOptions::shared`): mapping
-    /// it (`MAP_SHARED`, offset 0) in another process shows the same bytes.
-    pub fn shared_fd(&self) -> Option<std::os::fd::RawFd> {
-        use std::os::fd::AsRawFd;
-        self.file.as_ref().map(|f| f.as_raw_fd())
-    }
-}
-
-/// The kernel's transparent-huge-page mode for shared memory (the bracketed
-/// word of `shmem_enabled`), when it can be read.
-fn shmem_thp_mode() -> Option<String> {
-    let text = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled").ok()?;
-    let start = text.find('[')? + 1;
-    let end = start + text[start..].find(']')?;
-    Some(text[start..end].to_string())
-}
-
-/// A memory file of `len` bytes mapped `MAP_SHARED`: explicit huge pages
-/// (`MFD_HUGETLB`) when reserved, else transparent huge pages when the
-/// kernel gives them to shared memory, else normal pages.
-fn map_shared(
-    len: usize,
-    want: Option<MemoryKind>,
-    notes: &mut Vec<String>,
-) -> Result<(MmapMut, MemoryKind, std::fs::File)> {
-    use std::os::fd::FromRawFd;
-    let memfd = |flags: libc::c_uint| -> std::io::Result<(MmapMut, std::fs::File)> {
-        // SAFETY: a static NUL-terminated name and plain flags.
-        let fd =
-            unsafe { libc::memfd_create(c"ringfeed-arena".as_ptr(), libc::MFD_CLOEXEC | flags) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: `fd` was just created and is owned by nothing else.
-        let file = unsafe { std::fs::File::from_raw_fd(fd) };
-        file.set_len(len as u64)?;
-        // SAFETY: the file is ours alone until the arena hands its
-        // descriptor out; its length was set above and never changes.
-        let map = unsafe { MmapOptions::new().len(len).map_mut(&file) }?;
-        Ok((map, file))
-    };
-    let mut want_huge = want.is_none() || want == Some(MemoryKind::Hugetlb);
-    if want.is_none() && len % HUGE_2M != 0 {
-        notes.push(format!(
-            "{len} bytes is not a multiple of 2 MiB: no MFD_HUGETLB"
-        ));
-        want_huge = false;
-    }
-    if want_huge {
-        match memfd(libc::MFD_HUGETLB) {
-            Ok((m, f)) => return Ok((m, MemoryKind::Hugetlb, f)),
-            Err(e) if want == Some(MemoryKind::Hugetlb) => {
-                return Err(Error::Memory(format!(
-                    "a shared arena of {len} bytes in huge pages failed ({e}); `memory_kind` is \
-                     \"hugetlb\": reserve huge pages in /proc/sys/vm/nr_hugepages or choose \"auto\""
-                )));
-            }
-            Err(e) => notes.push(format!("MFD_HUGETLB failed ({e}): no huge pages reserved")),
-        }
-    }
-    let (map, file) = memfd(0)
-        .map_err(|e| Error::Memory(format!("a shared arena of {len} bytes (memfd) failed: {e}")))?;
-    if want == Some(MemoryKind::Normal) {
-        return Ok((map, MemoryKind::Normal, file));
-    }
-    let mode = shmem_thp_mode();
-    let thp = matches!(
-        mode.as_deref(),
-        Some("always" | "within_size" | "advise" | "force")
-    );
-    if thp && map.advise(Advice::HugePage).is_ok() {
-        return Ok((map, MemoryKind::Thp, file));
-    }
-    let why = match mode {
-        Some(m) if !thp => format!(
-            "the kernel gives shared memory no transparent huge pages \
-             (/sys/kernel/mm/transparent_hugepage/shmem_enabled is {m})"
-        ),
-        Some(_) => "MADV_HUGEPAGE refused on shared memory".to_string(),
-        None => "shared memory THP mode unknown".to_string(),
-    };
-    if want == Some(MemoryKind::Thp) {
-        return Err(Error::Memory(format!(
-            "`memory_kind` is \"thp\" but {why}; `shared_arena` needs shared memory"
-        )));
-    }
-    notes.push(format!("shared arena: normal pages: {why}"));
-    Ok((map, MemoryKind::Normal, file))
-}
-
-fn map_region(
-    len: usize,
-    want: Option<MemoryKind>,
-    notes: &mut Vec<String>,
-) -> Result<(MmapMut, MemoryKind)> {
-    let anon = |huge: bool| {
-        let mut o = MmapOptions::new();
-        o.len(len);
-        if huge {
-            o.huge(None);
-        }
-        o.map_anon()
-    };
-    let mut want_huge = want.is_none() || want == Some(MemoryKind::Hugetlb);
-    if want.is_none() && len % HUGE_2M != 0 {
-        notes.push(format!(
-            "{len} bytes is not a multiple of 2 MiB: no MAP_HUGETLB"
-        ));
-        want_huge = false;
-    }
-    if want_huge {
-        match anon(true) {
-            Ok(m) => return Ok((m, MemoryKind::Hugetlb)),
-            Err(e) if want == Some(MemoryKind::Hugetlb) => {
-                return Err(Error::Memory(format!(
-                    "MAP_HUGETLB of {len} bytes failed ({e}); `memory_kind` is \"hugetlb\": \
-                     reserve huge pages in /proc/sys/vm/nr_hugepages or choose \"auto\""
-                )));
-            }
-            Err(e) => notes.push(format!("MAP_HUGETLB failed ({e}): no huge pages reserved")),
-        }
-    }
-    let map = anon(false).map_err(|e| Error::Memory(format!("mmap of {len} bytes failed: {e}")))?;
-    if want == Some(MemoryKind::Normal) {
-        return Ok((map, MemoryKind::Normal));
-    }
-    match map.advise(Advice::HugePage) {
-        Ok(()) => Ok((map, MemoryKind::Thp)),
-        Err(e) if want == Some(MemoryKind::Thp) => Err(Error::Memory(format!(
-            "madvise(MADV_HUGEPAGE) failed ({e}); `memory_kind` is \"thp\""
-        ))),
-        Err(e) => {
-            notes.push(format!("MADV_HUGEPAGE refused ({e}): normal pages"));
-            Ok((map, MemoryKind::Normal))
-        }
-    }
-}
+use crate::memory::{Arena, ChunkRef};
 
 /// Counters of chunk use.
 #[derive(Debug, Default, Clone, Copy)]
@@ -344,12 +63,12 @@ pub struct ChunkPool {
     arena: Arena,
     chunk_size: usize,
     /// Reference count of each run, stored at the run's first chunk.
-    refs: Box<[AtomicU32]>,
+    pub(super) refs: Box<[AtomicU32]>,
     state: Mutex<PoolState>,
     freed: Condvar,
     stop: AtomicBool,
     /// Batches alive anywhere (in the ring or held by a consumer). Decremented
-    /// only after a batch's chunks went back (see `BatchGuard`), so a waiter
+    /// only after a batch's chunks went back (see `Batch`'s `Drop`), so a waiter
     /// that reads 0 under the state lock sees every chunk they held as free.
     batches_alive: AtomicUsize,
     /// Of those, the ones handed on to the ring (and so to a consumer, who
@@ -688,7 +407,7 @@ impl ChunkPool {
         }
     }
 
-    fn release_run(&self, start: usize, n: usize) {
+    pub(super) fn release_run(&self, start: usize, n: usize) {
         let mut s = self.lock();
         let o = std::mem::replace(&mut s.owner[start], u32::MAX) as usize;
         if let Some(u) = s.used.get_mut(o) {
@@ -726,84 +445,10 @@ fn find_run(free: &[bool], n: usize) -> Option<usize> {
     }
     None
 }
-
-/// A counted reference to a run of chunks. The bytes stay valid while any
-/// reference lives.
-pub struct ChunkRef {
-    pool: Arc<ChunkPool>,
-    start: u32,
-    len: u32,
-}
-
-impl ChunkRef {
-    /// First byte of the run.
-    pub fn ptr(&self) -> *mut u8 {
-        // SAFETY: start < chunk_count, so the offset is inside the mapping.
-        unsafe {
-            self.pool
-                .arena
-                .base
-                .add(self.start as usize * self.pool.chunk_size)
-        }
-    }
-
-    /// Bytes in the run.
-    pub fn len(&self) -> usize {
-        self.len as usize * self.pool.chunk_size
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Index of the run's first chunk (the fixed-buffer index for io_uring).
-    pub fn index(&self) -> u32 {
-        self.start
-    }
-
-    pub fn pool(&self) -> &Arc<ChunkPool> {
-        &self.pool
-    }
-
-    pub fn same_run(&self, other: &ChunkRef) -> bool {
-        self.start == other.start && Arc::ptr_eq(&self.pool, &other.pool)
-    }
-}
-
-impl Clone for ChunkRef {
-    fn clone(&self) -> Self {
-        // Relaxed: as Arc::clone, a new reference is made from an existing
-        // one, so the count cannot reach zero concurrently.
-        self.pool.refs[self.start as usize].fetch_add(1, Ordering::Relaxed);
-        ChunkRef {
-            pool: Arc::clone(&self.pool),
-            start: self.start,
-            len: self.len,
-        }
-    }
-}
-
-impl Drop for ChunkRef {
-    fn drop(&mut self) {
-        // Release: our reads and writes of the run happen before the run is
-        // handed out again; the Acquire fence below completes the pair.
-        if self.pool.refs[self.start as usize].fetch_sub(1, Ordering::Release) == 1 {
-            fence(Ordering::Acquire);
-            self.pool
-                .release_run(self.start as usize, self.len as usize);
-        }
-    }
-}
-
-impl std::fmt::Debug for ChunkRef {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "ChunkRef({}+{})", self.start, self.len)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::memory::{ArenaOptions, MemoryKind};
 
     fn pool(chunks: usize) -> Arc<ChunkPool> {
         let opts = ArenaOptions {
@@ -918,54 +563,5 @@ mod tests {
         std::thread::sleep(Duration::from_millis(20));
         p.shut_down();
         assert!(matches!(t.join().unwrap(), Err(Error::Closed)));
-    }
-
-    #[test]
-    fn each_memory_kind_can_be_forced_or_reports_why_not() {
-        for kind in [MemoryKind::Thp, MemoryKind::Normal] {
-            let a = Arena::new(
-                4 << 20,
-                ArenaOptions {
-                    kind: Some(kind),
-                    lock: None,
-                    prefault: true,
-                    shared: false,
-                },
-            )
-            .unwrap();
-            assert_eq!(a.report().kind, kind);
-        }
-        let auto = Arena::new(
-            4 << 20,
-            ArenaOptions {
-                kind: None,
-                lock: Some(false),
-                prefault: true,
-                shared: false,
-            },
-        )
-        .unwrap();
-        assert!(!auto.report().locked);
-        if auto.report().kind != MemoryKind::Hugetlb {
-            assert!(
-                auto.report()
-                    .notes
-                    .iter()
-                    .any(|n| n.contains("MAP_HUGETLB"))
-            );
-            let forced = Arena::new(
-                4 << 20,
-                ArenaOptions {
-                    kind: Some(MemoryKind::Hugetlb),
-                    lock: None,
-                    prefault: false,
-                    shared: false,
-                },
-            );
-            match forced {
-                Err(Error::Memory(m)) => assert!(m.contains("nr_hugepages"), "{m}"),
-                other => panic!("expected a memory error, got {:?}", other.map(|_| ())),
-            }
-        }
     }
 }

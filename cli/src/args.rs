@@ -1,0 +1,243 @@
+//! The command line: clap's structs for every command and the flags they
+//! share, and [`config_for`], which turns the loader flags (and `--config`)
+//! into the library's [`Config`].
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use serde_json::{Map, Value, json};
+
+use ringfeed::config::{Config, parse_size};
+use ringfeed::serve::ServeOptions;
+
+use crate::AnyResult;
+
+#[derive(Parser)]
+#[command(
+    name = "ringfeed",
+    version,
+    about = "Stream WebDataset shards into zero-copy batches"
+)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum Command {
+    /// Write a synthetic WebDataset shard set into DIR.
+    Gen(GenArgs),
+    /// Stream a dataset and report GB/s, samples/s and CPU cost.
+    Bench(BenchArgs),
+    /// Serve the files of DIR over HTTP (GET, HEAD, Range) until Ctrl-C.
+    Serve(ServeArgs),
+    /// List the shards a dataset resolves to, with sizes (and sample counts).
+    Ls(LsArgs),
+    /// Write a manifest (`URL size samples` per line) of the dataset: with
+    /// it, loaders split the data among ranks without counting samples.
+    Index(IndexArgs),
+    /// Print each sample's key and field sizes, or one field's raw bytes.
+    Cat(CatArgs),
+    /// Generate a dataset in a temporary directory, serve it on a loopback
+    /// HTTP server and stream it over http://, checking every byte.
+    Demo {
+        /// Total size of the generated dataset.
+        #[arg(long, default_value = "512MiB", value_parser = size_arg)]
+        size: u64,
+        /// Stream from the directory instead of over HTTP.
+        #[arg(long)]
+        local: bool,
+        #[command(flatten)]
+        opts: LoaderArgs,
+        #[command(flatten)]
+        report: ReportArgs,
+    },
+}
+
+#[derive(Args)]
+pub(crate) struct ServeArgs {
+    /// Directory whose files are served.
+    pub(crate) dir: PathBuf,
+    /// Port to listen on; 0 picks a free one.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) port: u16,
+    /// Address to listen on (0.0.0.0 or :: for every interface).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub(crate) bind: String,
+    /// Connections served at once.
+    #[arg(long, default_value_t = ServeOptions::default().max_connections)]
+    pub(crate) max_connections: usize,
+    /// Print one line per request on stderr.
+    #[arg(long)]
+    pub(crate) log: bool,
+}
+
+#[derive(Args)]
+pub(crate) struct LsArgs {
+    /// Dataset URLs or paths (brace expansion allowed).
+    #[arg(required = true)]
+    pub(crate) urls: Vec<String>,
+    /// Stream every shard and print its sample count and field names.
+    #[arg(long)]
+    pub(crate) samples: bool,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub(crate) json: bool,
+    #[command(flatten)]
+    pub(crate) opts: LoaderArgs,
+}
+
+#[derive(Args)]
+pub(crate) struct IndexArgs {
+    /// Dataset URLs or paths (brace expansion allowed).
+    #[arg(required = true)]
+    pub(crate) urls: Vec<String>,
+    /// Write the manifest here instead of to stdout.
+    #[arg(long, short)]
+    pub(crate) output: Option<PathBuf>,
+    #[command(flatten)]
+    pub(crate) opts: LoaderArgs,
+}
+
+#[derive(Args)]
+pub(crate) struct CatArgs {
+    /// Dataset URLs or paths (brace expansion allowed).
+    #[arg(required = true)]
+    pub(crate) urls: Vec<String>,
+    /// Only the sample with this key.
+    #[arg(long)]
+    pub(crate) key: Option<String>,
+    /// With --key: write this field's raw bytes to stdout.
+    #[arg(long, requires = "key")]
+    pub(crate) field: Option<String>,
+    /// Stop after this many samples.
+    #[arg(long)]
+    pub(crate) limit: Option<u64>,
+    #[command(flatten)]
+    pub(crate) opts: LoaderArgs,
+}
+
+#[derive(Args)]
+pub(crate) struct GenArgs {
+    pub(crate) dir: PathBuf,
+    /// Number of shards.
+    #[arg(long, default_value_t = 8)]
+    pub(crate) shards: usize,
+    /// Approximate size of each shard.
+    #[arg(long, default_value = "64MiB", value_parser = size_arg)]
+    pub(crate) shard_size: u64,
+    /// Mean size of each sample's main field.
+    #[arg(long, default_value = "100KB", value_parser = size_arg)]
+    pub(crate) sample_size: u64,
+    /// Relative spread of the sample size (uniform in mean × (1 ± spread)).
+    #[arg(long, default_value_t = 0.5)]
+    pub(crate) spread: f64,
+    /// Comma-separated field names; the first carries the sized payload.
+    #[arg(long, default_value = "jpg,cls", value_delimiter = ',')]
+    pub(crate) fields: Vec<String>,
+    /// Seed of the sizes and of the content.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) seed: u64,
+}
+
+#[derive(Args)]
+pub(crate) struct BenchArgs {
+    /// Dataset URLs or paths (brace expansion allowed).
+    #[arg(required = true)]
+    pub(crate) urls: Vec<String>,
+    #[command(flatten)]
+    pub(crate) opts: LoaderArgs,
+    #[command(flatten)]
+    pub(crate) report: ReportArgs,
+}
+
+/// Configuration keys as flags.
+#[derive(Args, Clone)]
+pub(crate) struct LoaderArgs {
+    #[arg(long)]
+    pub(crate) batch_size: Option<u64>,
+    #[arg(long)]
+    pub(crate) drop_last: bool,
+    #[arg(long)]
+    pub(crate) memory_budget: Option<String>,
+    #[arg(long)]
+    pub(crate) chunk_size: Option<String>,
+    #[arg(long)]
+    pub(crate) reads_in_flight: Option<u64>,
+    #[arg(long)]
+    pub(crate) workers: Option<u64>,
+    /// Do not pin workers to CPUs.
+    #[arg(long)]
+    pub(crate) no_pin: bool,
+    /// auto, io_uring or threads.
+    #[arg(long)]
+    pub(crate) io_backend: Option<String>,
+    /// auto, hugetlb, thp or normal.
+    #[arg(long)]
+    pub(crate) memory_kind: Option<String>,
+    #[arg(long)]
+    pub(crate) epochs: Option<u64>,
+    /// More configuration keys as a JSON object (flags win).
+    #[arg(long)]
+    pub(crate) config: Option<String>,
+}
+
+/// What `bench` and `demo` report.
+#[derive(Args, Clone)]
+pub(crate) struct ReportArgs {
+    /// Check every field's bytes against the generator's pattern with this seed.
+    #[arg(long)]
+    pub(crate) verify: Option<u64>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+fn size_arg(s: &str) -> Result<u64, String> {
+    parse_size(s)
+}
+
+pub(crate) fn config_for(urls: Vec<String>, a: &LoaderArgs) -> AnyResult<Config> {
+    let mut m: Map<String, Value> = match &a.config {
+        Some(text) => match serde_json::from_str(text)? {
+            Value::Object(m) => m,
+            _ => return Err("--config must be a JSON object".into()),
+        },
+        None => Map::new(),
+    };
+    m.insert("urls".into(), json!(urls));
+    let mut set = |k: &str, v: Value| {
+        m.insert(k.into(), v);
+    };
+    if let Some(v) = a.batch_size {
+        set("batch_size", json!(v));
+    }
+    if a.drop_last {
+        set("drop_last", json!(true));
+    }
+    if let Some(v) = &a.memory_budget {
+        set("memory_budget", json!(v));
+    }
+    if let Some(v) = &a.chunk_size {
+        set("chunk_size", json!(v));
+    }
+    if let Some(v) = a.reads_in_flight {
+        set("reads_in_flight", json!(v));
+    }
+    if let Some(v) = a.workers {
+        set("workers", json!(v));
+    }
+    if a.no_pin {
+        set("pin_cpus", json!(false));
+    }
+    if let Some(v) = &a.io_backend {
+        set("io_backend", json!(v));
+    }
+    if let Some(v) = &a.memory_kind {
+        set("memory_kind", json!(v));
+    }
+    if let Some(v) = a.epochs {
+        set("epochs", json!(v));
+    }
+    Ok(Config::from_map(&m)?)
+}

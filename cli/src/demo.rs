@@ -1,0 +1,59 @@
+//! `ringfeed demo`: generate shards in a temporary directory, serve them on
+//! a loopback server in this process, and bench the loader over http://
+//! (or from the directory with `--local`), checking every byte.
+
+use ringfeed::serve::{ServeOptions, Server};
+use ringfeed::synth::GenOptions;
+
+use crate::AnyResult;
+use crate::args::{LoaderArgs, ReportArgs};
+use crate::bench::bench;
+use crate::generate::generate;
+
+pub(crate) fn demo(
+    size: u64,
+    local: bool,
+    opts: &LoaderArgs,
+    mut report: ReportArgs,
+) -> AnyResult<()> {
+    let dir = tempfile::Builder::new().prefix("ringfeed-demo").tempdir()?;
+    let o = GenOptions {
+        shards: 8,
+        shard_bytes: (size / 8).max(1 << 20),
+        seed: 42,
+        ..GenOptions::default()
+    };
+    eprintln!(
+        "generating {:.2} GB of WebDataset shards in {}",
+        size as f64 / 1e9,
+        dir.path().display()
+    );
+    let r = generate(dir.path(), &o)?;
+    report.verify = report.verify.or(Some(42));
+    if local {
+        eprintln!("streaming {}", r.pattern);
+        return bench(vec![r.pattern], opts, &report);
+    }
+    let server = Server::bind("127.0.0.1:0", dir.path(), ServeOptions::default())?;
+    let name = std::path::Path::new(&r.pattern)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or("the generated pattern has no file name")?;
+    let url = format!("{}{name}", server.url());
+    eprintln!("serving them on {} (loopback)", server.url());
+    eprintln!("streaming {url}");
+    bench(vec![url], opts, &report)?;
+    let s = server.stats();
+    if !report.json {
+        // The server runs in this process: its CPU is inside the `cpu` line.
+        println!(
+            "server        {} requests over {} connections, {:.3} GB sent, {:.3} CPU-s \
+             (in-process: included in `cpu` above)",
+            s.requests,
+            s.connections,
+            s.body_bytes as f64 / 1e9,
+            s.cpu_ns as f64 / 1e9
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,345 @@
+//! The arena: one anonymous mapping sized by the memory budget, holding every
+//! payload byte the engine reads; [`super::ChunkPool`] cuts it into equal
+//! chunks with reference counts.
+//!
+//! Memory is asked for in order of preference — explicit huge pages
+//! (`MAP_HUGETLB`), transparent huge pages (`MADV_HUGEPAGE`), normal pages —
+//! then locked with `mlock` when permitted and prefaulted, so no page fault
+//! lands mid-run. What was obtained, and why a preference was not, is kept in
+//! [`ArenaReport`] for the stats. A shared arena (`ArenaOptions::shared`) is a
+//! memory file (`memfd`) that another process may map.
+
+use memmap2::{Advice, MmapMut, MmapOptions};
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+
+/// Which kind of memory backs the arena.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MemoryKind {
+    /// Explicit huge pages from the reserved pool (`/proc/sys/vm/nr_hugepages`).
+    Hugetlb,
+    /// Transparent huge pages, asked for with `madvise(MADV_HUGEPAGE)`.
+    Thp,
+    /// Ordinary 4 KiB pages.
+    Normal,
+}
+
+impl MemoryKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            MemoryKind::Hugetlb => "hugetlb",
+            MemoryKind::Thp => "thp",
+            MemoryKind::Normal => "normal",
+        }
+    }
+}
+
+/// What the arena setup obtained, for the stats.
+#[derive(Debug, Clone)]
+pub struct ArenaReport {
+    pub kind: MemoryKind,
+    pub bytes: usize,
+    pub locked: bool,
+    /// Why a better memory kind, or locking, was not obtained.
+    pub notes: Vec<String>,
+}
+
+/// How the arena is asked to set itself up (from the configuration).
+#[derive(Debug, Clone, Copy)]
+pub struct ArenaOptions {
+    /// `None`: best available. `Some(kind)`: exactly that kind, or an error.
+    pub kind: Option<MemoryKind>,
+    /// `None`: lock when permitted. `Some(true)`: lock or fail. `Some(false)`: never.
+    pub lock: Option<bool>,
+    pub prefault: bool,
+    /// Back the arena with a memory file (`memfd`, `MAP_SHARED`) that another
+    /// process may map: how a PyTorch DataLoader worker's batches reach the
+    /// main process without a copy. Otherwise an anonymous private mapping.
+    pub shared: bool,
+}
+
+/// The mapping itself. Its bytes are only reached through raw pointers: the
+/// kernel writes into it (io_uring reads) while consumers read other parts.
+pub struct Arena {
+    _map: MmapMut,
+    /// The memory file behind a shared arena.
+    file: Option<std::fs::File>,
+    base: *mut u8,
+    len: usize,
+    report: ArenaReport,
+}
+
+// SAFETY: the arena is a plain block of memory; which thread may touch which
+// byte is decided by chunk ownership (ChunkRef), not by the Arena value.
+unsafe impl Send for Arena {}
+// SAFETY: as above; the Arena itself has no interior state besides the mapping.
+unsafe impl Sync for Arena {}
+
+const HUGE_2M: usize = 2 << 20;
+
+impl Arena {
+    pub fn new(len: usize, opts: ArenaOptions) -> Result<Arena> {
+        let mut notes = Vec::new();
+        let (mut map, kind, file) = if opts.shared {
+            let (m, k, f) = map_shared(len, opts.kind, &mut notes)?;
+            (m, k, Some(f))
+        } else {
+            let (m, k) = map_region(len, opts.kind, &mut notes)?;
+            (m, k, None)
+        };
+        let locked = match opts.lock {
+            Some(false) => false,
+            want => match map.lock() {
+                Ok(()) => true,
+                Err(e) if want == Some(true) => {
+                    return Err(Error::Memory(format!(
+                        "mlock of {len} bytes failed ({e}); `lock_memory` is \"on\". \
+                         Raise `ulimit -l`, grant CAP_IPC_LOCK, or set it to \"auto\""
+                    )));
+                }
+                Err(e) => {
+                    notes.push(format!(
+                        "mlock refused ({e}): memory is not locked (ulimit -l or CAP_IPC_LOCK)"
+                    ));
+                    false
+                }
+            },
+        };
+        if opts.prefault && !locked {
+            // mlock already faulted everything in. Otherwise ask the kernel to
+            // populate writable pages, or touch one byte per page.
+            if map.advise(Advice::PopulateWrite).is_err() {
+                let page = if kind == MemoryKind::Normal {
+                    4096
+                } else {
+                    HUGE_2M
+                };
+                for off in (0..len).step_by(page) {
+                    map[off] = 0;
+                }
+            }
+        }
+        let base = map.as_mut_ptr();
+        Ok(Arena {
+            _map: map,
+            file,
+            base,
+            len,
+            report: ArenaReport {
+                kind,
+                bytes: len,
+                locked,
+                notes,
+            },
+        })
+    }
+
+    pub fn report(&self) -> &ArenaReport {
+        &self.report
+    }
+
+    pub fn base(&self) -> *mut u8 {
+        self.base
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The memory file of a shared arena (`ArenaOptions::shared`): mapping
+    /// it (`MAP_SHARED`, offset 0) in another process shows the same bytes.
+    pub fn shared_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        self.file.as_ref().map(|f| f.as_raw_fd())
+    }
+}
+
+/// The kernel's transparent-huge-page mode for shared memory (the bracketed
+/// word of `shmem_enabled`), when it can be read.
+fn shmem_thp_mode() -> Option<String> {
+    let text = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled").ok()?;
+    let start = text.find('[')? + 1;
+    let end = start + text[start..].find(']')?;
+    Some(text[start..end].to_string())
+}
+
+/// A memory file of `len` bytes mapped `MAP_SHARED`: explicit huge pages
+/// (`MFD_HUGETLB`) when reserved, else transparent huge pages when the
+/// kernel gives them to shared memory, else normal pages.
+fn map_shared(
+    len: usize,
+    want: Option<MemoryKind>,
+    notes: &mut Vec<String>,
+) -> Result<(MmapMut, MemoryKind, std::fs::File)> {
+    use std::os::fd::FromRawFd;
+    let memfd = |flags: libc::c_uint| -> std::io::Result<(MmapMut, std::fs::File)> {
+        // SAFETY: a static NUL-terminated name and plain flags.
+        let fd =
+            unsafe { libc::memfd_create(c"ringfeed-arena".as_ptr(), libc::MFD_CLOEXEC | flags) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just created and is owned by nothing else.
+        let file = unsafe { std::fs::File::from_raw_fd(fd) };
+        file.set_len(len as u64)?;
+        // SAFETY: the file is ours alone until the arena hands its
+        // descriptor out; its length was set above and never changes.
+        let map = unsafe { MmapOptions::new().len(len).map_mut(&file) }?;
+        Ok((map, file))
+    };
+    let mut want_huge = want.is_none() || want == Some(MemoryKind::Hugetlb);
+    if want.is_none() && len % HUGE_2M != 0 {
+        notes.push(format!(
+            "{len} bytes is not a multiple of 2 MiB: no MFD_HUGETLB"
+        ));
+        want_huge = false;
+    }
+    if want_huge {
+        match memfd(libc::MFD_HUGETLB) {
+            Ok((m, f)) => return Ok((m, MemoryKind::Hugetlb, f)),
+            Err(e) if want == Some(MemoryKind::Hugetlb) => {
+                return Err(Error::Memory(format!(
+                    "a shared arena of {len} bytes in huge pages failed ({e}); `memory_kind` is \
+                     \"hugetlb\": reserve huge pages in /proc/sys/vm/nr_hugepages or choose \"auto\""
+                )));
+            }
+            Err(e) => notes.push(format!("MFD_HUGETLB failed ({e}): no huge pages reserved")),
+        }
+    }
+    let (map, file) = memfd(0)
+        .map_err(|e| Error::Memory(format!("a shared arena of {len} bytes (memfd) failed: {e}")))?;
+    if want == Some(MemoryKind::Normal) {
+        return Ok((map, MemoryKind::Normal, file));
+    }
+    let mode = shmem_thp_mode();
+    let thp = matches!(
+        mode.as_deref(),
+        Some("always" | "within_size" | "advise" | "force")
+    );
+    if thp && map.advise(Advice::HugePage).is_ok() {
+        return Ok((map, MemoryKind::Thp, file));
+    }
+    let why = match mode {
+        Some(m) if !thp => format!(
+            "the kernel gives shared memory no transparent huge pages \
+             (/sys/kernel/mm/transparent_hugepage/shmem_enabled is {m})"
+        ),
+        Some(_) => "MADV_HUGEPAGE refused on shared memory".to_string(),
+        None => "shared memory THP mode unknown".to_string(),
+    };
+    if want == Some(MemoryKind::Thp) {
+        return Err(Error::Memory(format!(
+            "`memory_kind` is \"thp\" but {why}; `shared_arena` needs shared memory"
+        )));
+    }
+    notes.push(format!("shared arena: normal pages: {why}"));
+    Ok((map, MemoryKind::Normal, file))
+}
+
+fn map_region(
+    len: usize,
+    want: Option<MemoryKind>,
+    notes: &mut Vec<String>,
+) -> Result<(MmapMut, MemoryKind)> {
+    let anon = |huge: bool| {
+        let mut o = MmapOptions::new();
+        o.len(len);
+        if huge {
+            o.huge(None);
+        }
+        o.map_anon()
+    };
+    let mut want_huge = want.is_none() || want == Some(MemoryKind::Hugetlb);
+    if want.is_none() && len % HUGE_2M != 0 {
+        notes.push(format!(
+            "{len} bytes is not a multiple of 2 MiB: no MAP_HUGETLB"
+        ));
+        want_huge = false;
+    }
+    if want_huge {
+        match anon(true) {
+            Ok(m) => return Ok((m, MemoryKind::Hugetlb)),
+            Err(e) if want == Some(MemoryKind::Hugetlb) => {
+                return Err(Error::Memory(format!(
+                    "MAP_HUGETLB of {len} bytes failed ({e}); `memory_kind` is \"hugetlb\": \
+                     reserve huge pages in /proc/sys/vm/nr_hugepages or choose \"auto\""
+                )));
+            }
+            Err(e) => notes.push(format!("MAP_HUGETLB failed ({e}): no huge pages reserved")),
+        }
+    }
+    let map = anon(false).map_err(|e| Error::Memory(format!("mmap of {len} bytes failed: {e}")))?;
+    if want == Some(MemoryKind::Normal) {
+        return Ok((map, MemoryKind::Normal));
+    }
+    match map.advise(Advice::HugePage) {
+        Ok(()) => Ok((map, MemoryKind::Thp)),
+        Err(e) if want == Some(MemoryKind::Thp) => Err(Error::Memory(format!(
+            "madvise(MADV_HUGEPAGE) failed ({e}); `memory_kind` is \"thp\""
+        ))),
+        Err(e) => {
+            notes.push(format!("MADV_HUGEPAGE refused ({e}): normal pages"));
+            Ok((map, MemoryKind::Normal))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_memory_kind_can_be_forced_or_reports_why_not() {
+        for kind in [MemoryKind::Thp, MemoryKind::Normal] {
+            let a = Arena::new(
+                4 << 20,
+                ArenaOptions {
+                    kind: Some(kind),
+                    lock: None,
+                    prefault: true,
+                    shared: false,
+                },
+            )
+            .unwrap();
+            assert_eq!(a.report().kind, kind);
+        }
+        let auto = Arena::new(
+            4 << 20,
+            ArenaOptions {
+                kind: None,
+                lock: Some(false),
+                prefault: true,
+                shared: false,
+            },
+        )
+        .unwrap();
+        assert!(!auto.report().locked);
+        if auto.report().kind != MemoryKind::Hugetlb {
+            assert!(
+                auto.report()
+                    .notes
+                    .iter()
+                    .any(|n| n.contains("MAP_HUGETLB"))
+            );
+            let forced = Arena::new(
+                4 << 20,
+                ArenaOptions {
+                    kind: Some(MemoryKind::Hugetlb),
+                    lock: None,
+                    prefault: false,
+                    shared: false,
+                },
+            );
+            match forced {
+                Err(Error::Memory(m)) => assert!(m.contains("nr_hugepages"), "{m}"),
+                other => panic!("expected a memory error, got {:?}", other.map(|_| ())),
+            }
+        }
+    }
+}
