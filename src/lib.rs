@@ -14,16 +14,16 @@ pub mod config; // the configuration keys, parsed and checked
 pub mod dataset; // URLs, braces and manifests → shards (and the resolver)
 pub mod engine; // the loader: start-up, workers, shuffler, sequencer, stats
 pub mod error; // the one error type and its kinds
-pub mod fetch; // the read backends: io_uring, threads, HTTP over both
+pub(crate) mod fetch; // the read backends: io_uring, threads, HTTP over both
 pub mod ffi; // the C ABI
 pub mod memory; // the arena, the chunk pool, batches
 pub mod net; // HTTP, TLS, retries, S3
 pub mod plan; // epoch plans, shuffle order, resume states (pure)
-pub mod queue; // the lock-free ring and the blocking channel
+pub(crate) mod queue; // the lock-free ring and the blocking channel
 pub mod serve; // a small HTTP file server (CLI `serve`, demo, tests)
 pub mod synth; // deterministic shard generator and checker (CLI `gen`, tests)
 pub mod tar; // the tar walk over chunks, header parsing, counting
-pub mod topology; // CPUs this process may use, worker pinning
+pub(crate) mod topology; // CPUs this process may use, worker pinning
 
 pub use config::Config;
 pub use engine::{Loader, Next, Stats};

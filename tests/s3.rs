@@ -14,7 +14,7 @@ mod support;
 
 use support::stream;
 
-use ringfeed::fetch::NetOptions;
+use ringfeed::net::NetOptions;
 use ringfeed::net::retry::Jitter;
 use ringfeed::net::s3::list::S3Client;
 use ringfeed::net::s3::{Env, S3Config};

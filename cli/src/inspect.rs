@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use ringfeed::config::Config;
-use ringfeed::fetch::NetOptions;
+use ringfeed::net::NetOptions;
 use ringfeed::{Loader, Next};
 
 use crate::AnyResult;

@@ -33,17 +33,9 @@ impl ChunkRef {
         self.len as usize * self.pool.chunk_size()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// Index of the run's first chunk (the fixed-buffer index for io_uring).
     pub fn index(&self) -> u32 {
         self.start
-    }
-
-    pub fn pool(&self) -> &Arc<ChunkPool> {
-        &self.pool
     }
 
     pub fn same_run(&self, other: &ChunkRef) -> bool {

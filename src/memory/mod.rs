@@ -16,9 +16,14 @@ mod chunk;
 mod mapping;
 mod pool;
 
-// The files are private; every item is named `crate::memory::X`.
-pub use batch::{Batch, NO_SOURCE, RawField, RawSample, SampleView, ShardNames};
-pub use builder::{BatchBuilder, Held};
-pub use chunk::ChunkRef;
-pub use mapping::{Arena, ArenaOptions, ArenaReport, MemoryKind};
-pub use pool::{ChunkPool, MAX_OWNERS, NO_OWNER, PoolUse};
+// The files are private; every item is named `crate::memory::X`. What a
+// consumer holds (batches and their views, the arena they live in) is
+// public; how the engine fills them is the crate's.
+pub use batch::{Batch, RawField, RawSample, SampleView};
+pub use mapping::{Arena, ArenaReport, MemoryKind};
+
+pub(crate) use batch::{NO_SOURCE, ShardNames};
+pub(crate) use builder::{BatchBuilder, Held};
+pub(crate) use chunk::ChunkRef;
+pub(crate) use mapping::ArenaOptions;
+pub(crate) use pool::{ChunkPool, NO_OWNER};

@@ -232,13 +232,9 @@ impl ChunkPool {
         self.lock().quota
     }
 
-    /// Chunks `owner` holds now.
-    pub fn owner_used(&self, owner: usize) -> usize {
-        self.lock().used.get(owner).copied().unwrap_or(0)
-    }
-
     /// One chunk for read-ahead, only while more than the reserve is free
     /// and `owner` keeps `headroom` chunks of its quota; never waits.
+    #[cfg(test)]
     pub fn acquire_spare(self: &Arc<Self>) -> Result<Option<ChunkRef>> {
         self.acquire_spare_as(NO_OWNER, 0)
     }
@@ -265,6 +261,7 @@ impl ChunkPool {
 
     /// Takes a run of `n` consecutive chunks. With `wait`, blocks until one is
     /// free; fails when the pool shuts down, or when no progress is possible.
+    #[cfg(test)]
     pub fn acquire(self: &Arc<Self>, n: usize, wait: bool) -> Result<Option<ChunkRef>> {
         self.acquire_as(NO_OWNER, n, wait)
     }

@@ -70,10 +70,6 @@ impl<T> Ring<T> {
         }
     }
 
-    pub fn capacity(&self) -> usize {
-        self.cap
-    }
-
     /// Position after `pos`: the next index, or the start of the next lap.
     fn advance(&self, pos: usize) -> usize {
         let index = pos & (self.lap - 1);
