@@ -6,12 +6,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
 
-/// A snapshot of a loader's counters and setup: the one list of what a
-/// loader counts. C reads it as `ringfeed_stats` (the header's name for it,
-/// see cbindgen.toml), Rust and JSON as [`Stats`], which adds the setup
-/// details that are text. A new counter is a field here; a counter the
-/// threads bump is also a name in the `live!` list below (the compiler checks
-/// that every name there is a field here).
+// The one list of what a loader counts. C reads it as `ringfeed_stats` (the
+// header's name for it, see cbindgen.toml), Rust and JSON as `Stats`, which
+// adds the setup details that are text. A new counter is a field here; a
+// counter the threads bump is also a name in the `live!` list below (the
+// compiler checks that every name there is a field here).
+/// A snapshot of a loader's counters and setup.
 #[repr(C)]
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Counts {

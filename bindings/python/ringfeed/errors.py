@@ -4,11 +4,32 @@ Each carries the engine's message (``str(e)``, ``e.message``), the status
 code (``e.status``) and its C name (``e.status_name``). Classes that match a
 Python built-in family also inherit from it: a bad configuration value is a
 ``ValueError``, a NULL or bad argument a ``ValueError``.
+
+The class for each status is declared once, by ``@_raised_for(status)`` on
+the class: it sets the class's ``status`` and registers it in `BY_STATUS`,
+which `from_status` reads. ``tests/test_errors.py`` checks the registry
+against the statuses of the loaded library.
 """
 
 import ctypes
 
 from . import _ffi
+
+
+BY_STATUS = {}
+
+
+def _raised_for(status):
+    """Class decorator: the exception `from_status` raises for `status`."""
+
+    def register(cls):
+        if status in BY_STATUS:
+            raise TypeError(f"status {status} already has {BY_STATUS[status].__name__}")
+        cls.status = status
+        BY_STATUS[status] = cls
+        return cls
+
+    return register
 
 
 class Error(Exception):
@@ -27,79 +48,77 @@ class Error(Exception):
         return _ffi.lib.ringfeed_status_name(self.status).decode()
 
 
+@_raised_for(_ffi.RINGFEED_ERR_INVALID_ARGUMENT)
 class InvalidArgumentError(Error, ValueError):
-    status = _ffi.RINGFEED_ERR_INVALID_ARGUMENT
+    """A pointer argument is NULL or misaligned, or a string is not UTF-8."""
 
 
+@_raised_for(_ffi.RINGFEED_ERR_INVALID_HANDLE)
 class InvalidHandleError(Error):
-    status = _ffi.RINGFEED_ERR_INVALID_HANDLE
+    """The loader handle is unknown or closed, or the batch was already released."""
 
 
+@_raised_for(_ffi.RINGFEED_ERR_CONFIG)
 class ConfigError(Error, ValueError):
     """The configuration is malformed, or a key has a bad value."""
 
-    status = _ffi.RINGFEED_ERR_CONFIG
 
-
+@_raised_for(_ffi.RINGFEED_ERR_DATASET)
 class DatasetError(Error):
     """A dataset URL is malformed, unsupported, or names nothing (a missing file)."""
 
-    status = _ffi.RINGFEED_ERR_DATASET
 
-
+@_raised_for(_ffi.RINGFEED_ERR_IO)
 class IoError(Error):
     """Reading a shard failed."""
 
-    status = _ffi.RINGFEED_ERR_IO
 
-
+@_raised_for(_ffi.RINGFEED_ERR_FORMAT)
 class FormatError(Error):
     """A shard is not a valid WebDataset tar (corrupt, truncated, duplicate field)."""
 
-    status = _ffi.RINGFEED_ERR_FORMAT
 
-
+@_raised_for(_ffi.RINGFEED_ERR_MEMORY)
 class MemorySetupError(Error):
     """Memory could not be set up as configured, or the budget is too small."""
 
-    status = _ffi.RINGFEED_ERR_MEMORY
 
-
+@_raised_for(_ffi.RINGFEED_ERR_BUFFER_TOO_SMALL)
 class BufferTooSmallError(Error):
-    status = _ffi.RINGFEED_ERR_BUFFER_TOO_SMALL
+    """The caller's buffer is too small."""
 
 
+@_raised_for(_ffi.RINGFEED_ERR_CLOSED)
 class ClosedError(Error):
     """The loader was closed (possibly by another thread while this one waited)."""
 
-    status = _ffi.RINGFEED_ERR_CLOSED
 
-
+@_raised_for(_ffi.RINGFEED_ERR_PANIC)
 class PanicError(Error):
     """An internal error of the engine was caught at the C boundary."""
 
-    status = _ffi.RINGFEED_ERR_PANIC
 
-
+@_raised_for(_ffi.RINGFEED_ERR_IO_URING)
 class IoUringError(Error):
     """io_uring was required by the configuration but is not available."""
 
-    status = _ffi.RINGFEED_ERR_IO_URING
 
-
+@_raised_for(_ffi.RINGFEED_ERR_NETWORK)
 class NetworkError(Error):
     """A network read failed after its retries."""
 
-    status = _ffi.RINGFEED_ERR_NETWORK
 
-
+@_raised_for(_ffi.RINGFEED_ERR_STATE)
 class StateError(Error, ValueError):
     """A resume state (well formed: a malformed one is `ConfigError`) does not
     fit this dataset, its epoch settings or its layout, or an elastic resume
     lacks an old consumer's state; or a shard's samples do not match the plan
     (a manifest's sample count is wrong)."""
 
-    status = _ffi.RINGFEED_ERR_STATE
+
+# Raised by the package itself, for Python objects used too late or in the
+# wrong process: they carry the status of the same fault in C, but the engine
+# never reports them, so `from_status` does not raise them.
 
 
 class ReleasedError(Error, ValueError):
@@ -112,26 +131,6 @@ class ForkedError(Error):
     """A loader or batch was used in a child process after fork(); open a new loader there."""
 
     status = _ffi.RINGFEED_ERR_INVALID_HANDLE
-
-
-BY_STATUS = {
-    cls.status: cls
-    for cls in (
-        InvalidArgumentError,
-        InvalidHandleError,
-        ConfigError,
-        DatasetError,
-        IoError,
-        FormatError,
-        MemorySetupError,
-        BufferTooSmallError,
-        ClosedError,
-        PanicError,
-        IoUringError,
-        NetworkError,
-        StateError,
-    )
-}
 
 
 def last_error_message():

@@ -1,0 +1,332 @@
+//! The configuration keys, each declared once: the `config_keys!` table
+//! below gives each key its `Config` field, type, default (with its reason)
+//! and parser, and makes from it the `Config` struct, its `Default`, the
+//! list of keys ([`KEYS`]) and the dispatch that parses a key's value
+//! (`Config::set`). Adding a key is one entry here (and its row in the
+//! README's configuration reference, which a test below checks).
+
+use std::path::PathBuf;
+
+use serde_json::Value;
+
+use super::values::{
+    attempts, boolean, endpoint, file_path, integer, io_backend, memory_kind, positive, region,
+    remainder, resume_states, secret, size, text, toggle, urls,
+};
+use super::{IoBackend, Toggle};
+use crate::error::{Error, Result};
+use crate::memory::MemoryKind;
+use crate::net::s3::S3Config;
+use crate::plan::Remainder;
+
+/// The automatic worker count. A fixed number, not one per CPU: the workers
+/// are the plan's streams, so the sample order must not change with the
+/// machine. One worker keeps ~10 GB/s of page-cache reads or ~3 GB/s of
+/// network receives busy on one core (measured on the dev machine); four
+/// cover a 100 Gbit/s NIC's share of a node's ranks.
+pub const AUTO_WORKERS: usize = 4;
+
+/// `stringify!($name)`, ignoring the rest: names a key in [`KEYS`] from an
+/// entry whose parser is not wanted there.
+macro_rules! key_name {
+    ($name:ident, $($ignored:tt)*) => {
+        stringify!($name)
+    };
+}
+
+/// Makes `Config`, its `Default`, [`KEYS`] and `Config::set` from a table
+/// that starts with `|key, v|` (the names the parsers use for the key and
+/// its JSON value) and has one entry per field, ending in `;`:
+///
+/// - `field: Type = default => parser;` a field set by the key of its name,
+///   to the parser's value;
+/// - `field: Type = default, keys { key => sub = parser; ... };` a field
+///   whose parts `field.sub` are set by keys of other names (the `s3_*` and
+///   `aws_*` keys fill `Config::s3`).
+///
+/// Fields, keys and the list in the unknown-key message keep the table's
+/// order.
+macro_rules! config_keys {
+    (
+        |$key:ident, $v:ident|
+        $(
+            $(#[$attr:meta])*
+            $field:ident: $ty:ty = $default:expr
+            $(=> $parse:expr)?
+            $(, keys { $($sub_key:ident => $sub:ident = $sub_parse:expr;)+ })?
+            ;
+        )*
+    ) => {
+        /// A loader's configuration. See the README's configuration reference.
+        #[derive(Debug, Clone)]
+        pub struct Config {
+            $(
+                $(#[$attr])*
+                pub $field: $ty,
+            )*
+        }
+
+        impl Default for Config {
+            fn default() -> Self {
+                Config {
+                    $($field: $default,)*
+                }
+            }
+        }
+
+        /// Every key `from_json` accepts.
+        pub const KEYS: &[&str] = &[
+            $(
+                $(key_name!($field, $parse),)?
+                $($(stringify!($sub_key),)+)?
+            )*
+        ];
+
+        impl Config {
+            /// Sets the field of `key` from its JSON value; an unknown key is
+            /// an error that lists the known ones.
+            pub(super) fn set(&mut self, $key: &str, $v: &Value) -> Result<()> {
+                match $key {
+                    $(
+                        $(stringify!($field) => self.$field = $parse,)?
+                        $($(stringify!($sub_key) => self.$field.$sub = $sub_parse,)+)?
+                    )*
+                    _ => return Err(unknown_key($key)),
+                }
+                Ok(())
+            }
+        }
+    };
+}
+
+fn unknown_key(key: &str) -> Error {
+    Error::config(format!(
+        "unknown key `{key}`; known keys: {}",
+        KEYS.join(", ")
+    ))
+}
+
+config_keys! {
+    |key, v|
+
+    /// Dataset URLs: local paths, `file://` URLs, directories of `.tar`
+    /// files, each with WebDataset brace expansion.
+    urls: Vec<String> = Vec::new() => urls(key, v)?;
+
+    /// Samples per batch.
+    // A common per-GPU batch of image models; the trainer sets its own.
+    batch_size: usize = 32 => positive(key, v)? as usize;
+
+    /// Drop the last, short batch of an epoch instead of delivering it.
+    // PyTorch DataLoader's default.
+    drop_last: bool = false => boolean(key, v)?;
+
+    /// Bytes of the arena; all payload bytes live in it. 0 sizes it from the
+    /// worker layout at open (see [`Config::effective_budget`]).
+    // Sized at open from the workers' read-ahead: see effective_budget.
+    memory_budget: u64 = 0 => size(key, v)?;
+
+    /// Bytes per chunk: the unit of reads and of memory accounting.
+    // 8 MiB: the S3 part size the AWS CRT uses to reach line rate, and
+    // the receive size at which one io_uring thread reached ~4 GB/s at
+    // half the CPU of 256 KiB receives (measured on the dev machine).
+    chunk_size: u64 = 8 << 20 => size(key, v)?;
+
+    /// Reads each worker keeps in flight.
+    // 4 in flight per worker: the CRT's ~4 requests per connection; for
+    // page-cache reads 2 already overlap parse and copy.
+    reads_in_flight: usize = 4 => positive(key, v)? as usize;
+
+    /// Worker threads, each reading one stream of the plan; 0 picks
+    /// `AUTO_WORKERS` (at most one per shard). Part of the layout that
+    /// decides the sample order, so it does not depend on the machine.
+    workers: usize = 0 => integer(key, v)? as usize;
+
+    /// Pin each worker to one CPU of the process's allowed set.
+    pin_cpus: bool = true => boolean(key, v)?;
+
+    io_backend: IoBackend = IoBackend::Auto => io_backend(key, v)?;
+
+    /// `None`: best available memory kind.
+    memory_kind: Option<MemoryKind> = None => memory_kind(key, v)?;
+
+    lock_memory: Toggle = Toggle::Auto => toggle(key, v)?;
+
+    register_buffers: Toggle = Toggle::Auto => toggle(key, v)?;
+
+    /// Back the arena with a memory file another process may map (see
+    /// `ringfeed_loader_arena`): for consumers in a child process.
+    // Private memory unless a consumer elsewhere needs to map it.
+    shared_arena: bool = false => boolean(key, v)?;
+
+    /// Ready batches the ring holds ahead of the consumer.
+    /// Also the depth of each worker's queue to the sequencer (what they
+    /// hold counts against the worker's share of the budget).
+    // Eight batches ahead hides a slow read without pinning much.
+    prefetch_batches: usize = 8 => positive(key, v)? as usize;
+
+    /// Passes over the dataset; 0 repeats forever.
+    epochs: u64 = 1 => integer(key, v)?;
+
+    /// A network read that receives no byte for this long fails as stalled
+    /// (and is retried).
+    // S3 closes idle connections after 20 s; a range that sends
+    // nothing for 10 s is better retried on a new connection.
+    stall_timeout_ms: u64 = 10_000 => positive(key, v)?;
+
+    /// Attempts per network range, the first included.
+    // See retry::RetryPolicy: the SDKs' 3, raised for long jobs.
+    max_attempts: u32 = 5 => attempts(key, v)?;
+
+    /// PEM file of CA certificates for https:// (default: `AWS_CA_BUNDLE`,
+    /// else the system's roots).
+    ca_bundle: Option<PathBuf> = None => Some(file_path(key, v)?);
+
+    /// A manifest of shards (`URL [size]` per line), read before `urls`.
+    // No manifest: shards come from `urls`.
+    manifest: Option<String> = None => Some(text(key, v)?);
+
+    /// S3 endpoint, region, addressing and credentials (`s3_*`, `aws_*`).
+    /// Its `Debug` redacts the secrets.
+    // No endpoint (AWS, or AWS_ENDPOINT_URL), region from the
+    // environment or profile (else us-east-1), path-style only with
+    // an endpoint, requests signed with the credential chain's keys.
+    s3: S3Config = S3Config::default(), keys {
+        s3_endpoint => endpoint = Some(endpoint(key, v)?);
+        s3_region => region = Some(region(key, v)?);
+        s3_path_style => path_style = Some(boolean(key, v)?);
+        s3_unsigned => unsigned = boolean(key, v)?;
+        aws_access_key_id => access_key_id = Some(secret(key, v)?);
+        aws_secret_access_key => secret_access_key = Some(secret(key, v)?);
+        aws_session_token => session_token = Some(secret(key, v)?);
+        aws_profile => profile = Some(text(key, v)?);
+    };
+
+    /// The epoch plan's seed.
+    // Seed 0, no shuffle: the shards in the order given, as a plain
+    // streaming reader would.
+    seed: u64 = 0 => integer(key, v)?;
+
+    /// Permute the shards every epoch.
+    shuffle: bool = false => boolean(key, v)?;
+
+    /// Samples held by the shuffle buffers (0: no sample shuffle).
+    shuffle_buffer: usize = 0 => integer(key, v)? as usize;
+
+    /// Samples buffered before the first output; `None`: `shuffle_buffer`.
+    shuffle_initial: Option<usize> = None => Some(integer(key, v)? as usize);
+
+    /// Draw shards with replacement, for ever (epochs of `samples_per_epoch`).
+    resampled: bool = false => boolean(key, v)?;
+
+    /// Samples per epoch over all ranks and loader workers (0: the data's).
+    samples_per_epoch: u64 = 0 => integer(key, v)?;
+
+    // PyTorch's DistributedSampler pads by default: no sample is lost.
+    remainder: Remainder = Remainder::Pad => remainder(key, v)?;
+
+    /// This process's rank and the number of ranks.
+    rank: u64 = 0 => integer(key, v)?;
+
+    world_size: u64 = 1 => positive(key, v)?;
+
+    /// This loader's index among the loader processes of one rank (PyTorch
+    /// DataLoader workers), and their number.
+    loader_worker: u64 = 0 => integer(key, v)?;
+
+    loader_workers: u64 = 1 => positive(key, v)?;
+
+    /// Resume states (hex) saved by `state`: see `crate::plan::resume`.
+    resume: Vec<String> = Vec::new() => resume_states(key, v)?;
+
+    /// The epoch to start at (each epoch has its own shuffle); `epochs`
+    /// still counts from 0, so the loader runs `epoch..epochs`. A resume
+    /// state overrides it.
+    epoch: u64 = 0 => integer(key, v)?;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    /// The lines of the README's "Configuration reference" section, its
+    /// subsections included, up to the next section of the same level.
+    fn reference_section(readme: &str) -> Vec<&str> {
+        let mut lines = readme.lines();
+        lines
+            .by_ref()
+            .find(|l| l.trim_end() == "## Configuration reference")
+            .expect("README has a `## Configuration reference` section");
+        lines.take_while(|l| !l.starts_with("## ")).collect()
+    }
+
+    /// The keys in the first column of the section's key table (`| key |
+    /// default | meaning |`), each as often as it is listed.
+    fn listed_keys(section: &[&str]) -> BTreeMap<String, usize> {
+        let mut keys = BTreeMap::new();
+        let mut in_table = false;
+        for line in section {
+            let line = line.trim();
+            if !line.starts_with('|') {
+                in_table = false;
+                continue;
+            }
+            let first = line.split('|').nth(1).unwrap_or("").trim();
+            if first == "key" {
+                in_table = true;
+                continue;
+            }
+            if !in_table || first.starts_with("---") {
+                continue;
+            }
+            // `rank`, `world_size`: every backquoted name of the cell.
+            for name in first.split('`').skip(1).step_by(2) {
+                *keys.entry(name.to_string()).or_insert(0) += 1;
+            }
+        }
+        keys
+    }
+
+    #[test]
+    fn the_readme_lists_exactly_the_accepted_keys() {
+        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+            .expect("README.md");
+        let listed = listed_keys(&reference_section(&readme));
+        assert!(!listed.is_empty(), "no key table in the README's reference");
+        let twice: Vec<_> = listed.iter().filter(|(_, n)| **n > 1).collect();
+        assert!(twice.is_empty(), "listed more than once: {twice:?}");
+        let missing: Vec<_> = KEYS.iter().filter(|k| !listed.contains_key(**k)).collect();
+        assert!(
+            missing.is_empty(),
+            "accepted but not in the README: {missing:?}"
+        );
+        let unknown: Vec<_> = listed
+            .keys()
+            .filter(|k| !KEYS.contains(&k.as_str()))
+            .collect();
+        assert!(
+            unknown.is_empty(),
+            "in the README but not accepted: {unknown:?}"
+        );
+    }
+
+    #[test]
+    fn every_listed_key_is_parsed_and_no_other() {
+        let mut seen = std::collections::HashSet::new();
+        for key in KEYS {
+            assert!(seen.insert(key), "`{key}` is declared twice");
+            let e = Config::default().set(key, &Value::Null).err();
+            let e = e.map(|e| e.to_string()).unwrap_or_default();
+            assert!(!e.contains("unknown key"), "{key}: {e}");
+        }
+        let e = Config::default()
+            .set("batch_sise", &Value::Null)
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("known keys: urls, batch_size, "),
+            "{e}"
+        );
+    }
+}

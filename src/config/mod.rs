@@ -1,0 +1,253 @@
+//! The one configuration of a loader. It arrives as JSON text through the C
+//! ABI (`ringfeed_loader_open`), and the same keys are the CLI's flags and
+//! Python's keyword arguments. Every key is checked here: an unknown
+//! key or a bad value is an error that names the key and says why.
+//!
+//! Sizes are integers (bytes) or strings with a unit: `"512MiB"`, `"8 MiB"`,
+//! `"1GB"` (KiB/MiB/GiB/TiB are powers of 1024, KB/MB/GB/TB of 1000).
+//!
+//! - `keys.rs`: the table of keys, one entry each (field, default and its
+//!   reason, parser), which makes `Config`, its `Default` and [`KEYS`];
+//! - `values.rs`: the value types ([`IoBackend`], [`Toggle`]) and the
+//!   parsers of values, [`parse_size`] among them;
+//! - `validate.rs`: the checks of the keys together.
+
+mod keys;
+mod validate;
+mod values;
+
+use serde_json::{Map, Value};
+
+pub use keys::{AUTO_WORKERS, Config, KEYS};
+pub use values::{IoBackend, Toggle, parse_size};
+
+use crate::error::{Error, Result};
+use crate::plan::PlanOptions;
+use values::kind_of;
+
+impl Config {
+    /// Consumers of the dataset: ranks × loader workers.
+    pub fn consumers(&self) -> u64 {
+        self.world_size.saturating_mul(self.loader_workers)
+    }
+
+    /// The plan's options for `streams` streams.
+    pub fn plan_options(&self, streams: usize) -> PlanOptions {
+        PlanOptions {
+            seed: self.seed,
+            shuffle: self.shuffle,
+            shuffle_buffer: self.shuffle_buffer,
+            shuffle_initial: self.shuffle_initial.unwrap_or(self.shuffle_buffer),
+            resampled: self.resampled,
+            samples_per_epoch: self.samples_per_epoch,
+            remainder: self.remainder,
+            batch_size: self.batch_size,
+            drop_last: self.drop_last,
+            consumers: self.consumers(),
+            consumer: self.rank * self.loader_workers + self.loader_worker,
+            streams,
+        }
+    }
+
+    /// The budget in bytes: `memory_budget`, or when it is 0, room for every
+    /// worker's reads in flight plus two chunks each (the one being parsed
+    /// and a spill), plus 64 MiB for batches in the ring and with the
+    /// consumer; at least 256 MiB, shared out among a rank's
+    /// `loader_workers` (each a process with its own engine). The whole
+    /// arena is locked and faulted in at open, so a budget far above the
+    /// working set costs start-up time (about 2 s per GiB measured on the
+    /// dev machine; 15-600 ms for 256 MiB of transparent huge pages,
+    /// depending on how much the kernel must compact) for nothing: two
+    /// DataLoader workers decoding JPEGs each opened 256 MiB and lost to
+    /// WebDataset by that time alone (0.95x), and were ahead with 160 MiB.
+    pub fn effective_budget(&self, workers: usize) -> u64 {
+        if self.memory_budget != 0 {
+            return self.memory_budget;
+        }
+        let reads = workers as u64 * (self.reads_in_flight as u64 + 2) * self.chunk_size;
+        (reads + (64 << 20)).max((256 << 20) / self.loader_workers.max(1))
+    }
+
+    /// Parses a JSON object of configuration keys.
+    pub fn from_json(text: &str) -> Result<Config> {
+        let value: Value = serde_json::from_str(text)
+            .map_err(|e| Error::config(format!("not valid JSON: {e}")))?;
+        match value {
+            Value::Object(map) => Config::from_map(&map),
+            other => Err(Error::config(format!(
+                "expected a JSON object of keys, got {}",
+                kind_of(&other)
+            ))),
+        }
+    }
+
+    /// Applies the keys of `map` over the defaults, then validates.
+    pub fn from_map(map: &Map<String, Value>) -> Result<Config> {
+        let mut c = Config::default();
+        for (key, v) in map {
+            c.set(key, v)?;
+        }
+        c.validate()?;
+        Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(json: &str) -> String {
+        Config::from_json(json).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn defaults_apply_and_sizes_take_units() {
+        let c = Config::from_json(
+            r#"{"urls": "a.tar", "memory_budget": "256MiB", "chunk_size": 1048576}"#,
+        )
+        .unwrap();
+        assert_eq!(c.urls, vec!["a.tar"]);
+        assert_eq!(c.memory_budget, 256 << 20);
+        assert_eq!(c.chunk_size, 1 << 20);
+        assert_eq!(c.batch_size, 32);
+        assert_eq!(parse_size("1 GB").unwrap(), 1_000_000_000);
+    }
+
+    #[test]
+    fn the_default_budget_is_the_reads_or_a_share_of_256_mib() {
+        let c = |json: &str| Config::from_json(json).unwrap();
+        const MIB: u64 = 1 << 20;
+        // 4 workers x (4 reads + 2) x 8 MiB + 64 MiB = 256 MiB.
+        assert_eq!(c(r#"{"urls": "a"}"#).effective_budget(4), 256 * MIB);
+        assert_eq!(c(r#"{"urls": "a"}"#).effective_budget(1), 256 * MIB);
+        assert_eq!(c(r#"{"urls": "a"}"#).effective_budget(6), 352 * MIB);
+        // A rank's DataLoader workers share the floor, never below their reads.
+        let two = c(r#"{"urls": "a", "loader_workers": 2}"#);
+        assert_eq!(two.effective_budget(2), 160 * MIB);
+        assert_eq!(two.effective_budget(1), 128 * MIB);
+        let eight = c(r#"{"urls": "a", "loader_workers": 8}"#);
+        assert_eq!(eight.effective_budget(1), 112 * MIB);
+        let set = c(r#"{"urls": "a", "loader_workers": 8, "memory_budget": "1GiB"}"#);
+        assert_eq!(set.effective_budget(1), 1024 * MIB);
+    }
+
+    #[test]
+    fn bad_input_names_the_key_and_the_reason() {
+        assert!(err("[1]").contains("expected a JSON object"));
+        assert!(err("{").contains("not valid JSON"));
+        assert!(err(r#"{"urls":"a","batch_sise":3}"#).contains("unknown key `batch_sise`"));
+        assert!(
+            err(r#"{"urls":"a","batch_size":0}"#)
+                .contains("`batch_size` must be a positive integer")
+        );
+        assert!(err(r#"{"urls":"a","batch_size":"8"}"#).contains("`batch_size`"));
+        assert!(err(r#"{"urls":"a","drop_last":1}"#).contains("`drop_last` must be true or false"));
+        assert!(
+            err(r#"{"urls":"a","memory_budget":"12 parsecs"}"#).contains("unknown unit `parsecs`")
+        );
+        assert!(err(r#"{"urls":"a","memory_budget":"x"}"#).contains("`memory_budget`"));
+        assert!(err(r#"{"urls":"a","memory_budget":-5}"#).contains("`memory_budget`"));
+        assert!(err(r#"{"urls":"a","io_backend":"epoll"}"#).contains("\"io_uring\""));
+        assert!(err(r#"{"urls":"a","memory_kind":"huge"}"#).contains("`memory_kind`"));
+        assert!(err(r#"{"urls":"a","lock_memory":"maybe"}"#).contains("`lock_memory`"));
+        assert!(err(r#"{"urls":"a","chunk_size":1000}"#).contains("`chunk_size`"));
+        assert!(err(r#"{"urls":"a","memory_budget":"16MiB"}"#).contains("at least 4 are needed"));
+        assert!(err(r#"{"urls":[1]}"#).contains("`urls`"));
+        assert!(err(r#"{"urls":[""]}"#).contains("`urls`"));
+        assert!(err(r#"{}"#).contains("`urls` is required"));
+        assert!(err(r#"{"urls":"a","reads_in_flight":100000}"#).contains("`reads_in_flight`"));
+        assert!(err(r#"{"urls":"a","workers":1.5}"#).contains("`workers`"));
+        assert!(err(r#"{"urls":"a","stall_timeout_ms":0}"#).contains("`stall_timeout_ms`"));
+        assert!(err(r#"{"urls":"a","max_attempts":0}"#).contains("`max_attempts`"));
+        assert!(err(r#"{"urls":"a","max_attempts":1000}"#).contains("from 1 to 100"));
+        assert!(err(r#"{"urls":"a","ca_bundle":""}"#).contains("`ca_bundle`"));
+        assert!(err(r#"{"urls":"a","ca_bundle":7}"#).contains("`ca_bundle`"));
+        assert!(
+            err(r#"{"urls":"a","shared_arena":"yes"}"#)
+                .contains("`shared_arena` must be true or false")
+        );
+    }
+
+    #[test]
+    fn epoch_keys_reject_bad_values_by_name() {
+        let cases = [
+            (r#""seed":-1"#, "`seed`"),
+            (r#""shuffle":"yes""#, "`shuffle` must be true or false"),
+            (r#""shuffle_buffer":1.5"#, "`shuffle_buffer`"),
+            (
+                r#""shuffle_buffer":100000000"#,
+                "`shuffle_buffer` must be at most",
+            ),
+            (
+                r#""shuffle_buffer":4,"shuffle_initial":5"#,
+                "`shuffle_initial` 5",
+            ),
+            (r#""resampled":true"#, "set `samples_per_epoch`"),
+            (r#""samples_per_epoch":"many""#, "`samples_per_epoch`"),
+            (r#""samples_per_epoch":2000000000000"#, "at most 2^40"),
+            (r#""remainder":"round""#, "`remainder`"),
+            (r#""world_size":0"#, "`world_size`"),
+            (
+                r#""rank":2,"world_size":2"#,
+                "`rank` 2 must be below `world_size` 2",
+            ),
+            (
+                r#""loader_worker":1"#,
+                "`loader_worker` 1 must be below `loader_workers` 1",
+            ),
+            (r#""loader_workers":0"#, "`loader_workers`"),
+            (r#""world_size":70000"#, "consumers are supported"),
+            (r#""epoch":1000000000000000000"#, "`epoch` must be at most"),
+            (r#""resume":{}"#, "`resume`"),
+            (r#""resume":["RFST"]"#, "`resume`"),
+            (
+                r#""prefetch_batches":5000"#,
+                "`prefetch_batches` must be at most 4096",
+            ),
+            (r#""batch_size":2000000"#, "`batch_size` must be at most"),
+        ];
+        for (extra, want) in cases {
+            let e = err(&format!(r#"{{"urls":"a",{extra}}}"#));
+            assert!(e.contains(want), "{extra}: {e}");
+        }
+        // A state is accepted in either form, one or a list; null means none.
+        let c = Config::from_json(r#"{"urls":"a","resume":null}"#).unwrap();
+        assert!(c.resume.is_empty());
+    }
+
+    #[test]
+    fn s3_keys_are_checked_and_secrets_never_echoed() {
+        let c = Config::from_json(
+            r#"{"urls":"s3://b/k.tar","s3_endpoint":"http://127.0.0.1:9000/","s3_region":"eu-west-1",
+                "s3_path_style":false,"aws_access_key_id":"AKID","aws_secret_access_key":"SECRETVALUE1",
+                "aws_session_token":"TOKENVALUE1","aws_profile":"p"}"#,
+        )
+        .unwrap();
+        assert_eq!(c.s3.endpoint.as_deref(), Some("http://127.0.0.1:9000"));
+        assert_eq!(c.s3.region.as_deref(), Some("eu-west-1"));
+        assert_eq!(c.s3.path_style, Some(false));
+        let d = format!("{c:?}");
+        assert!(
+            !d.contains("SECRETVALUE1") && !d.contains("TOKENVALUE1"),
+            "{d}"
+        );
+        let c = Config::from_json(r#"{"manifest":"m.manifest"}"#).unwrap();
+        assert_eq!(c.manifest.as_deref(), Some("m.manifest"));
+        assert!(err(r#"{"urls":"a","s3_endpoint":"ftp://x"}"#).contains("`s3_endpoint`"));
+        assert!(err(r#"{"urls":"a","s3_endpoint":"http://x/path"}"#).contains("no path"));
+        assert!(err(r#"{"urls":"a","s3_region":"us east"}"#).contains("`s3_region`"));
+        assert!(err(r#"{"urls":"a","s3_unsigned":"yes"}"#).contains("`s3_unsigned`"));
+        assert!(err(r#"{"urls":"a","manifest":""}"#).contains("`manifest`"));
+        assert!(err(r#"{"urls":"a","aws_access_key_id":"A"}"#).contains("together"));
+        let e = err(r#"{"urls":"a","aws_secret_access_key":123456789}"#);
+        assert!(
+            e.contains("`aws_secret_access_key`") && !e.contains("123456789"),
+            "{e}"
+        );
+        assert!(
+            err(r#"{"urls":"a","aws_access_key_id":"A","aws_secret_access_key":"S","s3_unsigned":true}"#)
+                .contains("`s3_unsigned`")
+        );
+        assert!(err(r#"{"urls":"a","aws_session_token":"T"}"#).contains("`aws_session_token`"));
+    }
+}

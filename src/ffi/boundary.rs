@@ -1,0 +1,132 @@
+//! What every entry point of the C ABI goes through: the panic boundary
+//! ([`boundary`]), the failure on its way to C ([`Fail`]: a status and a
+//! message), the calling thread's last error message, the pointer check
+//! ([`check`]), and the handle tables in which loaders ([`lookup`]) and
+//! batches are found by number, never by dereferencing what C passed.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::c_char;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, LazyLock, Mutex};
+
+use super::status::{
+    RINGFEED_ERR_BUFFER_TOO_SMALL, RINGFEED_ERR_INVALID_ARGUMENT, RINGFEED_ERR_INVALID_HANDLE,
+    RINGFEED_ERR_PANIC, RINGFEED_OK, status_of,
+};
+use super::types::ringfeed_loader;
+use crate::engine::Loader;
+use crate::error::Error;
+use crate::memory::Batch;
+
+thread_local! {
+    static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
+}
+
+pub(super) static LOADERS: LazyLock<Mutex<HashMap<usize, Arc<Loader>>>> =
+    LazyLock::new(Default::default);
+pub(super) static BATCHES: LazyLock<Mutex<HashMap<u64, Batch>>> = LazyLock::new(Default::default);
+/// Handle numbers; never reused within a process. Relaxed: only uniqueness matters.
+pub(super) static NEXT_HANDLE: AtomicU64 = AtomicU64::new(1);
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// An error on its way to C: a status and a message.
+pub(super) struct Fail(pub(super) i32, pub(super) String);
+
+impl From<Error> for Fail {
+    fn from(e: Error) -> Self {
+        Fail(status_of(&e), e.to_string())
+    }
+}
+
+pub(super) fn invalid(what: impl Into<String>) -> Fail {
+    Fail(RINGFEED_ERR_INVALID_ARGUMENT, what.into())
+}
+
+/// Runs `f` inside the panic boundary and records its message.
+pub(super) fn boundary(f: impl FnOnce() -> Result<i32, Fail>) -> i32 {
+    let result = catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|panic| {
+        let msg = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or("unknown panic");
+        Err(Fail(RINGFEED_ERR_PANIC, format!("internal error: {msg}")))
+    });
+    match result {
+        Ok(code) => code,
+        Err(Fail(code, msg)) => {
+            LAST_ERROR.with(|e| *e.borrow_mut() = msg);
+            code
+        }
+    }
+}
+
+/// The calling thread's last error message ("" when no call failed).
+pub(super) fn last_error() -> String {
+    LAST_ERROR.with(|e| e.borrow().clone())
+}
+
+/// Checks that `p` is non-NULL and aligned for `T`.
+pub(super) fn check<T>(p: *const T, name: &str) -> Result<(), Fail> {
+    if p.is_null() {
+        return Err(invalid(format!("argument `{name}` is NULL")));
+    }
+    if !p.is_aligned() {
+        return Err(invalid(format!(
+            "argument `{name}` is not aligned for its type"
+        )));
+    }
+    Ok(())
+}
+
+pub(super) fn lookup(handle: *const ringfeed_loader) -> Result<Arc<Loader>, Fail> {
+    if handle.is_null() {
+        return Err(invalid("argument `loader` is NULL"));
+    }
+    lock(&LOADERS).get(&handle.addr()).cloned().ok_or_else(|| {
+        Fail(
+            RINGFEED_ERR_INVALID_HANDLE,
+            "unknown loader handle: it was closed or never opened".into(),
+        )
+    })
+}
+
+/// Writes `text` NUL-terminated into `buf` (the `*_json` / `*_state`
+/// convention).
+///
+/// # Safety
+/// `buf` must be NULL or point to `len` writable bytes; `needed` NULL or writable.
+pub(super) unsafe fn write_text(
+    text: &str,
+    what: &str,
+    buf: *mut c_char,
+    len: usize,
+    needed: *mut usize,
+) -> Result<i32, Fail> {
+    if !needed.is_null() {
+        check(needed, "needed")?;
+        // SAFETY: checked non-NULL and aligned; the caller says it is writable.
+        unsafe { needed.write(text.len()) };
+    }
+    if len <= text.len() {
+        return Err(Fail(
+            RINGFEED_ERR_BUFFER_TOO_SMALL,
+            format!(
+                "{what} needs {} bytes, the buffer has {len}",
+                text.len() + 1
+            ),
+        ));
+    }
+    check(buf, "buf")?;
+    // SAFETY: `buf` has `len` > text.len() writable bytes.
+    unsafe {
+        std::ptr::copy_nonoverlapping(text.as_ptr(), buf.cast(), text.len());
+        buf.add(text.len()).write(0);
+    }
+    Ok(RINGFEED_OK)
+}

@@ -1,0 +1,250 @@
+//! The status codes of the C ABI, declared once: the `statuses!` table below
+//! gives each its name, value and documentation, and makes from it the
+//! `RINGFEED_*` constants, [`STATUSES`] (which `ringfeed_status_name` reads
+//! and `tests/header.rs` writes into `include/ringfeed.h` as `#define`s), so
+//! a code is added in one place. Also here: the one mapping from an
+//! [`Error`] to its status ([`status_of`]), and the entry points that explain
+//! a status (`ringfeed_status_name`, `ringfeed_last_error`).
+//!
+//! Values never change once released: C programs and the Python package
+//! compile them in.
+
+use std::ffi::{CStr, c_char};
+
+use super::boundary::last_error;
+use crate::error::Error;
+
+/// One status code of the C ABI.
+#[derive(Debug, Clone, Copy)]
+pub struct Status {
+    /// The value the entry points return.
+    pub code: i32,
+    /// The C name, `RINGFEED_...`.
+    pub name: &'static CStr,
+    /// Its documentation: the doc comment's lines, each ending in `\n` and
+    /// starting with the space after `///`.
+    pub doc: &'static str,
+}
+
+/// `name` (NUL-terminated) as a C string, at compile time.
+const fn c_name(name: &'static str) -> &'static CStr {
+    match CStr::from_bytes_with_nul(name.as_bytes()) {
+        Ok(c) => c,
+        Err(_) => panic!("a status name holds a NUL"),
+    }
+}
+
+/// Makes the constants and [`STATUSES`] from one list of
+/// `/// doc` `NAME = value;` entries.
+macro_rules! statuses {
+    ($( $(#[doc = $doc:literal])* $name:ident = $code:literal; )*) => {
+        $(
+            $(#[doc = $doc])*
+            pub const $name: i32 = $code;
+        )*
+
+        /// Every status code, in the header's order.
+        pub const STATUSES: &[Status] = &[$(
+            Status {
+                code: $code,
+                name: c_name(concat!(stringify!($name), "\0")),
+                doc: concat!($($doc, "\n",)*),
+            },
+        )*];
+    };
+}
+
+statuses! {
+    /// Success; for `ringfeed_loader_next`, a batch was written.
+    RINGFEED_OK = 0;
+    /// `ringfeed_loader_next`: every batch of the current epoch was handed out.
+    RINGFEED_END_OF_EPOCH = 1;
+    /// `ringfeed_loader_next`: no batch arrived within the time-out.
+    RINGFEED_TIMEOUT = 2;
+    /// `ringfeed_loader_next`: every epoch is over; no batch will come.
+    RINGFEED_FINISHED = 3;
+    /// A pointer argument is NULL or misaligned, or a string is not UTF-8.
+    RINGFEED_ERR_INVALID_ARGUMENT = -1;
+    /// The loader handle is unknown or closed, or the batch was already released.
+    RINGFEED_ERR_INVALID_HANDLE = -2;
+    /// The configuration is malformed, or a key is unknown or has a bad value,
+    /// or no AWS credentials could be found for `s3://` URLs.
+    RINGFEED_ERR_CONFIG = -3;
+    /// A dataset URL is malformed, unsupported, or names nothing, or the server
+    /// refused it for good (HTTP 4xx; S3 NoSuchKey, NoSuchBucket, AccessDenied).
+    RINGFEED_ERR_DATASET = -4;
+    /// Reading a shard failed.
+    RINGFEED_ERR_IO = -5;
+    /// A shard is not a valid WebDataset tar (corrupt, truncated, duplicate field).
+    RINGFEED_ERR_FORMAT = -6;
+    /// Memory could not be set up as configured, or the budget is too small.
+    RINGFEED_ERR_MEMORY = -7;
+    /// The caller's buffer is too small; the needed size was written.
+    RINGFEED_ERR_BUFFER_TOO_SMALL = -8;
+    /// The loader was closed while the call waited.
+    RINGFEED_ERR_CLOSED = -9;
+    /// An internal error: a Rust panic caught at the boundary or in an engine
+    /// thread, or a thread that could not be started.
+    RINGFEED_ERR_PANIC = -10;
+    /// io_uring was required by the configuration but is not available.
+    RINGFEED_ERR_IO_URING = -11;
+    /// A network read failed after its retries (throttling, 5xx, resets,
+    /// truncation, stalls, refused connections).
+    RINGFEED_ERR_NETWORK = -12;
+    /// A resume state (well formed: a malformed one is `RINGFEED_ERR_CONFIG`)
+    /// does not fit this dataset, its epoch settings or its layout, or an
+    /// elastic resume lacks an old consumer's state; or a shard's samples do not
+    /// match the plan (a manifest's sample count is wrong).
+    RINGFEED_ERR_STATE = -13;
+}
+
+/// The status C sees for `e`: the one mapping from errors to status codes.
+pub(crate) fn status_of(e: &Error) -> i32 {
+    match e {
+        Error::Config(_) => RINGFEED_ERR_CONFIG,
+        Error::Url { .. } => RINGFEED_ERR_DATASET,
+        Error::Io { op, .. } if *op == "open" || *op == "list" || *op == "stat" => {
+            RINGFEED_ERR_DATASET
+        }
+        Error::Io { .. } => RINGFEED_ERR_IO,
+        Error::Tar { .. } | Error::DuplicateField { .. } => RINGFEED_ERR_FORMAT,
+        Error::Memory(_) | Error::BudgetTooSmall { .. } => RINGFEED_ERR_MEMORY,
+        Error::IoUring(_) => RINGFEED_ERR_IO_URING,
+        Error::Closed => RINGFEED_ERR_CLOSED,
+        Error::Internal(_) => RINGFEED_ERR_PANIC,
+        Error::Http { kind, .. }
+            if !kind.retryable() && *kind != crate::net::http::FailKind::Protocol =>
+        {
+            RINGFEED_ERR_DATASET
+        }
+        Error::Http { .. } => RINGFEED_ERR_NETWORK,
+        // Missing or denied objects and buckets are the dataset's fault;
+        // S3's 5xx codes (InternalError, SlowDown) are the network's.
+        Error::S3 { status, .. } if *status < 500 => RINGFEED_ERR_DATASET,
+        Error::S3 { .. } => RINGFEED_ERR_NETWORK,
+        Error::Credentials(_) => RINGFEED_ERR_CONFIG,
+        Error::State(_) | Error::Plan { .. } => RINGFEED_ERR_STATE,
+    }
+}
+
+/// Copies the calling thread's last error message into `buf` (truncated to
+/// `len - 1` bytes, always NUL-terminated when `len > 0`). Returns the full
+/// message length without the NUL, so a caller can size its buffer; 0 when no
+/// call on this thread has failed.
+///
+/// # Safety
+/// `buf` must be NULL or point to `len` writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ringfeed_last_error(buf: *mut c_char, len: usize) -> usize {
+    let msg = last_error();
+    if !buf.is_null() && len > 0 {
+        let n = msg.len().min(len - 1);
+        // SAFETY: `buf` has `len` > n writable bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(msg.as_ptr(), buf.cast(), n);
+            buf.add(n).write(0);
+        }
+    }
+    msg.len()
+}
+
+/// The name of a status code (`"RINGFEED_ERR_CONFIG"`), a static string.
+#[unsafe(no_mangle)]
+pub extern "C" fn ringfeed_status_name(status: i32) -> *const c_char {
+    STATUSES
+        .iter()
+        .find(|s| s.code == status)
+        .map_or(c"RINGFEED_UNKNOWN_STATUS", |s| s.name)
+        .as_ptr()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::super::boundary::Fail;
+    use super::*;
+    use crate::net::http::FailKind;
+
+    #[test]
+    fn s3_errors_map_to_dataset_network_and_config() {
+        let s3 = |status, code: &str| Error::S3 {
+            bucket: "b".into(),
+            key: "k".into(),
+            status,
+            code: code.into(),
+            explain: None,
+        };
+        assert_eq!(Fail::from(s3(404, "NoSuchKey")).0, RINGFEED_ERR_DATASET);
+        assert_eq!(Fail::from(s3(404, "NoSuchBucket")).0, RINGFEED_ERR_DATASET);
+        assert_eq!(Fail::from(s3(403, "AccessDenied")).0, RINGFEED_ERR_DATASET);
+        assert_eq!(Fail::from(s3(503, "SlowDown")).0, RINGFEED_ERR_NETWORK);
+        assert_eq!(
+            Fail::from(Error::Credentials("none".into())).0,
+            RINGFEED_ERR_CONFIG
+        );
+        let http = Error::Http {
+            url: "s3://b/k".into(),
+            kind: FailKind::Client,
+            message: "HTTP 403".into(),
+            attempts: 1,
+        };
+        assert_eq!(Fail::from(http).0, RINGFEED_ERR_DATASET);
+    }
+
+    #[test]
+    fn every_status_has_one_name_and_one_value() {
+        let names: HashSet<_> = STATUSES.iter().map(|s| s.name).collect();
+        let codes: HashSet<_> = STATUSES.iter().map(|s| s.code).collect();
+        assert_eq!(names.len(), STATUSES.len());
+        assert_eq!(codes.len(), STATUSES.len());
+        for s in STATUSES {
+            let name = s.name.to_str().unwrap();
+            assert!(name.starts_with("RINGFEED_"), "{name}");
+            assert!(!s.doc.trim().is_empty(), "{name} has no doc");
+            // SAFETY: ringfeed_status_name returns a static NUL-terminated string.
+            let back = unsafe { CStr::from_ptr(ringfeed_status_name(s.code)) };
+            assert_eq!(back, s.name);
+        }
+        assert_eq!(STATUSES[0].name, c"RINGFEED_OK");
+        assert_eq!(STATUSES[0].doc.lines().count(), 1);
+        assert!(STATUSES[0].doc.starts_with(" Success"));
+        // SAFETY: as above.
+        let unknown = unsafe { CStr::from_ptr(ringfeed_status_name(1000)) };
+        assert_eq!(unknown, c"RINGFEED_UNKNOWN_STATUS");
+    }
+
+    #[test]
+    fn every_error_maps_to_a_listed_error_status() {
+        let io = |op| Error::io(op, "/x", &std::io::Error::from_raw_os_error(2));
+        let errors = [
+            Error::Config("c".into()),
+            Error::Url {
+                url: "u".into(),
+                reason: "r".into(),
+            },
+            io("open"),
+            io("read"),
+            Error::DuplicateField {
+                shard: "s".into(),
+                offset: 0,
+                key: "k".into(),
+                field: "f".into(),
+            },
+            Error::Memory("m".into()),
+            Error::IoUring("u".into()),
+            Error::Closed,
+            Error::Internal("i".into()),
+            Error::Credentials("c".into()),
+            Error::State("s".into()),
+        ];
+        for e in &errors {
+            let code = status_of(e);
+            assert!(code < 0, "{e}: {code}");
+            assert!(STATUSES.iter().any(|s| s.code == code), "{e}: {code}");
+        }
+        assert_eq!(status_of(&io("open")), RINGFEED_ERR_DATASET);
+        assert_eq!(status_of(&io("read")), RINGFEED_ERR_IO);
+        assert_eq!(status_of(&Error::Internal("i".into())), RINGFEED_ERR_PANIC);
+    }
+}
