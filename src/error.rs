@@ -23,7 +23,7 @@ pub enum Error {
     /// A shard could not be opened or read.
     #[error("{op} `{path}`: {message}")]
     Io {
-        op: &'static str,
+        op: IoOp,
         path: PathBuf,
         message: String,
         errno: i32,
@@ -60,7 +60,7 @@ pub enum Error {
     #[error("`{url}`: {message} ({} after {attempts} attempt{})", kind.name(), if *attempts == 1 { "" } else { "s" })]
     Http {
         url: String,
-        kind: crate::net::http::FailKind,
+        kind: FailKind,
         message: String,
         attempts: u32,
     },
@@ -103,7 +103,7 @@ impl Error {
         Error::Config(msg.into())
     }
 
-    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, err: &io::Error) -> Self {
+    pub(crate) fn io(op: IoOp, path: impl Into<PathBuf>, err: &io::Error) -> Self {
         Error::Io {
             op,
             path: path.into(),
@@ -143,4 +143,94 @@ pub enum TarError {
         inside: String,
         missing: u64,
     },
+}
+
+/// What a failed local operation was doing: `open`, `stat` and `list` fail
+/// on the dataset's names (a missing file), `read`, `create` and `write` on
+/// the data or the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoOp {
+    Open,
+    Stat,
+    List,
+    Read,
+    Create,
+    Write,
+}
+
+impl IoOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            IoOp::Open => "open",
+            IoOp::Stat => "stat",
+            IoOp::List => "list",
+            IoOp::Read => "read",
+            IoOp::Create => "create",
+            IoOp::Write => "write",
+        }
+    }
+}
+
+impl std::fmt::Display for IoOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One table of the ways a network read fails: each kind, its name in the
+/// stats (`retries` by kind) and whether retrying may help.
+macro_rules! fail_kinds {
+    ($($(#[$doc:meta])* $kind:ident = $name:literal, retry: $retry:literal;)*) => {
+        /// Why a ranged read failed, as the retry policy sees it.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum FailKind {
+            $($(#[$doc])* $kind,)*
+        }
+
+        impl FailKind {
+            /// Every kind, in the order of `index`.
+            pub const ALL: &[FailKind] = &[$(FailKind::$kind,)*];
+
+            pub fn retryable(self) -> bool {
+                match self {
+                    $(FailKind::$kind => $retry,)*
+                }
+            }
+
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(FailKind::$kind => $name,)*
+                }
+            }
+
+            /// Position in [`FailKind::ALL`] (the retry counters' index).
+            pub fn index(self) -> usize {
+                self as usize
+            }
+        }
+    };
+}
+
+fail_kinds! {
+    /// 503 Slow Down, 429: back off harder.
+    Throttled = "throttled", retry: true;
+    /// Other 5xx.
+    ServerError = "server_error", retry: true;
+    /// The connection was reset or closed before the body ended.
+    Reset = "reset", retry: true;
+    /// The body ended early, or the response does not match the range asked.
+    Truncated = "truncated", retry: true;
+    /// No byte arrived for the stall time-out.
+    Stalled = "stalled", retry: true;
+    /// The name did not resolve (temporarily: a name that does not exist
+    /// is reported at once, by the dataset's resolver).
+    Dns = "dns", retry: true;
+    /// Nobody listens at the address.
+    Refused = "refused", retry: true;
+    /// 4xx other than 429 (403, 404, ...): retrying cannot help.
+    Client = "client_error", retry: false;
+    /// The server speaks something we do not (chunked ranges, garbage).
+    Protocol = "protocol", retry: false;
+    /// The TLS handshake failed: untrusted certificate, wrong name, ...
+    Tls = "tls", retry: false;
 }

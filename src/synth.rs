@@ -7,7 +7,7 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, IoOp, Result};
 
 /// What to generate.
 #[derive(Debug, Clone)]
@@ -70,7 +70,7 @@ pub fn generate(dir: &Path, o: &GenOptions, mut progress: impl FnMut(u64)) -> Re
     if !(0.0..1.0).contains(&o.spread) {
         return Err(Error::config("gen: `spread` must be in [0, 1)"));
     }
-    std::fs::create_dir_all(dir).map_err(|e| Error::io("create", dir, &e))?;
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(IoOp::Create, dir, &e))?;
     let mut rng = Rng::new(o.seed ^ 0x9e37_79b9_7f4a_7c15);
     let mut report = GenReport {
         paths: Vec::new(),
@@ -93,7 +93,7 @@ pub fn generate(dir: &Path, o: &GenOptions, mut progress: impl FnMut(u64)) -> Re
     let mut buf = Vec::new();
     for i in 0..o.shards {
         let path = dir.join(shard_name(i, o.shards));
-        let f = File::create(&path).map_err(|e| Error::io("create", &path, &e))?;
+        let f = File::create(&path).map_err(|e| Error::io(IoOp::Create, &path, &e))?;
         let mut w = BufWriter::with_capacity(1 << 20, f);
         let mut written = 0u64;
         let mut j = 0u64;
@@ -110,8 +110,8 @@ pub fn generate(dir: &Path, o: &GenOptions, mut progress: impl FnMut(u64)) -> Re
                 buf.resize(len, 0);
                 fill(o.seed, key.as_bytes(), field.as_bytes(), &mut buf);
                 let name = format!("{key}.{field}");
-                let n =
-                    write_member(&mut w, &name, &buf).map_err(|e| Error::io("write", &path, &e))?;
+                let n = write_member(&mut w, &name, &buf)
+                    .map_err(|e| Error::io(IoOp::Write, &path, &e))?;
                 written += n;
                 report.payload_bytes += len as u64;
                 progress(n);
@@ -120,8 +120,8 @@ pub fn generate(dir: &Path, o: &GenOptions, mut progress: impl FnMut(u64)) -> Re
             j += 1;
         }
         w.write_all(&[0u8; 1024])
-            .map_err(|e| Error::io("write", &path, &e))?;
-        w.flush().map_err(|e| Error::io("write", &path, &e))?;
+            .map_err(|e| Error::io(IoOp::Write, &path, &e))?;
+        w.flush().map_err(|e| Error::io(IoOp::Write, &path, &e))?;
         report.file_bytes += written + 1024;
         report.paths.push(path);
     }

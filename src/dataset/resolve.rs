@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use super::parse::{expand_braces, local_path, parse_manifest};
 use super::{Shard, Source};
-use crate::error::{Error, Result};
+use crate::error::{Error, IoOp, Result};
 use crate::fetch::http_sync::HttpPool;
 use crate::fetch::{NetOptions, with_retries};
 use crate::net::http::{FailKind, HttpObject};
@@ -93,10 +93,10 @@ impl Resolver<'_> {
             return Ok(());
         }
         let path = local_path(one)?;
-        let meta = std::fs::metadata(&path).map_err(|e| Error::io("open", &path, &e))?;
+        let meta = std::fs::metadata(&path).map_err(|e| Error::io(IoOp::Open, &path, &e))?;
         if meta.is_dir() {
             let mut found: Vec<PathBuf> = std::fs::read_dir(&path)
-                .map_err(|e| Error::io("list", &path, &e))?
+                .map_err(|e| Error::io(IoOp::List, &path, &e))?
                 .filter_map(|e| e.ok().map(|e| e.path()))
                 .filter(|p| p.extension().is_some_and(|x| x == "tar"))
                 .collect();
@@ -108,7 +108,7 @@ impl Resolver<'_> {
                 });
             }
             for p in found {
-                let m = std::fs::metadata(&p).map_err(|e| Error::io("open", &p, &e))?;
+                let m = std::fs::metadata(&p).map_err(|e| Error::io(IoOp::Open, &p, &e))?;
                 self.shards.push(Shard {
                     name: p.display().to_string(),
                     source: Source::File(p),
@@ -192,7 +192,7 @@ impl Resolver<'_> {
             });
         }
         let path = local_path(m)?;
-        let text = std::fs::read_to_string(&path).map_err(|e| Error::io("open", &path, &e))?;
+        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(IoOp::Open, &path, &e))?;
         let entries = parse_manifest(&text).map_err(|reason| Error::Url {
             url: m.to_string(),
             reason,

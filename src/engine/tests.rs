@@ -16,7 +16,7 @@ use super::script::Script;
 use super::{Loader, Next};
 use crate::config::Config;
 use crate::dataset::{Shard, Source};
-use crate::error::Error;
+use crate::error::{Error, IoOp};
 use crate::net::http::HttpObject;
 use crate::plan::{self, SampleRef};
 use crate::synth;
@@ -257,7 +257,7 @@ fn a_failing_read_is_a_named_error_after_the_batches_before_it() {
         Some(Error::Io {
             op, path, errno, ..
         }) => {
-            assert_eq!((op, errno), ("read", libc::EIO));
+            assert_eq!((op, errno), (IoOp::Read, libc::EIO));
             assert_eq!(path.to_str(), Some(url.as_str()));
         }
         other => panic!("expected the read error, got {other:?}"),
@@ -329,7 +329,7 @@ proptest! {
         let (got, err) = drain(&loader);
         match (&err, &fail_at) {
             (None, None) => prop_assert_eq!(got, plan_order(&cfg, workers, &d.counts)),
-            (Some(Error::Io { op: "read", path, errno, .. }), Some((url, _))) => {
+            (Some(Error::Io { op: IoOp::Read, path, errno, .. }), Some((url, _))) => {
                 prop_assert_eq!(*errno, libc::EIO);
                 prop_assert_eq!(path.to_str(), Some(url.as_str()));
             }

@@ -17,7 +17,7 @@ use crate::dataset::{Shard, Source};
 use crate::engine::assemble::{ShardSink, emit_ghost, emit_held};
 use crate::engine::shared::{Item, Shared};
 use crate::engine::shuffler::Shuffler;
-use crate::error::{Error, Result};
+use crate::error::{Error, IoOp, Result};
 use crate::fetch::{Completion, ReadFail, ReadRequest, Reader, Target};
 use crate::memory::BatchBuilder;
 use crate::memory::ChunkRef;
@@ -153,10 +153,10 @@ impl<'a> Worker<'a> {
         // The file (when local) stays open until every read of it completed.
         let (_file, target, size) = match &shard.source {
             Source::File(path) => {
-                let file = File::open(path).map_err(|e| Error::io("open", path, &e))?;
+                let file = File::open(path).map_err(|e| Error::io(IoOp::Open, path, &e))?;
                 let size = file
                     .metadata()
-                    .map_err(|e| Error::io("stat", path, &e))?
+                    .map_err(|e| Error::io(IoOp::Stat, path, &e))?
                     .len();
                 let fd = file.as_raw_fd();
                 (Some(file), Target::File(fd), size)
@@ -310,7 +310,7 @@ impl<'a> Worker<'a> {
         // SAFETY: the chunk stays referenced by `r` until the completion is
         // reaped (`reap`, or `drain` on the error path), and `fd` stays open
         // (the File outlives both).
-        unsafe { self.reader.submit(req) }.map_err(|e| Error::io("read", &shard.name, &e))?;
+        unsafe { self.reader.submit(req) }.map_err(|e| Error::io(IoOp::Read, &shard.name, &e))?;
         r.in_flight = true;
         sh.counters.reads.fetch_add(1, Ordering::Relaxed);
         Ok(())
@@ -327,7 +327,7 @@ impl<'a> Worker<'a> {
         done.clear();
         self.reader
             .wait(1, &mut done)
-            .map_err(|e| Error::io("read", &shard.name, &e))?;
+            .map_err(|e| Error::io(IoOp::Read, &shard.name, &e))?;
         let mut result = Ok(());
         for c in done.drain(..) {
             let Some(r) = pending.iter_mut().find(|r| r.id == c.id) else {
@@ -340,7 +340,7 @@ impl<'a> Worker<'a> {
             match c.result {
                 Ok(0) => {
                     result = result.and(Err(Error::Io {
-                        op: "read",
+                        op: IoOp::Read,
                         path: shard.name.clone().into(),
                         message: format!(
                             "the file ended at byte {} but was {} bytes when opened",
@@ -358,7 +358,7 @@ impl<'a> Worker<'a> {
                         .fetch_add(n as u64, Ordering::Relaxed);
                 }
                 Err(ReadFail::Io(e)) => {
-                    result = result.and(Err(Error::io("read", &shard.name, &e)))
+                    result = result.and(Err(Error::io(IoOp::Read, &shard.name, &e)))
                 }
                 Err(ReadFail::Net(e)) => result = result.and(Err(e)),
             }

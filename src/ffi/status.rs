@@ -12,7 +12,7 @@
 use std::ffi::{CStr, c_char};
 
 use super::boundary::last_error;
-use crate::error::Error;
+use crate::error::{Error, IoOp};
 
 /// One status code of the C ABI.
 #[derive(Debug, Clone, Copy)]
@@ -103,9 +103,10 @@ pub(crate) fn status_of(e: &Error) -> i32 {
     match e {
         Error::Config(_) => RINGFEED_ERR_CONFIG,
         Error::Url { .. } => RINGFEED_ERR_DATASET,
-        Error::Io { op, .. } if *op == "open" || *op == "list" || *op == "stat" => {
-            RINGFEED_ERR_DATASET
-        }
+        Error::Io {
+            op: IoOp::Open | IoOp::List | IoOp::Stat,
+            ..
+        } => RINGFEED_ERR_DATASET,
         Error::Io { .. } => RINGFEED_ERR_IO,
         Error::Tar { .. } | Error::DuplicateField { .. } => RINGFEED_ERR_FORMAT,
         Error::Memory(_) | Error::BudgetTooSmall { .. } => RINGFEED_ERR_MEMORY,
@@ -223,8 +224,8 @@ mod tests {
                 url: "u".into(),
                 reason: "r".into(),
             },
-            io("open"),
-            io("read"),
+            io(IoOp::Open),
+            io(IoOp::Read),
             Error::DuplicateField {
                 shard: "s".into(),
                 offset: 0,
@@ -243,8 +244,8 @@ mod tests {
             assert!(code < 0, "{e}: {code}");
             assert!(STATUSES.iter().any(|s| s.code == code), "{e}: {code}");
         }
-        assert_eq!(status_of(&io("open")), RINGFEED_ERR_DATASET);
-        assert_eq!(status_of(&io("read")), RINGFEED_ERR_IO);
+        assert_eq!(status_of(&io(IoOp::Open)), RINGFEED_ERR_DATASET);
+        assert_eq!(status_of(&io(IoOp::Read)), RINGFEED_ERR_IO);
         assert_eq!(status_of(&Error::Internal("i".into())), RINGFEED_ERR_PANIC);
     }
 }

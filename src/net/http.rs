@@ -256,69 +256,9 @@ fn parse_content_range(v: &str) -> Result<(u64, u64, Option<u64>), String> {
     Ok((a, b, total))
 }
 
-/// Why a ranged read failed, as the retry policy sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum FailKind {
-    /// 503 Slow Down, 429: back off harder.
-    Throttled,
-    /// Other 5xx.
-    ServerError,
-    /// The connection was reset or closed before the body ended.
-    Reset,
-    /// The body ended early, or the response does not match the range asked.
-    Truncated,
-    /// No byte arrived for the stall time-out.
-    Stalled,
-    /// The name did not resolve (temporarily: a name that does not exist
-    /// is reported at once, see `dataset::resolve_host`).
-    Dns,
-    /// Nobody listens at the address.
-    Refused,
-    /// 4xx other than 429 (403, 404, ...): retrying cannot help.
-    Client,
-    /// The server speaks something we do not (chunked ranges, garbage).
-    Protocol,
-    /// The TLS handshake failed: untrusted certificate, wrong name, ...
-    Tls,
-}
+pub use crate::error::FailKind;
 
 impl FailKind {
-    pub fn retryable(self) -> bool {
-        !matches!(self, FailKind::Client | FailKind::Protocol | FailKind::Tls)
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            FailKind::Throttled => "throttled",
-            FailKind::ServerError => "server_error",
-            FailKind::Reset => "reset",
-            FailKind::Truncated => "truncated",
-            FailKind::Stalled => "stalled",
-            FailKind::Dns => "dns",
-            FailKind::Refused => "refused",
-            FailKind::Client => "client_error",
-            FailKind::Protocol => "protocol",
-            FailKind::Tls => "tls",
-        }
-    }
-
-    pub const ALL: [FailKind; 10] = [
-        FailKind::Throttled,
-        FailKind::ServerError,
-        FailKind::Reset,
-        FailKind::Truncated,
-        FailKind::Stalled,
-        FailKind::Dns,
-        FailKind::Refused,
-        FailKind::Client,
-        FailKind::Protocol,
-        FailKind::Tls,
-    ];
-
-    pub fn index(self) -> usize {
-        FailKind::ALL.iter().position(|&k| k == self).unwrap_or(0)
-    }
-
     /// The kind of an HTTP status that is not a success.
     pub fn of_status(status: u16) -> FailKind {
         match status {

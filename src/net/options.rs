@@ -19,7 +19,7 @@ use crate::net::tls::TlsSetup;
 pub struct NetStats {
     pub requests: AtomicU64,
     /// Retries, indexed by `FailKind::index`.
-    pub retries: [AtomicU64; 10],
+    pub retries: [AtomicU64; FailKind::ALL.len()],
 }
 
 impl NetStats {

@@ -12,7 +12,7 @@ use std::path::Path;
 
 use super::sample::split_name;
 use super::walk::{MemberSink, NextBytes, TarWalk};
-use crate::error::{Error, TarError};
+use crate::error::{Error, IoOp, TarError};
 
 /// Groups members into samples the way `engine::worker::ShardSink::member`
 /// does: a member whose name has no field part is passed over (it neither
@@ -122,10 +122,10 @@ fn counter_tar_error(e: Error) -> TarError {
 /// arena when it reads the shard. Errors name the file as the worker does:
 /// `Error::Io` (`open`, `stat`, `read`) or `Error::Tar` with the path as shard.
 pub fn count_file_samples(path: &Path) -> crate::error::Result<u64> {
-    let file = File::open(path).map_err(|e| Error::io("open", path, &e))?;
+    let file = File::open(path).map_err(|e| Error::io(IoOp::Open, path, &e))?;
     let size = file
         .metadata()
-        .map_err(|e| Error::io("stat", path, &e))?
+        .map_err(|e| Error::io(IoOp::Stat, path, &e))?
         .len();
     let mut read_error: Option<std::io::Error> = None;
     let counted = count_samples(
@@ -140,7 +140,7 @@ pub fn count_file_samples(path: &Path) -> crate::error::Result<u64> {
         u64::MAX,
     );
     counted.map_err(|source| match read_error {
-        Some(e) => Error::io("read", path, &e),
+        Some(e) => Error::io(IoOp::Read, path, &e),
         None => Error::Tar {
             shard: path.display().to_string(),
             source,
@@ -574,7 +574,7 @@ mod tests {
         let missing = dir.path().join("missing.tar");
         match count_file_samples(&missing) {
             Err(Error::Io {
-                op: "open",
+                op: IoOp::Open,
                 path,
                 errno,
                 ..
@@ -586,7 +586,9 @@ mod tests {
         }
         match count_file_samples(dir.path()) {
             Err(Error::Io {
-                op: "read", errno, ..
+                op: IoOp::Read,
+                errno,
+                ..
             }) => assert_eq!(errno, libc::EISDIR),
             other => panic!("expected a read error, got {other:?}"),
         }
