@@ -269,6 +269,11 @@ int32_t ringfeed_gather(const uint8_t *src,
                         uint8_t *dst,
                         size_t dst_len);
 
+// The configuration keys this library accepts, comma-separated without
+// spaces, in the order of the README's reference (`"urls,batch_size,..."`).
+// A static string.
+const char *ringfeed_config_keys(void);
+
 // Opens a loader from a JSON configuration (see the README's reference).
 // On success writes the handle to `*out` and returns `RINGFEED_OK`; on
 // failure writes NULL and returns an error status.

@@ -20,7 +20,8 @@
 //!   `ringfeed_stats` and the constants of its fields are the engine's
 //!   `Counts` (`crate::engine::counters`), which cbindgen reads too;
 //! - [`loader`], [`batch`], [`stats`]: the entry points, by the object they
-//!   act on; [`version`]: the library's version.
+//!   act on; `config`: the keys a configuration may hold; [`version`]:
+//!   the library's version.
 //!
 //! `include/ringfeed.h` is generated from this module tree by cbindgen (run
 //! by `tests/header.rs`, which starts at this file and follows the `mod`
@@ -32,6 +33,7 @@
 
 mod batch;
 mod boundary;
+mod config;
 mod loader;
 mod stats;
 pub mod status;
@@ -39,6 +41,7 @@ mod types;
 mod version;
 
 pub use batch::*;
+pub use config::*;
 pub use loader::*;
 pub use stats::*;
 pub use status::*;

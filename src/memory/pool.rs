@@ -239,7 +239,8 @@ impl ChunkPool {
         self.acquire_spare_as(NO_OWNER, 0)
     }
 
-    /// [`ChunkPool::acquire_spare`] for `owner`.
+    /// One chunk for read-ahead, only while more than the reserve is free and
+    /// `owner` keeps `headroom` chunks of its quota; never waits.
     pub fn acquire_spare_as(
         self: &Arc<Self>,
         owner: usize,
@@ -266,7 +267,9 @@ impl ChunkPool {
         self.acquire_as(NO_OWNER, n, wait)
     }
 
-    /// [`ChunkPool::acquire`] counted against `owner`'s quota.
+    /// Takes a run of `n` consecutive chunks counted against `owner`'s quota.
+    /// With `wait`, blocks until one is free; fails when the pool shuts
+    /// down, or when no progress is possible.
     pub fn acquire_as(
         self: &Arc<Self>,
         owner: usize,

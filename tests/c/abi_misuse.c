@@ -500,6 +500,10 @@ static void last_error_buffers(void) {
         }
     }
     CHECK(ringfeed_version() != NULL && ringfeed_version()[0] != '\0', "no version string");
+    const char *keys = ringfeed_config_keys();
+    CHECK(keys != NULL && strncmp(keys, "urls,", 5) == 0 && strstr(keys, ",batch_size,") != NULL &&
+              strchr(keys, ' ') == NULL,
+          "config keys are \"%s\"", keys ? keys : "(null)");
 }
 
 /* ---- time-outs, starvation and close while waiting ---- */

@@ -174,6 +174,7 @@ FUNCTIONS = {
     "ringfeed_last_error": ("size_t", [("char *", "buf"), ("size_t", "len")]),
     "ringfeed_status_name": ("const char *", [("int32_t", "status")]),
     "ringfeed_version": ("const char *", []),
+    "ringfeed_config_keys": ("const char *", []),
 }
 
 

@@ -3,7 +3,6 @@
 import ctypes
 import json
 import os
-import re
 import threading
 import warnings
 
@@ -29,16 +28,7 @@ def config_keys():
     """The configuration keys the engine accepts (its own list, asked once)."""
     global _known_keys
     if _known_keys is None:
-        handle = ctypes.c_void_p()
-        st = _lib.ringfeed_loader_open(b'{"__ringfeed_probe__": 0}', ctypes.byref(handle))
-        if st == _ffi.RINGFEED_OK:  # cannot happen with an unknown key; be safe
-            _lib.ringfeed_loader_close(handle)
-            return None
-        msg = from_status(st).message
-        m = re.search(r"known keys: (.*)$", msg)
-        if not m:
-            return None
-        _known_keys = tuple(k.strip() for k in m.group(1).split(","))
+        _known_keys = tuple(_lib.ringfeed_config_keys().decode("ascii").split(","))
     return _known_keys
 
 
@@ -116,13 +106,12 @@ class Loader:
         self._lock = threading.Lock()
         self._generation = fork_generation()
         known = config_keys()
-        if known is not None:
-            for key in config:
-                if key not in known or key in ("urls", "batch_size"):
-                    raise TypeError(
-                        f"Loader() got an unexpected keyword argument {key!r}; "
-                        f"configuration keys: {', '.join(k for k in known if k not in ('urls', 'batch_size'))}"
-                    )
+        for key in config:
+            if key not in known or key in ("urls", "batch_size"):
+                raise TypeError(
+                    f"Loader() got an unexpected keyword argument {key!r}; "
+                    f"configuration keys: {', '.join(k for k in known if k not in ('urls', 'batch_size'))}"
+                )
         cfg = {"urls": _url_value(urls), "batch_size": batch_size}
         for key, value in config.items():
             if key == "resume":

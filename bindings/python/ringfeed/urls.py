@@ -1,5 +1,5 @@
 """Shard lists in Python: WebDataset brace expansion and directories, as the
-engine does them (src/dataset.rs), so `ringfeed.torch` can split shards by
+engine does them (src/dataset/parse.rs), so `ringfeed.torch` can split shards by
 worker and rank before it opens a loader. `tests/test_urls.py` checks this
 expansion against the engine's on real files.
 """

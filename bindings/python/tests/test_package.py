@@ -41,3 +41,13 @@ def test_a_wrong_ringfeed_lib_is_a_clear_import_error(tmp_path):
 def test_config_keys_come_from_the_engine():
     keys = ringfeed.config_keys()
     assert {"urls", "batch_size", "workers", "memory_budget", "epochs"} <= set(keys)
+    # The same list the engine names when it refuses an unknown key.
+    import ctypes
+
+    from ringfeed import _ffi
+    from ringfeed.errors import from_status
+
+    handle = ctypes.c_void_p()
+    st = _ffi.lib.ringfeed_loader_open(b'{"no_such_key": 1}', ctypes.byref(handle))
+    assert st == _ffi.RINGFEED_ERR_CONFIG
+    assert from_status(st).message.endswith("known keys: " + ", ".join(keys))
