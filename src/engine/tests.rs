@@ -8,12 +8,13 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use proptest::prelude::*;
 
 use super::script::Script;
-use super::{Loader, Next};
+use super::{Loader, Next, Stats};
 use crate::config::Config;
 use crate::dataset::{Shard, Source};
 use crate::error::{Error, IoOp};
@@ -78,7 +79,21 @@ fn config(workers: usize, reads_in_flight: usize, budget_chunks: u64, extra: &st
     .unwrap()
 }
 
-fn open(cfg: Config, d: &Data, script: Script) -> (Result<Loader, Error>, Arc<Script>) {
+/// What one loader over scripted readers gave.
+struct Run {
+    /// Every batch until the end or the error (each sample's bytes checked).
+    batches: Vec<Vec<SampleRef>>,
+    error: Option<Error>,
+    stats: Stats,
+    /// Reads submitted, all workers together.
+    submitted: u64,
+    /// Reads that landed (or were left in flight) in a chunk back in the pool.
+    violations: Vec<String>,
+}
+
+/// Opens a loader over `d` whose workers read through `script`, streams it
+/// to its end (or its error) and closes it.
+fn run(cfg: Config, d: &Data, script: Script) -> Run {
     let script = Arc::new(Script {
         objects: d.objects.clone(),
         ..script
@@ -88,8 +103,20 @@ fn open(cfg: Config, d: &Data, script: Script) -> (Result<Loader, Error>, Arc<Sc
         cfg,
         d.shards.clone(),
         Arc::new(move |stream, pool| s.reader(stream, pool)),
-    );
-    (loader, script)
+    )
+    .unwrap();
+    let (batches, error) = drain(&loader);
+    let stats = loader.stats();
+    // Closing joins the workers, which drops their readers: then the script
+    // has seen every read's end.
+    drop(loader);
+    Run {
+        batches,
+        error,
+        stats,
+        submitted: script.submitted.load(Ordering::Relaxed),
+        violations: script.violations(),
+    }
 }
 
 /// Every batch until the end (each sample's bytes checked), or the error.
@@ -134,6 +161,7 @@ fn one_worker_reads_in_any_order_with_short_reads_and_delays() {
     let d = data(&[40, 25, 60], 3000);
     let cfg = config(1, 4, 16, r#", "epochs": 1"#);
     let want = plan_order(&cfg, 1, &d.counts);
+    let chunks: usize = d.objects.values().map(|o| o.len().div_ceil(57344)).sum();
     for seed in 0..8 {
         let script = Script {
             seed,
@@ -141,23 +169,14 @@ fn one_worker_reads_in_any_order_with_short_reads_and_delays() {
             max_delay: 3,
             ..Script::default()
         };
-        let (loader, script) = open(cfg.clone(), &d, script);
-        let loader = loader.unwrap();
-        let (got, err) = drain(&loader);
-        assert!(err.is_none(), "seed {seed}: {err:?}");
-        assert_eq!(got, want, "seed {seed}: not the plan's order");
-        let chunks = d
-            .objects
-            .values()
-            .map(|o| o.len().div_ceil(57344))
-            .sum::<usize>();
-        let submitted = script.submitted.load(std::sync::atomic::Ordering::Relaxed);
+        let r = run(cfg.clone(), &d, script);
+        assert!(r.error.is_none(), "seed {seed}: {:?}", r.error);
+        assert_eq!(r.batches, want, "seed {seed}: not the plan's order");
         assert!(
-            submitted > chunks as u64,
+            r.submitted > chunks as u64,
             "seed {seed}: no short read was continued"
         );
-        drop(loader);
-        assert_eq!(script.violations(), Vec::<String>::new());
+        assert_eq!(r.violations, Vec::<String>::new());
     }
 }
 
@@ -167,26 +186,17 @@ fn members_larger_than_a_chunk_spill_and_arrive_whole() {
     let d = data(&[6, 4], 150_000);
     let cfg = config(2, 3, 80, r#", "epochs": 1"#);
     let want = plan_order(&cfg, 2, &d.counts);
-    let (loader, script) = open(
-        cfg,
-        &d,
-        Script {
-            seed: 3,
-            short_reads: true,
-            max_delay: 2,
-            ..Script::default()
-        },
-    );
-    let loader = loader.unwrap();
-    let (got, err) = drain(&loader);
-    assert!(err.is_none(), "{err:?}");
-    assert_eq!(got, want);
-    assert!(
-        loader.stats().bytes_copied > 0,
-        "no member was made contiguous"
-    );
-    drop(loader);
-    assert_eq!(script.violations(), Vec::<String>::new());
+    let script = Script {
+        seed: 3,
+        short_reads: true,
+        max_delay: 2,
+        ..Script::default()
+    };
+    let r = run(cfg, &d, script);
+    assert!(r.error.is_none(), "{:?}", r.error);
+    assert_eq!(r.batches, want);
+    assert!(r.stats.bytes_copied > 0, "no member was made contiguous");
+    assert_eq!(r.violations, Vec::<String>::new());
 }
 
 #[test]
@@ -213,26 +223,17 @@ fn the_shuffler_keeps_the_plan_order_and_compacts_within_its_share() {
             }),
     );
     for seed in [1, 2] {
-        let (loader, script) = open(
-            cfg.clone(),
-            &d,
-            Script {
-                seed,
-                short_reads: true,
-                max_delay: 2,
-                ..Script::default()
-            },
-        );
-        let loader = loader.unwrap();
-        let (got, err) = drain(&loader);
-        assert!(err.is_none(), "{err:?}");
-        assert_eq!(got, want, "seed {seed}");
-        assert!(
-            loader.stats().shuffle_copied > 0,
-            "the buffer never compacted"
-        );
-        drop(loader);
-        assert_eq!(script.violations(), Vec::<String>::new());
+        let script = Script {
+            seed,
+            short_reads: true,
+            max_delay: 2,
+            ..Script::default()
+        };
+        let r = run(cfg.clone(), &d, script);
+        assert!(r.error.is_none(), "{:?}", r.error);
+        assert_eq!(r.batches, want, "seed {seed}");
+        assert!(r.stats.shuffle_copied > 0, "the buffer never compacted");
+        assert_eq!(r.violations, Vec::<String>::new());
     }
 }
 
@@ -241,19 +242,14 @@ fn a_failing_read_is_a_named_error_after_the_batches_before_it() {
     let d = data(&[40, 40, 40], 3000);
     let cfg = config(1, 4, 16, r#", "epochs": 1"#);
     let url = d.shards[1].name.clone();
-    let (loader, script) = open(
-        cfg,
-        &d,
-        Script {
-            seed: 9,
-            max_delay: 2,
-            fail_at: Some((url.clone(), 70_000)),
-            ..Script::default()
-        },
-    );
-    let loader = loader.unwrap();
-    let (got, err) = drain(&loader);
-    match err {
+    let script = Script {
+        seed: 9,
+        max_delay: 2,
+        fail_at: Some((url.clone(), 70_000)),
+        ..Script::default()
+    };
+    let r = run(cfg, &d, script);
+    match r.error {
         Some(Error::Io {
             op, path, errno, ..
         }) => {
@@ -263,10 +259,9 @@ fn a_failing_read_is_a_named_error_after_the_batches_before_it() {
         other => panic!("expected the read error, got {other:?}"),
     }
     // The first shard's samples came before the error.
-    let first: usize = got.iter().flatten().filter(|r| r.0 == 0).count();
+    let first = r.batches.iter().flatten().filter(|s| s.0 == 0).count();
     assert_eq!(first, 40);
-    drop(loader);
-    assert_eq!(script.violations(), Vec::<String>::new());
+    assert_eq!(r.violations, Vec::<String>::new());
 }
 
 #[test]
@@ -276,24 +271,18 @@ fn a_panicking_backend_is_an_internal_error_and_its_reads_drain_first() {
     let url = d.shards[0].name.clone();
     // Reads are 56 KiB: the read at 172,032 is submitted while the ones
     // before it are still in flight (held back by the delays).
-    let (loader, script) = open(
-        cfg,
-        &d,
-        Script {
-            seed: 4,
-            max_delay: 4,
-            panic_at: Some((url, 180_000)),
-            ..Script::default()
-        },
-    );
-    let loader = loader.unwrap();
-    let (_, err) = drain(&loader);
-    match err {
+    let script = Script {
+        seed: 4,
+        max_delay: 4,
+        panic_at: Some((url, 180_000)),
+        ..Script::default()
+    };
+    let r = run(cfg, &d, script);
+    match r.error {
         Some(Error::Internal(m)) => assert!(m.contains("a worker panicked"), "{m}"),
         other => panic!("expected an internal error, got {other:?}"),
     }
-    drop(loader);
-    assert_eq!(script.violations(), Vec::<String>::new());
+    assert_eq!(r.violations, Vec::<String>::new());
 }
 
 proptest! {
@@ -320,22 +309,18 @@ proptest! {
             let shard = &d.shards[s.index(d.shards.len())];
             (shard.name.clone(), o.index(shard.size as usize) as u64)
         });
-        let (loader, script) = open(
-            cfg.clone(),
-            &d,
-            Script { seed, short_reads, max_delay, fail_at: fail_at.clone(), ..Script::default() },
-        );
-        let loader = loader.unwrap();
-        let (got, err) = drain(&loader);
-        match (&err, &fail_at) {
-            (None, None) => prop_assert_eq!(got, plan_order(&cfg, workers, &d.counts)),
+        let script = Script { seed, short_reads, max_delay, fail_at: fail_at.clone(), ..Script::default() };
+        let r = run(cfg.clone(), &d, script);
+        match (&r.error, &fail_at) {
+            (None, None) => prop_assert_eq!(r.batches, plan_order(&cfg, workers, &d.counts)),
+            // Every byte of every shard is read (one consumer), so the
+            // failing byte is always met.
             (Some(Error::Io { op: IoOp::Read, path, errno, .. }), Some((url, _))) => {
                 prop_assert_eq!(*errno, libc::EIO);
                 prop_assert_eq!(path.to_str(), Some(url.as_str()));
             }
             (e, f) => prop_assert!(false, "error {:?} for failure {:?}", e, f),
         }
-        drop(loader);
-        prop_assert_eq!(script.violations(), Vec::<String>::new());
+        prop_assert_eq!(r.violations, Vec::<String>::new());
     }
 }
