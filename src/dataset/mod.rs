@@ -22,7 +22,6 @@ use std::sync::Arc;
 
 use crate::net::http::HttpObject;
 
-pub use parse::{MAX_EXPANSION, ManifestEntry, expand_braces, local_path, parse_manifest};
 pub use resolve::{resolve, resolve_config, resolve_with};
 
 /// Where a shard's bytes come from.

@@ -124,6 +124,7 @@ impl Segment {
     }
 
     /// Samples of the segment (with a known end).
+    #[cfg(test)]
     pub fn samples(&self) -> Option<u64> {
         let to = self.to?;
         let excluded = self.exclude.as_ref().map_or(0, |x| {

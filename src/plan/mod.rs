@@ -44,9 +44,11 @@ mod fixtures;
 pub mod resume;
 mod rng;
 
-pub use buffer::ShuffleBuffer;
-pub use delivery::{Delivery, SampleRef, consumer_order, delivered_by, order_of_plan, replayed};
-pub use epoch::{
-    ConsumerPlan, Delivered, PlanOptions, Remainder, Segment, plan_epoch, shard_order,
-};
-pub use rng::Rng;
+// What tests and bindings outside the crate may ask of the plan is public:
+// the options, and the order a consumer gets. The rest is the engine's.
+pub use delivery::{SampleRef, consumer_order};
+pub use epoch::{PlanOptions, Remainder};
+
+pub(crate) use buffer::ShuffleBuffer;
+pub(crate) use delivery::{Delivery, delivered_by, replayed};
+pub(crate) use epoch::{ConsumerPlan, Delivered, Segment, plan_epoch};

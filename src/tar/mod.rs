@@ -32,10 +32,12 @@ mod count;
 #[cfg(test)]
 mod fixtures;
 mod header;
-pub mod sample;
+mod sample;
 mod walk;
 
-pub use count::{count_file_samples, count_samples};
-pub use header::{BLOCK, META_LIMIT, parse_number};
-pub use sample::split_name;
-pub use walk::{MemberSink, TarWalk, WalkCounts};
+pub use count::count_file_samples;
+
+#[cfg(test)]
+pub(crate) use header::{BLOCK, parse_number};
+pub(crate) use sample::split_name;
+pub(crate) use walk::{MemberSink, TarWalk};

@@ -113,11 +113,6 @@ impl TarWalk {
         self.pos
     }
 
-    /// True once the end-of-archive marker (two zero blocks) was seen.
-    pub fn at_end(&self) -> bool {
-        self.state == State::End
-    }
-
     /// Header-only walking (`count_samples`): what the walk does with the
     /// bytes at `position()`.
     pub(super) fn next_bytes(&self) -> NextBytes {
