@@ -6,14 +6,18 @@
 //!   are counted in calls, never in time, so a test cannot depend on speed);
 //! - short reads (the worker must continue them);
 //! - an error for a read that covers a chosen offset of an object;
-//! - a panic when a read covering a chosen offset is submitted (a bug in
-//!   the backend, which the worker must survive without letting a read land
-//!   in a chunk that went back to the pool).
+//! - a panic in the n-th `submit`, before or after the read was queued (a
+//!   bug in the backend, which the worker must survive without letting a
+//!   read land in a chunk that went back to the pool).
 //!
 //! It also checks the contract the worker owes a backend: a chunk stays out
-//! of the pool while a read into it is in flight. It looks when a read
-//! completes and when the reader is dropped with reads still queued, and
-//! writes what it finds to the script's `violations`.
+//! of the pool while a read into it is in flight. When a read is submitted
+//! it records which check-out of each chunk the buffer covers
+//! (`ChunkPool::checkout`); when the read completes, and when the reader is
+//! dropped with reads still queued, every one of those chunks must still be
+//! on the same check-out (not returned, not returned and taken again). What
+//! it finds goes to the script's `violations`, and a read into a chunk that
+//! moved on writes nothing.
 
 use std::collections::HashMap;
 use std::io;
@@ -35,8 +39,18 @@ pub(crate) struct Script {
     pub max_delay: u32,
     /// A read covering this byte of this object fails with EIO.
     pub fail_at: Option<(String, u64)>,
-    /// Submitting a read that covers this byte of this object panics.
-    pub panic_at: Option<(String, u64)>,
+    /// The n-th `submit` of all readers together (from 1) panics.
+    pub panic_on_submit: Option<u64>,
+    /// ... after queueing the read (else before).
+    pub queue_then_panic: bool,
+    /// `submit` calls so far. Relaxed: a count.
+    pub attempts: AtomicU64,
+    /// The n-th `wait` of all readers together (from 1) gives its
+    /// completions and then fails, as a ring whose `submit_and_wait`
+    /// fails after reaping can.
+    pub fail_wait: Option<u64>,
+    /// `wait` calls so far. Relaxed: a count.
+    pub waits: AtomicU64,
     /// Broken promises seen (a read into a chunk that is back in the pool).
     pub violations: Mutex<Vec<String>>,
     /// Reads submitted, all readers together. Relaxed: a count.
@@ -77,6 +91,8 @@ fn covers(at: &Option<(String, u64)>, url: &str, offset: u64, len: usize) -> boo
 struct Queued {
     req: ReadRequest,
     url: String,
+    /// (chunk, check-out) of every chunk the buffer covers, at submission.
+    chunks: Vec<(usize, Option<u64>)>,
     /// `wait` calls left before it may complete.
     due: u32,
 }
@@ -102,19 +118,37 @@ impl ScriptedReader {
         if n == 0 { 0 } else { self.draw() % n }
     }
 
+    /// The chunks `buf..buf + len` covers, with their check-out now.
+    fn chunks(&self, req: &ReadRequest) -> Vec<(usize, Option<u64>)> {
+        let base = self.pool.arena().base() as usize;
+        let cs = self.pool.chunk_size();
+        let first = (req.buf as usize - base) / cs;
+        let last = (req.buf as usize + req.len.max(1) - 1 - base) / cs;
+        (first..=last).map(|i| (i, self.pool.checkout(i))).collect()
+    }
+
+    /// A chunk of `q` that is not on the check-out it was on at submission.
+    fn moved(&self, q: &Queued) -> Option<usize> {
+        q.chunks
+            .iter()
+            .find(|&&(i, at)| at.is_none() || self.pool.checkout(i) != at)
+            .map(|&(i, _)| i)
+    }
+
     fn complete(&mut self, q: Queued) -> Completion {
-        let Queued { req, url, .. } = q;
-        if self.pool.is_free(req.buf_index as usize) {
+        if let Some(chunk) = self.moved(&q) {
             self.script.violation(format!(
-                "a read of {url} at {} completed into chunk {}, which is back in the pool",
-                req.offset, req.buf_index
+                "a read of {} at {} completed into chunk {chunk}, which went back to the pool",
+                q.url, q.req.offset
             ));
+            let Queued { req, .. } = q;
             return Completion {
                 id: req.id,
                 result: Err(ReadFail::Io(io::Error::other("chunk returned"))),
                 copied: 0,
             };
         }
+        let Queued { req, url, .. } = q;
         let script = Arc::clone(&self.script);
         let data = &script.objects[&url];
         let mut n = req.len;
@@ -128,8 +162,8 @@ impl ScriptedReader {
             let n = n.min(data.len() - start);
             // SAFETY: the worker promised (`Reader::submit`) that `buf` holds
             // `len` >= n writable bytes, untouched by others until this
-            // completion is returned; the chunk was checked above to be out
-            // of the pool.
+            // completion is returned; every chunk it covers was checked
+            // above to be on the check-out it was on at submission.
             unsafe { std::ptr::copy_nonoverlapping(data[start..].as_ptr(), req.buf, n) };
             Ok(n)
         };
@@ -150,7 +184,9 @@ impl Reader for ScriptedReader {
         if !self.script.objects.contains_key(&url) {
             return Err(io::Error::other(format!("no scripted object {url}")));
         }
-        if covers(&self.script.panic_at, &url, req.offset, req.len) {
+        let attempt = self.script.attempts.fetch_add(1, Ordering::Relaxed) + 1;
+        let panics = self.script.panic_on_submit == Some(attempt);
+        if panics && !self.script.queue_then_panic {
             panic!(
                 "scripted panic submitting a read of {url} at {}",
                 req.offset
@@ -158,15 +194,35 @@ impl Reader for ScriptedReader {
         }
         self.script.submitted.fetch_add(1, Ordering::Relaxed);
         let due = self.below(u64::from(self.script.max_delay) + 1) as u32;
-        self.queued.push(Queued { req, url, due });
+        let chunks = self.chunks(&req);
+        if let Some(&(i, _)) = chunks.iter().find(|(_, at)| at.is_none()) {
+            self.script.violation(format!(
+                "a read of {url} at {} into chunk {i}, which is in the pool",
+                req.offset
+            ));
+        }
+        let offset = req.offset;
+        self.queued.push(Queued {
+            req,
+            url,
+            chunks,
+            due,
+        });
+        if panics {
+            panic!("scripted panic after queueing a read at {offset}");
+        }
         Ok(())
     }
 
     fn wait(&mut self, min: usize, out: &mut Vec<Completion>) -> io::Result<()> {
         if self.queued.is_empty() {
-            // A real backend would block for ever.
+            // A real backend would block for ever: the worker waited for a
+            // read it already had back.
+            self.script
+                .violation("wait with no read in flight (a real backend blocks for ever)".into());
             return Err(io::Error::other("wait with no read in flight"));
         }
+        let call = self.script.waits.fetch_add(1, Ordering::Relaxed) + 1;
         for q in &mut self.queued {
             q.due = q.due.saturating_sub(1);
         }
@@ -184,6 +240,9 @@ impl Reader for ScriptedReader {
             let c = self.complete(q);
             out.push(c);
         }
+        if self.script.fail_wait == Some(call) {
+            return Err(io::Error::from_raw_os_error(libc::EINTR));
+        }
         Ok(())
     }
 }
@@ -191,10 +250,10 @@ impl Reader for ScriptedReader {
 impl Drop for ScriptedReader {
     fn drop(&mut self) {
         for q in &self.queued {
-            if self.pool.is_free(q.req.buf_index as usize) {
+            if let Some(chunk) = self.moved(q) {
                 self.script.violation(format!(
-                    "chunk {} went back to the pool while a read of {} at {} was in flight",
-                    q.req.buf_index, q.url, q.req.offset
+                    "chunk {chunk} went back to the pool while a read of {} at {} was in flight",
+                    q.url, q.req.offset
                 ));
             }
         }

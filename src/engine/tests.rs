@@ -268,21 +268,47 @@ fn a_failing_read_is_a_named_error_after_the_batches_before_it() {
 fn a_panicking_backend_is_an_internal_error_and_its_reads_drain_first() {
     let d = data(&[200], 3000);
     let cfg = config(1, 4, 16, r#", "epochs": 1"#);
-    let url = d.shards[0].name.clone();
-    // Reads are 56 KiB: the read at 172,032 is submitted while the ones
-    // before it are still in flight (held back by the delays).
-    let script = Script {
-        seed: 4,
-        max_delay: 4,
-        panic_at: Some((url, 180_000)),
-        ..Script::default()
-    };
-    let r = run(cfg, &d, script);
-    match r.error {
-        Some(Error::Internal(m)) => assert!(m.contains("a worker panicked"), "{m}"),
-        other => panic!("expected an internal error, got {other:?}"),
+    // The first four submissions come back to back (4 reads in flight):
+    // the fourth panics while three are queued, held back by the delays.
+    for queue_then_panic in [false, true] {
+        let script = Script {
+            seed: 4,
+            max_delay: 4,
+            panic_on_submit: Some(4),
+            queue_then_panic,
+            ..Script::default()
+        };
+        let r = run(cfg.clone(), &d, script);
+        match r.error {
+            Some(Error::Internal(m)) => assert!(m.contains("a worker panicked"), "{m}"),
+            other => panic!("expected an internal error, got {other:?}"),
+        }
+        assert_eq!(
+            r.violations,
+            Vec::<String>::new(),
+            "queue_then_panic {queue_then_panic}"
+        );
     }
-    assert_eq!(r.violations, Vec::<String>::new());
+}
+
+#[test]
+fn a_wait_that_fails_after_giving_completions_is_an_error_without_a_hang() {
+    let d = data(&[200], 3000);
+    let cfg = config(1, 4, 16, r#", "epochs": 1"#);
+    for fail_wait in [1, 2, 3] {
+        let script = Script {
+            seed: 2,
+            max_delay: 1,
+            fail_wait: Some(fail_wait),
+            ..Script::default()
+        };
+        let r = run(cfg.clone(), &d, script);
+        match r.error {
+            Some(Error::Io { op, errno, .. }) => assert_eq!((op, errno), (IoOp::Read, libc::EINTR)),
+            other => panic!("wait {fail_wait}: expected the wait's error, got {other:?}"),
+        }
+        assert_eq!(r.violations, Vec::<String>::new(), "wait {fail_wait}");
+    }
 }
 
 proptest! {
@@ -290,7 +316,8 @@ proptest! {
 
     /// Any shards, layout and I/O script: either every sample of the plan
     /// arrives in the plan's order, or (when a read fails) the error names
-    /// the shard; never a hang, never a read into a returned chunk.
+    /// the shard, or (when the backend panics) it is an internal error;
+    /// never a hang, never a read into a returned chunk.
     #[test]
     fn any_script_gives_the_plan_or_a_named_error(
         samples in prop::collection::vec(1u64..60, 1..4),
@@ -301,6 +328,7 @@ proptest! {
         short_reads in any::<bool>(),
         max_delay in 0u32..4,
         fail in prop::option::of((any::<prop::sample::Index>(), any::<prop::sample::Index>())),
+        panic in prop::option::of((1u64..40, any::<bool>())),
     ) {
         let d = data(&samples, size);
         let budget = 2 * workers as u64 * (reads as u64 + 6) + 8;
@@ -309,9 +337,22 @@ proptest! {
             let shard = &d.shards[s.index(d.shards.len())];
             (shard.name.clone(), o.index(shard.size as usize) as u64)
         });
-        let script = Script { seed, short_reads, max_delay, fail_at: fail_at.clone(), ..Script::default() };
+        let script = Script {
+            seed,
+            short_reads,
+            max_delay,
+            fail_at: fail_at.clone(),
+            panic_on_submit: panic.map(|p| p.0),
+            queue_then_panic: panic.is_some_and(|p| p.1),
+            ..Script::default()
+        };
         let r = run(cfg.clone(), &d, script);
         match (&r.error, &fail_at) {
+            // A panicking backend: an internal error, whatever else failed.
+            (Some(Error::Internal(m)), _) if panic.is_some() => {
+                prop_assert!(m.contains("a worker panicked"), "{}", m)
+            }
+            // Fewer submissions than the one that would panic.
             (None, None) => prop_assert_eq!(r.batches, plan_order(&cfg, workers, &d.counts)),
             // Every byte of every shard is read (one consumer), so the
             // failing byte is always met.

@@ -49,6 +49,9 @@ struct PendingRead {
     /// Bytes that arrived so far (short reads are continued).
     done: usize,
     in_flight: bool,
+    /// Set while the backend's `submit` runs: if it panics, whether the
+    /// read was queued is unknown, so its chunk is never returned.
+    submitting: bool,
 }
 
 impl<'a> Worker<'a> {
@@ -170,6 +173,16 @@ impl<'a> Worker<'a> {
         let result = catch_unwind(AssertUnwindSafe(|| {
             self.shard_reads(&target, shard, seg, ghosts, size, epoch, &mut pending)
         }));
+        if result.is_err() {
+            // A panic inside the backend's `submit` may have left that read
+            // queued: its chunk is kept for ever rather than reused under it.
+            pending.retain_mut(|r| {
+                if r.submitting {
+                    std::mem::forget(r.chunk.clone());
+                }
+                !r.submitting
+            });
+        }
         if !pending.is_empty() {
             self.drain(&mut pending);
         }
@@ -248,6 +261,7 @@ impl<'a> Worker<'a> {
                     len,
                     done: 0,
                     in_flight: false,
+                    submitting: false,
                 };
                 next_offset += len as u64;
                 pending.push_back(read);
@@ -307,10 +321,14 @@ impl<'a> Worker<'a> {
             len: r.len - r.done,
             buf_index: r.chunk.index(),
         };
+        r.submitting = true;
         // SAFETY: the chunk stays referenced by `r` until the completion is
-        // reaped (`reap`, or `drain` on the error path), and `fd` stays open
-        // (the File outlives both).
-        unsafe { self.reader.submit(req) }.map_err(|e| Error::io(IoOp::Read, &shard.name, &e))?;
+        // reaped (`reap`, or `drain` on the error path; for ever when the
+        // backend panicked inside `submit`), and `fd` stays open (the File
+        // outlives both).
+        let submitted = unsafe { self.reader.submit(req) };
+        r.submitting = false;
+        submitted.map_err(|e| Error::io(IoOp::Read, &shard.name, &e))?;
         r.in_flight = true;
         sh.counters.reads.fetch_add(1, Ordering::Relaxed);
         Ok(())
@@ -325,10 +343,12 @@ impl<'a> Worker<'a> {
     ) -> Result<()> {
         let mut done = std::mem::take(&mut self.completions);
         done.clear();
-        self.reader
+        // A backend may give completions and then fail: apply what it gave
+        // (those reads are over) before the error is returned.
+        let mut result = self
+            .reader
             .wait(1, &mut done)
-            .map_err(|e| Error::io(IoOp::Read, &shard.name, &e))?;
-        let mut result = Ok(());
+            .map_err(|e| Error::io(IoOp::Read, &shard.name, &e));
         for c in done.drain(..) {
             let Some(r) = pending.iter_mut().find(|r| r.id == c.id) else {
                 continue;
@@ -368,10 +388,9 @@ impl<'a> Worker<'a> {
         // Continue short reads.
         for i in 0..pending.len() {
             if !pending[i].in_flight && pending[i].done < pending[i].len {
-                let mut r = pending.remove(i).expect("index in range");
-                let res = self.start_read(target, &mut r, shard);
-                pending.insert(i, r);
-                res?;
+                // In place: the read stays in `pending` (and its chunk with
+                // it) whatever `submit` does.
+                self.start_read(target, &mut pending[i], shard)?;
             }
         }
         Ok(())

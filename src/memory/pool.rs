@@ -24,6 +24,9 @@ pub struct PoolUse {
 
 struct PoolState {
     free: Vec<bool>,
+    /// Times each chunk was taken (tests only: see `checkout`).
+    #[cfg(test)]
+    taken: Vec<u64>,
     free_count: usize,
     peak_in_use: usize,
     /// Workers that may still acquire chunks (not parked at an epoch end).
@@ -88,6 +91,8 @@ impl ChunkPool {
             refs: (0..n).map(|_| AtomicU32::new(0)).collect(),
             state: Mutex::new(PoolState {
                 free: vec![true; n],
+                #[cfg(test)]
+                taken: vec![0; n],
                 free_count: n,
                 peak_in_use: 0,
                 running: 0,
@@ -132,11 +137,14 @@ impl ChunkPool {
         }
     }
 
-    /// Whether the run starting at chunk `index` is back in the pool: the
-    /// engine's tests check that no read lands in a returned chunk.
+    /// Which check-out of chunk `index` this is (counted from 1), or `None`
+    /// while it is in the pool: the engine's tests record it when a read
+    /// into the chunk starts and check it is the same when the read ends, so
+    /// a chunk returned (and perhaps taken again) under a read is caught.
     #[cfg(test)]
-    pub(crate) fn is_free(&self, index: usize) -> bool {
-        self.lock().free[index]
+    pub(crate) fn checkout(&self, index: usize) -> Option<u64> {
+        let s = self.lock();
+        (!s.free[index]).then_some(s.taken[index])
     }
 
     /// Payload bytes copied by the engine (spilled members).
@@ -332,6 +340,10 @@ impl ChunkPool {
             if let Some(start) = find_run_from(&s.free, n, s.next[slot]).filter(|_| allowed) {
                 for f in &mut s.free[start..start + n] {
                     *f = false;
+                }
+                #[cfg(test)]
+                for t in &mut s.taken[start..start + n] {
+                    *t += 1;
                 }
                 s.next[slot] = (start + n) % self.chunk_count();
                 s.free_count -= n;
