@@ -386,11 +386,11 @@ impl<'a> Worker<'a> {
         self.completions = done;
         result?;
         // Continue short reads.
-        for i in 0..pending.len() {
-            if !pending[i].in_flight && pending[i].done < pending[i].len {
+        for r in pending.iter_mut() {
+            if !r.in_flight && r.done < r.len {
                 // In place: the read stays in `pending` (and its chunk with
                 // it) whatever `submit` does.
-                self.start_read(target, &mut pending[i], shard)?;
+                self.start_read(target, r, shard)?;
             }
         }
         Ok(())
