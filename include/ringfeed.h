@@ -270,7 +270,7 @@ int32_t ringfeed_gather(const uint8_t *src,
                         size_t dst_len);
 
 // The configuration keys this library accepts, comma-separated without
-// spaces, in the order of the README's reference (`"urls,batch_size,..."`).
+// spaces, in the order the library declares them (`"urls,batch_size,..."`).
 // A static string.
 const char *ringfeed_config_keys(void);
 

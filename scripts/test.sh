@@ -22,7 +22,7 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --all-targets --locked --no-fail-fast
 
-# The Python package. pip builds it with `cargo build --release --lib` and
+# The Python package. pip builds it with `cargo build --release --lib -p ringfeed` and
 # bundles the library; the tests generate shards with the release CLI.
 cargo build --release --locked
 if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then

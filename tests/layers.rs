@@ -53,29 +53,85 @@ fn rs_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// The `crate::a::b` paths a file names in code (comments left out).
-fn crate_paths(text: &str) -> Vec<(String, String)> {
+/// A line's code: string and char literals blanked, comments cut.
+fn code_of(line: &str) -> String {
+    let mut out = String::new();
+    let mut chars = line.chars().peekable();
+    let mut in_str = false;
+    while let Some(c) = chars.next() {
+        if in_str {
+            match c {
+                '\\' => {
+                    chars.next();
+                }
+                '"' => in_str = false,
+                _ => {}
+            }
+            out.push(' ');
+            continue;
+        }
+        match c {
+            '"' => {
+                in_str = true;
+                out.push(' ');
+            }
+            '/' if chars.peek() == Some(&'/') => break,
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+fn ident(s: &str) -> String {
+    s.chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+        .collect()
+}
+
+/// The `prefix a::b` paths a file names in code, as (a, b).
+fn paths(text: &str, prefix: &str) -> Vec<(String, String)> {
     let mut found = Vec::new();
     for line in text.lines() {
-        let code = line.split("//").next().unwrap_or("");
-        let mut rest = code;
-        while let Some(i) = rest.find("crate::") {
-            let after = &rest[i + "crate::".len()..];
-            let ident = |s: &str| -> String {
-                s.chars()
-                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                    .collect()
-            };
+        let code = code_of(line);
+        let mut rest = code.as_str();
+        while let Some(i) = rest.find(prefix) {
+            let before = rest[..i].chars().next_back();
+            let after = &rest[i + prefix.len()..];
+            rest = &after[..];
+            // `super::` inside `super::super::` or a longer name is not ours.
+            if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':') {
+                continue;
+            }
             let first = ident(after);
             let second = after[first.len()..]
                 .strip_prefix("::")
                 .map(ident)
                 .unwrap_or_default();
             found.push((first, second));
-            rest = &after[1..];
         }
     }
     found
+}
+
+/// The names `src/lib.rs` re-exports at the crate root, by the part they
+/// come from (`crate::Config` is `config`'s).
+fn root_exports(root: &Path) -> BTreeMap<String, String> {
+    let lib = std::fs::read_to_string(root.join("lib.rs")).unwrap();
+    let mut names = BTreeMap::new();
+    for line in lib.lines() {
+        let Some(rest) = line.trim().strip_prefix("pub use ") else {
+            continue;
+        };
+        let (part, items) = rest.split_once("::").unwrap();
+        for item in items
+            .trim_end_matches(';')
+            .trim_matches(['{', '}'])
+            .split(',')
+        {
+            names.insert(item.trim().to_string(), part.to_string());
+        }
+    }
+    names
 }
 
 #[test]
@@ -83,6 +139,7 @@ fn no_file_imports_a_layer_above_its_own() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let ranks: BTreeMap<&str, u32> = RANKS.iter().copied().collect();
     let engine: BTreeMap<&str, u32> = ENGINE.iter().copied().collect();
+    let exports = root_exports(&root);
     let mut files = Vec::new();
     rs_files(&root, &mut files);
     files.sort();
@@ -104,28 +161,36 @@ fn no_file_imports_a_layer_above_its_own() {
             stem.to_string()
         });
         let text = std::fs::read_to_string(f).unwrap();
-        for (to, sub) in crate_paths(&text) {
-            if to == part {
-                // Inside the engine, file by file.
-                if let Some(from) = &file_in_engine
-                    && from != "mod"
-                {
-                    let (Some(&a), Some(&b)) =
-                        (engine.get(from.as_str()), engine.get(sub.as_str()))
-                    else {
-                        wrong.push(format!(
-                            "{}: names `crate::engine::{sub}`: engine files name each other by file",
-                            rel.display()
-                        ));
-                        continue;
-                    };
-                    if b >= a && from != &sub {
-                        wrong.push(format!(
-                            "{}: imports engine/{sub}.rs, which comes after it in the chain",
-                            rel.display()
-                        ));
-                    }
+        // Inside the engine, file by file: `super::x` and `crate::engine::x`
+        // name engine files, which must come before this one.
+        if let Some(from) = file_in_engine.as_deref().filter(|f| *f != "mod") {
+            let a = engine[from];
+            let named = paths(&text, "super::").into_iter().map(|(x, _)| x).chain(
+                paths(&text, "crate::")
+                    .into_iter()
+                    .filter(|(to, _)| to == "engine")
+                    .map(|(_, x)| x),
+            );
+            for x in named {
+                match engine.get(x.as_str()) {
+                    Some(&b) if b < a || x == from => {}
+                    Some(_) => wrong.push(format!(
+                        "{}: imports engine/{x}.rs, which comes after it in the chain",
+                        rel.display()
+                    )),
+                    // `super::*` and items of an inline module's parent.
+                    None if x.is_empty() || x.starts_with(|c: char| c.is_ascii_uppercase()) => {}
+                    None if from == "tests" || from == "script" => {}
+                    None => wrong.push(format!(
+                        "{}: names `engine::{x}`: engine files name each other by file",
+                        rel.display()
+                    )),
                 }
+            }
+        }
+        for (to, _) in paths(&text, "crate::") {
+            let to = exports.get(&to).cloned().unwrap_or(to);
+            if to == part {
                 continue;
             }
             match ranks.get(to.as_str()) {
@@ -134,8 +199,6 @@ fn no_file_imports_a_layer_above_its_own() {
                     "{}: `{part}` imports `{to}`, which is not below it",
                     rel.display()
                 )),
-                // Crate-root re-exports (`crate::Config`) name a part through lib.rs.
-                None if to.chars().next().is_some_and(|c| c.is_ascii_uppercase()) => {}
                 None => wrong.push(format!("{}: unknown part `crate::{to}`", rel.display())),
             }
         }

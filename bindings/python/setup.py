@@ -1,4 +1,4 @@
-"""Build step: compile the engine (`cargo build --release --lib` at the
+"""Build step: compile the engine (`cargo build --release --lib -p ringfeed` at the
 repository root, two levels up) and bundle `libringfeed.so` inside the
 package, so `pip install ./bindings/python` gives a self-contained
 `import ringfeed`.

@@ -5,7 +5,7 @@ use std::ffi::{CString, c_char};
 use std::sync::LazyLock;
 
 /// The configuration keys this library accepts, comma-separated without
-/// spaces, in the order of the README's reference (`"urls,batch_size,..."`).
+/// spaces, in the order the library declares them (`"urls,batch_size,..."`).
 /// A static string.
 #[unsafe(no_mangle)]
 pub extern "C" fn ringfeed_config_keys() -> *const c_char {

@@ -215,37 +215,116 @@ mod tests {
         assert_eq!(unknown, c"RINGFEED_UNKNOWN_STATUS");
     }
 
+    /// Each kind of error, and the status C sees for it. The match below
+    /// has no wildcard: a new variant does not compile until it is listed.
     #[test]
-    fn every_error_maps_to_a_listed_error_status() {
+    fn every_error_maps_to_its_status() {
+        use crate::error::{FailKind, TarError};
         let io = |op| Error::io(op, "/x", &std::io::Error::from_raw_os_error(2));
-        let errors = [
-            Error::Config("c".into()),
-            Error::Url {
-                url: "u".into(),
-                reason: "r".into(),
-            },
-            io(IoOp::Open),
-            io(IoOp::Read),
-            Error::DuplicateField {
-                shard: "s".into(),
-                offset: 0,
-                key: "k".into(),
-                field: "f".into(),
-            },
-            Error::Memory("m".into()),
-            Error::IoUring("u".into()),
-            Error::Closed,
-            Error::Internal("i".into()),
-            Error::Credentials("c".into()),
-            Error::State("s".into()),
+        let http = |kind| Error::Http {
+            url: "u".into(),
+            kind,
+            message: "m".into(),
+            attempts: 1,
+        };
+        let s3 = |status| Error::S3 {
+            bucket: "b".into(),
+            key: "k".into(),
+            status,
+            code: "c".into(),
+            explain: None,
+        };
+        let mut cases = vec![
+            (Error::Config("c".into()), RINGFEED_ERR_CONFIG),
+            (
+                Error::Url {
+                    url: "u".into(),
+                    reason: "r".into(),
+                },
+                RINGFEED_ERR_DATASET,
+            ),
+            (
+                Error::Tar {
+                    shard: "s".into(),
+                    source: TarError::NotTar,
+                },
+                RINGFEED_ERR_FORMAT,
+            ),
+            (
+                Error::DuplicateField {
+                    shard: "s".into(),
+                    offset: 0,
+                    key: "k".into(),
+                    field: "f".into(),
+                },
+                RINGFEED_ERR_FORMAT,
+            ),
+            (Error::Memory("m".into()), RINGFEED_ERR_MEMORY),
+            (
+                Error::BudgetTooSmall {
+                    budget: 1,
+                    detail: "d".into(),
+                },
+                RINGFEED_ERR_MEMORY,
+            ),
+            (Error::IoUring("u".into()), RINGFEED_ERR_IO_URING),
+            (s3(403), RINGFEED_ERR_DATASET),
+            (s3(404), RINGFEED_ERR_DATASET),
+            (s3(500), RINGFEED_ERR_NETWORK),
+            (s3(503), RINGFEED_ERR_NETWORK),
+            (Error::Credentials("c".into()), RINGFEED_ERR_CONFIG),
+            (Error::State("s".into()), RINGFEED_ERR_STATE),
+            (
+                Error::Plan {
+                    shard: "s".into(),
+                    message: "m".into(),
+                },
+                RINGFEED_ERR_STATE,
+            ),
+            (Error::Internal("i".into()), RINGFEED_ERR_PANIC),
+            (Error::Closed, RINGFEED_ERR_CLOSED),
         ];
-        for e in &errors {
+        for (op, want) in [
+            (IoOp::Open, RINGFEED_ERR_DATASET),
+            (IoOp::Stat, RINGFEED_ERR_DATASET),
+            (IoOp::List, RINGFEED_ERR_DATASET),
+            (IoOp::Read, RINGFEED_ERR_IO),
+            (IoOp::Create, RINGFEED_ERR_IO),
+            (IoOp::Write, RINGFEED_ERR_IO),
+        ] {
+            cases.push((io(op), want));
+        }
+        for &kind in FailKind::ALL {
+            // Failures retrying cannot fix are the dataset's (a 404, a
+            // refused certificate), except a server that speaks garbage.
+            let want = if kind.retryable() || kind == FailKind::Protocol {
+                RINGFEED_ERR_NETWORK
+            } else {
+                RINGFEED_ERR_DATASET
+            };
+            cases.push((http(kind), want));
+        }
+        for (e, want) in &cases {
+            let _every_variant_is_listed = match e {
+                Error::Config(_)
+                | Error::Url { .. }
+                | Error::Io { .. }
+                | Error::Tar { .. }
+                | Error::DuplicateField { .. }
+                | Error::Memory(_)
+                | Error::BudgetTooSmall { .. }
+                | Error::IoUring(_)
+                | Error::Http { .. }
+                | Error::S3 { .. }
+                | Error::Credentials(_)
+                | Error::State(_)
+                | Error::Plan { .. }
+                | Error::Internal(_)
+                | Error::Closed => (),
+            };
             let code = status_of(e);
-            assert!(code < 0, "{e}: {code}");
+            assert_eq!(code, *want, "{e}");
             assert!(STATUSES.iter().any(|s| s.code == code), "{e}: {code}");
         }
-        assert_eq!(status_of(&io(IoOp::Open)), RINGFEED_ERR_DATASET);
-        assert_eq!(status_of(&io(IoOp::Read)), RINGFEED_ERR_IO);
-        assert_eq!(status_of(&Error::Internal("i".into())), RINGFEED_ERR_PANIC);
     }
 }
