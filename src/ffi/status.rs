@@ -305,7 +305,8 @@ mod tests {
             cases.push((http(kind), want));
         }
         for (e, want) in &cases {
-            let _every_variant_is_listed = match e {
+            // Every variant is listed (no wildcard).
+            match e {
                 Error::Config(_)
                 | Error::Url { .. }
                 | Error::Io { .. }
@@ -320,8 +321,8 @@ mod tests {
                 | Error::State(_)
                 | Error::Plan { .. }
                 | Error::Internal(_)
-                | Error::Closed => (),
-            };
+                | Error::Closed => {}
+            }
             let code = status_of(e);
             assert_eq!(code, *want, "{e}");
             assert!(STATUSES.iter().any(|s| s.code == code), "{e}: {code}");
