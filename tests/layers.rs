@@ -97,7 +97,7 @@ fn paths(text: &str, prefix: &str) -> Vec<(String, String)> {
         while let Some(i) = rest.find(prefix) {
             let before = rest[..i].chars().next_back();
             let after = &rest[i + prefix.len()..];
-            rest = &after[..];
+            rest = after;
             // `super::` inside `super::super::` or a longer name is not ours.
             if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':') {
                 continue;
