@@ -214,9 +214,13 @@ typedef struct ringfeed_stats {
   int32_t memory_kind;
   // One of `RINGFEED_BACKEND_*`.
   int32_t io_backend;
-  // 1 when the arena is locked in memory (mlock).
+  // 1 when the arena is locked in memory (mlock; its pages are locked as
+  // they fault in, and a thread faults them all in after the first
+  // batch).
   uint32_t memory_locked;
-  // 1 when the chunks are registered with io_uring as fixed buffers.
+  // 1 when the chunks are used as io_uring fixed buffers: each ring
+  // registers them once the arena's memory is in (shortly after the first
+  // batch; at open with `register_buffers: "on"`), plain reads before.
   uint32_t buffers_registered;
 } ringfeed_stats;
 

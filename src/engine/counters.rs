@@ -67,10 +67,14 @@ pub struct Counts {
     /// One of `RINGFEED_BACKEND_*`.
     #[serde(skip)]
     pub io_backend: i32,
-    /// 1 when the arena is locked in memory (mlock).
+    /// 1 when the arena is locked in memory (mlock; its pages are locked as
+    /// they fault in, and a thread faults them all in after the first
+    /// batch).
     #[serde(skip)]
     pub memory_locked: u32,
-    /// 1 when the chunks are registered with io_uring as fixed buffers.
+    /// 1 when the chunks are used as io_uring fixed buffers: each ring
+    /// registers them once the arena's memory is in (shortly after the first
+    /// batch; at open with `register_buffers: "on"`), plain reads before.
     #[serde(skip)]
     pub buffers_registered: u32,
 }

@@ -12,6 +12,7 @@ use crate::dataset::Shard;
 use crate::engine::shared::{Item, Progress, Shared};
 use crate::error::{Error, Result};
 use crate::fetch::BackendKind;
+use crate::fetch::uring::FixedBuffers;
 use crate::memory::{Arena, Batch};
 use crate::plan::resume::State;
 use crate::queue::RecvError;
@@ -33,7 +34,9 @@ pub enum Next {
 pub(super) struct Setup {
     pub(super) backend: BackendKind,
     pub(super) uring_flags: &'static str,
-    pub(super) registered: bool,
+    /// The chunks as fixed buffers, when the rings use them (each ring
+    /// registers them once the prefault thread has the memory in).
+    pub(super) fixed: Option<Arc<FixedBuffers>>,
     pub(super) workers: usize,
     pub(super) cpus: Vec<usize>,
     pub(super) notes: Vec<String>,

@@ -13,9 +13,9 @@ use crate::dataset::{self, Shard};
 use crate::engine::counters::Counters;
 use crate::engine::loader::{Loader, Setup};
 use crate::engine::shared::{Progress, Shared};
-use crate::engine::threads::{Iovecs, MakeReader, Readers, sequencer_main, worker_main};
+use crate::engine::threads::{MakeReader, Readers, prefault_main, sequencer_main, worker_main};
 use crate::error::{Error, Result};
-use crate::fetch::uring::{self, UringReader};
+use crate::fetch::uring::{self, FixedBuffers, UringReader};
 use crate::fetch::{BackendKind, NetOptions};
 use crate::memory::{Arena, ArenaOptions, ChunkPool};
 use crate::plan::resume::{self, Start, State};
@@ -93,7 +93,11 @@ impl Loader {
             ArenaOptions {
                 kind: cfg.memory_kind,
                 lock: cfg.lock_memory.required(),
-                prefault: true,
+                // Pages fault in as reads land in them and a thread
+                // populates the rest (`prefault_main`), so the first reads
+                // do not wait for the whole arena. Only fixed buffers
+                // required at open need every page in now.
+                prefault: cfg.register_buffers == Toggle::On,
                 shared: cfg.shared_arena,
             },
         )?;
@@ -134,9 +138,10 @@ impl Loader {
                     .into(),
             ));
         }
-        let registered = make.is_none()
-            && backend == BackendKind::IoUring
-            && register_probe(&iovecs, cfg.register_buffers, &net, &mut notes)?;
+        let fixed = match make.is_none() && backend == BackendKind::IoUring {
+            true => fixed_buffers(iovecs, cfg.register_buffers, workers + 1, &net, &mut notes)?,
+            false => None,
+        };
 
         let cpus = if cfg.pin_cpus {
             // The engines of one rank's loader workers (each a process)
@@ -191,8 +196,7 @@ impl Loader {
             Some(make) => Readers::Made(make),
             None => Readers::Backend {
                 kind: backend,
-                registered,
-                iovecs: Arc::new(Iovecs(iovecs)),
+                fixed: fixed.clone(),
             },
         };
         let (ready_tx, ready_rx) = mpsc::channel::<std::result::Result<Option<String>, Error>>();
@@ -217,6 +221,16 @@ impl Loader {
         keep_started(spawned, &mut threads, &shared, || {
             "the sequencer thread".into()
         })?;
+        if shared.cfg.register_buffers != Toggle::On {
+            let pre_shared = Arc::clone(&shared);
+            let pre_fixed = fixed.clone();
+            let spawned = std::thread::Builder::new()
+                .name("ringfeed-prefault".into())
+                .spawn(move || prefault_main(pre_shared, pre_fixed));
+            keep_started(spawned, &mut threads, &shared, || {
+                "the prefault thread".into()
+            })?;
+        }
         let mut startup_error = None;
         for _ in 0..workers {
             match ready_rx.recv() {
@@ -237,7 +251,7 @@ impl Loader {
             setup: Setup {
                 backend,
                 uring_flags,
-                registered,
+                fixed,
                 workers,
                 cpus,
                 notes,
@@ -276,27 +290,38 @@ fn keep_started(
     }
 }
 
-/// Registers the chunks on a probe ring to learn whether workers may; the
-/// answer depends on RLIMIT_MEMLOCK / CAP_IPC_LOCK, not on the ring.
-fn register_probe(
-    iovecs: &[libc::iovec],
+/// Whether the workers' rings use the chunks as fixed buffers. `on`: a
+/// probe ring registers them now (the arena was prefaulted for it), and a
+/// refusal is an error. `auto`: decided now by the rule the kernel applies
+/// (CAP_IPC_LOCK, or an RLIMIT_MEMLOCK that covers every ring's pin), and
+/// each ring registers them once the prefault thread has the memory in.
+fn fixed_buffers(
+    iovecs: Vec<libc::iovec>,
     want: Toggle,
+    rings: usize,
     net: &NetOptions,
     notes: &mut Vec<String>,
-) -> Result<bool> {
+) -> Result<Option<Arc<FixedBuffers>>> {
     if want == Toggle::Off {
-        return Ok(false);
+        return Ok(None);
     }
-    let why = if iovecs.len() > MAX_REGISTERED {
-        format!(
-            "{} chunks exceed io_uring's {MAX_REGISTERED} fixed buffers",
-            iovecs.len()
-        )
-    } else {
-        // SAFETY: the iovecs point into the arena, which outlives the probe reader.
-        match unsafe { UringReader::new(8, Some(iovecs), net.clone(), 0) } {
-            Ok(_) => return Ok(true),
+    let bytes: u64 = iovecs.iter().map(|v| v.iov_len as u64).sum();
+    let count = iovecs.len();
+    // SAFETY: the iovecs point into the arena, which outlives every reader:
+    // the shared state holds the pool, and the readers end with the workers.
+    let fixed = Arc::new(unsafe { FixedBuffers::new(iovecs) });
+    let why = if count > MAX_REGISTERED {
+        format!("{count} chunks exceed io_uring's {MAX_REGISTERED} fixed buffers")
+    } else if want == Toggle::On {
+        fixed.set_ready();
+        match UringReader::new(8, Some(Arc::clone(&fixed)), net.clone(), 0) {
+            Ok(_) => return Ok(Some(fixed)),
             Err(e) => format!("register_buffers refused ({e})"),
+        }
+    } else {
+        match pin_allowed(bytes.saturating_mul(rings as u64)) {
+            Ok(()) => return Ok(Some(fixed)),
+            Err(why) => why,
         }
     };
     if want == Toggle::On {
@@ -305,7 +330,49 @@ fn register_probe(
         )));
     }
     notes.push(format!("{why}: plain reads into unregistered chunks"));
-    Ok(false)
+    Ok(None)
+}
+
+/// Whether this process may pin `bytes` with io_uring: the kernel charges
+/// registered buffers to RLIMIT_MEMLOCK unless the ring's creator has
+/// CAP_IPC_LOCK.
+fn pin_allowed(bytes: u64) -> std::result::Result<(), String> {
+    if has_cap_ipc_lock() {
+        return Ok(());
+    }
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid rlimit for the call to fill.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } != 0 {
+        return Err(format!(
+            "register_buffers not tried (RLIMIT_MEMLOCK unreadable: {})",
+            std::io::Error::last_os_error()
+        ));
+    }
+    if lim.rlim_cur == libc::RLIM_INFINITY || lim.rlim_cur >= bytes {
+        return Ok(());
+    }
+    Err(format!(
+        "register_buffers refused: the rings would pin {bytes} bytes, over RLIMIT_MEMLOCK ({} \
+         bytes), without CAP_IPC_LOCK",
+        lim.rlim_cur
+    ))
+}
+
+/// CAP_IPC_LOCK in this thread's effective set (`CapEff` of
+/// /proc/thread-self/status, bit 14).
+fn has_cap_ipc_lock() -> bool {
+    const CAP_IPC_LOCK: u32 = 14;
+    let Ok(status) = std::fs::read_to_string("/proc/thread-self/status") else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .is_some_and(|caps| caps & (1 << CAP_IPC_LOCK) != 0)
 }
 
 type Replay = Vec<Vec<Vec<u64>>>;

@@ -73,7 +73,7 @@ impl Loader {
                 BackendKind::Threads => RINGFEED_BACKEND_THREADS,
             },
             memory_locked: u32::from(report.locked),
-            buffers_registered: u32::from(self.setup.registered),
+            buffers_registered: u32::from(self.setup.fixed.is_some()),
             ..Counts::default()
         };
         sh.counters.fill(&mut c);
@@ -81,12 +81,17 @@ impl Loader {
             counts: c,
             memory_kind: report.kind.name(),
             memory_locked: report.locked,
-            buffers_registered: self.setup.registered,
+            buffers_registered: self.setup.fixed.is_some(),
             io_backend: self.setup.backend.name(),
             io_uring_flags: self.setup.uring_flags,
             worker_cpus: self.setup.cpus.clone(),
             retries,
-            notes: self.setup.notes.clone(),
+            notes: {
+                let mut notes = self.setup.notes.clone();
+                // A ring that could not register the buffers after all.
+                notes.extend(self.setup.fixed.as_ref().and_then(|f| f.refused()));
+                notes
+            },
         }
     }
 }

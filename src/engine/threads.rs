@@ -9,19 +9,15 @@ use crate::engine::shared::Shared;
 use crate::engine::worker::Worker;
 use crate::error::Error;
 use crate::fetch::threads::ThreadReader;
-use crate::fetch::uring::UringReader;
+use crate::fetch::uring::{FixedBuffers, UringReader};
 use crate::fetch::{BackendKind, Reader};
 use crate::memory::ChunkPool;
 use crate::topology;
 
-/// The chunks as io_uring buffer descriptors.
-pub(super) struct Iovecs(pub(super) Vec<libc::iovec>);
-
-// SAFETY: the iovecs only describe arena memory; they are read, never written,
-// and the arena itself is Send + Sync.
-unsafe impl Send for Iovecs {}
-// SAFETY: as above.
-unsafe impl Sync for Iovecs {}
+/// The longest the prefault thread waits for the first batch: long
+/// against a loopback or page-cache first batch (10-50 ms), short against an
+/// epoch, so the rings get their fixed buffers early in any case.
+const PREFAULT_AFTER: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// Makes a worker's reader on the worker's thread, from its stream and the
 /// pool its reads land in.
@@ -34,8 +30,7 @@ pub(super) enum Readers {
     /// `registered`) or threads.
     Backend {
         kind: BackendKind,
-        registered: bool,
-        iovecs: Arc<Iovecs>,
+        fixed: Option<Arc<FixedBuffers>>,
     },
     /// Made by a function: the engine's unit tests drive workers with
     /// scripted readers (no files, no sockets).
@@ -69,28 +64,16 @@ pub(super) fn worker_main(
         } => Box::new(ThreadReader::new(shared.net.clone(), seed)),
         Readers::Backend {
             kind: BackendKind::IoUring,
-            registered,
-            iovecs,
-        } => {
-            // SAFETY: the iovecs point into the arena, which `shared` keeps
-            // alive for longer than this reader (dropped at the end of this fn).
-            match unsafe {
-                UringReader::new(
-                    entries,
-                    registered.then_some(&iovecs.0[..]),
-                    shared.net.clone(),
-                    seed,
-                )
-            } {
-                Ok(r) => Box::new(r),
-                Err(e) => {
-                    let _ = ready.send(Err(Error::IoUring(format!(
-                        "worker ring setup failed: {e}"
-                    ))));
-                    return;
-                }
+            fixed,
+        } => match UringReader::new(entries, fixed.clone(), shared.net.clone(), seed) {
+            Ok(r) => Box::new(r),
+            Err(e) => {
+                let _ = ready.send(Err(Error::IoUring(format!(
+                    "worker ring setup failed: {e}"
+                ))));
+                return;
             }
-        }
+        },
     };
     let _ = ready.send(Ok(note));
     drop(ready);
@@ -135,4 +118,39 @@ pub(super) fn sequencer_main(shared: Arc<Shared>) {
         ))),
     }
     shared.channel.close();
+}
+
+/// Faults the arena in, chunk by chunk from the last one (the pool hands
+/// out the first ones first, so this thread and the workers' first reads
+/// meet in the middle instead of queueing on the same pages), then lets the
+/// rings register the chunks as fixed buffers. It starts once the first
+/// batch is out (or after `PREFAULT_AFTER`): zeroing the arena is some
+/// 40 ms of a core per 256 MiB, which the first batch should not share.
+/// Stops when the loader does.
+pub(super) fn prefault_main(shared: Arc<Shared>, fixed: Option<Arc<FixedBuffers>>) {
+    let begun = std::time::Instant::now();
+    // Relaxed: a hint when to start, nothing is read through it.
+    while shared
+        .counters
+        .time_to_first_batch_ns
+        .load(std::sync::atomic::Ordering::Relaxed)
+        == 0
+        && begun.elapsed() < PREFAULT_AFTER
+    {
+        if shared.stopping() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let pool = &shared.pool;
+    let cs = pool.chunk_size();
+    for i in (0..pool.chunk_count()).rev() {
+        if shared.stopping() {
+            return;
+        }
+        pool.arena().populate(i * cs, cs);
+    }
+    if let Some(f) = fixed {
+        f.set_ready();
+    }
 }

@@ -38,6 +38,8 @@ pub(crate) struct Worker<'a> {
     shuffle: Option<Shuffler>,
     completions: Vec<Completion>,
     next_read_id: u64,
+    /// A read of this worker has completed (read-ahead may start).
+    bytes_in: bool,
 }
 
 struct PendingRead {
@@ -64,6 +66,7 @@ impl<'a> Worker<'a> {
             shuffle: None,
             completions: Vec::new(),
             next_read_id: 1,
+            bytes_in: false,
         }
     }
 
@@ -236,7 +239,16 @@ impl<'a> Worker<'a> {
         loop {
             // Keep up to `reads_in_flight` reads going; block for a chunk only
             // when nothing is in flight, so parsing never waits on itself.
-            while pending.len() < sh.cfg.reads_in_flight && next_offset < size {
+            // Until this worker's first read is in, it is the only one: over
+            // the network, read-ahead would share the bandwidth with it and
+            // delay the first batch (4 workers x 4 reads of 8 MiB is 128 MiB
+            // before any sample; 32 MiB with this).
+            let depth = if self.bytes_in {
+                sh.cfg.reads_in_flight
+            } else {
+                1
+            };
+            while pending.len() < depth && next_offset < size {
                 // The first read may wait (and use the reserve); read-ahead
                 // takes only chunks beyond it.
                 let stream = self.stream;
@@ -372,6 +384,7 @@ impl<'a> Worker<'a> {
                 }
                 Ok(n) => {
                     r.done += n;
+                    self.bytes_in = true;
                     self.shared
                         .counters
                         .bytes_read

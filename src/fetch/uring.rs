@@ -3,6 +3,8 @@
 //! flight, `READ_FIXED` into the arena's chunks when they are registered.
 
 use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use io_uring::{IoUring, opcode, types};
 
@@ -16,9 +18,76 @@ pub struct UringSetup {
     pub flags: &'static str,
 }
 
+/// The arena's chunks as io_uring fixed buffers, shared by a loader's
+/// rings. Each ring registers them once `ready` is set: when their memory is
+/// in (registering pins every page, so done at open it would fault the whole
+/// arena in before the first read). Reads before that are plain `READ`s.
+pub struct FixedBuffers {
+    iovecs: Vec<libc::iovec>,
+    ready: AtomicBool,
+    /// Why a ring could not register them, the first time one could not.
+    refused: Mutex<Option<String>>,
+}
+
+// SAFETY: the iovecs only describe arena memory; they are read, never
+// written, and the arena itself is Send + Sync.
+unsafe impl Send for FixedBuffers {}
+// SAFETY: as above.
+unsafe impl Sync for FixedBuffers {}
+
+impl std::fmt::Debug for FixedBuffers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FixedBuffers")
+            .field("buffers", &self.iovecs.len())
+            .field("ready", &self.is_ready())
+            .finish()
+    }
+}
+
+impl FixedBuffers {
+    /// The buffers `iovecs`, not yet ready.
+    ///
+    /// # Safety
+    /// Every buffer must stay valid while any ring that registered them
+    /// lives (the arena outlives the loader's readers).
+    pub unsafe fn new(iovecs: Vec<libc::iovec>) -> FixedBuffers {
+        FixedBuffers {
+            iovecs,
+            ready: AtomicBool::new(false),
+            refused: Mutex::new(None),
+        }
+    }
+
+    pub fn iovecs(&self) -> &[libc::iovec] {
+        &self.iovecs
+    }
+
+    /// Rings may register the buffers from now on.
+    pub fn set_ready(&self) {
+        // Release: pairs with the Acquire in `is_ready`; the pages were
+        // populated before.
+        self.ready.store(true, Ordering::Release);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        // Acquire: pairs with the Release in `set_ready`.
+        self.ready.load(Ordering::Acquire)
+    }
+
+    /// Why a ring could not register the buffers, if one could not.
+    pub fn refused(&self) -> Option<String> {
+        self.refused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
 pub struct UringReader {
     ring: IoUring,
     registered: bool,
+    /// Buffers to register once they are ready (and not yet registered).
+    fixed: Option<Arc<FixedBuffers>>,
     /// Ranged HTTP reads on this ring.
     http: HttpDriver,
     /// Completions finished during `submit` (a range that failed at once).
@@ -72,26 +141,27 @@ pub fn probe() -> io::Result<UringSetup> {
 }
 
 impl UringReader {
-    /// A ring for a worker; with `buffers`, registers them as fixed buffers.
-    ///
-    /// # Safety
-    /// Every buffer in `buffers` must stay valid for the life of the reader.
-    pub unsafe fn new(
+    /// A ring for a worker; with `fixed`, it registers them as fixed
+    /// buffers as soon as they are ready (at once when they already are, and
+    /// then a failure is this call's error).
+    pub fn new(
         entries: u32,
-        buffers: Option<&[libc::iovec]>,
+        fixed: Option<Arc<FixedBuffers>>,
         net: NetOptions,
         seed: u64,
     ) -> io::Result<UringReader> {
         let (ring, _) = new_ring(entries)?;
         let mut registered = false;
-        if let Some(bufs) = buffers {
-            // SAFETY: the caller keeps the buffers alive while the ring lives.
-            unsafe { ring.submitter().register_buffers(bufs)? };
+        if let Some(f) = fixed.as_ref().filter(|f| f.is_ready()) {
+            // SAFETY: `FixedBuffers::new`'s caller keeps the buffers alive
+            // while any ring that registered them lives.
+            unsafe { ring.submitter().register_buffers(f.iovecs())? };
             registered = true;
         }
         Ok(UringReader {
             ring,
             registered,
+            fixed: if registered { None } else { fixed },
             http: HttpDriver::new(net.clone(), seed),
             ready: Vec::new(),
             tls_queued: Default::default(),
@@ -102,8 +172,30 @@ impl UringReader {
     }
 }
 
+impl UringReader {
+    /// Registers the fixed buffers once they are ready. Plain reads in
+    /// flight are not affected; a refusal leaves the ring on plain reads
+    /// and is kept for the stats.
+    fn register_when_ready(&mut self) {
+        let Some(f) = self.fixed.as_ref().filter(|f| f.is_ready()) else {
+            return;
+        };
+        // SAFETY: `FixedBuffers::new`'s caller keeps the buffers alive while
+        // any ring that registered them lives.
+        match unsafe { self.ring.submitter().register_buffers(f.iovecs()) } {
+            Ok(()) => self.registered = true,
+            Err(e) => {
+                let mut r = f.refused.lock().unwrap_or_else(|p| p.into_inner());
+                r.get_or_insert_with(|| format!("register_buffers refused ({e})"));
+            }
+        }
+        self.fixed = None;
+    }
+}
+
 impl Reader for UringReader {
     unsafe fn submit(&mut self, req: ReadRequest) -> io::Result<()> {
+        self.register_when_ready();
         let fd = match &req.target {
             Target::File(fd) => types::Fd(*fd),
             Target::Http(obj) if obj.tls => {

@@ -91,7 +91,7 @@ impl Arena {
         };
         let locked = match opts.lock {
             Some(false) => false,
-            want => match map.lock() {
+            want => match lock(&map, opts.prefault) {
                 Ok(()) => true,
                 Err(e) if want == Some(true) => {
                     return Err(Error::Memory(format!(
@@ -109,7 +109,8 @@ impl Arena {
         };
         if opts.prefault && !locked {
             // mlock already faulted everything in. Otherwise ask the kernel to
-            // populate writable pages, or touch one byte per page.
+            // populate writable pages, or touch one byte per page (nobody
+            // uses the memory yet).
             if map.advise(Advice::PopulateWrite).is_err() {
                 let page = if kind == MemoryKind::Normal {
                     4096
@@ -136,6 +137,20 @@ impl Arena {
         })
     }
 
+    /// Faults in `len` bytes from `offset` for writing, as a write would,
+    /// without changing them (`MADV_POPULATE_WRITE`, Linux 5.14): safe while
+    /// other parts of the arena are in use. False when the kernel cannot,
+    /// and then pages fault in on first use.
+    pub fn populate(&self, offset: usize, len: usize) -> bool {
+        if offset >= self.len {
+            return true;
+        }
+        let len = len.min(self.len - offset);
+        // SAFETY: the range lies inside this mapping; POPULATE_WRITE only
+        // faults pages in, it never changes their contents.
+        unsafe { libc::madvise(self.base.add(offset).cast(), len, libc::MADV_POPULATE_WRITE) == 0 }
+    }
+
     pub fn report(&self) -> &ArenaReport {
         &self.report
     }
@@ -158,6 +173,30 @@ impl Arena {
         use std::os::fd::AsRawFd;
         self.file.as_ref().map(|f| f.as_raw_fd())
     }
+}
+
+/// `MLOCK_ONFAULT` (Linux 4.4, include/uapi/asm-generic/mman-common.h); the
+/// libc crate has it for Android only.
+const MLOCK_ONFAULT: libc::c_uint = 1;
+
+/// Locks the mapping. With `prefault`, every page is faulted in now
+/// (`mlock`); without, pages are locked as they fault in (`MLOCK_ONFAULT`),
+/// so a large arena costs nothing at open and the permission is still
+/// checked now (RLIMIT_MEMLOCK, CAP_IPC_LOCK). Kernels without
+/// `MLOCK_ONFAULT` get a plain `mlock`.
+fn lock(map: &MmapMut, prefault: bool) -> std::io::Result<()> {
+    if !prefault {
+        // SAFETY: the range is this mapping; mlock2 changes no byte of it.
+        let r = unsafe { libc::mlock2(map.as_ptr().cast(), map.len(), MLOCK_ONFAULT) };
+        if r == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if !matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS)) {
+            return Err(e);
+        }
+    }
+    map.lock()
 }
 
 /// The kernel's transparent-huge-page mode for shared memory (the bracketed
