@@ -338,3 +338,70 @@ fn faults_injected_by_a_proxy_in_front_of_the_server_lose_nothing() {
         );
     }
 }
+
+/// The `HEAD`s that size a list of HTTP shards go out in parallel: a server
+/// that answers no `HEAD` until 4 are open at once (or 10 s passed, so a
+/// sequential resolver fails the count instead of hanging) still sizes
+/// every shard, and saw 4 at once.
+#[test]
+fn heads_of_a_shard_list_go_out_in_parallel() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::sync::{Arc, Condvar, Mutex};
+    use std::time::{Duration, Instant};
+
+    const AT_ONCE: usize = 4;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    // (open now, most open at once)
+    let state = Arc::new((Mutex::new((0usize, 0usize)), Condvar::new()));
+    let st = Arc::clone(&state);
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { break };
+            let st = Arc::clone(&st);
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(conn.try_clone().unwrap());
+                let mut conn = conn;
+                loop {
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let head = line.starts_with("HEAD ");
+                    // The rest of the request head.
+                    loop {
+                        let mut h = String::new();
+                        if reader.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+                            break;
+                        }
+                    }
+                    if head {
+                        let (lock, cv) = &*st;
+                        let mut s = lock.lock().unwrap();
+                        s.0 += 1;
+                        s.1 = s.1.max(s.0);
+                        cv.notify_all();
+                        let until = Instant::now() + Duration::from_secs(10);
+                        while s.1 < AT_ONCE && Instant::now() < until {
+                            s = cv.wait_timeout(s, Duration::from_millis(100)).unwrap().0;
+                        }
+                        s.0 -= 1;
+                    }
+                    let answer =
+                        "HTTP/1.1 200 OK\r\nContent-Length: 1024\r\nAccept-Ranges: bytes\r\n\r\n";
+                    if conn.write_all(answer.as_bytes()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let urls = vec![format!("http://127.0.0.1:{port}/shard-{{0..7}}.tar")];
+    let cfg = Config::from_json(&serde_json::json!({ "urls": urls }).to_string()).unwrap();
+    let net = ringfeed::net::NetOptions::for_config(&cfg);
+    let shards = ringfeed::dataset::resolve(&urls, &net).unwrap();
+    assert_eq!(shards.len(), 8);
+    assert!(shards.iter().all(|s| s.size == 1024));
+    let most = state.0.lock().unwrap().1;
+    assert!(most >= AT_ONCE, "at most {most} HEADs were open at once");
+}

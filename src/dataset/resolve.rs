@@ -64,11 +64,108 @@ pub fn resolve_with(
             r.manifest(url)?;
             continue;
         }
-        for one in expand_braces(url)? {
+        let all = expand_braces(url)?;
+        if all
+            .iter()
+            .all(|u| u.starts_with("http://") || u.starts_with("https://"))
+        {
+            let shards = http_shards(&all, net)?;
+            r.shards.extend(shards);
+            continue;
+        }
+        for one in all {
             r.one(&one, None)?;
         }
     }
     Ok(r.shards)
+}
+
+/// `HEAD`s in flight at once while a list of HTTP shards is resolved: open
+/// waits for about n / HEADS_IN_FLIGHT round trips instead of n (20,000
+/// shards at 10 ms a response: 6 s, not 200 s). More would only queue at a
+/// server that serves a client a few dozen connections.
+const HEADS_IN_FLIGHT: usize = 32;
+
+/// The shards of `urls` (all http:// or https://), in order: each host
+/// resolved once, the sizes from `HEAD`s sent in parallel. The first
+/// failure in the list's order is the error; after any failure no new
+/// `HEAD` starts.
+fn http_shards(urls: &[String], net: &NetOptions) -> Result<Vec<Shard>> {
+    let mut jitter = Jitter::new(0x5eed);
+    let mut hosts: std::collections::HashMap<(String, u16), Vec<std::net::SocketAddr>> =
+        Default::default();
+    let mut objs = Vec::with_capacity(urls.len());
+    for url in urls {
+        let parsed = crate::net::http::parse_url(url).map_err(|reason| Error::Url {
+            url: url.to_string(),
+            reason,
+        })?;
+        let key = (parsed.host.clone(), parsed.port);
+        let addrs = match hosts.get(&key) {
+            Some(a) => a.clone(),
+            None => {
+                let a = resolve_host(&parsed.host, parsed.port, url, net, &mut jitter)?;
+                hosts.insert(key, a.clone());
+                a
+            }
+        };
+        objs.push(Arc::new(HttpObject::new(url, addrs).map_err(|reason| {
+            Error::Url {
+                url: url.to_string(),
+                reason,
+            }
+        })?));
+    }
+    let sizes: Vec<std::sync::OnceLock<Result<u64>>> =
+        urls.iter().map(|_| std::sync::OnceLock::new()).collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        for t in 0..HEADS_IN_FLIGHT.min(urls.len()) {
+            let (objs, sizes, next, failed) = (&objs, &sizes, &next, &failed);
+            scope.spawn(move || {
+                let mut pool = HttpPool::new(net.stall, Arc::clone(&net.tls));
+                let mut jitter = Jitter::new(0x5eed ^ (t as u64) << 20);
+                // Relaxed: the counter only hands out distinct indices, and
+                // the flag only stops new work early (results are read
+                // after the scope joins every thread).
+                while !failed.load(std::sync::atomic::Ordering::Relaxed) {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(obj) = objs.get(i) else {
+                        break;
+                    };
+                    let r = with_retries(net, &mut jitter, &obj.url, || pool.head(obj));
+                    if r.is_err() {
+                        failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    let _ = sizes[i].set(r);
+                }
+            });
+        }
+    });
+    let mut shards = Vec::with_capacity(urls.len());
+    for (obj, size) in objs.into_iter().zip(sizes) {
+        let size = match size.into_inner() {
+            Some(r) => r?,
+            // Not tried: an earlier or concurrent HEAD failed, and that
+            // failure comes later in the list (the first in order wins).
+            None => continue,
+        };
+        shards.push(Shard {
+            name: obj.url.clone(),
+            source: Source::Http(obj),
+            size,
+            samples: None,
+        });
+    }
+    if shards.len() < urls.len() {
+        // Every untried URL lies after the one that failed; the loop above
+        // returned its error unless the failure came after an untried one.
+        return Err(Error::Internal(
+            "resolving: a HEAD failed but its error was not found".into(),
+        ));
+    }
+    Ok(shards)
 }
 
 struct Resolver<'a> {
