@@ -73,6 +73,16 @@ pub fn resolve_with(
             r.shards.extend(shards);
             continue;
         }
+        // Objects named one by one (not a prefix, which is listed).
+        if all.len() > 1
+            && all
+                .iter()
+                .all(|u| S3Url::parse(u).is_ok_and(|x| !x.is_prefix()))
+        {
+            let shards = r.s3_objects(&all)?;
+            r.shards.extend(shards);
+            continue;
+        }
         for one in all {
             r.one(&one, None)?;
         }
@@ -116,13 +126,37 @@ fn http_shards(urls: &[String], net: &NetOptions) -> Result<Vec<Shard>> {
             }
         })?));
     }
+    let sizes = parallel_sizes(&objs, net, |i, pool, jitter| {
+        let obj = &objs[i];
+        with_retries(net, jitter, &obj.url, || pool.head(obj))
+    })?;
+    Ok(objs
+        .into_iter()
+        .zip(sizes)
+        .map(|(obj, size)| Shard {
+            name: obj.url.clone(),
+            source: Source::Http(obj),
+            size,
+            samples: None,
+        })
+        .collect())
+}
+
+/// Each object's size by `size` (a `HEAD`), `HEADS_IN_FLIGHT` at once, each
+/// thread with its own connections; in order. The first failure in the
+/// list's order is the error, and after any failure no new request starts.
+fn parallel_sizes(
+    objs: &[Arc<HttpObject>],
+    net: &NetOptions,
+    size: impl Fn(usize, &mut HttpPool, &mut Jitter) -> Result<u64> + Sync,
+) -> Result<Vec<u64>> {
     let sizes: Vec<std::sync::OnceLock<Result<u64>>> =
-        urls.iter().map(|_| std::sync::OnceLock::new()).collect();
+        objs.iter().map(|_| std::sync::OnceLock::new()).collect();
     let next = std::sync::atomic::AtomicUsize::new(0);
     let failed = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|scope| {
-        for t in 0..HEADS_IN_FLIGHT.min(urls.len()) {
-            let (objs, sizes, next, failed) = (&objs, &sizes, &next, &failed);
+        for t in 0..HEADS_IN_FLIGHT.min(objs.len()) {
+            let (sizes, next, failed, size) = (&sizes, &next, &failed, &size);
             scope.spawn(move || {
                 let mut pool = HttpPool::new(net.stall, Arc::clone(&net.tls));
                 let mut jitter = Jitter::new(0x5eed ^ (t as u64) << 20);
@@ -131,10 +165,10 @@ fn http_shards(urls: &[String], net: &NetOptions) -> Result<Vec<Shard>> {
                 // after the scope joins every thread).
                 while !failed.load(std::sync::atomic::Ordering::Relaxed) {
                     let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let Some(obj) = objs.get(i) else {
+                    if i >= sizes.len() {
                         break;
-                    };
-                    let r = with_retries(net, &mut jitter, &obj.url, || pool.head(obj));
+                    }
+                    let r = size(i, &mut pool, &mut jitter);
                     if r.is_err() {
                         failed.store(true, std::sync::atomic::Ordering::Relaxed);
                     }
@@ -143,29 +177,21 @@ fn http_shards(urls: &[String], net: &NetOptions) -> Result<Vec<Shard>> {
             });
         }
     });
-    let mut shards = Vec::with_capacity(urls.len());
-    for (obj, size) in objs.into_iter().zip(sizes) {
-        let size = match size.into_inner() {
-            Some(r) => r?,
-            // Not tried: an earlier or concurrent HEAD failed, and that
-            // failure comes later in the list (the first in order wins).
-            None => continue,
-        };
-        shards.push(Shard {
-            name: obj.url.clone(),
-            source: Source::Http(obj),
-            size,
-            samples: None,
-        });
+    // Indices are handed out in order, so every object before a failed one
+    // was tried: the first missing result comes after an error.
+    let mut out = Vec::with_capacity(objs.len());
+    for s in sizes {
+        match s.into_inner() {
+            Some(r) => out.push(r?),
+            None => break,
+        }
     }
-    if shards.len() < urls.len() {
-        // Every untried URL lies after the one that failed; the loop above
-        // returned its error unless the failure came after an untried one.
+    if out.len() < objs.len() {
         return Err(Error::Internal(
-            "resolving: a HEAD failed but its error was not found".into(),
+            "resolving: a request failed but its error was not found".into(),
         ));
     }
-    Ok(shards)
+    Ok(out)
 }
 
 struct Resolver<'a> {
@@ -229,6 +255,36 @@ impl Resolver<'_> {
             self.s3 = Some(S3Client::new(self.s3_config, self.env)?);
         }
         Ok(self.s3.as_ref().expect("set above"))
+    }
+
+    /// Objects named one by one (a brace expansion): their `HEAD`s go out
+    /// in parallel (`parallel_sizes`).
+    fn s3_objects(&mut self, all: &[String]) -> Result<Vec<Shard>> {
+        let mut urls = Vec::with_capacity(all.len());
+        let mut objs = Vec::with_capacity(all.len());
+        for one in all {
+            let url = S3Url::parse(one).map_err(|reason| Error::Url {
+                url: one.to_string(),
+                reason,
+            })?;
+            objs.push(Arc::new(self.s3_client()?.object(&url)?));
+            urls.push(url);
+        }
+        let net = self.net;
+        let sizes = parallel_sizes(&objs, net, |i, pool, jitter| {
+            s3_size(&objs[i], &urls[i], pool, net, jitter)
+        })?;
+        Ok(urls
+            .iter()
+            .zip(objs)
+            .zip(sizes)
+            .map(|((url, obj), size)| Shard {
+                name: url.display(),
+                source: Source::Http(obj),
+                size,
+                samples: None,
+            })
+            .collect())
     }
 
     /// An object (size from the manifest or `HEAD`), or a prefix to list.
