@@ -49,8 +49,6 @@ pub fn resolve_with(
 ) -> Result<Vec<Shard>> {
     let mut r = Resolver {
         net,
-        pool: HttpPool::new(net.stall, Arc::clone(&net.tls)),
-        jitter: Jitter::new(0x5eed),
         s3_config: s3,
         env,
         s3: None,
@@ -69,17 +67,16 @@ pub fn resolve_with(
             .iter()
             .all(|u| u.starts_with("http://") || u.starts_with("https://"))
         {
-            let shards = http_shards(&all, net)?;
+            let shards = http_shards(&all, &vec![None; all.len()], net)?;
             r.shards.extend(shards);
             continue;
         }
         // Objects named one by one (not a prefix, which is listed).
-        if all.len() > 1
-            && all
-                .iter()
-                .all(|u| S3Url::parse(u).is_ok_and(|x| !x.is_prefix()))
+        if all
+            .iter()
+            .all(|u| S3Url::parse(u).is_ok_and(|x| !x.is_prefix()))
         {
-            let shards = r.s3_objects(&all)?;
+            let shards = r.s3_objects(&all, &vec![None; all.len()])?;
             r.shards.extend(shards);
             continue;
         }
@@ -97,10 +94,10 @@ pub fn resolve_with(
 const HEADS_IN_FLIGHT: usize = 32;
 
 /// The shards of `urls` (all http:// or https://), in order: each host
-/// resolved once, the sizes from `HEAD`s sent in parallel. The first
-/// failure in the list's order is the error; after any failure no new
-/// `HEAD` starts.
-fn http_shards(urls: &[String], net: &NetOptions) -> Result<Vec<Shard>> {
+/// resolved once, the sizes given in `known` (a manifest's) or from `HEAD`s
+/// sent in parallel. The first failure in the list's order is the error;
+/// after any failure no new `HEAD` starts.
+fn http_shards(urls: &[String], known: &[Option<u64>], net: &NetOptions) -> Result<Vec<Shard>> {
     let mut jitter = Jitter::new(0x5eed);
     let mut hosts: std::collections::HashMap<(String, u16), Vec<std::net::SocketAddr>> =
         Default::default();
@@ -126,7 +123,7 @@ fn http_shards(urls: &[String], net: &NetOptions) -> Result<Vec<Shard>> {
             }
         })?));
     }
-    let sizes = parallel_sizes(&objs, net, |i, pool, jitter| {
+    let sizes = parallel_sizes(known, net, |i, pool, jitter| {
         let obj = &objs[i];
         with_retries(net, jitter, &obj.url, || pool.head(obj))
     })?;
@@ -142,20 +139,27 @@ fn http_shards(urls: &[String], net: &NetOptions) -> Result<Vec<Shard>> {
         .collect())
 }
 
-/// Each object's size by `size` (a `HEAD`), `HEADS_IN_FLIGHT` at once, each
-/// thread with its own connections; in order. The first failure in the
-/// list's order is the error, and after any failure no new request starts.
+/// Each object's size: as `known` gives it, else by `size(i, ..)` (a
+/// `HEAD`), `HEADS_IN_FLIGHT` at once, each thread with its own
+/// connections; in order. The first failure in the list's order is the
+/// error, and after any failure no new request starts.
 fn parallel_sizes(
-    objs: &[Arc<HttpObject>],
+    known: &[Option<u64>],
     net: &NetOptions,
     size: impl Fn(usize, &mut HttpPool, &mut Jitter) -> Result<u64> + Sync,
 ) -> Result<Vec<u64>> {
-    let sizes: Vec<std::sync::OnceLock<Result<u64>>> =
-        objs.iter().map(|_| std::sync::OnceLock::new()).collect();
+    let sizes: Vec<std::sync::OnceLock<Result<u64>>> = known
+        .iter()
+        .map(|k| {
+            k.map(|s| std::sync::OnceLock::from(Ok(s)))
+                .unwrap_or_default()
+        })
+        .collect();
+    let unknown = known.iter().filter(|k| k.is_none()).count();
     let next = std::sync::atomic::AtomicUsize::new(0);
     let failed = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|scope| {
-        for t in 0..HEADS_IN_FLIGHT.min(objs.len()) {
+        for t in 0..HEADS_IN_FLIGHT.min(unknown) {
             let (sizes, next, failed, size) = (&sizes, &next, &failed, &size);
             scope.spawn(move || {
                 let mut pool = HttpPool::new(net.stall, Arc::clone(&net.tls));
@@ -165,8 +169,11 @@ fn parallel_sizes(
                 // after the scope joins every thread).
                 while !failed.load(std::sync::atomic::Ordering::Relaxed) {
                     let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    if i >= sizes.len() {
+                    let Some(slot) = sizes.get(i) else {
                         break;
+                    };
+                    if slot.get().is_some() {
+                        continue;
                     }
                     let r = size(i, &mut pool, &mut jitter);
                     if r.is_err() {
@@ -179,14 +186,14 @@ fn parallel_sizes(
     });
     // Indices are handed out in order, so every object before a failed one
     // was tried: the first missing result comes after an error.
-    let mut out = Vec::with_capacity(objs.len());
+    let mut out = Vec::with_capacity(known.len());
     for s in sizes {
         match s.into_inner() {
             Some(r) => out.push(r?),
             None => break,
         }
     }
-    if out.len() < objs.len() {
+    if out.len() < known.len() {
         return Err(Error::Internal(
             "resolving: a request failed but its error was not found".into(),
         ));
@@ -196,8 +203,6 @@ fn parallel_sizes(
 
 struct Resolver<'a> {
     net: &'a NetOptions,
-    pool: HttpPool,
-    jitter: Jitter,
     s3_config: &'a S3Config,
     env: &'a Env,
     s3: Option<S3Client>,
@@ -211,8 +216,8 @@ impl Resolver<'_> {
             return self.s3_url(one, size);
         }
         if one.starts_with("http://") || one.starts_with("https://") {
-            let shard = http_shard(one, size, &mut self.pool, self.net, &mut self.jitter)?;
-            self.shards.push(shard);
+            let shards = http_shards(&[one.to_string()], &[size], self.net)?;
+            self.shards.extend(shards);
             return Ok(());
         }
         let path = local_path(one)?;
@@ -257,9 +262,9 @@ impl Resolver<'_> {
         Ok(self.s3.as_ref().expect("set above"))
     }
 
-    /// Objects named one by one (a brace expansion): their `HEAD`s go out
-    /// in parallel (`parallel_sizes`).
-    fn s3_objects(&mut self, all: &[String]) -> Result<Vec<Shard>> {
+    /// Objects named one by one, with the sizes `known` gives (a
+    /// manifest's): the other `HEAD`s go out in parallel (`parallel_sizes`).
+    fn s3_objects(&mut self, all: &[String], known: &[Option<u64>]) -> Result<Vec<Shard>> {
         let mut urls = Vec::with_capacity(all.len());
         let mut objs = Vec::with_capacity(all.len());
         for one in all {
@@ -271,7 +276,7 @@ impl Resolver<'_> {
             urls.push(url);
         }
         let net = self.net;
-        let sizes = parallel_sizes(&objs, net, |i, pool, jitter| {
+        let sizes = parallel_sizes(known, net, |i, pool, jitter| {
             s3_size(&objs[i], &urls[i], pool, net, jitter)
         })?;
         Ok(urls
@@ -320,17 +325,8 @@ impl Resolver<'_> {
             self.shards.extend(found);
             return Ok(());
         }
-        let obj = Arc::new(self.s3_client()?.object(&url)?);
-        let size = match size {
-            Some(s) => s,
-            None => s3_size(&obj, &url, &mut self.pool, net, &mut self.jitter)?,
-        };
-        self.shards.push(Shard {
-            name: url.display(),
-            source: Source::Http(obj),
-            size,
-            samples: None,
-        });
+        let shards = self.s3_objects(&[one.to_string()], &[size])?;
+        self.shards.extend(shards);
         Ok(())
     }
 
@@ -417,36 +413,6 @@ fn s3_size(
         }
         Err(e) => Err(e),
     }
-}
-
-/// An HTTP shard: the URL parsed, its host resolved, its size from `HEAD`
-/// unless a manifest gave it.
-fn http_shard(
-    url: &str,
-    size: Option<u64>,
-    pool: &mut HttpPool,
-    net: &NetOptions,
-    jitter: &mut Jitter,
-) -> Result<Shard> {
-    let parsed = crate::net::http::parse_url(url).map_err(|reason| Error::Url {
-        url: url.to_string(),
-        reason,
-    })?;
-    let addrs = resolve_host(&parsed.host, parsed.port, url, net, jitter)?;
-    let obj = Arc::new(HttpObject::new(url, addrs).map_err(|reason| Error::Url {
-        url: url.to_string(),
-        reason,
-    })?);
-    let size = match size {
-        Some(s) => s,
-        None => with_retries(net, jitter, url, || pool.head(&obj))?,
-    };
-    Ok(Shard {
-        name: url.to_string(),
-        source: Source::Http(obj),
-        size,
-        samples: None,
-    })
 }
 
 /// Every address of `host`. A name that does not exist fails at once; a
