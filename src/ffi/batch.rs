@@ -33,18 +33,7 @@ pub unsafe extern "C" fn ringfeed_batch_release(batch: *mut ringfeed_batch) -> i
         };
         drop(b);
         // SAFETY: as above; the caller says it is writable.
-        unsafe {
-            batch.write(ringfeed_batch {
-                handle: 0,
-                epoch: 0,
-                index: 0,
-                bytes: 0,
-                sample_count: 0,
-                samples: std::ptr::null(),
-                field_count: 0,
-                fields: std::ptr::null(),
-            })
-        };
+        unsafe { batch.write(ringfeed_batch::EMPTY) };
         Ok(RINGFEED_OK)
     })
 }

@@ -66,18 +66,8 @@ pub unsafe extern "C" fn ringfeed_loader_next(
 ) -> i32 {
     boundary(|| {
         check(out, "out")?;
-        let empty = ringfeed_batch {
-            handle: 0,
-            epoch: 0,
-            index: 0,
-            bytes: 0,
-            sample_count: 0,
-            samples: std::ptr::null(),
-            field_count: 0,
-            fields: std::ptr::null(),
-        };
         // SAFETY: checked non-NULL and aligned; the caller says it is writable.
-        unsafe { out.write(empty) };
+        unsafe { out.write(ringfeed_batch::EMPTY) };
         let l = lookup(loader)?;
         let timeout = u64::try_from(timeout_ms).ok().map(Duration::from_millis);
         match l.next(timeout)? {

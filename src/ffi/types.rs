@@ -37,3 +37,18 @@ pub struct ringfeed_batch {
     /// points into this array).
     pub fields: *const RawField,
 }
+
+impl ringfeed_batch {
+    /// What `ringfeed_loader_next` writes before it has a batch, and
+    /// `ringfeed_batch_release` after: every field zero or NULL.
+    pub(super) const EMPTY: ringfeed_batch = ringfeed_batch {
+        handle: 0,
+        epoch: 0,
+        index: 0,
+        bytes: 0,
+        sample_count: 0,
+        samples: std::ptr::null(),
+        field_count: 0,
+        fields: std::ptr::null(),
+    };
+}

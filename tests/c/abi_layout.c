@@ -243,15 +243,7 @@ static void misuse(void) {
 
 int main(int argc, char **argv) {
     alarm(240);
-    if (argc < 5) {
-        fprintf(stderr, "usage: %s SEED SAMPLES BYTES SHARD...\n", argv[0]);
-        return 2;
-    }
-    seed = strtoull(argv[1], NULL, 10);
-    n_samples = strtoull(argv[2], NULL, 10);
-    n_bytes = strtoull(argv[3], NULL, 10);
-    shards = argv + 4;
-    n_shards = (size_t)(argc - 4);
+    read_dataset_args(argc, argv, 1, "", &seed, &n_samples, &n_bytes, &shards, &n_shards);
     layout_sources_and_gather();
     shared_arena();
     misuse();

@@ -643,16 +643,9 @@ static void close_while_waiting(void) {
 int main(int argc, char **argv) {
     /* A hang is a failure: SIGALRM ends the process. */
     alarm(240);
-    if (argc < 6) {
-        fprintf(stderr, "usage: %s SCRATCH_DIR SEED SAMPLES BYTES SHARD...\n", argv[0]);
-        return 2;
-    }
+    read_dataset_args(argc, argv, 2, "SCRATCH_DIR ", &seed, &n_samples, &n_bytes, &shards,
+                      &n_shards);
     scratch = argv[1];
-    seed = strtoull(argv[2], NULL, 10);
-    n_samples = strtoull(argv[3], NULL, 10);
-    n_bytes = strtoull(argv[4], NULL, 10);
-    shards = argv + 5;
-    n_shards = (size_t)(argc - 5);
     CHECK(n_shards >= 3, "abi_misuse needs at least 3 shards");
 
     bad_open_arguments();

@@ -359,15 +359,7 @@ static void stream_other_urls(void) {
 int main(int argc, char **argv) {
     /* A hang is a failure: SIGALRM ends the process. */
     alarm(240);
-    if (argc < 5) {
-        fprintf(stderr, "usage: %s SEED SAMPLES BYTES SHARD...\n", argv[0]);
-        return 2;
-    }
-    seed = strtoull(argv[1], NULL, 10);
-    n_samples = strtoull(argv[2], NULL, 10);
-    n_bytes = strtoull(argv[3], NULL, 10);
-    shards = argv + 4;
-    n_shards = (size_t)(argc - 4);
+    read_dataset_args(argc, argv, 1, "", &seed, &n_samples, &n_bytes, &shards, &n_shards);
 
     CHECK(strcmp(ringfeed_version(), RINGFEED_EXPECTED_VERSION) == 0,
           "ringfeed_version() is \"%s\", the crate is %s", ringfeed_version(),

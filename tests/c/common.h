@@ -21,6 +21,24 @@
 #include "ringfeed.h"
 #include "synth_check.h"
 
+/* The arguments every test program takes, from argv[first] on:
+ * SEED SAMPLES BYTES SHARD... (the generator's seed, the dataset's sample
+ * and payload byte counts, the shard paths). `before` names the arguments
+ * that come first, for the usage line. Exits 2 when they are missing. */
+static inline void read_dataset_args(int argc, char **argv, int first, const char *before,
+                                     uint64_t *seed, uint64_t *n_samples, uint64_t *n_bytes,
+                                     char ***shards, size_t *n_shards) {
+    if (argc < first + 4) {
+        fprintf(stderr, "usage: %s %sSEED SAMPLES BYTES SHARD...\n", argv[0], before);
+        exit(2);
+    }
+    *seed = strtoull(argv[first], NULL, 10);
+    *n_samples = strtoull(argv[first + 1], NULL, 10);
+    *n_bytes = strtoull(argv[first + 2], NULL, 10);
+    *shards = argv + first + 3;
+    *n_shards = (size_t)(argc - first - 3);
+}
+
 /* The calling thread's last error message (truncated to 4 KiB). */
 static inline const char *last_error(void) {
     static _Thread_local char buf[4096];
