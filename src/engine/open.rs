@@ -151,6 +151,14 @@ impl Loader {
                 (cfg.loader_worker as usize).wrapping_mul(workers),
                 &allowed,
             )
+            .unwrap_or_else(|| {
+                notes.push(format!(
+                    "workers not pinned: {workers} workers on {} allowed CPUs (pinned, two \
+                     would share a CPU while another idles)",
+                    allowed.len()
+                ));
+                Vec::new()
+            })
         } else {
             Vec::new()
         };
