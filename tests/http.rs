@@ -405,3 +405,84 @@ fn heads_of_a_shard_list_go_out_in_parallel() {
     let most = state.0.lock().unwrap().1;
     assert!(most >= AT_ONCE, "at most {most} HEADs were open at once");
 }
+
+/// Every sample's key, in the order delivered.
+fn keys_in_order(loader: &Loader) -> Vec<Vec<u8>> {
+    let mut keys = Vec::new();
+    loop {
+        match loader
+            .next(Some(std::time::Duration::from_secs(60)))
+            .unwrap()
+        {
+            ringfeed::Next::Batch(b) => keys.extend(b.samples().map(|s| s.key().to_vec())),
+            ringfeed::Next::EndOfEpoch(_) => {}
+            ringfeed::Next::Finished => return keys,
+            ringfeed::Next::Timeout => panic!("stalled"),
+        }
+    }
+}
+
+#[test]
+fn network_threads_receive_for_the_workers_without_changing_the_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = GenOptions {
+        shards: 6,
+        shard_bytes: 2 << 20,
+        sample_bytes: 40_000,
+        spread: 0.9,
+        fields: vec!["jpg".into(), "cls".into()],
+        seed: 31,
+    };
+    let made = synth::generate(dir.path(), &o, |_| {}).unwrap();
+    let server = Server::start(dir.path().to_path_buf());
+    let url = server.url("shard-{000000..000005}.tar");
+    let open = |extra: serde_json::Value| {
+        let mut cfg = serde_json::json!({"workers": 4, "shuffle": true, "seed": 5});
+        cfg.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        Loader::open(config(vec![url.clone()], cfg)).unwrap()
+    };
+    // The thread backend: each worker receives its own ranges.
+    let reference = open(serde_json::json!({"io_backend": "threads"}));
+    assert_eq!(reference.stats().net_threads, 0);
+    let want = keys_in_order(&reference);
+    assert_eq!(want.len() as u64, made.samples);
+    for n in [1, 2, 4, 9] {
+        let loader = open(serde_json::json!({"io_backend": "io_uring", "net_threads": n}));
+        // At most one per worker.
+        assert_eq!(loader.stats().net_threads, n.min(4), "net_threads {n}");
+        assert!(loader.next(None).is_ok());
+        loader.close();
+        let loader = open(serde_json::json!({"io_backend": "io_uring", "net_threads": n}));
+        assert_eq!(keys_in_order(&loader), want, "net_threads {n}");
+        let s = loader.stats();
+        assert_eq!(s.samples_delivered, made.samples);
+        assert!(s.retries.values().all(|&r| r == 0), "{:?}", s.retries);
+    }
+    // Local shards need none.
+    let local = Loader::open(config(
+        vec![format!(
+            "{}/shard-{{000000..000005}}.tar",
+            dir.path().display()
+        )],
+        serde_json::json!({"io_backend": "io_uring", "net_threads": 2}),
+    ))
+    .unwrap();
+    assert_eq!(local.stats().net_threads, 0);
+    for bad in [
+        serde_json::json!(5000),
+        serde_json::json!(-1),
+        serde_json::json!("two"),
+    ] {
+        let mut m = serde_json::Map::new();
+        m.insert("urls".into(), serde_json::json!([url.clone()]));
+        m.insert("net_threads".into(), bad.clone());
+        let e = Config::from_map(&m);
+        assert!(
+            matches!(&e, Err(Error::Config(m)) if m.contains("`net_threads`")),
+            "{bad}: {:?}",
+            e.err()
+        );
+    }
+}

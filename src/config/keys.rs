@@ -145,6 +145,14 @@ config_keys! {
     /// Pin each worker to one CPU of the process's allowed set.
     pin_cpus: bool = true => boolean(key, v)?;
 
+    /// Threads that receive HTTP and S3 ranges for the workers (io_uring
+    /// backend); 0 picks one per two allowed CPUs, at most one per worker.
+    /// Placement only: the sample order does not depend on it.
+    // One thread receiving for 4 workers on the 2-CPU dev machine cost
+    // 1.05-1.15x the CPU per GB of a bare recv loop; 4 workers receiving
+    // for themselves, 1.3-1.5x (benches/http_vs_curl.sh).
+    net_threads: usize = 0 => integer(key, v)? as usize;
+
     io_backend: IoBackend = IoBackend::Auto => io_backend(key, v)?;
 
     /// `None`: best available memory kind.

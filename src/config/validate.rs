@@ -134,6 +134,12 @@ impl Config {
                 self.workers
             )));
         }
+        if self.net_threads > 1024 {
+            return Err(Error::config(format!(
+                "`net_threads` must be at most 1024, got {}",
+                self.net_threads
+            )));
+        }
         Ok(())
     }
 }

@@ -9,12 +9,16 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crate::config::{AUTO_WORKERS, Config, IoBackend, Toggle};
+use crate::dataset::Source;
 use crate::dataset::{self, Shard};
 use crate::engine::counters::Counters;
 use crate::engine::loader::{Loader, Setup};
 use crate::engine::shared::{Progress, Shared};
-use crate::engine::threads::{MakeReader, Readers, prefault_main, sequencer_main, worker_main};
+use crate::engine::threads::{
+    MakeReader, Readers, net_main, prefault_main, sequencer_main, worker_main,
+};
 use crate::error::{Error, Result};
+use crate::fetch::net_thread::NetLink;
 use crate::fetch::uring::{self, FixedBuffers, UringReader};
 use crate::fetch::{BackendKind, NetOptions};
 use crate::memory::{Arena, ArenaOptions, ChunkPool};
@@ -162,6 +166,18 @@ impl Loader {
         } else {
             Vec::new()
         };
+        // Network threads receive the workers' HTTP ranges (io_uring only;
+        // the thread backend receives on each worker).
+        let remote = shards.iter().any(|s| matches!(s.source, Source::Http(_)));
+        let net_threads = match cfg.net_threads {
+            _ if !remote || backend != BackendKind::IoUring || make.is_some() => 0,
+            0 => (allowed.len() / 2).clamp(1, workers),
+            n => n.min(workers),
+        };
+        let net_links = (0..net_threads)
+            .map(|_| NetLink::new())
+            .collect::<std::io::Result<Vec<_>>>()
+            .map_err(|e| Error::IoUring(format!("cannot make a network thread's eventfd: {e}")))?;
         // A stream's queue holds `prefetch_batches` too: the sequencer takes
         // the streams in turn, so each needs room to run ahead while
         // another is behind (descheduled, or at a shard boundary). With a
@@ -192,6 +208,7 @@ impl Loader {
             slack,
             data_len,
             net,
+            net_links,
             batch_index: AtomicU64::new(0),
             delivered: AtomicU64::new(0),
             stop: AtomicBool::new(false),
@@ -208,7 +225,21 @@ impl Loader {
             },
         };
         let (ready_tx, ready_rx) = mpsc::channel::<std::result::Result<Option<String>, Error>>();
-        let mut threads = Vec::with_capacity(workers);
+        let mut threads = Vec::with_capacity(workers + net_threads + 2);
+        for (id, link) in shared.net_links.iter().enumerate() {
+            let link = Arc::clone(link);
+            let net_shared = Arc::clone(&shared);
+            // Each serves its workers' reads in flight: two entries each
+            // (the step and its time-out), and its own wake-up.
+            let served = workers.div_ceil(net_threads);
+            let entries = (served * shared.cfg.reads_in_flight * 2 + 2).next_power_of_two() as u32;
+            let spawned = std::thread::Builder::new()
+                .name(format!("ringfeed-net{id}"))
+                .spawn(move || net_main(net_shared, link, id, entries));
+            keep_started(spawned, &mut threads, &shared, || {
+                format!("network thread {id}")
+            })?;
+        }
         for id in 0..workers {
             let worker_shared = Arc::clone(&shared);
             let cpu = cpus.get(id).copied();

@@ -15,6 +15,7 @@ use crate::dataset::Shard;
 use crate::engine::counters::Counters;
 use crate::error::{Error, Result};
 use crate::fetch::NetOptions;
+use crate::fetch::net_thread::NetLink;
 use crate::memory::{Batch, BatchBuilder, ChunkPool, ShardNames};
 use crate::plan::resume::{Round, Start};
 use crate::plan::{ConsumerPlan, Delivered, PlanOptions, plan_epoch};
@@ -62,6 +63,9 @@ pub(crate) struct Shared {
     /// Bytes of a chunk that reads fill.
     pub data_len: usize,
     pub net: NetOptions,
+    /// The network threads' links (empty: workers receive their own HTTP
+    /// ranges); worker `i` uses `net_links[i % len]`.
+    pub(super) net_links: Vec<Arc<NetLink>>,
     pub(super) batch_index: AtomicU64,
     /// Batches handed to consumers so far: the next batch's `index`.
     pub(super) delivered: AtomicU64,
@@ -143,6 +147,11 @@ impl Shared {
     pub(super) fn stop_all(&self) {
         self.halt();
         self.channel.close();
+        // Each network thread finishes the reads it has (the workers drain
+        // theirs), then exits.
+        for l in &self.net_links {
+            l.stop();
+        }
     }
 
     /// Stops the workers. The sequencer still passes on the batches the

@@ -26,6 +26,9 @@ pub struct Stats {
     pub io_uring_flags: &'static str,
     /// CPU of each worker; empty when not pinned.
     pub worker_cpus: Vec<usize>,
+    /// Threads receiving the workers' HTTP ranges; 0 when each worker
+    /// receives its own (thread backend, or local shards only).
+    pub net_threads: usize,
     /// Retries of network ranges, by failure kind.
     pub retries: std::collections::BTreeMap<&'static str, u64>,
     /// Why a preferred setting was not obtained (huge pages, mlock, io_uring...).
@@ -85,6 +88,7 @@ impl Loader {
             io_backend: self.setup.backend.name(),
             io_uring_flags: self.setup.uring_flags,
             worker_cpus: self.setup.cpus.clone(),
+            net_threads: sh.net_links.len(),
             retries,
             notes: {
                 let mut notes = self.setup.notes.clone();

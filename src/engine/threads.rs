@@ -8,6 +8,7 @@ use crate::engine::sequencer::sequence;
 use crate::engine::shared::Shared;
 use crate::engine::worker::Worker;
 use crate::error::Error;
+use crate::fetch::net_thread::NetLink;
 use crate::fetch::threads::ThreadReader;
 use crate::fetch::uring::{FixedBuffers, UringReader};
 use crate::fetch::{BackendKind, Reader};
@@ -38,6 +39,18 @@ pub(super) enum Readers {
     Made(MakeReader),
 }
 
+/// A network thread: receives the HTTP ranges its workers hand it until the
+/// loader closes (`net_thread.rs`).
+pub(super) fn net_main(shared: Arc<Shared>, link: Arc<NetLink>, id: usize, entries: u32) {
+    let seed = (std::process::id() as u64) << 32
+        ^ (id as u64) << 16
+        ^ shared.started.elapsed().as_nanos() as u64;
+    let net = shared.net.clone();
+    // Only the link is kept: the loader's state goes with the workers.
+    drop(shared);
+    link.run(net, seed, entries);
+}
+
 pub(super) fn worker_main(
     shared: Arc<Shared>,
     stream: usize,
@@ -56,25 +69,31 @@ pub(super) fn worker_main(
     let seed = (std::process::id() as u64) << 32
         ^ cpu.unwrap_or(0) as u64
         ^ shared.started.elapsed().as_nanos() as u64;
-    let mut reader: Box<dyn Reader> = match &readers {
-        Readers::Made(make) => make(stream, &shared.pool),
-        Readers::Backend {
-            kind: BackendKind::Threads,
-            ..
-        } => Box::new(ThreadReader::new(shared.net.clone(), seed)),
-        Readers::Backend {
-            kind: BackendKind::IoUring,
-            fixed,
-        } => match UringReader::new(entries, fixed.clone(), shared.net.clone(), seed) {
-            Ok(r) => Box::new(r),
-            Err(e) => {
-                let _ = ready.send(Err(Error::IoUring(format!(
-                    "worker ring setup failed: {e}"
-                ))));
-                return;
-            }
-        },
-    };
+    let mut reader: Box<dyn Reader> =
+        match &readers {
+            Readers::Made(make) => make(stream, &shared.pool),
+            Readers::Backend {
+                kind: BackendKind::Threads,
+                ..
+            } => Box::new(ThreadReader::new(shared.net.clone(), seed)),
+            Readers::Backend {
+                kind: BackendKind::IoUring,
+                fixed,
+            } => match UringReader::new(entries, fixed.clone(), shared.net.clone(), seed).and_then(
+                |r| match shared.net_links.len() {
+                    0 => Ok(r),
+                    n => r.with_net_thread(Arc::clone(&shared.net_links[stream % n])),
+                },
+            ) {
+                Ok(r) => Box::new(r),
+                Err(e) => {
+                    let _ = ready.send(Err(Error::IoUring(format!(
+                        "worker ring setup failed: {e}"
+                    ))));
+                    return;
+                }
+            },
+        };
     let _ = ready.send(Ok(note));
     drop(ready);
     shared.pool.worker_running(true);

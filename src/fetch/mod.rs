@@ -12,6 +12,7 @@
 //! policy, TLS, signing) is in [`crate::net`].
 
 pub mod http_sync;
+pub mod net_thread;
 pub mod threads;
 pub mod uring;
 mod uring_http;

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use io_uring::{IoUring, opcode, types};
 
+use super::net_thread::{Inbox, NetLink};
 use super::uring_http::{HttpDriver, TAG};
 use super::{Completion, NetOptions, ReadFail, ReadRequest, Reader, Target};
 
@@ -98,6 +99,25 @@ pub struct UringReader {
     tls_pool: super::http_sync::HttpPool,
     net: NetOptions,
     jitter: crate::net::retry::Jitter,
+    /// Plain-HTTP ranges go to a network thread instead of `http`.
+    remote: Option<Remote>,
+}
+
+/// `user_data` of a worker ring's read of its inbox's eventfd: no TAG bit
+/// (not an HTTP step) and far above the worker's read ids.
+const INBOX: u64 = 1 << 62;
+
+/// A worker's side of a network thread (`net_thread.rs`).
+struct Remote {
+    link: Arc<NetLink>,
+    inbox: Arc<Inbox>,
+    /// Reads handed over whose completions have not come back.
+    out: usize,
+    /// A read of the inbox's eventfd is on the ring.
+    armed: bool,
+    /// Where that read lands; boxed so its address stays put, and leaked
+    /// if the reader goes while the read is armed (see `Drop`).
+    counter: Box<u64>,
 }
 
 /// Creates a ring with `entries` slots, with the best flags the kernel takes.
@@ -168,7 +188,53 @@ impl UringReader {
             tls_pool: super::http_sync::HttpPool::new(net.stall, std::sync::Arc::clone(&net.tls)),
             net,
             jitter: crate::net::retry::Jitter::new(seed ^ 0x7f4a_7c15),
+            remote: None,
         })
+    }
+
+    /// Hands this reader's plain-HTTP ranges to the network thread behind
+    /// `link`; its completions come back through an inbox of its own.
+    pub fn with_net_thread(mut self, link: Arc<NetLink>) -> io::Result<UringReader> {
+        self.remote = Some(Remote {
+            link,
+            inbox: Inbox::new()?,
+            out: 0,
+            armed: false,
+            counter: Box::new(0),
+        });
+        Ok(self)
+    }
+
+    /// Puts a read of the inbox's eventfd on the ring, unless one is there.
+    fn arm_inbox(&mut self) -> io::Result<()> {
+        let Some(r) = self.remote.as_mut().filter(|r| !r.armed) else {
+            return Ok(());
+        };
+        let e = opcode::Read::new(
+            types::Fd(r.inbox.fd()),
+            (&mut *r.counter as *mut u64).cast(),
+            8,
+        )
+        .build()
+        .user_data(INBOX);
+        // SAFETY: `counter` stays valid until the read completes, or for
+        // ever if the reader goes first (`Drop`); the inbox (and so its
+        // eventfd) lives as long as `remote`.
+        while unsafe { self.ring.submission().push(&e) }.is_err() {
+            self.ring.submit()?;
+        }
+        r.armed = true;
+        Ok(())
+    }
+}
+
+impl Drop for UringReader {
+    fn drop(&mut self) {
+        // A read of the inbox's eventfd still on the ring may land in
+        // `counter` until the ring is torn down: 8 bytes are left to it.
+        if let Some(r) = self.remote.as_mut().filter(|r| r.armed) {
+            std::mem::forget(std::mem::replace(&mut r.counter, Box::new(0)));
+        }
     }
 }
 
@@ -201,6 +267,13 @@ impl Reader for UringReader {
             Target::Http(obj) if obj.tls => {
                 self.tls_queued.push_back(req);
                 return Ok(());
+            }
+            Target::Http(obj) if self.remote.is_some() => {
+                let obj = Arc::clone(obj);
+                let r = self.remote.as_mut().expect("checked above");
+                r.out += 1;
+                r.link.hand(req, obj, &r.inbox);
+                return self.arm_inbox();
             }
             Target::Http(obj) => {
                 let obj = std::sync::Arc::clone(obj);
@@ -251,9 +324,10 @@ impl Reader for UringReader {
             return Ok(());
         }
         while out.len() < goal {
-            // HTTP steps produce completions that finish no read; wait for
-            // one at a time while reads are outstanding.
-            let want = if self.http.in_flight() > 0 {
+            // HTTP steps (and inbox wake-ups) produce completions that
+            // finish no read; wait for one at a time while they may come.
+            let remote_out = self.remote.as_ref().is_some_and(|r| r.out > 0);
+            let want = if self.http.in_flight() > 0 || remote_out {
                 1
             } else {
                 goal - out.len()
@@ -271,6 +345,15 @@ impl Reader for UringReader {
                 .map(|c| (c.user_data(), c.result()))
                 .collect();
             for (ud, r) in cqes {
+                if ud == INBOX {
+                    let rem = self.remote.as_mut().expect("only armed with a remote");
+                    rem.armed = false;
+                    rem.out -= rem.inbox.take(out);
+                    if rem.out > 0 {
+                        self.arm_inbox()?;
+                    }
+                    continue;
+                }
                 if ud & TAG != 0 {
                     if let Some(c) = self.http.complete(&mut self.ring, ud, r) {
                         out.push(c);

@@ -1,0 +1,302 @@
+//! Network threads: ranged HTTP reads for several workers driven by one
+//! io_uring on a thread of its own.
+//!
+//! A worker is a plan stream (it fixes the sample order), so how many there
+//! are cannot follow the machine; where the bytes are received can. The
+//! kernel's copy from the socket into the arena is most of what a network
+//! read costs, and it runs on the thread that reaps the ring: with 4 workers
+//! on 2 CPUs each receiving its own ranges, that copy was spread over 4
+//! threads taking turns on 2 CPUs (with nginx on the same CPUs) and cost
+//! 1.3-1.5x the CPU per GB of one thread receiving the same ranges. Here the
+//! workers hand their HTTP reads to a network thread and get the
+//! completions back; they parse, it receives. How many network threads run
+//! is placement (`net_threads`), like pinning: it never changes the order.
+//!
+//! The hand-off is two eventfds and two mutexes per read, nothing per byte:
+//! - worker → network thread: the read goes into the link's queue and the
+//!   link's eventfd is written; the network thread keeps a read of that
+//!   eventfd on its ring, so it wakes for new reads and for completions
+//!   alike;
+//! - network thread → worker: the completion goes into the worker's inbox and
+//!   the inbox's eventfd is written; the worker keeps a read of it on its own
+//!   ring (see `uring.rs`), so its `wait` wakes for local and remote
+//!   completions alike.
+//!
+//! A link that is stopped finishes the reads it has, then its thread exits;
+//! a read handed to a link whose thread is gone (stopped, or it panicked)
+//! fails at once, so no worker ever waits on a thread that is not there.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use io_uring::{opcode, types};
+
+use super::uring::new_ring;
+use super::uring_http::{HttpDriver, TAG};
+use super::{Completion, NetOptions, ReadFail, ReadRequest};
+use crate::error::Error;
+use crate::net::http::HttpObject;
+
+/// The `user_data` of the network thread's read of its link's eventfd.
+const WAKE: u64 = 1;
+
+/// An eventfd, made non-blocking so a write never blocks (the counter would
+/// have to reach 2^64 - 2 first).
+fn eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: plain eventfd(2) call.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Adds one to an eventfd's counter, waking whoever waits on it.
+fn poke(fd: RawFd) {
+    let one: u64 = 1;
+    // SAFETY: writes 8 bytes from a valid u64. The only failure on a
+    // non-blocking eventfd is EAGAIN at a counter near 2^64, when the reader
+    // has a wake-up pending anyway.
+    unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Where a worker's completions from a network thread arrive.
+pub struct Inbox {
+    done: Mutex<Vec<Completion>>,
+    wake: OwnedFd,
+}
+
+impl Inbox {
+    pub fn new() -> io::Result<Arc<Inbox>> {
+        Ok(Arc::new(Inbox {
+            done: Mutex::new(Vec::new()),
+            wake: eventfd()?,
+        }))
+    }
+
+    /// The eventfd written when completions arrive.
+    pub fn fd(&self) -> RawFd {
+        self.wake.as_raw_fd()
+    }
+
+    /// Moves the completions that arrived into `out`; returns how many.
+    pub fn take(&self, out: &mut Vec<Completion>) -> usize {
+        let mut d = lock(&self.done);
+        let n = d.len();
+        out.append(&mut d);
+        n
+    }
+
+    fn deliver(&self, c: Completion) {
+        lock(&self.done).push(c);
+        poke(self.fd());
+    }
+}
+
+/// A read handed to a network thread.
+struct Handed {
+    req: ReadRequest,
+    obj: Arc<HttpObject>,
+    inbox: Arc<Inbox>,
+}
+
+// SAFETY: `ReadRequest` holds the raw pointer of its destination, which the
+// worker that handed it over leaves untouched until the completion comes
+// back (the contract of `Reader::submit`); the network thread is the only
+// one writing there meanwhile.
+unsafe impl Send for Handed {}
+
+struct LinkState {
+    queue: Vec<Handed>,
+    stop: bool,
+    /// Set when the thread has left its loop: why no read can be handed
+    /// over any more.
+    gone: Option<String>,
+}
+
+/// The way to one network thread, shared by the workers it serves.
+pub struct NetLink {
+    state: Mutex<LinkState>,
+    wake: OwnedFd,
+}
+
+impl NetLink {
+    pub fn new() -> io::Result<Arc<NetLink>> {
+        Ok(Arc::new(NetLink {
+            state: Mutex::new(LinkState {
+                queue: Vec::new(),
+                stop: false,
+                gone: None,
+            }),
+            wake: eventfd()?,
+        }))
+    }
+
+    /// Hands a read to the thread. When the thread is gone, the read fails
+    /// at once (its completion is in the inbox).
+    pub fn hand(&self, req: ReadRequest, obj: Arc<HttpObject>, inbox: &Arc<Inbox>) {
+        let mut s = lock(&self.state);
+        if let Some(why) = &s.gone {
+            let c = failed(req.id, &obj, why);
+            drop(s);
+            inbox.deliver(c);
+            return;
+        }
+        s.queue.push(Handed {
+            req,
+            obj,
+            inbox: Arc::clone(inbox),
+        });
+        drop(s);
+        poke(self.wake.as_raw_fd());
+    }
+
+    /// Asks the thread to finish the reads it has and exit.
+    pub fn stop(&self) {
+        lock(&self.state).stop = true;
+        poke(self.wake.as_raw_fd());
+    }
+
+    /// Runs the network thread until `stop` (and every read it took is
+    /// done). `seed` seeds the retry jitter.
+    pub fn run(&self, net: NetOptions, seed: u64, entries: u32) {
+        let mut owners: HashMap<u64, (u64, Arc<Inbox>)> = HashMap::new();
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            self.serve(net, seed, entries, &mut owners)
+        }));
+        let why = match result {
+            Ok(Ok(())) => "the loader is closing".to_string(),
+            Ok(Err(e)) => format!("the network thread's io_uring failed: {e}"),
+            Err(p) => format!(
+                "the network thread panicked: {}",
+                p.downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| p.downcast_ref::<String>().cloned())
+                    .unwrap_or_default()
+            ),
+        };
+        // Whatever is left fails, so no worker waits on this thread.
+        let queued = {
+            let mut s = lock(&self.state);
+            s.gone = Some(why.clone());
+            std::mem::take(&mut s.queue)
+        };
+        for h in queued {
+            h.inbox.deliver(failed(h.req.id, &h.obj, &why));
+        }
+        for (_, (id, inbox)) in owners {
+            inbox.deliver(Completion {
+                id,
+                result: Err(ReadFail::Net(Error::Internal(why.clone()))),
+                copied: 0,
+            });
+        }
+    }
+
+    fn serve(
+        &self,
+        net: NetOptions,
+        seed: u64,
+        entries: u32,
+        owners: &mut HashMap<u64, (u64, Arc<Inbox>)>,
+    ) -> io::Result<()> {
+        // Declared before the ring: the kernel may write here until the ring
+        // is gone, and locals drop in reverse order.
+        let mut counter = Box::new(0u64);
+        let (mut ring, _) = new_ring(entries)?;
+        let mut http = HttpDriver::new(net, seed);
+        let mut next_id = 0u64;
+        let mut armed = false;
+        let mut stopping = false;
+        loop {
+            if !armed {
+                let e = opcode::Read::new(
+                    types::Fd(self.wake.as_raw_fd()),
+                    (&mut *counter as *mut u64).cast(),
+                    8,
+                )
+                .build()
+                .user_data(WAKE);
+                // SAFETY: `counter` outlives the ring (see above).
+                while unsafe { ring.submission().push(&e) }.is_err() {
+                    ring.submit()?;
+                }
+                armed = true;
+            }
+            match ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
+                Err(e) => return Err(e),
+            }
+            let cqes: Vec<(u64, i32)> = ring
+                .completion()
+                .map(|c| (c.user_data(), c.result()))
+                .collect();
+            let mut woken = false;
+            for (ud, res) in cqes {
+                if ud == WAKE {
+                    armed = false;
+                    woken = true;
+                    continue;
+                }
+                if ud & TAG != 0
+                    && let Some(c) = http.complete(&mut ring, ud, res)
+                {
+                    route(owners, c);
+                }
+            }
+            if woken {
+                let (queue, stop) = {
+                    let mut s = lock(&self.state);
+                    (std::mem::take(&mut s.queue), s.stop)
+                };
+                stopping |= stop;
+                for h in queue {
+                    next_id += 1;
+                    owners.insert(next_id, (h.req.id, h.inbox));
+                    let req = ReadRequest {
+                        id: next_id,
+                        ..h.req
+                    };
+                    if let Some(c) = http.start(&mut ring, &req, h.obj) {
+                        route(owners, c);
+                    }
+                }
+            }
+            // Reads handed over after the last wake-up have poked the
+            // eventfd again: the loop comes back for them before leaving.
+            if stopping && owners.is_empty() && lock(&self.state).queue.is_empty() {
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// Sends a finished read back to the worker that handed it over, under the
+/// worker's own id.
+fn route(owners: &mut HashMap<u64, (u64, Arc<Inbox>)>, mut c: Completion) {
+    if let Some((id, inbox)) = owners.remove(&c.id) {
+        c.id = id;
+        inbox.deliver(c);
+    }
+}
+
+fn failed(id: u64, obj: &HttpObject, why: &str) -> Completion {
+    Completion {
+        id,
+        result: Err(ReadFail::Net(Error::Internal(format!(
+            "{}: no network thread to read it: {why}",
+            obj.url
+        )))),
+        copied: 0,
+    }
+}
