@@ -285,6 +285,7 @@ impl Reader for UringReader {
                         Ok(r as usize)
                     },
                     copied: 0,
+                    total: None,
                 });
             }
         }
