@@ -11,7 +11,10 @@
 #   ringfeed    `ringfeed cat URL-PATTERN --limit BATCH`: opens the 20,000
 #               shards, takes the first batch of BATCH samples, closes;
 #   baseline    the same with the binary BASELINE names (another build, e.g.
-#               the commit before remote shards were sized lazily), if set.
+#               the commit before remote shards were sized lazily), if set;
+#   local       the same `ringfeed cat` over the shards' directory: the part
+#               of open that is per-shard work on this machine (brace
+#               expansion, stat, the plan), no network.
 # It prints per contender the median and range over ROUNDS rounds, the
 # ratio of medians to the reference, and the median in round trips
 # (median / DELAY_MS), so "a few round trips" can be read off directly.
@@ -25,6 +28,8 @@
 #   ROUNDS       rounds (each contender once per round) [5]
 #   BATCH        samples in the first batch [4]
 #   WORKERS      loader workers            [4]
+#   MEMORY_BUDGET the loader's budget (cat's default, 64 MiB, holds too few
+#                8 MiB chunks for 4 workers) [128MiB]
 #   BASELINE     another ringfeed binary to time the same way [unset]
 set -euo pipefail
 
@@ -42,6 +47,7 @@ DELAY_MS=${DELAY_MS:-10}
 ROUNDS=${ROUNDS:-5}
 BATCH=${BATCH:-4}
 WORKERS=${WORKERS:-4}
+MEMORY_BUDGET=${MEMORY_BUDGET:-128MiB}
 BASELINE=${BASELINE:-}
 command -v curl >/dev/null || die "curl is needed for the reference"
 command -v python3 >/dev/null || die "python3 is needed for the server and the statistics"
@@ -65,6 +71,10 @@ root, delay = sys.argv[1], int(sys.argv[2]) / 1000
 
 class Slow(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # The head and the body go out in two writes: without TCP_NODELAY the
+    # body waits for the client's delayed ACK of the head (40 ms) on every
+    # request of a kept-alive connection, which would swamp DELAY_MS.
+    disable_nagle_algorithm = True
 
     def log_message(self, *args):
         pass
@@ -114,6 +124,8 @@ class Slow(http.server.BaseHTTPRequestHandler):
 
 class Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
+    # 32 HEADs connect at once: the default backlog of 5 drops SYNs, and
+    # each drop costs a 1 s retransmission.
     request_queue_size = 256
 
 
@@ -133,10 +145,13 @@ URL="$BASE/shard-{000000..$last}.tar"
 FIRST_URL="$BASE/shard-000000.tar"
 echo "serving $SHARDS_DIR at $BASE, $DELAY_MS ms before every response"
 
-CAT=(cat "$URL" --limit "$BATCH" --batch-size "$BATCH" --workers "$WORKERS")
+OPTS=(--limit "$BATCH" --batch-size "$BATCH" --workers "$WORKERS" --memory-budget "$MEMORY_BUDGET")
+CAT=(cat "$URL" "${OPTS[@]}")
+LOCAL=(cat "$SHARDS_DIR/shard-{000000..$last}.tar" "${OPTS[@]}")
 say commands
 show curl -s -o /dev/null "$FIRST_URL"
 show "$RF" "${CAT[@]}"
+show "$RF" "${LOCAL[@]}"
 [ -z "$BASELINE" ] || show "$BASELINE" "${CAT[@]}"
 
 # Appends "WHO MS" to RESULTS: the whole-process wall time of the command,
@@ -158,6 +173,7 @@ for ((r = 1; r <= ROUNDS; r++)); do
     say "round $r of $ROUNDS"
     timed reference curl -s -o /dev/null "$FIRST_URL"
     timed ringfeed "$RF" "${CAT[@]}"
+    timed local "$RF" "${LOCAL[@]}"
     [ -z "$BASELINE" ] || timed baseline "$BASELINE" "${CAT[@]}"
 done
 
@@ -173,7 +189,7 @@ ref = statistics.median(runs["reference"])
 print(f"{shards} remote shards, server delay {delay:g} ms per response; "
       f"ringfeed built from {source}" + (f"; baseline {baseline}" if baseline else ""))
 print(f"{'who':<10} {'median ms':>10} {'range ms':>20} {'/reference':>11} {'round trips':>12}")
-for who in ["reference", "ringfeed", "baseline"]:
+for who in ["reference", "local", "ringfeed", "baseline"]:
     if who not in runs:
         continue
     xs = runs[who]
