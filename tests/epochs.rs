@@ -273,6 +273,41 @@ fn a_resume_without_sample_counts_reads_and_skips_the_cut() {
     assert_eq!(late, full, "without counts, the cut is read again");
 }
 
+/// States saved when open sized every remote shard with a `HEAD` carry
+/// the sizes in their fingerprint; open no longer asks for them, so for
+/// such a state it does, and the state resumes exactly. A state of another
+/// dataset is still refused, named.
+#[test]
+fn a_state_fingerprinted_with_every_remote_size_still_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, urls) = served(dir.path(), 4);
+    let extra = json!({"seed": 3, "shuffle": true, "shuffle_buffer": 20, "workers": 2});
+    let cfg = |extra: &Value| config_urls(&urls, extra).unwrap();
+    let full = take_batches(&Loader::open(cfg(&extra)).unwrap(), usize::MAX);
+    let l = Loader::open(cfg(&extra)).unwrap();
+    let mut again = take_batches(&l, 3);
+    let mut state = l.state();
+    drop(l);
+    let ids: Vec<(String, Option<u64>)> = (0..4)
+        .map(|i| {
+            let name = format!("shard-{i:06}.tar");
+            let size = std::fs::metadata(dir.path().join(&name)).unwrap().len();
+            (format!("{}{name}", server.url()), Some(size))
+        })
+        .collect();
+    let ids: Vec<(&str, Option<u64>)> = ids.iter().map(|(n, s)| (n.as_str(), *s)).collect();
+    state.fingerprint = plan::resume::fingerprint(&ids, &cfg(&extra).plan_options(2));
+    let mut resumed = extra.clone();
+    resumed["resume"] = json!(state.to_hex());
+    let l = Loader::open(cfg(&resumed)).unwrap();
+    again.append(&mut take_batches(&l, usize::MAX));
+    assert_eq!(again, full);
+    state.fingerprint ^= 1;
+    resumed["resume"] = json!(state.to_hex());
+    let e = Loader::open(cfg(&resumed)).err().unwrap().to_string();
+    assert!(e.contains("another dataset"), "{e}");
+}
+
 #[test]
 fn an_elastic_resume_from_two_consumers_to_three_loses_and_repeats_nothing() {
     let dir = tempfile::tempdir().unwrap();

@@ -339,6 +339,204 @@ fn faults_injected_by_a_proxy_in_front_of_the_server_lose_nothing() {
     }
 }
 
+/// `n` generated shards of about `bytes` each (samples of ~`bytes / 15`).
+fn small_dataset(dir: &std::path::Path, n: usize, bytes: u64, seed: u64) -> (u64, usize) {
+    let o = GenOptions {
+        shards: n,
+        shard_bytes: bytes,
+        sample_bytes: bytes / 15,
+        spread: 0.9,
+        fields: vec!["jpg".into(), "cls".into()],
+        seed,
+    };
+    let r = synth::generate(dir, &o, |_| {}).unwrap();
+    let total = r
+        .paths
+        .iter()
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .sum();
+    (total, r.samples as usize)
+}
+
+/// Open sizes no shard but the first: the others learn their size from
+/// their first ranged read when they come due. Every byte of every shard
+/// is read once, on both backends, with shards larger than a read (256 KiB
+/// chunks: 224 KiB reads) and smaller than one (1 MiB chunks), and open
+/// sends one `HEAD` for the 24 shards.
+#[test]
+fn remote_shards_are_sized_by_their_first_read_on_both_backends() {
+    let dir = tempfile::tempdir().unwrap();
+    let (total, samples) = small_dataset(dir.path(), 24, 300_000, 41);
+    let server = Server::start(dir.path().to_path_buf());
+    let url = server.url("shard-{000000..000023}.tar");
+    for backend in ["threads", "io_uring"] {
+        for chunk in ["256KiB", "1MiB"] {
+            let heads = server.faults.heads.load(Ordering::SeqCst);
+            let loader = Loader::open(config(
+                vec![url.clone()],
+                serde_json::json!({"io_backend": backend, "chunk_size": chunk, "workers": 3}),
+            ))
+            .unwrap();
+            assert_eq!(stream(&loader, 41), samples, "{backend} {chunk}");
+            let s = loader.stats();
+            assert_eq!(s.bytes_read, total, "{backend} {chunk}: every byte once");
+            assert!(s.retries.values().all(|&n| n == 0), "{backend} {chunk}");
+            assert_eq!(
+                server.faults.heads.load(Ordering::SeqCst) - heads,
+                1,
+                "{backend} {chunk}: one HEAD, for the first shard"
+            );
+        }
+    }
+}
+
+/// What open sends does not grow with the shards: resolving 200 remote
+/// shards is one `HEAD` (the first shard's) and no `GET`.
+#[test]
+fn open_sends_one_request_whatever_the_number_of_shards() {
+    let dir = tempfile::tempdir().unwrap();
+    for i in 0..200 {
+        std::fs::write(dir.path().join(format!("s-{i:03}.tar")), [0u8; 1024]).unwrap();
+    }
+    let server = Server::start(dir.path().to_path_buf());
+    let cfg = config(vec![server.url("s-{000..199}.tar")], serde_json::json!({}));
+    let net = ringfeed::net::NetOptions::for_config(&cfg);
+    let shards = ringfeed::dataset::resolve(&cfg.urls, &net).unwrap();
+    assert_eq!(shards.len(), 200);
+    let f = &server.faults;
+    assert_eq!(
+        (
+            f.heads.load(Ordering::SeqCst),
+            f.gets.load(Ordering::SeqCst)
+        ),
+        (1, 0)
+    );
+    // The client's own count: the host's lookup and the HEAD.
+    assert_eq!(net.stats.requests.load(Ordering::Relaxed), 2);
+    assert_eq!(shards[0].size, Some(1024));
+    assert!(shards[1..].iter().all(|s| s.size.is_none()));
+}
+
+/// A shard missing when it comes due (after open) is an error naming it,
+/// at once (a 404 is not retried), after the batches of the shards before
+/// it; never a hang. The first shard missing still fails at open
+/// (`errors_that_retrying_cannot_fix_fail_at_once_with_the_url`).
+#[test]
+fn a_shard_missing_when_it_comes_due_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, _) = small_dataset(dir.path(), 4, 100_000, 42);
+    std::fs::remove_file(dir.path().join("shard-000002.tar")).unwrap();
+    let server = Server::start(dir.path().to_path_buf());
+    for backend in ["threads", "io_uring"] {
+        let loader = Loader::open(config(
+            vec![server.url("shard-{000000..000003}.tar")],
+            serde_json::json!({"io_backend": backend, "workers": 1}),
+        ))
+        .expect("open checks the first shard only");
+        let mut before = 0;
+        let e = loop {
+            match loader.next(Some(std::time::Duration::from_secs(60))) {
+                Ok(ringfeed::Next::Batch(b)) => before += b.samples().count(),
+                Ok(ringfeed::Next::Timeout) => panic!("{backend}: stalled"),
+                Ok(other) => panic!("{backend}: {other:?} instead of the error"),
+                Err(e) => break e,
+            }
+        };
+        match &e {
+            Error::Http {
+                kind: FailKind::Client,
+                attempts: 1,
+                url,
+                message,
+            } => {
+                assert!(url.ends_with("/shard-000002.tar"), "{backend}: {url}");
+                assert!(message.contains("404"), "{backend}: {message}");
+            }
+            other => panic!("{backend}: {other}"),
+        }
+        assert!(before > 0, "{backend}: the shards before it were delivered");
+    }
+}
+
+/// A 0-byte object is an empty shard, as a 0-byte local file is (a named
+/// tar error, not a network one: its first read learns the size 0 from the
+/// 416's `Content-Range: bytes */0`); an archive with no sample (its
+/// end-of-archive blocks only) delivers nothing and no error.
+#[test]
+fn empty_objects_are_sized_like_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, samples) = small_dataset(dir.path(), 2, 100_000, 43);
+    std::fs::write(dir.path().join("blank.tar"), [0u8; 1024]).unwrap();
+    std::fs::write(dir.path().join("empty.tar"), []).unwrap();
+    let server = Server::start(dir.path().to_path_buf());
+    for backend in ["threads", "io_uring"] {
+        let extra = serde_json::json!({"io_backend": backend});
+        let loader = Loader::open(config(
+            vec![server.url("{shard-000000,blank,shard-000001}.tar")],
+            extra.clone(),
+        ))
+        .unwrap();
+        assert_eq!(stream(&loader, 43), samples, "{backend}");
+        let remote = open_err(extra.clone(), vec![server.url("{shard-000000,empty}.tar")]);
+        let local = open_err(
+            extra,
+            vec![dir.path().join("empty.tar").display().to_string()],
+        );
+        match (&remote, &local) {
+            (Error::Tar { shard, source }, Error::Tar { source: want, .. }) => {
+                assert!(shard.ends_with("/empty.tar"), "{backend}: {shard}");
+                assert_eq!(source.to_string(), want.to_string(), "{backend}");
+            }
+            other => panic!("{backend}: {other:?}"),
+        }
+    }
+}
+
+/// A server that answers a ranged `GET` with `200` and the whole object:
+/// fine while the object fits in the read (its size is the body's length),
+/// a named protocol error when it does not; a `206` without the object's
+/// size is a named error for a shard whose size is still unknown.
+#[test]
+fn answers_without_a_range_or_a_size_are_handled_or_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, samples) = small_dataset(dir.path(), 3, 300_000, 44);
+    let server = Server::start(dir.path().to_path_buf());
+    let url = server.url("shard-{000000..000002}.tar");
+    for backend in ["threads", "io_uring"] {
+        let extra = |chunk: &str| serde_json::json!({"io_backend": backend, "chunk_size": chunk, "workers": 1});
+        server.faults.ignore_range.store(true, Ordering::SeqCst);
+        let loader = Loader::open(config(vec![url.clone()], extra("1MiB"))).unwrap();
+        assert_eq!(stream(&loader, 44), samples, "{backend}");
+        let e = open_err(extra("256KiB"), vec![url.clone()]);
+        assert!(
+            matches!(
+                &e,
+                Error::Http {
+                    kind: FailKind::Protocol,
+                    ..
+                }
+            ) && e.to_string().contains("ignored the Range header"),
+            "{backend}: {e}"
+        );
+        server.faults.ignore_range.store(false, Ordering::SeqCst);
+        server.faults.hide_total.store(true, Ordering::SeqCst);
+        let e = open_err(extra("1MiB"), vec![url.clone()]);
+        match &e {
+            Error::Http {
+                kind: FailKind::Protocol,
+                url,
+                message,
+                ..
+            } => {
+                assert!(url.ends_with("/shard-000001.tar"), "{backend}: {url}");
+                assert!(message.contains("object's size"), "{backend}: {message}");
+            }
+            other => panic!("{backend}: {other}"),
+        }
+        server.faults.hide_total.store(false, Ordering::SeqCst);
+    }
+}
+
 /// The `HEAD`s that size a list of HTTP shards go out in parallel: a server
 /// that answers no `HEAD` until 4 are open at once (or 10 s passed, so a
 /// sequential resolver fails the count instead of hanging) still sizes
@@ -367,7 +565,9 @@ fn heads_of_a_shard_list_go_out_in_parallel() {
                     if reader.read_line(&mut line).unwrap_or(0) == 0 {
                         return;
                     }
-                    let head = line.starts_with("HEAD ");
+                    // The resolver's own `HEAD` of the first shard is
+                    // answered at once.
+                    let head = line.starts_with("HEAD ") && !line.contains("/shard-0.");
                     // The rest of the request head.
                     loop {
                         let mut h = String::new();
@@ -399,9 +599,12 @@ fn heads_of_a_shard_list_go_out_in_parallel() {
     let urls = vec![format!("http://127.0.0.1:{port}/shard-{{0..7}}.tar")];
     let cfg = Config::from_json(&serde_json::json!({ "urls": urls }).to_string()).unwrap();
     let net = ringfeed::net::NetOptions::for_config(&cfg);
-    let shards = ringfeed::dataset::resolve(&urls, &net).unwrap();
+    let mut shards = ringfeed::dataset::resolve(&urls, &net).unwrap();
     assert_eq!(shards.len(), 8);
-    assert!(shards.iter().all(|s| s.size == 1024));
+    // Open sized the first only; the rest are asked for, as `ringfeed ls` does.
+    assert_eq!(shards.iter().filter(|s| s.size.is_some()).count(), 1);
+    ringfeed::dataset::head_sizes(&mut shards, &net).unwrap();
+    assert!(shards.iter().all(|s| s.size == Some(1024)));
     let most = state.0.lock().unwrap().1;
     assert!(most >= AT_ONCE, "at most {most} HEADs were open at once");
 }

@@ -352,6 +352,30 @@ fn denied_and_missing_objects_fail_at_once_naming_bucket_key_and_code() {
     );
     assert!(!format!("{e} {e:?}").contains(wrong));
 
+    // An object missing among others named one by one: open checks the
+    // first only, and the missing one fails when it comes due, named.
+    for backend in ["threads", "io_uring"] {
+        let e = open_err(config(
+            &server,
+            &[format!(
+                "s3://{BUCKET}/{{shard-000000,gone,shard-000001}}.tar"
+            )],
+            serde_json::json!({"io_backend": backend, "workers": 1}),
+        ));
+        match &e {
+            Error::Http {
+                kind: ringfeed::net::http::FailKind::Client,
+                attempts: 1,
+                url,
+                message,
+            } => {
+                assert_eq!(url, &format!("s3://{BUCKET}/gone.tar"), "{backend}");
+                assert!(message.contains("404"), "{backend}: {message}");
+            }
+            other => panic!("{backend}: {other}"),
+        }
+    }
+
     // Unsigned requests to a server that wants signatures are denied.
     let e = open_err(config(
         &server,

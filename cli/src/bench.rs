@@ -29,11 +29,15 @@ pub(crate) fn bench(urls: Vec<String>, a: &LoaderArgs, out: &ReportArgs) -> AnyR
     let epochs = cfg.epochs.max(1);
     let loader = Loader::open(cfg)?;
     let budget = loader.stats().arena_bytes;
-    let total: u64 = loader.shards().iter().map(|s| s.size).sum::<u64>() * epochs;
-    let bar = ProgressBar::new(total);
-    bar.set_style(ProgressStyle::with_template(
-        "{spinner} {bytes}/{total_bytes} {binary_bytes_per_sec} {msg}",
-    )?);
+    // Remote shards are sized as they are read: with any unsized, the bar
+    // shows bytes and rate without a total.
+    let sizes: Option<u64> = loader.shards().iter().map(|s| s.size).sum();
+    let bar = ProgressBar::new(sizes.unwrap_or_default() * epochs);
+    bar.set_style(ProgressStyle::with_template(if sizes.is_some() {
+        "{spinner} {bytes}/{total_bytes} {binary_bytes_per_sec} {msg}"
+    } else {
+        "{spinner} {bytes} {binary_bytes_per_sec} {msg}"
+    })?);
     let (cpu0, _) = rusage();
     let t0 = Instant::now();
     let mut bad = 0u64;

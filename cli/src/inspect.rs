@@ -34,6 +34,21 @@ fn net_options(cfg: &Config) -> NetOptions {
     NetOptions::for_config(cfg)
 }
 
+/// The shards of `cfg`'s URLs, each with its size: a loader learns a remote
+/// shard's size when it reads it, a listing asks for every size at once
+/// (`HEAD`s in parallel).
+fn sized_shards(cfg: &Config) -> AnyResult<Vec<ringfeed::dataset::Shard>> {
+    let net = net_options(cfg);
+    let mut shards = ringfeed::dataset::resolve(&cfg.urls, &net)?;
+    ringfeed::dataset::head_sizes(&mut shards, &net)?;
+    Ok(shards)
+}
+
+/// Bytes in a shard `sized_shards` gave.
+fn size(s: &ringfeed::dataset::Shard) -> u64 {
+    s.size.unwrap_or_default()
+}
+
 /// Samples and field names of one shard, streamed through a loader.
 struct ShardCount {
     samples: u64,
@@ -66,12 +81,12 @@ fn count_shard(name: &str, a: &LoaderArgs) -> AnyResult<ShardCount> {
 /// `ringfeed ls`.
 pub fn ls(urls: Vec<String>, samples: bool, json: bool, a: &LoaderArgs) -> AnyResult<()> {
     let cfg = config_for(urls.clone(), a)?;
-    let shards = ringfeed::dataset::resolve(&cfg.urls, &net_options(&cfg))?;
+    let shards = sized_shards(&cfg)?;
     if shards.is_empty() {
         return Err("the URLs name no shard".into());
     }
     let mut out = io::stdout().lock();
-    let total: u64 = shards.iter().map(|s| s.size).sum();
+    let total: u64 = shards.iter().map(size).sum();
     let mut total_samples = 0u64;
     let mut rows = Vec::new();
     for s in &shards {
@@ -86,7 +101,7 @@ pub fn ls(urls: Vec<String>, samples: bool, json: bool, a: &LoaderArgs) -> AnyRe
         if json {
             rows.push(json!({
                 "name": s.name,
-                "size": s.size,
+                "size": size(s),
                 "samples": count.as_ref().map(|c| c.samples),
                 "fields": count.as_ref().map(|c| c.fields.iter().collect::<Vec<_>>()),
             }));
@@ -95,12 +110,12 @@ pub fn ls(urls: Vec<String>, samples: bool, json: bool, a: &LoaderArgs) -> AnyRe
         let line = match &count {
             Some(c) => format!(
                 "{:>14}  {:>8} samples  {:<16}  {}",
-                s.size,
+                size(s),
                 c.samples,
                 c.fields.iter().cloned().collect::<Vec<_>>().join(","),
                 s.name
             ),
-            None => format!("{:>14}  {}", s.size, s.name),
+            None => format!("{:>14}  {}", size(s), s.name),
         };
         if !write_or_quit(writeln!(out, "{line}"))? {
             return Ok(());
@@ -132,7 +147,7 @@ pub fn ls(urls: Vec<String>, samples: bool, json: bool, a: &LoaderArgs) -> AnyRe
 /// shards are counted from their headers alone; remote ones are streamed.
 pub fn index(urls: Vec<String>, output: Option<&std::path::Path>, a: &LoaderArgs) -> AnyResult<()> {
     let cfg = config_for(urls, a)?;
-    let shards = ringfeed::dataset::resolve(&cfg.urls, &net_options(&cfg))?;
+    let shards = sized_shards(&cfg)?;
     if shards.is_empty() {
         return Err("the URLs name no shard".into());
     }
@@ -152,7 +167,7 @@ pub fn index(urls: Vec<String>, output: Option<&std::path::Path>, a: &LoaderArgs
             _ => count_shard(&s.name, a)?.samples,
         };
         total += n;
-        text.push_str(&format!("{} {} {n}\n", s.name, s.size));
+        text.push_str(&format!("{} {} {n}\n", s.name, size(s)));
         bar.inc(1);
     }
     bar.finish_and_clear();

@@ -4,14 +4,15 @@
 //! A URL names one shard (`/data/a.tar`, `file:///data/a.tar`), a set of
 //! shards by brace expansion (`shard-{000000..000127}.tar`, `{train,val}`), or
 //! a directory whose `.tar` files are taken in name order, an `http(s)://`
-//! URL (size from `HEAD`), an `s3://bucket/key` object or an
+//! URL (its size learned by its first read), an `s3://bucket/key` object or an
 //! `s3://bucket/prefix/` to list (see `crate::net::s3`), or a manifest
 //! (`*.manifest`, or the `manifest` key): one `URL [size [samples]]` per
 //! line, so a job starts without listing or `HEAD`s, and the plan knows each
 //! shard's sample count without reading it (`ringfeed index` writes one).
 //!
 //! `parse.rs` is the pure part (URLs, braces, manifest lines; no I/O),
-//! `resolve.rs` the part that stats, lists and sends `HEAD`s; this file
+//! `resolve.rs` the part that stats, lists, looks up hosts and checks the
+//! first remote shard of each; this file
 //! holds what they produce, the [`Shard`]s.
 
 mod parse;
@@ -22,7 +23,7 @@ use std::sync::Arc;
 
 use crate::net::http::HttpObject;
 
-pub use resolve::{resolve, resolve_config, resolve_with};
+pub use resolve::{head_sizes, resolve, resolve_config, resolve_with};
 
 /// Where a shard's bytes come from.
 #[derive(Debug, Clone)]
@@ -37,7 +38,9 @@ pub struct Shard {
     /// The name used in errors and stats: the path or URL as given.
     pub name: String,
     pub source: Source,
-    pub size: u64,
+    /// Bytes in the shard; `None` for a remote shard no manifest, listing or
+    /// `HEAD` sized: the worker learns it from the shard's first read.
+    pub size: Option<u64>,
     /// Samples in the shard, when a manifest gave them or the loader
     /// counted them (see `crate::plan`: splitting among consumers needs them).
     pub samples: Option<u64>,

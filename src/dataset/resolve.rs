@@ -1,11 +1,22 @@
 //! The resolver: the half of naming a dataset that touches the world. It
 //! expands each URL (`parse.rs`), then stats local files and lists
-//! directories, sends `HEAD`s to HTTP servers (resolving their hosts), and
-//! lists S3 prefixes or `HEAD`s S3 objects, so that every shard comes out
-//! with a source and a size before the plan is made. A manifest spares the
-//! listing and the `HEAD`s.
+//! directories, resolves each HTTP or S3 host once, and lists S3 prefixes
+//! (which give sizes), so that every shard comes out with a source before
+//! the plan is made.
+//!
+//! A remote shard named one by one (an `http(s)://` URL, a brace expansion
+//! of them, an `s3://bucket/key` object) is not sized here: its first ranged
+//! read learns its size from the response (`Content-Range`), when the shard
+//! comes due (`crate::engine` worker). So open costs one lookup per host and
+//! one `HEAD` of the first such shard on each host, whatever the number of
+//! shards: an unreachable server, a refused certificate, a wrong bucket or a
+//! missing first shard still fail at open, and a missing later shard fails
+//! when it comes due, named. A manifest's sizes are kept (and spare the
+//! `HEAD`). Listings that show sizes (`ringfeed ls`) ask for the rest with
+//! [`head_sizes`]: `HEAD`s in parallel.
 
-use std::net::ToSocketAddrs;
+use std::collections::{HashMap, HashSet};
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -19,8 +30,8 @@ use crate::net::retry::Jitter;
 use crate::net::s3::list::{LIST_PAGE, S3Client, s3_error};
 use crate::net::s3::{Env, S3Config, S3Url};
 
-/// Expands every URL and checks each shard exists (local files) or answers
-/// `HEAD` with its size (HTTP), in order. S3 settings come from the process
+/// Expands every URL and checks each shard exists (local files, the first
+/// remote shard on each host), in order. S3 settings come from the process
 /// environment; see [`resolve_with`].
 pub fn resolve(urls: &[String], net: &NetOptions) -> Result<Vec<Shard>> {
     resolve_with(urls, None, net, &S3Config::default(), &Env::process())
@@ -52,6 +63,8 @@ pub fn resolve_with(
         s3_config: s3,
         env,
         s3: None,
+        hosts: HashMap::new(),
+        jitter: Jitter::new(0x5eed ^ 3),
         shards: Vec::new(),
     };
     if let Some(m) = manifest {
@@ -62,104 +75,91 @@ pub fn resolve_with(
             r.manifest(url)?;
             continue;
         }
-        let all = expand_braces(url)?;
-        if all
-            .iter()
-            .all(|u| u.starts_with("http://") || u.starts_with("https://"))
-        {
-            let shards = http_shards(&all, &vec![None; all.len()], net)?;
-            r.shards.extend(shards);
-            continue;
-        }
-        // Objects named one by one (not a prefix, which is listed).
-        if all
-            .iter()
-            .all(|u| S3Url::parse(u).is_ok_and(|x| !x.is_prefix()))
-        {
-            let shards = r.s3_objects(&all, &vec![None; all.len()])?;
-            r.shards.extend(shards);
-            continue;
-        }
-        for one in all {
+        for one in expand_braces(url)? {
             r.one(&one, None)?;
         }
     }
+    probe_hosts(&mut r.shards, net)?;
     Ok(r.shards)
 }
 
-/// `HEAD`s in flight at once while a list of HTTP shards is resolved: open
-/// waits for about n / HEADS_IN_FLIGHT round trips instead of n (20,000
-/// shards at 10 ms a response: 6 s, not 200 s). More would only queue at a
-/// server that serves a client a few dozen connections.
-const HEADS_IN_FLIGHT: usize = 32;
-
-/// The shards of `urls` (all http:// or https://), in order: each host
-/// resolved once, the sizes given in `known` (a manifest's) or from `HEAD`s
-/// sent in parallel. The first failure in the list's order is the error;
-/// after any failure no new `HEAD` starts.
-fn http_shards(urls: &[String], known: &[Option<u64>], net: &NetOptions) -> Result<Vec<Shard>> {
-    let mut jitter = Jitter::new(0x5eed);
-    let mut hosts: std::collections::HashMap<(String, u16), Vec<std::net::SocketAddr>> =
-        Default::default();
-    let mut objs = Vec::with_capacity(urls.len());
-    for url in urls {
-        let parsed = crate::net::http::parse_url(url).map_err(|reason| Error::Url {
-            url: url.to_string(),
-            reason,
-        })?;
-        let key = (parsed.host.clone(), parsed.port);
-        let addrs = match hosts.get(&key) {
-            Some(a) => a.clone(),
-            None => {
-                let a = resolve_host(&parsed.host, parsed.port, url, net, &mut jitter)?;
-                hosts.insert(key, a.clone());
-                a
-            }
-        };
-        objs.push(Arc::new(HttpObject::new(url, addrs).map_err(|reason| {
-            Error::Url {
-                url: url.to_string(),
-                reason,
-            }
-        })?));
-    }
-    let sizes = parallel_sizes(known, net, |i, pool, jitter| {
-        let obj = &objs[i];
-        with_retries(net, jitter, &obj.url, || pool.head(obj))
+/// Sizes every shard the resolver left unsized, with `HEAD`s sent in
+/// parallel (`ringfeed ls` and `index` print sizes; a loader does not need
+/// them). The first failure in the list's order is the error.
+pub fn head_sizes(shards: &mut [Shard], net: &NetOptions) -> Result<()> {
+    let todo: Vec<usize> = (0..shards.len())
+        .filter(|&i| shards[i].size.is_none())
+        .collect();
+    let sizes = parallel_sizes(&todo, net, |i, pool, jitter| {
+        head_size(&shards[i], pool, net, jitter)
     })?;
-    Ok(objs
-        .into_iter()
-        .zip(sizes)
-        .map(|(obj, size)| Shard {
-            name: obj.url.clone(),
-            source: Source::Http(obj),
-            size,
-            samples: None,
-        })
-        .collect())
+    for (i, size) in todo.into_iter().zip(sizes) {
+        shards[i].size = Some(size);
+    }
+    Ok(())
 }
 
-/// Each object's size: as `known` gives it, else by `size(i, ..)` (a
-/// `HEAD`), `HEADS_IN_FLIGHT` at once, each thread with its own
-/// connections; in order. The first failure in the list's order is the
-/// error, and after any failure no new request starts.
+/// One `HEAD` of the first unsized shard on each host (in parallel when
+/// there are several hosts), which keeps its size: so the errors a user
+/// makes once for the whole dataset (a wrong host, port, bucket, path or
+/// certificate) still fail at open, in a few round trips.
+fn probe_hosts(shards: &mut [Shard], net: &NetOptions) -> Result<()> {
+    let mut seen = HashSet::new();
+    let todo: Vec<usize> = (0..shards.len())
+        .filter(|&i| match (&shards[i].source, shards[i].size) {
+            (Source::Http(obj), None) => seen.insert((obj.host.clone(), obj.port, obj.tls)),
+            _ => false,
+        })
+        .collect();
+    let sizes = parallel_sizes(&todo, net, |i, pool, jitter| {
+        head_size(&shards[i], pool, net, jitter)
+    })?;
+    for (i, size) in todo.into_iter().zip(sizes) {
+        shards[i].size = Some(size);
+    }
+    Ok(())
+}
+
+/// A remote shard's size from `HEAD` (an S3 object's with S3's error code
+/// when refused); a local file's from its metadata.
+fn head_size(
+    shard: &Shard,
+    pool: &mut HttpPool,
+    net: &NetOptions,
+    jitter: &mut Jitter,
+) -> Result<u64> {
+    match &shard.source {
+        Source::File(path) => Ok(std::fs::metadata(path)
+            .map_err(|e| Error::io(IoOp::Open, path, &e))?
+            .len()),
+        Source::Http(obj) => match S3Url::parse(&shard.name) {
+            Ok(url) if shard.name.starts_with("s3://") => s3_size(obj, &url, pool, net, jitter),
+            _ => with_retries(net, jitter, &obj.url, || pool.head(obj)),
+        },
+    }
+}
+
+/// `HEAD`s in flight at once when many shards are sized: about n /
+/// HEADS_IN_FLIGHT round trips instead of n (20,000 shards at 10 ms a
+/// response: 6 s, not 200 s). More would only queue at a server that serves
+/// a client a few dozen connections.
+const HEADS_IN_FLIGHT: usize = 32;
+
+/// The size of each of `todo` by `size(i, ..)` (a `HEAD`),
+/// `HEADS_IN_FLIGHT` at once, each thread with its own connections; in
+/// order. The first failure in the list's order is the error, and after any
+/// failure no new request starts.
 fn parallel_sizes(
-    known: &[Option<u64>],
+    todo: &[usize],
     net: &NetOptions,
     size: impl Fn(usize, &mut HttpPool, &mut Jitter) -> Result<u64> + Sync,
 ) -> Result<Vec<u64>> {
-    let sizes: Vec<std::sync::OnceLock<Result<u64>>> = known
-        .iter()
-        .map(|k| {
-            k.map(|s| std::sync::OnceLock::from(Ok(s)))
-                .unwrap_or_default()
-        })
-        .collect();
-    let unknown = known.iter().filter(|k| k.is_none()).count();
+    let sizes: Vec<std::sync::OnceLock<Result<u64>>> =
+        todo.iter().map(|_| std::sync::OnceLock::new()).collect();
     let next = std::sync::atomic::AtomicUsize::new(0);
     let failed = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|scope| {
-        for t in 0..HEADS_IN_FLIGHT.min(unknown) {
+        for t in 0..HEADS_IN_FLIGHT.min(todo.len()) {
             let (sizes, next, failed, size) = (&sizes, &next, &failed, &size);
             scope.spawn(move || {
                 let mut pool = HttpPool::new(net.stall, Arc::clone(&net.tls));
@@ -168,32 +168,29 @@ fn parallel_sizes(
                 // the flag only stops new work early (results are read
                 // after the scope joins every thread).
                 while !failed.load(std::sync::atomic::Ordering::Relaxed) {
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let Some(slot) = sizes.get(i) else {
+                    let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(slot) = sizes.get(k) else {
                         break;
                     };
-                    if slot.get().is_some() {
-                        continue;
-                    }
-                    let r = size(i, &mut pool, &mut jitter);
+                    let r = size(todo[k], &mut pool, &mut jitter);
                     if r.is_err() {
                         failed.store(true, std::sync::atomic::Ordering::Relaxed);
                     }
-                    let _ = sizes[i].set(r);
+                    let _ = slot.set(r);
                 }
             });
         }
     });
     // Indices are handed out in order, so every object before a failed one
     // was tried: the first missing result comes after an error.
-    let mut out = Vec::with_capacity(known.len());
+    let mut out = Vec::with_capacity(todo.len());
     for s in sizes {
         match s.into_inner() {
             Some(r) => out.push(r?),
             None => break,
         }
     }
-    if out.len() < known.len() {
+    if out.len() < todo.len() {
         return Err(Error::Internal(
             "resolving: a request failed but its error was not found".into(),
         ));
@@ -206,18 +203,26 @@ struct Resolver<'a> {
     s3_config: &'a S3Config,
     env: &'a Env,
     s3: Option<S3Client>,
+    /// Each HTTP host's addresses, looked up once.
+    hosts: HashMap<(String, u16), Vec<SocketAddr>>,
+    jitter: Jitter,
     shards: Vec<Shard>,
 }
 
 impl Resolver<'_> {
-    /// One expanded URL; `size` from a manifest spares the `HEAD`.
+    /// One expanded URL; `size` from a manifest.
     fn one(&mut self, one: &str, size: Option<u64>) -> Result<()> {
         if one.starts_with("s3://") {
             return self.s3_url(one, size);
         }
         if one.starts_with("http://") || one.starts_with("https://") {
-            let shards = http_shards(&[one.to_string()], &[size], self.net)?;
-            self.shards.extend(shards);
+            let obj = self.http_object(one)?;
+            self.shards.push(Shard {
+                name: one.to_string(),
+                source: Source::Http(Arc::new(obj)),
+                size,
+                samples: None,
+            });
             return Ok(());
         }
         let path = local_path(one)?;
@@ -240,7 +245,7 @@ impl Resolver<'_> {
                 self.shards.push(Shard {
                     name: p.display().to_string(),
                     source: Source::File(p),
-                    size: m.len(),
+                    size: Some(m.len()),
                     samples: None,
                 });
             }
@@ -248,11 +253,30 @@ impl Resolver<'_> {
             self.shards.push(Shard {
                 name: one.to_string(),
                 source: Source::File(path),
-                size: meta.len(),
+                size: Some(meta.len()),
                 samples: None,
             });
         }
         Ok(())
+    }
+
+    /// The object at an `http(s)://` URL, its host looked up once.
+    fn http_object(&mut self, url: &str) -> Result<HttpObject> {
+        let bad = |reason| Error::Url {
+            url: url.to_string(),
+            reason,
+        };
+        let parsed = crate::net::http::parse_url(url).map_err(bad)?;
+        let key = (parsed.host.clone(), parsed.port);
+        let addrs = match self.hosts.get(&key) {
+            Some(a) => a.clone(),
+            None => {
+                let a = resolve_host(&parsed.host, parsed.port, url, self.net, &mut self.jitter)?;
+                self.hosts.insert(key, a.clone());
+                a
+            }
+        };
+        HttpObject::new(url, addrs).map_err(bad)
     }
 
     fn s3_client(&mut self) -> Result<&S3Client> {
@@ -262,37 +286,7 @@ impl Resolver<'_> {
         Ok(self.s3.as_ref().expect("set above"))
     }
 
-    /// Objects named one by one, with the sizes `known` gives (a
-    /// manifest's): the other `HEAD`s go out in parallel (`parallel_sizes`).
-    fn s3_objects(&mut self, all: &[String], known: &[Option<u64>]) -> Result<Vec<Shard>> {
-        let mut urls = Vec::with_capacity(all.len());
-        let mut objs = Vec::with_capacity(all.len());
-        for one in all {
-            let url = S3Url::parse(one).map_err(|reason| Error::Url {
-                url: one.to_string(),
-                reason,
-            })?;
-            objs.push(Arc::new(self.s3_client()?.object(&url)?));
-            urls.push(url);
-        }
-        let net = self.net;
-        let sizes = parallel_sizes(known, net, |i, pool, jitter| {
-            s3_size(&objs[i], &urls[i], pool, net, jitter)
-        })?;
-        Ok(urls
-            .iter()
-            .zip(objs)
-            .zip(sizes)
-            .map(|((url, obj), size)| Shard {
-                name: url.display(),
-                source: Source::Http(obj),
-                size,
-                samples: None,
-            })
-            .collect())
-    }
-
-    /// An object (size from the manifest or `HEAD`), or a prefix to list.
+    /// An object (sized by the manifest, or later), or a prefix to list.
     fn s3_url(&mut self, one: &str, size: Option<u64>) -> Result<()> {
         let url = S3Url::parse(one).map_err(|reason| Error::Url {
             url: one.to_string(),
@@ -312,7 +306,7 @@ impl Resolver<'_> {
                 found.push(Shard {
                     name: u.display(),
                     source: Source::Http(Arc::new(client.object(&u)?)),
-                    size,
+                    size: Some(size),
                     samples: None,
                 });
             }
@@ -325,8 +319,13 @@ impl Resolver<'_> {
             self.shards.extend(found);
             return Ok(());
         }
-        let shards = self.s3_objects(&[one.to_string()], &[size])?;
-        self.shards.extend(shards);
+        let obj = self.s3_client()?.object(&url)?;
+        self.shards.push(Shard {
+            name: url.display(),
+            source: Source::Http(Arc::new(obj)),
+            size,
+            samples: None,
+        });
         Ok(())
     }
 
@@ -396,7 +395,7 @@ fn s3_size(
             },
         ) => {
             let mut one = [0u8; 1];
-            match pool.fetch(obj, 0, &mut one) {
+            match pool.fetch(obj, 0, &mut one, false) {
                 Err(f) if f.code.is_some() => Err(s3_error(
                     Error::Http {
                         url: obj.url.clone(),
@@ -482,7 +481,7 @@ mod tests {
             tls: Default::default(),
         };
         let shards = resolve(&[mp.display().to_string()], &net).unwrap();
-        assert_eq!((shards.len(), shards[0].size), (1, 4));
+        assert_eq!((shards.len(), shards[0].size), (1, Some(4)));
         let e = resolve(&["s3://b/x.manifest".into()], &net).unwrap_err();
         assert!(e.to_string().contains("local files"), "{e}");
         std::fs::write(&mp, "# nothing\n").unwrap();

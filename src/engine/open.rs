@@ -76,7 +76,7 @@ impl Loader {
             n => n,
         };
         let (plan_opts, counts, start, base_delivered, replay, fingerprint) =
-            plan_setup(&cfg, &shards, workers)?;
+            plan_setup(&cfg, &net, &shards, workers)?;
         let chunk = cfg.chunk_size as usize;
         let budget = cfg.effective_budget(workers);
         let chunks = (budget / cfg.chunk_size) as usize;
@@ -414,6 +414,34 @@ fn has_cap_ipc_lock() -> bool {
         .is_some_and(|caps| caps & (1 << CAP_IPC_LOCK) != 0)
 }
 
+/// The fingerprint to check `states` against: the dataset's, or, for
+/// states that do not match it while some shards are unsized, the one with
+/// every size (states saved when open sized each remote shard with a `HEAD`
+/// carry their sizes): then the sizes are asked for, in parallel, so those
+/// states still resume. The loader's own states carry the dataset's.
+fn sized_fingerprint(
+    states: &[State],
+    fingerprint: u64,
+    shards: &[Shard],
+    net: &NetOptions,
+    opts: &PlanOptions,
+) -> Result<u64> {
+    if states.iter().all(|s| s.fingerprint == fingerprint)
+        || shards.iter().all(|s| s.size.is_some())
+    {
+        return Ok(fingerprint);
+    }
+    let mut sized = shards.to_vec();
+    dataset::head_sizes(&mut sized, net)?;
+    let ids: Vec<(&str, Option<u64>)> = sized.iter().map(|s| (s.name.as_str(), s.size)).collect();
+    let full = resume::fingerprint(&ids, opts);
+    Ok(if states.iter().all(|s| s.fingerprint == full) {
+        full
+    } else {
+        fingerprint
+    })
+}
+
 type Replay = Vec<Vec<Vec<u64>>>;
 type PlanSetup = (
     PlanOptions,
@@ -427,16 +455,22 @@ type PlanSetup = (
 /// The plan's options, each shard's count where known (local shards are
 /// counted from their headers when the plan needs counts), where to start
 /// (from the resume states), and the dataset's fingerprint.
-fn plan_setup(cfg: &Config, shards: &[Shard], workers: usize) -> Result<PlanSetup> {
+fn plan_setup(
+    cfg: &Config,
+    net: &NetOptions,
+    shards: &[Shard],
+    workers: usize,
+) -> Result<PlanSetup> {
     let opts = cfg.plan_options(workers);
-    let ids: Vec<(&str, u64)> = shards.iter().map(|s| (s.name.as_str(), s.size)).collect();
+    let ids: Vec<(&str, Option<u64>)> = shards.iter().map(|s| (s.name.as_str(), s.size)).collect();
     let fingerprint = resume::fingerprint(&ids, &opts);
     let states = cfg
         .resume
         .iter()
         .map(|h| State::from_hex(h))
         .collect::<Result<Vec<_>>>()?;
-    let mut start = resume::start_from(&states, fingerprint, &opts)?;
+    let checked = sized_fingerprint(&states, fingerprint, shards, net, &opts)?;
+    let mut start = resume::start_from(&states, checked, &opts)?;
     if states.is_empty() {
         start.epoch = cfg.epoch;
     }

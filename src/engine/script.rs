@@ -146,6 +146,7 @@ impl ScriptedReader {
                 id: req.id,
                 result: Err(ReadFail::Io(io::Error::other("chunk returned"))),
                 copied: 0,
+                total: None,
             };
         }
         let Queued { req, url, .. } = q;
@@ -171,6 +172,8 @@ impl ScriptedReader {
             id: req.id,
             result,
             copied: 0,
+            // As an HTTP response's Content-Range says it.
+            total: Some(data.len() as u64),
         }
     }
 }

@@ -58,7 +58,7 @@ fn data(samples: &[u64], size: usize) -> Data {
         d.shards.push(Shard {
             name: url.clone(),
             source: Source::Http(Arc::new(HttpObject::new(&url, Vec::new()).unwrap())),
-            size: bytes.len() as u64,
+            size: Some(bytes.len() as u64),
             samples: None,
         });
         d.objects.insert(url, bytes);
@@ -311,6 +311,32 @@ fn a_wait_that_fails_after_giving_completions_is_an_error_without_a_hang() {
     }
 }
 
+#[test]
+fn shards_of_unknown_size_are_sized_by_their_first_read() {
+    // Shards of one chunk and more, one smaller than a read, one with no
+    // sample (its 1 KiB end-of-archive only), none sized at open.
+    let mut d = data(&[40, 3, 0, 25], 3000);
+    for s in &mut d.shards {
+        s.size = None;
+    }
+    for (workers, reads) in [(1, 4), (2, 2)] {
+        let cfg = config(workers, reads, 24, r#", "epochs": 1"#);
+        let want = plan_order(&cfg, workers, &d.counts);
+        for seed in 0..4 {
+            let script = Script {
+                seed,
+                short_reads: true,
+                max_delay: 2,
+                ..Script::default()
+            };
+            let r = run(cfg.clone(), &d, script);
+            assert!(r.error.is_none(), "seed {seed}: {:?}", r.error);
+            assert_eq!(r.batches, want, "seed {seed}: not the plan's order");
+            assert_eq!(r.violations, Vec::<String>::new());
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
@@ -329,14 +355,20 @@ proptest! {
         max_delay in 0u32..4,
         fail in prop::option::of((any::<prop::sample::Index>(), any::<prop::sample::Index>())),
         panic in prop::option::of((1u64..40, any::<bool>())),
+        size_unknown in any::<bool>(),
     ) {
-        let d = data(&samples, size);
+        let mut d = data(&samples, size);
         let budget = 2 * workers as u64 * (reads as u64 + 6) + 8;
         let cfg = config(workers, reads, budget, r#", "epochs": 1"#);
         let fail_at = fail.map(|(s, o)| {
             let shard = &d.shards[s.index(d.shards.len())];
-            (shard.name.clone(), o.index(shard.size as usize) as u64)
+            (shard.name.clone(), o.index(d.objects[&shard.name].len()) as u64)
         });
+        if size_unknown {
+            for s in &mut d.shards {
+                s.size = None;
+            }
+        }
         let script = Script {
             seed,
             short_reads,

@@ -54,6 +54,9 @@ struct PendingRead {
     /// Set while the backend's `submit` runs: if it panics, whether the
     /// read was queued is unknown, so its chunk is never returned.
     submitting: bool,
+    /// The shard's first read while its size is unknown: it may end early,
+    /// and its completion says the size (`ReadRequest::open_end`).
+    open_end: bool,
 }
 
 impl<'a> Worker<'a> {
@@ -165,8 +168,10 @@ impl<'a> Worker<'a> {
                     .map_err(|e| Error::io(IoOp::Stat, path, &e))?
                     .len();
                 let fd = file.as_raw_fd();
-                (Some(file), Target::File(fd), size)
+                (Some(file), Target::File(fd), Some(size))
             }
+            // Unknown (`None`) for a remote shard the resolver did not
+            // size: its first read learns it.
             Source::Http(obj) => (None, Target::Http(Arc::clone(obj)), shard.size),
         };
         let mut pending: VecDeque<PendingRead> = VecDeque::new();
@@ -202,7 +207,7 @@ impl<'a> Worker<'a> {
         shard: &Shard,
         seg: &Segment,
         ghosts: Option<&[u64]>,
-        size: u64,
+        size: Option<u64>,
         epoch: u64,
         pending: &mut VecDeque<PendingRead>,
     ) -> Result<()> {
@@ -229,7 +234,7 @@ impl<'a> Worker<'a> {
         &mut self,
         target: &Target,
         shard: &Shard,
-        size: u64,
+        mut size: Option<u64>,
         walk: &mut TarWalk,
         sink: &mut ShardSink<'_>,
         pending: &mut VecDeque<PendingRead>,
@@ -248,7 +253,10 @@ impl<'a> Worker<'a> {
             } else {
                 1
             };
-            while pending.len() < depth && next_offset < size {
+            // A shard of unknown size has its first read alone: the rest
+            // is planned when its completion says the size.
+            let depth = if size.is_none() { 1 } else { depth };
+            while pending.len() < depth && size.is_none_or(|s| next_offset < s) {
                 // The first read may wait (and use the reserve); read-ahead
                 // takes only chunks beyond it.
                 let stream = self.stream;
@@ -263,7 +271,10 @@ impl<'a> Worker<'a> {
                 let Some(chunk) = got else {
                     break;
                 };
-                let len = (sh.data_len as u64).min(size - next_offset) as usize;
+                let len = match size {
+                    Some(s) => (sh.data_len as u64).min(s - next_offset) as usize,
+                    None => sh.data_len,
+                };
                 let id = self.next_read_id;
                 self.next_read_id += 1;
                 let read = PendingRead {
@@ -274,6 +285,7 @@ impl<'a> Worker<'a> {
                     done: 0,
                     in_flight: false,
                     submitting: false,
+                    open_end: size.is_none(),
                 };
                 next_offset += len as u64;
                 pending.push_back(read);
@@ -284,7 +296,7 @@ impl<'a> Worker<'a> {
                 break;
             };
             if front.in_flight || front.done < front.len {
-                self.reap(target, pending, shard)?;
+                self.reap(target, pending, shard, &mut size)?;
                 continue;
             }
             let read = pending.pop_front().expect("front exists");
@@ -332,6 +344,7 @@ impl<'a> Worker<'a> {
             buf: unsafe { r.chunk.ptr().add(sh.slack + r.done) },
             len: r.len - r.done,
             buf_index: r.chunk.index(),
+            open_end: r.open_end,
         };
         r.submitting = true;
         // SAFETY: the chunk stays referenced by `r` until the completion is
@@ -346,12 +359,14 @@ impl<'a> Worker<'a> {
         Ok(())
     }
 
-    /// Waits for at least one completion and applies them.
+    /// Waits for at least one completion and applies them; the first read
+    /// of a shard of unknown `size` sets it.
     fn reap(
         &mut self,
         target: &Target,
         pending: &mut VecDeque<PendingRead>,
         shard: &Shard,
+        size: &mut Option<u64>,
     ) -> Result<()> {
         let mut done = std::mem::take(&mut self.completions);
         done.clear();
@@ -369,7 +384,21 @@ impl<'a> Worker<'a> {
             if c.copied > 0 {
                 self.shared.pool.add_copied(c.copied as u64);
             }
+            if r.open_end && c.result.is_ok() {
+                let Some(total) = c.total else {
+                    result = result.and(Err(Error::Internal(format!(
+                        "`{}`: the read that was to learn the shard's size did not report it",
+                        shard.name
+                    ))));
+                    continue;
+                };
+                // The rest of the shard is read as one of known size.
+                r.open_end = false;
+                r.len = r.len.min(total.saturating_sub(r.offset) as usize);
+                *size = Some(total);
+            }
             match c.result {
+                Ok(0) if r.done == r.len => {}
                 Ok(0) => {
                     result = result.and(Err(Error::Io {
                         op: IoOp::Read,
@@ -377,7 +406,7 @@ impl<'a> Worker<'a> {
                         message: format!(
                             "the file ended at byte {} but was {} bytes when opened",
                             r.offset + r.done as u64,
-                            shard.size
+                            size.map_or("?".into(), |s| s.to_string())
                         ),
                         errno: 0,
                     }));

@@ -57,9 +57,15 @@ pub struct HttpPool {
     tls: Arc<TlsSetup>,
 }
 
-/// Result of one fetch: body bytes copied from the head buffer.
+/// Result of one fetch.
 pub struct Fetched {
+    /// Body bytes copied from the head buffer.
     pub copied: usize,
+    /// Body bytes read: the buffer's length, or less when `open_end` and the
+    /// object ends inside the range.
+    pub len: usize,
+    /// The object's size, when the response gave it.
+    pub total: Option<u64>,
 }
 
 impl HttpPool {
@@ -156,21 +162,48 @@ impl HttpPool {
         self.idle.entry(Self::key(obj)).or_default().push(s);
     }
 
-    /// Reads bytes `start..start + buf.len()` of `obj` into `buf`, once.
-    pub fn fetch(&mut self, obj: &HttpObject, start: u64, buf: &mut [u8]) -> Result<Fetched, Fail> {
+    /// Reads bytes `start..start + buf.len()` of `obj` into `buf`, once;
+    /// with `open_end` (the object's size not known yet) up to the object's
+    /// end when that comes first (see `http::check_range_response`).
+    pub fn fetch(
+        &mut self,
+        obj: &HttpObject,
+        start: u64,
+        buf: &mut [u8],
+        open_end: bool,
+    ) -> Result<Fetched, Fail> {
         let len = buf.len() as u64;
         let req = http::range_request(obj, start, len)?;
         let (mut s, h, extra) = self.exchange(obj, &req)?;
-        if let Err(mut f) = http::check_range_response(&h, start, len) {
-            if h.status >= 300
-                && let Some(code) = self.error_code(obj, s, &h, extra)
-            {
-                f.message = format!("{}, S3 error code {code}", f.message);
-                f.code = Some(code);
+        let body = match http::check_range_response(&h, start, len, open_end) {
+            Ok(b) => b,
+            Err(mut f) => {
+                if h.status >= 300
+                    && let Some(code) = self.error_code(obj, s, &h, extra)
+                {
+                    f.message = format!("{}, S3 error code {code}", f.message);
+                    f.code = Some(code);
+                }
+                f.message = format!("{}: {}", obj.url, f.message);
+                return Err(f);
             }
-            f.message = format!("{}: {}", obj.url, f.message);
-            return Err(f);
+        };
+        if h.status == 416 {
+            // An empty object (`open_end`): nothing to read; the connection
+            // is reused only when no error body follows.
+            if h.keep_alive && h.content_length == Some(0) && extra == 0 {
+                self.put_back(obj, s);
+            }
+            return Ok(Fetched {
+                copied: 0,
+                len: 0,
+                total: body.total,
+            });
         }
+        // `body.len` <= `len`: the range, or less of it when it runs past
+        // the object's end.
+        let buf = &mut buf[..body.len as usize];
+        let len = body.len;
         let from_head = extra.min(buf.len());
         buf[..from_head].copy_from_slice(&self.head_buf[h.head_len..h.head_len + from_head]);
         if extra > buf.len() {
@@ -201,7 +234,11 @@ impl HttpPool {
         if h.keep_alive {
             self.put_back(obj, s);
         }
-        Ok(Fetched { copied: from_head })
+        Ok(Fetched {
+            copied: from_head,
+            len: buf.len(),
+            total: body.total,
+        })
     }
 
     /// Reads an error response's body, when it is small and has a length,

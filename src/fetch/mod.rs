@@ -67,6 +67,11 @@ pub struct ReadRequest {
     pub len: usize,
     /// Index of the registered buffer (chunk) holding `buf`.
     pub buf_index: u32,
+    /// The object's size is not known yet (an HTTP shard sized by its first
+    /// read): the object may end inside the range, and the read returns
+    /// what there is (0 bytes for an empty object) with the size in
+    /// [`Completion::total`]. Only for `Target::Http`.
+    pub open_end: bool,
 }
 
 /// Why a read failed.
@@ -86,6 +91,9 @@ pub struct Completion {
     /// Bytes of the read that were copied on the way (HTTP body bytes that
     /// arrived with the response head).
     pub copied: usize,
+    /// The object's size, when the read learned it (an HTTP response's
+    /// `Content-Range` total); `None` for file reads.
+    pub total: Option<u64>,
 }
 
 // The configuration's side of `NetOptions`: here rather than in `net`,
@@ -109,18 +117,19 @@ impl NetOptions {
     }
 }
 
-/// One ranged HTTP read with retries, on blocking sockets. Returns the bytes
-/// copied from response heads.
+/// One ranged HTTP read with retries, on blocking sockets (`open_end`: see
+/// [`ReadRequest::open_end`]).
 pub fn fetch_retrying(
     pool: &mut http_sync::HttpPool,
     obj: &HttpObject,
     start: u64,
     buf: &mut [u8],
+    open_end: bool,
     net: &NetOptions,
     jitter: &mut Jitter,
-) -> Result<usize, Error> {
+) -> Result<http_sync::Fetched, Error> {
     with_retries(net, jitter, &obj.url, || {
-        pool.fetch(obj, start, buf).map(|f| f.copied)
+        pool.fetch(obj, start, buf, open_end)
     })
 }
 

@@ -197,6 +197,7 @@ impl NetLink {
                 id,
                 result: Err(ReadFail::Net(Error::Internal(why.clone()))),
                 copied: 0,
+                total: None,
             });
         }
     }
@@ -298,5 +299,6 @@ fn failed(id: u64, obj: &HttpObject, why: &str) -> Completion {
             obj.url
         )))),
         copied: 0,
+        total: None,
     }
 }

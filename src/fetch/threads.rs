@@ -47,28 +47,32 @@ pub(crate) fn run_blocking(
                     id: req.id,
                     result: Err(ReadFail::Io(e)),
                     copied: 0,
+                    total: None,
                 });
             }
             Some(Completion {
                 id: req.id,
                 result: Ok(n as usize),
                 copied: 0,
+                total: None,
             })
         }
         Target::Http(obj) => {
             // SAFETY: as above: `len` writable bytes at `buf`, ours until completion.
             let buf = unsafe { std::slice::from_raw_parts_mut(req.buf, req.len) };
-            let r = fetch_retrying(http, obj, req.offset, buf, net, jitter);
+            let r = fetch_retrying(http, obj, req.offset, buf, req.open_end, net, jitter);
             Some(match r {
-                Ok(copied) => Completion {
+                Ok(f) => Completion {
                     id: req.id,
-                    result: Ok(req.len),
-                    copied,
+                    result: Ok(f.len),
+                    copied: f.copied,
+                    total: f.total,
                 },
                 Err(e) => Completion {
                     id: req.id,
                     result: Err(ReadFail::Net(e)),
                     copied: 0,
+                    total: None,
                 },
             })
         }

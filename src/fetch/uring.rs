@@ -368,6 +368,7 @@ impl Reader for UringReader {
                         Ok(r as usize)
                     },
                     copied: 0,
+                    total: None,
                 });
             }
         }

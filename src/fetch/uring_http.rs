@@ -64,6 +64,11 @@ struct Op {
     len: usize,
     /// Bytes of the body already in `buf`.
     got: usize,
+    /// The object's size is not known yet (`ReadRequest::open_end`): `len`
+    /// shrinks to the object's end when the response says it comes first.
+    open_end: bool,
+    /// The object's size, once a response said it.
+    total: Option<u64>,
     copied: usize,
     attempt: u32,
     step: Step,
@@ -154,6 +159,8 @@ impl HttpDriver {
             buf: req.buf,
             len: req.len,
             got: 0,
+            open_end: req.open_end,
+            total: None,
             copied: 0,
             attempt: 0,
             step: Step::Connect,
@@ -380,9 +387,23 @@ impl HttpDriver {
                 op.conn.as_mut().expect("connected").reused = false;
                 let at = op.start + op.got as u64;
                 let want = (op.len - op.got) as u64;
-                if let Err(mut f) = http::check_range_response(&h, at, want) {
-                    f.message = format!("{}: {}", op.obj.url, f.message);
-                    return self.retry_or_fail(ring, slot, f);
+                let body = match http::check_range_response(&h, at, want, op.open_end) {
+                    Ok(b) => b,
+                    Err(mut f) => {
+                        f.message = format!("{}: {}", op.obj.url, f.message);
+                        return self.retry_or_fail(ring, slot, f);
+                    }
+                };
+                op.total = body.total.or(op.total);
+                // Less than asked only with `open_end`, at the object's end.
+                let want = body.len;
+                op.len = op.got + want as usize;
+                if h.status == 416 {
+                    // An empty object: the connection is reused only when
+                    // no error body follows.
+                    op.keep_alive =
+                        h.keep_alive && h.content_length == Some(0) && op.head_got == h.head_len;
+                    return self.finish(slot);
                 }
                 let extra = op.head_got - h.head_len;
                 if extra as u64 > want {
@@ -457,6 +478,7 @@ impl HttpDriver {
             id: op.req_id,
             result: Ok(op.len),
             copied: op.copied,
+            total: op.total,
         })
     }
 
@@ -509,6 +531,7 @@ impl HttpDriver {
                 attempts: op.attempt + 1,
             })),
             copied: op.copied,
+            total: op.total,
         })
     }
 

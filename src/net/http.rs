@@ -184,6 +184,9 @@ pub struct ResponseHead {
     pub content_length: Option<u64>,
     /// `Content-Range: bytes start-end/total`.
     pub content_range: Option<(u64, u64, Option<u64>)>,
+    /// `Content-Range: bytes */total`: the object's size, sent with a `416`
+    /// to a range that starts at or past its end.
+    pub unsatisfied_total: Option<u64>,
     /// False when the server says `Connection: close` (or speaks HTTP/1.0).
     pub keep_alive: bool,
     pub chunked: bool,
@@ -215,6 +218,7 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<ResponseHead>, String> {
         head_len,
         content_length: None,
         content_range: None,
+        unsatisfied_total: None,
         keep_alive: r.version == Some(1),
         chunked: false,
         reason: r.reason.unwrap_or("").to_string(),
@@ -224,7 +228,13 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<ResponseHead>, String> {
         if hd.name.eq_ignore_ascii_case("content-length") {
             h.content_length = Some(v.parse().map_err(|_| format!("bad Content-Length `{v}`"))?);
         } else if hd.name.eq_ignore_ascii_case("content-range") {
-            h.content_range = Some(parse_content_range(v)?);
+            match v.strip_prefix("bytes */") {
+                Some(t) => {
+                    h.unsatisfied_total =
+                        Some(t.parse().map_err(|_| format!("bad Content-Range `{v}`"))?);
+                }
+                None => h.content_range = Some(parse_content_range(v)?),
+            }
         } else if hd.name.eq_ignore_ascii_case("connection") {
             if v.eq_ignore_ascii_case("close") {
                 h.keep_alive = false;
@@ -310,17 +320,75 @@ impl Fail {
     }
 }
 
+/// What a response to a ranged `GET` holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RangeBody {
+    /// Body bytes to read: the range's length, or (`open_end`) up to the
+    /// object's end.
+    pub len: u64,
+    /// The object's size, when the response says it (`Content-Range`'s
+    /// total, or a `200`'s `Content-Length`).
+    pub total: Option<u64>,
+}
+
 /// Checks that a response answers `GET start..start+len` with exactly that
-/// range; returns the body length to read.
-pub fn check_range_response(h: &ResponseHead, start: u64, len: u64) -> Result<u64, Fail> {
+/// range; returns the body length to read and the object's size when the
+/// response gives it.
+///
+/// With `open_end` the object's size is not known yet (a shard sized by its
+/// first read): the range may run past the object's end, so a `206` for
+/// `start..total`, a `200` with the whole object when it fits in the range,
+/// and a `416` with `Content-Range: bytes */total` for a start at or past
+/// the end (an empty object) are answers too; the size must be in the
+/// response, else the read fails with a named protocol error.
+pub fn check_range_response(
+    h: &ResponseHead,
+    start: u64,
+    len: u64,
+    open_end: bool,
+) -> Result<RangeBody, Fail> {
     match h.status {
         206 => {}
-        200 if start == 0 && h.content_length == Some(len) => return Ok(len),
+        200 if start == 0 && h.content_length == Some(len) && !h.chunked => {
+            return Ok(RangeBody {
+                len,
+                total: Some(len),
+            });
+        }
+        200 if open_end
+            && start == 0
+            && !h.chunked
+            && h.content_length.is_some_and(|n| n < len) =>
+        {
+            // The whole object, smaller than the range: some servers answer
+            // a range that covers everything with a plain 200.
+            return Ok(RangeBody {
+                len: h.content_length.unwrap_or(0),
+                total: h.content_length,
+            });
+        }
         200 => {
             return Err(Fail::new(
                 FailKind::Protocol,
                 "the server ignored the Range header (200 instead of 206)",
             ));
+        }
+        416 if open_end => {
+            return match h.unsatisfied_total {
+                Some(total) if total <= start => Ok(RangeBody {
+                    len: 0,
+                    total: Some(total),
+                }),
+                Some(total) => Err(Fail::new(
+                    FailKind::Protocol,
+                    format!("416 for bytes from {start} of a {total}-byte object"),
+                )),
+                None => Err(Fail::new(
+                    FailKind::Protocol,
+                    "416 without the object's size (`Content-Range: bytes */SIZE`); the size \
+                     is needed to read the object: give it in a manifest",
+                )),
+            };
         }
         s if s >= 300 => {
             return Err(Fail::new(
@@ -341,30 +409,45 @@ pub fn check_range_response(h: &ResponseHead, start: u64, len: u64) -> Result<u6
             "chunked transfer encoding for a byte range is not supported",
         ));
     }
-    match h.content_range {
-        Some((a, b, _)) if a == start && b == start + len - 1 => {}
+    let end = start + len - 1;
+    let body = match h.content_range {
+        Some((_, _, None)) if open_end => {
+            return Err(Fail::new(
+                FailKind::Protocol,
+                "206 without the object's size (`Content-Range: bytes a-b/*`); the size is \
+                 needed to read the object: give it in a manifest",
+            ));
+        }
+        Some((a, b, total)) if a == start && b == end => RangeBody { len, total },
+        // The object ends inside the range: what is left of it.
+        Some((a, b, Some(total))) if open_end && a == start && b < end && b + 1 == total => {
+            RangeBody {
+                len: b - a + 1,
+                total: Some(total),
+            }
+        }
         Some((a, b, _)) => {
             return Err(Fail::new(
                 FailKind::Truncated,
-                format!(
-                    "asked bytes {start}-{} but the server sent {a}-{b}",
-                    start + len - 1
-                ),
+                format!("asked bytes {start}-{end} but the server sent {a}-{b}"),
             ));
         }
         None => {
             return Err(Fail::new(FailKind::Protocol, "206 without Content-Range"));
         }
-    }
+    };
     if let Some(cl) = h.content_length
-        && cl != len
+        && cl != body.len
     {
         return Err(Fail::new(
             FailKind::Protocol,
-            format!("Content-Length {cl} does not match the {len}-byte range"),
+            format!(
+                "Content-Length {cl} does not match the {}-byte range",
+                body.len
+            ),
         ));
     }
-    Ok(len)
+    Ok(body)
 }
 
 #[cfg(test)]
@@ -397,9 +480,15 @@ mod tests {
         let r = b"HTTP/1.1 206 Partial Content\r\nContent-Length: 10\r\nContent-Range: bytes 5-14/100\r\n\r\nbody";
         let h = parse_head(r).unwrap().unwrap();
         assert_eq!(h.head_len, r.len() - 4);
-        assert_eq!(check_range_response(&h, 5, 10), Ok(10));
         assert_eq!(
-            check_range_response(&h, 6, 10).unwrap_err().kind,
+            check_range_response(&h, 5, 10, false),
+            Ok(RangeBody {
+                len: 10,
+                total: Some(100)
+            })
+        );
+        assert_eq!(
+            check_range_response(&h, 6, 10, false).unwrap_err().kind,
             FailKind::Truncated
         );
         assert!(
@@ -413,23 +502,99 @@ mod tests {
             .unwrap();
         assert!(!h.keep_alive);
         assert_eq!(
-            check_range_response(&h, 0, 1).unwrap_err().kind,
+            check_range_response(&h, 0, 1, false).unwrap_err().kind,
             FailKind::Throttled
         );
         let h = parse_head(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
             .unwrap()
             .unwrap();
-        let e = check_range_response(&h, 0, 1).unwrap_err();
+        let e = check_range_response(&h, 0, 1, false).unwrap_err();
         assert_eq!(e.kind, FailKind::Client);
         assert!(!e.kind.retryable());
         let h = parse_head(b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\n")
             .unwrap()
             .unwrap();
         assert_eq!(
-            check_range_response(&h, 0, 10).unwrap_err().kind,
+            check_range_response(&h, 0, 10, false).unwrap_err().kind,
             FailKind::Protocol
         );
         assert!(parse_head(b"HTTP/1.1 206 X\r\nContent-Range: bytes 9-1/5\r\n\r\n").is_err());
         assert!(parse_head(&[b'a'; MAX_HEAD]).is_err());
+    }
+
+    /// Reads of an object whose size is not known yet: the answer says it,
+    /// however the object ends relative to the range; an answer that does
+    /// not say it is a named error.
+    #[test]
+    fn open_ended_ranges_learn_the_size() {
+        let head = |s: &str| parse_head(s.as_bytes()).unwrap().unwrap();
+        let body = |h: &ResponseHead, start, len| check_range_response(h, start, len, true);
+        // The object is larger than the range.
+        let h =
+            head("HTTP/1.1 206 P\r\nContent-Length: 10\r\nContent-Range: bytes 0-9/500\r\n\r\n");
+        assert_eq!(
+            body(&h, 0, 10),
+            Ok(RangeBody {
+                len: 10,
+                total: Some(500)
+            })
+        );
+        // Smaller: what there is.
+        let h = head("HTTP/1.1 206 P\r\nContent-Length: 4\r\nContent-Range: bytes 0-3/4\r\n\r\n");
+        assert_eq!(
+            body(&h, 0, 10),
+            Ok(RangeBody {
+                len: 4,
+                total: Some(4)
+            })
+        );
+        // ... which is a short answer when the size was known.
+        assert_eq!(
+            check_range_response(&h, 0, 10, false).unwrap_err().kind,
+            FailKind::Truncated
+        );
+        // A 206 that stops before the object's end is not the object's end.
+        let h = head("HTTP/1.1 206 P\r\nContent-Range: bytes 0-3/8\r\n\r\n");
+        assert_eq!(body(&h, 0, 10).unwrap_err().kind, FailKind::Truncated);
+        // The whole object with 200, smaller than the range.
+        let h = head("HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\n");
+        assert_eq!(
+            body(&h, 0, 10),
+            Ok(RangeBody {
+                len: 7,
+                total: Some(7)
+            })
+        );
+        let h = head("HTTP/1.1 200 OK\r\nContent-Length: 70\r\n\r\n");
+        assert!(
+            body(&h, 0, 10)
+                .unwrap_err()
+                .message
+                .contains("ignored the Range")
+        );
+        let h = head("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n");
+        assert_eq!(body(&h, 0, 10).unwrap_err().kind, FailKind::Protocol);
+        // An empty object.
+        let h = head("HTTP/1.1 416 R\r\nContent-Range: bytes */0\r\nContent-Length: 0\r\n\r\n");
+        assert_eq!(h.unsatisfied_total, Some(0));
+        assert_eq!(
+            body(&h, 0, 10),
+            Ok(RangeBody {
+                len: 0,
+                total: Some(0)
+            })
+        );
+        assert_eq!(
+            check_range_response(&h, 0, 10, false).unwrap_err().kind,
+            FailKind::Client
+        );
+        // No size in the answer.
+        let h = head("HTTP/1.1 416 R\r\nContent-Length: 0\r\n\r\n");
+        assert!(body(&h, 0, 10).unwrap_err().message.contains("manifest"));
+        let h = head("HTTP/1.1 416 R\r\nContent-Range: bytes */9\r\n\r\n");
+        assert_eq!(body(&h, 0, 10).unwrap_err().kind, FailKind::Protocol);
+        let h = head("HTTP/1.1 206 P\r\nContent-Range: bytes 0-9/*\r\n\r\n");
+        assert!(body(&h, 0, 10).unwrap_err().message.contains("manifest"));
+        assert!(parse_head(b"HTTP/1.1 416 R\r\nContent-Range: bytes */x\r\n\r\n").is_err());
     }
 }

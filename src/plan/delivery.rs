@@ -236,7 +236,7 @@ mod tests {
             // those batches held (they are passed on unread). They must be
             // exactly the samples of the uninterrupted run's first batches.
             let o = opts(c, s, seed, buf, bs, Remainder::Pad);
-            let fp = fingerprint(&[("a", 1)], &o);
+            let fp = fingerprint(&[("a", Some(1))], &o);
             for k in 0..c {
                 let o = PlanOptions { consumer: k, ..o.clone() };
                 let full = consumer_order(&o, &counts, 1, None).unwrap();

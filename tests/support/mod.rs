@@ -76,8 +76,12 @@ pub struct Faults {
     pub garbage: AtomicBool,
     /// Ignore `Range` and send the whole file with 200 (all requests).
     pub ignore_range: AtomicBool,
+    /// Leave the object's size out of `Content-Range` (`bytes a-b/*`).
+    pub hide_total: AtomicBool,
     /// GET requests seen.
     pub gets: AtomicUsize,
+    /// HEAD requests seen.
+    pub heads: AtomicUsize,
 }
 
 /// SO_LINGER 0: closing `fd` then sends RST instead of FIN.
@@ -238,6 +242,7 @@ fn serve(mut conn: impl Read + Write, fd: i32, root: &std::path::Path, f: &Fault
             }
         };
         if method == "HEAD" {
+            f.heads.fetch_add(1, Ordering::SeqCst);
             let _ = write!(
                 conn,
                 "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n",
@@ -260,23 +265,32 @@ fn serve(mut conn: impl Read + Write, fd: i32, root: &std::path::Path, f: &Fault
             let _ = conn.write_all(b"HTTP/1.1 500 Internal Error\r\nContent-Length: 0\r\n\r\n");
             continue;
         }
+        // As RFC 9110 says: an end past the object is clamped to it, a
+        // start at or past it is unsatisfiable (416 with the size).
         let (status, body) = match range {
             Some((a, b))
                 if !f.ignore_range.load(Ordering::SeqCst)
                     && a <= b
-                    && (b as usize) < data.len() =>
+                    && (a as usize) < data.len() =>
             {
+                let b = b.min(data.len() as u64 - 1);
+                let total = if f.hide_total.load(Ordering::SeqCst) {
+                    "*".to_string()
+                } else {
+                    data.len().to_string()
+                };
                 (
-                    format!(
-                        "206 Partial Content\r\nContent-Range: bytes {a}-{b}/{}",
-                        data.len()
-                    ),
+                    format!("206 Partial Content\r\nContent-Range: bytes {a}-{b}/{total}"),
                     &data[a as usize..=b as usize],
                 )
             }
             Some(_) if !f.ignore_range.load(Ordering::SeqCst) => {
-                let _ = conn
-                    .write_all(b"HTTP/1.1 416 Range Not Satisfiable\r\nContent-Length: 0\r\n\r\n");
+                let _ = write!(
+                    conn,
+                    "HTTP/1.1 416 Range Not Satisfiable\r\nContent-Range: bytes */{}\r\n\
+                     Content-Length: 0\r\n\r\n",
+                    data.len()
+                );
                 continue;
             }
             _ => ("200 OK".to_string(), &data[..]),
