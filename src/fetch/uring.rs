@@ -88,16 +88,10 @@ pub struct UringReader {
     registered: bool,
     /// Buffers to register once they are ready (and not yet registered).
     fixed: Option<Arc<FixedBuffers>>,
-    /// Ranged HTTP reads on this ring.
+    /// Ranged HTTP(S) reads on this ring.
     http: HttpDriver,
     /// Completions finished during `submit` (a range that failed at once).
     ready: Vec<Completion>,
-    /// https ranges: TLS is decrypted by rustls on blocking sockets, one
-    /// range per `wait`, between io_uring completions.
-    tls_queued: std::collections::VecDeque<ReadRequest>,
-    tls_pool: super::http_sync::HttpPool,
-    net: NetOptions,
-    jitter: crate::net::retry::Jitter,
 }
 
 /// Creates a ring with `entries` slots, with the best flags the kernel takes.
@@ -162,12 +156,8 @@ impl UringReader {
             ring,
             registered,
             fixed: if registered { None } else { fixed },
-            http: HttpDriver::new(net.clone(), seed),
+            http: HttpDriver::new(net, seed),
             ready: Vec::new(),
-            tls_queued: Default::default(),
-            tls_pool: super::http_sync::HttpPool::new(net.stall, std::sync::Arc::clone(&net.tls)),
-            net,
-            jitter: crate::net::retry::Jitter::new(seed ^ 0x7f4a_7c15),
         })
     }
 }
@@ -198,10 +188,6 @@ impl Reader for UringReader {
         self.register_when_ready();
         let fd = match &req.target {
             Target::File(fd) => types::Fd(*fd),
-            Target::Http(obj) if obj.tls => {
-                self.tls_queued.push_back(req);
-                return Ok(());
-            }
             Target::Http(obj) => {
                 let obj = std::sync::Arc::clone(obj);
                 if let Some(c) = self.http.start(&mut self.ring, &req, obj) {
@@ -236,20 +222,6 @@ impl Reader for UringReader {
     fn wait(&mut self, min: usize, out: &mut Vec<Completion>) -> io::Result<()> {
         let goal = out.len() + min;
         out.append(&mut self.ready);
-        if out.len() < goal
-            && let Some(req) = self.tls_queued.pop_front()
-        {
-            match super::threads::run_blocking(
-                &req,
-                &mut self.tls_pool,
-                &self.net,
-                &mut self.jitter,
-            ) {
-                Some(c) => out.push(c),
-                None => self.tls_queued.push_front(req),
-            }
-            return Ok(());
-        }
         while out.len() < goal {
             // HTTP steps produce completions that finish no read; wait for
             // one at a time while reads are outstanding.
