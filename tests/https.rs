@@ -58,7 +58,10 @@ fn manifest(dir: &Path, port: u16, paths: &[std::path::PathBuf]) -> std::path::P
 
 fn config(manifest: &Path, extra: serde_json::Value) -> Config {
     let mut m = serde_json::Map::new();
-    m.insert("manifest".into(), serde_json::json!(manifest.display().to_string()));
+    m.insert(
+        "manifest".into(),
+        serde_json::json!(manifest.display().to_string()),
+    );
     m.insert("memory_budget".into(), serde_json::json!("16MiB"));
     m.insert("chunk_size".into(), serde_json::json!("512KiB"));
     m.insert("batch_size".into(), serde_json::json!(5));
@@ -93,7 +96,12 @@ fn a_loader_streams_https_shards_through_faults_on_io_uring() {
     assert_eq!(s.io_backend, "io_uring");
     assert_eq!(s.retries["throttled"], 2, "{:?}", s.retries);
     assert!(s.retries["stalled"] >= 1, "{:?}", s.retries);
-    assert_eq!(s.retries["reset"] + s.retries["truncated"], 4, "{:?}", s.retries);
+    assert_eq!(
+        s.retries["reset"] + s.retries["truncated"],
+        4,
+        "{:?}",
+        s.retries
+    );
     assert_eq!(s.retries["tls"], 0);
 }
 
@@ -125,7 +133,11 @@ fn one_reader_streams_every_byte_over_one_reused_session() {
     // Every body byte of a range is moved down over the record headers
     // and tags, or copied out of the small buffer, once, and counted.
     let body: u64 = paths.iter().map(|p| p.metadata().unwrap().len()).sum();
-    assert!(s.bytes_copied >= body * 9 / 10, "{} of {body}", s.bytes_copied);
+    assert!(
+        s.bytes_copied >= body * 9 / 10,
+        "{} of {body}",
+        s.bytes_copied
+    );
 }
 
 #[test]
@@ -172,7 +184,8 @@ fn tls_1_2_sessions_are_opened_in_place_too() {
     let s = loader.stats();
     assert!(s.retries.values().all(|&n| n == 0), "{:?}", s.retries);
     assert!(
-        server.faults.connections.load(Ordering::SeqCst) < server.faults.gets.load(Ordering::SeqCst),
+        server.faults.connections.load(Ordering::SeqCst)
+            < server.faults.gets.load(Ordering::SeqCst),
         "sessions reused"
     );
 }

@@ -396,7 +396,10 @@ impl HttpDriver {
             // https: ciphertext into the rest of the destination, after the
             // partial record already there.
             // SAFETY: got + pend < len.
-            (_, Some(_)) => (unsafe { op.buf.add(op.got + op.pend) }, op.len - op.got - op.pend),
+            (_, Some(_)) => (
+                unsafe { op.buf.add(op.got + op.pend) },
+                op.len - op.got - op.pend,
+            ),
             (Step::Head, None) => {
                 let room = (op.head.len() - op.head_got).min(HEAD_RECV);
                 // SAFETY: head_got < head.len().
@@ -488,7 +491,11 @@ impl HttpDriver {
                     let f = io_fail(res, "send (TLS handshake)");
                     return self.retry_or_fail(ring, slot, f);
                 }
-                let tls = op.conn.as_mut().and_then(|c| c.tls.as_mut()).expect("https");
+                let tls = op
+                    .conn
+                    .as_mut()
+                    .and_then(|c| c.tls.as_mut())
+                    .expect("https");
                 tls.out_sent += res as usize;
                 if tls.out_sent == tls.out.len() {
                     tls.out.clear();
@@ -501,14 +508,21 @@ impl HttpDriver {
                     let f = if res == 0 {
                         Fail::new(
                             FailKind::Reset,
-                            format!("{}: the connection closed during the TLS handshake", op.obj.url),
+                            format!(
+                                "{}: the connection closed during the TLS handshake",
+                                op.obj.url
+                            ),
                         )
                     } else {
                         io_fail(res, "receive (TLS handshake)")
                     };
                     return self.retry_or_fail(ring, slot, f);
                 }
-                let tls = op.conn.as_mut().and_then(|c| c.tls.as_mut()).expect("https");
+                let tls = op
+                    .conn
+                    .as_mut()
+                    .and_then(|c| c.tls.as_mut())
+                    .expect("https");
                 tls.received(res as usize);
                 self.handshake(ring, slot)
             }
@@ -630,7 +644,11 @@ impl HttpDriver {
     /// rest, into the small buffer.
     fn tls_body(&mut self, ring: &mut IoUring, slot: usize) -> Option<Completion> {
         let op = self.slots[slot].as_mut().expect("live slot");
-        let tls = op.conn.as_mut().and_then(|c| c.tls.as_mut()).expect("https");
+        let tls = op
+            .conn
+            .as_mut()
+            .and_then(|c| c.tls.as_mut())
+            .expect("https");
         // SAFETY: the destination is this op's until its completion (the
         // contract of `Reader::submit`); nothing else refers to it now.
         let dest = unsafe { std::slice::from_raw_parts_mut(op.buf, op.len) };
@@ -641,7 +659,10 @@ impl HttpDriver {
                 match tls.open_buffered() {
                     Ok(Some(Opened::Data { start, len })) => {
                         if op.got + len > op.len {
-                            let f = Fail::new(FailKind::Protocol, "the server sent more than the range");
+                            let f = Fail::new(
+                                FailKind::Protocol,
+                                "the server sent more than the range",
+                            );
                             return self.fail(ring, slot, f);
                         }
                         dest[op.got..op.got + len].copy_from_slice(tls.buffered(start, len));

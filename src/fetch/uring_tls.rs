@@ -127,8 +127,8 @@ impl TlsConn {
     pub fn new(config: Arc<ClientConfig>, host: &str, port: u16) -> Result<TlsConn, Fail> {
         let name = ServerName::try_from(host.to_string())
             .map_err(|e| tls_fail(&format!("`{host}` as a TLS server name"), e))?;
-        let conn = UnbufferedClientConnection::new(config, name)
-            .map_err(|e| tls_fail("TLS set-up", e))?;
+        let conn =
+            UnbufferedClientConnection::new(config, name).map_err(|e| tls_fail("TLS set-up", e))?;
         Ok(TlsConn {
             state: State::Handshake(Box::new(conn)),
             server: format!("{host}:{port}"),
@@ -201,10 +201,7 @@ impl TlsConn {
                 other => {
                     return Err(Fail::new(
                         FailKind::Protocol,
-                        format!(
-                            "{} sent data before the request ({other:?})",
-                            self.server
-                        ),
+                        format!("{} sent data before the request ({other:?})", self.server),
                     ));
                 }
             };
@@ -253,7 +250,10 @@ impl TlsConn {
     /// Encrypts `plain` (a request) into records.
     pub fn seal(&mut self, plain: &[u8]) -> Result<Vec<u8>, Fail> {
         let State::Open(s) = &mut self.state else {
-            return Err(Fail::new(FailKind::Tls, "TLS: a request before the handshake"));
+            return Err(Fail::new(
+                FailKind::Tls,
+                "TLS: a request before the handshake",
+            ));
         };
         let mut out = Vec::with_capacity(plain.len() + 64);
         for piece in plain.chunks(MAX_PLAIN) {
@@ -291,7 +291,10 @@ impl TlsConn {
             return Ok(None);
         }
         let State::Open(s) = &mut self.state else {
-            return Err(Fail::new(FailKind::Tls, "TLS: a record before the handshake"));
+            return Err(Fail::new(
+                FailKind::Tls,
+                "TLS: a record before the handshake",
+            ));
         };
         let typ = ContentType::from(buf[0]);
         let version = ProtocolVersion::from(u16::from_be_bytes([buf[1], buf[2]]));
