@@ -192,12 +192,15 @@ LISTEN="listen 127.0.0.1:$PORT;"
 CURL_TLS=()
 if [ "$TLS" = 1 ]; then
     # A P-256 key: what a current server is given, and what rustls and
-    # OpenSSL both verify fast. The name and address curl and ringfeed use.
+    # OpenSSL both verify fast. The name and address curl and ringfeed use;
+    # CA:FALSE, since webpki refuses a CA certificate as the server's own.
     CERT=$NG/cert.pem
     KEY=$NG/key.pem
     GEN_CERT=(openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes
               -keyout "$KEY" -out "$CERT" -days 2 -subj /CN=localhost
-              -addext "subjectAltName=DNS:localhost,IP:127.0.0.1")
+              -addext "subjectAltName=DNS:localhost,IP:127.0.0.1"
+              -addext "basicConstraints=critical,CA:FALSE"
+              -addext "extendedKeyUsage=serverAuth")
     show "${GEN_CERT[@]}"
     "${GEN_CERT[@]}" 2>"$NG/openssl.log" || die "openssl could not make a certificate ($NG/openssl.log)"
     # No ssl_session_cache: every client keeps its connections for the
