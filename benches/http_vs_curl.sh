@@ -70,6 +70,20 @@
 #   SWEEP_ROUNDS    rounds of the sweep          [3]
 #   OUT_DIR         raw JSON and commands        [benches/out/http_vs_curl/<time>]
 #   STRICT          1: exit 1 when a target is missed [0]
+#   TLS             1: the same over HTTPS (see below)   [0]
+#
+# TLS=1: nginx serves the shards over https (`listen ... ssl`) with a
+# self-signed certificate that openssl makes in OUT_DIR; curl gets it with
+# --cacert and ringfeed with `ca_bundle` (--config). The contenders are curl
+# x CURL_PROCS, ringfeed https on io_uring (IO_BACKEND, default) and ringfeed
+# https on the thread backend (blocking rustls streams, the path https took
+# before it ran on io_uring); s3:// and boto3 are left out. Every contender
+# is timed over its whole process by one driver (wall from its start to its
+# exit, CPU from wait4()), and its GB/s and CPU-s per GB count every byte of
+# the objects, so the three are compared byte for byte; ringfeed's own clock
+# (open excluded) is printed beside. Targets (issue 11):
+#   ringfeed https GB/s / curl https GB/s       >= 1.0
+#   ringfeed https CPU-s/GB / curl's            <= 0.8
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -109,6 +123,7 @@ SWEEP=${SWEEP:-0}
 SWEEP_ROUNDS=${SWEEP_ROUNDS:-3}
 OUT_DIR=${OUT_DIR:-benches/out/http_vs_curl/$(date +%Y%m%d-%H%M%S)}
 STRICT=${STRICT:-0}
+TLS=${TLS:-0}
 
 BENCH=http_vs_curl
 # shellcheck source=benches/lib.sh
@@ -185,6 +200,29 @@ EOF
 port_free "$PORT" || die "port $PORT on 127.0.0.1 is taken (set PORT=)"
 NG=$OUT_DIR/nginx
 mkdir -p "$NG/tmp"
+LISTEN="listen 127.0.0.1:$PORT;"
+CURL_TLS=()
+if [ "$TLS" = 1 ]; then
+    # A P-256 key: what a current server is given, and what rustls and
+    # OpenSSL both verify fast. The name and address curl and ringfeed use;
+    # CA:FALSE, since webpki refuses a CA certificate as the server's own.
+    CERT=$NG/cert.pem
+    KEY=$NG/key.pem
+    GEN_CERT=(openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes
+              -keyout "$KEY" -out "$CERT" -days 2 -subj /CN=localhost
+              -addext "subjectAltName=DNS:localhost,IP:127.0.0.1"
+              -addext "basicConstraints=critical,CA:FALSE"
+              -addext "extendedKeyUsage=serverAuth")
+    show "${GEN_CERT[@]}"
+    "${GEN_CERT[@]}" 2>"$NG/openssl.log" || die "openssl could not make a certificate ($NG/openssl.log)"
+    # No ssl_session_cache: every client keeps its connections for the
+    # whole run, so handshakes are a few per run, not worth resuming.
+    LISTEN="listen 127.0.0.1:$PORT ssl;
+        ssl_certificate $CERT;
+        ssl_certificate_key $KEY;
+        ssl_protocols TLSv1.2 TLSv1.3;"
+    CURL_TLS=(--cacert "$CERT")
+fi
 cat >"$NG/nginx.conf" <<EOF
 # Written by benches/http_vs_curl.sh; why each setting is what it is:
 worker_processes $NGINX_WORKERS;     # see NGINX_WORKERS in the script
@@ -217,7 +255,7 @@ http {
     uwsgi_temp_path $NG/tmp/uwsgi;
     scgi_temp_path $NG/tmp/scgi;
     server {
-        listen 127.0.0.1:$PORT;
+        $LISTEN
         root $SERVE_ROOT;
         location / { }
     }
@@ -238,9 +276,10 @@ NGINX_CMD=("$NGINX" -p "$NG" -e "$NG/error.log" -c "$NG/nginx.conf")
 show "${NGINX_CMD[@]}"
 "${NGINX_CMD[@]}"
 BASE=http://127.0.0.1:$PORT
-for _ in $(seq 50); do curl -sf -o /dev/null -I "$BASE/$BUCKET/${KEYS[0]}" && break; sleep 0.1; done
+[ "$TLS" = 1 ] && BASE=https://localhost:$PORT
+for _ in $(seq 50); do curl "${CURL_TLS[@]}" -sf -o /dev/null -I "$BASE/$BUCKET/${KEYS[0]}" && break; sleep 0.1; done
 # One ranged GET checked byte for byte: nginx must honour Range (206).
-curl -sf -r 1000-1999 -o "$NG/range-check" -w '%{http_code}\n' "$BASE/$BUCKET/${KEYS[0]}" |
+curl "${CURL_TLS[@]}" -sf -r 1000-1999 -o "$NG/range-check" -w '%{http_code}\n' "$BASE/$BUCKET/${KEYS[0]}" |
     grep -qx 206 || die "nginx did not answer a ranged GET with 206"
 cmp -s "$NG/range-check" <(tail -c +1001 "${FILES[0]}" | head -c 1000) ||
     die "nginx's ranged GET returned other bytes than the file's"
@@ -263,6 +302,11 @@ RF_FLAGS=(--json --epochs "$EPOCHS")
 # shellcheck disable=SC2206 # word splitting is the point
 [ -n "$RINGFEED_ARGS" ] && RF_FLAGS+=($RINGFEED_ARGS)
 HTTP_CMD=("$RF" bench "$HTTP_URL" "${RF_FLAGS[@]}")
+if [ "$TLS" = 1 ]; then
+    HTTP_CMD+=(--config "{\"ca_bundle\": \"$CERT\"}")
+    # The same with the thread backend (later flags win).
+    THREADS_CMD=("${HTTP_CMD[@]}" --io-backend threads)
+fi
 
 # Runs a contender: $1 = JSON file, the rest the command. benches/timed.py
 # times the whole process and keeps the contender's own JSON report.
@@ -316,14 +360,16 @@ print(json.dumps({"bytes": total, "seconds": secs, "gb_per_s": total / secs / 1e
                   "processes": len(procs), "requests": sum(len(o.split()) for o in outs.values())}))
 EOF
 CURL_SPEC=$OUT_DIR/curl_spec.json
-python3 - "$CURL_SPEC" "$CURL_PROCS" "$EPOCHS" "$DATA_BYTES" "$BASE/$BUCKET" "${KEYS[@]}" <<'EOF'
+python3 - "$CURL_SPEC" "$CURL_PROCS" "$EPOCHS" "$DATA_BYTES" "$BASE/$BUCKET" "${CERT:-}" "${KEYS[@]}" <<'EOF'
 import json, sys
 dst, procs, epochs, data = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-base, keys = sys.argv[5], sys.argv[6:]
+base, cert, keys = sys.argv[5], sys.argv[6], sys.argv[7:]
 argv = []
 for i in range(procs):
     mine = keys[i::procs] * epochs
     a = ["curl", "--silent", "--show-error", "--fail", "--http1.1", "-w", "%{size_download}\\n"]
+    if base.startswith("https:"):
+        a += ["--cacert", cert]
     for k in mine:
         a += ["-o", "/dev/null", f"{base}/{k}"]
     argv.append(a)
@@ -337,6 +383,129 @@ BOTO3_CMD=("$ROOT/$VENV/bin/python" "$ROOT/benches/boto3_ranged.py" --endpoint "
 BOTO3TM_CMD=("$ROOT/$VENV/bin/python" "$ROOT/benches/boto3_transfer.py" --endpoint "$BASE"
              --bucket "$BUCKET" --threads "$BOTO3_THREADS" --part-size "$BOTO3_PART"
              --epochs "$EPOCHS" "${KEYS[@]}")
+
+# --- TLS=1: curl, ringfeed https on io_uring and on threads; then done -----
+if [ "$TLS" = 1 ]; then
+    # Every contender through one driver: wall from its start to its exit,
+    # CPU (user + system) of the process from wait4(); the contender's own
+    # JSON (if it prints one) is kept beside.
+    PROC_DRIVER=$OUT_DIR/proc_driver.py
+    cat >"$PROC_DRIVER" <<'PY'
+import json, os, subprocess, sys, time
+dst, argv = sys.argv[1], sys.argv[2:]
+t0 = time.perf_counter()
+p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+out, err = p.communicate()
+wall = time.perf_counter() - t0
+# The child is reaped by communicate(); its rusage is this process's
+# children's (one child per driver), user + system.
+ru = __import__("resource").getrusage(__import__("resource").RUSAGE_CHILDREN)
+if p.returncode != 0:
+    sys.exit(f"failed ({p.returncode}): {err.decode().strip()[-2000:]}")
+out = out.decode()
+own = json.loads(out) if out.strip().startswith("{") else {}
+json.dump({"process_wall_s": wall, "process_cpu_s": ru.ru_utime + ru.ru_stime, "own": own},
+          open(dst, "w"), indent=1)
+PY
+    TLS_WHO=(curl https threads)
+    {
+        echo "# TLS=1: each contender run as: python3 proc_driver.py OUT.json COMMAND..."
+        echo "# curl x$CURL_PROCS https (argv of each curl in curl_spec.json; driver curl_driver.py)"
+        show "${CURL_CMD[@]}"
+        echo "# ringfeed https, io_uring"
+        show "${HTTP_CMD[@]}"
+        echo "# ringfeed https, threads"
+        show "${THREADS_CMD[@]}"
+    } >>"$CMDS"
+    run_tls() { # $1 who, $2 JSON file
+        local cmd
+        case $1 in
+            curl) cmd=("${CURL_CMD[@]}") ;;
+            https) cmd=("${HTTP_CMD[@]}") ;;
+            threads) cmd=("${THREADS_CMD[@]}") ;;
+        esac
+        python3 "$PROC_DRIVER" "$2" "${cmd[@]}" || die "$1 failed"
+    }
+    say "warm-up (one run of each, not counted)"
+    for who in "${TLS_WHO[@]}"; do echo "$who"; run_tls "$who" "$OUT_DIR/warmup-$who.json"; done
+    say "rounds (https)"
+    echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) CPUs"
+    : >"$OUT_DIR/residency.txt"
+    n=${#TLS_WHO[@]}
+    for ((r = 1; r <= ROUNDS; r++)); do
+        order=()
+        for ((i = 0; i < n; i++)); do order+=("${TLS_WHO[(i + r - 1) % n]}"); done
+        echo "round $r: ${order[*]}"
+        for who in "${order[@]}"; do
+            ensure_hot "$r-$who"
+            run_tls "$who" "$OUT_DIR/round-$r-$who.json"
+        done
+    done
+    echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+    python3 - "$OUT_DIR" "$ROUNDS" "$STRICT" "$((DATA_BYTES * EPOCHS))" "$CURL_PROCS" <<'PY'
+import json, statistics, sys
+out, rounds, strict, obj_bytes = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", int(sys.argv[4])
+procs = sys.argv[5]
+med = statistics.median
+who = ["curl", "https", "threads"]
+rows = []
+print()
+print("whole process, every byte of the objects: GB/s and CPU-s per GB; ringfeed's own clock beside")
+hdr = (f"{'round':>5} " + " ".join(f"{w + ' GB/s':>12}" for w in who) + " " +
+       " ".join(f"{w + ' CPU/GB':>14}" for w in who) +
+       f" {'https own GB/s':>14} {'copied':>7} {'retries':>7}")
+print(hdr)
+print("-" * len(hdr))
+for r in range(1, rounds + 1):
+    row = {}
+    for w in who:
+        d = json.load(open(f"{out}/round-{r}-{w}.json"))
+        # curl's driver already times its curls whole (first start to last
+        # exit, wait4() of each): its figures, without the drivers' python.
+        wall, cpu = ((d["own"]["seconds"], d["own"]["cpu_seconds"]) if w == "curl"
+                     else (d["process_wall_s"], d["process_cpu_s"]))
+        row[w] = {"gbs": obj_bytes / wall / 1e9, "cpu": cpu / (obj_bytes / 1e9), "own": d["own"]}
+    rows.append(row)
+    o = row["https"]["own"]
+    print(f"{r:>5} " + " ".join(f"{row[w]['gbs']:>12.3f}" for w in who) + " " +
+          " ".join(f"{row[w]['cpu']:>14.3f}" for w in who) +
+          f" {o['gb_per_s']:>14.3f} {o['copied_per_delivered']:>7.4f}"
+          f" {sum(o['stats']['retries'].values()):>7}")
+
+def ratio(a, b, k):
+    xs = [x[a][k] / x[b][k] for x in rows]
+    return med(xs), min(xs), max(xs)
+
+gb = ratio("https", "curl", "gbs")
+cpu = ratio("https", "curl", "cpu")
+tgb = ratio("threads", "curl", "gbs")
+tcpu = ratio("threads", "curl", "cpu")
+st = rows[0]["https"]["own"]["stats"]
+mark = lambda ok: "PASS" if ok else "MISS"
+print()
+print(f"summary: medians of {rounds} rounds, each run {obj_bytes / 1e9:.2f} GB of objects over https")
+print(f"  ringfeed https: {st['workers']} workers, {st['io_backend']}, chunk {st['chunk_size'] >> 20} MiB, "
+      f"{st['http_requests']} requests a run")
+for w, name in (("curl", f"curl x{procs} (reference)"), ("https", "ringfeed https io_uring"),
+                ("threads", "ringfeed https threads")):
+    print(f"  {name:<26} {med([x[w]['gbs'] for x in rows]):7.3f} GB/s {med([x[w]['cpu'] for x in rows]):7.3f} CPU-s/GB")
+print("  ratios of medians of per-round ratios [range over rounds]:")
+print(f"  ringfeed https (io_uring) / curl GB/s      {gb[0]:6.3f} [{gb[1]:.3f}-{gb[2]:.3f}]   target >= 1.0  {mark(gb[0] >= 1.0)}")
+print(f"  ringfeed https (io_uring) / curl CPU-s/GB  {cpu[0]:6.3f} [{cpu[1]:.3f}-{cpu[2]:.3f}]   target <= 0.8  {mark(cpu[0] <= 0.8)}")
+print(f"  ringfeed https (threads)  / curl GB/s      {tgb[0]:6.3f} [{tgb[1]:.3f}-{tgb[2]:.3f}]")
+print(f"  ringfeed https (threads)  / curl CPU-s/GB  {tcpu[0]:6.3f} [{tcpu[1]:.3f}-{tcpu[2]:.3f}]")
+print(f"  ringfeed https copied per delivered        {med([x['https']['own']['copied_per_delivered'] for x in rows]):6.4f}"
+      "   (record plaintext moved over headers and tags, counted)")
+summary = {"gbs_vs_curl": gb, "cpu_vs_curl": cpu, "threads_gbs_vs_curl": tgb,
+           "threads_cpu_vs_curl": tcpu,
+           "rounds": [{w: {k: v for k, v in x[w].items() if k != "own"} for w in who} for x in rows]}
+json.dump(summary, open(f"{out}/summary.json", "w"), indent=1)
+print(f"  raw JSON, commands and nginx config in {out}")
+if strict and not (gb[0] >= 1.0 and cpu[0] <= 0.8):
+    sys.exit(1)
+PY
+    exit 0
+fi
 
 # s3://: the engine gains S3 on another branch; find out whether this build
 # has it, and how it takes an endpoint, with one small object before timing

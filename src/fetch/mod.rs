@@ -7,8 +7,8 @@
 //!   kernels and containers (seccomp) where io_uring cannot be set up.
 //!
 //! HTTP and S3 shards are read with ranged GETs by each backend in its own
-//! way: on the worker's ring (`uring_http.rs`) or on blocking sockets
-//! ([`http_sync`]); the protocol itself (requests, response heads, retry
+//! way: on the worker's ring (`uring_http.rs`, https through `uring_tls.rs`
+//! on the same ring) or on blocking sockets ([`http_sync`]); the protocol itself (requests, response heads, retry
 //! policy, TLS, signing) is in [`crate::net`].
 
 pub mod http_sync;
@@ -16,6 +16,7 @@ pub mod net_thread;
 pub mod threads;
 pub mod uring;
 mod uring_http;
+mod uring_tls;
 
 use std::io;
 use std::os::fd::RawFd;
@@ -89,7 +90,9 @@ pub struct Completion {
     pub id: u64,
     pub result: Result<usize, ReadFail>,
     /// Bytes of the read that were copied on the way (HTTP body bytes that
-    /// arrived with the response head).
+    /// arrived with the response head; for https on io_uring also each
+    /// record's plaintext moved down over the record headers and tags
+    /// before it, right after its decryption).
     pub copied: usize,
     /// The object's size, when the read learned it (an HTTP response's
     /// `Content-Range` total); `None` for file reads.

@@ -89,17 +89,11 @@ pub struct UringReader {
     registered: bool,
     /// Buffers to register once they are ready (and not yet registered).
     fixed: Option<Arc<FixedBuffers>>,
-    /// Ranged HTTP reads on this ring.
+    /// Ranged HTTP(S) reads on this ring.
     http: HttpDriver,
     /// Completions finished during `submit` (a range that failed at once).
     ready: Vec<Completion>,
-    /// https ranges: TLS is decrypted by rustls on blocking sockets, one
-    /// range per `wait`, between io_uring completions.
-    tls_queued: std::collections::VecDeque<ReadRequest>,
-    tls_pool: super::http_sync::HttpPool,
-    net: NetOptions,
-    jitter: crate::net::retry::Jitter,
-    /// Plain-HTTP ranges go to a network thread instead of `http`.
+    /// HTTP ranges go to a network thread instead of `http`.
     remote: Option<Remote>,
 }
 
@@ -182,17 +176,13 @@ impl UringReader {
             ring,
             registered,
             fixed: if registered { None } else { fixed },
-            http: HttpDriver::new(net.clone(), seed),
+            http: HttpDriver::new(net, seed),
             ready: Vec::new(),
-            tls_queued: Default::default(),
-            tls_pool: super::http_sync::HttpPool::new(net.stall, std::sync::Arc::clone(&net.tls)),
-            net,
-            jitter: crate::net::retry::Jitter::new(seed ^ 0x7f4a_7c15),
             remote: None,
         })
     }
 
-    /// Hands this reader's plain-HTTP ranges to the network thread behind
+    /// Hands this reader's HTTP(S) ranges to the network thread behind
     /// `link`; its completions come back through an inbox of its own.
     pub fn with_net_thread(mut self, link: Arc<NetLink>) -> io::Result<UringReader> {
         self.remote = Some(Remote {
@@ -264,10 +254,6 @@ impl Reader for UringReader {
         self.register_when_ready();
         let fd = match &req.target {
             Target::File(fd) => types::Fd(*fd),
-            Target::Http(obj) if obj.tls => {
-                self.tls_queued.push_back(req);
-                return Ok(());
-            }
             Target::Http(obj) if self.remote.is_some() => {
                 let obj = Arc::clone(obj);
                 let r = self.remote.as_mut().expect("checked above");
@@ -309,20 +295,6 @@ impl Reader for UringReader {
     fn wait(&mut self, min: usize, out: &mut Vec<Completion>) -> io::Result<()> {
         let goal = out.len() + min;
         out.append(&mut self.ready);
-        if out.len() < goal
-            && let Some(req) = self.tls_queued.pop_front()
-        {
-            match super::threads::run_blocking(
-                &req,
-                &mut self.tls_pool,
-                &self.net,
-                &mut self.jitter,
-            ) {
-                Some(c) => out.push(c),
-                None => self.tls_queued.push_front(req),
-            }
-            return Ok(());
-        }
         while out.len() < goal {
             // HTTP steps (and inbox wake-ups) produce completions that
             // finish no read; wait for one at a time while they may come.

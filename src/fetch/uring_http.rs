@@ -5,6 +5,11 @@
 //! byte not yet received, after a backoff that is itself an io_uring timer,
 //! so one slow range never blocks the others in flight.
 //!
+//! https runs on the same steps: a connection carries its transport, plain
+//! or TLS ([`TlsConn`], `uring_tls.rs`); a fresh TLS connection goes through
+//! the handshake steps before the request, and its records are opened where
+//! io_uring received them (the body's in the destination chunk).
+//!
 //! Each range in flight is an [`Op`] in a slab. Completions are routed by
 //! `user_data` = `TAG | generation | slot | step`; a completion whose
 //! generation does not match the slot (a linked time-out arriving after its
@@ -19,6 +24,7 @@ use std::sync::atomic::Ordering;
 
 use io_uring::{IoUring, opcode, squeue, types};
 
+use super::uring_tls::{self, Next, Opened, TlsConn};
 use super::{Completion, NetOptions, ReadFail, ReadRequest};
 use crate::error::Error;
 use crate::net::http::{self, Fail, FailKind, HttpObject};
@@ -46,6 +52,10 @@ enum Step {
     /// The linked time-out of a step; only its `-ETIME` matters, and that
     /// shows as `-ECANCELED` on the step itself.
     Timer = 6,
+    /// Sending TLS handshake records.
+    TlsSend = 7,
+    /// Receiving TLS handshake records.
+    TlsRecv = 8,
 }
 
 struct Conn {
@@ -53,7 +63,13 @@ struct Conn {
     /// Came from the idle pool: a failure before any response byte is a
     /// stale keep-alive, retried at once on a fresh connection.
     reused: bool,
+    /// The TLS session of an https connection; it stays with the socket in
+    /// the idle pool.
+    tls: Option<Box<TlsConn>>,
 }
+
+/// Idle connections are kept per host, port and transport.
+type PoolKey = (String, u16, bool);
 
 /// One range in flight.
 struct Op {
@@ -81,6 +97,10 @@ struct Op {
     head_got: usize,
     /// The current response allows reusing the connection.
     keep_alive: bool,
+    /// https: bytes of a partial record received at `buf[got..got + pend]`.
+    pend: usize,
+    /// https: the receive in flight goes to the connection's small buffer.
+    small: bool,
     backoff: types::Timespec,
     generation: u32,
 }
@@ -90,7 +110,7 @@ pub struct HttpDriver {
     slots: Vec<Option<Box<Op>>>,
     free: Vec<usize>,
     generations: Vec<u32>,
-    idle: HashMap<(String, u16), Vec<OwnedFd>>,
+    idle: HashMap<PoolKey, Vec<Conn>>,
     net: NetOptions,
     jitter: Jitter,
     /// The stall time-out; boxed so its address is stable for the kernel.
@@ -144,6 +164,7 @@ impl HttpDriver {
         req: &ReadRequest,
         obj: Arc<HttpObject>,
     ) -> Option<Completion> {
+        let obj_tls = obj.tls;
         let slot = self.free.pop().unwrap_or_else(|| {
             self.slots.push(None);
             self.generations.push(0);
@@ -169,9 +190,12 @@ impl HttpDriver {
             addr_len: 0,
             request: Vec::new(),
             sent: 0,
-            head: vec![0; http::MAX_HEAD],
+            // https opens a whole record into the head buffer at a time.
+            head: vec![0; http::MAX_HEAD + if obj_tls { uring_tls::MAX_RECORD } else { 0 }],
             head_got: 0,
             keep_alive: false,
+            pend: 0,
+            small: false,
             backoff: types::Timespec::new(),
             generation: self.generations[slot],
         });
@@ -184,16 +208,32 @@ impl HttpDriver {
         let op = self.slots[slot].as_mut().expect("live slot");
         op.head_got = 0;
         op.sent = 0;
+        op.pend = 0;
         self.net.stats.requests.fetch_add(1, Ordering::Relaxed);
         match http::range_request(&op.obj, op.start + op.got as u64, (op.len - op.got) as u64) {
             Ok(r) => op.request = r,
             Err(f) => return self.fail(ring, slot, f),
         }
-        let key = (op.obj.host.clone(), op.obj.port);
-        if let Some(fd) = self.idle.get_mut(&key).and_then(Vec::pop) {
-            op.conn = Some(Conn { fd, reused: true });
-            return self.send(ring, slot);
+        let key = (op.obj.host.clone(), op.obj.port, op.obj.tls);
+        if let Some(mut c) = self.idle.get_mut(&key).and_then(Vec::pop) {
+            c.reused = true;
+            op.conn = Some(c);
+            return self.ready(ring, slot);
         }
+        let tls = if op.obj.tls {
+            let made = self
+                .net
+                .tls
+                .config()
+                .map_err(|e| Fail::new(FailKind::Tls, e))
+                .and_then(|cfg| TlsConn::new(cfg, &op.obj.host, op.obj.port));
+            match made {
+                Ok(t) => Some(Box::new(t)),
+                Err(f) => return self.fail(ring, slot, f),
+            }
+        } else {
+            None
+        };
         let Some(sa) = op.obj.pick_addr() else {
             let f = Fail::new(FailKind::Dns, format!("`{}` has no address", op.obj.host));
             return self.fail(ring, slot, f);
@@ -230,7 +270,11 @@ impl HttpDriver {
             )
         };
         let raw = fd.as_raw_fd();
-        op.conn = Some(Conn { fd, reused: false });
+        op.conn = Some(Conn {
+            fd,
+            reused: false,
+            tls,
+        });
         op.step = Step::Connect;
         let e = opcode::Connect::new(
             types::Fd(raw),
@@ -240,6 +284,65 @@ impl HttpDriver {
         .build()
         .flags(squeue::Flags::IO_LINK)
         .user_data(user_data(slot, op.generation, Step::Connect));
+        let generation = op.generation;
+        match self.push_with_stall(ring, &e, slot, generation) {
+            Ok(()) => None,
+            Err(f) => self.fail(ring, slot, f),
+        }
+    }
+
+    /// The connection is up: an https one shakes hands first (when fresh)
+    /// and sends its request sealed.
+    fn ready(&mut self, ring: &mut IoUring, slot: usize) -> Option<Completion> {
+        let op = self.slots[slot].as_mut().expect("live slot");
+        let Some(tls) = op.conn.as_mut().and_then(|c| c.tls.as_mut()) else {
+            return self.send(ring, slot);
+        };
+        if !tls.is_open() {
+            return self.handshake(ring, slot);
+        }
+        match tls.seal(&op.request) {
+            Ok(sealed) => op.request = sealed,
+            Err(f) => return self.fail(ring, slot, f),
+        }
+        self.send(ring, slot)
+    }
+
+    /// Drives the TLS handshake to its next send or receive.
+    fn handshake(&mut self, ring: &mut IoUring, slot: usize) -> Option<Completion> {
+        let op = self.slots[slot].as_mut().expect("live slot");
+        let conn = op.conn.as_mut().expect("connected");
+        let fd = conn.fd.as_raw_fd();
+        let tls = conn.tls.as_mut().expect("https");
+        // Records half sent go out first; rustls is asked for more only
+        // once they are all out.
+        let next = if tls.out_sent < tls.out.len() {
+            Ok(Next::Send)
+        } else {
+            tls.handshake()
+        };
+        let e = match next {
+            Err(f) => return self.fail(ring, slot, f),
+            Ok(Next::Open) => return self.ready(ring, slot),
+            Ok(Next::Send) => {
+                op.step = Step::TlsSend;
+                let rest = &tls.out[tls.out_sent..];
+                opcode::Send::new(types::Fd(fd), rest.as_ptr(), rest.len() as u32)
+                    .flags(libc::MSG_NOSIGNAL)
+                    .build()
+            }
+            Ok(Next::Recv) => {
+                op.step = Step::TlsRecv;
+                let (ptr, len) = match tls.recv_room(uring_tls::MAX_RECORD) {
+                    Ok(r) => r,
+                    Err(f) => return self.fail(ring, slot, f),
+                };
+                opcode::Recv::new(types::Fd(fd), ptr, len as u32).build()
+            }
+        };
+        let e = e
+            .flags(squeue::Flags::IO_LINK)
+            .user_data(user_data(slot, op.generation, op.step));
         let generation = op.generation;
         match self.push_with_stall(ring, &e, slot, generation) {
             Ok(()) => None,
@@ -267,9 +370,44 @@ impl HttpDriver {
     fn recv(&mut self, ring: &mut IoUring, slot: usize, step: Step) -> Option<Completion> {
         let op = self.slots[slot].as_mut().expect("live slot");
         op.step = step;
-        let fd = op.conn.as_ref().expect("connected").fd.as_raw_fd();
-        let (ptr, len) = match step {
-            Step::Head => {
+        let conn = op.conn.as_mut().expect("connected");
+        let fd = conn.fd.as_raw_fd();
+        let (ptr, len) = match (step, conn.tls.as_mut()) {
+            // https: the head's records come into the small buffer, a whole
+            // record at a time once its header is in (so that little of the
+            // body comes with it).
+            (Step::Head, Some(tls)) => {
+                let want = match tls.next_len() {
+                    Ok(Some(n)) => n - tls.pending(),
+                    Ok(None) => HEAD_RECV,
+                    Err(f) => return self.fail(ring, slot, f),
+                };
+                match tls.recv_room(want) {
+                    Ok(r) => r,
+                    Err(f) => return self.fail(ring, slot, f),
+                }
+            }
+            // https, the end of a record that does not fit in the rest of
+            // the destination: its header, then exactly the rest of it.
+            (_, Some(tls)) if op.small => {
+                let want = match tls.next_len() {
+                    Ok(Some(n)) => n - tls.pending(),
+                    Ok(None) => uring_tls::HEADER - tls.pending(),
+                    Err(f) => return self.fail(ring, slot, f),
+                };
+                match tls.recv_room(want) {
+                    Ok(r) => r,
+                    Err(f) => return self.fail(ring, slot, f),
+                }
+            }
+            // https: ciphertext into the rest of the destination, after the
+            // partial record already there.
+            // SAFETY: got + pend < len.
+            (_, Some(_)) => (
+                unsafe { op.buf.add(op.got + op.pend) },
+                op.len - op.got - op.pend,
+            ),
+            (Step::Head, None) => {
                 let room = (op.head.len() - op.head_got).min(HEAD_RECV);
                 // SAFETY: head_got < head.len().
                 (unsafe { op.head.as_mut_ptr().add(op.head_got) }, room)
@@ -283,7 +421,7 @@ impl HttpDriver {
         // time-out cancels it, the kernel reports the bytes it did receive
         // (positive), and the next receive carries on from there; only a
         // receive that gets nothing at all fails as stalled.
-        let flags = if step == Step::Body {
+        let flags = if step == Step::Body && !op.small {
             libc::MSG_WAITALL
         } else {
             0
@@ -353,7 +491,47 @@ impl HttpDriver {
                     let f = io_fail(res, &format!("connect to {}", op.obj.url));
                     return self.fail(ring, slot, f);
                 }
-                self.send(ring, slot)
+                self.ready(ring, slot)
+            }
+            Step::TlsSend => {
+                if res < 0 {
+                    let f = io_fail(res, "send (TLS handshake)");
+                    return self.retry_or_fail(ring, slot, f);
+                }
+                let tls = op
+                    .conn
+                    .as_mut()
+                    .and_then(|c| c.tls.as_mut())
+                    .expect("https");
+                tls.out_sent += res as usize;
+                if tls.out_sent == tls.out.len() {
+                    tls.out.clear();
+                    tls.out_sent = 0;
+                }
+                self.handshake(ring, slot)
+            }
+            Step::TlsRecv => {
+                if res <= 0 {
+                    let f = if res == 0 {
+                        Fail::new(
+                            FailKind::Reset,
+                            format!(
+                                "{}: the connection closed during the TLS handshake",
+                                op.obj.url
+                            ),
+                        )
+                    } else {
+                        io_fail(res, "receive (TLS handshake)")
+                    };
+                    return self.retry_or_fail(ring, slot, f);
+                }
+                let tls = op
+                    .conn
+                    .as_mut()
+                    .and_then(|c| c.tls.as_mut())
+                    .expect("https");
+                tls.received(res as usize);
+                self.handshake(ring, slot)
             }
             Step::Send => {
                 if res < 0 {
@@ -378,8 +556,20 @@ impl HttpDriver {
                     };
                     return self.retry_or_fail(ring, slot, f);
                 }
-                op.head_got += res as usize;
-                let h = match http::parse_head(&op.head[..op.head_got]) {
+                let parsed = match op.conn.as_mut().and_then(|c| c.tls.as_mut()) {
+                    Some(tls) => {
+                        tls.received(res as usize);
+                        match open_head(tls, &mut op.head, &mut op.head_got) {
+                            Ok(p) => p,
+                            Err(f) => return self.retry_or_fail(ring, slot, f),
+                        }
+                    }
+                    None => {
+                        op.head_got += res as usize;
+                        http::parse_head(&op.head[..op.head_got])
+                    }
+                };
+                let h = match parsed {
                     Ok(Some(h)) => h,
                     Ok(None) => return self.recv(ring, slot, Step::Head),
                     Err(e) => return self.fail(ring, slot, Fail::new(FailKind::Protocol, e)),
@@ -422,6 +612,9 @@ impl HttpDriver {
                 op.got += extra;
                 op.copied += extra;
                 op.keep_alive = h.keep_alive;
+                if op.conn.as_ref().is_some_and(|c| c.tls.is_some()) {
+                    return self.tls_body(ring, slot);
+                }
                 if op.got == op.len {
                     return self.finish(slot);
                 }
@@ -448,6 +641,14 @@ impl HttpDriver {
                     };
                     return self.retry_or_fail(ring, slot, f);
                 }
+                if let Some(tls) = op.conn.as_mut().and_then(|c| c.tls.as_mut()) {
+                    if op.small {
+                        tls.received(res as usize);
+                    } else {
+                        op.pend += res as usize;
+                    }
+                    return self.tls_body(ring, slot);
+                }
                 op.got += res as usize;
                 if op.got == op.len {
                     return self.finish(slot);
@@ -456,6 +657,111 @@ impl HttpDriver {
             }
             Step::Timer => None,
         }
+    }
+
+    /// https body: opens the records received so far (in the small buffer,
+    /// in the destination), then receives the next bytes where they fit:
+    /// into the rest of the destination, or, for a record longer than that
+    /// rest, into the small buffer.
+    fn tls_body(&mut self, ring: &mut IoUring, slot: usize) -> Option<Completion> {
+        let op = self.slots[slot].as_mut().expect("live slot");
+        let tls = op
+            .conn
+            .as_mut()
+            .and_then(|c| c.tls.as_mut())
+            .expect("https");
+        // SAFETY: the destination is this op's until its completion (the
+        // contract of `Reader::submit`); nothing else refers to it now.
+        let dest = unsafe { std::slice::from_raw_parts_mut(op.buf, op.len) };
+        let mut closed = false;
+        // Whole records in the small buffer: copied into place.
+        if op.pend == 0 {
+            loop {
+                match tls.open_buffered() {
+                    Ok(Some(Opened::Data { start, len })) => {
+                        if op.got + len > op.len {
+                            let f = Fail::new(
+                                FailKind::Protocol,
+                                "the server sent more than the range",
+                            );
+                            return self.fail(ring, slot, f);
+                        }
+                        dest[op.got..op.got + len].copy_from_slice(tls.buffered(start, len));
+                        op.got += len;
+                        op.copied += len;
+                    }
+                    Ok(Some(Opened::Nothing)) => {}
+                    Ok(Some(Opened::Closed)) => {
+                        closed = true;
+                        break;
+                    }
+                    Ok(None) => break,
+                    Err(f) => return self.fail(ring, slot, f),
+                }
+            }
+        }
+        // Whole records in the destination: opened in place.
+        if op.pend > 0 {
+            let end = op.got + op.pend;
+            match tls.open_in_place(dest, &mut op.got, end) {
+                Ok(p) => {
+                    op.pend = p.partial;
+                    op.copied += p.moved;
+                    closed = p.closed;
+                }
+                Err(f) => return self.fail(ring, slot, f),
+            }
+        }
+        if op.got == op.len {
+            if closed || op.pend > 0 {
+                op.keep_alive = false;
+            }
+            return self.finish(slot);
+        }
+        if closed {
+            let f = Fail::new(
+                FailKind::Truncated,
+                format!(
+                    "{}: TLS closed after {} of {} bytes",
+                    op.obj.url, op.got, op.len
+                ),
+            );
+            return self.retry_or_fail(ring, slot, f);
+        }
+        let room = op.len - op.got;
+        let next = if op.pend > 0 {
+            uring_tls::record_len(&dest[op.got..op.got + op.pend])
+        } else {
+            tls.next_len()
+        };
+        let next = match next {
+            Ok(n) => n,
+            Err(f) => return self.fail(ring, slot, f),
+        };
+        let partial = op.pend.max(tls.pending());
+        // The next record fits in the rest of the destination (its length
+        // is known, or only its header is missing and there is room).
+        let fits = match next {
+            Some(n) => n <= room,
+            None => partial < room,
+        };
+        if fits {
+            if tls.pending() > 0 {
+                op.pend = tls.drain_to(&mut dest[op.got..]);
+                op.copied += op.pend;
+            }
+            op.small = false;
+        } else {
+            if op.pend > 0 {
+                if let Err(f) = tls.refill(&dest[op.got..op.got + op.pend]) {
+                    return self.fail(ring, slot, f);
+                }
+                op.copied += op.pend;
+                op.pend = 0;
+            }
+            op.small = true;
+        }
+        self.recv(ring, slot, Step::Body)
     }
 
     fn free_slot(&mut self, slot: usize) -> Box<Op> {
@@ -468,11 +774,14 @@ impl HttpDriver {
         let mut op = self.free_slot(slot);
         if let Some(c) = op.conn.take()
             && op.keep_alive
+            // A TLS connection goes back only with nothing left over and
+            // keys with life in them.
+            && c.tls.as_ref().is_none_or(|t| t.pending() == 0 && op.pend == 0 && !t.worn())
         {
             self.idle
-                .entry((op.obj.host.clone(), op.obj.port))
+                .entry((op.obj.host.clone(), op.obj.port, op.obj.tls))
                 .or_default()
-                .push(c.fd);
+                .push(c);
         }
         Some(Completion {
             id: op.req_id,
@@ -538,6 +847,40 @@ impl HttpDriver {
     /// Ranges in flight.
     pub fn in_flight(&self) -> usize {
         self.slots.iter().filter(|s| s.is_some()).count()
+    }
+}
+
+/// Opens the whole records of the small buffer into the head buffer, one
+/// at a time, until the response head is complete. The head buffer holds
+/// `MAX_HEAD` plus a whole record, so a record always fits.
+fn open_head(
+    tls: &mut TlsConn,
+    head: &mut [u8],
+    head_got: &mut usize,
+) -> Result<Result<Option<http::ResponseHead>, String>, Fail> {
+    loop {
+        match tls.open_buffered()? {
+            Some(Opened::Data { start, len }) => {
+                let room = head.len() - *head_got;
+                if len > room {
+                    return Ok(Err("the response head is too long".into()));
+                }
+                head[*head_got..*head_got + len].copy_from_slice(tls.buffered(start, len));
+                *head_got += len;
+                match http::parse_head(&head[..*head_got]) {
+                    Ok(None) => {}
+                    done => return Ok(done),
+                }
+            }
+            Some(Opened::Nothing) => {}
+            Some(Opened::Closed) => {
+                return Err(Fail::new(
+                    FailKind::Reset,
+                    "the server closed TLS before the response head",
+                ));
+            }
+            None => return Ok(Ok(None)),
+        }
     }
 }
 

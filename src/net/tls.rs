@@ -1,7 +1,9 @@
 //! TLS for https:// sources, with rustls: certificate verification is always
 //! on, against the system's roots or a CA bundle given by `ca_bundle` (or
 //! `AWS_CA_BUNDLE`, as the AWS SDKs read it). The configuration is built once
-//! per loader, at the first https connection.
+//! per loader, at the first https connection, and serves both backends: the
+//! thread backend's rustls streams and the io_uring backend's unbuffered
+//! handshakes (`fetch/uring_tls.rs`).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
@@ -64,10 +66,14 @@ fn build(ca_bundle: Option<&Path>) -> Result<Arc<ClientConfig>, String> {
         }
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = ClientConfig::builder_with_provider(provider)
+    let mut config = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| format!("TLS setup: {e}"))?
         .with_root_certificates(roots)
         .with_no_client_auth();
+    // The io_uring path takes the traffic keys out of rustls once the
+    // handshake is done and opens the records in place in the arena
+    // (`fetch/uring_tls.rs`); the keys stay in this process.
+    config.enable_secret_extraction = true;
     Ok(Arc::new(config))
 }

@@ -82,6 +82,10 @@ pub struct Faults {
     pub gets: AtomicUsize,
     /// HEAD requests seen.
     pub heads: AtomicUsize,
+    /// Connections accepted.
+    pub connections: AtomicUsize,
+    /// The byte ranges of the ranged GETs, in the order they came.
+    pub ranges: std::sync::Mutex<Vec<(u64, u64)>>,
 }
 
 /// SO_LINGER 0: closing `fd` then sends RST instead of FIN.
@@ -121,6 +125,18 @@ impl Server {
     /// An https server with a fresh self-signed certificate for `localhost`
     /// and 127.0.0.1; returns it and the certificate as PEM.
     pub fn start_tls(root: PathBuf) -> (Server, String) {
+        Server::start_tls_versions(root, rustls::DEFAULT_VERSIONS)
+    }
+
+    /// As [`Server::start_tls`], speaking only TLS 1.2.
+    pub fn start_tls12(root: PathBuf) -> (Server, String) {
+        Server::start_tls_versions(root, &[&rustls::version::TLS12])
+    }
+
+    fn start_tls_versions(
+        root: PathBuf,
+        versions: &[&'static rustls::SupportedProtocolVersion],
+    ) -> (Server, String) {
         let key = rcgen::KeyPair::generate().unwrap();
         let params =
             rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
@@ -129,7 +145,7 @@ impl Server {
         let pem = cert.pem();
         let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
         let config = rustls::ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
+            .with_protocol_versions(versions)
             .unwrap()
             .with_no_client_auth()
             .with_single_cert(
@@ -152,6 +168,7 @@ impl Server {
                     break;
                 }
                 let Ok(conn) = conn else { continue };
+                f.connections.fetch_add(1, Ordering::SeqCst);
                 let (root, f, tls) = (root.clone(), Arc::clone(&f), tls.clone());
                 std::thread::spawn(move || {
                     use std::os::fd::AsRawFd;
@@ -251,6 +268,9 @@ fn serve(mut conn: impl Read + Write, fd: i32, root: &std::path::Path, f: &Fault
             continue;
         }
         f.gets.fetch_add(1, Ordering::SeqCst);
+        if let Some(r) = range {
+            f.ranges.lock().unwrap().push(r);
+        }
         if take(&f.throttle) {
             let body = b"<Error><Code>SlowDown</Code></Error>";
             let _ = write!(

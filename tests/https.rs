@@ -1,0 +1,268 @@
+//! https on the io_uring backend against a real TLS server on 127.0.0.1
+//! (tests/support, rustls with a fresh self-signed certificate): ranges of
+//! every size read through one ring and checked byte for byte, keep-alive
+//! sessions reused across ranges, a server that closes mid-body (the retry
+//! resumes from the first byte not received), TLS 1.2 as well as 1.3, and
+//! the errors retrying cannot fix (an untrusted certificate, a plain HTTP
+//! server on the https port) named at once.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use ringfeed::net::http::FailKind;
+use ringfeed::synth::{self, GenOptions};
+use ringfeed::{Config, Error, Loader, Next};
+use support::{Server, stream};
+
+fn tls_server(dir: &Path) -> (Server, std::path::PathBuf) {
+    let (server, pem) = Server::start_tls(dir.to_path_buf());
+    let ca = dir.join("ca.pem");
+    std::fs::write(&ca, pem).unwrap();
+    (server, ca)
+}
+
+fn dataset(dir: &Path, seed: u64) -> (Vec<std::path::PathBuf>, usize) {
+    let o = GenOptions {
+        shards: 3,
+        shard_bytes: 2 << 20,
+        sample_bytes: 60_000,
+        spread: 0.9,
+        fields: vec!["jpg".into(), "cls".into()],
+        seed,
+    };
+    let r = synth::generate(dir, &o, |_| {}).unwrap();
+    (r.paths, r.samples as usize)
+}
+
+/// A manifest of the shards as https URLs with their sizes: the loader
+/// opens without a request, so the first TLS handshake is a ranged read's
+/// on the worker's ring.
+fn manifest(dir: &Path, port: u16, paths: &[std::path::PathBuf]) -> std::path::PathBuf {
+    let m = dir.join("https.manifest");
+    let mut text = String::new();
+    for p in paths {
+        text.push_str(&format!(
+            "https://localhost:{port}/{} {}\n",
+            p.file_name().unwrap().to_str().unwrap(),
+            p.metadata().unwrap().len()
+        ));
+    }
+    std::fs::write(&m, text).unwrap();
+    m
+}
+
+fn config(manifest: &Path, extra: serde_json::Value) -> Config {
+    let mut m = serde_json::Map::new();
+    m.insert(
+        "manifest".into(),
+        serde_json::json!(manifest.display().to_string()),
+    );
+    m.insert("memory_budget".into(), serde_json::json!("16MiB"));
+    m.insert("chunk_size".into(), serde_json::json!("512KiB"));
+    m.insert("batch_size".into(), serde_json::json!(5));
+    m.insert("workers".into(), serde_json::json!(2));
+    m.insert("io_backend".into(), serde_json::json!("io_uring"));
+    if let serde_json::Value::Object(e) = extra {
+        m.extend(e);
+    }
+    Config::from_map(&m).unwrap()
+}
+
+#[test]
+fn a_loader_streams_https_shards_through_faults_on_io_uring() {
+    let dir = tempfile::tempdir().unwrap();
+    let (paths, samples) = dataset(dir.path(), 31);
+    let (server, ca) = tls_server(dir.path());
+    let m = manifest(dir.path(), server.addr.port(), &paths);
+    let f = &server.faults;
+    f.throttle.store(2, Ordering::SeqCst);
+    f.reset.store(2, Ordering::SeqCst);
+    f.truncate.store(2, Ordering::SeqCst);
+    f.stall.store(1, Ordering::SeqCst);
+    f.stall_ms.store(3000, Ordering::SeqCst);
+    let loader = Loader::open(config(
+        &m,
+        serde_json::json!({"ca_bundle": ca.display().to_string(),
+                           "stall_timeout_ms": 1000, "max_attempts": 10}),
+    ))
+    .unwrap();
+    assert_eq!(stream(&loader, 31), samples);
+    let s = loader.stats();
+    assert_eq!(s.io_backend, "io_uring");
+    assert_eq!(s.retries["throttled"], 2, "{:?}", s.retries);
+    assert!(s.retries["stalled"] >= 1, "{:?}", s.retries);
+    assert_eq!(
+        s.retries["reset"] + s.retries["truncated"],
+        4,
+        "{:?}",
+        s.retries
+    );
+    assert_eq!(s.retries["tls"], 0);
+}
+
+#[test]
+fn one_reader_streams_every_byte_over_one_reused_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let (paths, samples) = dataset(dir.path(), 35);
+    let (server, ca) = tls_server(dir.path());
+    let m = manifest(dir.path(), server.addr.port(), &paths);
+    // One range at a time, of 100 KiB: six records and a quarter each, so
+    // every range ends inside a record.
+    let loader = Loader::open(config(
+        &m,
+        serde_json::json!({"ca_bundle": ca.display().to_string(), "workers": 1,
+                           "reads_in_flight": 1, "chunk_size": "100KiB"}),
+    ))
+    .unwrap();
+    assert_eq!(stream(&loader, 35), samples);
+    let s = loader.stats();
+    assert!(s.retries.values().all(|&n| n == 0), "{:?}", s.retries);
+    let f = &server.faults;
+    let gets = f.gets.load(Ordering::SeqCst);
+    assert!(gets >= 60, "{gets} ranged GETs");
+    assert_eq!(
+        f.connections.load(Ordering::SeqCst),
+        1,
+        "one keep-alive session for all {gets} ranges"
+    );
+    // Every body byte of a range is moved down over the record headers
+    // and tags, or copied out of the small buffer, once, and counted.
+    let body: u64 = paths.iter().map(|p| p.metadata().unwrap().len()).sum();
+    assert!(
+        s.bytes_copied >= body * 9 / 10,
+        "{} of {body}",
+        s.bytes_copied
+    );
+}
+
+#[test]
+fn a_server_closing_mid_body_is_resumed_from_the_first_byte_not_received() {
+    let dir = tempfile::tempdir().unwrap();
+    let (paths, samples) = dataset(dir.path(), 36);
+    let (server, ca) = tls_server(dir.path());
+    let m = manifest(dir.path(), server.addr.port(), &paths);
+    // Half the body, then a FIN without close_notify; twice.
+    server.faults.truncate.store(2, Ordering::SeqCst);
+    let loader = Loader::open(config(
+        &m,
+        serde_json::json!({"ca_bundle": ca.display().to_string(), "workers": 1,
+                           "reads_in_flight": 1}),
+    ))
+    .unwrap();
+    assert_eq!(stream(&loader, 36), samples);
+    assert_eq!(loader.stats().retries["truncated"], 2);
+    // Each retry asked only for what had not arrived: the same end as the
+    // range it resumes, a later start.
+    let ranges = server.faults.ranges.lock().unwrap().clone();
+    let resumed = ranges
+        .iter()
+        .enumerate()
+        .filter(|&(i, &(a, b))| ranges[..i].iter().any(|&(a0, b0)| b0 == b && a0 < a))
+        .count();
+    assert_eq!(resumed, 2, "{ranges:?}");
+}
+
+#[test]
+fn tls_1_2_sessions_are_opened_in_place_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let (paths, samples) = dataset(dir.path(), 32);
+    let (server, pem) = Server::start_tls12(dir.path().to_path_buf());
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, pem).unwrap();
+    let m = manifest(dir.path(), server.addr.port(), &paths);
+    let loader = Loader::open(config(
+        &m,
+        serde_json::json!({"ca_bundle": ca.display().to_string()}),
+    ))
+    .unwrap();
+    assert_eq!(stream(&loader, 32), samples);
+    let s = loader.stats();
+    assert!(s.retries.values().all(|&n| n == 0), "{:?}", s.retries);
+    assert!(
+        server.faults.connections.load(Ordering::SeqCst)
+            < server.faults.gets.load(Ordering::SeqCst),
+        "sessions reused"
+    );
+}
+
+/// The first error a loader reports, and its retry counters then.
+fn first_error_and_retries(cfg: Config) -> (Error, u64) {
+    let loader = Loader::open(cfg).unwrap();
+    loop {
+        match loader.next(Some(Duration::from_secs(60))) {
+            Ok(Next::Batch(_)) | Ok(Next::EndOfEpoch(_)) => {}
+            Ok(other) => panic!("no error: {other:?}"),
+            Err(e) => return (e, loader.stats().retries.values().sum()),
+        }
+    }
+}
+
+#[test]
+fn an_untrusted_certificate_fails_the_range_at_once_with_its_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let (paths, _) = dataset(dir.path(), 33);
+    let (server, _ca) = tls_server(dir.path());
+    let m = manifest(dir.path(), server.addr.port(), &paths);
+    // The system's roots do not know the self-signed certificate.
+    let (e, retries) = first_error_and_retries(config(
+        &m,
+        serde_json::json!({"ca_bundle": "/etc/ssl/certs/ca-certificates.crt"}),
+    ));
+    assert!(
+        matches!(
+            &e,
+            Error::Http {
+                kind: FailKind::Tls,
+                attempts: 1,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().to_lowercase().contains("certificate"), "{e}");
+    assert_eq!(retries, 0);
+}
+
+#[test]
+fn a_plain_http_server_on_the_https_port_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let (paths, _) = dataset(dir.path(), 34);
+    // Answers anything, a ClientHello included, as an HTTP server does.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for mut c in listener.incoming().flatten() {
+            let mut b = [0u8; 2048];
+            let _ = c.read(&mut b);
+            let _ = c.write_all(
+                b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            );
+        }
+    });
+    let m = manifest(dir.path(), port, &paths);
+    let ca = dir.path().join("unused-ca.pem");
+    let (_, pem) = Server::start_tls(dir.path().to_path_buf());
+    std::fs::write(&ca, pem).unwrap();
+    let (e, retries) = first_error_and_retries(config(
+        &m,
+        serde_json::json!({"ca_bundle": ca.display().to_string()}),
+    ));
+    assert!(
+        matches!(
+            &e,
+            Error::Http {
+                kind: FailKind::Tls,
+                attempts: 1,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("plain HTTP"), "{e}");
+    assert_eq!(retries, 0);
+}
