@@ -3,8 +3,14 @@
 
 In one run, each contender in its own process, every process importing the
 same modules (numpy, torch, webdataset, Pillow, ringfeed) and timed whole by
-this script, from start to exit (the contender's own loop clock is printed
-beside it); rounds are interleaved and medians compared.
+this script, from just before the spawn to the exit, with the CPU time of the
+child and the workers it waited for (os.wait4's rusage); the contender's own
+loop clock (from before it builds its DataLoader to the last item) is
+printed beside it. Before every run the set's page-cache residency is
+checked (mincore) and the shards re-read when a page is missing, the same
+for every contender; the residency seen is printed. Rounds are interleaved,
+each starting at another contender; medians are compared as ratios of the
+medians shown, with the lowest and highest per-round ratio beside.
 
 Raw bytes, ~10 KB samples (``ringfeed gen``, page-cache hot), `--epochs`
 passes, batches of `--batch-size`; every consumer sums every field's lengths:
@@ -42,6 +48,8 @@ import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
+
+import _timing  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 CLI = REPO / "target" / "release" / "ringfeed"
@@ -183,13 +191,6 @@ def run_one(kind, urls, a):
 # -- data -------------------------------------------------------------------------
 
 
-def page_in(files):
-    for f in files:
-        with open(f, "rb") as fh:
-            while fh.read(1 << 24):
-                pass
-
-
 def raw_shards(out, shards, shard_size):
     d = out / "raw"
     params = f"--shards {shards} --shard-size {shard_size} --sample-size 10KB --fields jpg,cls --seed 0"
@@ -197,9 +198,7 @@ def raw_shards(out, shards, shard_size):
     if not (stamp.is_file() and stamp.read_text() == params):
         subprocess.run([str(CLI), "gen", str(d), *params.split()], check=True)
         stamp.write_text(params)
-    files = sorted(str(p) for p in d.glob("shard-*.tar"))
-    page_in(files)
-    return files
+    return sorted(str(p) for p in d.glob("shard-*.tar"))
 
 
 def jpeg_shards(out, shards, per_shard):
@@ -233,9 +232,7 @@ def jpeg_shards(out, shards, per_shard):
                         t.addfile(info, io.BytesIO(data))
                     i += 1
         stamp.write_text(params)
-    files = sorted(str(p) for p in d.glob("images-*.tar"))
-    page_in(files)
-    return files
+    return sorted(str(p) for p in d.glob("images-*.tar"))
 
 
 # -- the driver -------------------------------------------------------------------
@@ -243,12 +240,12 @@ def jpeg_shards(out, shards, per_shard):
 
 def measure(kind, urls, a):
     cmd = [sys.executable, __file__, "--one", kind, "--epochs", str(a.epochs), "--batch-size", str(a.batch_size)]
-    t0 = time.perf_counter()
-    out = subprocess.run([*cmd, *urls], check=True, capture_output=True, text=True, env={**os.environ})
-    wall = time.perf_counter() - t0
-    r = json.loads(out.stdout.strip().splitlines()[-1])
-    r["wall_seconds"] = wall
-    r["samples_per_s"] = r["samples"] / wall
+    hot = _timing.ensure_hot(urls)
+    times, out = _timing.run_timed([*cmd, *urls])
+    r = json.loads(out.strip().splitlines()[-1])
+    r.update(times)
+    r.update(hot)
+    r["samples_per_s"] = r["samples"] / r["wall_seconds"]
     r["loop_samples_per_s"] = r["samples"] / r["loop_seconds"]
     return r
 
@@ -280,13 +277,15 @@ def main():
     if a.only in (None, "jpeg"):
         sets["jpeg"] = jpeg_shards(out, a.jpeg_shards, a.jpeg_per_shard)
     runs = {k: [] for k, (s, _) in CONTENDERS.items() if s in sets}
+    sys.stdout.reconfigure(line_buffering=True)  # the tables after the progress lines
     for r in range(a.rounds):
         order = list(runs)
         order = order[r % len(order):] + order[: r % len(order)]  # each round starts elsewhere
         for kind in order:
             runs[kind].append(measure(kind, sets[CONTENDERS[kind][0]], a))
             m = runs[kind][-1]
-            print(f"  round {r + 1} {kind:9} {m['wall_seconds']:7.2f} s whole, {m['loop_seconds']:7.2f} s loop",
+            print(f"  round {r + 1} {kind:9} {m['wall_seconds']:7.2f} s whole, {m['loop_seconds']:7.2f} s loop, "
+                  f"resident before {m['resident_before']:.4f}{' (re-read)' if m['rewarmed'] else ''}",
                   file=sys.stderr)
 
     def med(kind, key):
@@ -299,23 +298,27 @@ def main():
         desc = (f"~10 KB samples, batches of {a.batch_size}, {a.epochs} passes" if s == "raw"
                 else f"~100 KB JPEGs {JPEG_SIDE}x{JPEG_SIDE}, batches of {JPEG_BATCH}, 1 pass")
         print(f"\n{s}: {len(files)} shards, {total / 1e9:.2f} GB, {desc}")
-        print(f"  {'contender':10} {'samples':>9} {'whole s':>8} {'samples/s':>11} {'loop s':>8} {'loop samples/s':>15}")
+        print(f"  {'contender':10} {'samples':>9} {'whole s':>8} {'samples/s':>11} {'CPU s':>7} "
+              f"{'loop s':>8} {'loop samples/s':>15}")
         for kind in runs:
             if CONTENDERS[kind][0] == s:
                 print(f"  {kind:10} {runs[kind][0]['samples']:9d} {med(kind, 'wall_seconds'):8.2f} "
-                      f"{med(kind, 'samples_per_s'):11.0f} {med(kind, 'loop_seconds'):8.2f} "
-                      f"{med(kind, 'loop_samples_per_s'):15.0f}")
+                      f"{med(kind, 'samples_per_s'):11.0f} {med(kind, 'cpu_seconds'):7.2f} "
+                      f"{med(kind, 'loop_seconds'):8.2f} {med(kind, 'loop_samples_per_s'):15.0f}")
+        ms = [m for kind in runs if CONTENDERS[kind][0] == s for m in runs[kind]]
+        print(f"  page cache before each run: {_timing.residency_summary(ms)}")
 
     def ratio(label, x, y, target, ge=True):
         if x not in runs or y not in runs:
             return
-        whole = med(x, "samples_per_s") / med(y, "samples_per_s")
-        loop = med(x, "loop_samples_per_s") / med(y, "loop_samples_per_s")
-        met = whole >= target if ge else whole > target
-        print(f"  {label:38} {whole:6.2f}x whole process ({'met' if met else 'MISSED'}: "
-              f"{'>=' if ge else '>'} {target}), {loop:6.2f}x loop clocks")
+        whole = _timing.ratio_of_medians([m["samples_per_s"] for m in runs[x]], [m["samples_per_s"] for m in runs[y]])
+        loop = _timing.ratio_of_medians([m["loop_samples_per_s"] for m in runs[x]],
+                                        [m["loop_samples_per_s"] for m in runs[y]])
+        met = whole[0] >= target if ge else whole[0] > target
+        print(f"  {label:38} whole {_timing.fmt_ratio(whole)} ({'met' if met else 'MISSED'}: "
+              f"{'>=' if ge else '>'} {target}), loop clocks {_timing.fmt_ratio(loop)}")
 
-    print("\nratios of the medians (samples per second):")
+    print("\nratios of the medians above, samples per second (lowest-highest per-round ratio in brackets):")
     ratio("(a) rf_dl0 / loader", "rf_dl0", "loader", 0.9)
     ratio("(b) rf_dl2 / rf_dl0", "rf_dl2", "rf_dl0", 1.0)
     ratio("(c) rf_dec2 / floor", "rf_dec2", "floor", 0.9)
