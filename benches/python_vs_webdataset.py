@@ -36,7 +36,7 @@ the lowest and highest per-round ratio) and the targets: ringfeed Python
 >= 30x WebDataset's samples/s on the small samples, >= 0.8x the C
 consumer's GB/s on the large ones.
 
-    benches/python_vs_webdataset.sh [--rounds 3] [--epochs 3] [--batch-size 256] [--only large|small]
+    benches/python_vs_webdataset.sh [--rounds 3] [--epochs 8] [--batch-size 256] [--only large|small]
 """
 
 import argparse
@@ -216,7 +216,8 @@ def ensure_shards(out, name, shards, shard_size, sample_size):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--one", help=argparse.SUPPRESS)
-    ap.add_argument("--epochs", type=int, default=3, help="passes over the shards, the same for every contender")
+    ap.add_argument("--epochs", type=int, default=8,
+                    help="passes over the shards, the same for every contender (8: a second or more of ringfeed)")
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--only", choices=["large", "small"])
