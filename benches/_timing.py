@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Process timing, page-cache checks and ratios shared by the benchmark scripts.
 
 Every contender of a benchmark runs in its own process, timed whole by its
@@ -8,7 +7,7 @@ child it waited for, such as DataLoader workers). A contender's own clock,
 where it has one, is printed beside it; the two answer different questions
 (what a job pays, and what the steady loop costs) and both must be seen.
 
-Python (the python and torch benches import it):
+What the python and torch benches use:
 
     run_timed(cmd)        -> (times, stdout): wall_seconds, cpu_seconds, ...
     ensure_hot(files)     -> {"resident_before", "rewarmed", "resident_at_start"}:
@@ -16,24 +15,16 @@ Python (the python and torch benches import it):
                              the page cache
     ratio_of_medians(a, b)-> (median(a) / median(b), lowest and highest a[i] / b[i])
 
-Shell (``benches/shuffle.sh``, ``benches/first_batch.sh``):
-
-    python3 benches/_timing.py TIMES.json CMD [ARG...]
-
-runs CMD with this process's stdin, stdout and stderr, writes its times to
-TIMES.json as one JSON object and exits with CMD's status. The timer's own
-start-up is outside the window: the clock starts just before the spawn.
-Only the standard library is used, so any python3 runs it.
+The shell scripts time their contenders the same way with
+``benches/timed.py``. Only the standard library is used.
 """
 
 import ctypes
 import ctypes.util
-import json
 import mmap
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 
@@ -170,19 +161,3 @@ def fmt_ratio(r):
     """'1.23x (rounds 1.01-1.40)' from ratio_of_medians' triple."""
     med, lo, hi = r
     return f"{med:.2f}x (rounds {lo:.2f}-{hi:.2f})"
-
-
-def main(argv):
-    if len(argv) < 3 or argv[1] in ("-h", "--help"):
-        print("usage: _timing.py TIMES.json CMD [ARG...]", file=sys.stderr)
-        return 2
-    times, rc = spawn_timed(argv[2:])
-    times["returncode"] = rc
-    with open(argv[1], "w") as f:
-        json.dump(times, f)
-        f.write("\n")
-    return rc
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))

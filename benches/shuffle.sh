@@ -10,7 +10,7 @@
 # Two clocks for both runs, both printed: ringfeed's own (`bench`'s report,
 # from after the loader's open to the last batch) and the whole process,
 # from just before the spawn to the exit, with the CPU from the child's
-# rusage (benches/_timing.py). The shards' page-cache residency is checked
+# rusage (benches/timed.py). The shards' page-cache residency is checked
 # before every run and the shards re-read when a page is missing. Ratios are
 # of the medians shown (median shuffled / median plain), with the lowest and
 # highest per-round ratio beside.
@@ -100,11 +100,12 @@ for ((r = 1; r <= ROUNDS; r++)); do
     if ((r % 2)); then order="plain shuffled"; else order="shuffled plain"; fi
     for who in $order; do
         ensure_hot "$r-$who"
-        timed=(python3 benches/_timing.py "$OUT_DIR/round-$r-$who.time.json")
+        # timed.py adds the whole-process wall and CPU to bench's own report.
+        timed=(python3 benches/timed.py "$OUT_DIR/round-$r-$who.json" --)
         if [ "$who" = plain ]; then
-            "${timed[@]}" "${PLAIN[@]}" >"$OUT_DIR/round-$r-$who.json"
+            "${timed[@]}" "${PLAIN[@]}"
         else
-            "${timed[@]}" "${SHUFFLED[@]}" >"$OUT_DIR/round-$r-$who.json"
+            "${timed[@]}" "${SHUFFLED[@]}"
         fi
     done
 done
@@ -117,11 +118,10 @@ MiB = 1 << 20
 
 def fig(path):
     d = json.load(open(path + ".json"))
-    t = json.load(open(path + ".time.json"))
     s = d["stats"]
     return {"gbs": d["gb_per_s"], "sps": d["samples_per_s"], "cpu": d["cpu_s_per_gb"],
-            "whole_s": t["wall_seconds"], "whole_gbs": d["bytes"] / t["wall_seconds"] / 1e9,
-            "whole_cpu": t["cpu_seconds"] / (d["bytes"] / 1e9),
+            "whole_s": d["process_wall_s"], "whole_gbs": d["bytes"] / d["process_wall_s"] / 1e9,
+            "whole_cpu": d["process_cpu_s"] / (d["bytes"] / 1e9),
             "peak": s["chunks_peak"] * s["chunk_size"], "budget": d["memory_budget"],
             "rss": d["peak_rss_bytes"], "shuffle_copied": s["shuffle_copied"] / max(d["bytes"], 1),
             "copied": d["copied_per_delivered"], "workers": s["workers"], "samples": d["samples"]}
