@@ -90,6 +90,11 @@ pub fn head_sizes(shards: &mut [Shard], net: &NetOptions) -> Result<()> {
     let todo: Vec<usize> = (0..shards.len())
         .filter(|&i| shards[i].size.is_none())
         .collect();
+    size_these(shards, todo, net)
+}
+
+/// Sizes the shards at `todo` with parallel `HEAD`s.
+fn size_these(shards: &mut [Shard], todo: Vec<usize>, net: &NetOptions) -> Result<()> {
     let sizes = parallel_sizes(&todo, net, |i, pool, jitter| {
         head_size(&shards[i], pool, net, jitter)
     })?;
@@ -111,13 +116,7 @@ fn probe_hosts(shards: &mut [Shard], net: &NetOptions) -> Result<()> {
             _ => false,
         })
         .collect();
-    let sizes = parallel_sizes(&todo, net, |i, pool, jitter| {
-        head_size(&shards[i], pool, net, jitter)
-    })?;
-    for (i, size) in todo.into_iter().zip(sizes) {
-        shards[i].size = Some(size);
-    }
-    Ok(())
+    size_these(shards, todo, net)
 }
 
 /// A remote shard's size from `HEAD` (an S3 object's with S3's error code

@@ -105,6 +105,16 @@ struct Op {
     generation: u32,
 }
 
+impl Op {
+    /// The TLS session of an https op's connection.
+    fn tls_mut(&mut self) -> &mut TlsConn {
+        self.conn
+            .as_mut()
+            .and_then(|c| c.tls.as_deref_mut())
+            .expect("an https connection")
+    }
+}
+
 /// The HTTP side of a `UringReader`.
 pub struct HttpDriver {
     slots: Vec<Option<Box<Op>>>,
@@ -498,11 +508,7 @@ impl HttpDriver {
                     let f = io_fail(res, "send (TLS handshake)");
                     return self.retry_or_fail(ring, slot, f);
                 }
-                let tls = op
-                    .conn
-                    .as_mut()
-                    .and_then(|c| c.tls.as_mut())
-                    .expect("https");
+                let tls = op.tls_mut();
                 tls.out_sent += res as usize;
                 if tls.out_sent == tls.out.len() {
                     tls.out.clear();
@@ -525,11 +531,7 @@ impl HttpDriver {
                     };
                     return self.retry_or_fail(ring, slot, f);
                 }
-                let tls = op
-                    .conn
-                    .as_mut()
-                    .and_then(|c| c.tls.as_mut())
-                    .expect("https");
+                let tls = op.tls_mut();
                 tls.received(res as usize);
                 self.handshake(ring, slot)
             }
