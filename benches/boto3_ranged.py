@@ -19,56 +19,21 @@ Usage:
       [--threads 8] [--part-size 8MiB] [--epochs 1]
 """
 
-import argparse
 import json
-import resource
 import sys
 import threading
 import time
 
+import _boto3
 import boto3
 import botocore
-from botocore import UNSIGNED
-from botocore.config import Config
-
-UNITS = {"": 1, "B": 1, "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30,
-         "KB": 10**3, "MB": 10**6, "GB": 10**9}
-
-
-def size(text):
-    t = text.strip().upper().replace(" ", "")
-    num = t.rstrip("KMGIB")
-    return int(float(num) * UNITS[t[len(num):]])
-
-
-def cpu_seconds():
-    u = resource.getrusage(resource.RUSAGE_SELF)
-    return u.ru_utime + u.ru_stime
-
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--endpoint", required=True)
-    p.add_argument("--bucket", required=True)
-    p.add_argument("--threads", type=int, default=8)
-    p.add_argument("--part-size", type=size, default=8 << 20)
-    p.add_argument("--epochs", type=int, default=1)
+    p = _boto3.parser(__doc__.split("\n\n")[0])
     p.add_argument("keys", nargs="+")
     a = p.parse_args()
 
-    client = boto3.client(
-        "s3",
-        endpoint_url=a.endpoint,
-        region_name="us-east-1",
-        config=Config(
-            signature_version=UNSIGNED,
-            s3={"addressing_style": "path"},
-            # One pooled keep-alive connection per thread, as boto3's own
-            # TransferManager sizes its pool (max_request_concurrency).
-            max_pool_connections=a.threads,
-            retries={"max_attempts": 3, "mode": "standard"},
-        ),
-    )
+    client = _boto3.client(a.endpoint, a.threads)
     sizes = {k: client.head_object(Bucket=a.bucket, Key=k)["ContentLength"] for k in a.keys}
 
     # The work list: every object's ranges in order, epoch after epoch;
@@ -107,12 +72,12 @@ def main():
             errors.append(repr(e))
 
     threads = [threading.Thread(target=worker, args=(t,)) for t in range(a.threads)]
-    c0, t0 = cpu_seconds(), time.perf_counter()
+    c0, t0 = _boto3.cpu_seconds(), time.perf_counter()
     for th in threads:
         th.start()
     for th in threads:
         th.join()
-    secs, cpu = time.perf_counter() - t0, cpu_seconds() - c0
+    secs, cpu = time.perf_counter() - t0, _boto3.cpu_seconds() - c0
     if errors:
         print(f"boto3_ranged: {len(errors)} threads failed, first: {errors[0]}", file=sys.stderr)
         return 1

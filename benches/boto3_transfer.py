@@ -38,35 +38,17 @@ Usage:
                 download_fileobj call per object
 """
 
-import argparse
 import json
-import resource
 import sys
 import threading
 import time
 
+import _boto3
 import boto3
 import botocore
 import s3transfer
 from boto3.s3.transfer import TransferConfig
-from botocore import UNSIGNED
-from botocore.config import Config
 from s3transfer.manager import TransferManager
-
-UNITS = {"": 1, "B": 1, "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30,
-         "KB": 10**3, "MB": 10**6, "GB": 10**9}
-
-
-def size(text):
-    t = text.strip().upper().replace(" ", "")
-    num = t.rstrip("KMGIB")
-    return int(float(num) * UNITS[t[len(num):]])
-
-
-def cpu_seconds():
-    u = resource.getrusage(resource.RUSAGE_SELF)
-    return u.ru_utime + u.ru_stime
-
 
 class DiscardSink:
     """A seekable, writable file-like object that keeps no bytes: write()
@@ -119,30 +101,13 @@ class RequestCounter:
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--endpoint", required=True)
-    p.add_argument("--bucket", required=True)
-    p.add_argument("--threads", type=int, default=8)
-    p.add_argument("--part-size", type=size, default=8 << 20)
-    p.add_argument("--epochs", type=int, default=1)
+    p = _boto3.parser(__doc__.split("\n\n")[0])
     p.add_argument("--manager", action="store_true",
                    help="one TransferManager for every object instead of one download_fileobj call each")
     p.add_argument("keys", nargs="+")
     a = p.parse_args()
 
-    client = boto3.client(
-        "s3",
-        endpoint_url=a.endpoint,
-        region_name="us-east-1",
-        config=Config(
-            signature_version=UNSIGNED,
-            s3={"addressing_style": "path"},
-            # One pooled keep-alive connection per transfer thread; botocore's
-            # default pool (10) would turn connections away above 10 threads.
-            max_pool_connections=a.threads,
-            retries={"max_attempts": 3, "mode": "standard"},
-        ),
-    )
+    client = _boto3.client(a.endpoint, a.threads)
     transfer = TransferConfig(
         multipart_threshold=a.part_size,
         multipart_chunksize=a.part_size,
@@ -155,7 +120,7 @@ def main():
     counter = RequestCounter()
     client.meta.events.register("before-send.s3", counter)
 
-    c0, t0 = cpu_seconds(), time.perf_counter()
+    c0, t0 = _boto3.cpu_seconds(), time.perf_counter()
     try:
         if a.manager:
             # What download_fileobj does for one object, for all of them.
@@ -171,7 +136,7 @@ def main():
     except Exception as e:
         print(f"boto3_transfer: {e!r}", file=sys.stderr)
         return 1
-    secs, cpu = time.perf_counter() - t0, cpu_seconds() - c0
+    secs, cpu = time.perf_counter() - t0, _boto3.cpu_seconds() - c0
 
     expected = a.epochs * sum(sizes.values())
     if total != expected:
