@@ -15,6 +15,7 @@ use crate::dataset::Shard;
 use crate::engine::counters::Counters;
 use crate::error::{Error, Result};
 use crate::fetch::NetOptions;
+use crate::fetch::direct::{ChunkLayout, DirectIo};
 use crate::memory::{Batch, BatchBuilder, ChunkPool, ShardNames};
 use crate::plan::resume::{Round, Start};
 use crate::plan::{ConsumerPlan, Delivered, PlanOptions, plan_epoch};
@@ -61,6 +62,8 @@ pub(crate) struct Shared {
     pub slack: usize,
     /// Bytes of a chunk that reads fill.
     pub data_len: usize,
+    /// Whether local shards are opened with O_DIRECT, and which were.
+    pub direct: DirectIo,
     pub net: NetOptions,
     pub(super) batch_index: AtomicU64,
     /// Batches handed to consumers so far: the next batch's `index`.
@@ -120,6 +123,15 @@ impl Shared {
     /// Each shard's sample count, where known.
     pub fn count(&self, shard: usize) -> Option<u64> {
         self.counts[shard]
+    }
+
+    /// Where reads land in the chunks, for opening direct files.
+    pub fn layout(&self) -> ChunkLayout {
+        ChunkLayout {
+            chunk: self.pool.chunk_size(),
+            slack: self.slack,
+            data_len: self.data_len,
+        }
     }
 
     /// This consumer's plan of `epoch` (made once, shared by the workers and

@@ -26,6 +26,13 @@ pub struct Stats {
     pub io_uring_flags: &'static str,
     /// CPU of each worker; empty when not pinned.
     pub worker_cpus: Vec<usize>,
+    /// How local shards were read: "direct" (O_DIRECT), "buffered",
+    /// "direct+buffered" (some files could not be direct: see the notes), or
+    /// "none" (no local file opened yet).
+    pub local_reads: &'static str,
+    /// Local files opened so far with O_DIRECT, and buffered.
+    pub local_files_direct: u64,
+    pub local_files_buffered: u64,
     /// Retries of network ranges, by failure kind.
     pub retries: std::collections::BTreeMap<&'static str, u64>,
     /// Why a preferred setting was not obtained (huge pages, mlock, io_uring...).
@@ -85,11 +92,16 @@ impl Loader {
             io_backend: self.setup.backend.name(),
             io_uring_flags: self.setup.uring_flags,
             worker_cpus: self.setup.cpus.clone(),
+            local_reads: sh.direct.path_name(),
+            local_files_direct: sh.direct.files().0,
+            local_files_buffered: sh.direct.files().1,
             retries,
             notes: {
                 let mut notes = self.setup.notes.clone();
                 // A ring that could not register the buffers after all.
                 notes.extend(self.setup.fixed.as_ref().and_then(|f| f.refused()));
+                // Local files read buffered although direct was wanted.
+                notes.extend(sh.direct.note());
                 notes
             },
         }

@@ -7,8 +7,6 @@
 //! until its completion arrives, on every path out (error or panic).
 
 use std::collections::VecDeque;
-use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -159,12 +157,7 @@ impl<'a> Worker<'a> {
         // The file (when local) stays open until every read of it completed.
         let (_file, target, size) = match &shard.source {
             Source::File(path) => {
-                let file = File::open(path).map_err(|e| Error::io(IoOp::Open, path, &e))?;
-                let size = file
-                    .metadata()
-                    .map_err(|e| Error::io(IoOp::Stat, path, &e))?
-                    .len();
-                let fd = file.as_raw_fd();
+                let (file, fd, size) = self.shared.direct.open(path, self.shared.layout())?;
                 (Some(file), Target::File(fd), size)
             }
             Source::Http(obj) => (None, Target::Http(Arc::clone(obj)), shard.size),
@@ -337,7 +330,9 @@ impl<'a> Worker<'a> {
         // SAFETY: the chunk stays referenced by `r` until the completion is
         // reaped (`reap`, or `drain` on the error path; for ever when the
         // backend panicked inside `submit`), and `fd` stays open (the File
-        // outlives both).
+        // outlives both). A direct file's read widened to whole blocks
+        // stays inside the chunk: its layout was checked at the file's open
+        // (`ChunkLayout::fits`).
         let submitted = unsafe { self.reader.submit(req) };
         r.submitting = false;
         submitted.map_err(|e| Error::io(IoOp::Read, &shard.name, &e))?;

@@ -6,18 +6,21 @@
 //! - [`threads::ThreadReader`]: plain `pread` on the worker thread, for
 //!   kernels and containers (seccomp) where io_uring cannot be set up.
 //!
+//! Local files are read buffered or with O_DIRECT ([`direct`]); both
+//! backends widen a direct read to whole blocks the same way.
+//!
 //! HTTP and S3 shards are read with ranged GETs by each backend in its own
 //! way: on the worker's ring (`uring_http.rs`) or on blocking sockets
 //! ([`http_sync`]); the protocol itself (requests, response heads, retry
 //! policy, TLS, signing) is in [`crate::net`].
 
+pub mod direct;
 pub mod http_sync;
 pub mod threads;
 pub mod uring;
 mod uring_http;
 
 use std::io;
-use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -49,8 +52,8 @@ impl BackendKind {
 /// What a read reads from.
 #[derive(Debug, Clone)]
 pub enum Target {
-    /// An open local file.
-    File(RawFd),
+    /// An open local file, buffered or direct.
+    File(direct::LocalFd),
     /// An object on an HTTP server, read with ranged GETs.
     Http(Arc<HttpObject>),
 }
@@ -130,7 +133,10 @@ pub trait Reader {
     /// # Safety
     /// `req.buf..req.buf + req.len` must stay valid and untouched by anyone
     /// else until its completion has been returned by `wait`, and a
-    /// `Target::File` descriptor must stay open until then.
+    /// `Target::File` descriptor must stay open until then. For a direct
+    /// file (`align` > 0) that holds for the read widened to whole blocks
+    /// ([`direct::KernelRead`]) too: from `buf - offset % align` to the end
+    /// rounded up to `align` (the chunk's slack around its data).
     unsafe fn submit(&mut self, req: ReadRequest) -> io::Result<()>;
     /// Starts queued reads and waits until at least `min` completions are
     /// available; appends them to `out`.
