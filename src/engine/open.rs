@@ -195,6 +195,7 @@ impl Loader {
             batch_index: AtomicU64::new(0),
             delivered: AtomicU64::new(0),
             stop: AtomicBool::new(false),
+            lead_done: AtomicBool::new(false),
             failure: Mutex::new(None),
             started,
             cfg,

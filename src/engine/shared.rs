@@ -70,6 +70,9 @@ pub(crate) struct Shared {
     pub(super) delivered: AtomicU64,
     pub(super) progress: Mutex<Progress>,
     pub(super) stop: AtomicBool,
+    /// Stream 0's worker can give no first batch on its own (see
+    /// `await_first_batch`).
+    pub(super) lead_done: AtomicBool,
     pub(super) failure: Mutex<Option<Error>>,
     pub(super) started: Instant,
 }
@@ -96,6 +99,35 @@ impl Shared {
             other => other,
         };
         self.channel.push_wait(item).map_err(|_| Error::Closed)
+    }
+
+    /// Says that stream 0's worker can give no first batch on its own: its
+    /// epoch ended short of one, its share of the chunks is used up, or the
+    /// worker ended.
+    pub fn lead_done(&self) {
+        // Release: pairs with the Acquire in `await_first_batch`; it orders
+        // only the start-up.
+        self.lead_done.store(true, Ordering::Release);
+    }
+
+    /// Waits, at most `most`, until the first batch is handed out (or
+    /// stream 0's worker can give none). A fresh start's first batch is
+    /// stream 0's (the sequencer takes the streams in turn from 0), and on
+    /// a busy machine the other workers' first reads (each faulting in and
+    /// filling a chunk) took the CPU its read, the sequencer and the
+    /// consumer needed: see docs/decisions.md. Polled: it lasts one batch,
+    /// once per loader.
+    pub fn await_first_batch(&self, most: std::time::Duration) {
+        let t0 = Instant::now();
+        // Relaxed (the counter): a start signal, nothing is read through
+        // it. Acquire: pairs with the Release in `lead_done`.
+        while self.counters.time_to_first_batch_ns.load(Ordering::Relaxed) == 0
+            && !self.lead_done.load(Ordering::Acquire)
+            && t0.elapsed() < most
+            && !self.stopping()
+        {
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
     }
 
     /// True while the sequencer sleeps on `stream`'s empty queue (it is

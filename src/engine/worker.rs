@@ -26,6 +26,23 @@ use crate::tar::TarWalk;
 /// run and one for a shuffle compaction target.
 const HEADROOM: usize = 2;
 
+/// The longest a worker other than stream 0's holds its first read until
+/// the first batch is out (`Shared::await_first_batch`): long against a
+/// page-cache or loopback first batch (2-20 ms), short against an epoch,
+/// so a slow first batch (a far server, a consumer that asks late) does
+/// not keep the other workers idle long.
+const FIRST_BATCH_ALONE: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Says stream 0's worker ended, however it ends, so no worker waits for
+/// its first batch in vain.
+struct LeadEnds<'a>(&'a Shared);
+
+impl Drop for LeadEnds<'_> {
+    fn drop(&mut self) {
+        self.0.lead_done();
+    }
+}
+
 /// Everything a worker thread owns.
 pub(crate) struct Worker<'a> {
     shared: &'a Arc<Shared>,
@@ -71,6 +88,13 @@ impl<'a> Worker<'a> {
     /// Runs every epoch of the plan.
     pub(crate) fn run(&mut self) -> Result<()> {
         let sh = self.shared;
+        let _lead = (self.stream == 0).then(|| LeadEnds(sh));
+        // A fresh start's first batch is stream 0's: let its read, the
+        // sequencer and the consumer have the machine (a resume may start
+        // at another stream).
+        if self.stream != 0 && sh.start.skip_batches == 0 {
+            sh.await_first_batch(FIRST_BATCH_ALONE);
+        }
         let mut epoch = sh.start.epoch;
         while sh.cfg.epochs == 0 || epoch < sh.cfg.epochs {
             let plan = sh.plan(epoch)?;
@@ -139,6 +163,11 @@ impl<'a> Worker<'a> {
                 }
             }
             let tail = std::mem::replace(&mut self.builder, BatchBuilder::new(sh.cfg.batch_size));
+            if self.stream == 0 {
+                // Stream 0's epoch ended: what it gave is all the first
+                // batch will get from it.
+                sh.lead_done();
+            }
             sh.push_stream(self.stream, Item::Tail(tail))?;
             epoch += 1;
         }
@@ -246,10 +275,16 @@ impl<'a> Worker<'a> {
                 // takes only chunks beyond it.
                 let stream = self.stream;
                 let got = if pending.is_empty() {
-                    Some(
-                        sh.pool
-                            .acquire_or_stuck(stream, 1, &|| sh.awaited(stream))?,
-                    )
+                    // Asked when this worker's share is used up with no
+                    // batch of it out: stream 0's first batch then needs
+                    // the others to go on (or the pool to name the case).
+                    let stuck = || {
+                        if stream == 0 {
+                            sh.lead_done();
+                        }
+                        sh.awaited(stream)
+                    };
+                    Some(sh.pool.acquire_or_stuck(stream, 1, &stuck)?)
                 } else {
                     sh.pool.acquire_spare_as(self.stream, HEADROOM)?
                 };
