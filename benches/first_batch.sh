@@ -9,9 +9,10 @@
 # handed out). The reference, timed the same way in the same run, is the
 # first 8 MiB of the first shard through a fresh process: `dd` for local
 # files, `curl -r` for HTTP, whole process. It prints the distribution
-# (p50, p90, max) of each and the ratio of the medians. PASS/MISS marks
+# (p50, p90, p99, max) of each and the ratio of the medians. PASS/MISS marks
 # the target only (STRICT=1 turns a MISS into exit status 1):
-#   ringfeed first batch, max over OPENS opens <= 50 ms (issue 11)
+#   ringfeed first batch, p99 over OPENS opens <= 50 ms (issue 11; with
+#   20 opens the p99 is the largest)
 #
 # Usage: benches/first_batch.sh        (from anywhere; runs in the repo root)
 # Knobs (environment):
@@ -21,6 +22,9 @@
 #   OPENS           opens per case             [20]
 #   CHURN_GIB       memory used and freed before each open of the churn
 #                   cases, GiB                 [4]
+#   CASES           which cases run            [local http local+churn http+churn]
+#   RF_BIN          a ringfeed binary to time instead of building this tree
+#                   (before/after comparisons)  [the release build]
 #   STRICT          1: exit 1 when a target is missed [0]
 set -euo pipefail
 
@@ -38,16 +42,26 @@ OPEN_SHARDS=${OPEN_SHARDS:-8}
 OPENS=${OPENS:-20}
 CHURN_GIB=${CHURN_GIB:-4}
 STRICT=${STRICT:-0}
+CASES=${CASES:-local http local+churn http+churn}
 command -v curl >/dev/null || die "curl is needed for the HTTP reference"
 command -v python3 >/dev/null || die "python3 is needed for the statistics"
 
 say build
-build_ringfeed
+if [ -n "${RF_BIN:-}" ]; then
+    RF=$(realpath "$RF_BIN")
+    SOURCE="the binary $RF"
+    echo "timing $RF (not built from this tree)"
+else
+    build_ringfeed
+fi
 say dataset
 gen_shards "$SHARDS_DIR"
 last=$(printf '%06d' $((OPEN_SHARDS - 1)))
 LOCAL="$SHARDS_DIR/shard-{000000..$last}.tar"
 FIRST=${FILES[0]}
+# The shards an open reads, in the page cache: the first open must not
+# time the disk (a cold benchmark is local_vs_fio.sh COLD=1).
+cat "${FILES[@]:0:OPEN_SHARDS}" >/dev/null
 
 say server
 SERVE_LOG=$(mktemp)
@@ -96,7 +110,7 @@ ref_first() {
 }
 
 RESULTS=$(mktemp)
-for case in local http local+churn http+churn; do
+for case in $CASES; do
     say "$case: $OPENS opens"
     kind=${case%+churn}
     url=$LOCAL
@@ -111,9 +125,10 @@ for case in local http local+churn http+churn; do
 done
 
 say summary
-python3 - "$RESULTS" "$STRICT" "$OPENS" "$SOURCE" <<'EOF'
+python3 - "$RESULTS" "$STRICT" "$OPENS" "$SOURCE" "$CASES" <<'EOF'
 import statistics, sys
 path, strict, opens, source = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3]), sys.argv[4]
+cases = sys.argv[5].split()
 runs = {}
 for line in open(path):
     case, who, ms = line.split()
@@ -122,18 +137,19 @@ def q(xs, p):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(p * (len(xs) - 1))))]
 print(f"ringfeed built from {source}; {opens} opens per case; ms")
-print(f"{'case':<12} {'who':<10} {'p50':>8} {'p90':>8} {'max':>8}")
+print(f"{'case':<12} {'who':<10} {'p50':>8} {'p90':>8} {'p99':>8} {'max':>8}")
 missed = False
-for case in ["local", "http", "local+churn", "http+churn"]:
+for case in cases:
     for who in ["ringfeed", "reference"]:
         xs = runs[(case, who)]
-        print(f"{case:<12} {who:<10} {q(xs, .5):8.1f} {q(xs, .9):8.1f} {max(xs):8.1f}")
+        print(f"{case:<12} {who:<10} {q(xs, .5):8.1f} {q(xs, .9):8.1f} {q(xs, .99):8.1f} "
+              f"{max(xs):8.1f}")
     rf, ref = runs[(case, "ringfeed")], runs[(case, "reference")]
     ratio = statistics.median(rf) / statistics.median(ref)
-    ok = max(rf) <= 50
+    ok = q(rf, .99) <= 50
     missed |= not ok
     print(f"{'':<12} ratio of medians ringfeed/reference {ratio:.2f}; "
-          f"max {max(rf):.1f} ms, target <= 50 ms: {'PASS' if ok else 'MISS'}")
+          f"p99 {q(rf, .99):.1f} ms, target <= 50 ms: {'PASS' if ok else 'MISS'}")
 print("reference: the first 8 MiB of the first shard in a fresh process "
       "(dd for local, curl -r for http), whole process; ringfeed: its own "
       "clock from the start of open to the first batch")

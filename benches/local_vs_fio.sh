@@ -33,6 +33,20 @@
 #   FIO_IODEPTH     fio iodepth per job        [READS_IN_FLIGHT]
 #   OUT_DIR         where the raw JSON goes    [benches/out/local_vs_fio/<time>]
 #   STRICT          1: exit 1 when a target is missed [0]
+#   COLD            1: cold reads instead (below)  [0]
+#
+# COLD=1 measures the disk path instead: before every run of every
+# contender the shards are dropped from the page cache (drop_caches where
+# permitted, else POSIX_FADV_DONTNEED on each file) and fincore checks and
+# prints that they are out. Contenders, one whole process each, interleaved
+# round by round: ringfeed with `direct_io: "on"` (O_DIRECT), fio with
+# --direct=1 in ringfeed's shape (as above), and ringfeed buffered for
+# comparison; then the fio sweep (same 12 configurations) with --direct=1,
+# each cold, and ringfeed direct against the best of them. Throughput is the
+# shards' file bytes over each process's wall time (both read every byte of
+# every file once). EPOCHS defaults to 1 here. The shards must be on a disk,
+# not tmpfs (the script checks). Target: ringfeed direct >= 0.9 x the best
+# fio --direct=1 configuration (issue 11).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -44,11 +58,14 @@ SHARD_SIZE=${SHARD_SIZE:-64MiB}
 SAMPLE_SIZE=${SAMPLE_SIZE:-100KB}
 SEED=${SEED:-0}
 ROUNDS=${ROUNDS:-5}
+COLD=${COLD:-0}
 # Three passes (6.3 GB, ~1.3 s a run at 5 GB/s): on the 2-core dev VM with
 # other work running, one pass (~0.4 s) gave per-round ratios from 0.66 to
 # 1.28; three gave 0.90 to 1.06. The start-up is outside both timings, so
 # more passes do not dilute it; it is reported on its own.
 EPOCHS=${EPOCHS:-3}
+# Cold: one pass, or the buffered contender's later passes would be hot.
+[ "$COLD" = 1 ] && EPOCHS=${COLD_EPOCHS:-1}
 WORKERS=${WORKERS:-}
 CHUNK_SIZE=${CHUNK_SIZE:-}
 MEMORY_BUDGET=${MEMORY_BUDGET:-}
@@ -104,8 +121,16 @@ echo "$SHARDS shards, $DATA_BYTES bytes in $SHARDS_DIR"
 
 # --- 3. page cache ----------------------------------------------------------
 say "page cache"
-cat "${FILES[@]}" >/dev/null
-echo "resident after one read: $(resident)"
+if [ "$COLD" = 1 ]; then
+    fstype=$(stat -f -c %T "$SHARDS_DIR")
+    echo "$SHARDS_DIR is on $fstype ($(df --output=source "$SHARDS_DIR" | tail -1))"
+    case "$fstype" in
+        tmpfs | ramfs) die "COLD=1 needs the shards on a disk, not $fstype: set SHARDS_DIR" ;;
+    esac
+else
+    cat "${FILES[@]}" >/dev/null
+    echo "resident after one read: $(resident)"
+fi
 # --- ringfeed and fio commands ----------------------------------------------
 RF_CMD=("$RF" bench "$SHARDS_DIR" --json --reads-in-flight "$READS_IN_FLIGHT" --epochs "$EPOCHS")
 [ -n "$WORKERS" ] && RF_CMD+=(--workers "$WORKERS")
@@ -114,6 +139,11 @@ RF_CMD=("$RF" bench "$SHARDS_DIR" --json --reads-in-flight "$READS_IN_FLIGHT" --
 [ -n "$IO_BACKEND" ] && RF_CMD+=(--io-backend "$IO_BACKEND")
 # shellcheck disable=SC2206 # word splitting is the point
 [ -n "$RINGFEED_ARGS" ] && RF_CMD+=($RINGFEED_ARGS)
+if [ "$COLD" = 1 ]; then
+    # The same run buffered, for comparison; the contender is direct.
+    RF_BUF_CMD=("${RF_CMD[@]}" --config '{"direct_io": "off"}')
+    RF_CMD+=(--config '{"direct_io": "on"}')
+fi
 
 # Runs ringfeed once: $1 = JSON file; adds the process's wall time so the
 # start-up (arena allocation and locking, which ringfeed's own `seconds`
@@ -163,7 +193,11 @@ echo "ringfeed: $RF_WORKERS workers, chunk $RF_CHUNK B, budget $RF_BUDGET B, wor
 # shared queue, which with 16+ shards per worker splits the same.
 FIO_BS=${FIO_BS:-$RF_CHUNK}
 FIO_IODEPTH=${FIO_IODEPTH:-$READS_IN_FLIGHT}
-FIO_CMD=(fio --output-format=json --thread --ioengine=io_uring --invalidate=0
+# Cold: --direct=1 (O_DIRECT, as ringfeed's direct_io) instead of
+# --invalidate=0 (which keeps fio from dropping the hot shards).
+FIO_CACHE=(--invalidate=0)
+[ "$COLD" = 1 ] && FIO_CACHE=(--direct=1)
+FIO_CMD=(fio --output-format=json --thread --ioengine=io_uring "${FIO_CACHE[@]}"
          --rw=read --bs="$FIO_BS" --iodepth="$FIO_IODEPTH" --fixedbufs=1
          --file_service_type=sequential --loops="$EPOCHS")
 if [ "$RF_CPUS" != "-" ]; then
@@ -194,6 +228,191 @@ EOF
 say "warm-up fio run"
 show "${FIO_CMD[@]}"
 run_fio "$OUT_DIR/warmup-fio.json"
+
+if [ "$COLD" = 1 ]; then
+    # --- cold: every contender starts with the shards out of the page cache.
+    # Drops the shards from the page cache and prints the check: drop_caches
+    # where permitted (root outside a container), else POSIX_FADV_DONTNEED on
+    # each file (clean pages go; fdatasync first makes them clean). Appends
+    # "LABEL RESIDENT_AFTER" to residency.txt.
+    drop_shards() {
+        local how=fadvise res
+        sync
+        if echo 3 2>/dev/null >/proc/sys/vm/drop_caches; then
+            how=drop_caches
+        else
+            python3 - "${FILES[@]}" <<'EOF'
+import os, sys
+for f in sys.argv[1:]:
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+EOF
+        fi
+        res=$(resident)
+        echo "$1 $res" >>"$OUT_DIR/residency.txt"
+        echo "  cold check before $1 ($how): fincore says $res of the shards' bytes resident"
+        python3 -c "import sys; sys.exit(0 if float('$res') <= 0.01 else 1)" ||
+            echo "  WARNING: $res of the shards still cached before $1"
+    }
+    run_ringfeed_buffered() {
+        local keep=("${RF_CMD[@]}")
+        RF_CMD=("${RF_BUF_CMD[@]}")
+        run_ringfeed "$1"
+        RF_CMD=("${keep[@]}")
+    }
+    {
+        echo "# ringfeed, direct (cold)"
+        show "${RF_CMD[@]}"
+        echo "# ringfeed, buffered (cold)"
+        show "${RF_BUF_CMD[@]}"
+        echo "# fio --direct=1 (cold)"
+        show "${FIO_CMD[@]}"
+    } >>"$CMDS"
+
+    say "cold rounds"
+    echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) CPUs"
+    : >"$OUT_DIR/residency.txt"
+    whos=(fio ringfeed ringfeed_buffered)
+    for ((r = 1; r <= ROUNDS; r++)); do
+        # Rotate who goes first, so none always follows the same neighbour.
+        for ((k = 0; k < 3; k++)); do
+            who=${whos[(r + k) % 3]}
+            drop_shards "$r-$who"
+            "run_$who" "$OUT_DIR/round-$r-$who.json"
+        done
+    done
+    echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+    if [ "$FIO_SWEEP" = 1 ]; then
+        say "fio --direct=1 configurations (one cold whole-process run each)"
+        for jobs in 1 2 4; do
+            for bs in 1M 8M; do
+                for depth in 4 16; do
+                    cmd=(fio --output-format=json --thread --ioengine=io_uring --direct=1
+                         --rw=read --bs="$bs" --iodepth="$depth" --fixedbufs=1
+                         --file_service_type=sequential --loops="$EPOCHS")
+                    for ((j = 0; j < jobs; j++)); do
+                        names=()
+                        for ((i = j; i < ${#FILES[@]}; i += jobs)); do names+=("${FILES[i]}"); done
+                        cmd+=(--name="w$j" --filename="$(IFS=:; echo "${names[*]}")")
+                    done
+                    drop_shards "sweep-$jobs-$bs-$depth"
+                    t0=$(now_ns)
+                    "${cmd[@]}" >"$OUT_DIR/sweep-$jobs-$bs-$depth.json" 2>/dev/null
+                    t1=$(now_ns)
+                    echo "$jobs $bs $depth $((t1 - t0))" >>"$OUT_DIR/sweep.txt"
+                    echo "  jobs $jobs, bs $bs, depth $depth: $(((t1 - t0) / 1000000)) ms"
+                done
+            done
+        done
+        echo "# fio sweep: as the rounds' fio (--direct=1), with --bs, --iodepth and the jobs of each line of sweep.txt" >>"$CMDS"
+    fi
+
+    python3 - "$OUT_DIR" "$ROUNDS" "$STRICT" "$DATA_BYTES" "$EPOCHS" <<'EOF'
+import json, os, statistics, sys
+out, rounds, strict = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+data = int(sys.argv[4]) * int(sys.argv[5])
+med = statistics.median
+
+# Every contender reads every byte of every shard once per pass: GB/s is
+# the shards' bytes over the process's wall time, the same for all.
+def fio_run(path):
+    d = json.load(open(path))
+    jobs = d["jobs"]
+    b = sum(j["read"]["io_bytes"] for j in jobs)
+    own = b / (max(j["read"]["runtime"] for j in jobs) / 1e3) / 1e9
+    return {"gbs": data / d["process_wall_s"] / 1e9, "own_gbs": own,
+            "wall": d["process_wall_s"], "bytes": b}
+
+def rf_run(path):
+    d = json.load(open(path))
+    s = d["stats"]
+    return {"gbs": data / d["process_wall_s"] / 1e9,
+            "own_gbs": s["bytes_read"] / d["seconds"] / 1e9,
+            "wall": d["process_wall_s"], "bytes": s["bytes_read"],
+            "cpu_s_per_gb": d["cpu_s_per_gb"], "local_reads": s.get("local_reads", "?"),
+            "ttfb": s["time_to_first_batch_ns"] / 1e9, "stats": s}
+
+resid = dict(line.split() for line in open(f"{out}/residency.txt"))
+who = ["ringfeed", "fio", "ringfeed_buffered"]
+rows = []
+print()
+hdr = (f"{'round':>5} {'rf direct':>9} {'fio dir':>8} {'rf buf':>7} {'direct/fio':>10} "
+       f"{'buf/fio':>8} {'rf own':>7} {'fio own':>7} {'rf path':>8} {'resident before (rf,fio,buf)':>29}")
+print(hdr)
+print("-" * len(hdr))
+for r in range(1, rounds + 1):
+    g = rf_run(f"{out}/round-{r}-ringfeed.json")
+    f = fio_run(f"{out}/round-{r}-fio.json")
+    b = rf_run(f"{out}/round-{r}-ringfeed_buffered.json")
+    assert g["bytes"] == data and b["bytes"] == data, "ringfeed read another byte count"
+    row = {"round": r, "ringfeed": g, "fio": f, "ringfeed_buffered": b,
+           "ratio": g["gbs"] / f["gbs"], "buffered_ratio": b["gbs"] / f["gbs"],
+           "resident_before": {w: float(resid[f"{r}-{w}"]) for w in who}}
+    rows.append(row)
+    rb = ",".join(f"{row['resident_before'][w]:.4f}" for w in who)
+    print(f"{r:>5} {g['gbs']:>9.3f} {f['gbs']:>8.3f} {b['gbs']:>7.3f} {row['ratio']:>10.3f} "
+          f"{row['buffered_ratio']:>8.3f} {g['own_gbs']:>7.3f} {f['own_gbs']:>7.3f} "
+          f"{g['local_reads']:>8} {rb:>29}")
+
+def spread(key):
+    xs = [x[key] for x in rows]
+    return f"(rounds {min(xs):.3f}-{max(xs):.3f})"
+
+rf = med([x["ringfeed"]["gbs"] for x in rows])
+fio = med([x["fio"]["gbs"] for x in rows])
+buf = med([x["ringfeed_buffered"]["gbs"] for x in rows])
+mark = lambda ok: "PASS" if ok else "MISS"
+print()
+print(f"summary (cold, {rounds} rounds, {data / 1e9:.2f} GB a run, whole process, GB/s of file bytes):")
+print(f"  ringfeed direct    {rf:7.3f}   (its own clock: "
+      f"{med([x['ringfeed']['own_gbs'] for x in rows]):.3f}; local reads: "
+      f"{rows[0]['ringfeed']['local_reads']})")
+print(f"  fio --direct=1     {fio:7.3f}   (its own clock: {med([x['fio']['own_gbs'] for x in rows]):.3f})")
+print(f"  ringfeed buffered  {buf:7.3f}   (its own clock: "
+      f"{med([x['ringfeed_buffered']['own_gbs'] for x in rows]):.3f}; local reads: "
+      f"{rows[0]['ringfeed_buffered']['local_reads']})")
+print(f"  ratio of medians ringfeed direct / fio direct     {rf / fio:.3f} {spread('ratio')}")
+print(f"  ratio of medians ringfeed buffered / fio direct   {buf / fio:.3f} {spread('buffered_ratio')}")
+print(f"  ratio of medians ringfeed direct / buffered       {rf / buf:.3f}")
+print(f"  CPU-s per GB delivered: ringfeed direct {med([x['ringfeed']['cpu_s_per_gb'] for x in rows]):.3f}, "
+      f"buffered {med([x['ringfeed_buffered']['cpu_s_per_gb'] for x in rows]):.3f}")
+summary = {"cold": True, "rounds": rows, "median": {
+    "ringfeed_direct_gb_per_s": rf, "fio_direct_gb_per_s": fio, "ringfeed_buffered_gb_per_s": buf,
+    "ratio": rf / fio, "buffered_ratio": buf / fio}, "targets": {}}
+ok = True
+if os.path.exists(f"{out}/sweep.txt"):
+    best = None
+    print("  fio --direct=1 configurations, whole process (sweep.txt):")
+    for line in open(f"{out}/sweep.txt"):
+        jobs, bs, depth, ns = line.split()
+        gbs = data / (int(ns) / 1e9) / 1e9
+        print(f"    jobs {jobs} bs {bs:>2} depth {depth:>2}: {gbs:6.3f} GB/s")
+        if best is None or gbs > best[0]:
+            best = (gbs, f"jobs {jobs}, bs {bs}, depth {depth}")
+    ok = rf / best[0] >= 0.9
+    print(f"  best fio --direct=1: {best[1]}, {best[0]:.3f} GB/s (one run each)")
+    print(f"  ringfeed direct {rf:.3f} GB/s (median) / best fio {rf / best[0]:.3f}   "
+          f"target >= 0.9   {mark(ok)}")
+    print(f"  ringfeed buffered {buf:.3f} GB/s (median) / best fio {buf / best[0]:.3f}")
+    summary["best_fio"] = {"config": best[1], "gb_per_s": best[0], "ratio": rf / best[0],
+                           "buffered_ratio": buf / best[0]}
+    summary["targets"]["best_fio"] = mark(ok)
+json.dump(summary, open(f"{out}/summary.json", "w"), indent=1)
+if strict and not ok:
+    sys.exit(1)
+EOF
+    find "$OUT_DIR" -name '*.stderr' -empty -delete
+    say "commands"
+    cat "$CMDS"
+    echo
+    echo "raw JSON, commands and summary.json: $OUT_DIR"
+    exit 0
+fi
 
 # Free memory: the shards must stay cached while ringfeed's arena and fio's
 # buffers are live. MemAvailable counts the cached shards as reclaimable, so

@@ -162,6 +162,16 @@ config_keys! {
 
     register_buffers: Toggle = Toggle::Auto => toggle(key, v)?;
 
+    /// Read local shards with O_DIRECT, past the page cache: `On` wherever
+    /// the file system takes it (others are read buffered, said in the
+    /// stats notes), `Off` never, `Auto` when the local shards add up to
+    /// more than the machine's memory (`fetch::direct`).
+    // Auto: data the page cache can hold reads faster buffered from the
+    // second epoch on; data larger than memory is cold every epoch, and
+    // direct reads skip the copy and leave the page cache to others
+    // (docs/decisions.md).
+    direct_io: Toggle = Toggle::Auto => toggle(key, v)?;
+
     /// Back the arena with a memory file another process may map (see
     /// `ringfeed_loader_arena`): for consumers in a child process.
     // Private memory unless a consumer elsewhere needs to map it.

@@ -150,6 +150,11 @@ mod tests {
         assert!(err(r#"{"urls":"a","io_backend":"epoll"}"#).contains("\"io_uring\""));
         assert!(err(r#"{"urls":"a","memory_kind":"huge"}"#).contains("`memory_kind`"));
         assert!(err(r#"{"urls":"a","lock_memory":"maybe"}"#).contains("`lock_memory`"));
+        assert!(
+            err(r#"{"urls":"a","direct_io":"always"}"#)
+                .contains(r#"`direct_io` must be one of "auto", "on", "off", got "always""#)
+        );
+        assert!(err(r#"{"urls":"a","direct_io":1}"#).contains("`direct_io` must be a string"));
         assert!(err(r#"{"urls":"a","chunk_size":1000}"#).contains("`chunk_size`"));
         assert!(err(r#"{"urls":"a","memory_budget":"16MiB"}"#).contains("at least 4 are needed"));
         assert!(err(r#"{"urls":[1]}"#).contains("`urls`"));

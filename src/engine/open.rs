@@ -18,6 +18,7 @@ use crate::engine::threads::{
     MakeReader, Readers, net_main, prefault_main, sequencer_main, worker_main,
 };
 use crate::error::{Error, Result};
+use crate::fetch::direct::DirectIo;
 use crate::fetch::net_thread::NetLink;
 use crate::fetch::uring::{self, FixedBuffers, UringReader};
 use crate::fetch::{BackendKind, NetOptions};
@@ -185,6 +186,12 @@ impl Loader {
         // GB/s of page-cache shards; with 8, 7.4-7.9 (dev machine). What the
         // queues hold counts against each worker's chunk quota.
         let per_stream = cfg.prefetch_batches.max(2);
+        let local_bytes = shards
+            .iter()
+            .filter(|s| matches!(s.source, dataset::Source::File(_)))
+            .filter_map(|s| s.size)
+            .sum();
+        let direct = DirectIo::new(cfg.direct_io, local_bytes);
         let shared = Arc::new(Shared {
             shard_names: shards.iter().map(|s| s.name.as_str().into()).collect(),
             shards,
@@ -207,11 +214,13 @@ impl Loader {
             fingerprint,
             slack,
             data_len,
+            direct,
             net,
             net_links,
             batch_index: AtomicU64::new(0),
             delivered: AtomicU64::new(0),
             stop: AtomicBool::new(false),
+            lead_done: AtomicBool::new(false),
             failure: Mutex::new(None),
             started,
             cfg,

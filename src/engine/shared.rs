@@ -15,6 +15,7 @@ use crate::dataset::Shard;
 use crate::engine::counters::Counters;
 use crate::error::{Error, Result};
 use crate::fetch::NetOptions;
+use crate::fetch::direct::{ChunkLayout, DirectIo};
 use crate::fetch::net_thread::NetLink;
 use crate::memory::{Batch, BatchBuilder, ChunkPool, ShardNames};
 use crate::plan::resume::{Round, Start};
@@ -62,6 +63,8 @@ pub(crate) struct Shared {
     pub slack: usize,
     /// Bytes of a chunk that reads fill.
     pub data_len: usize,
+    /// Whether local shards are opened with O_DIRECT, and which were.
+    pub direct: DirectIo,
     pub net: NetOptions,
     /// The network threads' links (empty: workers receive their own HTTP
     /// ranges); worker `i` uses `net_links[i % len]`.
@@ -71,6 +74,9 @@ pub(crate) struct Shared {
     pub(super) delivered: AtomicU64,
     pub(super) progress: Mutex<Progress>,
     pub(super) stop: AtomicBool,
+    /// Stream 0's worker can give no first batch on its own (see
+    /// `await_first_batch`).
+    pub(super) lead_done: AtomicBool,
     pub(super) failure: Mutex<Option<Error>>,
     pub(super) started: Instant,
 }
@@ -99,6 +105,35 @@ impl Shared {
         self.channel.push_wait(item).map_err(|_| Error::Closed)
     }
 
+    /// Says that stream 0's worker can give no first batch on its own: its
+    /// epoch ended short of one, its share of the chunks is used up, or the
+    /// worker ended.
+    pub fn lead_done(&self) {
+        // Release: pairs with the Acquire in `await_first_batch`; it orders
+        // only the start-up.
+        self.lead_done.store(true, Ordering::Release);
+    }
+
+    /// Waits, at most `most`, until the first batch is handed out (or
+    /// stream 0's worker can give none). A fresh start's first batch is
+    /// stream 0's (the sequencer takes the streams in turn from 0), and on
+    /// a busy machine the other workers' first reads (each faulting in and
+    /// filling a chunk) took the CPU its read, the sequencer and the
+    /// consumer needed: see docs/decisions.md. Polled: it lasts one batch,
+    /// once per loader.
+    pub fn await_first_batch(&self, most: std::time::Duration) {
+        let t0 = Instant::now();
+        // Relaxed (the counter): a start signal, nothing is read through
+        // it. Acquire: pairs with the Release in `lead_done`.
+        while self.counters.time_to_first_batch_ns.load(Ordering::Relaxed) == 0
+            && !self.lead_done.load(Ordering::Acquire)
+            && t0.elapsed() < most
+            && !self.stopping()
+        {
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+    }
+
     /// True while the sequencer sleeps on `stream`'s empty queue (it is
     /// the queue's only reader): then a worker of that stream that cannot
     /// get a chunk holds up everything.
@@ -124,6 +159,15 @@ impl Shared {
     /// Each shard's sample count, where known.
     pub fn count(&self, shard: usize) -> Option<u64> {
         self.counts[shard]
+    }
+
+    /// Where reads land in the chunks, for opening direct files.
+    pub fn layout(&self) -> ChunkLayout {
+        ChunkLayout {
+            chunk: self.pool.chunk_size(),
+            slack: self.slack,
+            data_len: self.data_len,
+        }
     }
 
     /// This consumer's plan of `epoch` (made once, shared by the workers and

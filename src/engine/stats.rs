@@ -29,6 +29,13 @@ pub struct Stats {
     /// Threads receiving the workers' HTTP ranges; 0 when each worker
     /// receives its own (thread backend, or local shards only).
     pub net_threads: usize,
+    /// How local shards were read: "direct" (O_DIRECT), "buffered",
+    /// "direct+buffered" (some files could not be direct: see the notes), or
+    /// "none" (no local file opened yet).
+    pub local_reads: &'static str,
+    /// Local files opened so far with O_DIRECT, and buffered.
+    pub local_files_direct: u64,
+    pub local_files_buffered: u64,
     /// Retries of network ranges, by failure kind.
     pub retries: std::collections::BTreeMap<&'static str, u64>,
     /// Why a preferred setting was not obtained (huge pages, mlock, io_uring...).
@@ -89,11 +96,16 @@ impl Loader {
             io_uring_flags: self.setup.uring_flags,
             worker_cpus: self.setup.cpus.clone(),
             net_threads: sh.net_links.len(),
+            local_reads: sh.direct.path_name(),
+            local_files_direct: sh.direct.files().0,
+            local_files_buffered: sh.direct.files().1,
             retries,
             notes: {
                 let mut notes = self.setup.notes.clone();
                 // A ring that could not register the buffers after all.
                 notes.extend(self.setup.fixed.as_ref().and_then(|f| f.refused()));
+                // Local files read buffered although direct was wanted.
+                notes.extend(sh.direct.note());
                 notes
             },
         }

@@ -7,8 +7,6 @@
 //! until its completion arrives, on every path out (error or panic).
 
 use std::collections::VecDeque;
-use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -27,6 +25,23 @@ use crate::tar::TarWalk;
 /// Chunks of a worker's quota that read-ahead leaves alone: one for a spill
 /// run and one for a shuffle compaction target.
 const HEADROOM: usize = 2;
+
+/// The longest a worker other than stream 0's holds its first read until
+/// the first batch is out (`Shared::await_first_batch`): long against a
+/// page-cache or loopback first batch (2-20 ms), short against an epoch,
+/// so a slow first batch (a far server, a consumer that asks late) does
+/// not keep the other workers idle long.
+const FIRST_BATCH_ALONE: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Says stream 0's worker ended, however it ends, so no worker waits for
+/// its first batch in vain.
+struct LeadEnds<'a>(&'a Shared);
+
+impl Drop for LeadEnds<'_> {
+    fn drop(&mut self) {
+        self.0.lead_done();
+    }
+}
 
 /// Everything a worker thread owns.
 pub(crate) struct Worker<'a> {
@@ -76,6 +91,13 @@ impl<'a> Worker<'a> {
     /// Runs every epoch of the plan.
     pub(crate) fn run(&mut self) -> Result<()> {
         let sh = self.shared;
+        let _lead = (self.stream == 0).then(|| LeadEnds(sh));
+        // A fresh start's first batch is stream 0's: let its read, the
+        // sequencer and the consumer have the machine (a resume may start
+        // at another stream).
+        if self.stream != 0 && sh.start.skip_batches == 0 {
+            sh.await_first_batch(FIRST_BATCH_ALONE);
+        }
         let mut epoch = sh.start.epoch;
         while sh.cfg.epochs == 0 || epoch < sh.cfg.epochs {
             let plan = sh.plan(epoch)?;
@@ -144,6 +166,11 @@ impl<'a> Worker<'a> {
                 }
             }
             let tail = std::mem::replace(&mut self.builder, BatchBuilder::new(sh.cfg.batch_size));
+            if self.stream == 0 {
+                // Stream 0's epoch ended: what it gave is all the first
+                // batch will get from it.
+                sh.lead_done();
+            }
             sh.push_stream(self.stream, Item::Tail(tail))?;
             epoch += 1;
         }
@@ -162,12 +189,7 @@ impl<'a> Worker<'a> {
         // The file (when local) stays open until every read of it completed.
         let (_file, target, size) = match &shard.source {
             Source::File(path) => {
-                let file = File::open(path).map_err(|e| Error::io(IoOp::Open, path, &e))?;
-                let size = file
-                    .metadata()
-                    .map_err(|e| Error::io(IoOp::Stat, path, &e))?
-                    .len();
-                let fd = file.as_raw_fd();
+                let (file, fd, size) = self.shared.direct.open(path, self.shared.layout())?;
                 (Some(file), Target::File(fd), Some(size))
             }
             // Unknown (`None`) for a remote shard the resolver did not
@@ -261,10 +283,16 @@ impl<'a> Worker<'a> {
                 // takes only chunks beyond it.
                 let stream = self.stream;
                 let got = if pending.is_empty() {
-                    Some(
-                        sh.pool
-                            .acquire_or_stuck(stream, 1, &|| sh.awaited(stream))?,
-                    )
+                    // Asked when this worker's share is used up with no
+                    // batch of it out: stream 0's first batch then needs
+                    // the others to go on (or the pool to name the case).
+                    let stuck = || {
+                        if stream == 0 {
+                            sh.lead_done();
+                        }
+                        sh.awaited(stream)
+                    };
+                    Some(sh.pool.acquire_or_stuck(stream, 1, &stuck)?)
                 } else {
                     sh.pool.acquire_spare_as(self.stream, HEADROOM)?
                 };
@@ -350,7 +378,9 @@ impl<'a> Worker<'a> {
         // SAFETY: the chunk stays referenced by `r` until the completion is
         // reaped (`reap`, or `drain` on the error path; for ever when the
         // backend panicked inside `submit`), and `fd` stays open (the File
-        // outlives both).
+        // outlives both). A direct file's read widened to whole blocks
+        // stays inside the chunk: its layout was checked at the file's open
+        // (`ChunkLayout::fits`).
         let submitted = unsafe { self.reader.submit(req) };
         r.submitting = false;
         submitted.map_err(|e| Error::io(IoOp::Read, &shard.name, &e))?;

@@ -6,11 +6,15 @@
 //! - [`threads::ThreadReader`]: plain `pread` on the worker thread, for
 //!   kernels and containers (seccomp) where io_uring cannot be set up.
 //!
+//! Local files are read buffered or with O_DIRECT ([`direct`]); both
+//! backends widen a direct read to whole blocks the same way.
+//!
 //! HTTP and S3 shards are read with ranged GETs by each backend in its own
 //! way: on the worker's ring (`uring_http.rs`, https through `uring_tls.rs`
 //! on the same ring) or on blocking sockets ([`http_sync`]); the protocol itself (requests, response heads, retry
 //! policy, TLS, signing) is in [`crate::net`].
 
+pub mod direct;
 pub mod http_sync;
 pub mod net_thread;
 pub mod threads;
@@ -19,7 +23,6 @@ mod uring_http;
 mod uring_tls;
 
 use std::io;
-use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -51,8 +54,8 @@ impl BackendKind {
 /// What a read reads from.
 #[derive(Debug, Clone)]
 pub enum Target {
-    /// An open local file.
-    File(RawFd),
+    /// An open local file, buffered or direct.
+    File(direct::LocalFd),
     /// An object on an HTTP server, read with ranged GETs.
     Http(Arc<HttpObject>),
 }
@@ -143,7 +146,10 @@ pub trait Reader {
     /// # Safety
     /// `req.buf..req.buf + req.len` must stay valid and untouched by anyone
     /// else until its completion has been returned by `wait`, and a
-    /// `Target::File` descriptor must stay open until then.
+    /// `Target::File` descriptor must stay open until then. For a direct
+    /// file (`align` > 0) that holds for the read widened to whole blocks
+    /// ([`direct::KernelRead`]) too: from `buf - offset % align` to the end
+    /// rounded up to `align` (the chunk's slack around its data).
     unsafe fn submit(&mut self, req: ReadRequest) -> io::Result<()>;
     /// Starts queued reads and waits until at least `min` completions are
     /// available; appends them to `out`.

@@ -1,10 +1,12 @@
 //! The thread backend: each worker thread performs its own reads with
 //! `pread`, one at a time. It needs nothing but the read system call, so it
-//! runs wherever io_uring is refused.
+//! runs wherever io_uring is refused. Direct files' reads are widened to
+//! whole blocks (`direct::KernelRead`) like the ring's.
 
 use std::collections::VecDeque;
 use std::io;
 
+use super::direct::KernelRead;
 use super::http_sync::HttpPool;
 use super::{Completion, NetOptions, ReadFail, ReadRequest, Reader, Target, fetch_retrying};
 use crate::net::retry::Jitter;
@@ -35,27 +37,25 @@ pub(crate) fn run_blocking(
     jitter: &mut Jitter,
 ) -> Option<Completion> {
     match &req.target {
-        Target::File(fd) => {
-            // SAFETY: `submit`'s contract keeps the buffer valid and ours.
-            let n = unsafe { libc::pread(*fd, req.buf.cast(), req.len, req.offset as libc::off_t) };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    return None;
+        Target::File(f) => {
+            let read = KernelRead::new(req.offset, req.buf, req.len, f.align).and_then(|k| {
+                // SAFETY: `submit`'s contract keeps the buffer, widened to
+                // whole blocks for a direct file, valid and ours.
+                let n = unsafe { libc::pread(f.fd, k.buf.cast(), k.len, k.offset as libc::off_t) };
+                match n {
+                    n if n < 0 => Err(io::Error::last_os_error()),
+                    n => Ok(k.delivered(n as usize)),
                 }
-                return Some(Completion {
+            });
+            match read {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => None,
+                r => Some(Completion {
                     id: req.id,
-                    result: Err(ReadFail::Io(e)),
+                    result: r.map_err(ReadFail::Io),
                     copied: 0,
                     total: None,
-                });
+                }),
             }
-            Some(Completion {
-                id: req.id,
-                result: Ok(n as usize),
-                copied: 0,
-                total: None,
-            })
         }
         Target::Http(obj) => {
             // SAFETY: as above: `len` writable bytes at `buf`, ours until completion.

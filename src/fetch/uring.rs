@@ -1,6 +1,8 @@
 //! The io_uring backend: one ring per worker thread, created on that thread
 //! (SINGLE_ISSUER, DEFER_TASKRUN where the kernel has them), many reads in
 //! flight, `READ_FIXED` into the arena's chunks when they are registered.
+//! Reads of direct files go to the kernel widened to whole blocks
+//! (`direct::KernelRead`).
 
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -8,6 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use io_uring::{IoUring, opcode, types};
 
+use super::direct::KernelRead;
 use super::net_thread::{Inbox, NetLink};
 use super::uring_http::{HttpDriver, TAG};
 use super::{Completion, NetOptions, ReadFail, ReadRequest, Reader, Target};
@@ -93,6 +96,10 @@ pub struct UringReader {
     http: HttpDriver,
     /// Completions finished during `submit` (a range that failed at once).
     ready: Vec<Completion>,
+    /// Direct reads given to the kernel widened to whole blocks, by id:
+    /// their completions hand back only the bytes asked (the last read of
+    /// each file, so a handful at a time).
+    widened: std::collections::HashMap<u64, KernelRead>,
     /// HTTP ranges go to a network thread instead of `http`.
     remote: Option<Remote>,
 }
@@ -178,6 +185,7 @@ impl UringReader {
             fixed: if registered { None } else { fixed },
             http: HttpDriver::new(net, seed),
             ready: Vec::new(),
+            widened: Default::default(),
             remote: None,
         })
     }
@@ -252,8 +260,8 @@ impl UringReader {
 impl Reader for UringReader {
     unsafe fn submit(&mut self, req: ReadRequest) -> io::Result<()> {
         self.register_when_ready();
-        let fd = match &req.target {
-            Target::File(fd) => types::Fd(*fd),
+        let file = match &req.target {
+            Target::File(f) => *f,
             Target::Http(obj) if self.remote.is_some() => {
                 let obj = Arc::clone(obj);
                 let r = self.remote.as_mut().expect("checked above");
@@ -269,18 +277,22 @@ impl Reader for UringReader {
                 return Ok(());
             }
         };
-        let len =
-            u32::try_from(req.len).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let k = KernelRead::new(req.offset, req.buf, req.len, file.align)?;
+        let fd = types::Fd(file.fd);
+        let len = u32::try_from(k.len).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
         let entry = if self.registered {
-            opcode::ReadFixed::new(fd, req.buf, len, req.buf_index as u16)
-                .offset(req.offset)
+            // A widened read stays inside its chunk (`Reader::submit`), so
+            // inside the fixed buffer `buf_index`.
+            opcode::ReadFixed::new(fd, k.buf, len, req.buf_index as u16)
+                .offset(k.offset)
                 .build()
         } else {
-            opcode::Read::new(fd, req.buf, len)
-                .offset(req.offset)
-                .build()
+            opcode::Read::new(fd, k.buf, len).offset(k.offset).build()
         }
         .user_data(req.id);
+        if k.widened() {
+            self.widened.insert(req.id, k);
+        }
         loop {
             // SAFETY: the caller keeps the buffer and fd valid until the
             // completion is reaped (the contract of `Reader::submit`).
@@ -332,12 +344,13 @@ impl Reader for UringReader {
                     }
                     continue;
                 }
+                let widened = self.widened.remove(&ud);
                 out.push(Completion {
                     id: ud,
-                    result: if r < 0 {
-                        Err(ReadFail::Io(io::Error::from_raw_os_error(-r)))
-                    } else {
-                        Ok(r as usize)
+                    result: match (r, widened) {
+                        (r, _) if r < 0 => Err(ReadFail::Io(io::Error::from_raw_os_error(-r))),
+                        (r, Some(k)) => Ok(k.delivered(r as usize)),
+                        (r, None) => Ok(r as usize),
                     },
                     copied: 0,
                     total: None,
