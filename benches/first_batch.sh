@@ -4,13 +4,18 @@
 # where huge pages must be compacted first).
 #
 # A benchmark program, not a test (STYLE.md rule 9). Each open is a fresh
-# `ringfeed bench` process; its first-batch time is the engine's own clock
-# (`time_to_first_batch_ns`: from the start of open to the first batch
-# handed out). The reference, timed the same way in the same run, is the
-# first 8 MiB of the first shard through a fresh process: `dd` for local
-# files, `curl -r` for HTTP, whole process. It prints the distribution
-# (p50, p90, p99, max) of each and the ratio of the medians. PASS/MISS marks
-# the target only (STRICT=1 turns a MISS into exit status 1):
+# `ringfeed bench` process, timed two ways: whole process, from just before
+# it is spawned to its first batch (the CLOCK_MONOTONIC instant `bench`
+# reports, `first_batch_monotonic_ns`, against the same clock read by the
+# script), and by the engine's own clock (`time_to_first_batch_ns`: from
+# the start of open to the first batch handed out). The reference, in the
+# same run, open by open, is the first 8 MiB of the first shard through a
+# fresh process: `dd` for local files, `curl -r` for HTTP, whole process.
+# The shards' page-cache residency is checked before every open of both
+# (re-read when a page is missing, counted in the summary). It prints the
+# distribution (p50, p90, p99, max) of each, and the ratio of the medians
+# with the range of the per-open ratios. PASS/MISS marks the target only
+# (STRICT=1 turns a MISS into exit status 1):
 #   ringfeed first batch, p99 over OPENS opens <= 50 ms (issue 11; with
 #   20 opens the p99 is the largest)
 #
@@ -90,10 +95,17 @@ m.close()
 EOF
 }
 
-# ringfeed's first-batch time in ms, from its stats.
+# ringfeed's first-batch time in ms: whole process (spawn to first batch),
+# then its own clock (open to first batch).
 rf_first() {
-    "$RF" bench "$1" --json --epochs 1 2>/dev/null |
-        python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["stats"]["time_to_first_batch_ns"] / 1e6)'
+    python3 - "$RF" "$1" <<'EOF'
+import json, subprocess, sys, time
+t0 = time.monotonic_ns()
+out = subprocess.run([sys.argv[1], "bench", sys.argv[2], "--json", "--epochs", "1"],
+                     check=True, capture_output=True, text=True).stdout
+d = json.loads(out)
+print((d["first_batch_monotonic_ns"] - t0) / 1e6, d["stats"]["time_to_first_batch_ns"] / 1e6)
+EOF
 }
 
 # The reference's whole-process time in ms.
@@ -110,6 +122,9 @@ ref_first() {
 }
 
 RESULTS=$(mktemp)
+OUT_DIR=$(mktemp -d)
+FILES=("${FILES[@]:0:OPEN_SHARDS}")
+: >"$OUT_DIR/residency.txt"
 for case in $CASES; do
     say "$case: $OPENS opens"
     kind=${case%+churn}
@@ -118,17 +133,22 @@ for case in $CASES; do
     show "$RF" bench "$url" --json --epochs 1
     for ((i = 1; i <= OPENS; i++)); do
         [ "$case" = "$kind" ] || churn
-        echo "$case ringfeed $(rf_first "$url")" >>"$RESULTS"
+        ensure_hot "$case-$i-ringfeed"
+        read -r whole own < <(rf_first "$url")
+        echo "$case ringfeed $whole" >>"$RESULTS"
+        echo "$case ringfeed_own $own" >>"$RESULTS"
         [ "$case" = "$kind" ] || churn
+        ensure_hot "$case-$i-reference"
         echo "$case reference $(ref_first "$kind")" >>"$RESULTS"
     done
 done
 
 say summary
-python3 - "$RESULTS" "$STRICT" "$OPENS" "$SOURCE" "$CASES" <<'EOF'
+python3 - "$RESULTS" "$STRICT" "$OPENS" "$SOURCE" "$CASES" "$OUT_DIR/residency.txt" <<'EOF'
 import statistics, sys
 path, strict, opens, source = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3]), sys.argv[4]
 cases = sys.argv[5].split()
+rewarmed = [l.split() for l in open(sys.argv[6])]
 runs = {}
 for line in open(path):
     case, who, ms = line.split()
@@ -139,20 +159,26 @@ def q(xs, p):
 print(f"ringfeed built from {source}; {opens} opens per case; ms")
 print(f"{'case':<12} {'who':<10} {'p50':>8} {'p90':>8} {'p99':>8} {'max':>8}")
 missed = False
+names = {"ringfeed": "ringfeed", "ringfeed_own": "(own)", "reference": "reference"}
 for case in cases:
-    for who in ["ringfeed", "reference"]:
+    for who in ["ringfeed", "ringfeed_own", "reference"]:
         xs = runs[(case, who)]
-        print(f"{case:<12} {who:<10} {q(xs, .5):8.1f} {q(xs, .9):8.1f} {q(xs, .99):8.1f} "
+        print(f"{case:<12} {names[who]:<10} {q(xs, .5):8.1f} {q(xs, .9):8.1f} {q(xs, .99):8.1f} "
               f"{max(xs):8.1f}")
     rf, ref = runs[(case, "ringfeed")], runs[(case, "reference")]
+    per = [a / b for a, b in zip(rf, ref)]
     ratio = statistics.median(rf) / statistics.median(ref)
+    # The target is on the whole process: start-up and open included.
     ok = q(rf, .99) <= 50
     missed |= not ok
-    print(f"{'':<12} ratio of medians ringfeed/reference {ratio:.2f}; "
-          f"p99 {q(rf, .99):.1f} ms, target <= 50 ms: {'PASS' if ok else 'MISS'}")
-print("reference: the first 8 MiB of the first shard in a fresh process "
-      "(dd for local, curl -r for http), whole process; ringfeed: its own "
-      "clock from the start of open to the first batch")
+    print(f"{'':<12} ratio of medians ringfeed/reference (whole process) {ratio:.2f} "
+          f"[per open {min(per):.2f}-{max(per):.2f}]; p99 {q(rf, .99):.1f} ms, "
+          f"target <= 50 ms: {'PASS' if ok else 'MISS'}")
+print("ringfeed: whole process, spawn to first batch; (own): the engine's clock, open to "
+      "first batch. reference: the first 8 MiB of the first shard in a fresh process "
+      "(dd for local, curl -r for http), whole process")
+n = sum(1 for r in rewarmed if r[2] == "1")
+print(f"page cache: checked before each of {len(rewarmed)} runs, re-read before {n}")
 sys.exit(1 if strict and missed else 0)
 EOF
-rm -f "$RESULTS"
+rm -rf "$RESULTS" "$OUT_DIR"

@@ -17,8 +17,8 @@ build_ringfeed() {
     RF=$ROOT/target/release/ringfeed
     SOURCE="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
     local dirty
-    dirty=$(git status --porcelain --untracked-files=no -- src Cargo.toml Cargo.lock 2>/dev/null | wc -l)
-    [ "$dirty" -eq 0 ] || SOURCE="$SOURCE + $dirty modified files under src/ or Cargo.*"
+    dirty=$(git status --porcelain --untracked-files=no -- src cli Cargo.toml Cargo.lock 2>/dev/null | wc -l)
+    [ "$dirty" -eq 0 ] || SOURCE="$SOURCE + $dirty modified files under src/, cli/ or Cargo.*"
     echo "ringfeed built from $SOURCE"
 }
 
