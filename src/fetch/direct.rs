@@ -288,9 +288,10 @@ fn file_statx(fd: RawFd) -> io::Result<FileStat> {
     })
 }
 
-/// tmpfs and ramfs: the file is memory; O_DIRECT (where they take it) only
-/// copies from the same pages a buffered read does.
-const MEMORY_FILESYSTEMS: &[(i64, &str)] = &[(0x0102_1994, "tmpfs"), (0x8584_58f6, "ramfs")];
+/// tmpfs (`TMPFS_MAGIC`): the file is memory; O_DIRECT, which it takes
+/// since Linux 6.6, only copies from the same pages a buffered read does.
+/// (ramfs refuses O_DIRECT outright.)
+const MEMORY_FILESYSTEMS: &[(i64, &str)] = &[(0x0102_1994, "tmpfs")];
 
 /// Switches `fd` to O_DIRECT and gives the alignment its reads need, or
 /// says why it stays buffered.
