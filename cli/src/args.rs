@@ -177,9 +177,10 @@ pub(crate) struct LoaderArgs {
     pub(crate) memory_kind: Option<String>,
     #[arg(long)]
     pub(crate) epochs: Option<u64>,
-    /// More configuration keys as a JSON object (flags win).
+    /// More configuration keys as a JSON object (flags win); may be given
+    /// several times, later objects' keys replacing earlier ones'.
     #[arg(long)]
-    pub(crate) config: Option<String>,
+    pub(crate) config: Vec<String>,
 }
 
 /// What `bench` and `demo` report.
@@ -198,13 +199,13 @@ fn size_arg(s: &str) -> Result<u64, String> {
 }
 
 pub(crate) fn config_for(urls: Vec<String>, a: &LoaderArgs) -> AnyResult<Config> {
-    let mut m: Map<String, Value> = match &a.config {
-        Some(text) => match serde_json::from_str(text)? {
-            Value::Object(m) => m,
+    let mut m: Map<String, Value> = Map::new();
+    for text in &a.config {
+        match serde_json::from_str(text)? {
+            Value::Object(more) => m.extend(more),
             _ => return Err("--config must be a JSON object".into()),
-        },
-        None => Map::new(),
-    };
+        }
+    }
     m.insert("urls".into(), json!(urls));
     let mut set = |k: &str, v: Value| {
         m.insert(k.into(), v);

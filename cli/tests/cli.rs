@@ -308,3 +308,27 @@ fn index_writes_a_manifest_that_splits_the_dataset_among_ranks() {
     assert_eq!(got, samples);
     fails(&["index", "/nonexistent/x.tar"], "/nonexistent/x.tar");
 }
+
+#[test]
+fn config_objects_given_twice_are_merged_in_order() {
+    let (dir, samples) = dataset();
+    let url = pattern(dir.path());
+    let out = ok(&[
+        "bench",
+        &url,
+        "--json",
+        "--config",
+        r#"{"workers": 2, "batch_size": 5}"#,
+        "--config",
+        r#"{"workers": 1}"#,
+    ]);
+    let d: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(d["stats"]["workers"], 1, "the later object wins");
+    assert_eq!(d["samples"], samples);
+    // batch_size 5 from the first object still holds.
+    assert_eq!(d["batches"], samples.div_ceil(5));
+    fails(
+        &["bench", &url, "--config", "{}", "--config", "[1]"],
+        "--config must be a JSON object",
+    );
+}
