@@ -229,6 +229,35 @@ say "warm-up fio run"
 show "${FIO_CMD[@]}"
 run_fio "$OUT_DIR/warmup-fio.json"
 
+# One whole-process fio run in each of 12 configurations (jobs 1, 2, 4 x
+# block size 1 MiB, 8 MiB x depth 4, 16) over FILES, appending "jobs bs
+# depth ns" to sweep.txt. $1: fio's page-cache flag (--invalidate=0 or
+# --direct=1); $2: what readies the page cache before each run (ensure_hot
+# or drop_shards), given the run's label.
+fio_sweep() {
+    local mode=$1 prep=$2 jobs bs depth j i t0 t1 names cmd
+    for jobs in 1 2 4; do
+        for bs in 1M 8M; do
+            for depth in 4 16; do
+                cmd=(fio --output-format=json --thread --ioengine=io_uring "$mode"
+                     --rw=read --bs="$bs" --iodepth="$depth" --fixedbufs=1
+                     --file_service_type=sequential --loops="$EPOCHS")
+                for ((j = 0; j < jobs; j++)); do
+                    names=()
+                    for ((i = j; i < ${#FILES[@]}; i += jobs)); do names+=("${FILES[i]}"); done
+                    cmd+=(--name="w$j" --filename="$(IFS=:; echo "${names[*]}")")
+                done
+                "$prep" "sweep-$jobs-$bs-$depth"
+                t0=$(now_ns)
+                "${cmd[@]}" >"$OUT_DIR/sweep-$jobs-$bs-$depth.json" 2>/dev/null
+                t1=$(now_ns)
+                echo "$jobs $bs $depth $((t1 - t0))" >>"$OUT_DIR/sweep.txt"
+                echo "  jobs $jobs, bs $bs, depth $depth: $(((t1 - t0) / 1000000)) ms"
+            done
+        done
+    done
+}
+
 if [ "$COLD" = 1 ]; then
     # --- cold: every contender starts with the shards out of the page cache.
     # Drops the shards from the page cache and prints the check: drop_caches
@@ -289,26 +318,7 @@ EOF
 
     if [ "$FIO_SWEEP" = 1 ]; then
         say "fio --direct=1 configurations (one cold whole-process run each)"
-        for jobs in 1 2 4; do
-            for bs in 1M 8M; do
-                for depth in 4 16; do
-                    cmd=(fio --output-format=json --thread --ioengine=io_uring --direct=1
-                         --rw=read --bs="$bs" --iodepth="$depth" --fixedbufs=1
-                         --file_service_type=sequential --loops="$EPOCHS")
-                    for ((j = 0; j < jobs; j++)); do
-                        names=()
-                        for ((i = j; i < ${#FILES[@]}; i += jobs)); do names+=("${FILES[i]}"); done
-                        cmd+=(--name="w$j" --filename="$(IFS=:; echo "${names[*]}")")
-                    done
-                    drop_shards "sweep-$jobs-$bs-$depth"
-                    t0=$(now_ns)
-                    "${cmd[@]}" >"$OUT_DIR/sweep-$jobs-$bs-$depth.json" 2>/dev/null
-                    t1=$(now_ns)
-                    echo "$jobs $bs $depth $((t1 - t0))" >>"$OUT_DIR/sweep.txt"
-                    echo "  jobs $jobs, bs $bs, depth $depth: $(((t1 - t0) / 1000000)) ms"
-                done
-            done
-        done
+        fio_sweep --direct=1 drop_shards
         echo "# fio sweep: as the rounds' fio (--direct=1), with --bs, --iodepth and the jobs of each line of sweep.txt" >>"$CMDS"
     fi
 
@@ -452,26 +462,7 @@ echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 if [ "$FIO_SWEEP" = 1 ]; then
     say "fio configurations (one whole-process run each)"
-    for jobs in 1 2 4; do
-        for bs in 1M 8M; do
-            for depth in 4 16; do
-                cmd=(fio --output-format=json --thread --ioengine=io_uring --invalidate=0
-                     --rw=read --bs="$bs" --iodepth="$depth" --fixedbufs=1
-                     --file_service_type=sequential --loops="$EPOCHS")
-                for ((j = 0; j < jobs; j++)); do
-                    names=()
-                    for ((i = j; i < ${#FILES[@]}; i += jobs)); do names+=("${FILES[i]}"); done
-                    cmd+=(--name="w$j" --filename="$(IFS=:; echo "${names[*]}")")
-                done
-                ensure_hot "sweep-$jobs-$bs-$depth"
-                t0=$(now_ns)
-                "${cmd[@]}" >"$OUT_DIR/sweep-$jobs-$bs-$depth.json" 2>/dev/null
-                t1=$(now_ns)
-                echo "$jobs $bs $depth $((t1 - t0))" >>"$OUT_DIR/sweep.txt"
-                echo "  jobs $jobs, bs $bs, depth $depth: $(((t1 - t0) / 1000000)) ms"
-            done
-        done
-    done
+    fio_sweep --invalidate=0 ensure_hot
     { echo "# fio sweep: as the rounds' fio, with --bs, --iodepth and the jobs of each line of sweep.txt"; } >>"$CMDS"
 fi
 
