@@ -671,9 +671,4 @@ if strict and not all(checks.values()):
     sys.exit(1)
 EOF
 
-find "$OUT_DIR" -name '*.stderr' -empty -delete
-
-say "commands"
-cat "$CMDS"
-echo
-echo "raw JSON, commands and summary.json: $OUT_DIR"
+finish_run

@@ -68,3 +68,13 @@ ensure_hot() {
     fi
     echo "$1 $res $rewarmed" >>"$OUT_DIR/residency.txt"
 }
+
+# The end of a run: drops empty stderr files, prints the commands (CMDS) and
+# where the raw results are (OUT_DIR).
+finish_run() {
+    find "$OUT_DIR" -name '*.stderr' -empty -delete
+    say "commands"
+    cat "$CMDS"
+    echo
+    echo "raw JSON, commands and summary.json: $OUT_DIR"
+}

@@ -416,11 +416,7 @@ json.dump(summary, open(f"{out}/summary.json", "w"), indent=1)
 if strict and not ok:
     sys.exit(1)
 EOF
-    find "$OUT_DIR" -name '*.stderr' -empty -delete
-    say "commands"
-    cat "$CMDS"
-    echo
-    echo "raw JSON, commands and summary.json: $OUT_DIR"
+    finish_run
     exit 0
 fi
 
@@ -600,9 +596,4 @@ if strict and not all(checks.values()):
     sys.exit(1)
 EOF
 
-find "$OUT_DIR" -name '*.stderr' -empty -delete
-
-say "commands"
-cat "$CMDS"
-echo
-echo "raw JSON, commands and summary.json: $OUT_DIR"
+finish_run
