@@ -689,3 +689,82 @@ fn network_threads_receive_for_the_workers_without_changing_the_order() {
         );
     }
 }
+
+/// A shard of unknown size after one that filled the read-ahead has its
+/// reads sent together, each able to end early: a large shard pays no
+/// round trip alone, and a small one after a large one gets `416`s (with
+/// the size) for the reads past its end, which deliver nothing. Every byte
+/// is read once, on both backends, and the reads in vain show in the
+/// server's count of GETs.
+#[test]
+fn reads_of_unsized_shards_after_large_ones_go_out_together() {
+    let big = tempfile::tempdir().unwrap();
+    let small = tempfile::tempdir().unwrap();
+    let seed = 51;
+    let make = |dir: &std::path::Path, shards: usize, bytes: u64| {
+        let o = GenOptions {
+            shards,
+            shard_bytes: bytes,
+            sample_bytes: 20_000,
+            spread: 0.5,
+            fields: vec!["jpg".into(), "cls".into()],
+            seed,
+        };
+        synth::generate(dir, &o, |_| {}).unwrap()
+    };
+    make(big.path(), 3, 2 << 20);
+    make(small.path(), 8, 100_000);
+    // Keys are unique across the two sets (shard indices 0-2 and 5-6), and
+    // a sample's bytes depend on the seed and its key only.
+    let served = tempfile::tempdir().unwrap();
+    let order = [
+        big.path().join("shard-000000.tar"),
+        small.path().join("shard-000005.tar"),
+        big.path().join("shard-000001.tar"),
+        big.path().join("shard-000002.tar"),
+        small.path().join("shard-000006.tar"),
+    ];
+    let read = 224 << 10; // a 256 KiB chunk's data region
+    let mut total = 0u64;
+    let mut fewest_gets = 0usize; // one GET per read, none in vain
+    for (i, p) in order.iter().enumerate() {
+        let len = std::fs::metadata(p).unwrap().len();
+        assert!(
+            (i % 3 == 1 && len < read) || (i % 3 != 1 && len > 4 * read),
+            "shard {i}: {len} bytes"
+        );
+        total += len;
+        fewest_gets += len.div_ceil(read) as usize;
+        std::fs::copy(p, served.path().join(format!("s-{i}.tar"))).unwrap();
+    }
+    let local: Vec<String> = order.iter().map(|p| p.display().to_string()).collect();
+    let want = stream(
+        &Loader::open(config(local, serde_json::json!({}))).unwrap(),
+        seed,
+    );
+    let server = Server::start(served.path().to_path_buf());
+    for backend in ["threads", "io_uring"] {
+        let gets = server.faults.gets.load(Ordering::SeqCst);
+        let loader = Loader::open(config(
+            vec![server.url("s-{0..4}.tar")],
+            serde_json::json!({"io_backend": backend, "chunk_size": "256KiB",
+                               "reads_in_flight": 4, "workers": 1}),
+        ))
+        .unwrap();
+        assert_eq!(stream(&loader, seed), want, "{backend}");
+        let s = loader.stats();
+        assert_eq!(s.bytes_read, total, "{backend}: every byte once");
+        assert!(
+            s.retries.values().all(|&n| n == 0),
+            "{backend}: {:?}",
+            s.retries
+        );
+        let sent = server.faults.gets.load(Ordering::SeqCst) - gets;
+        // The two small shards follow large ones: up to 3 reads past the
+        // end each.
+        assert!(
+            sent > fewest_gets && sent <= fewest_gets + 6,
+            "{backend}: {sent} GETs for {fewest_gets} reads"
+        );
+    }
+}

@@ -55,6 +55,8 @@ pub(crate) struct Worker<'a> {
     next_read_id: u64,
     /// A read of this worker has completed (read-ahead may start).
     bytes_in: bool,
+    /// The size of the last shard this worker read (0 before the first).
+    last_size: u64,
 }
 
 struct PendingRead {
@@ -85,6 +87,7 @@ impl<'a> Worker<'a> {
             completions: Vec::new(),
             next_read_id: 1,
             bytes_in: false,
+            last_size: 0,
         }
     }
 
@@ -264,6 +267,9 @@ impl<'a> Worker<'a> {
         let sh = self.shared;
         let mut next_offset = 0u64;
         loop {
+            if let Some(s) = size {
+                self.last_size = s;
+            }
             // Keep up to `reads_in_flight` reads going; block for a chunk only
             // when nothing is in flight, so parsing never waits on itself.
             // Until this worker's first read is in, it is the only one: over
@@ -275,9 +281,19 @@ impl<'a> Worker<'a> {
             } else {
                 1
             };
-            // A shard of unknown size has its first read alone: the rest
-            // is planned when its completion says the size.
-            let depth = if size.is_none() { 1 } else { depth };
+            // A shard of unknown size has its first read alone (the rest
+            // is planned when its completion says the size), unless the
+            // shard before it filled the whole read-ahead: then its reads go
+            // out together, each able to end early (a read that starts past
+            // the end gets nothing, and the size), so a run of large shards
+            // pays no round trip alone per shard, and a run of small ones
+            // sends no read in vain.
+            let speculate = self.last_size >= depth as u64 * sh.data_len as u64;
+            let depth = if size.is_none() && !speculate {
+                1
+            } else {
+                depth
+            };
             while pending.len() < depth && size.is_none_or(|s| next_offset < s) {
                 // The first read may wait (and use the reserve); read-ahead
                 // takes only chunks beyond it.
