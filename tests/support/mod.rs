@@ -30,6 +30,23 @@ pub fn first_error(cfg: ringfeed::Config) -> ringfeed::Error {
     }
 }
 
+/// Asserts `e` is a TLS failure given up after one attempt (retrying
+/// cannot fix it) whose message contains `names` (lower case).
+pub fn assert_tls_at_once(e: &ringfeed::Error, names: &str) {
+    assert!(
+        matches!(
+            e,
+            ringfeed::Error::Http {
+                kind: ringfeed::net::http::FailKind::Tls,
+                attempts: 1,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().to_lowercase().contains(names), "{e}");
+}
+
 /// Streams a loader to its end; checks each sample arrives once with the
 /// generator's bytes for `seed`; returns how many samples came.
 pub fn stream(loader: &ringfeed::Loader, seed: u64) -> usize {
