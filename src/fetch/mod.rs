@@ -10,9 +10,12 @@
 //! backends widen a direct read to whole blocks the same way.
 //!
 //! HTTP and S3 shards are read with ranged GETs by each backend in its own
-//! way: on the worker's ring (`uring_http.rs`, https through `uring_tls.rs`
-//! on the same ring) or on blocking sockets ([`http_sync`]); the protocol itself (requests, response heads, retry
-//! policy, TLS, signing) is in [`crate::net`].
+//! way: with io_uring, on a network thread's ring that receives for several
+//! workers ([`net_thread`], driving `uring_http.rs`, https through
+//! `uring_tls.rs`), or on the worker's own ring when it has no network
+//! thread; with threads, on blocking sockets ([`http_sync`]). The protocol
+//! itself (requests, response heads, retry policy, TLS, signing) is in
+//! [`crate::net`].
 
 pub mod direct;
 pub mod http_sync;
