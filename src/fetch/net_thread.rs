@@ -217,6 +217,7 @@ impl NetLink {
         let mut next_id = 0u64;
         let mut armed = false;
         let mut stopping = false;
+        let mut cqes: Vec<(u64, i32)> = Vec::new();
         loop {
             if !armed {
                 let e = opcode::Read::new(
@@ -238,12 +239,12 @@ impl NetLink {
                 Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
                 Err(e) => return Err(e),
             }
-            let cqes: Vec<(u64, i32)> = ring
-                .completion()
-                .map(|c| (c.user_data(), c.result()))
-                .collect();
+            // Taken off the ring first: completing a step pushes new
+            // entries. One buffer for the thread's life.
+            cqes.clear();
+            cqes.extend(ring.completion().map(|c| (c.user_data(), c.result())));
             let mut woken = false;
-            for (ud, res) in cqes {
+            for &(ud, res) in &cqes {
                 if ud == WAKE {
                     armed = false;
                     woken = true;
