@@ -145,23 +145,10 @@ if [ "$COLD" = 1 ]; then
     RF_CMD+=(--config '{"direct_io": "on"}')
 fi
 
-# Runs ringfeed once: $1 = JSON file; adds the process's wall time so the
-# start-up (arena allocation and locking, which ringfeed's own `seconds`
-# leaves out) shows too.
-run_ringfeed() {
-    local t0 t1
-    t0=$(now_ns)
-    "${RF_CMD[@]}" >"$1.tmp" 2>"$1.stderr"
-    t1=$(now_ns)
-    python3 - "$1.tmp" "$1" "$t0" "$t1" <<'EOF'
-import json, sys
-src, dst, t0, t1 = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-d = json.load(open(src))
-d["process_wall_s"] = (t1 - t0) / 1e9
-json.dump(d, open(dst, "w"), indent=1)
-EOF
-    rm -f "$1.tmp"
-}
+# Runs ringfeed once: $1 = JSON file. benches/timed.py times the whole
+# process (wall and wait4 CPU), so the start-up (the arena's allocation and
+# locking, which ringfeed's own `seconds` leaves out) shows too.
+run_ringfeed() { python3 benches/timed.py "$1" -- "${RF_CMD[@]}" || die "ringfeed failed (see $1.stderr)"; }
 
 say "warm-up ringfeed run (learns the shape fio must match)"
 show "${RF_CMD[@]}"
@@ -210,20 +197,8 @@ for ((j = 0; j < RF_WORKERS; j++)); do
     FIO_CMD+=(--name="w$j" --filename="$(IFS=:; echo "${names[*]}")")
 done
 
-run_fio() {
-    local t0 t1
-    t0=$(now_ns)
-    "${FIO_CMD[@]}" >"$1.tmp" 2>"$1.stderr"
-    t1=$(now_ns)
-    python3 - "$1.tmp" "$1" "$t0" "$t1" <<'EOF'
-import json, sys
-src, dst, t0, t1 = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-d = json.load(open(src))
-d["process_wall_s"] = (t1 - t0) / 1e9
-json.dump(d, open(dst, "w"), indent=1)
-EOF
-    rm -f "$1.tmp"
-}
+# Runs fio once, timed as ringfeed is.
+run_fio() { python3 benches/timed.py "$1" -- "${FIO_CMD[@]}" || die "fio failed (see $1.stderr)"; }
 
 say "warm-up fio run"
 show "${FIO_CMD[@]}"
@@ -476,7 +451,7 @@ def fio_figures(path):
     cpu = sum((j["usr_cpu"] + j["sys_cpu"]) / 100 * j["read"]["runtime"] / 1e3 for j in jobs)
     return {"gbs": b / secs / 1e9, "bytes": b, "secs": secs,
             "cpu_s_per_gb": cpu / (b / 1e9), "e2e_gbs": b / d["process_wall_s"] / 1e9,
-            "wall": d["process_wall_s"]}
+            "e2e_cpu": d["process_cpu_s"] / (b / 1e9), "wall": d["process_wall_s"]}
 
 def rf_figures(path):
     d = json.load(open(path))
@@ -485,6 +460,7 @@ def rf_figures(path):
             "cpu_s_per_gb": d["cpu_s_per_gb"], "copied": d["copied_per_delivered"],
             "rss": d["peak_rss_bytes"], "budget": d["memory_budget"],
             "e2e_gbs": d["bytes"] / d["process_wall_s"] / 1e9, "wall": d["process_wall_s"],
+            "e2e_cpu": d["process_cpu_s"] / (d["bytes"] / 1e9),
             "ttfb": s["time_to_first_batch_ns"] / 1e9, "stats": s}
 
 # Fraction cached before each run, and whether it had to be read again.
@@ -557,7 +533,9 @@ print(f"  ratio ringfeed/fio       {ratio:8.3f}   [rounds {ratio_range[0]:.3f}-{
 print(f"  copied per delivered     {copied:8.4f}   target <= 0.02  {mark(checks['copied'])}")
 print(f"  peak RSS MiB             {rss / MiB:8.0f}   target <= {rss_limit / MiB:.0f} "
       f"(budget {budget / MiB:.0f} + 64)  {mark(checks['rss'])}")
-print(f"  CPU-s/GB ringfeed        {rf_cpu:8.3f}   (fio {fio_cpu:.3f})")
+print(f"  CPU-s/GB ringfeed        {rf_cpu:8.3f}   (fio {fio_cpu:.3f}; own clocks)")
+print(f"  CPU-s/GB whole process   {med([x['ringfeed']['e2e_cpu'] for x in rows]):8.3f}   "
+      f"(fio {med([x['fio']['e2e_cpu'] for x in rows]):.3f}; wait4)")
 print(f"  whole process: ringfeed {rf_e2e_gbs:.2f} GB/s (wall {wall:.2f} s, first batch after "
       f"{ttfb:.2f} s), fio {fio_e2e_gbs:.2f} GB/s; ratio ringfeed/fio {e2e_ratio:.3f} "
       f"[rounds {e2e_range[0]:.3f}-{e2e_range[1]:.3f}]")
