@@ -96,6 +96,11 @@
 // match the plan (a manifest's sample count is wrong).
 #define RINGFEED_ERR_STATE -13
 
+// The node engine (`"node"`) could not be reached or started, refused the
+// consumer (another user, a configuration that disagrees with the
+// engine's on a dataset or epoch key), exited, or broke the transport.
+#define RINGFEED_ERR_NODE -14
+
 // The source of a placeholder sample, which comes from no shard.
 #define NO_SOURCE UINT32_MAX
 

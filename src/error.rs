@@ -96,6 +96,14 @@ pub enum Error {
     /// The loader was closed while the call was in progress.
     #[error("the loader is closed")]
     Closed,
+    /// The node engine this consumer is attached to cannot be reached or
+    /// started, exited, refused the consumer, or broke the transport.
+    #[error("node engine: {0}")]
+    Node(String),
+    /// An error of the node engine's loader, passed on to the consumer with
+    /// the status the engine gave it.
+    #[error("{message}")]
+    Remote { status: i32, message: String },
 }
 
 impl Error {

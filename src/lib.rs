@@ -18,6 +18,7 @@ pub(crate) mod fetch; // the read backends: io_uring, threads, HTTP over both
 pub mod ffi; // the C ABI
 pub mod memory; // the arena, the chunk pool, batches
 pub mod net; // HTTP, TLS, retries, S3
+pub mod node; // one engine per node: consumers attach over shared memory
 pub mod plan; // epoch plans, shuffle order, resume states (pure)
 pub(crate) mod queue; // the lock-free ring and the blocking channel
 pub mod serve; // a small HTTP file server (CLI `serve`, demo, tests)

@@ -23,7 +23,8 @@ const RANKS: &[(&str, u32)] = &[
     ("fetch", 3),
     ("dataset", 4),
     ("engine", 5),
-    ("ffi", 6),
+    ("node", 6),
+    ("ffi", 7),
 ];
 
 /// The engine's files, in the order of its module doc's chain.

@@ -38,6 +38,10 @@ pub(crate) enum Command {
     Index(IndexArgs),
     /// Print each sample's key and field sizes, or one field's raw bytes.
     Cat(CatArgs),
+    /// Run a node engine: consumers on this node (ranks, DataLoader
+    /// workers) with `"node": "auto"` or `"node": SOCKET` attach to it and
+    /// take their batches through shared memory.
+    Node(NodeArgs),
     /// Generate a dataset in a temporary directory, serve it on a loopback
     /// HTTP server and stream it over http://, checking every byte.
     Demo {
@@ -52,6 +56,31 @@ pub(crate) enum Command {
         #[command(flatten)]
         report: ReportArgs,
     },
+}
+
+#[derive(Args)]
+pub(crate) struct NodeArgs {
+    /// Dataset URLs or paths (brace expansion allowed); with the flags
+    /// below, the configuration every consumer must agree with.
+    pub(crate) urls: Vec<String>,
+    /// Socket to listen on; default: the one consumers with `"node": "auto"`
+    /// and the same dataset and epoch keys look for.
+    #[arg(long)]
+    pub(crate) socket: Option<PathBuf>,
+    /// Exit once no consumer has been attached for this many milliseconds
+    /// (default: run until killed).
+    #[arg(long)]
+    pub(crate) linger_ms: Option<u64>,
+    /// Return once the socket listens, leaving the engine running in the
+    /// background (how consumers start it on demand).
+    #[arg(long)]
+    pub(crate) daemon: bool,
+    /// Read the configuration (a JSON object, `urls` included) from
+    /// standard input instead of the arguments.
+    #[arg(long)]
+    pub(crate) config_stdin: bool,
+    #[command(flatten)]
+    pub(crate) opts: LoaderArgs,
 }
 
 #[derive(Args)]
@@ -199,6 +228,11 @@ fn size_arg(s: &str) -> Result<u64, String> {
 }
 
 pub(crate) fn config_for(urls: Vec<String>, a: &LoaderArgs) -> AnyResult<Config> {
+    Ok(Config::from_map(&config_map_for(urls, a)?)?)
+}
+
+/// The configuration keys the flags and `--config` give, as JSON.
+pub(crate) fn config_map_for(urls: Vec<String>, a: &LoaderArgs) -> AnyResult<Map<String, Value>> {
     let mut m: Map<String, Value> = Map::new();
     for text in &a.config {
         match serde_json::from_str(text)? {
@@ -240,5 +274,5 @@ pub(crate) fn config_for(urls: Vec<String>, a: &LoaderArgs) -> AnyResult<Config>
     if let Some(v) = a.epochs {
         set("epochs", json!(v));
     }
-    Ok(Config::from_map(&m)?)
+    Ok(m)
 }

@@ -1,6 +1,7 @@
 //! The `ringfeed` command: `gen` writes a synthetic WebDataset, `bench`
 //! streams a dataset and reports throughput and cost, `serve` serves a
 //! directory over HTTP, `ls`, `index` and `cat` look at a dataset, and
+//! `node` runs a node engine, and
 //! `demo` generates shards in a temporary directory and streams them from
 //! an embedded loopback server.
 //!
@@ -19,6 +20,7 @@ mod bench;
 mod demo;
 mod generate;
 mod inspect;
+mod node;
 mod serve;
 
 fn main() -> ExitCode {
@@ -27,6 +29,7 @@ fn main() -> ExitCode {
         Command::Gen(a) => generate::gen_cmd(a),
         Command::Bench(a) => bench::bench(a.urls, &a.opts, &a.report),
         Command::Serve(a) => serve::serve_cmd(a),
+        Command::Node(a) => node::node_cmd(a),
         Command::Ls(a) => inspect::ls(a.urls, a.samples, a.json, &a.opts),
         Command::Index(a) => inspect::index(a.urls, a.output.as_deref(), &a.opts),
         Command::Cat(a) => inspect::cat(

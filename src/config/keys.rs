@@ -10,10 +10,10 @@ use std::path::PathBuf;
 use serde_json::Value;
 
 use super::values::{
-    attempts, boolean, endpoint, file_path, integer, io_backend, memory_kind, positive, region,
-    remainder, resume_states, secret, size, text, toggle, urls,
+    attempts, boolean, endpoint, file_path, integer, io_backend, memory_kind, node_mode, positive,
+    region, remainder, resume_states, secret, size, text, toggle, urls,
 };
-use super::{IoBackend, Toggle};
+use super::{IoBackend, NodeMode, Toggle};
 use crate::error::{Error, Result};
 use crate::memory::MemoryKind;
 use crate::net::s3::S3Config;
@@ -253,6 +253,15 @@ config_keys! {
     loader_worker: u64 = 0 => integer(key, v)?;
 
     loader_workers: u64 = 1 => positive(key, v)?;
+
+    /// Take batches from a node engine instead of opening one in this
+    /// process: `"auto"` attaches to this user's engine for the dataset
+    /// (starting `ringfeed node` when none runs), a path to the engine
+    /// listening there (`ringfeed node --socket`).
+    // An engine in the process, as a library is expected to behave; the
+    // node engine is for many consumers on one node (ringfeed.torch turns
+    // it on when a rank has DataLoader workers).
+    node: NodeMode = NodeMode::Off => node_mode(key, v)?;
 
     /// Resume states (hex) saved by `state`: see `crate::plan::resume`.
     resume: Vec<String> = Vec::new() => resume_states(key, v)?;

@@ -19,13 +19,75 @@ mod values;
 use serde_json::{Map, Value};
 
 pub use keys::{AUTO_WORKERS, Config, KEYS};
-pub use values::{IoBackend, Toggle, parse_size};
+pub use values::{IoBackend, NodeMode, Toggle, parse_size};
 
 use crate::error::{Error, Result};
 use crate::plan::PlanOptions;
 use values::kind_of;
 
+/// The keys every consumer of one node engine must give alike: the dataset,
+/// the epoch settings and the layout of consumers and streams, which
+/// together fix every consumer's samples and their order. A consumer's own
+/// keys are [`PER_CONSUMER`]; the others (memory, threads, I/O) are the
+/// engine's, taken from the configuration it was started with.
+pub const NODE_SHARED: &[&str] = &[
+    "urls",
+    "manifest",
+    "s3_endpoint",
+    "batch_size",
+    "drop_last",
+    "seed",
+    "shuffle",
+    "shuffle_buffer",
+    "shuffle_initial",
+    "resampled",
+    "samples_per_epoch",
+    "remainder",
+    "epochs",
+    "world_size",
+    "loader_workers",
+    "workers",
+];
+
+/// The keys that say which consumer a loader is and where it starts: each
+/// consumer of a node engine gives its own.
+pub const PER_CONSUMER: &[&str] = &["rank", "loader_worker", "resume", "epoch", "node"];
+
 impl Config {
+    /// The first key of [`NODE_SHARED`] on which `other` differs from this
+    /// configuration, with both values as they read.
+    pub fn disagreement(&self, other: &Config) -> Option<(&'static str, String, String)> {
+        macro_rules! first_differing {
+            ($($key:literal => $($f:ident).+),* $(,)?) => {
+                $(
+                    let (a, b) = (format!("{:?}", self.$($f).+), format!("{:?}", other.$($f).+));
+                    if a != b {
+                        return Some(($key, a, b));
+                    }
+                )*
+            };
+        }
+        first_differing!(
+            "urls" => urls,
+            "manifest" => manifest,
+            "s3_endpoint" => s3.endpoint,
+            "batch_size" => batch_size,
+            "drop_last" => drop_last,
+            "seed" => seed,
+            "shuffle" => shuffle,
+            "shuffle_buffer" => shuffle_buffer,
+            "shuffle_initial" => shuffle_initial,
+            "resampled" => resampled,
+            "samples_per_epoch" => samples_per_epoch,
+            "remainder" => remainder,
+            "epochs" => epochs,
+            "world_size" => world_size,
+            "loader_workers" => loader_workers,
+            "workers" => workers,
+        );
+        None
+    }
+
     /// Consumers of the dataset: ranks × loader workers.
     pub fn consumers(&self) -> u64 {
         self.world_size.saturating_mul(self.loader_workers)

@@ -98,6 +98,34 @@ pub(super) fn toggle(key: &str, v: &Value) -> Result<Toggle> {
     })
 }
 
+/// Where a loader's batches come from: its own engine, or a node engine.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum NodeMode {
+    /// An engine in this process.
+    #[default]
+    Off,
+    /// The node engine of this user and dataset, started if none runs.
+    Auto,
+    /// The node engine listening at this socket (started by `ringfeed node`).
+    Socket(std::path::PathBuf),
+}
+
+pub(super) fn node_mode(key: &str, v: &Value) -> Result<NodeMode> {
+    if v.as_bool() == Some(false) {
+        return Ok(NodeMode::Off);
+    }
+    match v.as_str() {
+        Some("off") => Ok(NodeMode::Off),
+        Some("auto") => Ok(NodeMode::Auto),
+        Some(p) if p.starts_with('/') && !p.contains('\0') => Ok(NodeMode::Socket(p.into())),
+        _ => Err(bad(
+            key,
+            "\"off\", \"auto\" or the absolute path of a node engine's socket",
+            v,
+        )),
+    }
+}
+
 pub(super) fn urls(key: &str, v: &Value) -> Result<Vec<String>> {
     let list = match v {
         Value::String(s) => vec![s.clone()],

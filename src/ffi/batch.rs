@@ -61,7 +61,7 @@ pub unsafe extern "C" fn ringfeed_batch_sample_source(
         // SAFETY: checked non-NULL and aligned; only the integer is read.
         let handle = unsafe { std::ptr::addr_of!((*batch).handle).read() };
         let batches = lock(&BATCHES);
-        let b = batches.get(&handle).ok_or_else(|| {
+        let (b, l) = batches.get(&handle).ok_or_else(|| {
             Fail(
                 RINGFEED_ERR_INVALID_HANDLE,
                 format!(
@@ -75,9 +75,9 @@ pub unsafe extern "C" fn ringfeed_batch_sample_source(
                 b.len()
             )));
         }
-        let name = b.source(sample).unwrap_or("");
+        let name = l.source(b, sample)?.unwrap_or_default();
         // SAFETY: forwarded from this function's contract.
-        unsafe { write_text(name, "source", buf, len, needed) }
+        unsafe { write_text(&name, "source", buf, len, needed) }
     })
 }
 

@@ -16,17 +16,22 @@ use super::status::{
     RINGFEED_ERR_PANIC, RINGFEED_OK, status_of,
 };
 use super::types::ringfeed_loader;
-use crate::engine::Loader;
 use crate::error::Error;
-use crate::memory::Batch;
+use crate::node::{AnyBatch, Attached};
 
 thread_local! {
     static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
 }
 
-pub(super) static LOADERS: LazyLock<Mutex<HashMap<usize, Arc<Loader>>>> =
+pub(super) static LOADERS: LazyLock<Mutex<HashMap<usize, Arc<Attached>>>> =
     LazyLock::new(Default::default);
-pub(super) static BATCHES: LazyLock<Mutex<HashMap<u64, Batch>>> = LazyLock::new(Default::default);
+/// A batch handed out and the loader it came from.
+pub(super) type HeldBatch = (AnyBatch, Arc<Attached>);
+
+/// Batches handed out, with the loader they came from (a node batch asks
+/// it for a sample's shard name).
+pub(super) static BATCHES: LazyLock<Mutex<HashMap<u64, HeldBatch>>> =
+    LazyLock::new(Default::default);
 /// Handle numbers; never reused within a process. Relaxed: only uniqueness matters.
 pub(super) static NEXT_HANDLE: AtomicU64 = AtomicU64::new(1);
 
@@ -84,7 +89,7 @@ pub(super) fn check<T>(p: *const T, name: &str) -> Result<(), Fail> {
     Ok(())
 }
 
-pub(super) fn lookup(handle: *const ringfeed_loader) -> Result<Arc<Loader>, Fail> {
+pub(super) fn lookup(handle: *const ringfeed_loader) -> Result<Arc<Attached>, Fail> {
     if handle.is_null() {
         return Err(invalid("argument `loader` is NULL"));
     }

@@ -16,7 +16,7 @@ use super::status::{
     RINGFEED_OK, RINGFEED_TIMEOUT,
 };
 use super::types::{ringfeed_batch, ringfeed_loader};
-use crate::engine::{Loader, Next};
+use crate::node::{AnyNext, Attached};
 
 /// Opens a loader from a JSON configuration (see the README's reference).
 /// On success writes the handle to `*out` and returns `RINGFEED_OK`; on
@@ -39,7 +39,7 @@ pub unsafe extern "C" fn ringfeed_loader_open(
         let text = unsafe { CStr::from_ptr(config_json) }
             .to_str()
             .map_err(|e| invalid(format!("`config_json` is not UTF-8: {e}")))?;
-        let loader = Loader::open_json(text)?;
+        let loader = Attached::open_json(text)?;
         // Odd, 16-spaced numbers: never the address of a real object.
         let id = NEXT_HANDLE.fetch_add(1, Ordering::Relaxed) as usize * 16 + 5;
         lock(&LOADERS).insert(id, Arc::new(loader));
@@ -71,7 +71,7 @@ pub unsafe extern "C" fn ringfeed_loader_next(
         let l = lookup(loader)?;
         let timeout = u64::try_from(timeout_ms).ok().map(Duration::from_millis);
         match l.next(timeout)? {
-            Next::Batch(b) => {
+            AnyNext::Batch(b) => {
                 let handle = NEXT_HANDLE.fetch_add(1, Ordering::Relaxed);
                 let view = ringfeed_batch {
                     handle,
@@ -85,14 +85,14 @@ pub unsafe extern "C" fn ringfeed_loader_next(
                 };
                 // The arrays live in the batch's heap vectors: moving the
                 // batch into the table does not move them.
-                lock(&BATCHES).insert(handle, b);
+                lock(&BATCHES).insert(handle, (b, l));
                 // SAFETY: as above.
                 unsafe { out.write(view) };
                 Ok(RINGFEED_OK)
             }
-            Next::EndOfEpoch(_) => Ok(RINGFEED_END_OF_EPOCH),
-            Next::Timeout => Ok(RINGFEED_TIMEOUT),
-            Next::Finished => Ok(RINGFEED_FINISHED),
+            AnyNext::EndOfEpoch(_) => Ok(RINGFEED_END_OF_EPOCH),
+            AnyNext::Timeout => Ok(RINGFEED_TIMEOUT),
+            AnyNext::Finished => Ok(RINGFEED_FINISHED),
         }
     })
 }
@@ -112,8 +112,7 @@ pub unsafe extern "C" fn ringfeed_loader_stats_json(
     needed: *mut usize,
 ) -> i32 {
     boundary(|| {
-        let s = lookup(loader)?.stats();
-        let text = serde_json::to_string(&s).map_err(|e| invalid(e.to_string()))?;
+        let (text, _) = lookup(loader)?.stats()?;
         // SAFETY: forwarded from this function's contract.
         unsafe { write_text(&text, "stats", buf, len, needed) }
     })
@@ -138,7 +137,7 @@ pub unsafe extern "C" fn ringfeed_loader_state(
     needed: *mut usize,
 ) -> i32 {
     boundary(|| {
-        let text = lookup(loader)?.state().to_hex();
+        let text = lookup(loader)?.state_hex();
         // SAFETY: forwarded from this function's contract.
         unsafe { write_text(&text, "state", buf, len, needed) }
     })
@@ -168,8 +167,7 @@ pub unsafe extern "C" fn ringfeed_loader_arena(
         check(base, "base")?;
         check(len, "len")?;
         let l = lookup(loader)?;
-        let arena = l.arena();
-        let Some(file) = arena.shared_fd() else {
+        let Some((file, first, bytes)) = l.arena() else {
             return Err(Fail(
                 RINGFEED_ERR_CONFIG,
                 "the loader's arena is private: open it with \"shared_arena\": true to map it elsewhere"
@@ -179,8 +177,8 @@ pub unsafe extern "C" fn ringfeed_loader_arena(
         // SAFETY: each checked non-NULL and aligned; the caller says writable.
         unsafe {
             fd.write(file);
-            base.write(arena.base());
-            len.write(arena.len() as u64);
+            base.write(first);
+            len.write(bytes as u64);
         }
         Ok(RINGFEED_OK)
     })

@@ -19,7 +19,7 @@ pub unsafe extern "C" fn ringfeed_loader_stats(
 ) -> i32 {
     boundary(|| {
         check(out, "out")?;
-        let v = lookup(loader)?.stats().counts;
+        let (_, v) = lookup(loader)?.stats()?;
         // SAFETY: checked non-NULL and aligned; the caller says it is writable.
         unsafe { out.write(v) };
         Ok(RINGFEED_OK)

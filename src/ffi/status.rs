@@ -96,10 +96,14 @@ statuses! {
     /// elastic resume lacks an old consumer's state; or a shard's samples do not
     /// match the plan (a manifest's sample count is wrong).
     RINGFEED_ERR_STATE = -13;
+    /// The node engine (`"node"`) could not be reached or started, refused the
+    /// consumer (another user, a configuration that disagrees with the
+    /// engine's on a dataset or epoch key), exited, or broke the transport.
+    RINGFEED_ERR_NODE = -14;
 }
 
 /// The status C sees for `e`: the one mapping from errors to status codes.
-pub(crate) fn status_of(e: &Error) -> i32 {
+pub fn status_of(e: &Error) -> i32 {
     match e {
         Error::Config(_) => RINGFEED_ERR_CONFIG,
         Error::Url { .. } => RINGFEED_ERR_DATASET,
@@ -125,6 +129,8 @@ pub(crate) fn status_of(e: &Error) -> i32 {
         Error::S3 { .. } => RINGFEED_ERR_NETWORK,
         Error::Credentials(_) => RINGFEED_ERR_CONFIG,
         Error::State(_) | Error::Plan { .. } => RINGFEED_ERR_STATE,
+        Error::Node(_) => RINGFEED_ERR_NODE,
+        Error::Remote { status, .. } => *status,
     }
 }
 
@@ -283,6 +289,14 @@ mod tests {
             ),
             (Error::Internal("i".into()), RINGFEED_ERR_PANIC),
             (Error::Closed, RINGFEED_ERR_CLOSED),
+            (Error::Node("n".into()), RINGFEED_ERR_NODE),
+            (
+                Error::Remote {
+                    status: RINGFEED_ERR_FORMAT,
+                    message: "m".into(),
+                },
+                RINGFEED_ERR_FORMAT,
+            ),
         ];
         for (op, want) in [
             (IoOp::Open, RINGFEED_ERR_DATASET),
@@ -321,7 +335,9 @@ mod tests {
                 | Error::State(_)
                 | Error::Plan { .. }
                 | Error::Internal(_)
-                | Error::Closed => {}
+                | Error::Closed
+                | Error::Node(_)
+                | Error::Remote { .. } => {}
             }
             let code = status_of(e);
             assert_eq!(code, *want, "{e}");

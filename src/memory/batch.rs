@@ -125,6 +125,12 @@ impl Batch {
         self.shards.get(s as usize).map(|n| &**n)
     }
 
+    /// The index of the shard sample `i` came from ([`NO_SOURCE`] for a
+    /// placeholder; None past the end).
+    pub fn source_index(&self, i: usize) -> Option<u32> {
+        self.sources.get(i).copied()
+    }
+
     /// The samples, for Rust consumers.
     pub fn samples(&self) -> impl Iterator<Item = SampleView<'_>> {
         self.samples.iter().map(|s| SampleView {

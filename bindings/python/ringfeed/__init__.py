@@ -34,6 +34,7 @@ from .errors import (
     NetworkError,
     PanicError,
     ReleasedError,
+    NodeError,
     StateError,
 )
 from .decode import DecodeError
@@ -74,6 +75,7 @@ __all__ = [
     "NetworkError",
     "PanicError",
     "ReleasedError",
+    "NodeError",
     "StateError",
     "config_keys",
     "expand_braces",

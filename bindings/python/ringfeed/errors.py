@@ -116,6 +116,14 @@ class StateError(Error, ValueError):
     (a manifest's sample count is wrong)."""
 
 
+@_raised_for(_ffi.RINGFEED_ERR_NODE)
+class NodeError(Error):
+    """The node engine (``node="auto"`` or a socket) could not be reached or
+    started, refused this consumer (another user, or a dataset, epoch or
+    layout key that differs from the engine's, named in the message), exited,
+    or broke the transport."""
+
+
 # Raised by the package itself, for Python objects used too late or in the
 # wrong process: they carry the status of the same fault in C, but the engine
 # never reports them, so `from_status` does not raise them.

@@ -1,0 +1,401 @@
+//! The node engine: listens on a Unix socket, and for each consumer that
+//! attaches (same user only) opens that consumer's loader — the consumer's
+//! rank, loader worker, resume state and start epoch over the engine's
+//! configuration — with its arena in a memory file, and hands it over:
+//!
+//! - the arena's memory file, reopened read-only (the consumer can map it
+//!   but never write it), the rings' memory file (`shm.rs`) and two
+//!   eventfds (records ready; records read or batches released);
+//! - a feeder thread takes the loader's batches, encodes each as a record
+//!   of offsets into the arena (`wire.rs`) and keeps the batch in a table
+//!   until the consumer releases its number;
+//! - the session's own thread answers requests on the socket (stats, a
+//!   sample's shard), takes releases, and on a hang-up — the consumer
+//!   closed, exited or crashed — closes the loader and drops every batch
+//!   the consumer still held, so its memory comes back.
+//!
+//! An on-demand engine (`linger`) exits when no consumer has been attached
+//! for that long.
+
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Map, Value, json};
+
+use super::shm::Rings;
+use super::sock;
+use super::wire;
+use crate::config::{Config, PER_CONSUMER};
+use crate::engine::{Loader, Next};
+use crate::error::{Error, Result};
+use crate::memory::Batch;
+
+/// How the engine runs.
+pub struct NodeOptions {
+    /// Where it listens (already bound: see [`sock::listen`]).
+    pub socket: PathBuf,
+    /// The engine's configuration: the dataset and epoch keys every consumer
+    /// must match, and the memory, thread and I/O keys of every loader.
+    pub config: Map<String, Value>,
+    /// Exit once no consumer has been attached for this long (`None`: run
+    /// until killed).
+    pub linger: Option<Duration>,
+    /// The status a consumer's C caller sees for an engine error.
+    pub status_of: fn(&Error) -> i32,
+}
+
+/// What the engine reports of itself in every consumer's stats.
+#[derive(Default)]
+struct Whole {
+    /// Consumers attached now.
+    consumers: AtomicUsize,
+    /// Batches handed out and not yet released, over all consumers.
+    held: AtomicUsize,
+    /// Consumers attached since the start.
+    attached: AtomicUsize,
+}
+
+/// Serves consumers on `listener` until the engine lingers out.
+pub fn serve(listener: OwnedFd, opts: NodeOptions) -> Result<()> {
+    let base = Config::from_map(&opts.config)?;
+    let opts = Arc::new(opts);
+    let whole = Arc::new(Whole::default());
+    let active = Arc::new(AtomicUsize::new(0));
+    let mut idle_since = Instant::now();
+    let mut sessions = Vec::new();
+    loop {
+        let ready = sock::poll(&[(&listener, true)], Some(Duration::from_millis(200)))
+            .map_err(|e| Error::Node(format!("waiting for consumers: {e}")))?;
+        if ready[0].readable {
+            match sock::accept(&listener) {
+                Ok(conn) => {
+                    active.fetch_add(1, Ordering::AcqRel);
+                    let (o, b, a, w) = (opts.clone(), base.clone(), active.clone(), whole.clone());
+                    let t = std::thread::Builder::new()
+                        .name("ringfeed-node-session".into())
+                        .spawn(move || {
+                            session(conn, &o, &b, &w);
+                            a.fetch_sub(1, Ordering::AcqRel);
+                        });
+                    match t {
+                        Ok(t) => sessions.push(t),
+                        Err(e) => {
+                            active.fetch_sub(1, Ordering::AcqRel);
+                            eprintln!("ringfeed node: cannot start a session thread: {e}");
+                        }
+                    }
+                }
+                Err(e) => eprintln!("ringfeed node: accept: {e}"),
+            }
+        }
+        sessions.retain(|t| !t.is_finished());
+        if active.load(Ordering::Acquire) > 0 {
+            idle_since = Instant::now();
+        } else if opts.linger.is_some_and(|l| idle_since.elapsed() >= l) {
+            let _ = std::fs::remove_file(&opts.socket);
+            return Ok(());
+        }
+    }
+}
+
+/// Replies with an error and returns.
+fn refuse(conn: &OwnedFd, status: i32, message: &str) {
+    let reply = json!({"error": {"status": status, "message": message}});
+    let _ = sock::send(conn, reply.to_string().as_bytes(), &[]);
+}
+
+/// The consumer's loader configuration: the engine's, with the consumer's
+/// own keys; checked to agree on the shared ones.
+fn consumer_config(
+    attach: &Map<String, Value>,
+    opts: &NodeOptions,
+    base: &Config,
+) -> Result<Config> {
+    let theirs = Config::from_map(attach)?;
+    if let Some((key, ours, theirs)) = base.disagreement(&theirs) {
+        return Err(Error::Node(format!(
+            "the consumer's `{key}` ({theirs}) differs from the node engine's ({ours}): every \
+             consumer of one engine must give the same dataset, epoch and layout keys"
+        )));
+    }
+    let mut m = opts.config.clone();
+    for key in PER_CONSUMER {
+        m.remove(*key);
+        if let Some(v) = attach.get(*key) {
+            m.insert((*key).into(), v.clone());
+        }
+    }
+    m.insert("node".into(), json!("off"));
+    m.insert("shared_arena".into(), json!(true));
+    Config::from_map(&m)
+}
+
+/// What the feeder and the session share for one consumer.
+struct Feed {
+    loader: Loader,
+    rings: Rings,
+    ready: OwnedFd,
+    whole: Arc<Whole>,
+    /// Batches handed out and not yet released, by number.
+    held: Mutex<HashMap<u64, Batch>>,
+    stop: AtomicBool,
+    /// The consumer read records (room in the ring) or released batches.
+    room: (Mutex<()>, Condvar),
+}
+
+fn session(conn: OwnedFd, opts: &NodeOptions, base: &Config, whole: &Arc<Whole>) {
+    let me = rustix_uid();
+    match sock::peer(&conn) {
+        Ok((uid, _)) if uid == me => {}
+        Ok((uid, pid)) => {
+            return refuse(
+                &conn,
+                (opts.status_of)(&Error::Node(String::new())),
+                &format!(
+                    "node engine: process {pid} of user {uid} may not attach to the engine of user {me}"
+                ),
+            );
+        }
+        Err(e) => eprintln!("ringfeed node: peer credentials: {e}"),
+    }
+    let first = match sock::recv(&conn) {
+        Ok(Some((msg, _))) => msg,
+        _ => return,
+    };
+    let node_err = |e: Error| refuse(&conn, (opts.status_of)(&e), &e.to_string());
+    let attach: Value = match serde_json::from_slice(&first) {
+        Ok(v) => v,
+        Err(e) => return node_err(Error::Node(format!("not an attach request: {e}"))),
+    };
+    let version = attach.get("version").and_then(Value::as_str).unwrap_or("");
+    if version != env!("CARGO_PKG_VERSION") {
+        return node_err(Error::Node(format!(
+            "the consumer's library is version {version:?}, the engine's {}: start the engine \
+             from the same release",
+            env!("CARGO_PKG_VERSION")
+        )));
+    }
+    let Some(cfg) = attach.get("config").and_then(Value::as_object) else {
+        return node_err(Error::Node(
+            "the attach request has no configuration".into(),
+        ));
+    };
+    let loader = match consumer_config(cfg, opts, base).and_then(Loader::open) {
+        Ok(l) => l,
+        Err(e) => return node_err(e),
+    };
+    let made = (|| -> std::io::Result<_> {
+        let (rings, rings_file) = Rings::create()?;
+        let ready = sock::eventfd()?;
+        let wake = sock::eventfd()?;
+        let fd = loader
+            .arena()
+            .shared_fd()
+            .ok_or_else(|| std::io::Error::other("the loader's arena is not in a memory file"))?;
+        let arena_ro = sock::reopen_read_only(fd)?;
+        Ok((rings, rings_file, ready, wake, arena_ro))
+    })();
+    let (rings, rings_file, ready, wake, arena_ro) = match made {
+        Ok(m) => m,
+        Err(e) => return node_err(Error::Node(format!("setting up the transport: {e}"))),
+    };
+    let reply = json!({"ok": {
+        "arena_len": loader.arena().len(),
+        "state": loader.state().to_hex(),
+        "pid": std::process::id(),
+        "socket": opts.socket,
+    }});
+    let fds = [
+        arena_ro.as_raw_fd(),
+        rings_file.as_raw_fd(),
+        ready.as_raw_fd(),
+        wake.as_raw_fd(),
+    ];
+    if sock::send(&conn, reply.to_string().as_bytes(), &fds).is_err() {
+        return;
+    }
+    drop((arena_ro, rings_file));
+    let feed = Arc::new(Feed {
+        loader,
+        rings,
+        ready,
+        whole: whole.clone(),
+        held: Mutex::new(HashMap::new()),
+        stop: AtomicBool::new(false),
+        room: (Mutex::new(()), Condvar::new()),
+    });
+    let feeder = {
+        let (feed, status_of) = (feed.clone(), opts.status_of);
+        std::thread::Builder::new()
+            .name("ringfeed-node-feed".into())
+            .spawn(move || run_feed(&feed, status_of))
+    };
+    whole.consumers.fetch_add(1, Ordering::AcqRel);
+    whole.attached.fetch_add(1, Ordering::AcqRel);
+    if let Ok(feeder) = feeder {
+        control(&conn, &wake, &feed);
+        feed.stop.store(true, Ordering::Release);
+        feed.room.1.notify_all();
+        feed.loader.close();
+        let _ = feeder.join();
+    }
+    // The consumer is gone: what it held comes back to the pool.
+    let mut held = lock(&feed.held);
+    whole.held.fetch_sub(held.len(), Ordering::AcqRel);
+    held.clear();
+    drop(held);
+    whole.consumers.fetch_sub(1, Ordering::AcqRel);
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn rustix_uid() -> u32 {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Pushes one record, waiting while the ring is full; `false` once stopped.
+fn push(feed: &Feed, rec: &[u8]) -> bool {
+    loop {
+        if feed.rings.push_record(rec) {
+            sock::notify(&feed.ready);
+            return true;
+        }
+        if feed.stop.load(Ordering::Acquire) {
+            return false;
+        }
+        let g = lock(&feed.room.0);
+        let _ = feed.room.1.wait_timeout(g, Duration::from_millis(50));
+    }
+}
+
+fn run_feed(feed: &Feed, status_of: fn(&Error) -> i32) {
+    let arena = feed.loader.arena();
+    let (base, len) = (arena.base().cast_const(), arena.len());
+    let mut buf = Vec::new();
+    let mut next_id = 1u64;
+    loop {
+        if feed.stop.load(Ordering::Acquire) {
+            return;
+        }
+        let rec = match feed.loader.next(Some(Duration::from_millis(200))) {
+            Ok(Next::Batch(b)) => {
+                let id = next_id;
+                next_id += 1;
+                let state = feed.loader.state().to_hex();
+                if let Err(e) = wire::encode_batch(&b, id, &state, base, len, &mut buf) {
+                    let e = Error::Internal(e);
+                    push(feed, &wire::encode_failed(status_of(&e), &e.to_string()));
+                    return;
+                }
+                if buf.len() > feed.rings.max_record() {
+                    let e = Error::Node(format!(
+                        "a batch's descriptor takes {} bytes, over the ring's {}: lower \
+                         `batch_size`",
+                        buf.len(),
+                        feed.rings.max_record()
+                    ));
+                    push(feed, &wire::encode_failed(status_of(&e), &e.to_string()));
+                    return;
+                }
+                lock(&feed.held).insert(id, b);
+                feed.whole.held.fetch_add(1, Ordering::AcqRel);
+                if !push(feed, &buf) {
+                    return;
+                }
+                continue;
+            }
+            Ok(Next::EndOfEpoch(e)) => wire::encode_end_of_epoch(e, &feed.loader.state().to_hex()),
+            Ok(Next::Timeout) => continue,
+            Ok(Next::Finished) => {
+                push(feed, &wire::encode_finished());
+                return;
+            }
+            Err(Error::Closed) if feed.stop.load(Ordering::Acquire) => return,
+            Err(e) => {
+                push(feed, &wire::encode_failed(status_of(&e), &e.to_string()));
+                return;
+            }
+        };
+        if !push(feed, &rec) {
+            return;
+        }
+    }
+}
+
+/// The session's loop: requests, releases, and the consumer's hang-up.
+fn control(conn: &OwnedFd, wake: &OwnedFd, feed: &Feed) {
+    let mut released = Vec::new();
+    loop {
+        let Ok(ready) = sock::poll(&[(conn, true), (wake, true)], None) else {
+            return;
+        };
+        if ready[1].readable {
+            sock::drain(wake);
+            released.clear();
+            if feed.rings.drain_releases(&mut released).is_err() {
+                // A consumer that breaks the ring is treated as gone.
+                return;
+            }
+            if !released.is_empty() {
+                let mut held = lock(&feed.held);
+                for id in &released {
+                    if held.remove(id).is_some() {
+                        feed.whole.held.fetch_sub(1, Ordering::AcqRel);
+                    }
+                }
+            }
+            feed.room.1.notify_all();
+        }
+        if ready[0].readable {
+            match sock::recv(conn) {
+                Ok(Some((msg, _))) => {
+                    let reply = answer(&msg, feed);
+                    if sock::send(conn, reply.to_string().as_bytes(), &[]).is_err() {
+                        return;
+                    }
+                }
+                _ => return,
+            }
+        } else if ready[0].hangup {
+            return;
+        }
+    }
+}
+
+/// Answers one request: `{"stats": true}` or `{"source": shard index}`.
+fn answer(msg: &[u8], feed: &Feed) -> Value {
+    let req: Value = serde_json::from_slice(msg).unwrap_or(Value::Null);
+    if req.get("stats").is_some() {
+        let s = feed.loader.stats();
+        let counts = &s.counts;
+        // SAFETY: Counts is repr(C) plain integers; its bytes are read.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(
+                (counts as *const crate::engine::Counts).cast::<u8>(),
+                std::mem::size_of::<crate::engine::Counts>(),
+            )
+        };
+        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        let w = &feed.whole;
+        let node = json!({
+            "pid": std::process::id(),
+            "consumers": w.consumers.load(Ordering::Acquire),
+            "consumers_attached": w.attached.load(Ordering::Acquire),
+            "batches_held": w.held.load(Ordering::Acquire),
+            "batches_held_by_this_consumer": lock(&feed.held).len(),
+        });
+        return json!({"stats": s, "counts": hex, "node": node});
+    }
+    if let Some(i) = req.get("source").and_then(Value::as_u64) {
+        let name = feed.loader.shards().get(i as usize).map(|s| s.name.clone());
+        return json!({ "source": name });
+    }
+    json!({"error": {"message": "unknown request"}})
+}

@@ -1,0 +1,306 @@
+//! The system calls of the node transport, each wrapped once: a Unix
+//! `SOCK_SEQPACKET` socket (messages keep their bounds, a closed peer shows
+//! as a hang-up), descriptors passed with `SCM_RIGHTS`, the peer's
+//! credentials (`SO_PEERCRED`), eventfds for wake-ups, and `poll`.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::time::Duration;
+
+/// Largest control message (stats JSON, attach replies).
+pub const MAX_MESSAGE: usize = 1 << 20;
+
+fn cvt(rc: libc::c_int) -> io::Result<libc::c_int> {
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(rc)
+    }
+}
+
+fn sockaddr(path: &Path) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
+    // SAFETY: sockaddr_un is plain data; zeroed is a valid empty address.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = path.as_os_str().as_bytes();
+    if bytes.len() >= addr.sun_path.len() || bytes.contains(&0) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "socket path `{}` is longer than {} bytes or holds a NUL",
+                path.display(),
+                addr.sun_path.len() - 1
+            ),
+        ));
+    }
+    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1;
+    Ok((addr, len as libc::socklen_t))
+}
+
+fn socket() -> io::Result<OwnedFd> {
+    // SAFETY: plain arguments.
+    let fd =
+        cvt(unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: a new descriptor owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Binds and listens at `path` (which must not exist), readable and writable
+/// by this user only.
+pub fn listen(path: &Path) -> io::Result<OwnedFd> {
+    let fd = socket()?;
+    let (addr, len) = sockaddr(path)?;
+    // SAFETY: a valid address of `len` bytes.
+    cvt(unsafe { libc::bind(fd.as_raw_fd(), (&raw const addr).cast(), len) })?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    // SAFETY: a bound socket.
+    cvt(unsafe { libc::listen(fd.as_raw_fd(), 128) })?;
+    Ok(fd)
+}
+
+/// Connects to the socket at `path`.
+pub fn connect(path: &Path) -> io::Result<OwnedFd> {
+    let fd = socket()?;
+    let (addr, len) = sockaddr(path)?;
+    // SAFETY: a valid address of `len` bytes.
+    cvt(unsafe { libc::connect(fd.as_raw_fd(), (&raw const addr).cast(), len) })?;
+    Ok(fd)
+}
+
+/// Accepts one connection.
+pub fn accept(listener: &OwnedFd) -> io::Result<OwnedFd> {
+    // SAFETY: a listening socket; no address wanted.
+    let fd = cvt(unsafe {
+        libc::accept4(
+            listener.as_raw_fd(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            libc::SOCK_CLOEXEC,
+        )
+    })?;
+    // SAFETY: a new descriptor owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The user and process at the other end of a Unix socket.
+pub fn peer(fd: &OwnedFd) -> io::Result<(u32, i32)> {
+    // SAFETY: ucred is plain data.
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: a valid ucred buffer and its length.
+    cvt(unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&raw mut cred).cast(),
+            &mut len,
+        )
+    })?;
+    Ok((cred.uid, cred.pid))
+}
+
+/// Sends one message with `fds` attached.
+pub fn send(fd: &OwnedFd, bytes: &[u8], fds: &[RawFd]) -> io::Result<()> {
+    let mut iov = libc::iovec {
+        iov_base: bytes.as_ptr().cast_mut().cast(),
+        iov_len: bytes.len(),
+    };
+    let space = if fds.is_empty() {
+        0
+    } else {
+        // SAFETY: a pure size computation.
+        unsafe { libc::CMSG_SPACE(std::mem::size_of_val(fds) as u32) as usize }
+    };
+    let mut control = vec![0u64; space.div_ceil(8)];
+    // SAFETY: msghdr is plain data.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if !fds.is_empty() {
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = space;
+        // SAFETY: the control buffer holds one header with room for `fds`.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of_val(fds) as u32) as usize;
+            std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(c).cast(), fds.len());
+        }
+    }
+    loop {
+        // SAFETY: msg points at live buffers of the lengths it says.
+        let n = unsafe { libc::sendmsg(fd.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+        if n >= 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Receives one message (`None`: the peer closed) and the descriptors that
+/// came with it (at most 8; more are closed).
+pub fn recv(fd: &OwnedFd) -> io::Result<Option<(Vec<u8>, Vec<OwnedFd>)>> {
+    let mut buf = vec![0u8; MAX_MESSAGE];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let mut control = [0u64; 16];
+    // SAFETY: msghdr is plain data.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control);
+    let n = loop {
+        // SAFETY: msg points at live buffers of the lengths it says.
+        let n = unsafe { libc::recvmsg(fd.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n >= 0 {
+            break n as usize;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    };
+    let mut fds = Vec::new();
+    // SAFETY: walking the control messages the kernel wrote into `control`.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let bytes = (*c).cmsg_len - libc::CMSG_LEN(0) as usize;
+                let data = libc::CMSG_DATA(c).cast::<RawFd>();
+                for i in 0..bytes / std::mem::size_of::<RawFd>() {
+                    fds.push(OwnedFd::from_raw_fd(data.add(i).read_unaligned()));
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    if n == 0 && fds.is_empty() {
+        return Ok(None);
+    }
+    if msg.msg_flags & libc::MSG_TRUNC != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "a message longer than the transport allows",
+        ));
+    }
+    buf.truncate(n);
+    Ok(Some((buf, fds)))
+}
+
+/// A new eventfd (non-blocking).
+pub fn eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: plain arguments.
+    let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) })?;
+    // SAFETY: a new descriptor owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Adds 1 to an eventfd, waking its poller.
+pub fn notify(fd: &OwnedFd) {
+    let one = 1u64;
+    // SAFETY: 8 readable bytes. A full counter (EAGAIN) is already a wake-up.
+    unsafe { libc::write(fd.as_raw_fd(), (&raw const one).cast(), 8) };
+}
+
+/// Resets an eventfd to 0.
+pub fn drain(fd: &OwnedFd) {
+    let mut v = 0u64;
+    // SAFETY: 8 writable bytes; EAGAIN (nothing pending) is fine.
+    unsafe { libc::read(fd.as_raw_fd(), (&raw mut v).cast(), 8) };
+}
+
+/// What `poll` saw on each descriptor: readable, and hung up (or failed).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Ready {
+    pub readable: bool,
+    pub hangup: bool,
+}
+
+/// Waits until one of `fds` (`true`: wanted readable; `false`: only its
+/// hang-up) is ready, or `timeout` passes (`None`: for ever).
+pub fn poll(fds: &[(&OwnedFd, bool)], timeout: Option<Duration>) -> io::Result<Vec<Ready>> {
+    let mut p: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|(fd, read)| libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: if *read { libc::POLLIN } else { 0 },
+            revents: 0,
+        })
+        .collect();
+    let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
+    // SAFETY: `p` is a valid array of its length.
+    let rc = unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, ms) };
+    if rc < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+        return Ok(vec![Ready::default(); fds.len()]);
+    }
+    Ok(p.iter()
+        .map(|p| Ready {
+            readable: p.revents & libc::POLLIN != 0,
+            hangup: p.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL | libc::POLLRDHUP)
+                != 0,
+        })
+        .collect())
+}
+
+/// Opens `fd`'s file again, read-only: a descriptor through which the
+/// receiver can map the memory but never write it (`mmap` with `PROT_WRITE`
+/// and `MAP_SHARED` fails with EACCES, and so does `mprotect` later).
+pub fn reopen_read_only(fd: RawFd) -> io::Result<std::fs::File> {
+    std::fs::File::open(format!("/proc/self/fd/{fd}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_and_descriptors_cross_and_a_closed_peer_shows() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s");
+        let l = listen(&path).unwrap();
+        let c = connect(&path).unwrap();
+        let s = accept(&l).unwrap();
+        // SAFETY: geteuid cannot fail.
+        assert_eq!(peer(&s).unwrap().0, unsafe { libc::geteuid() });
+        let e = eventfd().unwrap();
+        send(&c, b"hello", &[e.as_raw_fd()]).unwrap();
+        let (msg, fds) = recv(&s).unwrap().unwrap();
+        assert_eq!(msg, b"hello");
+        assert_eq!(fds.len(), 1);
+        // The passed eventfd is the same object: a notify on one is seen on
+        // the other.
+        notify(&fds[0]);
+        assert!(poll(&[(&e, true)], Some(Duration::ZERO)).unwrap()[0].readable);
+        drain(&e);
+        assert!(!poll(&[(&e, true)], Some(Duration::ZERO)).unwrap()[0].readable);
+        drop(c);
+        assert!(poll(&[(&s, false)], Some(Duration::from_secs(5))).unwrap()[0].hangup);
+        assert!(recv(&s).unwrap().is_none());
+        let long = dir.path().join("x".repeat(200));
+        assert!(
+            listen(&long)
+                .unwrap_err()
+                .to_string()
+                .contains("longer than")
+        );
+    }
+}

@@ -1,0 +1,337 @@
+//! The node engine with its consumers in this process: an engine served
+//! from a thread on a socket in a temporary directory, consumers attached
+//! through `Attached` (what the C ABI and Python use). Each consumer gets
+//! exactly the batches, in exactly the order, that an engine of its own
+//! gives it; a consumer whose keys disagree is refused naming the key; the
+//! arena cannot be written through what a consumer receives; batches a
+//! consumer never released come back when it leaves. (The engine as its own
+//! process — on demand, killed — is tested in `cli/tests/node.rs`.)
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use ringfeed::node::{self, AnyBatch, AnyNext, Attached, NodeOptions};
+use ringfeed::synth::{GenOptions, generate};
+use serde_json::{Map, Value, json};
+
+struct Dataset {
+    _dir: tempfile::TempDir,
+    shards: Vec<String>,
+}
+
+fn dataset() -> &'static Dataset {
+    static D: OnceLock<Dataset> = OnceLock::new();
+    D.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let o = GenOptions {
+            shards: 5,
+            shard_bytes: 600 << 10,
+            sample_bytes: 9000,
+            spread: 0.5,
+            fields: vec!["bin".into(), "cls".into()],
+            seed: 11,
+        };
+        let r = generate(dir.path(), &o, |_| {}).unwrap();
+        let shards = r.paths.iter().map(|p| p.display().to_string()).collect();
+        Dataset { _dir: dir, shards }
+    })
+}
+
+/// The job's configuration: shuffled, two epochs, 2 ranks x 2 loader workers.
+fn job() -> Map<String, Value> {
+    let v = json!({
+        "urls": dataset().shards,
+        "batch_size": 7,
+        "seed": 3,
+        "shuffle": true,
+        "shuffle_buffer": 40,
+        "epochs": 2,
+        "world_size": 2,
+        "loader_workers": 2,
+        "workers": 2,
+        "memory_budget": "48MiB",
+        "chunk_size": "1MiB",
+    });
+    v.as_object().unwrap().clone()
+}
+
+/// An engine on a socket in a new directory, served from a thread.
+fn engine(config: Map<String, Value>) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("node.sock");
+    let listener = node::sock::listen(&socket).unwrap();
+    let opts = NodeOptions {
+        socket: socket.clone(),
+        config,
+        linger: None,
+        status_of: ringfeed::ffi::status::status_of,
+    };
+    std::thread::spawn(move || node::serve(listener, opts).unwrap());
+    (dir, socket)
+}
+
+fn open(mut cfg: Map<String, Value>, node: Option<&Path>) -> ringfeed::Result<Attached> {
+    if let Some(s) = node {
+        cfg.insert("node".into(), json!(s));
+    }
+    Attached::open_json(&Value::Object(cfg).to_string())
+}
+
+/// One batch as a consumer sees it: epoch, index, and per sample its key
+/// and each field's name and bytes.
+type Seen = (u64, u64, Vec<(Vec<u8>, Vec<(Vec<u8>, Vec<u8>)>)>);
+
+fn view(b: &AnyBatch) -> Seen {
+    let fields = b.raw_fields();
+    let samples = b
+        .raw_samples()
+        .iter()
+        .map(|s| {
+            // SAFETY: the batch is alive; its pointers are valid.
+            unsafe {
+                let key = std::ffi::CStr::from_ptr(s.key).to_bytes().to_vec();
+                let start = s.fields.offset_from(fields.as_ptr()) as usize;
+                let f = fields[start..start + s.field_count]
+                    .iter()
+                    .map(|f| {
+                        (
+                            std::ffi::CStr::from_ptr(f.name).to_bytes().to_vec(),
+                            std::slice::from_raw_parts(f.data, f.len).to_vec(),
+                        )
+                    })
+                    .collect();
+                (key, f)
+            }
+        })
+        .collect();
+    (b.epoch(), b.index(), samples)
+}
+
+/// Every batch (and epoch end, as an empty marker) to the end, and the
+/// resume state after each.
+fn drain(l: &Attached) -> Vec<(Option<Seen>, String)> {
+    let mut out = Vec::new();
+    loop {
+        match l.next(Some(Duration::from_secs(60))).unwrap() {
+            AnyNext::Batch(b) => out.push((Some(view(&b)), l.state_hex())),
+            AnyNext::EndOfEpoch(_) => out.push((None, l.state_hex())),
+            AnyNext::Finished => return out,
+            AnyNext::Timeout => panic!("no batch for 60 s"),
+        }
+    }
+}
+
+fn consumer(rank: u64, worker: u64) -> Map<String, Value> {
+    let mut c = job();
+    c.insert("rank".into(), json!(rank));
+    c.insert("loader_worker".into(), json!(worker));
+    c
+}
+
+#[test]
+fn each_consumer_gets_exactly_what_its_own_engine_gives() {
+    // The engine's own memory and thread keys differ from the consumers':
+    // they are placement, and must not change a batch.
+    let mut own = job();
+    own.insert("memory_budget".into(), json!("64MiB"));
+    own.insert("net_threads".into(), json!(1));
+    let (_dir, socket) = engine(own);
+    let mut all_keys = Vec::new();
+    for (rank, worker) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
+        let alone = drain(&open(consumer(rank, worker), None).unwrap());
+        let attached = open(consumer(rank, worker), Some(&socket)).unwrap();
+        let via_node = drain(&attached);
+        assert!(alone.len() > 4, "too few batches to compare");
+        assert_eq!(alone, via_node, "consumer {rank}/{worker}");
+        for (seen, _) in &alone {
+            for (key, _) in seen.iter().flat_map(|s| &s.2) {
+                all_keys.push(key.clone());
+            }
+        }
+        let (json, counts) = attached.stats().unwrap();
+        let stats: Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(stats["node"]["pid"], json!(std::process::id()));
+        assert_eq!(
+            counts.batches_delivered,
+            alone.iter().filter(|b| b.0.is_some()).count() as u64
+        );
+    }
+    // The four consumers together saw every sample of both epochs (padding
+    // may repeat a few).
+    all_keys.sort();
+    all_keys.dedup();
+    assert!(all_keys.len() > 100);
+}
+
+#[test]
+fn a_resumed_consumer_continues_where_the_state_says() {
+    let (_dir, socket) = engine(job());
+    let first = open(consumer(1, 0), Some(&socket)).unwrap();
+    let whole = drain(&open(consumer(1, 0), None).unwrap());
+    let mut taken = 0;
+    while taken < 3 {
+        if let AnyNext::Batch(_) = first.next(Some(Duration::from_secs(60))).unwrap() {
+            taken += 1;
+        }
+    }
+    let state = first.state_hex();
+    assert_eq!(state, whole[2].1);
+    first.close();
+    let mut again = consumer(1, 0);
+    again.insert("resume".into(), json!(state));
+    let rest = drain(&open(again, Some(&socket)).unwrap());
+    let strip = |v: &[(Option<Seen>, String)]| -> Vec<_> {
+        v.iter()
+            .filter_map(|(s, _)| s.as_ref().map(|s| (s.0, s.2.clone())))
+            .collect()
+    };
+    assert_eq!(strip(&rest), strip(&whole[3..]));
+}
+
+#[test]
+fn a_consumer_that_disagrees_on_a_shared_key_is_refused_naming_it() {
+    let (_dir, socket) = engine(job());
+    for (key, value) in [
+        ("seed", json!(4)),
+        ("batch_size", json!(8)),
+        ("workers", json!(3)),
+    ] {
+        let mut c = job();
+        c.insert(key.into(), value);
+        let e = open(c, Some(&socket)).err().expect("refused");
+        let status = ringfeed::ffi::status::status_of(&e);
+        assert_eq!(status, ringfeed::ffi::status::RINGFEED_ERR_NODE, "{e}");
+        assert!(e.to_string().contains(&format!("`{key}`")), "{e}");
+    }
+    // A bad configuration is the configuration's error, named as usual.
+    let mut c = job();
+    c.insert("batch_size".into(), json!(0));
+    let e = open(c, Some(&socket)).err().expect("refused");
+    assert!(e.to_string().contains("batch_size"), "{e}");
+    // Nobody listening: a named error, not a hang.
+    let e = open(job(), Some(Path::new("/nonexistent/ringfeed.sock")))
+        .err()
+        .expect("no engine");
+    assert!(matches!(e, ringfeed::Error::Node(_)), "{e}");
+    assert!(e.to_string().contains("ringfeed node"), "{e}");
+}
+
+#[test]
+fn the_arena_cannot_be_written_through_what_a_consumer_gets() {
+    let (_dir, socket) = engine(job());
+    let l = open(consumer(0, 0), Some(&socket)).unwrap();
+    let AnyNext::Batch(b) = l.next(Some(Duration::from_secs(60))).unwrap() else {
+        panic!("no batch");
+    };
+    let (fd, base, len) = l.arena().unwrap();
+    // SAFETY: asks for a new shared writable mapping of the descriptor; the
+    // kernel must refuse it.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    assert_eq!(p, libc::MAP_FAILED);
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::EACCES)
+    );
+    // Nor can the consumer's own mapping be made writable.
+    // SAFETY: the mapping's base and length; the call must fail.
+    let rc = unsafe {
+        libc::mprotect(
+            base.cast_mut().cast(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+        )
+    };
+    assert_eq!(rc, -1);
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::EACCES)
+    );
+    assert!(!view(&b).2.is_empty());
+}
+
+#[test]
+fn batches_a_consumer_never_released_come_back_when_it_leaves() {
+    let (_dir, socket) = engine(job());
+    // Batches handed out and not released: over all consumers, by the
+    // watcher alone (its records waiting in its ring), and consumers.
+    let held_by = |l: &Attached| -> (u64, u64, u64) {
+        let (json, _) = l.stats().unwrap();
+        let v: Value = serde_json::from_str(&json).unwrap();
+        let n = &v["node"];
+        (
+            n["batches_held"].as_u64().unwrap(),
+            n["batches_held_by_this_consumer"].as_u64().unwrap(),
+            n["consumers"].as_u64().unwrap(),
+        )
+    };
+    let watcher = open(consumer(1, 1), Some(&socket)).unwrap();
+    let leaver = open(consumer(0, 0), Some(&socket)).unwrap();
+    let mut kept = Vec::new();
+    while kept.len() < 3 {
+        if let AnyNext::Batch(b) = leaver.next(Some(Duration::from_secs(60))).unwrap() {
+            kept.push(b);
+        }
+    }
+    let (all, watcher_own, _) = held_by(&watcher);
+    assert!(all >= watcher_own + 3);
+    // Never released: the consumer leaves with them.
+    for b in kept {
+        std::mem::forget(b);
+    }
+    leaver.close();
+    drop(leaver);
+    // The engine notices the hang-up and drops what the consumer held: what
+    // remains held is the watcher's alone.
+    let start = Instant::now();
+    loop {
+        let (all, own, consumers) = held_by(&watcher);
+        if consumers == 1 && all == own {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "held {all}, the watcher's {own}, consumers {consumers}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn batches_stay_valid_after_close_and_other_threads_wake() {
+    let (_dir, socket) = engine(job());
+    let l = std::sync::Arc::new(open(consumer(0, 1), Some(&socket)).unwrap());
+    let AnyNext::Batch(b) = l.next(Some(Duration::from_secs(60))).unwrap() else {
+        panic!("no batch");
+    };
+    let before = view(&b);
+    // Drain the rest so a waiting thread blocks in `next`.
+    let waiter = {
+        let l = l.clone();
+        std::thread::spawn(move || {
+            loop {
+                match l.next(None) {
+                    Ok(AnyNext::Finished) | Err(_) => return,
+                    Ok(_) => {}
+                }
+            }
+        })
+    };
+    l.close();
+    waiter.join().unwrap();
+    assert!(matches!(
+        l.next(Some(Duration::ZERO)),
+        Err(ringfeed::Error::Closed)
+    ));
+    assert_eq!(view(&b), before);
+    drop(b);
+}
