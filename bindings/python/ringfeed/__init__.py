@@ -32,9 +32,9 @@ from .errors import (
     IoUringError,
     MemorySetupError,
     NetworkError,
+    NodeError,
     PanicError,
     ReleasedError,
-    NodeError,
     StateError,
 )
 from .decode import DecodeError
@@ -73,9 +73,9 @@ __all__ = [
     "Loader",
     "MemorySetupError",
     "NetworkError",
+    "NodeError",
     "PanicError",
     "ReleasedError",
-    "NodeError",
     "StateError",
     "config_keys",
     "expand_braces",
