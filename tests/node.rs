@@ -242,6 +242,29 @@ fn the_arena_cannot_be_written_through_what_a_consumer_gets() {
         std::io::Error::last_os_error().raw_os_error(),
         Some(libc::EACCES)
     );
+    // Nor through the same file reopened for writing (a memory file's
+    // permissions would allow it): the engine sealed it.
+    let reopened = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(format!("/proc/self/fd/{fd}"))
+        .unwrap();
+    // SAFETY: as above.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            std::os::fd::AsRawFd::as_raw_fd(&reopened),
+            0,
+        )
+    };
+    assert_eq!(p, libc::MAP_FAILED);
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::EPERM)
+    );
     // Nor can the consumer's own mapping be made writable.
     // SAFETY: the mapping's base and length; the call must fail.
     let rc = unsafe {

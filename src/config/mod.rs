@@ -43,7 +43,6 @@ pub const NODE_SHARED: &[&str] = &[
     "resampled",
     "samples_per_epoch",
     "remainder",
-    "epochs",
     "world_size",
     "loader_workers",
     "workers",
@@ -51,7 +50,9 @@ pub const NODE_SHARED: &[&str] = &[
 
 /// The keys that say which consumer a loader is and where it starts: each
 /// consumer of a node engine gives its own.
-pub const PER_CONSUMER: &[&str] = &["rank", "loader_worker", "resume", "epoch", "node"];
+/// (`epochs` only says when a consumer stops: each epoch's order depends on
+/// the seed and the epoch's number, not on how many follow.)
+pub const PER_CONSUMER: &[&str] = &["rank", "loader_worker", "resume", "epoch", "epochs", "node"];
 
 impl Config {
     /// The first key of [`NODE_SHARED`] on which `other` differs from this
@@ -80,7 +81,6 @@ impl Config {
             "resampled" => resampled,
             "samples_per_epoch" => samples_per_epoch,
             "remainder" => remainder,
-            "epochs" => epochs,
             "world_size" => world_size,
             "loader_workers" => loader_workers,
             "workers" => workers,

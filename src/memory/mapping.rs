@@ -219,8 +219,12 @@ fn map_shared(
     use std::os::fd::FromRawFd;
     let memfd = |flags: libc::c_uint| -> std::io::Result<(MmapMut, std::fs::File)> {
         // SAFETY: a static NUL-terminated name and plain flags.
-        let fd =
-            unsafe { libc::memfd_create(c"ringfeed-arena".as_ptr(), libc::MFD_CLOEXEC | flags) };
+        let fd = unsafe {
+            libc::memfd_create(
+                c"ringfeed-arena".as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING | flags,
+            )
+        };
         if fd < 0 {
             return Err(std::io::Error::last_os_error());
         }

@@ -96,7 +96,7 @@ fn fnv(text: &str) -> u64 {
 /// others.
 pub fn auto_socket(cfg: &Config) -> Result<PathBuf> {
     let key = format!(
-        "{:?}|{:?}|{:?}|{}|{}|{}|{}|{}|{:?}|{}|{}|{:?}|{}|{}|{}|{}",
+        "{:?}|{:?}|{:?}|{}|{}|{}|{}|{}|{:?}|{}|{}|{:?}|{}|{}|{}",
         cfg.urls,
         cfg.manifest,
         cfg.s3.endpoint,
@@ -109,7 +109,6 @@ pub fn auto_socket(cfg: &Config) -> Result<PathBuf> {
         cfg.resampled,
         cfg.samples_per_epoch,
         cfg.remainder,
-        cfg.epochs,
         cfg.world_size,
         cfg.loader_workers,
         cfg.workers,

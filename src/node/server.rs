@@ -197,6 +197,13 @@ fn session(conn: OwnedFd, opts: &NodeOptions, base: &Config, whole: &Arc<Whole>)
             .shared_fd()
             .ok_or_else(|| std::io::Error::other("the loader's arena is not in a memory file"))?;
         let arena_ro = sock::reopen_read_only(fd)?;
+        // No new writable mapping of the arena from now on, through any
+        // descriptor (a consumer could reopen its read-only one through
+        // /proc with write access): the engine's own mapping is older.
+        // SAFETY: fcntl on a descriptor the loader owns; plain arguments.
+        if unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_FUTURE_WRITE) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
         Ok((rings, rings_file, ready, wake, arena_ro))
     })();
     let (rings, rings_file, ready, wake, arena_ro) = match made {

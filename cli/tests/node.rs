@@ -1,0 +1,110 @@
+//! `ringfeed node` as its own process: consumers attached to it take their
+//! batches, and when it dies (killed) every attached consumer gets a named
+//! error — after the batches it already had — never a hang.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ringfeed::node::{AnyNext, Attached};
+use serde_json::json;
+
+const BIN: &str = env!("CARGO_BIN_EXE_ringfeed");
+
+/// Small shards in a temporary directory; returns it and their paths.
+pub fn shards(dir: &Path) -> Vec<String> {
+    let out = Command::new(BIN)
+        .args([
+            "gen",
+            dir.to_str().unwrap(),
+            "--shards",
+            "3",
+            "--shard-size",
+            "2MiB",
+        ])
+        .args(["--sample-size", "20KiB"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut paths: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path().display().to_string())
+        .filter(|p| p.ends_with(".tar"))
+        .collect();
+    paths.sort();
+    paths
+}
+
+/// Waits until something listens at `socket` (the engine started).
+pub fn wait_listening(socket: &Path, engine: &mut Child) {
+    let start = Instant::now();
+    while ringfeed::node::sock::connect(socket).is_err() {
+        assert!(engine.try_wait().unwrap().is_none(), "the engine exited");
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the engine never listened"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn an_engine_that_dies_is_an_error_for_its_consumers_not_a_hang() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = shards(dir.path());
+    let socket = dir.path().join("node.sock");
+    let mut engine = Command::new(BIN)
+        .arg("node")
+        .args(&paths)
+        .arg("--socket")
+        .arg(&socket)
+        .args(["--batch-size", "4"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_listening(&socket, &mut engine);
+    let cfg = json!({"urls": paths, "batch_size": 4, "node": socket});
+    let l = Attached::open_json(&cfg.to_string()).unwrap();
+    let AnyNext::Batch(first) = l.next(Some(Duration::from_secs(60))).unwrap() else {
+        panic!("no batch");
+    };
+    let copy: Vec<u8> = first
+        .raw_fields()
+        .iter()
+        // SAFETY: the batch is alive; its fields point into the mapping.
+        .flat_map(|f| unsafe { std::slice::from_raw_parts(f.data, f.len) }.to_vec())
+        .collect();
+    engine.kill().unwrap();
+    engine.wait().unwrap();
+    // The consumer waits in `next` without a time-out; the channel only
+    // keeps a broken build from hanging the test run.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let end = loop {
+            match l.next(None) {
+                Ok(AnyNext::Batch(_)) | Ok(AnyNext::EndOfEpoch(_)) => {}
+                other => break other.map(|_| ()),
+            }
+        };
+        tx.send(end).unwrap();
+    });
+    let end = rx
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the consumer hangs after the engine died");
+    let e = end.expect_err("an error, not the end");
+    assert!(matches!(e, ringfeed::Error::Node(_)), "{e}");
+    assert!(e.to_string().contains("exited"), "{e}");
+    // The batch taken before still reads the same bytes.
+    let again: Vec<u8> = first
+        .raw_fields()
+        .iter()
+        // SAFETY: as above; the mapping outlives the engine.
+        .flat_map(|f| unsafe { std::slice::from_raw_parts(f.data, f.len) }.to_vec())
+        .collect();
+    assert_eq!(copy, again);
+}
