@@ -1,6 +1,7 @@
 """Build step: compile the engine (`cargo build --release --lib -p ringfeed` at the
-repository root, two levels up) and bundle `libringfeed.so` inside the
-package, so `pip install ./bindings/python` gives a self-contained
+repository root, two levels up) and the `ringfeed` program (which runs node
+engines started on demand), and bundle `libringfeed.so` and `ringfeed` inside
+the package, so `pip install ./bindings/python` gives a self-contained
 `import ringfeed`.
 
 RINGFEED_BUILD_LIB=0 skips the cargo build and bundles nothing; the package
@@ -42,6 +43,9 @@ class BuildWithEngine(build_py):
             )
         cargo = os.environ.get("CARGO", "cargo")
         subprocess.run([cargo, "build", "--release", "--lib", "-p", "ringfeed", "--locked"], cwd=REPO, check=True)
+        subprocess.run(
+            [cargo, "build", "--release", "--bin", "ringfeed", "-p", "ringfeed-cli", "--locked"], cwd=REPO, check=True
+        )
         target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
         if not target.is_absolute():
             target = REPO / target
@@ -51,6 +55,12 @@ class BuildWithEngine(build_py):
         dest = Path(self.build_lib) / "ringfeed" / "libringfeed.so"
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(lib, dest)
+        # Next to the library: where it looks for the program that runs a
+        # node engine (`"node": "auto"`).
+        program = target / "release" / "ringfeed"
+        if not program.is_file():
+            raise SystemExit(f"ringfeed: cargo built, but {program} is missing")
+        shutil.copy2(program, dest.parent / "ringfeed")
 
 
 class BinaryDistribution(Distribution):

@@ -211,13 +211,27 @@ class Mapping:
                     "the process id or descriptor was reused)",
                 )
             flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-            self.mm = mmap.mmap(f, length, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            try:
+                self.mm = mmap.mmap(f, length, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+                writable = True
+            except PermissionError:
+                # A node engine's arena is sealed against writable mappings.
+                self.mm = mmap.mmap(f, length, flags=flags, prot=mmap.PROT_READ)
+                writable = False
         finally:
             os.close(f)
         if hasattr(mmap, "MADV_DONTFORK"):
             self.mm.madvise(mmap.MADV_DONTFORK)
-        self._anchor = ctypes.c_char.from_buffer(self.mm)
-        self.address = ctypes.addressof(self._anchor)
+        if writable:
+            self._anchor = ctypes.c_char.from_buffer(self.mm)
+            self.address = ctypes.addressof(self._anchor)
+        else:
+            # ctypes takes writable buffers only; numpy's view of the
+            # read-only mapping gives its address and keeps it exported.
+            import numpy
+
+            self._anchor = numpy.frombuffer(self.mm, dtype=numpy.uint8)
+            self.address = self._anchor.ctypes.data
         self.length = length
 
     def current(self):

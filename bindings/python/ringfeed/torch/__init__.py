@@ -22,11 +22,17 @@ default) short consumers repeat a few samples (``stats()["samples_padded"]``);
 dataset, ``seed``, ``shuffle``/``shuffle_buffer`` and the layout (consumers and
 the engine's ``workers``), never by timing.
 
-Workers. Each DataLoader worker's engine gets ``4 // num_workers`` I/O
-threads (at least 1) unless ``workers`` is given, pinned from its own CPU on,
-so k workers do not pile onto the same cores. A worker's batches reach the
-main process without a copy: its engine keeps its arena in shared memory
-(``shared_arena``), and a `Ragged` crosses as a ticket that the main process
+Workers. When several consumers of the job run on this node (DataLoader
+workers, or ``LOCAL_WORLD_SIZE`` > 1 as torchrun sets it), they attach to one
+node engine (``node="auto"``: the first starts ``ringfeed node``, which stops
+a few seconds after the last leaves) instead of opening one engine each; pass
+``node="off"`` for an engine per worker. Each consumer still gets exactly the
+batches its own engine would give it, and its resume states are the same.
+Each consumer's stream count is ``4 // num_workers`` (at least 1) unless
+``workers`` is given: it is part of the layout that fixes the order. A
+worker's batches reach the main process without a copy: they live in an arena
+in shared memory (the node engine's, read-only, or the worker's own with
+``shared_arena``), and a `Ragged` crosses as a ticket that the main process
 maps (see ``ringfeed._transport``); decoded items cross as PyTorch sends
 tensors.
 
@@ -65,6 +71,16 @@ __all__ = ["DecodeError", "Ragged", "RingfeedDataset", "rank_and_world", "to_ten
 # I/O threads a loader opens by default (the engine's own auto value),
 # shared out among a rank's DataLoader workers.
 _ENGINE_THREADS = 4
+
+
+def _shares_a_node(consumer):
+    """Whether other consumers of this job run on this node: DataLoader
+    workers, or several local ranks (``LOCAL_WORLD_SIZE``, as torchrun sets)."""
+    try:
+        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    except ValueError:
+        local_ranks = 1
+    return consumer["loader_workers"] > 1 or local_ranks > 1
 
 
 def to_tensors(batch):
@@ -229,6 +245,9 @@ class RingfeedDataset(torch.utils.data.IterableDataset):
     def _engine_config(self, epoch, consumer, resume):
         cfg = dict(self.config)
         cfg.setdefault("workers", max(1, _ENGINE_THREADS // consumer["loader_workers"]))
+        if "node" not in cfg and _shares_a_node(consumer):
+            # Several consumers on this node: one engine serves them all.
+            cfg["node"] = "auto"
         if "shared_arena" not in cfg and torch.utils.data.get_worker_info() is not None:
             # Batches of views cross to the main process as tickets into a
             # shared arena; decoded items do not need one.
