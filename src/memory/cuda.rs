@@ -117,7 +117,11 @@ impl Runtime {
             // and `sym` is NUL-terminated.
             let p = unsafe { libc::dlsym(handle, sym.as_ptr()) };
             if p.is_null() {
-                return Err(dl_error(&format!("{shown}: {}", sym.to_string_lossy())));
+                let why = dl_error(&shown);
+                return Err(format!(
+                    "`{shown}` has no {} ({why})",
+                    sym.to_string_lossy()
+                ));
             }
             Ok(p)
         };
