@@ -270,6 +270,13 @@ config_keys! {
     /// still counts from 0, so the loader runs `epoch..epochs`. A resume
     /// state overrides it.
     epoch: u64 = 0 => integer(key, v)?;
+
+    /// Register the arena with the CUDA runtime (`cudaHostRegister`,
+    /// loaded at run time) so host-to-device copies DMA from it: `On`
+    /// registers or fails at open, `Off` never tries, `Auto` registers when
+    /// a runtime loads and a device takes it, else says why in the notes.
+    // Auto: free where CUDA is, and where it is not the loader runs the same.
+    cuda_register: Toggle = Toggle::Auto => toggle(key, v)?;
 }
 
 #[cfg(test)]

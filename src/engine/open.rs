@@ -22,7 +22,7 @@ use crate::fetch::direct::DirectIo;
 use crate::fetch::net_thread::NetLink;
 use crate::fetch::uring::{self, FixedBuffers, UringReader};
 use crate::fetch::{BackendKind, NetOptions};
-use crate::memory::{Arena, ArenaOptions, ChunkPool};
+use crate::memory::{Arena, ArenaOptions, ChunkPool, cuda};
 use crate::plan::resume::{self, Start, State};
 use crate::plan::{Delivered, PlanOptions, plan_epoch};
 use crate::queue::Channel;
@@ -102,11 +102,13 @@ impl Loader {
                 // populates the rest (`prefault_main`), so the first reads
                 // do not wait for the whole arena. Only fixed buffers
                 // required at open need every page in now.
-                prefault: cfg.register_buffers == Toggle::On,
+                // So do pages registered with CUDA at open.
+                prefault: cfg.register_buffers == Toggle::On || cfg.cuda_register == Toggle::On,
                 shared: cfg.shared_arena,
             },
         )?;
         let mut notes = arena.report().notes.clone();
+        let cuda_later = register_cuda(&arena, &cfg, &mut notes)?;
         let pool = ChunkPool::new(arena, chunk);
         // Per worker: its first read and a spill run.
         pool.set_reserve(2 * workers);
@@ -274,7 +276,7 @@ impl Loader {
             let pre_fixed = fixed.clone();
             let spawned = std::thread::Builder::new()
                 .name("ringfeed-prefault".into())
-                .spawn(move || prefault_main(pre_shared, pre_fixed));
+                .spawn(move || prefault_main(pre_shared, pre_fixed, cuda_later));
             keep_started(spawned, &mut threads, &shared, || {
                 "the prefault thread".into()
             })?;
@@ -522,4 +524,41 @@ fn plan_setup(
         _ => None,
     };
     Ok((opts, counts, start, base, replay, fingerprint))
+}
+
+/// Registers the arena with the CUDA runtime as `cuda_register` asks:
+/// `on` registers now or fails; `auto` says in the notes why not when no
+/// runtime loads, and otherwise returns the runtime for the prefault thread
+/// to register with once the pages are in (registering pins every page,
+/// which the first batch should not wait for; a refusal then shows in the
+/// stats notes), or registers now when the arena was prefaulted at open;
+/// `off` never loads the runtime.
+fn register_cuda(
+    arena: &Arena,
+    cfg: &Config,
+    notes: &mut Vec<String>,
+) -> Result<Option<&'static cuda::Runtime>> {
+    let want = cfg.cuda_register;
+    if want == Toggle::Off {
+        return Ok(None);
+    }
+    let runtime = cuda::runtime().map_err(|e| format!("CUDA runtime not found: {e}"));
+    let registered = match runtime {
+        Ok(rt) if want == Toggle::Auto && cfg.register_buffers != Toggle::On => {
+            return Ok(Some(rt));
+        }
+        Ok(rt) => arena.register_cuda(rt),
+        Err(e) => Err(e),
+    };
+    match registered {
+        Ok(()) => Ok(None),
+        Err(e) if want == Toggle::On => Err(Error::Memory(format!(
+            "`cuda_register` is \"on\" but the arena cannot be registered with CUDA ({e}); \
+             set it to \"auto\" or \"off\", or set RINGFEED_CUDART to the runtime's path"
+        ))),
+        Err(e) => {
+            notes.push(cuda::not_registered(&e));
+            Ok(None)
+        }
+    }
 }

@@ -40,6 +40,9 @@ pub struct Stats {
     pub retries: std::collections::BTreeMap<&'static str, u64>,
     /// Why a preferred setting was not obtained (huge pages, mlock, io_uring...).
     pub notes: Vec<String>,
+    /// Bytes of the arena registered with CUDA (`cuda_register`); 0 when
+    /// not registered (the notes say why under "auto").
+    pub cuda_registered: u64,
 }
 
 impl std::ops::Deref for Stats {
@@ -106,8 +109,12 @@ impl Loader {
                 notes.extend(self.setup.fixed.as_ref().and_then(|f| f.refused()));
                 // Local files read buffered although direct was wanted.
                 notes.extend(sh.direct.note());
+                // CUDA refused the arena after open (`cuda_register` auto).
+                let refused = pool.arena().cuda_refused();
+                notes.extend(refused.map(crate::memory::cuda::not_registered));
                 notes
             },
+            cuda_registered: pool.arena().cuda_registered() as u64,
         }
     }
 }

@@ -12,7 +12,7 @@ use crate::fetch::net_thread::NetLink;
 use crate::fetch::threads::ThreadReader;
 use crate::fetch::uring::{FixedBuffers, UringReader};
 use crate::fetch::{BackendKind, Reader};
-use crate::memory::ChunkPool;
+use crate::memory::{ChunkPool, cuda};
 use crate::topology;
 
 /// The longest the prefault thread waits for the first batch: long
@@ -142,11 +142,16 @@ pub(super) fn sequencer_main(shared: Arc<Shared>) {
 /// Faults the arena in, chunk by chunk from the last one (the pool hands
 /// out the first ones first, so this thread and the workers' first reads
 /// meet in the middle instead of queueing on the same pages), then lets the
-/// rings register the chunks as fixed buffers. It starts once the first
+/// rings register the chunks as fixed buffers and registers the arena with
+/// CUDA (`cuda`: `cuda_register` "auto" found a runtime). It starts once the first
 /// batch is out (or after `PREFAULT_AFTER`): zeroing the arena is some
 /// 40 ms of a core per 256 MiB, which the first batch should not share.
 /// Stops when the loader does.
-pub(super) fn prefault_main(shared: Arc<Shared>, fixed: Option<Arc<FixedBuffers>>) {
+pub(super) fn prefault_main(
+    shared: Arc<Shared>,
+    fixed: Option<Arc<FixedBuffers>>,
+    cuda: Option<&'static cuda::Runtime>,
+) {
     let begun = std::time::Instant::now();
     // Relaxed: a hint when to start, nothing is read through it.
     while shared
@@ -171,5 +176,9 @@ pub(super) fn prefault_main(shared: Arc<Shared>, fixed: Option<Arc<FixedBuffers>
     }
     if let Some(f) = fixed {
         f.set_ready();
+    }
+    if let Some(rt) = cuda {
+        // A refusal is kept by the arena; the stats notes give it.
+        let _ = pool.arena().register_cuda(rt);
     }
 }

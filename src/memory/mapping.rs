@@ -9,6 +9,8 @@
 //! [`ArenaReport`] for the stats. A shared arena (`ArenaOptions::shared`) is a
 //! memory file (`memfd`) that another process may map.
 
+use std::sync::OnceLock;
+
 use memmap2::{Advice, MmapMut, MmapOptions};
 use serde::Deserialize;
 
@@ -63,6 +65,10 @@ pub struct ArenaOptions {
 /// The mapping itself. Its bytes are only reached through raw pointers: the
 /// kernel writes into it (io_uring reads) while consumers read other parts.
 pub struct Arena {
+    /// The mapping's CUDA registration, or CUDA's refusal, once tried:
+    /// declared before the mapping so it drops first (unregistered, then
+    /// unmapped).
+    cuda: OnceLock<std::result::Result<super::cuda::Registration, String>>,
     _map: MmapMut,
     /// The memory file behind a shared arena.
     file: Option<std::fs::File>,
@@ -124,6 +130,7 @@ impl Arena {
         }
         let base = map.as_mut_ptr();
         Ok(Arena {
+            cuda: OnceLock::new(),
             _map: map,
             file,
             base,
@@ -149,6 +156,36 @@ impl Arena {
         // SAFETY: the range lies inside this mapping; POPULATE_WRITE only
         // faults pages in, it never changes their contents.
         unsafe { libc::madvise(self.base.add(offset).cast(), len, libc::MADV_POPULATE_WRITE) == 0 }
+    }
+
+    /// Registers the whole mapping with the CUDA runtime `runtime` until
+    /// the arena drops, so host-to-device copies from it are DMA transfers;
+    /// pins (faults in) every page. Tried once: a later call gives the
+    /// first one's outcome. The error is CUDA's, with its text.
+    pub fn register_cuda(
+        &self,
+        runtime: &'static super::cuda::Runtime,
+    ) -> std::result::Result<(), String> {
+        let outcome = self
+            .cuda
+            .get_or_init(|| runtime.register(self.base, self.len, false));
+        outcome.as_ref().map(|_| ()).map_err(Clone::clone)
+    }
+
+    /// Bytes registered with CUDA (0: not registered, or not yet).
+    pub fn cuda_registered(&self) -> usize {
+        match self.cuda.get() {
+            Some(Ok(r)) => r.len(),
+            _ => 0,
+        }
+    }
+
+    /// Why registering with CUDA failed, when it was tried and did.
+    pub fn cuda_refused(&self) -> Option<&str> {
+        match self.cuda.get() {
+            Some(Err(e)) => Some(e),
+            _ => None,
+        }
     }
 
     pub fn report(&self) -> &ArenaReport {

@@ -3,6 +3,8 @@
 //! that point into them.
 //! - `mapping.rs`: the arena's mapping (huge pages, `mlock`, prefault, the
 //!   shared memory file) and what was obtained;
+//! - `cuda.rs`: the mapping registered with the CUDA runtime (loaded with
+//!   `dlopen`) for DMA to the GPU;
 //! - `pool.rs`: the chunk pool over it (free runs, owners and quotas, the
 //!   reserve, waiting and stuck detection);
 //! - `chunk.rs`: [`ChunkRef`], the counted check-out handle of a run;
@@ -13,6 +15,7 @@
 mod batch;
 mod builder;
 mod chunk;
+pub mod cuda;
 mod mapping;
 mod pool;
 

@@ -252,6 +252,11 @@ class RingfeedDataset(torch.utils.data.IterableDataset):
             # Batches of views cross to the main process as tickets into a
             # shared arena; decoded items do not need one.
             cfg["shared_arena"] = not self._stages
+        if "cuda_register" not in cfg and torch.utils.data.get_worker_info() is not None:
+            # The main process copies to the GPU, from its own mapping: a
+            # worker's registration would pin nothing it uses, and would
+            # start a CUDA context in every worker.
+            cfg["cuda_register"] = "off"
         cfg.update(consumer, epoch=epoch, epochs=0 if self.keep_open else epoch + 1)
         if resume is not None:
             cfg["resume"] = resume
