@@ -52,7 +52,15 @@ pub const NODE_SHARED: &[&str] = &[
 /// consumer of a node engine gives its own.
 /// (`epochs` only says when a consumer stops: each epoch's order depends on
 /// the seed and the epoch's number, not on how many follow.)
-pub const PER_CONSUMER: &[&str] = &["rank", "loader_worker", "resume", "epoch", "epochs", "node"];
+pub const PER_CONSUMER: &[&str] = &[
+    "rank",
+    "loader_worker",
+    "resume",
+    "epoch",
+    "epochs",
+    "node",
+    "cuda_register",
+];
 
 impl Config {
     /// The first key of [`NODE_SHARED`] on which `other` differs from this

@@ -25,9 +25,10 @@ use serde_json::{Map, Value, json};
 use super::shm::Rings;
 use super::sock;
 use super::wire::{self, Decoded, Record};
+use crate::config::Toggle;
 use crate::engine::Counts;
 use crate::error::{Error, Result};
-use crate::memory::{NO_SOURCE, RawField, RawSample};
+use crate::memory::{NO_SOURCE, RawField, RawSample, cuda};
 
 /// What the consumer and its batches share.
 struct Link {
@@ -79,6 +80,11 @@ struct Taking {
 
 /// A loader whose engine is the node engine.
 pub struct NodeLoader {
+    /// The arena's mapping registered with CUDA (dropped first: before the
+    /// mapping can go).
+    cuda: Option<cuda::Registration>,
+    /// Why the mapping is not registered, under `cuda_register: "auto"`.
+    cuda_note: Option<String>,
     conn: OwnedFd,
     /// One request on the socket at a time.
     asking: Mutex<()>,
@@ -100,7 +106,11 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl NodeLoader {
     /// Attaches to the engine at `socket` with the consumer's configuration
     /// (its JSON keys).
-    pub fn attach(socket: &Path, config: &Map<String, Value>) -> Result<NodeLoader> {
+    pub fn attach(
+        socket: &Path,
+        config: &Map<String, Value>,
+        cuda_register: Toggle,
+    ) -> Result<NodeLoader> {
         let conn = sock::connect(socket).map_err(|e| {
             Error::Node(format!(
                 "cannot connect to `{}`: {e} (is `ringfeed node` running there?)",
@@ -141,7 +151,25 @@ impl NodeLoader {
         let arena = unsafe { MmapOptions::new().len(arena_len).map(&arena_fd) }
             .map_err(|e| Error::Node(format!("mapping the arena: {e}")))?;
         let rings = Rings::attach(&File::from(rings_fd)).map_err(Error::Node)?;
+        let (mut cuda, mut cuda_note) = (None, None);
+        if cuda_register != Toggle::Off {
+            // Read-only: the consumer's mapping is.
+            let registered = cuda::runtime()
+                .map_err(|e| format!("CUDA runtime not found: {e}"))
+                .and_then(|rt| rt.register(arena.as_ptr().cast_mut(), arena.len(), true));
+            match registered {
+                Ok(r) => cuda = Some(r),
+                Err(e) if cuda_register == Toggle::On => {
+                    return Err(Error::Memory(format!(
+                        "`cuda_register` is \"on\" but registering the arena failed: {e}"
+                    )));
+                }
+                Err(e) => cuda_note = Some(cuda::not_registered(&e)),
+            }
+        }
         Ok(NodeLoader {
+            cuda,
+            cuda_note,
             conn,
             asking: Mutex::new(()),
             link: Arc::new(Link {
@@ -298,6 +326,11 @@ impl NodeLoader {
         let mut stats = reply.get("stats").cloned().unwrap_or(Value::Null);
         if let Some(m) = stats.as_object_mut() {
             m.insert("consumer_wait_ns".into(), json!(counts.consumer_wait_ns));
+            let bytes = self.cuda.as_ref().map_or(0, |r| r.len());
+            m.insert("cuda_registered".into(), json!(bytes));
+            if let (Some(note), Some(Value::Array(notes))) = (&self.cuda_note, m.get_mut("notes")) {
+                notes.push(json!(note));
+            }
             let mut node = reply.get("node").cloned().unwrap_or(json!({}));
             if let Some(n) = node.as_object_mut() {
                 n.insert("socket".into(), json!(self.socket));

@@ -251,7 +251,7 @@ impl Attached {
                 socket
             }
         };
-        NodeLoader::attach(&socket, &map).map(Attached::Node)
+        NodeLoader::attach(&socket, &map, cfg.cuda_register).map(Attached::Node)
     }
 
     pub fn next(&self, timeout: Option<Duration>) -> Result<AnyNext> {

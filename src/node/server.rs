@@ -131,6 +131,9 @@ fn consumer_config(
     }
     m.insert("node".into(), json!("off"));
     m.insert("shared_arena".into(), json!(true));
+    // The consumer registers its own mapping with CUDA (it is the process
+    // that copies to the GPU); the engine's would pin for nothing.
+    m.insert("cuda_register".into(), json!("off"));
     Config::from_map(&m)
 }
 
