@@ -3,6 +3,7 @@
 //! that point into them.
 //! - `mapping.rs`: the arena's mapping (huge pages, `mlock`, prefault, the
 //!   shared memory file) and what was obtained;
+//! - `numa.rs`: binding the arena to a NUMA node (`mbind`);
 //! - `pool.rs`: the chunk pool over it (free runs, owners and quotas, the
 //!   reserve, waiting and stuck detection);
 //! - `chunk.rs`: [`ChunkRef`], the counted check-out handle of a run;
@@ -14,6 +15,7 @@ mod batch;
 mod builder;
 mod chunk;
 mod mapping;
+mod numa;
 mod pool;
 
 // The files are private; every item is named `crate::memory::X`. What a
