@@ -38,6 +38,9 @@ pub(crate) enum Command {
     Index(IndexArgs),
     /// Print each sample's key and field sizes, or one field's raw bytes.
     Cat(CatArgs),
+    /// Print this machine's NICs, queues, interrupt CPUs and NUMA nodes, and
+    /// the CPUs a loader would be pinned to.
+    Topology(TopologyArgs),
     /// Generate a dataset in a temporary directory, serve it on a loopback
     /// HTTP server and stream it over http://, checking every byte.
     Demo {
@@ -85,6 +88,16 @@ pub(crate) struct LsArgs {
     pub(crate) json: bool,
     #[command(flatten)]
     pub(crate) opts: LoaderArgs,
+}
+
+#[derive(Args)]
+pub(crate) struct TopologyArgs {
+    /// Workers to place (default: the automatic count).
+    #[arg(long)]
+    pub(crate) workers: Option<usize>,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 #[derive(Args)]
