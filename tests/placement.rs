@@ -1,8 +1,8 @@
 //! Where loaders pin their workers, end to end: two loaders in one process
 //! hold different CPUs (their claims see each other), a closed loader
 //! gives its CPU back, the configuration's `cpus`, `numa_node` and
-//! `pin_cpus` are obeyed or refused with a named error, and the arena is
-//! bound to a NUMA node. One test: it points `XDG_RUNTIME_DIR` at its own
+//! `pin_cpus` are obeyed or refused with a named error, the arena is bound
+//! to a NUMA node, and claims that cannot be made are a note. One test: it points `XDG_RUNTIME_DIR` at its own
 //! claims directory, so nothing else on the machine claims CPUs there.
 
 use ringfeed::synth::{self, GenOptions};
@@ -116,5 +116,22 @@ fn loaders_place_their_workers_apart_and_as_configured() {
     assert!(
         matches!(&e, Some(Error::Config(m)) if m.contains("`numa_node`")),
         "{e:?}"
+    );
+
+    // Claims that cannot be made (the directory cannot be created): placed
+    // without them, and the notes say so.
+    let file = run.path().join("not-a-directory");
+    std::fs::write(&file, b"").unwrap();
+    // SAFETY: as above; every loader of this test is closed, its threads joined.
+    unsafe { std::env::set_var("XDG_RUNTIME_DIR", &file) };
+    let l = open(&urls, serde_json::json!({})).unwrap();
+    let s = l.stats();
+    assert_eq!(s.worker_cpus.len(), 1);
+    assert!(
+        s.notes
+            .iter()
+            .any(|n| n.starts_with("CPU claims unavailable")),
+        "{:?}",
+        s.notes
     );
 }
