@@ -24,7 +24,7 @@ pub(crate) mod queue; // the lock-free ring and the blocking channel
 pub mod serve; // a small HTTP file server (CLI `serve`, demo, tests)
 pub mod synth; // deterministic shard generator and checker (CLI `gen`, tests)
 pub mod tar; // the tar walk over chunks, header parsing, counting
-pub(crate) mod topology; // CPUs this process may use, worker pinning
+pub mod topology; // NICs, queues, NUMA nodes; where the I/O threads run
 
 pub use config::Config;
 pub use engine::{Loader, Next, Stats};

@@ -42,6 +42,9 @@ pub(crate) enum Command {
     /// workers) with `"node": "auto"` or `"node": SOCKET` attach to it and
     /// take their batches through shared memory.
     Node(NodeArgs),
+    /// Print this machine's NICs, queues, interrupt CPUs and NUMA nodes, and
+    /// the CPUs a loader would be pinned to.
+    Topology(TopologyArgs),
     /// Generate a dataset in a temporary directory, serve it on a loopback
     /// HTTP server and stream it over http://, checking every byte.
     Demo {
@@ -114,6 +117,16 @@ pub(crate) struct LsArgs {
     pub(crate) json: bool,
     #[command(flatten)]
     pub(crate) opts: LoaderArgs,
+}
+
+#[derive(Args)]
+pub(crate) struct TopologyArgs {
+    /// Workers to place (default: the automatic count).
+    #[arg(long)]
+    pub(crate) workers: Option<usize>,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 #[derive(Args)]

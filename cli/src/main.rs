@@ -1,13 +1,15 @@
 //! The `ringfeed` command: `gen` writes a synthetic WebDataset, `bench`
 //! streams a dataset and reports throughput and cost, `serve` serves a
-//! directory over HTTP, `ls`, `index` and `cat` look at a dataset, and
-//! `node` runs a node engine, and
-//! `demo` generates shards in a temporary directory and streams them from
-//! an embedded loopback server.
+//! directory over HTTP, `ls`, `index` and `cat` look at a dataset,
+//! `topology` prints what the engine reads of the machine and where a
+//! loader's workers would run, `node` runs a node engine, and `demo`
+//! generates shards in a temporary directory and streams them from an
+//! embedded loopback server.
 //!
 //! This file parses the command line and dispatches; the flags are in
 //! `args.rs`, each command in its own file (`generate.rs`, `bench.rs`,
-//! `serve.rs`, `demo.rs`, and `inspect.rs` for `ls`, `index` and `cat`).
+//! `serve.rs`, `demo.rs`, `topology.rs`, and `inspect.rs` for `ls`, `index`
+//! and `cat`).
 
 use std::process::ExitCode;
 
@@ -22,6 +24,7 @@ mod generate;
 mod inspect;
 mod node;
 mod serve;
+mod topology;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -41,6 +44,7 @@ fn main() -> ExitCode {
             },
             &a.opts,
         ),
+        Command::Topology(a) => topology::topology_cmd(a),
         Command::Demo {
             size,
             local,

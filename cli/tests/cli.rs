@@ -1,7 +1,8 @@
 //! The `ringfeed` binary as a user runs it: `gen`, `ls`, `cat` (listings and
 //! raw field bytes checked against the generator's content), `serve` (its
-//! printed URL answers a ranged GET), `demo` over http://, and bad input
-//! failing with a message that names the problem.
+//! printed URL answers a ranged GET), `demo` over http://, `topology` (and
+//! a second process's CPU claims honoured by `bench`), and bad input failing
+//! with a message that names the problem.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -331,4 +332,67 @@ fn config_objects_given_twice_are_merged_in_order() {
         &["bench", &url, "--config", "{}", "--config", "[1]"],
         "--config must be a JSON object",
     );
+}
+
+#[test]
+fn topology_prints_this_machine_and_a_placement() {
+    let out = ok(&["topology"]);
+    assert!(out.contains("CPUs allowed: "), "{out}");
+    assert!(out.contains("placement of 4 workers: "), "{out}");
+    let out = ok(&["topology", "--json", "--workers", "1"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let allowed: Vec<u64> = serde_json::from_value(v["allowed"].clone()).unwrap();
+    assert!(!allowed.is_empty(), "{out}");
+    assert!(v["topology"]["nics"].is_array(), "{out}");
+    assert!(v["topology"]["unread"].is_array(), "{out}");
+    let p = &v["placement"];
+    assert_eq!(p["workers"], 1, "{out}");
+    // One worker on a CPU it may use, unless others claimed every one
+    // (then it still gets one, unclaimed by it).
+    let cpus = p["cpus"].as_array().expect("one worker is placed");
+    assert_eq!(cpus.len(), 1, "{out}");
+    assert!(allowed.contains(&cpus[0].as_u64().unwrap()), "{out}");
+}
+
+/// Another process holding claims on every allowed CPU but one: a `bench`
+/// run in a second process pins its worker on the one left.
+#[test]
+fn an_engine_in_another_process_avoids_claimed_cpus() {
+    use ringfeed::topology::{self, ClaimsDir, Request};
+    let topo = topology::discover();
+    let allowed = topo.allowed();
+    if allowed.len() < 2 {
+        eprintln!("skipped: fewer than 2 allowed CPUs");
+        return;
+    }
+    let run = tempfile::tempdir().unwrap();
+    let dir = ClaimsDir::at(&run.path().join("ringfeed/cpus")).unwrap();
+    let (held, claims) = dir.place(
+        &topo,
+        &Request {
+            threads: allowed.len() - 1,
+            allowed: &allowed,
+            ..Request::default()
+        },
+    );
+    let held = held.cpus.unwrap();
+    assert_eq!(claims.cpus().len(), held.len());
+    let free: Vec<usize> = allowed
+        .iter()
+        .copied()
+        .filter(|c| !held.contains(c))
+        .collect();
+    let (data, _) = dataset();
+    let o = Command::new(BIN)
+        .args(["bench", &pattern(data.path()), "--workers", "1", "--json"])
+        .env("XDG_RUNTIME_DIR", run.path())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let stats = &v["stats"];
+    let cpus: Vec<usize> = serde_json::from_value(stats["worker_cpus"].clone()).unwrap();
+    assert_eq!(cpus, free, "{stats}");
+    assert!(stats["placement"].is_string(), "{stats}");
+    drop(claims);
 }

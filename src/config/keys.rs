@@ -10,8 +10,8 @@ use std::path::PathBuf;
 use serde_json::Value;
 
 use super::values::{
-    attempts, boolean, endpoint, file_path, integer, io_backend, memory_kind, node_mode, positive,
-    region, remainder, resume_states, secret, size, text, toggle, urls,
+    attempts, boolean, cpu_list, endpoint, file_path, integer, io_backend, memory_kind, node_mode,
+    numa_node, positive, region, remainder, resume_states, secret, size, text, toggle, urls,
 };
 use super::{IoBackend, NodeMode, Toggle};
 use crate::error::{Error, Result};
@@ -142,8 +142,19 @@ config_keys! {
     /// decides the sample order, so it does not depend on the machine.
     workers: usize = 0 => integer(key, v)? as usize;
 
-    /// Pin each worker to one CPU of the process's allowed set.
+    /// Pin each worker to one CPU of the process's allowed set (placed by
+    /// NIC queue and NUMA node: `crate::topology`).
     pin_cpus: bool = true => boolean(key, v)?;
+
+    /// The CPUs the workers are pinned to instead of the placement's
+    /// choice; each must be in the process's allowed set.
+    // None: placed by NIC queue, NUMA node and other engines' claims.
+    cpus: Option<Vec<usize>> = None => Some(cpu_list(key, v)?);
+
+    /// The NUMA node of the workers and the arena instead of the NIC's;
+    /// `None` is "auto".
+    // Auto: the node of the NIC the data arrives on, where its DMA lands.
+    numa_node: Option<usize> = None => numa_node(key, v)?;
 
     /// Threads that receive HTTP and S3 ranges for the workers (io_uring
     /// backend); 0 picks one per two allowed CPUs, at most one per worker.

@@ -145,6 +145,41 @@ pub(super) fn urls(key: &str, v: &Value) -> Result<Vec<String>> {
     Ok(list)
 }
 
+/// A CPU list: kernel list text (`"0-3,8"`) or an array of CPU numbers;
+/// not empty.
+pub(super) fn cpu_list(key: &str, v: &Value) -> Result<Vec<usize>> {
+    let want = "a CPU list (\"0-3,8\") or an array of CPU numbers";
+    let mut cpus = match v {
+        Value::String(s) => crate::topology::parse_cpu_list(s)
+            .map_err(|e| Error::config(format!("`{key}` must be {want}: {e}")))?,
+        Value::Array(items) => items
+            .iter()
+            .map(|i| match i.as_u64() {
+                Some(n) if n < libc::CPU_SETSIZE as u64 => Ok(n as usize),
+                _ => Err(bad(key, want, i)),
+            })
+            .collect::<Result<Vec<_>>>()?,
+        other => return Err(bad(key, want, other)),
+    };
+    cpus.sort_unstable();
+    cpus.dedup();
+    if cpus.is_empty() {
+        return Err(bad(key, "a non-empty CPU list", v));
+    }
+    Ok(cpus)
+}
+
+/// `"auto"` (`None`) or a NUMA node number.
+pub(super) fn numa_node(key: &str, v: &Value) -> Result<Option<usize>> {
+    match v {
+        Value::String(s) if s == "auto" => Ok(None),
+        _ => v
+            .as_u64()
+            .map(|n| Some(n as usize))
+            .ok_or_else(|| bad(key, "\"auto\" or a NUMA node number", v)),
+    }
+}
+
 pub(super) fn text(key: &str, v: &Value) -> Result<String> {
     match v.as_str() {
         Some(s) if !s.trim().is_empty() => Ok(s.trim().to_string()),

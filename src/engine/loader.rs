@@ -16,6 +16,7 @@ use crate::fetch::uring::FixedBuffers;
 use crate::memory::{Arena, Batch};
 use crate::plan::resume::State;
 use crate::queue::RecvError;
+use crate::topology::Claims;
 
 /// What `next` returns when it does not fail.
 #[derive(Debug)]
@@ -39,6 +40,8 @@ pub(super) struct Setup {
     pub(super) fixed: Option<Arc<FixedBuffers>>,
     pub(super) workers: usize,
     pub(super) cpus: Vec<usize>,
+    /// What decided the CPUs (`topology::Why::describe`).
+    pub(super) placement: String,
     pub(super) notes: Vec<String>,
 }
 
@@ -46,6 +49,8 @@ pub(super) struct Setup {
 pub struct Loader {
     pub(super) shared: Arc<Shared>,
     pub(super) setup: Setup,
+    /// The workers' CPUs, claimed against other engines until close.
+    pub(super) claims: Mutex<Claims>,
     pub(super) threads: Mutex<Vec<JoinHandle<()>>>,
     pub(super) closed: AtomicBool,
 }
@@ -125,6 +130,11 @@ impl Loader {
         for t in threads {
             let _ = t.join();
         }
+        // The workers are gone: their CPUs are free for other engines.
+        self.claims
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .release();
         while self.shared.channel.try_pop().is_some() {}
         for q in &self.shared.streams {
             while q.try_pop().is_some() {}

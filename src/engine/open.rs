@@ -26,7 +26,7 @@ use crate::memory::{Arena, ArenaOptions, ChunkPool, cuda};
 use crate::plan::resume::{self, Start, State};
 use crate::plan::{Delivered, PlanOptions, plan_epoch};
 use crate::queue::Channel;
-use crate::topology;
+use crate::topology::{self, Claims, ClaimsDir, Placement, Request, Topology, Why};
 
 /// Most buffers io_uring registers in one table (IORING_MAX_REG_BUFFERS).
 const MAX_REGISTERED: usize = 1 << 14;
@@ -71,7 +71,9 @@ impl Loader {
         if shards.is_empty() {
             return Err(Error::config("`urls` names no shard"));
         }
-        let allowed = topology::allowed_cpus();
+        let topo = topology::discover();
+        let allowed = topo.allowed();
+        check_placement_keys(&cfg, &topo, &allowed)?;
         let workers = match cfg.workers {
             0 => AUTO_WORKERS.min(shards.len()),
             n => n,
@@ -93,7 +95,9 @@ impl Loader {
         // member up to 1/8 of a chunk (1 MiB at 8 MiB chunks) without a spill.
         let slack = (chunk / 16) & !4095;
         let data_len = chunk - 2 * slack;
-        let arena = Arena::new(
+        let mut placement_notes = Vec::new();
+        let (placement, claims) = place(&cfg, &topo, &allowed, workers, &mut placement_notes);
+        let arena = Arena::new_on_node(
             chunks * chunk,
             ArenaOptions {
                 kind: cfg.memory_kind,
@@ -106,9 +110,11 @@ impl Loader {
                 prefault: cfg.register_buffers == Toggle::On || cfg.cuda_register == Toggle::On,
                 shared: cfg.shared_arena,
             },
+            placement.numa_node,
         )?;
         let mut notes = arena.report().notes.clone();
         let cuda_later = register_cuda(&arena, &cfg, &mut notes)?;
+        notes.extend(placement_notes);
         let pool = ChunkPool::new(arena, chunk);
         // Per worker: its first read and a spill run.
         pool.set_reserve(2 * workers);
@@ -150,25 +156,7 @@ impl Loader {
             false => None,
         };
 
-        let cpus = if cfg.pin_cpus {
-            // The engines of one rank's loader workers (each a process)
-            // start at different CPUs instead of all at the first.
-            topology::worker_cpus(
-                workers,
-                (cfg.loader_worker as usize).wrapping_mul(workers),
-                &allowed,
-            )
-            .unwrap_or_else(|| {
-                notes.push(format!(
-                    "workers not pinned: {workers} workers on {} allowed CPUs (pinned, two \
-                     would share a CPU while another idles)",
-                    allowed.len()
-                ));
-                Vec::new()
-            })
-        } else {
-            Vec::new()
-        };
+        let cpus = placement.cpus.clone().unwrap_or_default();
         // Network threads receive the workers' HTTP ranges (io_uring only;
         // the thread backend receives on each worker).
         let remote = shards.iter().any(|s| matches!(s.source, Source::Http(_)));
@@ -304,8 +292,10 @@ impl Loader {
                 fixed,
                 workers,
                 cpus,
+                placement: placement.why.describe(),
                 notes,
             },
+            claims: Mutex::new(claims),
             threads: Mutex::new(threads),
             closed: AtomicBool::new(false),
         };
@@ -315,6 +305,100 @@ impl Loader {
         }
         Ok(loader)
     }
+}
+
+/// Checks `cpus` and `numa_node` against this machine: every listed CPU
+/// must be one this process may use, and the node one that exists.
+fn check_placement_keys(cfg: &Config, topo: &Topology, allowed: &[usize]) -> Result<()> {
+    if let Some(list) = &cfg.cpus {
+        let outside: Vec<usize> = list
+            .iter()
+            .copied()
+            .filter(|c| !allowed.contains(c))
+            .collect();
+        if !outside.is_empty() {
+            return Err(Error::config(format!(
+                "`cpus` names CPUs {} that this process may not use (its CPUs: {})",
+                topology::format_cpu_list(&outside),
+                topology::format_cpu_list(allowed)
+            )));
+        }
+    }
+    if let Some(node) = cfg.numa_node
+        && !topo.nodes.is_empty()
+        && !topo.nodes.iter().any(|n| n.id == node)
+    {
+        let ids: Vec<usize> = topo.nodes.iter().map(|n| n.id).collect();
+        return Err(Error::config(format!(
+            "`numa_node` is {node} but this machine's NUMA nodes are {}",
+            topology::format_cpu_list(&ids)
+        )));
+    }
+    Ok(())
+}
+
+/// Where the workers run and the arena lives: placed by NIC queue and
+/// NUMA node, away from CPUs other engines on this node claimed (and
+/// claimed for this loader until it closes), or by the configuration.
+fn place(
+    cfg: &Config,
+    topo: &Topology,
+    allowed: &[usize],
+    workers: usize,
+    notes: &mut Vec<String>,
+) -> (Placement, Claims) {
+    let req = Request {
+        threads: workers,
+        allowed,
+        claimed: &[],
+        nic: None,
+        cpus: cfg.cpus.as_deref(),
+        numa_node: cfg.numa_node,
+    };
+    let (mut placement, claims) = if !cfg.pin_cpus {
+        (topology::worker_cpus(topo, &req), Claims::default())
+    } else {
+        match ClaimsDir::for_user() {
+            Ok(dir) => dir.place(topo, &req),
+            Err(e) => {
+                notes.push(format!(
+                    "CPU claims unavailable ({e}): placed without them, so another engine on \
+                     this node may pin onto the same CPUs"
+                ));
+                (topology::worker_cpus(topo, &req), Claims::default())
+            }
+        }
+    };
+    if !cfg.pin_cpus {
+        placement.cpus = None;
+        placement.why = Why::Off;
+    }
+    if let Why::TooMany { threads, cpus } = placement.why {
+        notes.push(format!(
+            "workers not pinned: {threads} workers on {cpus} usable CPUs (pinned, two would \
+             share a CPU while another idles)"
+        ));
+    }
+    if let Some(chosen) = &placement.cpus
+        && claims.cpus().len() < chosen.len()
+        && cfg.pin_cpus
+        && !notes.iter().any(|n| n.starts_with("CPU claims"))
+    {
+        notes.push(format!(
+            "CPUs {} are claimed by other engines too: every usable CPU was",
+            topology::format_cpu_list(
+                &chosen
+                    .iter()
+                    .copied()
+                    .filter(|c| !claims.cpus().contains(c))
+                    .collect::<Vec<_>>()
+            )
+        ));
+    }
+    if placement.numa_node.is_none() {
+        notes.push("NUMA node unknown: the arena is not bound to one".into());
+    }
+    (placement, claims)
 }
 
 /// Keeps a started thread, or stops and joins those started before and

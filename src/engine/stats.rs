@@ -26,6 +26,13 @@ pub struct Stats {
     pub io_uring_flags: &'static str,
     /// CPU of each worker; empty when not pinned.
     pub worker_cpus: Vec<usize>,
+    /// What decided `worker_cpus`: "nic-queues" (CPUs of the NIC's queue
+    /// interrupts), "numa" (its NUMA node's), "allowed" (other allowed
+    /// CPUs), "config" (`cpus`), or "none (...)" with the reason.
+    pub placement: String,
+    /// The NUMA node the arena is bound to; `None` when unknown or refused
+    /// (the notes say why).
+    pub numa_node: Option<usize>,
     /// Threads receiving the workers' HTTP ranges; 0 when each worker
     /// receives its own (thread backend, or local shards only).
     pub net_threads: usize,
@@ -98,6 +105,8 @@ impl Loader {
             io_backend: self.setup.backend.name(),
             io_uring_flags: self.setup.uring_flags,
             worker_cpus: self.setup.cpus.clone(),
+            placement: self.setup.placement.clone(),
+            numa_node: report.numa_node,
             net_threads: sh.net_links.len(),
             local_reads: sh.direct.path_name(),
             local_files_direct: sh.direct.files().0,

@@ -44,6 +44,8 @@ pub struct ArenaReport {
     pub kind: MemoryKind,
     pub bytes: usize,
     pub locked: bool,
+    /// The NUMA node the arena's pages are preferred on (`mbind`), when bound.
+    pub numa_node: Option<usize>,
     /// Why a better memory kind, or locking, was not obtained.
     pub notes: Vec<String>,
 }
@@ -87,6 +89,13 @@ const HUGE_2M: usize = 2 << 20;
 
 impl Arena {
     pub fn new(len: usize, opts: ArenaOptions) -> Result<Arena> {
+        Arena::new_on_node(len, opts, None)
+    }
+
+    /// An arena whose pages are preferred on NUMA `node` (the NIC's, where
+    /// its DMA lands), bound before any page is faulted in; a refused
+    /// binding is a note, not an error.
+    pub fn new_on_node(len: usize, opts: ArenaOptions, node: Option<usize>) -> Result<Arena> {
         let mut notes = Vec::new();
         let (mut map, kind, file) = if opts.shared {
             let (m, k, f) = map_shared(len, opts.kind, &mut notes)?;
@@ -95,6 +104,13 @@ impl Arena {
             let (m, k) = map_region(len, opts.kind, &mut notes)?;
             (m, k, None)
         };
+        let numa_node = node.and_then(|n| match super::numa::prefer_node(&mut map, n) {
+            Ok(()) => Some(n),
+            Err(e) => {
+                notes.push(format!("arena not bound to NUMA node {n} (mbind: {e})"));
+                None
+            }
+        });
         let locked = match opts.lock {
             Some(false) => false,
             want => match lock(&map, opts.prefault) {
@@ -139,6 +155,7 @@ impl Arena {
                 kind,
                 bytes: len,
                 locked,
+                numa_node,
                 notes,
             },
         })

@@ -5,6 +5,7 @@
 //!   shared memory file) and what was obtained;
 //! - `cuda.rs`: the mapping registered with the CUDA runtime (loaded with
 //!   `dlopen`) for DMA to the GPU;
+//! - `numa.rs`: binding the arena to a NUMA node (`mbind`);
 //! - `pool.rs`: the chunk pool over it (free runs, owners and quotas, the
 //!   reserve, waiting and stuck detection);
 //! - `chunk.rs`: [`ChunkRef`], the counted check-out handle of a run;
@@ -17,6 +18,7 @@ mod builder;
 mod chunk;
 pub mod cuda;
 mod mapping;
+mod numa;
 mod pool;
 
 // The files are private; every item is named `crate::memory::X`. What a
