@@ -62,7 +62,7 @@ def run_mode(mode, program, shards, batch_size):
     if mode == "b":
         socket = os.path.join(tmp, "node.sock")
         engine = subprocess.Popen(
-            [program, "node", *shards, "--socket", socket, "--linger-ms", "100",
+            [program, "node", *shards, "--socket", socket, "--linger-ms", "50",
              "--batch-size", str(batch_size), "--workers", "2",
              "--config", json.dumps({"world_size": 2, "loader_workers": 2})],
             stderr=subprocess.DEVNULL,
@@ -108,7 +108,7 @@ def run_mode(mode, program, shards, batch_size):
 
 def main():
     program, rounds, shards = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-    batch_size = 32
+    batch_size = 256
     results = {m: [] for m in "abc"}
     for i in range(rounds):
         for m in "cab":

@@ -48,6 +48,9 @@ pub struct NodeOptions {
     pub status_of: fn(&Error) -> i32,
 }
 
+/// How long an engine with a linger waits for its first consumer.
+const FIRST_WAIT: Duration = Duration::from_secs(60);
+
 /// What the engine reports of itself in every consumer's stats.
 #[derive(Default)]
 struct Whole {
@@ -93,9 +96,15 @@ pub fn serve(listener: OwnedFd, opts: NodeOptions) -> Result<()> {
             }
         }
         sessions.retain(|t| !t.is_finished());
+        // Before its first consumer, an engine waits at least FIRST_WAIT:
+        // the consumers of a job may take seconds to start.
+        let patience = match opts.linger {
+            Some(l) if whole.attached.load(Ordering::Acquire) == 0 => Some(l.max(FIRST_WAIT)),
+            other => other,
+        };
         if active.load(Ordering::Acquire) > 0 {
             idle_since = Instant::now();
-        } else if opts.linger.is_some_and(|l| idle_since.elapsed() >= l) {
+        } else if patience.is_some_and(|l| idle_since.elapsed() >= l) {
             let _ = std::fs::remove_file(&opts.socket);
             return Ok(());
         }
