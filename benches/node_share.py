@@ -14,7 +14,9 @@ summed locked memory (VmLck). Prints the medians and the ratios of the
 medians against (c), with per-round ranges.
 
 usage: python3 benches/node_share.py RINGFEED_PROGRAM ROUNDS SHARD...
-Each consumer runs the installed `ringfeed` Python package.
+Consumers are forked from this script after it imported the installed
+`ringfeed` package, as a DataLoader forks its workers: no mode pays a Python
+start-up per consumer.
 """
 
 import json
@@ -25,20 +27,46 @@ import sys
 import tempfile
 import time
 
-CONSUMER = r"""
-import json, sys, time, ringfeed
-cfg = json.loads(sys.argv[1])
-urls = cfg.pop("urls")
-t0 = time.monotonic_ns()
-n = 0
-first = None
-with ringfeed.Loader(urls, **cfg) as loader:
-    for b in loader:
-        if first is None:
-            first = time.monotonic_ns() - t0
-        n += b.nbytes
-print(json.dumps({"bytes": n, "first_batch_ns": first}))
-"""
+def consume(cfg, out_fd):
+    """A consumer: every batch of its configuration; writes its report."""
+    import ringfeed
+
+    urls = cfg.pop("urls")
+    t0 = time.monotonic_ns()
+    n = 0
+    first = None
+    with ringfeed.Loader(urls, **cfg) as loader:
+        for b in loader:
+            if first is None:
+                first = time.monotonic_ns() - t0
+            n += b.nbytes
+    os.write(out_fd, json.dumps({"bytes": n, "first_batch_ns": first}).encode())
+
+
+class Forked:
+    """A forked consumer process and the pipe of its report."""
+
+    def __init__(self, cfg):
+        r, w = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:
+            os.close(r)
+            code = 0
+            try:
+                consume(cfg, w)
+            except BaseException as e:  # noqa: BLE001 - reported, then exit
+                print(f"consumer failed: {e!r}", file=sys.stderr)
+                code = 1
+            os._exit(code)
+        os.close(w)
+        self.r = r
+
+    def report(self):
+        data = b""
+        while chunk := os.read(self.r, 65536):
+            data += chunk
+        os.close(self.r)
+        return json.loads(data)
 
 
 def read_kib(path, key):
@@ -52,13 +80,12 @@ def read_kib(path, key):
     return 0
 
 
-def run_mode(mode, program, shards, batch_size):
-    job = dict(urls=shards, batch_size=batch_size)
+def run_mode(mode, program, shards, batch_size, epochs):
+    job = dict(urls=shards, batch_size=batch_size, epochs=epochs)
     procs = []
     engine = None
     tmp = tempfile.mkdtemp(prefix="rf-node-bench-")
     t0 = time.monotonic()
-    before = os.times()
     if mode == "b":
         socket = os.path.join(tmp, "node.sock")
         engine = subprocess.Popen(
@@ -79,26 +106,31 @@ def run_mode(mode, program, shards, batch_size):
         ]
     for extra in layouts:
         cfg = dict(job, **extra)
-        procs.append(subprocess.Popen([sys.executable, "-c", CONSUMER, json.dumps(cfg)],
-                                      stdout=subprocess.PIPE, text=True))
+        procs.append(Forked(cfg))
     live = [p.pid for p in procs] + ([engine.pid] if engine else [])
+    usage = {}
     peak_pss = peak_lck = 0
-    while any(p.poll() is None for p in procs):
-        pss = sum(read_kib(f"/proc/{pid}/smaps_rollup", "Pss:") for pid in live)
-        lck = sum(read_kib(f"/proc/{pid}/status", "VmLck:") for pid in live)
+    while len(usage) < len(live):
+        pid, _, ru = os.wait4(-1, os.WNOHANG)
+        if pid:
+            usage[pid] = ru
+            continue
+        pss = sum(read_kib(f"/proc/{p}/smaps_rollup", "Pss:") for p in live if p not in usage)
+        lck = sum(read_kib(f"/proc/{p}/status", "VmLck:") for p in live if p not in usage)
         peak_pss, peak_lck = max(peak_pss, pss), max(peak_lck, lck)
         time.sleep(0.02)
-    outs = [json.loads(p.communicate()[0]) for p in procs]
     if engine:
-        engine.wait()
+        engine.returncode = 0
+    outs = [p.report() for p in procs]
     wall = time.monotonic() - t0
-    after = os.times()
-    cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
-    # Peak RSS of every process of this mode, summed (ru_maxrss per child).
+    cpu_of = lambda ru: ru.ru_utime + ru.ru_stime  # noqa: E731
+    cpu = sum(cpu_of(ru) for ru in usage.values())
     total = sum(o["bytes"] for o in outs)
     return {
         "gb_s": total / wall / 1e9,
         "cpu_s_per_gb": cpu / (total / 1e9),
+        "engine_cpu_s_per_gb": cpu_of(usage[engine.pid]) / (total / 1e9) if engine else 0.0,
+        "rss_sum_mib": sum(ru.ru_maxrss for ru in usage.values()) / 1024,
         "pss_mib": peak_pss / 1024,
         "locked_mib": peak_lck / 1024,
         "bytes": total,
@@ -107,12 +139,15 @@ def run_mode(mode, program, shards, batch_size):
 
 
 def main():
+    import ringfeed  # noqa: F401 - imported once, before the consumers fork
+
     program, rounds, shards = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-    batch_size = 256
+    batch_size = int(os.environ.get("BATCH", "256"))
+    epochs = int(os.environ.get("EPOCHS", "1"))
     results = {m: [] for m in "abc"}
     for i in range(rounds):
         for m in "cab":
-            r = run_mode(m, program, shards, batch_size)
+            r = run_mode(m, program, shards, batch_size, epochs)
             results[m].append(r)
             print(f"round {i + 1} ({m}): {json.dumps(r)}", flush=True)
     names = {"a": "(a) 4 standalone engines", "b": "(b) 4 consumers, 1 node engine",

@@ -134,7 +134,8 @@ fn each_consumer_gets_exactly_what_its_own_engine_gives() {
     // The engine's own memory and thread keys differ from the consumers':
     // they are placement, and must not change a batch.
     let mut own = job();
-    own.insert("memory_budget".into(), json!("64MiB"));
+    own.remove("memory_budget");
+    own.remove("chunk_size");
     own.insert("net_threads".into(), json!(1));
     let (_dir, socket) = engine(own);
     let mut all_keys = Vec::new();
@@ -151,6 +152,12 @@ fn each_consumer_gets_exactly_what_its_own_engine_gives() {
         }
         let (json, counts) = attached.stats().unwrap();
         let stats: Value = serde_json::from_str(&json).unwrap();
+        // The node's auto budget (256 MiB, as one engine of its own would
+        // take) shared by the 4 consumers (64 MiB) with chunks shrunk to
+        // fit, raised to the reads in flight (2 workers x 6 x 2 MiB) plus
+        // 64 MiB for batches.
+        assert_eq!(counts.arena_bytes, 88 << 20);
+        assert_eq!(counts.chunk_size, 2 << 20);
         assert_eq!(stats["node"]["pid"], json!(std::process::id()));
         // No CUDA runtime on the test machines: said, not an error.
         if stats["cuda_registered"] == json!(0) {

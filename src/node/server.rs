@@ -138,12 +138,63 @@ fn consumer_config(
             m.insert((*key).into(), v.clone());
         }
     }
+    share_memory(&mut m, base);
     m.insert("node".into(), json!("off"));
     m.insert("shared_arena".into(), json!(true));
     // The consumer registers its own mapping with CUDA (it is the process
     // that copies to the GPU); the engine's would pin for nothing.
     m.insert("cuda_register".into(), json!("off"));
     Config::from_map(&m)
+}
+
+/// Consumers the engine expects: each rank's loader workers, times the
+/// ranks on this node (`LOCAL_WORLD_SIZE`, as torchrun sets it; else every
+/// rank, as on one node).
+fn expected_consumers(base: &Config) -> u64 {
+    let local = std::env::var("LOCAL_WORLD_SIZE")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(base.world_size);
+    base.loader_workers.saturating_mul(local.max(1)).max(1)
+}
+
+/// The node's memory, shared out: the engine's `memory_budget` (or, when
+/// auto, what one engine of its own would take) is the node's total, and
+/// each consumer's loader gets its share of it. Unless the engine's
+/// configuration fixes `chunk_size`, chunks shrink (down to 1 MiB) until the
+/// consumer's workers' reads in flight fit in half its share; a share is
+/// never below those reads plus 64 MiB for batches. Neither changes a
+/// batch: memory is placement, the order is the plan's.
+fn share_memory(m: &mut Map<String, Value>, base: &Config) {
+    const MIB: u64 = 1 << 20;
+    let total = if base.memory_budget != 0 {
+        base.memory_budget
+    } else {
+        let one = Config {
+            loader_workers: 1,
+            ..base.clone()
+        };
+        one.effective_budget(crate::config::AUTO_WORKERS)
+    };
+    let even = total / expected_consumers(base);
+    let workers = if base.workers == 0 {
+        crate::config::AUTO_WORKERS
+    } else {
+        base.workers
+    } as u64;
+    let reads_per_chunk = workers * (base.reads_in_flight as u64 + 2);
+    let mut chunk = base.chunk_size;
+    if !m.contains_key("chunk_size") {
+        while chunk > MIB && reads_per_chunk * chunk > even / 2 {
+            chunk /= 2;
+        }
+        m.insert("chunk_size".into(), json!(chunk));
+    }
+    // Never less than the reads in flight plus the 64 MiB an engine of its
+    // own keeps for batches in the ring and with the consumer: a share that
+    // cannot hold two batches would stall the consumer.
+    let share = even.max(reads_per_chunk * chunk + 64 * MIB);
+    m.insert("memory_budget".into(), json!(share));
 }
 
 /// What the feeder and the session share for one consumer.
@@ -161,18 +212,20 @@ struct Feed {
 
 fn session(conn: OwnedFd, opts: &NodeOptions, base: &Config, whole: &Arc<Whole>) {
     let me = rustix_uid();
-    match sock::peer(&conn) {
-        Ok((uid, _)) if uid == me => {}
-        Ok((uid, pid)) => {
-            return refuse(
-                &conn,
-                (opts.status_of)(&Error::Node(String::new())),
-                &format!(
-                    "node engine: process {pid} of user {uid} may not attach to the engine of user {me}"
-                ),
-            );
+    let peer = sock::peer(&conn);
+    if !matches!(peer, Ok((uid, _)) if uid == me) {
+        let why = match peer {
+            Ok((uid, pid)) => format!(
+                "node engine: process {pid} of user {uid} may not attach to the engine of user {me}"
+            ),
+            Err(e) => format!("node engine: the peer's credentials cannot be read ({e})"),
+        };
+        // The request is read first: closing a SOCK_SEQPACKET socket with a
+        // message unread resets it, and the peer would never see why.
+        if sock::poll(&[(&conn, true)], Some(Duration::from_secs(2))).is_ok() {
+            let _ = sock::recv(&conn);
         }
-        Err(e) => eprintln!("ringfeed node: peer credentials: {e}"),
+        return refuse(&conn, (opts.status_of)(&Error::Node(String::new())), &why);
     }
     let first = match sock::recv(&conn) {
         Ok(Some((msg, _))) => msg,
