@@ -12,6 +12,9 @@
 //!   lengths; a resume state continues it exactly; elastic resume.
 //! - `abi_fallbacks.c`: without `CAP_IPC_LOCK` and with `io_uring` denied by
 //!   seccomp, the loader still streams and says what it fell back from.
+//! - `abi_node.c`: a consumer attached to a node engine (served from a
+//!   thread of the test) streams every sample with its bytes; one that
+//!   crashes holding batches gets them taken back by the engine.
 //! - `wrapper_test.cpp` and the example `trainer.cpp`: the C++ wrapper.
 //!
 //! Needs a C and a C++ compiler (`cc`, `c++`, or `$CC`, `$CXX`) with the
@@ -23,7 +26,9 @@ use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use ringfeed::node::{self, AnyNext, Attached, NodeOptions};
 use ringfeed::synth::{self, GenOptions};
+use serde_json::{Value, json};
 
 const LIB: &str = "libringfeed.so";
 
@@ -344,6 +349,110 @@ fn cpp_wrapper_releases_moves_iterates_and_throws() {
     let exe = build("tests/c/wrapper_test.cpp", tmp.path(), true);
     let out = run_ok(&exe, &data.args());
     assert!(out.contains("wrapper_test: all checks passed"), "{out}");
+}
+
+/// A node engine served from a thread on a socket in a new directory, with
+/// the keys `abi_node.c` gives its consumers (the dataset and layout keys
+/// must agree).
+fn node_engine(data: &Shards) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("node.sock");
+    let listener = node::sock::listen(&socket).unwrap();
+    let config = json!({
+        "urls": data.paths,
+        "batch_size": 7,
+        "memory_budget": "64MiB",
+        "chunk_size": "1MiB",
+    });
+    let opts = NodeOptions {
+        socket: socket.clone(),
+        config: config.as_object().unwrap().clone(),
+        linger: None,
+        status_of: ringfeed::ffi::status::status_of,
+    };
+    std::thread::spawn(move || node::serve(listener, opts).unwrap());
+    (dir, socket)
+}
+
+/// `SOCKET MODE SEED SAMPLES BYTES SHARD...`, what `abi_node.c` takes.
+fn node_args(socket: &Path, mode: &str, data: &Shards) -> Vec<String> {
+    let mut args = vec![socket.display().to_string(), mode.to_string()];
+    args.extend(data.args());
+    args
+}
+
+#[test]
+fn c_consumer_attached_to_a_node_engine_gets_every_sample() {
+    let data = shards();
+    let (_engine_dir, socket) = node_engine(&data);
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = build("tests/c/abi_node.c", tmp.path(), false);
+    let out = run_ok(&exe, &node_args(&socket, "stream", &data));
+    assert!(out.contains("abi_node: all checks passed"), "{out}");
+}
+
+#[test]
+fn node_engine_takes_back_the_batches_of_a_c_consumer_that_crashed() {
+    use std::os::unix::process::ExitStatusExt;
+    let data = shards();
+    let (_engine_dir, socket) = node_engine(&data);
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = build("tests/c/abi_node.c", tmp.path(), false);
+    // A consumer in this process, attached throughout: its stats show the
+    // engine's view of every consumer.
+    let cfg = json!({
+        "urls": data.paths,
+        "batch_size": 7,
+        "memory_budget": "64MiB",
+        "chunk_size": "1MiB",
+        "node": socket,
+    });
+    let watcher = Attached::open_json(&cfg.to_string()).unwrap();
+    let AnyNext::Batch(mine) = watcher.next(Some(Duration::from_secs(60))).unwrap() else {
+        panic!("no batch for the watcher");
+    };
+    let out = run(&exe, &node_args(&socket, "crash", &data));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGKILL),
+        "the crash mode did not die of SIGKILL ({}):\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
+    assert!(
+        stdout.contains("crashing with 3 batches held"),
+        "{stdout}{stderr}"
+    );
+    // The engine sees the hang-up and drops what the crashed consumer held:
+    // what remains held is the watcher's alone (its one batch, and records
+    // waiting in its ring).
+    let node_stats = || -> Value {
+        let (text, _) = watcher.stats().unwrap();
+        let v: Value = serde_json::from_str(&text).unwrap();
+        v["node"].clone()
+    };
+    let start = Instant::now();
+    loop {
+        let n = node_stats();
+        let (consumers, all, own) = (
+            n["consumers"].as_u64().unwrap(),
+            n["batches_held"].as_u64().unwrap(),
+            n["batches_held_by_this_consumer"].as_u64().unwrap(),
+        );
+        if consumers == 1 && all == own {
+            assert!(own >= 1, "the watcher holds a batch: {n}");
+            assert_eq!(n["consumers_attached"], 2, "{n}");
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the crashed consumer's batches were not taken back: {n}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(mine);
+    watcher.close();
 }
 
 /// Sum of every payload byte of the shards, read with the `tar` crate: what

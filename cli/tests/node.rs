@@ -1,6 +1,7 @@
 //! `ringfeed node` as its own process: consumers attached to it take their
 //! batches, and when it dies (killed) every attached consumer gets a named
-//! error — after the batches it already had — never a hang.
+//! error — after the batches it already had — never a hang; `ringfeed
+//! bench` with `"node"` in its `--config` reads the whole dataset through it.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -107,4 +108,58 @@ fn an_engine_that_dies_is_an_error_for_its_consumers_not_a_hang() {
         .flat_map(|f| unsafe { std::slice::from_raw_parts(f.data, f.len) }.to_vec())
         .collect();
     assert_eq!(copy, again);
+}
+
+/// Runs `ringfeed bench --json` and returns its report.
+fn bench_report(args: &[&str]) -> serde_json::Value {
+    let out = Command::new(BIN)
+        .arg("bench")
+        .args(args)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "bench {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn bench_attached_to_a_node_engine_reads_every_byte_through_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = shards(dir.path());
+    let socket = dir.path().join("node.sock");
+    // A linger, so an engine a failed test leaves behind exits on its own.
+    let mut engine = Command::new(BIN)
+        .arg("node")
+        .args(&paths)
+        .arg("--socket")
+        .arg(&socket)
+        .args(["--linger-ms", "1000"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_listening(&socket, &mut engine);
+    // `gen` without `--seed` writes seed 0's content.
+    let mut args: Vec<&str> = paths.iter().map(String::as_str).collect();
+    args.extend(["--verify", "0"]);
+    let alone = bench_report(&args);
+    let node = json!({"node": socket}).to_string();
+    args.extend(["--config", &node]);
+    let attached = bench_report(&args);
+    engine.kill().unwrap();
+    engine.wait().unwrap();
+    assert_eq!(attached["verify_failures"], 0, "{attached}");
+    assert_eq!(alone["verify_failures"], 0, "{alone}");
+    assert!(alone["bytes"].as_u64().unwrap() > 0, "{alone}");
+    assert_eq!(attached["bytes"], alone["bytes"], "{attached}");
+    assert_eq!(attached["samples"], alone["samples"], "{attached}");
+    let n = &attached["stats"]["node"];
+    assert_eq!(n["pid"], engine.id(), "{attached}");
+    assert_eq!(n["socket"], json!(socket), "{attached}");
+    // Without a node the report has no such member.
+    assert!(alone["stats"].get("node").is_none(), "{alone}");
 }
