@@ -229,12 +229,6 @@ def test_a_process_of_another_user_cannot_attach(other_user_attaches):
     assert attached == 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="src/node/server.rs session() refuses another user before reading its attach "
-    "request and closes the connection with it unread; on a SOCK_SEQPACKET socket the "
-    "consumer then reads ECONNRESET instead of the refusal",
-)
 def test_the_engine_tells_another_user_why_it_is_refused(other_user_attaches):
     _, opened, _ = other_user_attaches
     want = f"of user {OTHER_UID} may not attach to the engine of user {os.geteuid()}"
