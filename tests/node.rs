@@ -152,12 +152,6 @@ fn each_consumer_gets_exactly_what_its_own_engine_gives() {
         }
         let (json, counts) = attached.stats().unwrap();
         let stats: Value = serde_json::from_str(&json).unwrap();
-        // The node's auto budget (256 MiB, as one engine of its own would
-        // take) shared by the 4 consumers (64 MiB) with chunks shrunk to
-        // fit, raised to the reads in flight (2 workers x 6 x 2 MiB) plus
-        // 64 MiB for batches.
-        assert_eq!(counts.arena_bytes, 88 << 20);
-        assert_eq!(counts.chunk_size, 2 << 20);
         assert_eq!(stats["node"]["pid"], json!(std::process::id()));
         // No CUDA runtime on the test machines: said, not an error.
         if stats["cuda_registered"] == json!(0) {

@@ -138,63 +138,12 @@ fn consumer_config(
             m.insert((*key).into(), v.clone());
         }
     }
-    share_memory(&mut m, base);
     m.insert("node".into(), json!("off"));
     m.insert("shared_arena".into(), json!(true));
     // The consumer registers its own mapping with CUDA (it is the process
     // that copies to the GPU); the engine's would pin for nothing.
     m.insert("cuda_register".into(), json!("off"));
     Config::from_map(&m)
-}
-
-/// Consumers the engine expects: each rank's loader workers, times the
-/// ranks on this node (`LOCAL_WORLD_SIZE`, as torchrun sets it; else every
-/// rank, as on one node).
-fn expected_consumers(base: &Config) -> u64 {
-    let local = std::env::var("LOCAL_WORLD_SIZE")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(base.world_size);
-    base.loader_workers.saturating_mul(local.max(1)).max(1)
-}
-
-/// The node's memory, shared out: the engine's `memory_budget` (or, when
-/// auto, what one engine of its own would take) is the node's total, and
-/// each consumer's loader gets its share of it. Unless the engine's
-/// configuration fixes `chunk_size`, chunks shrink (down to 1 MiB) until the
-/// consumer's workers' reads in flight fit in half its share; a share is
-/// never below those reads plus 64 MiB for batches. Neither changes a
-/// batch: memory is placement, the order is the plan's.
-fn share_memory(m: &mut Map<String, Value>, base: &Config) {
-    const MIB: u64 = 1 << 20;
-    let total = if base.memory_budget != 0 {
-        base.memory_budget
-    } else {
-        let one = Config {
-            loader_workers: 1,
-            ..base.clone()
-        };
-        one.effective_budget(crate::config::AUTO_WORKERS)
-    };
-    let even = total / expected_consumers(base);
-    let workers = if base.workers == 0 {
-        crate::config::AUTO_WORKERS
-    } else {
-        base.workers
-    } as u64;
-    let reads_per_chunk = workers * (base.reads_in_flight as u64 + 2);
-    let mut chunk = base.chunk_size;
-    if !m.contains_key("chunk_size") {
-        while chunk > MIB && reads_per_chunk * chunk > even / 2 {
-            chunk /= 2;
-        }
-        m.insert("chunk_size".into(), json!(chunk));
-    }
-    // Never less than the reads in flight plus the 64 MiB an engine of its
-    // own keeps for batches in the ring and with the consumer: a share that
-    // cannot hold two batches would stall the consumer.
-    let share = even.max(reads_per_chunk * chunk + 64 * MIB);
-    m.insert("memory_budget".into(), json!(share));
 }
 
 /// What the feeder and the session share for one consumer.
