@@ -53,22 +53,28 @@ pub fn wait_listening(socket: &Path, engine: &mut Child) {
     }
 }
 
+/// `ringfeed node` on `paths` at `socket` with `args`, once it listens.
+fn start_engine(paths: &[String], socket: &Path, args: &[&str]) -> Child {
+    let mut engine = Command::new(BIN)
+        .arg("node")
+        .args(paths)
+        .arg("--socket")
+        .arg(socket)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_listening(socket, &mut engine);
+    engine
+}
+
 #[test]
 fn an_engine_that_dies_is_an_error_for_its_consumers_not_a_hang() {
     let dir = tempfile::tempdir().unwrap();
     let paths = shards(dir.path());
     let socket = dir.path().join("node.sock");
-    let mut engine = Command::new(BIN)
-        .arg("node")
-        .args(&paths)
-        .arg("--socket")
-        .arg(&socket)
-        .args(["--batch-size", "4"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_listening(&socket, &mut engine);
+    let mut engine = start_engine(&paths, &socket, &["--batch-size", "4"]);
     let cfg = json!({"urls": paths, "batch_size": 4, "node": socket});
     let l = Attached::open_json(&cfg.to_string()).unwrap();
     let AnyNext::Batch(first) = l.next(Some(Duration::from_secs(60))).unwrap() else {
@@ -132,17 +138,7 @@ fn bench_attached_to_a_node_engine_reads_every_byte_through_it() {
     let paths = shards(dir.path());
     let socket = dir.path().join("node.sock");
     // A linger, so an engine a failed test leaves behind exits on its own.
-    let mut engine = Command::new(BIN)
-        .arg("node")
-        .args(&paths)
-        .arg("--socket")
-        .arg(&socket)
-        .args(["--linger-ms", "1000"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_listening(&socket, &mut engine);
+    let mut engine = start_engine(&paths, &socket, &["--linger-ms", "1000"]);
     // `gen` without `--seed` writes seed 0's content.
     let mut args: Vec<&str> = paths.iter().map(String::as_str).collect();
     args.extend(["--verify", "0"]);

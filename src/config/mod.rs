@@ -171,6 +171,30 @@ mod tests {
     }
 
     #[test]
+    fn node_takes_off_auto_or_an_absolute_socket_path_only() {
+        for bad in [
+            r#"5"#,
+            r#""sometimes""#,
+            r#""run/node.sock""#,
+            r#"true"#,
+            r#"[]"#,
+        ] {
+            let e = err(&format!(r#"{{"node": {bad}}}"#));
+            assert!(e.contains("`node` must be"), "{bad}: {e}");
+        }
+        let c = Config::from_json(r#"{"node": "/run/x.sock"}"#).unwrap();
+        assert_eq!(c.node, NodeMode::Socket("/run/x.sock".into()));
+        assert_eq!(
+            Config::from_json(r#"{"node": false}"#).unwrap().node,
+            NodeMode::Off
+        );
+        assert_eq!(
+            Config::from_json(r#"{"node": "auto"}"#).unwrap().node,
+            NodeMode::Auto
+        );
+    }
+
+    #[test]
     fn defaults_apply_and_sizes_take_units() {
         let c = Config::from_json(
             r#"{"urls": "a.tar", "memory_budget": "256MiB", "chunk_size": 1048576}"#,

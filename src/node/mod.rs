@@ -22,7 +22,7 @@ mod shm;
 pub mod sock;
 mod wire;
 
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -50,38 +50,9 @@ fn linger_ms() -> String {
         .unwrap_or_else(|| ON_DEMAND_LINGER.as_millis().to_string())
 }
 
-/// This user's directory for node sockets: `$XDG_RUNTIME_DIR/ringfeed`, else
-/// `/tmp/ringfeed-<uid>`; made with mode 0700 and refused when another user
-/// owns it or others may write it.
+/// This user's directory for node sockets (`topology::claims::user_dir`).
 pub fn runtime_dir() -> Result<PathBuf> {
-    // SAFETY: geteuid cannot fail.
-    let uid = unsafe { libc::geteuid() };
-    let dir = match std::env::var_os("XDG_RUNTIME_DIR") {
-        Some(d) if Path::new(&d).is_dir() => Path::new(&d).join("ringfeed"),
-        _ => PathBuf::from(format!("/tmp/ringfeed-{uid}")),
-    };
-    match std::fs::create_dir(&dir) {
-        Ok(()) => {
-            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
-                .map_err(|e| Error::Node(format!("`{}`: {e}", dir.display())))?;
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => {
-            return Err(Error::Node(format!(
-                "cannot create `{}`: {e}",
-                dir.display()
-            )));
-        }
-    }
-    let meta = std::fs::symlink_metadata(&dir)
-        .map_err(|e| Error::Node(format!("`{}`: {e}", dir.display())))?;
-    if !meta.is_dir() || meta.uid() != uid || meta.mode() & 0o022 != 0 {
-        return Err(Error::Node(format!(
-            "`{}` is not a directory of user {uid} that only it may write",
-            dir.display()
-        )));
-    }
-    Ok(dir)
+    crate::topology::claims::user_dir().map_err(Error::Node)
 }
 
 /// FNV-1a: a hash that is the same in every process and release.
@@ -144,8 +115,6 @@ pub fn node_program() -> PathBuf {
     }
     PathBuf::from("ringfeed")
 }
-
-use std::os::unix::ffi::OsStrExt;
 
 /// Starts the engine for `socket` unless one answers there: under a lock
 /// file (so consumers starting at once start one engine), runs

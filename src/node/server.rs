@@ -160,7 +160,7 @@ struct Feed {
 }
 
 fn session(conn: OwnedFd, opts: &NodeOptions, base: &Config, whole: &Arc<Whole>) {
-    let me = rustix_uid();
+    let me = effective_uid();
     let peer = sock::peer(&conn);
     if !matches!(peer, Ok((uid, _)) if uid == me) {
         let why = match peer {
@@ -276,7 +276,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn rustix_uid() -> u32 {
+fn effective_uid() -> u32 {
     // SAFETY: geteuid cannot fail.
     unsafe { libc::geteuid() }
 }

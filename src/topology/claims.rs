@@ -48,27 +48,37 @@ impl Claims {
     }
 }
 
+/// This user's directory for what engines on one node share (CPU claims,
+/// node engine sockets): `$XDG_RUNTIME_DIR/ringfeed`, else
+/// `/tmp/ringfeed-<uid>`; made with mode 0700, and refused when another user
+/// owns it or others may write it (/tmp is shared: another user could have
+/// made or linked it there first).
+pub fn user_dir() -> Result<PathBuf, String> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    let dir = match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        Some(run) => Path::new(&run).join("ringfeed"),
+        _ => PathBuf::from(format!("/tmp/ringfeed-{uid}")),
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let meta = std::fs::symlink_metadata(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if !meta.is_dir() || meta.uid() != uid || meta.mode() & 0o022 != 0 {
+        return Err(format!(
+            "{} is not a directory of user {uid} that only it may write",
+            dir.display()
+        ));
+    }
+    Ok(dir)
+}
+
 impl ClaimsDir {
     /// The per-user directory, created (mode 0700) if missing.
     pub fn for_user() -> Result<ClaimsDir, String> {
-        if let Some(run) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
-            return ClaimsDir::at(&Path::new(&run).join("ringfeed/cpus"));
-        }
-        // SAFETY: getuid has no preconditions and cannot fail.
-        let uid = unsafe { libc::getuid() };
-        let base = PathBuf::from(format!("/tmp/ringfeed-{uid}"));
-        let dir = ClaimsDir::at(&base.join("cpus"))?;
-        // /tmp is shared: the directory must be ours, not one another user
-        // made (or linked) there first.
-        let meta =
-            std::fs::symlink_metadata(&base).map_err(|e| format!("{}: {e}", base.display()))?;
-        if !meta.is_dir() || meta.uid() != uid {
-            return Err(format!(
-                "{} is not a directory of this user",
-                base.display()
-            ));
-        }
-        Ok(dir)
+        ClaimsDir::at(&user_dir()?.join("cpus"))
     }
 
     /// The directory `path`, created (mode 0700) if missing.

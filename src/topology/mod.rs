@@ -16,7 +16,7 @@
 //! Nothing here knows the engine or the configuration: callers pass plain
 //! values in.
 
-mod claims;
+pub(crate) mod claims;
 mod discover;
 mod placement;
 
