@@ -182,16 +182,17 @@ mod tests {
             let e = err(&format!(r#"{{"node": {bad}}}"#));
             assert!(e.contains("`node` must be"), "{bad}: {e}");
         }
-        let c = Config::from_json(r#"{"node": "/run/x.sock"}"#).unwrap();
-        assert_eq!(c.node, NodeMode::Socket("/run/x.sock".into()));
+        let node = |v: &str| {
+            Config::from_json(&format!(r#"{{"urls": "a.tar", "node": {v}}}"#))
+                .unwrap()
+                .node
+        };
         assert_eq!(
-            Config::from_json(r#"{"node": false}"#).unwrap().node,
-            NodeMode::Off
+            node(r#""/run/x.sock""#),
+            NodeMode::Socket("/run/x.sock".into())
         );
-        assert_eq!(
-            Config::from_json(r#"{"node": "auto"}"#).unwrap().node,
-            NodeMode::Auto
-        );
+        assert_eq!(node("false"), NodeMode::Off);
+        assert_eq!(node(r#""auto""#), NodeMode::Auto);
     }
 
     #[test]
