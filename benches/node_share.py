@@ -13,7 +13,7 @@ peak RSS (wait4; counts an arena mapped by two processes twice) and the peak
 summed locked memory (VmLck). Prints the medians and the ratios of the
 medians against (c), with per-round ranges.
 
-usage: python3 benches/node_share.py RINGFEED_PROGRAM ROUNDS SHARD...
+usage: [EPOCHS=1] [BATCH=256] [STREAMS=1] [NODE_BUDGET=bytes] python3 benches/node_share.py RINGFEED_PROGRAM ROUNDS SHARD...
 Consumers are forked from this script after it imported the installed
 `ringfeed` package, as a DataLoader forks its workers: no mode pays a Python
 start-up per consumer.
@@ -80,7 +80,7 @@ def read_kib(path, key):
     return 0
 
 
-def run_mode(mode, program, shards, batch_size, epochs):
+def run_mode(mode, program, shards, batch_size, epochs, streams, node_budget=None):
     job = dict(urls=shards, batch_size=batch_size, epochs=epochs)
     procs = []
     engine = None
@@ -90,8 +90,9 @@ def run_mode(mode, program, shards, batch_size, epochs):
         socket = os.path.join(tmp, "node.sock")
         engine = subprocess.Popen(
             [program, "node", *shards, "--socket", socket, "--linger-ms", "50",
-             "--batch-size", str(batch_size), "--workers", "2",
-             "--config", json.dumps({"world_size": 2, "loader_workers": 2})],
+             "--batch-size", str(batch_size), "--workers", str(streams),
+             "--config", json.dumps({"world_size": 2, "loader_workers": 2}),
+             *(["--memory-budget", node_budget] if node_budget else [])],
             stderr=subprocess.DEVNULL,
         )
         while not os.path.exists(socket):
@@ -100,7 +101,7 @@ def run_mode(mode, program, shards, batch_size, epochs):
         layouts = [dict()]
     else:
         layouts = [
-            dict(rank=r, world_size=2, loader_worker=w, loader_workers=2, workers=2,
+            dict(rank=r, world_size=2, loader_worker=w, loader_workers=2, workers=streams,
                  node=(socket if mode == "b" else "off"))
             for r in (0, 1) for w in (0, 1)
         ]
@@ -144,10 +145,16 @@ def main():
     program, rounds, shards = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
     batch_size = int(os.environ.get("BATCH", "256"))
     epochs = int(os.environ.get("EPOCHS", "1"))
+    # Streams (`workers`) per consumer in (a) and (b): 1 gives every mode
+    # the 4 streams that (c)'s one loader has by default.
+    streams = int(os.environ.get("STREAMS", "1"))
+    # The node engine's `memory_budget` (its default: what the standalone
+    # engines of (a) take together).
+    node_budget = os.environ.get("NODE_BUDGET")
     results = {m: [] for m in "abc"}
     for i in range(rounds):
         for m in "cab":
-            r = run_mode(m, program, shards, batch_size, epochs)
+            r = run_mode(m, program, shards, batch_size, epochs, streams, node_budget)
             results[m].append(r)
             print(f"round {i + 1} ({m}): {json.dumps(r)}", flush=True)
     names = {"a": "(a) 4 standalone engines", "b": "(b) 4 consumers, 1 node engine",

@@ -364,3 +364,55 @@ fn batches_stay_valid_after_close_and_other_threads_wake() {
     assert_eq!(view(&b), before);
     drop(b);
 }
+
+#[test]
+fn consumers_share_the_engines_one_arena_and_one_without_room_is_refused() {
+    // 7 chunks of 1 MiB, one stream per consumer: two consumers get 3 each,
+    // a third would get 2, under the least a stream needs (3).
+    let small = |mut c: Map<String, Value>| {
+        c.insert("workers".into(), json!(1));
+        c.insert("shuffle_buffer".into(), json!(0));
+        c
+    };
+    let mut own = small(job());
+    own.insert("memory_budget".into(), json!("7MiB"));
+    let (_dir, socket) = engine(own);
+    let first = open(small(consumer(0, 0)), Some(&socket)).unwrap();
+    let second = open(small(consumer(1, 1)), Some(&socket)).unwrap();
+    let ino = |l: &Attached| {
+        let (fd, _, len) = l.arena().unwrap();
+        // SAFETY: fstat of the descriptor the consumer holds, into a zeroed struct.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        assert_eq!(unsafe { libc::fstat(fd, &mut st) }, 0);
+        (st.st_dev, st.st_ino, len)
+    };
+    // The consumers' own `memory_budget` (48 MiB) is not the engine's.
+    assert_eq!(ino(&first), ino(&second), "one memory file for both");
+    assert_eq!(ino(&first).2, 7 << 20);
+    match open(small(consumer(1, 0)), Some(&socket)) {
+        Err(e) => {
+            let msg = e.to_string();
+            assert!(msg.contains("memory_budget") && msg.contains("3"), "{msg}");
+        }
+        Ok(_) => panic!("a third stream on 7 chunks was let in"),
+    }
+    // With its share of 3 chunks the second consumer still gets exactly
+    // what an engine of its own gives it.
+    let alone = drain(&open(small(consumer(1, 1)), None).unwrap());
+    assert_eq!(alone, drain(&second));
+    // When one leaves, its share comes back: the third now gets in.
+    first.close();
+    drop(first);
+    let start = Instant::now();
+    let third = loop {
+        match open(small(consumer(1, 0)), Some(&socket)) {
+            Ok(l) => break l,
+            Err(e) => assert!(start.elapsed() < Duration::from_secs(60), "{e}"),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(
+        drain(&open(small(consumer(1, 0)), None).unwrap()),
+        drain(&third)
+    );
+}

@@ -138,6 +138,28 @@ impl Config {
         (reads + (64 << 20)).max((256 << 20) / self.loader_workers.max(1))
     }
 
+    /// A node engine's arena: `memory_budget`, or by default what a
+    /// standalone loader would take for each consumer expected on the node
+    /// (`loader_workers` per rank, and `LOCAL_WORLD_SIZE` ranks, as
+    /// torchrun sets it for the first consumer that starts the engine;
+    /// without it, `world_size` up to 8). Each stream's share is then what
+    /// it would have in a loader of its own.
+    pub fn node_budget(&self) -> u64 {
+        if self.memory_budget != 0 {
+            return self.memory_budget;
+        }
+        let ranks = std::env::var("LOCAL_WORLD_SIZE")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(self.world_size.min(8))
+            .clamp(1, 1024);
+        let workers = match self.workers {
+            0 => AUTO_WORKERS,
+            n => n,
+        };
+        ranks * self.loader_workers.max(1) * self.effective_budget(workers)
+    }
+
     /// Parses a JSON object of configuration keys.
     pub fn from_json(text: &str) -> Result<Config> {
         let value: Value = serde_json::from_str(text)

@@ -43,7 +43,7 @@ pub(super) fn emit_ghost(
             builder.begin_sample(b"", NO_SOURCE);
             builder.end_sample();
             if builder.len() == sh.cfg.batch_size {
-                let batch = sh.seal(builder, epoch, stream);
+                let batch = sh.seal(builder, epoch, sh.owner(stream));
                 sh.push_stream(stream, Item::Batch(batch))?;
             }
             Ok(())
@@ -62,7 +62,7 @@ pub(super) fn emit_held(
 ) -> Result<()> {
     builder.push_held(h);
     if builder.len() == sh.cfg.batch_size {
-        let batch = sh.seal(builder, epoch, stream);
+        let batch = sh.seal(builder, epoch, sh.owner(stream));
         sh.push_stream(stream, Item::Batch(batch))?;
     }
     Ok(())
@@ -242,7 +242,7 @@ impl<'s> ShardSink<'s> {
         }
         self.builder.end_sample();
         if self.builder.len() == sh.cfg.batch_size {
-            let batch = sh.seal(&mut self.builder, self.epoch, self.stream);
+            let batch = sh.seal(&mut self.builder, self.epoch, sh.owner(self.stream));
             sh.push_stream(self.stream, Item::Batch(batch))?;
         }
         Ok(())
@@ -263,7 +263,7 @@ impl<'s> ShardSink<'s> {
         }
         let chunks = size.div_ceil(pool.chunk_size()).max(1);
         let (sh, stream) = (self.shared, self.stream);
-        let run = pool.acquire_or_stuck(stream, chunks, &|| sh.awaited(stream))?;
+        let run = pool.acquire_or_stuck(sh.owner(stream), chunks, &|| sh.awaited(stream))?;
         let ptr = run.ptr();
         self.spill = Some((run.clone(), size));
         Ok((run, ptr))

@@ -139,6 +139,10 @@ impl Loader {
         for q in &self.shared.streams {
             while q.try_pop().is_some() {}
         }
+        if self.shared.pool.is_shared() {
+            let sh = &self.shared;
+            sh.pool.leave(sh.owner_base, sh.streams.len());
+        }
     }
 
     /// The resume state after the batches handed out so far: give it back as

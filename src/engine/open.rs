@@ -43,7 +43,42 @@ impl Loader {
         cfg.validate()?;
         let net = NetOptions::for_config(&cfg);
         let shards = dataset::resolve_config(&cfg, &net)?;
-        Loader::start(cfg, net, shards, started, None)
+        Loader::start(cfg, net, shards, started, None, None)
+    }
+
+    /// Opens a loader over `shards` (resolved, and counted where the plan
+    /// needs it, once for every loader of a node engine) whose chunks come
+    /// from `pool`, a pool that several loaders share (one per consumer):
+    /// it joins the pool with one owner per stream and leaves it at close.
+    pub(crate) fn open_in(
+        cfg: Config,
+        pool: &Arc<ChunkPool>,
+        shards: Vec<Shard>,
+    ) -> Result<Loader> {
+        let started = Instant::now();
+        cfg.validate()?;
+        if pool.chunk_size() as u64 != cfg.chunk_size {
+            return Err(Error::Internal(format!(
+                "a loader of {}-byte chunks cannot use a pool of {}-byte chunks",
+                cfg.chunk_size,
+                pool.chunk_size()
+            )));
+        }
+        let net = NetOptions::for_config(&cfg);
+        let workers = worker_count(&cfg, &shards);
+        let base = pool.join(workers, MIN_SHARE)?;
+        let opened = Loader::start(
+            cfg,
+            net,
+            shards,
+            started,
+            None,
+            Some((Arc::clone(pool), base)),
+        );
+        if opened.is_err() {
+            pool.leave(base, workers);
+        }
+        opened
     }
 
     /// A loader over `shards` whose workers read through readers `make`
@@ -57,16 +92,19 @@ impl Loader {
     ) -> Result<Loader> {
         cfg.validate()?;
         let net = NetOptions::for_config(&cfg);
-        Loader::start(cfg, net, shards, Instant::now(), Some(make))
+        Loader::start(cfg, net, shards, Instant::now(), Some(make), None)
     }
 
-    /// Sets up memory and I/O for `shards` and starts the threads.
+    /// Sets up memory and I/O for `shards` and starts the threads; the
+    /// chunks come from a pool of the loader's own, or from a shared pool
+    /// the loader joined as owners `base..` (`shared_pool`).
     fn start(
         cfg: Config,
         net: NetOptions,
         shards: Vec<Shard>,
         started: Instant,
         make: Option<MakeReader>,
+        shared_pool: Option<(Arc<ChunkPool>, usize)>,
     ) -> Result<Loader> {
         if shards.is_empty() {
             return Err(Error::config("`urls` names no shard"));
@@ -74,17 +112,14 @@ impl Loader {
         let topo = topology::discover();
         let allowed = topo.allowed();
         check_placement_keys(&cfg, &topo, &allowed)?;
-        let workers = match cfg.workers {
-            0 => AUTO_WORKERS.min(shards.len()),
-            n => n,
-        };
+        let workers = worker_count(&cfg, &shards);
         let (plan_opts, counts, start, base_delivered, replay, fingerprint) =
             plan_setup(&cfg, &net, &shards, workers)?;
         let chunk = cfg.chunk_size as usize;
         let budget = cfg.effective_budget(workers);
         let chunks = (budget / cfg.chunk_size) as usize;
         let need = 2 * workers + 2;
-        if chunks < need {
+        if chunks < need && shared_pool.is_none() {
             return Err(Error::config(format!(
                 "`memory_budget` of {} bytes holds {chunks} chunks of {chunk} bytes; {workers} workers \
                  need at least {need}: raise `memory_budget`, lower `chunk_size` or `workers`",
@@ -97,30 +132,18 @@ impl Loader {
         let data_len = chunk - 2 * slack;
         let mut placement_notes = Vec::new();
         let (placement, claims) = place(&cfg, &topo, &allowed, workers, &mut placement_notes);
-        let arena = Arena::new_on_node(
-            chunks * chunk,
-            ArenaOptions {
-                kind: cfg.memory_kind,
-                lock: cfg.lock_memory.required(),
-                // Pages fault in as reads land in them and a thread
-                // populates the rest (`prefault_main`), so the first reads
-                // do not wait for the whole arena. Only fixed buffers
-                // required at open need every page in now.
-                // So do pages registered with CUDA at open.
-                prefault: cfg.register_buffers == Toggle::On || cfg.cuda_register == Toggle::On,
-                shared: cfg.shared_arena,
-            },
-            placement.numa_node,
-        )?;
-        let mut notes = arena.report().notes.clone();
-        let cuda_later = register_cuda(&arena, &cfg, &mut notes)?;
-        notes.extend(placement_notes);
-        let pool = ChunkPool::new(arena, chunk);
-        // Per worker: its first read and a spill run.
-        pool.set_reserve(2 * workers);
-        // Each worker (plan stream) its share, so none waits on another's.
-        pool.set_owners(workers, chunks / workers);
-
+        let (pool, owner_base, mut notes, cuda_later) = match shared_pool {
+            Some((pool, base)) => {
+                let mut notes = pool.arena().report().notes.clone();
+                notes.extend(placement_notes);
+                (pool, base, notes, None)
+            }
+            None => {
+                let (pool, notes, cuda_later) =
+                    own_pool(&cfg, chunks, workers, placement.numa_node, placement_notes)?;
+                (pool, 0, notes, cuda_later)
+            }
+        };
         let (backend, uring_flags) = match cfg.io_backend {
             _ if make.is_some() => (BackendKind::Threads, ""),
             IoBackend::Threads => (BackendKind::Threads, ""),
@@ -212,6 +235,7 @@ impl Loader {
             stop: AtomicBool::new(false),
             lead_done: AtomicBool::new(false),
             failure: Mutex::new(None),
+            owner_base,
             started,
             cfg,
         });
@@ -305,6 +329,70 @@ impl Loader {
         }
         Ok(loader)
     }
+}
+
+/// The dataset of `cfg`, each local shard's samples counted when the
+/// plan's split needs them: what a node engine resolves once for all its
+/// consumers' loaders (each would count every shard again).
+pub(crate) fn resolve_counted(cfg: &Config) -> Result<Vec<Shard>> {
+    let mut shards = dataset::resolve_config(cfg, &NetOptions::for_config(cfg))?;
+    if cfg.plan_options(worker_count(cfg, &shards)).needs_counts() {
+        for s in shards.iter_mut().filter(|s| s.samples.is_none()) {
+            if let Source::File(path) = &s.source {
+                s.samples = Some(crate::tar::count_file_samples(path)?);
+            }
+        }
+    }
+    Ok(shards)
+}
+
+/// Streams of a loader: `workers`, or one per shard up to `AUTO_WORKERS`.
+fn worker_count(cfg: &Config, shards: &[Shard]) -> usize {
+    match cfg.workers {
+        0 => AUTO_WORKERS.min(shards.len()),
+        n => n,
+    }
+}
+
+/// The least share of a shared pool a stream may have: its first read, a
+/// spill run and one chunk of a batch.
+const MIN_SHARE: usize = 3;
+
+/// A loader's own arena of `chunks` chunks (on `numa_node`), and its pool
+/// split among `workers` streams; with the arena's notes after `notes`
+/// and the CUDA runtime to register it with once populated.
+fn own_pool(
+    cfg: &Config,
+    chunks: usize,
+    workers: usize,
+    numa_node: Option<usize>,
+    placement_notes: Vec<String>,
+) -> Result<(Arc<ChunkPool>, Vec<String>, Option<&'static cuda::Runtime>)> {
+    let chunk = cfg.chunk_size as usize;
+    let arena = Arena::new_on_node(
+        chunks * chunk,
+        ArenaOptions {
+            kind: cfg.memory_kind,
+            lock: cfg.lock_memory.required(),
+            // Pages fault in as reads land in them and a thread
+            // populates the rest (`prefault_main`), so the first reads
+            // do not wait for the whole arena. Only fixed buffers
+            // required at open need every page in now.
+            // So do pages registered with CUDA at open.
+            prefault: cfg.register_buffers == Toggle::On || cfg.cuda_register == Toggle::On,
+            shared: cfg.shared_arena,
+        },
+        numa_node,
+    )?;
+    let mut notes = arena.report().notes.clone();
+    let cuda_later = register_cuda(&arena, cfg, &mut notes)?;
+    notes.extend(placement_notes);
+    let pool = ChunkPool::new(arena, chunk);
+    // Per worker: its first read and a spill run.
+    pool.set_reserve(2 * workers);
+    // Each worker (plan stream) its share, so none waits on another's.
+    pool.set_owners(workers, chunks / workers);
+    Ok((pool, notes, cuda_later))
 }
 
 /// Checks `cpus` and `numa_node` against this machine: every listed CPU

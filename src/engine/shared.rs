@@ -78,6 +78,9 @@ pub(crate) struct Shared {
     /// `await_first_batch`).
     pub(super) lead_done: AtomicBool,
     pub(super) failure: Mutex<Option<Error>>,
+    /// This loader's first owner number in the pool: 0 in its own pool,
+    /// the one `ChunkPool::join` gave in a shared one (a node engine's).
+    pub(super) owner_base: usize,
     pub(super) started: Instant,
 }
 
@@ -85,6 +88,11 @@ impl Shared {
     pub fn stopping(&self) -> bool {
         // Acquire: pairs with the Release store in `stop_all`.
         self.stop.load(Ordering::Acquire)
+    }
+
+    /// The pool's owner number of `stream`'s chunks.
+    pub fn owner(&self, stream: usize) -> usize {
+        self.owner_base + stream
     }
 
     /// Seals a batch of `owner`'s chunks (`arena::NO_OWNER`: several).
@@ -205,7 +213,12 @@ impl Shared {
     pub(super) fn halt(&self) {
         // Release: pairs with the Acquire load in `stopping`.
         self.stop.store(true, Ordering::Release);
-        self.pool.shut_down();
+        if self.pool.is_shared() {
+            // Other loaders go on with the pool: only this one's waits end.
+            self.pool.close_owners(self.owner_base, self.streams.len());
+        } else {
+            self.pool.shut_down();
+        }
         for q in &self.streams {
             q.close();
         }

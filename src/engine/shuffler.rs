@@ -51,6 +51,8 @@ pub(crate) struct Shuffler {
     /// Most chunks the buffer may pin before it compacts.
     limit: usize,
     stream: usize,
+    /// The pool's owner number of the stream's chunks.
+    owner: usize,
     /// Where compaction copies to, and the bytes used in it.
     target: Option<(ChunkRef, usize)>,
     pool: Arc<ChunkPool>,
@@ -62,7 +64,7 @@ impl Shuffler {
     pub(crate) fn new(
         buf: ShuffleBuffer<Held>,
         limit: usize,
-        stream: usize,
+        (stream, owner): (usize, usize),
         pool: Arc<ChunkPool>,
         counters: Arc<Counters>,
     ) -> Self {
@@ -74,6 +76,7 @@ impl Shuffler {
             bytes: 0,
             limit: limit.max(1),
             stream,
+            owner,
             target: None,
             pool,
             counters,
@@ -222,7 +225,7 @@ impl Shuffler {
             if !room {
                 // Never wait here: the chunks this would wait for may be
                 // the ones this buffer pins. Compact again on a later push.
-                match self.pool.acquire_as(self.stream, 1, false)? {
+                match self.pool.acquire_as(self.owner, 1, false)? {
                     Some(run) => self.target = Some((run, 0)),
                     None => break,
                 }

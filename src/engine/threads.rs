@@ -168,7 +168,13 @@ pub(super) fn prefault_main(
     }
     let pool = &shared.pool;
     let cs = pool.chunk_size();
-    for i in (0..pool.chunk_count()).rev() {
+    // A shared pool's arena is its engine's to populate.
+    let own = if pool.is_shared() {
+        0
+    } else {
+        pool.chunk_count()
+    };
+    for i in (0..own).rev() {
         if shared.stopping() {
             return;
         }

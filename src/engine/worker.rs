@@ -115,7 +115,7 @@ impl<'a> Worker<'a> {
                 self.shuffle = Some(Shuffler::new(
                     buf,
                     limit,
-                    self.stream,
+                    (self.stream, sh.owner(self.stream)),
                     Arc::clone(&sh.pool),
                     Arc::clone(&sh.counters),
                 ));
@@ -308,9 +308,9 @@ impl<'a> Worker<'a> {
                         }
                         sh.awaited(stream)
                     };
-                    Some(sh.pool.acquire_or_stuck(stream, 1, &stuck)?)
+                    Some(sh.pool.acquire_or_stuck(sh.owner(stream), 1, &stuck)?)
                 } else {
-                    sh.pool.acquire_spare_as(self.stream, HEADROOM)?
+                    sh.pool.acquire_spare_as(sh.owner(stream), HEADROOM)?
                 };
                 let Some(chunk) = got else {
                     break;

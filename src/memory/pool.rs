@@ -41,8 +41,18 @@ struct PoolState {
     owner: Vec<u32>,
     /// Chunks each owner holds (runs not yet returned).
     used: Vec<usize>,
-    /// Most chunks one owner may hold; 0: no limit.
+    /// The share each owner can count on (see `quota()`).
     quota: usize,
+    /// Most chunks each owner may hold.
+    cap: Vec<usize>,
+    /// Owners of a loader that is using them (`join` to `leave`).
+    live: Vec<bool>,
+    /// Owners whose loader is closing: their waits end with `Closed`.
+    closing: Vec<bool>,
+    /// A shared pool (`ChunkPool::new_shared`): the chunks every other live
+    /// owner lacks to reach `quota` are kept for it, so one loader never
+    /// leaves another's stream without its share.
+    shared: bool,
     /// Where each owner's next run is looked for first: right after its
     /// last one, so that a stream's consecutive chunks lie next to each
     /// other and a batch's samples span little more memory than their bytes
@@ -101,6 +111,10 @@ impl ChunkPool {
                 owner: vec![u32::MAX; n],
                 used: Vec::new(),
                 quota: 0,
+                cap: Vec::new(),
+                live: Vec::new(),
+                closing: Vec::new(),
+                shared: false,
                 next: vec![0],
             }),
             freed: Condvar::new(),
@@ -109,6 +123,99 @@ impl ChunkPool {
             batches_out: (0..=MAX_OWNERS).map(|_| AtomicUsize::new(0)).collect(),
             copied: AtomicU64::new(0),
         })
+    }
+
+    /// A pool several loaders share (a node engine's, one loader per
+    /// consumer): each takes its owners with [`ChunkPool::join`].
+    pub fn new_shared(arena: Arena, chunk_size: usize) -> Arc<ChunkPool> {
+        let pool = ChunkPool::new(arena, chunk_size);
+        {
+            let mut s = pool.lock();
+            s.shared = true;
+            // Owners start spread over the arena (eight starting points).
+            let n = pool.chunk_count().max(1);
+            s.next = (0..=MAX_OWNERS).map(|o| o % 8 * n / 8).collect();
+        }
+        pool
+    }
+
+    pub fn is_shared(&self) -> bool {
+        self.lock().shared
+    }
+
+    /// Takes `owners` owner numbers of a shared pool for one loader (its
+    /// streams) and returns the first. Every live owner of every loader
+    /// then has an equal share, `chunks / live owners`, which grows again
+    /// as loaders leave; fails when the share would fall below
+    /// `min_share`. (An owner over a share that shrank takes no more until
+    /// it is under it again.)
+    pub fn join(&self, owners: usize, min_share: usize) -> Result<usize> {
+        let mut s = self.lock();
+        if !s.shared {
+            return Err(Error::Internal("join on a pool that is not shared".into()));
+        }
+        let free_slot =
+            |s: &PoolState, i: usize| i >= s.live.len() || (!s.live[i] && s.used[i] == 0);
+        let Some(base) = (0..=MAX_OWNERS.saturating_sub(owners))
+            .find(|&b| (b..b + owners).all(|i| free_slot(&s, i)))
+        else {
+            return Err(Error::Memory(format!(
+                "the shared pool has no room for {owners} more streams ({MAX_OWNERS} at most)"
+            )));
+        };
+        let end = base + owners;
+        if s.live.len() < end {
+            s.live.resize(end, false);
+            s.closing.resize(end, false);
+            s.used.resize(end, 0);
+            s.cap.resize(end, 0);
+        }
+        let streams = s.live.iter().filter(|&&l| l).count() + owners;
+        let share = self.chunk_count() / streams;
+        if share < min_share {
+            return Err(Error::BudgetTooSmall {
+                budget: self.arena.len() as u64,
+                detail: format!(
+                    "the node engine's {} chunks of {} bytes, shared by {streams} streams, give                      each {share}, fewer than the {min_share} a stream needs: raise the engine's                      `memory_budget`, or lower `workers` or `chunk_size`",
+                    self.chunk_count(),
+                    self.chunk_size
+                ),
+            });
+        }
+        for i in base..end {
+            s.live[i] = true;
+            s.closing[i] = false;
+            s.cap[i] = self.chunk_count() / owners;
+        }
+        s.quota = share;
+        s.reserve += 2 * owners;
+        Ok(base)
+    }
+
+    /// Ends the waits of owners `base..base + owners` with `Closed` (their
+    /// loader is closing).
+    pub fn close_owners(&self, base: usize, owners: usize) {
+        let mut s = self.lock();
+        let end = (base + owners).min(s.closing.len());
+        for c in &mut s.closing[base.min(end)..end] {
+            *c = true;
+        }
+        self.freed.notify_all();
+    }
+
+    /// Gives back owners `base..base + owners` (their loader closed); each
+    /// number is taken again once the chunks it still holds came back.
+    pub fn leave(&self, base: usize, owners: usize) {
+        let mut s = self.lock();
+        let end = (base + owners).min(s.live.len());
+        for i in base.min(end)..end {
+            if std::mem::replace(&mut s.live[i], false) {
+                s.reserve = s.reserve.saturating_sub(2);
+            }
+        }
+        let streams = s.live.iter().filter(|&&l| l).count().max(1);
+        s.quota = self.chunk_count() / streams;
+        self.freed.notify_all();
     }
 
     pub fn chunk_size(&self) -> usize {
@@ -229,13 +336,17 @@ impl ChunkPool {
     pub fn set_owners(&self, owners: usize, quota: usize) {
         let mut s = self.lock();
         s.used = vec![0; owners];
+        s.cap = vec![quota; owners];
+        s.live = vec![true; owners];
+        s.closing = vec![false; owners];
         s.quota = quota;
         // Owners start spread over the arena and walk it from there.
         let n = self.chunk_count();
         s.next = (0..=owners).map(|o| o * n / (owners + 1)).collect();
     }
 
-    /// The per-owner quota (0: none).
+    /// The chunks each owner can count on: its quota alone, or its share of
+    /// a shared pool (0: no owners).
     pub fn quota(&self) -> usize {
         self.lock().quota
     }
@@ -260,7 +371,7 @@ impl ChunkPool {
                 return Ok(None);
             }
             if let Some(&u) = s.used.get(owner)
-                && u + 1 + headroom > s.quota
+                && (u + 1 + headroom > s.cap[owner] || !s.may_take(owner, 1))
             {
                 return Ok(None);
             }
@@ -320,21 +431,24 @@ impl ChunkPool {
         }
         let mut s = self.lock();
         let owned = owner < s.used.len();
-        if owned && n > s.quota {
+        if owned && n > s.cap[owner] {
             return Err(Error::BudgetTooSmall {
                 budget: self.arena.len() as u64,
                 detail: format!(
                     "a run of {n} chunks of {} bytes is wanted, but each of the {} workers may hold {}",
                     self.chunk_size,
                     s.used.len(),
-                    s.quota
+                    s.cap[owner]
                 ),
             });
         }
         let mut stuck_rounds = 0;
         let mut own_since: Option<(std::time::Instant, u32)> = None;
         loop {
-            let allowed = !owned || s.used[owner] + n <= s.quota;
+            if owned && s.closing[owner] {
+                return Err(Error::Closed);
+            }
+            let allowed = !owned || s.may_take(owner, n);
             let hint = s.next.len() - 1;
             let slot = if owned { owner.min(hint) } else { hint };
             if let Some(start) = find_run_from(&s.free, n, s.next[slot]).filter(|_| allowed) {
@@ -397,8 +511,8 @@ impl ChunkPool {
                             "worker {owner} holds all {} chunks of its share ({} workers share {} \
                              chunks of {} bytes) in its own open batch, shuffle buffer or spill, \
                              with no batch out to free one; a run of {n} wanted",
-                            s.quota,
-                            s.used.len(),
+                            s.used[owner],
+                            s.live.iter().filter(|&&l| l).count(),
                             self.chunk_count(),
                             self.chunk_size
                         ),
@@ -432,6 +546,28 @@ impl ChunkPool {
         if s.waiting > 0 {
             self.freed.notify_all();
         }
+    }
+}
+
+impl PoolState {
+    /// Whether `owner` may take `n` more chunks (when free): up to its cap,
+    /// and in a shared pool, past its share only while the free chunks
+    /// stay enough for every other live owner to reach its own. Free chunks
+    /// then never fall below what the owners under their share lack, so
+    /// one that is under it always gets the next chunk that comes back.
+    fn may_take(&self, owner: usize, n: usize) -> bool {
+        let used = self.used[owner] + n;
+        if used > self.cap[owner] {
+            return false;
+        }
+        if !self.shared || used <= self.quota {
+            return true;
+        }
+        let kept: usize = (0..self.live.len())
+            .filter(|&p| p != owner && self.live[p])
+            .map(|p| self.quota.saturating_sub(self.used[p]))
+            .sum();
+        self.free_count >= n + kept
     }
 }
 
@@ -562,6 +698,77 @@ mod tests {
         std::thread::sleep(Duration::from_millis(20));
         drop(a);
         assert!(t.join().unwrap().unwrap());
+    }
+
+    #[test]
+    fn loaders_sharing_a_pool_each_get_an_equal_share_per_stream() {
+        let arena = Arena::new(
+            9 * 4096,
+            ArenaOptions {
+                kind: Some(MemoryKind::Normal),
+                lock: Some(false),
+                prefault: false,
+                shared: true,
+            },
+        )
+        .unwrap();
+        let p = ChunkPool::new_shared(arena, 4096);
+        let a = p.join(2, 3).unwrap();
+        let b = p.join(1, 3).unwrap();
+        assert_eq!(
+            (a, b),
+            (0, 2),
+            "owner numbers of different loaders never overlap"
+        );
+        assert_eq!(p.quota(), 3);
+        let mut held = Vec::new();
+        for owner in [a, a + 1, b] {
+            for _ in 0..3 {
+                held.push(
+                    p.acquire_as(owner, 1, false)
+                        .unwrap()
+                        .expect("within the share"),
+                );
+            }
+        }
+        assert!(
+            p.acquire_as(a, 1, false).unwrap().is_none(),
+            "the pool is used up"
+        );
+        // Loader b leaves and its chunks come back: a's streams share 9.
+        p.leave(b, 1);
+        p.leave(b, 1);
+        held.truncate(6);
+        assert_eq!(p.quota(), 4);
+        assert!(
+            p.acquire_as(a, 1, false).unwrap().is_some(),
+            "a's share grew to 4"
+        );
+        // A third loader whose streams would get under 3 chunks is refused.
+        match p.join(3, 3) {
+            Err(Error::BudgetTooSmall { detail, .. }) => {
+                assert!(detail.contains("memory_budget"), "{detail}")
+            }
+            other => panic!("expected BudgetTooSmall, got {other:?}"),
+        }
+        // Closing a loader ends its streams' waits and no other's.
+        let c = p.join(1, 3).unwrap();
+        assert_eq!(c, 2, "b's numbers are taken again");
+        for _ in 0..3 {
+            held.push(p.acquire_as(c, 1, false).unwrap().expect("c's share"));
+        }
+        let p2 = Arc::clone(&p);
+        p.worker_running(true);
+        p.worker_running(true);
+        let waiter = std::thread::spawn(move || p2.acquire_as(c, 1, true).map(|_| ()));
+        std::thread::sleep(Duration::from_millis(20));
+        p.close_owners(c, 1);
+        assert!(matches!(waiter.join().unwrap(), Err(Error::Closed)));
+        drop(held.pop());
+        assert!(
+            p.acquire_as(a + 1, 1, false).unwrap().is_none(),
+            "a's streams hold their share of 3"
+        );
     }
 
     #[test]

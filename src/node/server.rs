@@ -1,7 +1,11 @@
 //! The node engine: listens on a Unix socket, and for each consumer that
 //! attaches (same user only) opens that consumer's loader — the consumer's
 //! rank, loader worker, resume state and start epoch over the engine's
-//! configuration — with its arena in a memory file, and hands it over:
+//! configuration. Every loader takes its chunks from one arena, in a
+//! memory file, made when the engine starts (`memory_budget` is the whole
+//! engine's; each stream of each consumer is sure of an equal share and
+//! may use more while others leave it free: `ChunkPool::join`). A
+//! consumer is handed:
 //!
 //! - the arena's memory file, reopened read-only (the consumer can map it
 //!   but never write it), the rings' memory file (`shm.rs`) and two
@@ -30,9 +34,11 @@ use super::shm::Rings;
 use super::sock;
 use super::wire;
 use crate::config::{Config, PER_CONSUMER};
+use crate::dataset::Shard;
 use crate::engine::{Loader, Next};
 use crate::error::{Error, Result};
-use crate::memory::Batch;
+use crate::memory::{Arena, ArenaOptions, Batch, ChunkPool};
+use crate::topology::{self, Request};
 
 /// How the engine runs.
 pub struct NodeOptions {
@@ -65,6 +71,7 @@ struct Whole {
 /// Serves consumers on `listener` until the engine lingers out.
 pub fn serve(listener: OwnedFd, opts: NodeOptions) -> Result<()> {
     let base = Config::from_map(&opts.config)?;
+    let engine = Arc::new(Engine::new(&base)?);
     let opts = Arc::new(opts);
     let whole = Arc::new(Whole::default());
     let active = Arc::new(AtomicUsize::new(0));
@@ -78,10 +85,11 @@ pub fn serve(listener: OwnedFd, opts: NodeOptions) -> Result<()> {
                 Ok(conn) => {
                     active.fetch_add(1, Ordering::AcqRel);
                     let (o, b, a, w) = (opts.clone(), base.clone(), active.clone(), whole.clone());
+                    let e = engine.clone();
                     let t = std::thread::Builder::new()
                         .name("ringfeed-node-session".into())
                         .spawn(move || {
-                            session(conn, &o, &b, &w);
+                            session(conn, &o, &b, &w, &e);
                             a.fetch_sub(1, Ordering::AcqRel);
                         });
                     match t {
@@ -109,6 +117,86 @@ pub fn serve(listener: OwnedFd, opts: NodeOptions) -> Result<()> {
             return Ok(());
         }
     }
+}
+
+/// What every consumer's loader of the engine shares.
+struct Engine {
+    pool: Arc<ChunkPool>,
+    /// The dataset, resolved and counted by the first consumer's session.
+    shards: Mutex<Option<Arc<Vec<Shard>>>>,
+}
+
+impl Engine {
+    fn new(base: &Config) -> Result<Engine> {
+        let pool = engine_pool(base)?;
+        // The arena's pages fault in now, off the consumers' path (the
+        // loaders of a shared pool leave this to the engine).
+        let p = pool.clone();
+        let _ = std::thread::Builder::new()
+            .name("ringfeed-node-prefault".into())
+            .spawn(move || {
+                let cs = p.chunk_size();
+                for i in 0..p.chunk_count() {
+                    p.arena().populate(i * cs, cs);
+                }
+            });
+        Ok(Engine {
+            pool,
+            shards: Mutex::new(None),
+        })
+    }
+
+    /// The dataset (every consumer gives the same dataset keys), resolved
+    /// and counted once; an error is the asking consumer's, and the next
+    /// one tries again.
+    fn shards(&self, base: &Config) -> Result<Arc<Vec<Shard>>> {
+        let mut known = lock(&self.shards);
+        if let Some(s) = &*known {
+            return Ok(s.clone());
+        }
+        let s = Arc::new(crate::engine::resolve_counted(base)?);
+        *known = Some(s.clone());
+        Ok(s)
+    }
+}
+
+/// The engine's arena, in a memory file no one may map writable again
+/// (the engine's own mapping is older), on the NIC's NUMA node, cut into
+/// the pool every consumer's loader joins.
+fn engine_pool(cfg: &Config) -> Result<Arc<ChunkPool>> {
+    let topo = topology::discover();
+    let allowed = topo.allowed();
+    let req = Request {
+        threads: 1,
+        allowed: &allowed,
+        claimed: &[],
+        nic: None,
+        cpus: cfg.cpus.as_deref(),
+        numa_node: cfg.numa_node,
+    };
+    let node = topology::worker_cpus(&topo, &req).numa_node;
+    let chunks = (cfg.node_budget() / cfg.chunk_size).max(1) as usize;
+    let arena = Arena::new_on_node(
+        chunks * cfg.chunk_size as usize,
+        ArenaOptions {
+            kind: cfg.memory_kind,
+            lock: cfg.lock_memory.required(),
+            prefault: false,
+            shared: true,
+        },
+        node,
+    )?;
+    let fd = arena
+        .shared_fd()
+        .ok_or_else(|| Error::Internal("the node engine's arena is not in a memory file".into()))?;
+    // SAFETY: fcntl on the arena's own descriptor; plain arguments.
+    if unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_FUTURE_WRITE) } != 0 {
+        return Err(Error::Memory(format!(
+            "cannot seal the node engine's arena against writable mappings: {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    Ok(ChunkPool::new_shared(arena, cfg.chunk_size as usize))
 }
 
 /// Replies with an error and returns.
@@ -159,7 +247,7 @@ struct Feed {
     room: (Mutex<()>, Condvar),
 }
 
-fn session(conn: OwnedFd, opts: &NodeOptions, base: &Config, whole: &Arc<Whole>) {
+fn session(conn: OwnedFd, opts: &NodeOptions, base: &Config, whole: &Arc<Whole>, engine: &Engine) {
     let me = effective_uid();
     let peer = sock::peer(&conn);
     if !matches!(peer, Ok((uid, _)) if uid == me) {
@@ -198,7 +286,10 @@ fn session(conn: OwnedFd, opts: &NodeOptions, base: &Config, whole: &Arc<Whole>)
             "the attach request has no configuration".into(),
         ));
     };
-    let loader = match consumer_config(cfg, opts, base).and_then(Loader::open) {
+    let opened = consumer_config(cfg, opts, base)
+        .and_then(|c| Ok((c, engine.shards(base)?)))
+        .and_then(|(c, shards)| Loader::open_in(c, &engine.pool, shards.to_vec()));
+    let loader = match opened {
         Ok(l) => l,
         Err(e) => return node_err(e),
     };
@@ -210,14 +301,9 @@ fn session(conn: OwnedFd, opts: &NodeOptions, base: &Config, whole: &Arc<Whole>)
             .arena()
             .shared_fd()
             .ok_or_else(|| std::io::Error::other("the loader's arena is not in a memory file"))?;
+        // Sealed (`engine_pool`): a consumer reopening this descriptor
+        // through /proc with write access still cannot map it writable.
         let arena_ro = sock::reopen_read_only(fd)?;
-        // No new writable mapping of the arena from now on, through any
-        // descriptor (a consumer could reopen its read-only one through
-        // /proc with write access): the engine's own mapping is older.
-        // SAFETY: fcntl on a descriptor the loader owns; plain arguments.
-        if unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_FUTURE_WRITE) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
         Ok((rings, rings_file, ready, wake, arena_ro))
     })();
     let (rings, rings_file, ready, wake, arena_ro) = match made {
