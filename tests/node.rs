@@ -381,8 +381,9 @@ fn consumers_share_the_engines_one_arena_and_one_without_room_is_refused() {
     let second = open(small(consumer(1, 1)), Some(&socket)).unwrap();
     let ino = |l: &Attached| {
         let (fd, _, len) = l.arena().unwrap();
-        // SAFETY: fstat of the descriptor the consumer holds, into a zeroed struct.
+        // SAFETY: a zeroed `stat` is a valid value of the plain C struct.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fstat of the descriptor the consumer holds, into `st`.
         assert_eq!(unsafe { libc::fstat(fd, &mut st) }, 0);
         (st.st_dev, st.st_ino, len)
     };

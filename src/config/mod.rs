@@ -148,16 +148,26 @@ impl Config {
         if self.memory_budget != 0 {
             return self.memory_budget;
         }
+        self.node_consumers() * self.effective_budget(self.workers_or_auto())
+    }
+
+    /// The consumers a node engine expects (see [`Config::node_budget`]).
+    pub fn node_consumers(&self) -> u64 {
         let ranks = std::env::var("LOCAL_WORLD_SIZE")
             .ok()
             .and_then(|v| v.parse::<u64>().ok())
             .unwrap_or(self.world_size.min(8))
             .clamp(1, 1024);
-        let workers = match self.workers {
+        ranks * self.loader_workers.max(1)
+    }
+
+    /// `workers`, or `AUTO_WORKERS` when it is 0 (auto: one per shard up
+    /// to that many).
+    pub fn workers_or_auto(&self) -> usize {
+        match self.workers {
             0 => AUTO_WORKERS,
             n => n,
-        };
-        ranks * self.loader_workers.max(1) * self.effective_budget(workers)
+        }
     }
 
     /// Parses a JSON object of configuration keys.

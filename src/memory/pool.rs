@@ -143,6 +143,11 @@ impl ChunkPool {
         self.lock().shared
     }
 
+    /// Owners of loaders using the pool now (a shared pool's streams).
+    pub fn live_owners(&self) -> usize {
+        self.lock().live.iter().filter(|&&l| l).count()
+    }
+
     /// Takes `owners` owner numbers of a shared pool for one loader (its
     /// streams) and returns the first. Every live owner of every loader
     /// then has an equal share, `chunks / live owners`, which grows again

@@ -54,6 +54,10 @@ pub struct NodeOptions {
     pub status_of: fn(&Error) -> i32,
 }
 
+/// The longest the engine's arena waits for a first batch before its pages
+/// are faulted in anyway.
+const PREFAULT_AFTER: Duration = Duration::from_secs(2);
+
 /// How long an engine with a linger waits for its first consumer.
 const FIRST_WAIT: Duration = Duration::from_secs(60);
 
@@ -66,14 +70,16 @@ struct Whole {
     held: AtomicUsize,
     /// Consumers attached since the start.
     attached: AtomicUsize,
+    /// A consumer got its first batch (the arena's pages may fault in).
+    first_out: AtomicBool,
 }
 
 /// Serves consumers on `listener` until the engine lingers out.
 pub fn serve(listener: OwnedFd, opts: NodeOptions) -> Result<()> {
     let base = Config::from_map(&opts.config)?;
-    let engine = Arc::new(Engine::new(&base)?);
-    let opts = Arc::new(opts);
     let whole = Arc::new(Whole::default());
+    let engine = Engine::new(&base, &whole)?;
+    let opts = Arc::new(opts);
     let active = Arc::new(AtomicUsize::new(0));
     let mut idle_since = Instant::now();
     let mut sessions = Vec::new();
@@ -127,23 +133,38 @@ struct Engine {
 }
 
 impl Engine {
-    fn new(base: &Config) -> Result<Engine> {
-        let pool = engine_pool(base)?;
-        // The arena's pages fault in now, off the consumers' path (the
-        // loaders of a shared pool leave this to the engine).
-        let p = pool.clone();
+    fn new(base: &Config, whole: &Arc<Whole>) -> Result<Arc<Engine>> {
+        let engine = Arc::new(Engine {
+            pool: engine_pool(base)?,
+            shards: Mutex::new(None),
+        });
+        // The arena's pages fault in off the consumers' path (the loaders
+        // of a shared pool leave this to the engine), once the first batch
+        // is out: faulting in 4 KiB shared pages takes about 1 ms per 1 MiB
+        // of one CPU, which the first consumers' start would wait for.
+        let e = Arc::downgrade(&engine);
+        let whole = whole.clone();
         let _ = std::thread::Builder::new()
             .name("ringfeed-node-prefault".into())
             .spawn(move || {
-                let cs = p.chunk_size();
-                for i in 0..p.chunk_count() {
-                    p.arena().populate(i * cs, cs);
+                let begun = Instant::now();
+                let mut i = 0;
+                while let Some(e) = e.upgrade() {
+                    if !whole.first_out.load(Ordering::Acquire) && begun.elapsed() < PREFAULT_AFTER
+                    {
+                        drop(e);
+                        std::thread::sleep(Duration::from_millis(5));
+                        continue;
+                    }
+                    let cs = e.pool.chunk_size();
+                    if i == e.pool.chunk_count() {
+                        return;
+                    }
+                    e.pool.arena().populate(i * cs, cs);
+                    i += 1;
                 }
             });
-        Ok(Engine {
-            pool,
-            shards: Mutex::new(None),
-        })
+        Ok(engine)
     }
 
     /// The dataset (every consumer gives the same dataset keys), resolved
@@ -412,6 +433,7 @@ fn run_feed(feed: &Feed, status_of: fn(&Error) -> i32) {
                     return;
                 }
                 lock(&feed.held).insert(id, b);
+                feed.whole.first_out.store(true, Ordering::Release);
                 feed.whole.held.fetch_add(1, Ordering::AcqRel);
                 if !push(feed, &buf) {
                     return;
