@@ -13,7 +13,11 @@ peak RSS (wait4; counts an arena mapped by two processes twice) and the peak
 summed locked memory (VmLck). Prints the medians and the ratios of the
 medians against (c), with per-round ranges.
 
-usage: [EPOCHS=1] [BATCH=256] [STREAMS=1] [NODE_BUDGET=bytes] python3 benches/node_share.py RINGFEED_PROGRAM ROUNDS SHARD...
+usage: [EPOCHS=1] [BATCH=256] [STREAMS=1] [NODE_BUDGET=bytes] [SOURCE=http]
+       python3 benches/node_share.py RINGFEED_PROGRAM ROUNDS SHARD...
+SOURCE=http serves the shards' folder with `ringfeed serve` and reads them
+over http://127.0.0.1. Then it measures a consumer attaching to a running
+engine and getting its first batch.
 Consumers are forked from this script after it imported the installed
 `ringfeed` package, as a DataLoader forks its workers: no mode pays a Python
 start-up per consumer.
@@ -27,8 +31,9 @@ import sys
 import tempfile
 import time
 
-def consume(cfg, out_fd):
-    """A consumer: every batch of its configuration; writes its report."""
+def consume(cfg, out_fd, first_only=False):
+    """A consumer: every batch of its configuration (or only the first);
+    writes its report."""
     import ringfeed
 
     urls = cfg.pop("urls")
@@ -40,20 +45,22 @@ def consume(cfg, out_fd):
             if first is None:
                 first = time.monotonic_ns() - t0
             n += b.nbytes
+            if first_only:
+                break
     os.write(out_fd, json.dumps({"bytes": n, "first_batch_ns": first}).encode())
 
 
 class Forked:
     """A forked consumer process and the pipe of its report."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, first_only=False):
         r, w = os.pipe()
         self.pid = os.fork()
         if self.pid == 0:
             os.close(r)
             code = 0
             try:
-                consume(cfg, w)
+                consume(cfg, w, first_only)
             except BaseException as e:  # noqa: BLE001 - reported, then exit
                 print(f"consumer failed: {e!r}", file=sys.stderr)
                 code = 1
@@ -80,23 +87,48 @@ def read_kib(path, key):
     return 0
 
 
+def start_engine(program, shards, batch_size, streams, node_budget, linger_ms):
+    """`ringfeed node` for the job on a new socket; (process, socket)."""
+    socket = os.path.join(tempfile.mkdtemp(prefix="rf-node-bench-"), "node.sock")
+    engine = subprocess.Popen(
+        [program, "node", *shards, "--socket", socket, "--linger-ms", str(linger_ms),
+         "--batch-size", str(batch_size), "--workers", str(streams),
+         "--config", json.dumps({"world_size": 2, "loader_workers": 2}),
+         *(["--memory-budget", node_budget] if node_budget else [])],
+        stderr=subprocess.DEVNULL,
+    )
+    while not os.path.exists(socket):
+        if engine.poll() is not None:
+            sys.exit(f"the node engine exited with {engine.returncode}")
+        time.sleep(0.005)
+    return engine, socket
+
+
+def attach_ms(program, shards, batch_size, streams, node_budget, times=7):
+    """Median ms for a consumer to attach to a running engine and get its
+    first batch (the engine already served one consumer: it is started and
+    has resolved the dataset)."""
+    engine, socket = start_engine(program, shards, batch_size, streams, node_budget, 10000)
+    cfg = dict(urls=shards, batch_size=batch_size, rank=0, world_size=2, loader_worker=0,
+               loader_workers=2, workers=streams, node=socket)
+    got = []
+    for _ in range(times + 1):
+        p = Forked(dict(cfg), first_only=True)
+        out = p.report()
+        os.waitpid(p.pid, 0)
+        got.append(out["first_batch_ns"] / 1e6)
+    engine.terminate()
+    engine.wait()
+    return statistics.median(got[1:])
+
+
 def run_mode(mode, program, shards, batch_size, epochs, streams, node_budget=None):
     job = dict(urls=shards, batch_size=batch_size, epochs=epochs)
     procs = []
     engine = None
-    tmp = tempfile.mkdtemp(prefix="rf-node-bench-")
     t0 = time.monotonic()
     if mode == "b":
-        socket = os.path.join(tmp, "node.sock")
-        engine = subprocess.Popen(
-            [program, "node", *shards, "--socket", socket, "--linger-ms", "50",
-             "--batch-size", str(batch_size), "--workers", str(streams),
-             "--config", json.dumps({"world_size": 2, "loader_workers": 2}),
-             *(["--memory-budget", node_budget] if node_budget else [])],
-            stderr=subprocess.DEVNULL,
-        )
-        while not os.path.exists(socket):
-            time.sleep(0.005)
+        engine, socket = start_engine(program, shards, batch_size, streams, node_budget, 50)
     if mode == "c":
         layouts = [dict()]
     else:
@@ -150,6 +182,16 @@ def main():
     import ringfeed  # noqa: F401 - imported once, before the consumers fork
 
     program, rounds, shards = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+    server = None
+    if os.environ.get("SOURCE") == "http":
+        # The shards served by `ringfeed serve` on 127.0.0.1 (its CPU is
+        # the remote end's, in no contender's figure).
+        folder = os.path.dirname(os.path.abspath(shards[0]))
+        server = subprocess.Popen([program, "serve", folder], stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL, text=True)
+        base = server.stdout.readline().strip().rstrip("/")
+        shards = [f"{base}/{os.path.basename(s)}" for s in shards]
+        print(f"source: {base}/ ({len(shards)} shards)")
     batch_size = int(os.environ.get("BATCH", "256"))
     epochs = int(os.environ.get("EPOCHS", "1"))
     # Streams (`workers`) per consumer in (a) and (b): 1 gives every mode
@@ -168,8 +210,10 @@ def main():
              "c": "(c) 1 engine, 1 consumer"}
     keys = ["gb_s", "cpu_s_per_gb", "pss_mib", "locked_mib", "first_batch_ms"]
     med = {m: {k: statistics.median(r[k] for r in results[m]) for k in keys} for m in "abc"}
-    print(f"\nmedians over {rounds} rounds; bytes per round equal: "
-          f"{len({r['bytes'] for m in 'abc' for r in results[m]}) == 1}")
+    print(f"\nmedians over {rounds} rounds; (a) and (b) delivered the same bytes in every "
+          f"round: {len({r['bytes'] for m in 'ab' for r in results[m]}) == 1} "
+          f"((c) {results['c'][0]['bytes']} bytes, (a)/(b) {results['a'][0]['bytes']}: "
+          f"4 consumers pad their shares to equal length)")
     print(f"{'':32} {'GB/s':>7} {'CPU-s/GB':>9} {'PSS MiB':>8} {'locked':>7} {'1st batch ms':>12}")
     for m in "abc":
         d = med[m]
@@ -188,6 +232,12 @@ def main():
               b["cpu_s_per_gb"] <= 1.1 * c["cpu_s_per_gb"], b["pss_mib"] <= 1.25 * c["pss_mib"],
               b["gb_s"] >= 0.9 * c["gb_s"],
               b["gb_s"] > a["gb_s"] and b["cpu_s_per_gb"] < a["cpu_s_per_gb"] and b["pss_mib"] < a["pss_mib"]))
+    ms = attach_ms(program, shards, batch_size, streams, node_budget)
+    print(f"\nattach to a running node engine and get the first batch: {ms:.1f} ms "
+          f"(median of 7; (c) opens its own engine and gets its first in "
+          f"{c['first_batch_ms']:.1f} ms)")
+    if server:
+        server.terminate()
 
 
 if __name__ == "__main__":
