@@ -190,8 +190,14 @@ def main():
         server = subprocess.Popen([program, "serve", folder], stdout=subprocess.PIPE,
                                   stderr=subprocess.DEVNULL, text=True)
         base = server.stdout.readline().strip().rstrip("/")
-        shards = [f"{base}/{os.path.basename(s)}" for s in shards]
-        print(f"source: {base}/ ({len(shards)} shards)")
+        urls = [f"{base}/{os.path.basename(s)}" for s in shards]
+        # Splitting remote shards among consumers needs their sample
+        # counts: a manifest, made once, before any timing.
+        manifest = os.path.join(tempfile.mkdtemp(prefix="rf-node-bench-"), "set.manifest")
+        subprocess.run([program, "index", *urls, "-o", manifest], check=True,
+                       stderr=subprocess.DEVNULL)
+        shards = [manifest]
+        print(f"source: {base}/ ({len(urls)} shards, counts from {manifest})")
     batch_size = int(os.environ.get("BATCH", "256"))
     epochs = int(os.environ.get("EPOCHS", "1"))
     # Streams (`workers`) per consumer in (a) and (b): 1 gives every mode

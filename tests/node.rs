@@ -7,6 +7,8 @@
 //! consumer never released come back when it leaves. (The engine as its own
 //! process — on demand, killed — is tested in `cli/tests/node.rs`.)
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -16,7 +18,7 @@ use ringfeed::synth::{GenOptions, generate};
 use serde_json::{Map, Value, json};
 
 struct Dataset {
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
     shards: Vec<String>,
 }
 
@@ -34,7 +36,7 @@ fn dataset() -> &'static Dataset {
         };
         let r = generate(dir.path(), &o, |_| {}).unwrap();
         let shards = r.paths.iter().map(|p| p.display().to_string()).collect();
-        Dataset { _dir: dir, shards }
+        Dataset { dir, shards }
     })
 }
 
@@ -416,4 +418,42 @@ fn consumers_share_the_engines_one_arena_and_one_without_room_is_refused() {
         drain(&open(small(consumer(1, 0)), None).unwrap()),
         drain(&third)
     );
+}
+
+#[test]
+fn remote_shards_go_through_the_engines_network_threads_exactly() {
+    // The shards over HTTP, their counts in a manifest (splitting among
+    // consumers needs them): every consumer's loader hands its ranges to
+    // the engine's network threads, and still gets exactly its own batches.
+    let server = support::Server::start(dataset().dir.path().to_path_buf());
+    let manifest = tempfile::Builder::new()
+        .suffix(".manifest")
+        .tempfile()
+        .unwrap();
+    let mut lines = String::new();
+    for path in &dataset().shards {
+        let p = Path::new(path);
+        let url = server.url(p.file_name().unwrap().to_str().unwrap());
+        let size = std::fs::metadata(p).unwrap().len();
+        let samples = ringfeed::tar::count_file_samples(p).unwrap();
+        lines.push_str(&format!("{url} {size} {samples}\n"));
+    }
+    std::fs::write(manifest.path(), lines).unwrap();
+    let remote = |c: Map<String, Value>| {
+        let mut c = c;
+        c.insert("urls".into(), json!([manifest.path()]));
+        c
+    };
+    let (_dir, socket) = engine(remote(job()));
+    for (rank, worker) in [(0, 1), (1, 0)] {
+        let alone = drain(&open(remote(consumer(rank, worker)), None).unwrap());
+        let attached = open(remote(consumer(rank, worker)), Some(&socket)).unwrap();
+        assert_eq!(alone, drain(&attached), "consumer {rank}/{worker}");
+        let (json, _) = attached.stats().unwrap();
+        let stats: Value = serde_json::from_str(&json).unwrap();
+        if stats["io_backend"] == json!("io_uring") {
+            assert!(stats["net_threads"].as_u64().unwrap() >= 1, "{json}");
+        }
+        assert!(stats["http_requests"].as_u64().unwrap() > 0, "{json}");
+    }
 }

@@ -39,5 +39,5 @@ pub use counters::{
     RINGFEED_MEMORY_NORMAL, RINGFEED_MEMORY_THP,
 };
 pub use loader::{Loader, Next};
-pub(crate) use open::resolve_counted;
+pub(crate) use open::{EngineNet, engine_net_threads, resolve_counted};
 pub use stats::Stats;

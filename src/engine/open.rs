@@ -50,10 +50,13 @@ impl Loader {
     /// needs it, once for every loader of a node engine) whose chunks come
     /// from `pool`, a pool that several loaders share (one per consumer):
     /// it joins the pool with one owner per stream and leaves it at close.
+    /// Remote reads go to the engine's network threads (when it runs any
+    /// and the loader runs io_uring), whose counters the stats then give.
     pub(crate) fn open_in(
         cfg: Config,
         pool: &Arc<ChunkPool>,
         shards: Vec<Shard>,
+        engine_net: Option<&EngineNet>,
     ) -> Result<Loader> {
         let started = Instant::now();
         cfg.validate()?;
@@ -64,7 +67,10 @@ impl Loader {
                 pool.chunk_size()
             )));
         }
-        let net = NetOptions::for_config(&cfg);
+        let net = match engine_net {
+            Some(e) => e.net.clone(),
+            None => NetOptions::for_config(&cfg),
+        };
         let workers = worker_count(&cfg, &shards);
         let base = pool.join(workers, MIN_SHARE)?;
         let opened = Loader::start(
@@ -73,7 +79,11 @@ impl Loader {
             shards,
             started,
             None,
-            Some((Arc::clone(pool), base)),
+            Some(Joined {
+                pool: Arc::clone(pool),
+                base,
+                net_links: engine_net.map(|e| e.links.clone()).unwrap_or_default(),
+            }),
         );
         if opened.is_err() {
             pool.leave(base, workers);
@@ -104,7 +114,7 @@ impl Loader {
         shards: Vec<Shard>,
         started: Instant,
         make: Option<MakeReader>,
-        shared_pool: Option<(Arc<ChunkPool>, usize)>,
+        joined: Option<Joined>,
     ) -> Result<Loader> {
         if shards.is_empty() {
             return Err(Error::config("`urls` names no shard"));
@@ -119,7 +129,7 @@ impl Loader {
         let budget = cfg.effective_budget(workers);
         let chunks = (budget / cfg.chunk_size) as usize;
         let need = 2 * workers + 2;
-        if chunks < need && shared_pool.is_none() {
+        if chunks < need && joined.is_none() {
             return Err(Error::config(format!(
                 "`memory_budget` of {} bytes holds {chunks} chunks of {chunk} bytes; {workers} workers \
                  need at least {need}: raise `memory_budget`, lower `chunk_size` or `workers`",
@@ -137,9 +147,9 @@ impl Loader {
         // outnumber the usable CPUs, pinned workers would queue on theirs
         // while another CPU idles (measured: 4 one-stream consumers on 2
         // CPUs, 10.9 GB/s pinned, 12.5 unpinned).
-        let engine_streams = shared_pool.as_ref().map(|(pool, _)| {
+        let engine_streams = joined.as_ref().map(|j| {
             let expected = cfg.node_consumers() as usize * workers;
-            pool.live_owners().max(expected)
+            j.pool.live_owners().max(expected)
         });
         if let Some(threads) = engine_streams
             && cfg.cpus.is_none()
@@ -157,16 +167,16 @@ impl Loader {
                 allowed.len()
             ));
         }
-        let (pool, owner_base, mut notes, cuda_later) = match shared_pool {
-            Some((pool, base)) => {
-                let mut notes = pool.arena().report().notes.clone();
+        let (pool, owner_base, engine_net, mut notes, cuda_later) = match joined {
+            Some(j) => {
+                let mut notes = j.pool.arena().report().notes.clone();
                 notes.extend(placement_notes);
-                (pool, base, notes, None)
+                (j.pool, j.base, j.net_links, notes, None)
             }
             None => {
                 let (pool, notes, cuda_later) =
                     own_pool(&cfg, chunks, workers, placement.numa_node, placement_notes)?;
-                (pool, 0, notes, cuda_later)
+                (pool, 0, Vec::new(), notes, cuda_later)
             }
         };
         let (backend, uring_flags) = match cfg.io_backend {
@@ -208,15 +218,24 @@ impl Loader {
         // Network threads receive the workers' HTTP ranges (io_uring only;
         // the thread backend receives on each worker).
         let remote = shards.iter().any(|s| matches!(s.source, Source::Http(_)));
+        let receives = remote && backend == BackendKind::IoUring && make.is_none();
+        let own_net_links = engine_net.is_empty();
         let net_threads = match cfg.net_threads {
-            _ if !remote || backend != BackendKind::IoUring || make.is_some() => 0,
+            _ if !receives => 0,
+            _ if !own_net_links => engine_net.len(),
             0 => (allowed.len() / 2).clamp(1, workers),
             n => n.min(workers),
         };
-        let net_links = (0..net_threads)
-            .map(|_| NetLink::new())
-            .collect::<std::io::Result<Vec<_>>>()
-            .map_err(|e| Error::IoUring(format!("cannot make a network thread's eventfd: {e}")))?;
+        let net_links = match own_net_links {
+            _ if !receives => Vec::new(),
+            false => engine_net,
+            true => (0..net_threads)
+                .map(|_| NetLink::new())
+                .collect::<std::io::Result<Vec<_>>>()
+                .map_err(|e| {
+                    Error::IoUring(format!("cannot make a network thread's eventfd: {e}"))
+                })?,
+        };
         // A stream's queue holds `prefetch_batches` too: the sequencer takes
         // the streams in turn, so each needs room to run ahead while
         // another is behind (descheduled, or at a shard boundary). With a
@@ -255,6 +274,7 @@ impl Loader {
             direct,
             net,
             net_links,
+            own_net_links,
             batch_index: AtomicU64::new(0),
             delivered: AtomicU64::new(0),
             stop: AtomicBool::new(false),
@@ -274,7 +294,12 @@ impl Loader {
         };
         let (ready_tx, ready_rx) = mpsc::channel::<std::result::Result<Option<String>, Error>>();
         let mut threads = Vec::with_capacity(workers + net_threads + 2);
-        for (id, link) in shared.net_links.iter().enumerate() {
+        let own_links = if shared.own_net_links {
+            &shared.net_links[..]
+        } else {
+            &[]
+        };
+        for (id, link) in own_links.iter().enumerate() {
             let link = Arc::clone(link);
             let net_shared = Arc::clone(&shared);
             // Each serves its workers' reads in flight: two entries each
@@ -354,6 +379,69 @@ impl Loader {
         }
         Ok(loader)
     }
+}
+
+/// What a loader of a node engine takes from the engine: its owners in
+/// the shared pool, and the engine's network threads (none: its own).
+struct Joined {
+    pool: Arc<ChunkPool>,
+    base: usize,
+    net_links: Vec<Arc<NetLink>>,
+}
+
+/// A node engine's network threads and the options (with the request
+/// and retry counters) they run with.
+pub(crate) struct EngineNet {
+    pub net: NetOptions,
+    pub links: Vec<Arc<NetLink>>,
+}
+
+impl Drop for EngineNet {
+    fn drop(&mut self) {
+        for l in &self.links {
+            l.stop();
+        }
+    }
+}
+
+/// The network threads a node engine runs for all its loaders: with
+/// remote shards and io_uring, `net_threads` of them (auto: one per two
+/// usable CPUs), each sized for its share of the streams the engine
+/// expects. None otherwise (the loaders then run as they would alone).
+pub(crate) fn engine_net_threads(cfg: &Config, shards: &[Shard]) -> Result<Option<EngineNet>> {
+    let remote = shards.iter().any(|s| matches!(s.source, Source::Http(_)));
+    if !remote || cfg.io_backend == IoBackend::Threads || uring::probe().is_err() {
+        return Ok(None);
+    }
+    let streams = (cfg.node_consumers() as usize * cfg.workers_or_auto()).max(1);
+    let n = match cfg.net_threads {
+        0 => (topology::discover().allowed().len() / 2).clamp(1, streams),
+        n => n,
+    };
+    let entries = (streams.div_ceil(n) * cfg.reads_in_flight * 2 + 2)
+        .next_power_of_two()
+        .min(1 << 15) as u32;
+    let net = NetOptions::for_config(cfg);
+    let mut links: Vec<Arc<NetLink>> = Vec::with_capacity(n);
+    for id in 0..n {
+        let link = NetLink::new()
+            .map_err(|e| Error::IoUring(format!("cannot make a network thread's eventfd: {e}")))?;
+        let (l, opts) = (Arc::clone(&link), net.clone());
+        let seed = (std::process::id() as u64) << 32 ^ (id as u64) << 16 ^ 0x6e6f6465;
+        let spawned = std::thread::Builder::new()
+            .name(format!("ringfeed-node-net{id}"))
+            .spawn(move || l.run(opts, seed, entries));
+        if let Err(e) = spawned {
+            for l in &links {
+                l.stop();
+            }
+            return Err(Error::Internal(format!(
+                "cannot start the node engine's network thread {id}: {e}"
+            )));
+        }
+        links.push(link);
+    }
+    Ok(Some(EngineNet { net, links }))
 }
 
 /// The dataset of `cfg`, each local shard's samples counted when the

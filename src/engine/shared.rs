@@ -69,6 +69,8 @@ pub(crate) struct Shared {
     /// The network threads' links (empty: workers receive their own HTTP
     /// ranges); worker `i` uses `net_links[i % len]`.
     pub(super) net_links: Vec<Arc<NetLink>>,
+    /// The network threads are this loader's (not its node engine's).
+    pub(super) own_net_links: bool,
     pub(super) batch_index: AtomicU64,
     /// Batches handed to consumers so far: the next batch's `index`.
     pub(super) delivered: AtomicU64,
@@ -200,9 +202,11 @@ impl Shared {
         self.halt();
         self.channel.close();
         // Each network thread finishes the reads it has (the workers drain
-        // theirs), then exits.
-        for l in &self.net_links {
-            l.stop();
+        // theirs), then exits; a node engine's go on for its other loaders.
+        if self.own_net_links {
+            for l in &self.net_links {
+                l.stop();
+            }
         }
     }
 

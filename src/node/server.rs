@@ -35,6 +35,7 @@ use super::sock;
 use super::wire;
 use crate::config::{Config, PER_CONSUMER};
 use crate::dataset::Shard;
+use crate::engine::EngineNet;
 use crate::engine::{Loader, Next};
 use crate::error::{Error, Result};
 use crate::memory::{Arena, ArenaOptions, Batch, ChunkPool};
@@ -129,7 +130,15 @@ pub fn serve(listener: OwnedFd, opts: NodeOptions) -> Result<()> {
 struct Engine {
     pool: Arc<ChunkPool>,
     /// The dataset, resolved and counted by the first consumer's session.
-    shards: Mutex<Option<Arc<Vec<Shard>>>>,
+    shards: Mutex<Option<Arc<Dataset>>>,
+}
+
+/// The dataset every consumer's loader reads, and the network threads
+/// that receive its remote ranges for all of them (stopped when the last
+/// loader and the engine let go of it).
+struct Dataset {
+    shards: Vec<Shard>,
+    net: Option<EngineNet>,
 }
 
 impl Engine {
@@ -168,14 +177,16 @@ impl Engine {
     }
 
     /// The dataset (every consumer gives the same dataset keys), resolved
-    /// and counted once; an error is the asking consumer's, and the next
-    /// one tries again.
-    fn shards(&self, base: &Config) -> Result<Arc<Vec<Shard>>> {
+    /// and counted once, with the network threads for its remote shards;
+    /// an error is the asking consumer's, and the next one tries again.
+    fn shards(&self, base: &Config) -> Result<Arc<Dataset>> {
         let mut known = lock(&self.shards);
         if let Some(s) = &*known {
             return Ok(s.clone());
         }
-        let s = Arc::new(crate::engine::resolve_counted(base)?);
+        let shards = crate::engine::resolve_counted(base)?;
+        let net = crate::engine::engine_net_threads(base, &shards)?;
+        let s = Arc::new(Dataset { shards, net });
         *known = Some(s.clone());
         Ok(s)
     }
@@ -309,7 +320,7 @@ fn session(conn: OwnedFd, opts: &NodeOptions, base: &Config, whole: &Arc<Whole>,
     };
     let opened = consumer_config(cfg, opts, base)
         .and_then(|c| Ok((c, engine.shards(base)?)))
-        .and_then(|(c, shards)| Loader::open_in(c, &engine.pool, shards.to_vec()));
+        .and_then(|(c, ds)| Loader::open_in(c, &engine.pool, ds.shards.clone(), ds.net.as_ref()));
     let loader = match opened {
         Ok(l) => l,
         Err(e) => return node_err(e),
