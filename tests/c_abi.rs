@@ -15,7 +15,8 @@
 //! - `abi_node.c`: a consumer attached to a node engine (served from a
 //!   thread of the test) streams every sample with its bytes; one that
 //!   crashes holding batches gets them taken back by the engine.
-//! - `wrapper_test.cpp` and the example `trainer.cpp`: the C++ wrapper.
+//! - `wrapper_test.cpp` and the example `trainer.cpp`: the C++ wrapper,
+//!   alone and (`--node`) as a consumer of a node engine.
 //!
 //! Needs a C and a C++ compiler (`cc`, `c++`, or `$CC`, `$CXX`) with the
 //! sanitizer runtimes; a missing compiler fails the test, it is never skipped.
@@ -379,6 +380,19 @@ fn node_args(socket: &Path, mode: &str, data: &Shards) -> Vec<String> {
     let mut args = vec![socket.display().to_string(), mode.to_string()];
     args.extend(data.args());
     args
+}
+
+#[test]
+fn cpp_wrapper_consumer_attached_to_a_node_engine_gets_every_sample() {
+    let data = shards();
+    let (_engine_dir, socket) = node_engine(&data);
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = build("tests/c/wrapper_test.cpp", tmp.path(), true);
+    let mut args = vec!["--node".to_string(), socket.display().to_string()];
+    args.extend(data.args());
+    let out = run_ok(&exe, &args);
+    assert!(out.contains("through the node engine"), "{out}");
+    assert!(out.contains("wrapper_test: all checks passed"), "{out}");
 }
 
 #[test]

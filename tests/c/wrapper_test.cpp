@@ -5,6 +5,10 @@
 // loader, and close() while another thread waits in next().
 //
 // Usage: wrapper_test SEED SAMPLES BYTES SHARD...   (as abi_stream)
+//        wrapper_test --node SOCKET SEED SAMPLES BYTES SHARD...
+//          (a consumer attached to the node engine at SOCKET, whose
+//          `batch_size` is 7: every sample once, leases that outlive the
+//          loader, the engine named in the stats)
 
 #include <unistd.h>
 
@@ -403,12 +407,52 @@ void state_resumes_the_epoch() {
   std::printf("  %zu samples, cut after 5 batches, resumed in order\n", all.size());
 }
 
+void node_consumer(const std::string& socket) {
+  ringfeed::Batch kept;
+  std::set<std::string> keys;
+  std::uint64_t bytes = 0;
+  {
+    ringfeed::Loader loader(config(shards, "\"batch_size\": 7, \"node\": " + json_string(socket)));
+    for (ringfeed::Batch batch = loader.next().value(); batch.valid();) {
+      CHECK(batch.size() <= 7, "a batch over the engine's batch_size");
+      for (const std::string& k : check_batch(batch)) {
+        CHECK(keys.insert(k).second, "delivered twice: " + k);
+      }
+      bytes += batch.bytes();
+      ringfeed::Next next = loader.next(std::chrono::seconds(60));
+      CHECK(!next.timed_out(), "no batch within a minute");
+      if (!kept.valid()) {
+        kept = std::move(batch);  // held past close, in the engine's arena
+      }
+      if (next.end_of_epoch()) next = loader.next(std::chrono::seconds(60));
+      if (next.finished()) break;
+      batch = std::move(next.value());
+    }
+    std::string json = loader.stats_json();
+    CHECK(json.find("\"node\":{") != std::string::npos &&
+              json.find(json_string(socket)) != std::string::npos,
+          "stats_json names no node engine: " + json);
+  }
+  CHECK(keys.size() == n_samples && bytes == n_bytes,
+        std::to_string(keys.size()) + " samples of " + std::to_string(n_samples));
+  CHECK(kept.valid(), "closing the loader took the lease");
+  check_batch(kept);
+  kept.release();
+  std::printf("  %zu samples through the node engine at %s\n", keys.size(), socket.c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   alarm(240);  // a hang is a failure
+  std::string node;
+  if (argc > 2 && std::string(argv[1]) == "--node") {
+    node = argv[2];
+    argv += 2;
+    argc -= 2;
+  }
   if (argc < 5) {
-    std::fprintf(stderr, "usage: %s SEED SAMPLES BYTES SHARD...\n", argv[0]);
+    std::fprintf(stderr, "usage: %s [--node SOCKET] SEED SAMPLES BYTES SHARD...\n", argv[0]);
     return 2;
   }
   seed = std::strtoull(argv[1], nullptr, 10);
@@ -416,6 +460,11 @@ int main(int argc, char** argv) {
   n_bytes = std::strtoull(argv[3], nullptr, 10);
   shards.assign(argv + 4, argv + argc);
 
+  if (!node.empty()) {
+    node_consumer(node);
+    std::printf("wrapper_test: all checks passed\n");
+    return 0;
+  }
   version_matches();
   errors_are_exceptions_with_messages();
   iterates_every_sample_once();
