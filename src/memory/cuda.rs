@@ -91,12 +91,24 @@ impl Runtime {
                 return Ok(rt);
             }
         }
-        let mut why = Vec::new();
+        let (mut absent, mut why) = (Vec::new(), Vec::new());
         for name in NAMES {
             match Runtime::open(name.as_bytes(), 0) {
                 Ok(rt) => return Ok(rt),
+                // The usual case, said once for all names.
+                Err(e)
+                    if e.ends_with("cannot open shared object file: No such file or directory") =>
+                {
+                    absent.push(*name)
+                }
                 Err(e) => why.push(e),
             }
+        }
+        if !absent.is_empty() {
+            why.insert(
+                0,
+                format!("{}: not on the library search path", absent.join(", ")),
+            );
         }
         Err(why.join("; "))
     }
