@@ -8,7 +8,7 @@
 Each round times every process of a mode over the same window (from the
 first spawn to the last exit): GB/s delivered, CPU-s per GB of every process
 (wait4), the peak of the summed PSS of the live processes (sampled every
-100 ms from /proc/<pid>/smaps_rollup: shared memory counted once), the summed
+250 ms from /proc/<pid>/smaps_rollup: shared memory counted once), the summed
 peak RSS (wait4; counts an arena mapped by two processes twice) and the peak
 summed locked memory (VmLck). Prints the medians and the ratios of the
 medians against (c), with per-round ranges.
@@ -152,8 +152,9 @@ def run_mode(mode, program, shards, batch_size, epochs, streams, node_budget=Non
         # Reading smaps_rollup walks every page table entry of the process:
         # for an arena of 4 KiB shared pages (a node engine's, where the
         # kernel gives shared memory no huge pages) every 20 ms it took 12 %
-        # of this machine's CPU away from the contenders; every 100 ms.
-        if time.monotonic() - sampled >= 0.1:
+        # of this machine's CPU away from the contenders, every 100 ms 5 %;
+        # every 250 ms (arenas are populated early, and stay).
+        if time.monotonic() - sampled >= 0.25:
             sampled = time.monotonic()
             pss = sum(read_kib(f"/proc/{p}/smaps_rollup", "Pss:") for p in live if p not in usage)
             lck = sum(read_kib(f"/proc/{p}/status", "VmLck:") for p in live if p not in usage)
