@@ -369,18 +369,20 @@ fn batches_stay_valid_after_close_and_other_threads_wake() {
 
 #[test]
 fn consumers_share_the_engines_one_arena_and_one_without_room_is_refused() {
-    // 7 chunks of 1 MiB, one stream per consumer: two consumers get 3 each,
-    // a third would get 2, under the least a stream needs (3).
+    // 7 chunks of 1 MiB split among the 2 streams the engine expects (2
+    // loader workers of one stream): 3 each. A third consumer beyond those
+    // expected gets its share too, from the arena past the budget.
     let small = |mut c: Map<String, Value>| {
+        c.insert("world_size".into(), json!(1));
         c.insert("workers".into(), json!(1));
         c.insert("shuffle_buffer".into(), json!(0));
         c
     };
     let mut own = small(job());
     own.insert("memory_budget".into(), json!("7MiB"));
-    let (_dir, socket) = engine(own);
+    let (_dir, socket) = engine(own.clone());
     let first = open(small(consumer(0, 0)), Some(&socket)).unwrap();
-    let second = open(small(consumer(1, 1)), Some(&socket)).unwrap();
+    let second = open(small(consumer(0, 1)), Some(&socket)).unwrap();
     let ino = |l: &Attached| {
         let (fd, _, len) = l.arena().unwrap();
         // SAFETY: a zeroed `stat` is a valid value of the plain C struct.
@@ -389,35 +391,33 @@ fn consumers_share_the_engines_one_arena_and_one_without_room_is_refused() {
         assert_eq!(unsafe { libc::fstat(fd, &mut st) }, 0);
         (st.st_dev, st.st_ino, len)
     };
-    // The consumers' own `memory_budget` (48 MiB) is not the engine's.
+    // The consumers' own `memory_budget` (48 MiB) is not the engine's: its
+    // arena file is 4 times its 7 MiB, the pages past them unused so far.
     assert_eq!(ino(&first), ino(&second), "one memory file for both");
-    assert_eq!(ino(&first).2, 7 << 20);
-    match open(small(consumer(1, 0)), Some(&socket)) {
+    assert_eq!(ino(&first).2, 4 * (7 << 20));
+    let third = open(small(consumer(0, 0)), Some(&socket)).unwrap();
+    // With its share of 3 chunks each consumer still gets exactly what an
+    // engine of its own gives it, the third too.
+    for (l, worker) in [(&second, 1), (&third, 0), (&first, 0)] {
+        assert_eq!(
+            drain(&open(small(consumer(0, worker)), None).unwrap()),
+            drain(l)
+        );
+    }
+    // An engine whose budget gives the streams it expects fewer than 3
+    // chunks each refuses them, naming the key.
+    own.insert("memory_budget".into(), json!("5MiB"));
+    let (_dir5, socket5) = engine(own);
+    match open(small(consumer(0, 0)), Some(&socket5)) {
         Err(e) => {
             let msg = e.to_string();
-            assert!(msg.contains("memory_budget") && msg.contains("3"), "{msg}");
+            assert!(
+                msg.contains("memory_budget") && msg.contains("fewer than the 3"),
+                "{msg}"
+            );
         }
-        Ok(_) => panic!("a third stream on 7 chunks was let in"),
+        Ok(_) => panic!("a share of 2 chunks was let in"),
     }
-    // With its share of 3 chunks the second consumer still gets exactly
-    // what an engine of its own gives it.
-    let alone = drain(&open(small(consumer(1, 1)), None).unwrap());
-    assert_eq!(alone, drain(&second));
-    // When one leaves, its share comes back: the third now gets in.
-    first.close();
-    drop(first);
-    let start = Instant::now();
-    let third = loop {
-        match open(small(consumer(1, 0)), Some(&socket)) {
-            Ok(l) => break l,
-            Err(e) => assert!(start.elapsed() < Duration::from_secs(60), "{e}"),
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    assert_eq!(
-        drain(&open(small(consumer(1, 0)), None).unwrap()),
-        drain(&third)
-    );
 }
 
 #[test]
@@ -456,4 +456,42 @@ fn remote_shards_go_through_the_engines_network_threads_exactly() {
         }
         assert!(stats["http_requests"].as_u64().unwrap() > 0, "{json}");
     }
+}
+
+#[test]
+fn a_consumer_attached_first_leaves_the_shares_of_those_expected_after_it() {
+    // A PyTorch DataLoader takes a batch from each worker in turn: the
+    // first worker's consumer may hold batches the DataLoader takes only
+    // after one from the second. Were the first alone to fill the pool,
+    // the second would get no chunk, and the DataLoader would wait for
+    // ever. The engine expects 2 consumers (`loader_workers`) of one
+    // stream: 8 chunks, at most 4 for each even while one is attached.
+    let small = |mut c: Map<String, Value>| {
+        c.insert("world_size".into(), json!(1));
+        c.insert("workers".into(), json!(1));
+        c.insert("shuffle_buffer".into(), json!(0));
+        c
+    };
+    let mut own = small(job());
+    own.insert("memory_budget".into(), json!("8MiB"));
+    let (_dir, socket) = engine(own);
+    let first = open(small(consumer(0, 0)), Some(&socket)).unwrap();
+    let held = match first.next(Some(Duration::from_secs(60))).unwrap() {
+        AnyNext::Batch(b) => b,
+        _ => panic!("no first batch"),
+    };
+    // Its worker reads ahead as far as the pool lets it.
+    std::thread::sleep(Duration::from_millis(500));
+    let second = open(small(consumer(0, 1)), Some(&socket)).unwrap();
+    match second.next(Some(Duration::from_secs(30))).unwrap() {
+        AnyNext::Batch(_) => {}
+        AnyNext::Timeout => panic!("the second consumer got no batch: the first holds the pool"),
+        _ => panic!("the second consumer ended without a batch"),
+    }
+    drop(held);
+    let (json, _) = first.stats().unwrap();
+    let stats: Value = serde_json::from_str(&json).unwrap();
+    // The budget's 8 chunks, and 3 times as many past it for consumers
+    // beyond those expected.
+    assert_eq!(stats["chunk_count"], json!(32));
 }

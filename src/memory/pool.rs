@@ -49,10 +49,12 @@ struct PoolState {
     live: Vec<bool>,
     /// Owners whose loader is closing: their waits end with `Closed`.
     closing: Vec<bool>,
-    /// A shared pool (`ChunkPool::new_shared`): the chunks every other live
-    /// owner lacks to reach `quota` are kept for it, so one loader never
-    /// leaves another's stream without its share.
+    /// A shared pool (`ChunkPool::new_shared`): owners come and go with
+    /// their loaders, each with the same share (`quota`).
     shared: bool,
+    /// Chunks of a shared pool looked at first (its budget); the rest is
+    /// used only while more streams are attached than it expects.
+    preferred: usize,
     /// Where each owner's next run is looked for first: right after its
     /// last one, so that a stream's consecutive chunks lie next to each
     /// other and a batch's samples span little more memory than their bytes
@@ -115,6 +117,7 @@ impl ChunkPool {
                 live: Vec::new(),
                 closing: Vec::new(),
                 shared: false,
+                preferred: 0,
                 next: vec![0],
             }),
             freed: Condvar::new(),
@@ -126,14 +129,27 @@ impl ChunkPool {
     }
 
     /// A pool several loaders share (a node engine's, one loader per
-    /// consumer): each takes its owners with [`ChunkPool::join`].
-    pub fn new_shared(arena: Arena, chunk_size: usize) -> Arc<ChunkPool> {
+    /// consumer): each stream of each loader may hold `share` chunks, as
+    /// it would in a loader of its own. The first `preferred` chunks (the
+    /// budget) are used first; the rest of the arena only while more
+    /// streams are attached than the budget was split among (a second
+    /// DataLoader over the same data, an old one not yet shut down), so no
+    /// consumer ever waits on chunks another one holds. Each loader takes
+    /// its owners with [`ChunkPool::join`].
+    pub fn new_shared(
+        arena: Arena,
+        chunk_size: usize,
+        share: usize,
+        preferred: usize,
+    ) -> Arc<ChunkPool> {
         let pool = ChunkPool::new(arena, chunk_size);
         {
             let mut s = pool.lock();
             s.shared = true;
-            // Owners start spread over the arena (eight starting points).
-            let n = pool.chunk_count().max(1);
+            s.quota = share;
+            s.preferred = preferred.clamp(1, pool.chunk_count().max(1));
+            // Owners start spread over the budget (eight starting points).
+            let n = s.preferred;
             s.next = (0..=MAX_OWNERS).map(|o| o % 8 * n / 8).collect();
         }
         pool
@@ -143,21 +159,52 @@ impl ChunkPool {
         self.lock().shared
     }
 
+    /// The chunks used first: a shared pool's budget, else all of them.
+    pub fn preferred_chunks(&self) -> usize {
+        let s = self.lock();
+        if s.shared {
+            s.preferred
+        } else {
+            self.chunk_count()
+        }
+    }
+
     /// Owners of loaders using the pool now (a shared pool's streams).
     pub fn live_owners(&self) -> usize {
         self.lock().live.iter().filter(|&&l| l).count()
     }
 
     /// Takes `owners` owner numbers of a shared pool for one loader (its
-    /// streams) and returns the first. Every live owner of every loader
-    /// then has an equal share, `chunks / live owners`, which grows again
-    /// as loaders leave; fails when the share would fall below
-    /// `min_share`. (An owner over a share that shrank takes no more until
-    /// it is under it again.)
+    /// streams), each with the pool's share, and returns the first. Fails
+    /// when the share is under `min_share`, or when the arena has no room
+    /// for the share of `owners` more streams.
     pub fn join(&self, owners: usize, min_share: usize) -> Result<usize> {
         let mut s = self.lock();
         if !s.shared {
             return Err(Error::Internal("join on a pool that is not shared".into()));
+        }
+        let share = s.quota;
+        if share < min_share {
+            return Err(Error::Memory(format!(
+                "the node engine's `memory_budget` of {} bytes, split among the streams it \
+                 expects (`loader_workers` x `LOCAL_WORLD_SIZE` x `workers`), gives each {share} \
+                 chunks of {} bytes, fewer than the {min_share} a stream needs: raise the \
+                 engine's `memory_budget`, or lower `workers` or `chunk_size`",
+                s.preferred * self.chunk_size,
+                self.chunk_size
+            )));
+        }
+        let live = s.live.iter().filter(|&&l| l).count();
+        let held: usize = s.used.iter().sum();
+        if (live + owners) * share > self.chunk_count()
+            || held + owners * share > self.chunk_count()
+        {
+            return Err(Error::Memory(format!(
+                "the node engine is full: {live} streams attached, each with {share} chunks of \
+                 {} bytes, and its arena holds {} chunks: raise the engine's `memory_budget`",
+                self.chunk_size,
+                self.chunk_count()
+            )));
         }
         let free_slot =
             |s: &PoolState, i: usize| i >= s.live.len() || (!s.live[i] && s.used[i] == 0);
@@ -175,24 +222,11 @@ impl ChunkPool {
             s.used.resize(end, 0);
             s.cap.resize(end, 0);
         }
-        let streams = s.live.iter().filter(|&&l| l).count() + owners;
-        let share = self.chunk_count() / streams;
-        if share < min_share {
-            return Err(Error::BudgetTooSmall {
-                budget: self.arena.len() as u64,
-                detail: format!(
-                    "the node engine's {} chunks of {} bytes, shared by {streams} streams, give                      each {share}, fewer than the {min_share} a stream needs: raise the engine's                      `memory_budget`, or lower `workers` or `chunk_size`",
-                    self.chunk_count(),
-                    self.chunk_size
-                ),
-            });
-        }
         for i in base..end {
             s.live[i] = true;
             s.closing[i] = false;
-            s.cap[i] = self.chunk_count() / owners;
+            s.cap[i] = share;
         }
-        s.quota = share;
         s.reserve += 2 * owners;
         Ok(base)
     }
@@ -218,8 +252,6 @@ impl ChunkPool {
                 s.reserve = s.reserve.saturating_sub(2);
             }
         }
-        let streams = s.live.iter().filter(|&&l| l).count().max(1);
-        s.quota = self.chunk_count() / streams;
         self.freed.notify_all();
     }
 
@@ -456,7 +488,7 @@ impl ChunkPool {
             let allowed = !owned || s.may_take(owner, n);
             let hint = s.next.len() - 1;
             let slot = if owned { owner.min(hint) } else { hint };
-            if let Some(start) = find_run_from(&s.free, n, s.next[slot]).filter(|_| allowed) {
+            if let Some(start) = s.find(n, s.next[slot]).filter(|_| allowed) {
                 for f in &mut s.free[start..start + n] {
                     *f = false;
                 }
@@ -555,24 +587,20 @@ impl ChunkPool {
 }
 
 impl PoolState {
-    /// Whether `owner` may take `n` more chunks (when free): up to its cap,
-    /// and in a shared pool, past its share only while the free chunks
-    /// stay enough for every other live owner to reach its own. Free chunks
-    /// then never fall below what the owners under their share lack, so
-    /// one that is under it always gets the next chunk that comes back.
+    /// Whether `owner` may take `n` more chunks (when free): up to its cap.
     fn may_take(&self, owner: usize, n: usize) -> bool {
-        let used = self.used[owner] + n;
-        if used > self.cap[owner] {
-            return false;
+        self.used[owner] + n <= self.cap[owner]
+    }
+
+    /// A free run of `n` for the owner whose hint is `from`: in a shared
+    /// pool within the preferred chunks first (the budget, whose pages are
+    /// in), from the hint on, then from their start; then anywhere.
+    fn find(&self, n: usize, from: usize) -> Option<usize> {
+        if self.shared {
+            let head = &self.free[..self.preferred];
+            return find_run_from(head, n, from).or_else(|| find_run(&self.free, n));
         }
-        if !self.shared || used <= self.quota {
-            return true;
-        }
-        let kept: usize = (0..self.live.len())
-            .filter(|&p| p != owner && self.live[p])
-            .map(|p| self.quota.saturating_sub(self.used[p]))
-            .sum();
-        self.free_count >= n + kept
+        find_run_from(&self.free, n, from)
     }
 }
 
@@ -706,18 +734,22 @@ mod tests {
     }
 
     #[test]
-    fn loaders_sharing_a_pool_each_get_an_equal_share_per_stream() {
-        let arena = Arena::new(
-            9 * 4096,
-            ArenaOptions {
-                kind: Some(MemoryKind::Normal),
-                lock: Some(false),
-                prefault: false,
-                shared: true,
-            },
-        )
-        .unwrap();
-        let p = ChunkPool::new_shared(arena, 4096);
+    fn loaders_sharing_a_pool_each_get_their_share_budget_first() {
+        let shared = |chunks: usize, share: usize, preferred: usize| {
+            let arena = Arena::new(
+                chunks * 4096,
+                ArenaOptions {
+                    kind: Some(MemoryKind::Normal),
+                    lock: Some(false),
+                    prefault: false,
+                    shared: true,
+                },
+            )
+            .unwrap();
+            ChunkPool::new_shared(arena, 4096, share, preferred)
+        };
+        // 12 chunks, a budget of 6, shares of 3.
+        let p = shared(12, 3, 6);
         let a = p.join(2, 3).unwrap();
         let b = p.join(1, 3).unwrap();
         assert_eq!(
@@ -725,7 +757,6 @@ mod tests {
             (0, 2),
             "owner numbers of different loaders never overlap"
         );
-        assert_eq!(p.quota(), 3);
         let mut held = Vec::new();
         for owner in [a, a + 1, b] {
             for _ in 0..3 {
@@ -735,45 +766,51 @@ mod tests {
                         .expect("within the share"),
                 );
             }
+            assert!(
+                p.acquire_as(owner, 1, false).unwrap().is_none(),
+                "past the share"
+            );
         }
+        // The budget is used first; b, the third stream, spills past it.
         assert!(
-            p.acquire_as(a, 1, false).unwrap().is_none(),
-            "the pool is used up"
+            held[..6].iter().all(|c| c.index() < 6),
+            "a's chunks lie in the budget"
         );
-        // Loader b leaves and its chunks come back: a's streams share 9.
+        assert!(held[6..].iter().all(|c| c.index() >= 6), "b's lie past it");
+        // A fourth stream still fits (4 x 3 = 12); a fifth does not.
+        let c = p.join(1, 3).unwrap();
+        match p.join(1, 3) {
+            Err(Error::Memory(m)) => {
+                assert!(m.contains("full") && m.contains("memory_budget"), "{m}")
+            }
+            other => panic!("expected a memory error, got {other:?}"),
+        }
+        // b leaves (twice: idempotent) and its chunks come back: its number
+        // is taken again.
         p.leave(b, 1);
         p.leave(b, 1);
         held.truncate(6);
-        assert_eq!(p.quota(), 4);
-        assert!(
-            p.acquire_as(a, 1, false).unwrap().is_some(),
-            "a's share grew to 4"
-        );
-        // A third loader whose streams would get under 3 chunks is refused.
-        match p.join(3, 3) {
-            Err(Error::BudgetTooSmall { detail, .. }) => {
-                assert!(detail.contains("memory_budget"), "{detail}")
-            }
-            other => panic!("expected BudgetTooSmall, got {other:?}"),
-        }
+        assert_eq!(p.join(1, 3).unwrap(), b);
         // Closing a loader ends its streams' waits and no other's.
-        let c = p.join(1, 3).unwrap();
-        assert_eq!(c, 2, "b's numbers are taken again");
         for _ in 0..3 {
             held.push(p.acquire_as(c, 1, false).unwrap().expect("c's share"));
         }
+        p.worker_running(true);
+        p.worker_running(true);
         let p2 = Arc::clone(&p);
-        p.worker_running(true);
-        p.worker_running(true);
         let waiter = std::thread::spawn(move || p2.acquire_as(c, 1, true).map(|_| ()));
         std::thread::sleep(Duration::from_millis(20));
         p.close_owners(c, 1);
         assert!(matches!(waiter.join().unwrap(), Err(Error::Closed)));
-        drop(held.pop());
         assert!(
-            p.acquire_as(a + 1, 1, false).unwrap().is_none(),
-            "a's streams hold their share of 3"
+            p.acquire_as(b, 1, false).unwrap().is_some(),
+            "b's new owner goes on"
         );
+        // A share under what a stream needs is refused, naming the key.
+        match shared(4, 2, 4).join(1, 3) {
+            Err(Error::Memory(m)) => assert!(m.contains("memory_budget"), "{m}"),
+            other => panic!("expected a memory error, got {other:?}"),
+        }
     }
 
     #[test]

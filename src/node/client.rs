@@ -152,11 +152,15 @@ impl NodeLoader {
             .map_err(|e| Error::Node(format!("mapping the arena: {e}")))?;
         let rings = Rings::attach(&File::from(rings_fd)).map_err(Error::Node)?;
         let (mut cuda, mut cuda_note) = (None, None);
+        let registered_len = ok
+            .get("budget_len")
+            .and_then(Value::as_u64)
+            .map_or(arena_len, |b| (b as usize).min(arena_len));
         if cuda_register != Toggle::Off {
             // Read-only: the consumer's mapping is.
             let registered = cuda::runtime()
                 .map_err(|e| format!("CUDA runtime not found: {e}"))
-                .and_then(|rt| rt.register(arena.as_ptr().cast_mut(), arena.len(), true));
+                .and_then(|rt| rt.register(arena.as_ptr().cast_mut(), registered_len, true));
             match registered {
                 Ok(r) => cuda = Some(r),
                 Err(e) if cuda_register == Toggle::On => {

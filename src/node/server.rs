@@ -166,7 +166,7 @@ impl Engine {
                         continue;
                     }
                     let cs = e.pool.chunk_size();
-                    if i == e.pool.chunk_count() {
+                    if i == e.pool.preferred_chunks() {
                         return;
                     }
                     e.pool.arena().populate(i * cs, cs);
@@ -209,7 +209,7 @@ fn engine_pool(cfg: &Config) -> Result<Arc<ChunkPool>> {
     let node = topology::worker_cpus(&topo, &req).numa_node;
     let chunks = (cfg.node_budget() / cfg.chunk_size).max(1) as usize;
     let arena = Arena::new_on_node(
-        chunks * cfg.chunk_size as usize,
+        chunks * OVERSUBSCRIBE * cfg.chunk_size as usize,
         ArenaOptions {
             kind: cfg.memory_kind,
             lock: cfg.lock_memory.required(),
@@ -228,8 +228,20 @@ fn engine_pool(cfg: &Config) -> Result<Arc<ChunkPool>> {
             std::io::Error::last_os_error()
         )));
     }
-    Ok(ChunkPool::new_shared(arena, cfg.chunk_size as usize))
+    let expected = cfg.node_consumers() as usize * cfg.workers_or_auto();
+    Ok(ChunkPool::new_shared(
+        arena,
+        cfg.chunk_size as usize,
+        chunks / expected.max(1),
+        chunks,
+    ))
 }
+
+/// The node engine's arena file is this many times its budget: the pages
+/// past the budget are used only while more streams are attached than the
+/// engine expects (see `ChunkPool::new_shared`); until then they are
+/// address space, and take no memory.
+const OVERSUBSCRIBE: usize = 4;
 
 /// Replies with an error and returns.
 fn refuse(conn: &OwnedFd, status: i32, message: &str) {
@@ -344,6 +356,10 @@ fn session(conn: OwnedFd, opts: &NodeOptions, base: &Config, whole: &Arc<Whole>,
     };
     let reply = json!({"ok": {
         "arena_len": loader.arena().len(),
+        // The part of the arena in use unless more consumers attach than
+        // expected: what a consumer registers with CUDA (pinning the rest
+        // would allocate it).
+        "budget_len": engine.pool.preferred_chunks() * engine.pool.chunk_size(),
         "state": loader.state().to_hex(),
         "pid": std::process::id(),
         "socket": opts.socket,
