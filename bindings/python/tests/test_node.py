@@ -66,7 +66,7 @@ def test_a_consumer_with_other_dataset_keys_is_refused_by_name(shards, runtime):
             ringfeed.Loader(shards, rank=1, node=socket, **other)
 
 
-def test_dataloader_workers_share_one_engine_by_default(shards, runtime):
+def test_dataloader_workers_share_one_engine_when_asked(shards, runtime):
     torch = pytest.importorskip("torch", reason="torch is not installed (scripts/test.sh tries pip install torch)")
     from ringfeed.torch import RingfeedDataset
 
@@ -75,11 +75,13 @@ def test_dataloader_workers_share_one_engine_by_default(shards, runtime):
         dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork")
         return [k for item in dl for k in item["__key__"].tolist()]
 
-    shared = keys()
+    alone = keys()
+    assert not glob.glob(str(runtime / "node-*.log")), "workers took a node engine by default"
+    shared = keys(node="auto")
     logs = glob.glob(str(runtime / "node-*.log"))
     assert logs, "no node engine was started"
     assert "listening on" in open(logs[0]).read()
-    assert shared == keys(node="off")
+    assert shared == alone
 
 
 OTHER_UID = OTHER_GID = 65534  # nobody/nogroup on Debian and Ubuntu
