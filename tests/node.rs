@@ -124,6 +124,15 @@ fn drain(l: &Attached) -> Vec<(Option<Seen>, String)> {
     }
 }
 
+/// `c` on one rank with one stream per consumer and no shuffle buffer: the
+/// engine expects `loader_workers` (2) streams.
+fn small(mut c: Map<String, Value>) -> Map<String, Value> {
+    c.insert("world_size".into(), json!(1));
+    c.insert("workers".into(), json!(1));
+    c.insert("shuffle_buffer".into(), json!(0));
+    c
+}
+
 fn consumer(rank: u64, worker: u64) -> Map<String, Value> {
     let mut c = job();
     c.insert("rank".into(), json!(rank));
@@ -372,12 +381,6 @@ fn consumers_share_the_engines_one_arena_and_one_without_room_is_refused() {
     // 7 chunks of 1 MiB split among the 2 streams the engine expects (2
     // loader workers of one stream): 3 each. A third consumer beyond those
     // expected gets its share too, from the arena past the budget.
-    let small = |mut c: Map<String, Value>| {
-        c.insert("world_size".into(), json!(1));
-        c.insert("workers".into(), json!(1));
-        c.insert("shuffle_buffer".into(), json!(0));
-        c
-    };
     let mut own = small(job());
     own.insert("memory_budget".into(), json!("7MiB"));
     let (_dir, socket) = engine(own.clone());
@@ -482,12 +485,6 @@ fn a_consumer_attached_first_leaves_the_shares_of_those_expected_after_it() {
     // the second would get no chunk, and the DataLoader would wait for
     // ever. The engine expects 2 consumers (`loader_workers`) of one
     // stream: 8 chunks, at most 4 for each even while one is attached.
-    let small = |mut c: Map<String, Value>| {
-        c.insert("world_size".into(), json!(1));
-        c.insert("workers".into(), json!(1));
-        c.insert("shuffle_buffer".into(), json!(0));
-        c
-    };
     let mut own = small(job());
     own.insert("memory_budget".into(), json!("8MiB"));
     let (_dir, socket) = engine(own);

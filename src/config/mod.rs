@@ -161,6 +161,11 @@ impl Config {
         ranks * self.loader_workers.max(1)
     }
 
+    /// The streams a node engine expects: its expected consumers' streams.
+    pub fn node_streams(&self) -> usize {
+        self.node_consumers() as usize * self.workers_or_auto()
+    }
+
     /// `workers`, or `AUTO_WORKERS` when it is 0 (auto: one per shard up
     /// to that many).
     pub fn workers_or_auto(&self) -> usize {

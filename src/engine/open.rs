@@ -147,10 +147,9 @@ impl Loader {
         // outnumber the usable CPUs, pinned workers would queue on theirs
         // while another CPU idles (measured: 4 one-stream consumers on 2
         // CPUs, 10.9 GB/s pinned, 12.5 unpinned).
-        let engine_streams = joined.as_ref().map(|j| {
-            let expected = cfg.node_consumers() as usize * workers;
-            j.pool.live_owners().max(expected)
-        });
+        let engine_streams = joined
+            .as_ref()
+            .map(|j| j.pool.live_owners().max(cfg.node_streams()));
         if let Some(threads) = engine_streams
             && cfg.cpus.is_none()
             && placement.cpus.is_some()
@@ -425,7 +424,7 @@ pub(crate) fn engine_net_threads(cfg: &Config, shards: &[Shard]) -> Result<Optio
     if !remote || cfg.io_backend == IoBackend::Threads || uring::probe().is_err() {
         return Ok(None);
     }
-    let streams = (cfg.node_consumers() as usize * cfg.workers_or_auto()).max(1);
+    let streams = cfg.node_streams().max(1);
     let n = match cfg.net_threads {
         0 => (topology::discover().allowed().len() / 2).clamp(1, streams),
         n => n,
@@ -462,13 +461,21 @@ pub(crate) fn engine_net_threads(cfg: &Config, shards: &[Shard]) -> Result<Optio
 pub(crate) fn resolve_counted(cfg: &Config) -> Result<Vec<Shard>> {
     let mut shards = dataset::resolve_config(cfg, &NetOptions::for_config(cfg))?;
     if cfg.plan_options(worker_count(cfg, &shards)).needs_counts() {
-        for s in shards.iter_mut().filter(|s| s.samples.is_none()) {
-            if let Source::File(path) = &s.source {
-                s.samples = Some(crate::tar::count_file_samples(path)?);
-            }
+        for s in shards.iter_mut() {
+            s.samples = counted(s)?;
         }
     }
     Ok(shards)
+}
+
+/// A shard's sample count: known, or counted from a local file's headers
+/// (`None` for a remote shard without one).
+fn counted(s: &Shard) -> Result<Option<u64>> {
+    match (&s.source, s.samples) {
+        (_, Some(n)) => Ok(Some(n)),
+        (Source::File(path), None) => crate::tar::count_file_samples(path).map(Some),
+        _ => Ok(None),
+    }
 }
 
 /// Streams of a loader: `workers`, or one per shard up to `AUTO_WORKERS`.
@@ -782,16 +789,11 @@ fn plan_setup(
     if states.is_empty() {
         start.epoch = cfg.epoch;
     }
-    let mut counts: Vec<Option<u64>> = shards.iter().map(|s| s.samples).collect();
-    if opts.needs_counts() || start.needs_counts() || start.skip_batches > 0 {
-        for (c, s) in counts.iter_mut().zip(shards) {
-            if c.is_none()
-                && let crate::dataset::Source::File(path) = &s.source
-            {
-                *c = Some(crate::tar::count_file_samples(path)?);
-            }
-        }
-    }
+    let counts = if opts.needs_counts() || start.needs_counts() || start.skip_batches > 0 {
+        shards.iter().map(counted).collect::<Result<Vec<_>>>()?
+    } else {
+        shards.iter().map(|s| s.samples).collect()
+    };
     let base = if start.needs_counts() {
         let known: Option<Vec<u64>> = counts.iter().copied().collect();
         match known {

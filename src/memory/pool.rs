@@ -41,16 +41,14 @@ struct PoolState {
     owner: Vec<u32>,
     /// Chunks each owner holds (runs not yet returned).
     used: Vec<usize>,
-    /// The share each owner can count on (see `quota()`).
+    /// Most chunks one owner may hold; 0: no limit.
     quota: usize,
-    /// Most chunks each owner may hold.
-    cap: Vec<usize>,
     /// Owners of a loader that is using them (`join` to `leave`).
     live: Vec<bool>,
     /// Owners whose loader is closing: their waits end with `Closed`.
     closing: Vec<bool>,
     /// A shared pool (`ChunkPool::new_shared`): owners come and go with
-    /// their loaders, each with the same share (`quota`).
+    /// their loaders, each with the same quota (its share).
     shared: bool,
     /// Chunks of a shared pool looked at first (its budget); the rest is
     /// used only while more streams are attached than it expects.
@@ -113,7 +111,6 @@ impl ChunkPool {
                 owner: vec![u32::MAX; n],
                 used: Vec::new(),
                 quota: 0,
-                cap: Vec::new(),
                 live: Vec::new(),
                 closing: Vec::new(),
                 shared: false,
@@ -220,12 +217,10 @@ impl ChunkPool {
             s.live.resize(end, false);
             s.closing.resize(end, false);
             s.used.resize(end, 0);
-            s.cap.resize(end, 0);
         }
         for i in base..end {
             s.live[i] = true;
             s.closing[i] = false;
-            s.cap[i] = share;
         }
         s.reserve += 2 * owners;
         Ok(base)
@@ -373,7 +368,6 @@ impl ChunkPool {
     pub fn set_owners(&self, owners: usize, quota: usize) {
         let mut s = self.lock();
         s.used = vec![0; owners];
-        s.cap = vec![quota; owners];
         s.live = vec![true; owners];
         s.closing = vec![false; owners];
         s.quota = quota;
@@ -382,8 +376,7 @@ impl ChunkPool {
         s.next = (0..=owners).map(|o| o * n / (owners + 1)).collect();
     }
 
-    /// The chunks each owner can count on: its quota alone, or its share of
-    /// a shared pool (0: no owners).
+    /// The per-owner quota (a shared pool's share per stream; 0: none).
     pub fn quota(&self) -> usize {
         self.lock().quota
     }
@@ -408,7 +401,7 @@ impl ChunkPool {
                 return Ok(None);
             }
             if let Some(&u) = s.used.get(owner)
-                && (u + 1 + headroom > s.cap[owner] || !s.may_take(owner, 1))
+                && u + 1 + headroom > s.quota
             {
                 return Ok(None);
             }
@@ -468,14 +461,14 @@ impl ChunkPool {
         }
         let mut s = self.lock();
         let owned = owner < s.used.len();
-        if owned && n > s.cap[owner] {
+        if owned && n > s.quota {
             return Err(Error::BudgetTooSmall {
                 budget: self.arena.len() as u64,
                 detail: format!(
                     "a run of {n} chunks of {} bytes is wanted, but each of the {} workers may hold {}",
                     self.chunk_size,
                     s.used.len(),
-                    s.cap[owner]
+                    s.quota
                 ),
             });
         }
@@ -485,7 +478,7 @@ impl ChunkPool {
             if owned && s.closing[owner] {
                 return Err(Error::Closed);
             }
-            let allowed = !owned || s.may_take(owner, n);
+            let allowed = !owned || s.used[owner] + n <= s.quota;
             let hint = s.next.len() - 1;
             let slot = if owned { owner.min(hint) } else { hint };
             if let Some(start) = s.find(n, s.next[slot]).filter(|_| allowed) {
@@ -587,11 +580,6 @@ impl ChunkPool {
 }
 
 impl PoolState {
-    /// Whether `owner` may take `n` more chunks (when free): up to its cap.
-    fn may_take(&self, owner: usize, n: usize) -> bool {
-        self.used[owner] + n <= self.cap[owner]
-    }
-
     /// A free run of `n` for the owner whose hint is `from`: in a shared
     /// pool within the preferred chunks first (the budget, whose pages are
     /// in), from the hint on, then from their start; then anywhere.

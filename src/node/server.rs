@@ -3,9 +3,9 @@
 //! rank, loader worker, resume state and start epoch over the engine's
 //! configuration. Every loader takes its chunks from one arena, in a
 //! memory file, made when the engine starts (`memory_budget` is the whole
-//! engine's; each stream of each consumer is sure of an equal share and
-//! may use more while others leave it free: `ChunkPool::join`). A
-//! consumer is handed:
+//! engine's; each stream holds at most the budget split among the streams
+//! the engine expects, and streams beyond those take theirs past the
+//! budget: `ChunkPool::new_shared`). A consumer is handed:
 //!
 //! - the arena's memory file, reopened read-only (the consumer can map it
 //!   but never write it), the rings' memory file (`shm.rs`) and two
@@ -228,11 +228,10 @@ fn engine_pool(cfg: &Config) -> Result<Arc<ChunkPool>> {
             std::io::Error::last_os_error()
         )));
     }
-    let expected = cfg.node_consumers() as usize * cfg.workers_or_auto();
     Ok(ChunkPool::new_shared(
         arena,
         cfg.chunk_size as usize,
-        chunks / expected.max(1),
+        chunks / cfg.node_streams().max(1),
         chunks,
     ))
 }
