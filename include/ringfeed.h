@@ -258,6 +258,46 @@ int32_t ringfeed_batch_sample_source(const struct ringfeed_batch *batch,
                                      size_t len,
                                      size_t *needed);
 
+// Writes the key of a node engine's batch into `buf` (NUL-terminated
+// text; same buffer convention as `ringfeed_loader_state`), for a process
+// that reads the batch through the engine's arena after this consumer
+// handed it on — a PyTorch DataLoader's main process reading its worker's
+// batches. With the key, that process asks the engine to keep the batch
+// past this consumer's release or exit (`ringfeed_node_keep`) and frees it
+// (`ringfeed_node_release`). A batch of a loader in this process has no
+// key (`RINGFEED_ERR_INVALID_ARGUMENT`): its memory file outlives the
+// loader, and no engine reuses it once the loader is gone.
+//
+// # Safety
+// `batch` must be NULL or point to a readable `ringfeed_batch`; `buf` NULL
+// or `len` writable bytes; `needed` NULL or writable.
+int32_t ringfeed_batch_node_key(const struct ringfeed_batch *batch,
+                                char *buf,
+                                size_t len,
+                                size_t *needed);
+
+// Asks the node engine to keep the batch of `key` (from
+// `ringfeed_batch_node_key`) for process `pid` — one that maps the batch's
+// bytes, usually the caller — after its consumer releases it or exits:
+// until `ringfeed_node_release(key)` or `pid`'s exit. The batch must
+// still be held by its consumer (or kept already); otherwise, or when the
+// engine cannot be reached, returns `RINGFEED_ERR_NODE` and the batch's
+// bytes may be reused. Works in any process of the engine's user; waits
+// at most 10 s for the engine.
+//
+// # Safety
+// `key` must be NULL or a NUL-terminated string.
+int32_t ringfeed_node_keep(const char *key, int32_t pid);
+
+// Frees a batch kept by `ringfeed_node_keep`. Returns `RINGFEED_OK` also
+// when the batch was not kept or is already free (a second release does
+// nothing), `RINGFEED_ERR_NODE` when the engine cannot be reached (an
+// engine gone has freed everything).
+//
+// # Safety
+// `key` must be NULL or a NUL-terminated string.
+int32_t ringfeed_node_release(const char *key);
+
 // Copies `count` ranges of `src` one after the other into `dst`: range i
 // is `lengths[i]` bytes from `src + starts[i]`. The library's own memcpy
 // loop for a caller that packs the fields of a batch (a view of `src_len`

@@ -508,3 +508,127 @@ fn a_consumer_attached_first_leaves_the_shares_of_those_expected_after_it() {
     // beyond those expected.
     assert_eq!(stats["chunk_count"], json!(32));
 }
+
+#[test]
+fn a_batch_kept_for_another_process_outlives_its_consumer_until_released() {
+    // A DataLoader worker's consumer hands batches to the main process,
+    // which maps the arena itself and asks the engine to keep what it holds
+    // (`node::keep`): the worker may exit first. What is not kept comes
+    // back when the worker leaves; what is, when released or when the
+    // process it was kept for exits.
+    let mut own = small(job());
+    own.insert("memory_budget".into(), json!("8MiB"));
+    let (_dir, socket) = engine(own);
+    let stats_of = |l: &Attached| -> Value {
+        let (json, _) = l.stats().unwrap();
+        serde_json::from_str::<Value>(&json).unwrap()["node"].clone()
+    };
+    let leaver = open(small(consumer(0, 0)), Some(&socket)).unwrap();
+    let mut batches = Vec::new();
+    while batches.len() < 3 {
+        if let AnyNext::Batch(b) = leaver.next(Some(Duration::from_secs(60))).unwrap() {
+            batches.push(b);
+        }
+    }
+    // The "main process": its own mapping of the arena, read-only.
+    let (fd, base, len) = leaver.arena().unwrap();
+    // SAFETY: a shared read-only mapping of the arena's memory file, whose
+    // length is `len`; unmapped at the end of the test.
+    let mine = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    assert_ne!(mine, libc::MAP_FAILED);
+    // Where the first batch's fields lie, and their bytes as the main
+    // process's mapping shows them.
+    let spans: Vec<(usize, usize)> = batches[0]
+        .raw_fields()
+        .iter()
+        .map(|f| (f.data as usize - base as usize, f.len))
+        .collect();
+    let read = |spans: &[(usize, usize)]| -> Vec<Vec<u8>> {
+        spans
+            .iter()
+            .map(|&(at, n)| {
+                // SAFETY: each field lies in the arena, inside the mapping.
+                unsafe { std::slice::from_raw_parts((mine as *const u8).add(at), n) }.to_vec()
+            })
+            .collect()
+    };
+    let first_bytes = read(&spans);
+    assert!(!first_bytes.is_empty());
+    let keys: Vec<String> = batches.iter().map(|b| b.node_key().unwrap()).collect();
+    let mut other = std::process::Command::new("sleep")
+        .arg("600")
+        .spawn()
+        .unwrap();
+    node::keep(&keys[0], std::process::id() as i32).unwrap();
+    node::keep(&keys[1], other.id() as i32).unwrap();
+    node::keep(&keys[1], other.id() as i32).unwrap(); // twice: the same
+    assert_eq!(stats_of(&leaver)["batches_kept"], json!(2));
+    // Keeping for a process that is not running is refused.
+    let msg = node::keep(&keys[2], i32::MAX).unwrap_err().to_string();
+    assert!(msg.contains("not running"), "{msg}");
+    // The worker releases everything and leaves.
+    drop(batches);
+    leaver.close();
+    drop(leaver);
+    let watcher = open(small(consumer(0, 1)), Some(&socket)).unwrap();
+    let start = Instant::now();
+    loop {
+        let n = stats_of(&watcher);
+        if n["consumers"] == json!(1)
+            && n["batches_kept"] == json!(2)
+            && n["batches_held"].as_u64()
+                == Some(n["batches_held_by_this_consumer"].as_u64().unwrap() + 2)
+        {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "{n}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Not kept, and its consumer gone: too late.
+    let msg = node::keep(&keys[2], std::process::id() as i32)
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("no longer held"), "{msg}");
+    // Two consumers read every batch of the job through the small arena:
+    // the kept batch's memory is not read into.
+    let again = open(small(consumer(0, 0)), Some(&socket)).unwrap();
+    drain(&again);
+    drain(&watcher);
+    assert!(read(&spans) == first_bytes, "a kept batch was read into");
+    // SAFETY: unmapped once; nothing reads it after.
+    unsafe { libc::munmap(mine, len) };
+    // Released once: freed; twice: nothing to do.
+    assert!(node::release(&keys[0]).unwrap());
+    assert!(!node::release(&keys[0]).unwrap());
+    // The other process exits: the engine frees what it kept for it.
+    other.kill().unwrap();
+    other.wait().unwrap();
+    let start = Instant::now();
+    while stats_of(&watcher)["batches_kept"] != json!(0) {
+        assert!(start.elapsed() < Duration::from_secs(60), "not freed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Keys that are not keys, or name no engine.
+    for (key, says) in [
+        ("garbage", "not a batch key"),
+        ("{\"session\": 1}", "needs `socket`"),
+        (
+            "{\"socket\": \"/nonexistent/x.sock\", \"session\": 1, \"id\": 1}",
+            "cannot reach",
+        ),
+    ] {
+        let msg = node::keep(key, std::process::id() as i32)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains(says), "{key}: {msg}");
+    }
+}

@@ -3,7 +3,7 @@
 //! batch is found by its `handle` in the batch table (`boundary.rs`); its
 //! other fields are never trusted.
 
-use std::ffi::c_char;
+use std::ffi::{CStr, c_char};
 
 use super::boundary::{BATCHES, Fail, boundary, check, invalid, lock, write_text};
 use super::status::{RINGFEED_ERR_INVALID_HANDLE, RINGFEED_OK};
@@ -61,14 +61,7 @@ pub unsafe extern "C" fn ringfeed_batch_sample_source(
         // SAFETY: checked non-NULL and aligned; only the integer is read.
         let handle = unsafe { std::ptr::addr_of!((*batch).handle).read() };
         let batches = lock(&BATCHES);
-        let (b, l) = batches.get(&handle).ok_or_else(|| {
-            Fail(
-                RINGFEED_ERR_INVALID_HANDLE,
-                format!(
-                    "batch handle {handle} is not held: released, or not from ringfeed_loader_next"
-                ),
-            )
-        })?;
+        let (b, l) = batches.get(&handle).ok_or_else(|| not_held(handle))?;
         if sample >= b.len() {
             return Err(invalid(format!(
                 "sample {sample} is past the batch's {} samples",
@@ -78,6 +71,103 @@ pub unsafe extern "C" fn ringfeed_batch_sample_source(
         let name = l.source(b, sample)?.unwrap_or_default();
         // SAFETY: forwarded from this function's contract.
         unsafe { write_text(&name, "source", buf, len, needed) }
+    })
+}
+
+fn not_held(handle: u64) -> Fail {
+    Fail(
+        RINGFEED_ERR_INVALID_HANDLE,
+        format!("batch handle {handle} is not held: released, or not from ringfeed_loader_next"),
+    )
+}
+
+/// Writes the key of a node engine's batch into `buf` (NUL-terminated
+/// text; same buffer convention as `ringfeed_loader_state`), for a process
+/// that reads the batch through the engine's arena after this consumer
+/// handed it on — a PyTorch DataLoader's main process reading its worker's
+/// batches. With the key, that process asks the engine to keep the batch
+/// past this consumer's release or exit (`ringfeed_node_keep`) and frees it
+/// (`ringfeed_node_release`). A batch of a loader in this process has no
+/// key (`RINGFEED_ERR_INVALID_ARGUMENT`): its memory file outlives the
+/// loader, and no engine reuses it once the loader is gone.
+///
+/// # Safety
+/// `batch` must be NULL or point to a readable `ringfeed_batch`; `buf` NULL
+/// or `len` writable bytes; `needed` NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ringfeed_batch_node_key(
+    batch: *const ringfeed_batch,
+    buf: *mut c_char,
+    len: usize,
+    needed: *mut usize,
+) -> i32 {
+    boundary(|| {
+        check(batch, "batch")?;
+        // SAFETY: checked non-NULL and aligned; only the integer is read.
+        let handle = unsafe { std::ptr::addr_of!((*batch).handle).read() };
+        let key = lock(&BATCHES)
+            .get(&handle)
+            .ok_or_else(|| not_held(handle))?
+            .0
+            .node_key()
+            .ok_or_else(|| {
+                invalid(
+                    "the batch is not from a node engine: its memory outlives its loader, and \
+                     needs no key",
+                )
+            })?;
+        // SAFETY: forwarded from this function's contract.
+        unsafe { write_text(&key, "key", buf, len, needed) }
+    })
+}
+
+/// The key passed to `ringfeed_node_keep` and `ringfeed_node_release`, as text.
+///
+/// # Safety
+/// `key` must be NULL or a NUL-terminated string.
+unsafe fn key_text<'a>(key: *const c_char) -> Result<&'a str, Fail> {
+    check(key, "key")?;
+    // SAFETY: the caller passes a NUL-terminated string.
+    unsafe { CStr::from_ptr(key) }
+        .to_str()
+        .map_err(|e| invalid(format!("`key` is not UTF-8: {e}")))
+}
+
+/// Asks the node engine to keep the batch of `key` (from
+/// `ringfeed_batch_node_key`) for process `pid` — one that maps the batch's
+/// bytes, usually the caller — after its consumer releases it or exits:
+/// until `ringfeed_node_release(key)` or `pid`'s exit. The batch must
+/// still be held by its consumer (or kept already); otherwise, or when the
+/// engine cannot be reached, returns `RINGFEED_ERR_NODE` and the batch's
+/// bytes may be reused. Works in any process of the engine's user; waits
+/// at most 10 s for the engine.
+///
+/// # Safety
+/// `key` must be NULL or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ringfeed_node_keep(key: *const c_char, pid: i32) -> i32 {
+    boundary(|| {
+        // SAFETY: forwarded from this function's contract.
+        let key = unsafe { key_text(key) }?;
+        crate::node::keep(key, pid)?;
+        Ok(RINGFEED_OK)
+    })
+}
+
+/// Frees a batch kept by `ringfeed_node_keep`. Returns `RINGFEED_OK` also
+/// when the batch was not kept or is already free (a second release does
+/// nothing), `RINGFEED_ERR_NODE` when the engine cannot be reached (an
+/// engine gone has freed everything).
+///
+/// # Safety
+/// `key` must be NULL or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ringfeed_node_release(key: *const c_char) -> i32 {
+    boundary(|| {
+        // SAFETY: forwarded from this function's contract.
+        let key = unsafe { key_text(key) }?;
+        crate::node::release(key)?;
+        Ok(RINGFEED_OK)
     })
 }
 

@@ -40,6 +40,10 @@ struct Link {
     arena: Mmap,
     /// Set once the engine is known gone: releases stop.
     gone: AtomicBool,
+    /// The engine's socket and this consumer's session there: with a
+    /// batch's number, the batch's key (`NodeBatch::key`).
+    socket: PathBuf,
+    session: u64,
 }
 
 impl Link {
@@ -182,6 +186,8 @@ impl NodeLoader {
                 releasing: Mutex::new(()),
                 arena,
                 gone: AtomicBool::new(false),
+                socket: socket.to_path_buf(),
+                session: ok.get("session").and_then(Value::as_u64).unwrap_or(0),
             }),
             ready,
             taking: Mutex::new(Taking {
@@ -421,6 +427,13 @@ impl NodeBatch {
     pub fn raw_fields(&self) -> &[RawField] {
         &self.d.fields
     }
+    /// The batch's key for [`keep`] and [`release`]: the engine's socket,
+    /// this consumer's session, the batch's number (JSON).
+    pub fn key(&self) -> String {
+        json!({"socket": self.link.socket, "session": self.link.session, "id": self.d.id})
+            .to_string()
+    }
+
     /// The shard index of sample `i` (`NO_SOURCE` for a placeholder).
     pub fn source_index(&self, i: usize) -> Option<u32> {
         self.d.sources.get(i).copied()
@@ -431,4 +444,76 @@ impl Drop for NodeBatch {
     fn drop(&mut self) {
         self.link.release(self.d.id);
     }
+}
+
+/// How long a one-off request waits for the engine's reply.
+const ONE_OFF_WAIT: Duration = Duration::from_secs(10);
+
+/// Sends one request about the batch of `key` on a connection of its own.
+fn one_off(key: &str, op: &str, extra: Option<(&str, Value)>) -> Result<Value> {
+    let k: Value = serde_json::from_str(key).map_err(|e| {
+        Error::Node(format!(
+            "not a batch key (from ringfeed_batch_node_key): {e}"
+        ))
+    })?;
+    let (Some(socket), Some(session), Some(id)) = (
+        k.get("socket").and_then(Value::as_str),
+        k.get("session").and_then(Value::as_u64),
+        k.get("id").and_then(Value::as_u64),
+    ) else {
+        return Err(Error::Node(
+            "not a batch key: it needs `socket`, `session` and `id` (from ringfeed_batch_node_key)"
+                .into(),
+        ));
+    };
+    let conn = sock::connect(Path::new(socket)).map_err(|e| {
+        Error::Node(format!(
+            "cannot reach the node engine at `{socket}` to {op} a batch: {e}"
+        ))
+    })?;
+    let mut body = json!({"session": session, "id": id});
+    if let Some((k, v)) = extra {
+        body[k] = v;
+    }
+    let req = json!({"version": env!("CARGO_PKG_VERSION"), op: body});
+    sock::send(&conn, req.to_string().as_bytes(), &[])
+        .map_err(|e| Error::Node(format!("{op} request: {e}")))?;
+    let ready = sock::poll(&[(&conn, true)], Some(ONE_OFF_WAIT))
+        .map_err(|e| Error::Node(format!("{op} request: {e}")))?;
+    if !ready[0].readable {
+        return Err(Error::Node(format!(
+            "the node engine at `{socket}` did not answer a {op} request in {} s",
+            ONE_OFF_WAIT.as_secs()
+        )));
+    }
+    let (msg, _) = sock::recv(&conn)
+        .map_err(|e| Error::Node(format!("{op} reply: {e}")))?
+        .ok_or_else(|| Error::Node(format!("the node engine closed the connection at {op}")))?;
+    let reply: Value = serde_json::from_slice(&msg)
+        .map_err(|e| Error::Node(format!("{op} reply is not JSON: {e}")))?;
+    if let Some(e) = reply.get("error") {
+        return Err(Error::Remote {
+            status: e.get("status").and_then(Value::as_i64).unwrap_or(0) as i32,
+            message: e
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .into(),
+        });
+    }
+    Ok(reply.get("ok").cloned().unwrap_or(Value::Null))
+}
+
+/// Asks the engine to keep the batch of `key` for process `pid` after its
+/// consumer lets go of it or leaves: until `release(key)` or `pid`'s exit.
+/// The batch must still be held by its consumer (or kept already).
+pub fn keep(key: &str, pid: i32) -> Result<()> {
+    one_off(key, "keep", Some(("for", json!(pid)))).map(|_| ())
+}
+
+/// Frees a batch kept by [`keep`]. Returns false when it was not kept
+/// (released already, or never kept).
+pub fn release(key: &str) -> Result<bool> {
+    let ok = one_off(key, "release", None)?;
+    Ok(ok.get("released").and_then(Value::as_bool).unwrap_or(false))
 }

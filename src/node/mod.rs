@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-pub use client::{NodeBatch, NodeLoader, NodeNext};
+pub use client::{NodeBatch, NodeLoader, NodeNext, keep, release};
 pub use server::{NodeOptions, serve};
 
 use crate::config::{Config, NodeMode};
@@ -292,6 +292,14 @@ impl Attached {
 }
 
 impl AnyBatch {
+    /// The key of a node engine's batch (`NodeBatch::key`); `None` for a
+    /// batch of a loader in this process.
+    pub fn node_key(&self) -> Option<String> {
+        match self {
+            AnyBatch::Local(_) => None,
+            AnyBatch::Node(b) => Some(b.key()),
+        }
+    }
     pub fn epoch(&self) -> u64 {
         match self {
             AnyBatch::Local(b) => b.epoch(),

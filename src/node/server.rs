@@ -18,14 +18,23 @@
 //!   closed, exited or crashed — closes the loader and drops every batch
 //!   the consumer still held, so its memory comes back.
 //!
+//! A batch the consumer handed on to another process (a DataLoader worker's
+//! batch, held by the main process) outlives the consumer when kept: a
+//! one-off connection asks `{"keep": {"session", "id", "for": pid}}` while
+//! the consumer still holds it; the consumer's own release of a kept batch
+//! is then ignored, and at its hang-up the kept batches move to the
+//! engine's orphans, freed by `{"release": {"session", "id"}}` or when the
+//! process they were kept for exits (a pidfd). `client::keep` and
+//! `client::release` send these; `ringfeed._transport` decides when.
+//!
 //! An on-demand engine (`linger`) exits when no consumer has been attached
 //! for that long.
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value, json};
@@ -73,6 +82,8 @@ struct Whole {
     attached: AtomicUsize,
     /// A consumer got its first batch (the arena's pages may fault in).
     first_out: AtomicBool,
+    /// The last session number given.
+    sessions: AtomicU64,
 }
 
 /// Serves consumers on `listener` until the engine lingers out.
@@ -111,6 +122,7 @@ pub fn serve(listener: OwnedFd, opts: NodeOptions) -> Result<()> {
             }
         }
         sessions.retain(|t| !t.is_finished());
+        engine.reap_orphans(&whole);
         // Before its first consumer, an engine waits at least FIRST_WAIT:
         // the consumers of a job may take seconds to start.
         let patience = match opts.linger {
@@ -131,6 +143,18 @@ struct Engine {
     pool: Arc<ChunkPool>,
     /// The dataset, resolved and counted by the first consumer's session.
     shards: Mutex<Option<Arc<Dataset>>>,
+    /// The consumers attached, by session number (for `keep`).
+    feeds: Mutex<HashMap<u64, Weak<Feed>>>,
+    /// Kept batches of consumers gone, by session and batch number.
+    orphans: Mutex<HashMap<(u64, u64), Held>>,
+}
+
+/// A batch handed out and not released: kept for `receiver` (a pidfd) when
+/// the consumer handed it on to another process.
+struct Held {
+    /// Dropping it gives its memory back to the pool.
+    _batch: Batch,
+    receiver: Option<OwnedFd>,
 }
 
 /// The dataset every consumer's loader reads, and the network threads
@@ -146,6 +170,8 @@ impl Engine {
         let engine = Arc::new(Engine {
             pool: engine_pool(base)?,
             shards: Mutex::new(None),
+            feeds: Mutex::new(HashMap::new()),
+            orphans: Mutex::new(HashMap::new()),
         });
         // The arena's pages fault in off the consumers' path (the loaders
         // of a shared pool leave this to the engine), once the first batch
@@ -190,6 +216,95 @@ impl Engine {
         *known = Some(s.clone());
         Ok(s)
     }
+}
+
+impl Engine {
+    /// Keeps batch `id` of session `session` for process `pid` (see the
+    /// module's doc): it must still be held by its consumer, or kept.
+    fn keep(&self, session: u64, id: u64, pid: i32) -> Result<()> {
+        let receiver = sock::pidfd(pid).map_err(|e| {
+            Error::Node(format!(
+                "process {pid}, for which batch {id} would be kept, is not running ({e})"
+            ))
+        })?;
+        let feed = lock(&self.feeds).get(&session).and_then(Weak::upgrade);
+        if let Some(feed) = feed
+            && let Some(h) = lock(&feed.held).get_mut(&id)
+        {
+            h.receiver.get_or_insert(receiver);
+            return Ok(());
+        }
+        // A session's end moves its kept batches here under its `held` lock:
+        // looked up after it, a batch kept in time is found one place or
+        // the other.
+        if lock(&self.orphans).contains_key(&(session, id)) {
+            return Ok(());
+        }
+        Err(Error::Node(format!(
+            "batch {id} of consumer {session} is no longer held: the consumer released it, or \
+             left, before it was kept"
+        )))
+    }
+
+    /// Frees a kept batch; false when it was not kept (already freed).
+    fn release_kept(&self, session: u64, id: u64, whole: &Whole) -> bool {
+        let gone = lock(&self.orphans).remove(&(session, id)).is_some() || {
+            let feed = lock(&self.feeds).get(&session).and_then(Weak::upgrade);
+            feed.is_some_and(|f| {
+                let mut held = lock(&f.held);
+                let kept = held.get(&id).is_some_and(|h| h.receiver.is_some());
+                kept && held.remove(&id).is_some()
+            })
+        };
+        if gone {
+            whole.held.fetch_sub(1, Ordering::AcqRel);
+        }
+        gone
+    }
+
+    /// Frees the orphans whose receiver exited.
+    fn reap_orphans(&self, whole: &Whole) {
+        let mut orphans = lock(&self.orphans);
+        let before = orphans.len();
+        orphans.retain(|_, h| !h.receiver.as_ref().is_none_or(sock::exited));
+        whole
+            .held
+            .fetch_sub(before - orphans.len(), Ordering::AcqRel);
+    }
+
+    /// Batches kept for another process, over all consumers.
+    fn kept(&self) -> usize {
+        let live: usize = lock(&self.feeds)
+            .values()
+            .filter_map(Weak::upgrade)
+            .map(|f| {
+                lock(&f.held)
+                    .values()
+                    .filter(|h| h.receiver.is_some())
+                    .count()
+            })
+            .sum();
+        live + lock(&self.orphans).len()
+    }
+}
+
+/// Answers a one-off request (`keep` or `release` of a kept batch; see the
+/// module's doc) on its own connection.
+fn hand_over(req: &Value, engine: &Engine, whole: &Whole) -> Result<Value> {
+    let num = |v: &Value, k: &str| {
+        v.get(k)
+            .and_then(Value::as_u64)
+            .ok_or_else(|| Error::Node(format!("the request lacks `{k}` (a non-negative integer)")))
+    };
+    if let Some(k) = req.get("keep") {
+        let pid = i32::try_from(num(k, "for")?)
+            .map_err(|_| Error::Node("`for` is not a process id".into()))?;
+        engine.keep(num(k, "session")?, num(k, "id")?, pid)?;
+        return Ok(json!({"kept": true}));
+    }
+    let r = &req["release"];
+    let released = engine.release_kept(num(r, "session")?, num(r, "id")?, whole);
+    Ok(json!({ "released": released }))
 }
 
 /// The engine's arena, in a memory file no one may map writable again
@@ -284,7 +399,7 @@ struct Feed {
     ready: OwnedFd,
     whole: Arc<Whole>,
     /// Batches handed out and not yet released, by number.
-    held: Mutex<HashMap<u64, Batch>>,
+    held: Mutex<HashMap<u64, Held>>,
     stop: AtomicBool,
     /// The consumer read records (room in the ring) or released batches.
     room: (Mutex<()>, Condvar),
@@ -324,6 +439,14 @@ fn session(conn: OwnedFd, opts: &NodeOptions, base: &Config, whole: &Arc<Whole>,
             env!("CARGO_PKG_VERSION")
         )));
     }
+    if attach.get("keep").is_some() || attach.get("release").is_some() {
+        let reply = match hand_over(&attach, engine, whole) {
+            Ok(v) => json!({ "ok": v }),
+            Err(e) => json!({"error": {"status": (opts.status_of)(&e), "message": e.to_string()}}),
+        };
+        let _ = sock::send(&conn, reply.to_string().as_bytes(), &[]);
+        return;
+    }
     let Some(cfg) = attach.get("config").and_then(Value::as_object) else {
         return node_err(Error::Node(
             "the attach request has no configuration".into(),
@@ -353,7 +476,9 @@ fn session(conn: OwnedFd, opts: &NodeOptions, base: &Config, whole: &Arc<Whole>,
         Ok(m) => m,
         Err(e) => return node_err(Error::Node(format!("setting up the transport: {e}"))),
     };
+    let number = whole.sessions.fetch_add(1, Ordering::AcqRel) + 1;
     let reply = json!({"ok": {
+        "session": number,
         "arena_len": loader.arena().len(),
         // The part of the arena in use unless more consumers attach than
         // expected: what a consumer registers with CUDA (pinning the rest
@@ -388,19 +513,29 @@ fn session(conn: OwnedFd, opts: &NodeOptions, base: &Config, whole: &Arc<Whole>,
             .name("ringfeed-node-feed".into())
             .spawn(move || run_feed(&feed, status_of))
     };
+    lock(&engine.feeds).insert(number, Arc::downgrade(&feed));
     whole.consumers.fetch_add(1, Ordering::AcqRel);
     whole.attached.fetch_add(1, Ordering::AcqRel);
     if let Ok(feeder) = feeder {
-        control(&conn, &wake, &feed);
+        control(&conn, &wake, &feed, engine);
         feed.stop.store(true, Ordering::Release);
         feed.room.1.notify_all();
         feed.loader.close();
         let _ = feeder.join();
     }
-    // The consumer is gone: what it held comes back to the pool.
+    // The consumer is gone: what it held comes back to the pool, but for
+    // the batches kept for another process.
+    lock(&engine.feeds).remove(&number);
     let mut held = lock(&feed.held);
-    whole.held.fetch_sub(held.len(), Ordering::AcqRel);
-    held.clear();
+    let mut freed = 0;
+    for (id, h) in held.drain() {
+        if h.receiver.is_some() {
+            lock(&engine.orphans).insert((number, id), h);
+        } else {
+            freed += 1;
+        }
+    }
+    whole.held.fetch_sub(freed, Ordering::AcqRel);
     drop(held);
     whole.consumers.fetch_sub(1, Ordering::AcqRel);
 }
@@ -458,7 +593,13 @@ fn run_feed(feed: &Feed, status_of: fn(&Error) -> i32) {
                     push(feed, &wire::encode_failed(status_of(&e), &e.to_string()));
                     return;
                 }
-                lock(&feed.held).insert(id, b);
+                lock(&feed.held).insert(
+                    id,
+                    Held {
+                        _batch: b,
+                        receiver: None,
+                    },
+                );
                 feed.whole.first_out.store(true, Ordering::Release);
                 feed.whole.held.fetch_add(1, Ordering::AcqRel);
                 if !push(feed, &buf) {
@@ -485,7 +626,7 @@ fn run_feed(feed: &Feed, status_of: fn(&Error) -> i32) {
 }
 
 /// The session's loop: requests, releases, and the consumer's hang-up.
-fn control(conn: &OwnedFd, wake: &OwnedFd, feed: &Feed) {
+fn control(conn: &OwnedFd, wake: &OwnedFd, feed: &Feed, engine: &Engine) {
     let mut released = Vec::new();
     loop {
         let Ok(ready) = sock::poll(&[(conn, true), (wake, true)], None) else {
@@ -501,7 +642,10 @@ fn control(conn: &OwnedFd, wake: &OwnedFd, feed: &Feed) {
             if !released.is_empty() {
                 let mut held = lock(&feed.held);
                 for id in &released {
-                    if held.remove(id).is_some() {
+                    // A batch kept for another process is that process's
+                    // to release.
+                    if held.get(id).is_some_and(|h| h.receiver.is_none()) {
+                        held.remove(id);
                         feed.whole.held.fetch_sub(1, Ordering::AcqRel);
                     }
                 }
@@ -511,7 +655,7 @@ fn control(conn: &OwnedFd, wake: &OwnedFd, feed: &Feed) {
         if ready[0].readable {
             match sock::recv(conn) {
                 Ok(Some((msg, _))) => {
-                    let reply = answer(&msg, feed);
+                    let reply = answer(&msg, feed, engine);
                     if sock::send(conn, reply.to_string().as_bytes(), &[]).is_err() {
                         return;
                     }
@@ -525,7 +669,7 @@ fn control(conn: &OwnedFd, wake: &OwnedFd, feed: &Feed) {
 }
 
 /// Answers one request: `{"stats": true}` or `{"source": shard index}`.
-fn answer(msg: &[u8], feed: &Feed) -> Value {
+fn answer(msg: &[u8], feed: &Feed, engine: &Engine) -> Value {
     let req: Value = serde_json::from_slice(msg).unwrap_or(Value::Null);
     if req.get("stats").is_some() {
         let s = feed.loader.stats();
@@ -539,12 +683,14 @@ fn answer(msg: &[u8], feed: &Feed) -> Value {
         };
         let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
         let w = &feed.whole;
+        let kept = engine.kept();
         let node = json!({
             "pid": std::process::id(),
             "consumers": w.consumers.load(Ordering::Acquire),
             "consumers_attached": w.attached.load(Ordering::Acquire),
             "batches_held": w.held.load(Ordering::Acquire),
             "batches_held_by_this_consumer": lock(&feed.held).len(),
+            "batches_kept": kept,
         });
         return json!({"stats": s, "counts": hex, "node": node});
     }

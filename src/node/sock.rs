@@ -224,6 +224,26 @@ pub fn drain(fd: &OwnedFd) {
     unsafe { libc::read(fd.as_raw_fd(), (&raw mut v).cast(), 8) };
 }
 
+/// A pidfd for process `pid`: it stays that process (a reused number is
+/// another), and polls readable once it exited.
+pub fn pidfd(pid: i32) -> io::Result<OwnedFd> {
+    if pid <= 0 {
+        return Err(io::Error::from_raw_os_error(libc::ESRCH));
+    }
+    // SAFETY: plain arguments; a new descriptor on success.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Whether the process behind `pidfd` has exited.
+pub fn exited(pidfd: &OwnedFd) -> bool {
+    poll(&[(pidfd, true)], Some(Duration::ZERO)).is_ok_and(|r| r[0].readable || r[0].hangup)
+}
+
 /// What `poll` saw on each descriptor: readable, and hung up (or failed).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Ready {
@@ -295,6 +315,17 @@ mod tests {
         drop(c);
         assert!(poll(&[(&s, false)], Some(Duration::from_secs(5))).unwrap()[0].hangup);
         assert!(recv(&s).unwrap().is_none());
+        // A pidfd follows its process until it exits.
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pf = pidfd(child.id() as i32).unwrap();
+        assert!(!exited(&pf));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(exited(&pf));
+        assert!(pidfd(0).is_err());
         let long = dir.path().join("x".repeat(200));
         assert!(
             listen(&long)
