@@ -575,6 +575,30 @@ fn a_batch_kept_for_another_process_outlives_its_consumer_until_released() {
     // Keeping for a process that is not running is refused.
     let msg = node::keep(&keys[2], i32::MAX).unwrap_err().to_string();
     assert!(msg.contains("not running"), "{msg}");
+    // A receiver that releases first leaves the batch to its consumer,
+    // which still reads it: freed when the consumer releases it too.
+    let mut batches = batches;
+    let last = batches.pop().unwrap();
+    let held_now = |l: &Attached| {
+        stats_of(l)["batches_held_by_this_consumer"]
+            .as_u64()
+            .unwrap()
+    };
+    let before = held_now(&leaver);
+    node::keep(&keys[2], std::process::id() as i32).unwrap();
+    assert!(node::release(&keys[2]).unwrap());
+    assert_eq!(
+        held_now(&leaver),
+        before,
+        "freed while its consumer holds it"
+    );
+    assert_eq!(stats_of(&leaver)["batches_kept"], json!(2));
+    drop(last);
+    let start = Instant::now();
+    while held_now(&leaver) != before - 1 {
+        assert!(start.elapsed() < Duration::from_secs(60), "not freed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     // The worker releases everything and leaves.
     drop(batches);
     leaver.close();

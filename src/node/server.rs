@@ -150,11 +150,14 @@ struct Engine {
 }
 
 /// A batch handed out and not released: kept for `receiver` (a pidfd) when
-/// the consumer handed it on to another process.
+/// the consumer handed it on to another process. Freed when neither holds
+/// it: the consumer released it (or left) and the receiver released it (or
+/// exited).
 struct Held {
     /// Dropping it gives its memory back to the pool.
     _batch: Batch,
     receiver: Option<OwnedFd>,
+    consumer_released: bool,
 }
 
 /// The dataset every consumer's loader reads, and the network threads
@@ -246,20 +249,27 @@ impl Engine {
         )))
     }
 
-    /// Frees a kept batch; false when it was not kept (already freed).
+    /// Ends the receiver's hold on a kept batch (freed unless its consumer
+    /// still holds it); false when it was not kept (already released).
     fn release_kept(&self, session: u64, id: u64, whole: &Whole) -> bool {
-        let gone = lock(&self.orphans).remove(&(session, id)).is_some() || {
-            let feed = lock(&self.feeds).get(&session).and_then(Weak::upgrade);
-            feed.is_some_and(|f| {
-                let mut held = lock(&f.held);
-                let kept = held.get(&id).is_some_and(|h| h.receiver.is_some());
-                kept && held.remove(&id).is_some()
-            })
-        };
-        if gone {
+        if lock(&self.orphans).remove(&(session, id)).is_some() {
             whole.held.fetch_sub(1, Ordering::AcqRel);
+            return true;
         }
-        gone
+        let Some(feed) = lock(&self.feeds).get(&session).and_then(Weak::upgrade) else {
+            return false;
+        };
+        let mut held = lock(&feed.held);
+        let Some(h) = held.get_mut(&id).filter(|h| h.receiver.is_some()) else {
+            return false;
+        };
+        if h.consumer_released {
+            held.remove(&id);
+            whole.held.fetch_sub(1, Ordering::AcqRel);
+        } else {
+            h.receiver = None;
+        }
+        true
     }
 
     /// Frees the orphans whose receiver exited.
@@ -598,6 +608,7 @@ fn run_feed(feed: &Feed, status_of: fn(&Error) -> i32) {
                     Held {
                         _batch: b,
                         receiver: None,
+                        consumer_released: false,
                     },
                 );
                 feed.whole.first_out.store(true, Ordering::Release);
@@ -642,11 +653,14 @@ fn control(conn: &OwnedFd, wake: &OwnedFd, feed: &Feed, engine: &Engine) {
             if !released.is_empty() {
                 let mut held = lock(&feed.held);
                 for id in &released {
-                    // A batch kept for another process is that process's
-                    // to release.
-                    if held.get(id).is_some_and(|h| h.receiver.is_none()) {
-                        held.remove(id);
-                        feed.whole.held.fetch_sub(1, Ordering::AcqRel);
+                    match held.get_mut(id) {
+                        // Kept for another process: freed when it releases.
+                        Some(h) if h.receiver.is_some() => h.consumer_released = true,
+                        Some(_) => {
+                            held.remove(id);
+                            feed.whole.held.fetch_sub(1, Ordering::AcqRel);
+                        }
+                        None => {}
                     }
                 }
             }

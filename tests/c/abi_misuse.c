@@ -383,6 +383,26 @@ static void bad_releases(void) {
     /* Released twice, through a copy and through the zeroed original. */
     ringfeed_batch b;
     EXPECT_STATUS(ringfeed_loader_next(l, -1, &b), RINGFEED_OK);
+    /* A batch of a loader in this process has no node key. */
+    char key[512];
+    size_t needed = 0;
+    EXPECT_ERROR(ringfeed_batch_node_key(&b, key, sizeof key, &needed),
+                 RINGFEED_ERR_INVALID_ARGUMENT, "not from a node engine");
+    EXPECT_ERROR(ringfeed_batch_node_key(NULL, key, sizeof key, &needed),
+                 RINGFEED_ERR_INVALID_ARGUMENT, "batch");
+    EXPECT_ERROR(ringfeed_batch_node_key(&zero, key, sizeof key, &needed),
+                 RINGFEED_ERR_INVALID_HANDLE, "not held");
+    /* Keys that are not keys, or name no engine. */
+    EXPECT_ERROR(ringfeed_node_keep(NULL, getpid()), RINGFEED_ERR_INVALID_ARGUMENT, "key");
+    EXPECT_ERROR(ringfeed_node_release(NULL), RINGFEED_ERR_INVALID_ARGUMENT, "key");
+    EXPECT_ERROR(ringfeed_node_keep("{\"socket\": 7", getpid()), RINGFEED_ERR_NODE,
+                 "not a batch key");
+    EXPECT_ERROR(ringfeed_node_release("{}"), RINGFEED_ERR_NODE, "needs `socket`");
+    EXPECT_ERROR(ringfeed_node_release("\xff\xfe"), RINGFEED_ERR_INVALID_ARGUMENT, "UTF-8");
+    EXPECT_ERROR(ringfeed_node_keep("{\"socket\": \"/nonexistent/n.sock\", \"session\": 1, "
+                                    "\"id\": 2}",
+                                    getpid()),
+                 RINGFEED_ERR_NODE, "cannot reach");
     ringfeed_batch copy = b;
     EXPECT_STATUS(ringfeed_batch_release(&b), RINGFEED_OK);
     check_zeroed(&b, "ringfeed_batch_release");

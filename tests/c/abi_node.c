@@ -11,7 +11,8 @@
  *     the generator, batches held in a window and released out of order
  *     (each checked again just before its release: a held batch must not
  *     change while the engine fills others), the stats and stats JSON
- *     (with its `node` member), each sample's shard, the resume state;
+ *     (with its `node` member), each sample's shard, the resume state, the
+ *     first batch's key kept for this process and released;
  *   - crash: takes a few batches and kills itself with SIGKILL without
  *     releasing or closing anything, as a consumer that crashes does; the
  *     test then checks that the engine took those batches back.
@@ -87,6 +88,23 @@ static char *state_of(ringfeed_loader *loader) {
     return buf;
 }
 
+/* The batch's key, kept for this process and released, twice (the second
+ * does nothing); the buffer convention of the key. */
+static void check_keep(const ringfeed_batch *b) {
+    size_t needed = 0;
+    EXPECT_STATUS(ringfeed_batch_node_key(b, NULL, 0, &needed), RINGFEED_ERR_BUFFER_TOO_SMALL);
+    CHECK(needed > 0 && needed < 4096, "a key of %zu bytes", needed);
+    char key[4096];
+    EXPECT_STATUS(ringfeed_batch_node_key(b, key, needed + 1, NULL), RINGFEED_OK);
+    CHECK(strlen(key) == needed, "the key is %zu bytes, said %zu", strlen(key), needed);
+    CHECK(strstr(key, "\"session\"") && strstr(key, "\"id\""), "the key is %s", key);
+    EXPECT_STATUS(ringfeed_node_keep(key, getpid()), RINGFEED_OK);
+    EXPECT_STATUS(ringfeed_node_release(key), RINGFEED_OK);
+    EXPECT_STATUS(ringfeed_node_release(key), RINGFEED_OK);
+    /* Kept for a process that is not running: refused. */
+    EXPECT_STATUS(ringfeed_node_keep(key, 0x7fffffff), RINGFEED_ERR_NODE);
+}
+
 /* Releases the window's batches in an order other than they came (the
  * newest first), each checked once more while still held. */
 static void release_window(ringfeed_batch *held, size_t *n) {
@@ -122,6 +140,7 @@ static void stream(void) {
         bytes += check_batch(&b, seed, &keys);
         if (batches == 0) {
             check_sources(&b);
+            check_keep(&b);
             char *state1 = state_of(loader);
             CHECK(strcmp(state0, state1) != 0, "the resume state did not move after a batch: %s",
                   state1);

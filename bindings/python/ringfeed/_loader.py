@@ -169,6 +169,10 @@ class Loader:
             handle = self._handle
         if self._generation != fork_generation():
             return  # the child must not touch the parent's engine
+        if self._arena is not None:
+            # A node engine takes back the batches of a consumer that
+            # leaves: first those another process holds are kept for it.
+            _transport.hand_over(self._arena)
         _lib.ringfeed_loader_close(handle)
 
     def __enter__(self):
@@ -195,14 +199,14 @@ class Loader:
         waited_ms = 0
         # Batches shipped to another process come back through its outbox:
         # drain it before asking, and wait in short slices while some are out.
-        box = _transport.outbox() if self._arena is not None else None
+        shipping = self._arena is not None
         while True:
             handle = self._check()
             raw = _ffi.RawBatch()
             wait = _WAIT_SLICE_MS if deadline_ms is None else min(_WAIT_SLICE_MS, deadline_ms)
-            if box is not None:
-                box.drain()
-                if box.pending():
+            if shipping:
+                _transport.drain()
+                if _transport.pending():
                     wait = min(wait, _SHIPPED_SLICE_MS)
             st = _lib.ringfeed_loader_next(handle, wait, ctypes.byref(raw))
             if st == _ffi.RINGFEED_OK:

@@ -66,7 +66,7 @@ def test_a_consumer_with_other_dataset_keys_is_refused_by_name(shards, runtime):
             ringfeed.Loader(shards, rank=1, node=socket, **other)
 
 
-def test_dataloader_workers_share_one_engine_when_asked(shards, runtime):
+def test_dataloader_workers_share_one_engine_by_default(shards, runtime):
     torch = pytest.importorskip("torch", reason="torch is not installed (scripts/test.sh tries pip install torch)")
     from ringfeed.torch import RingfeedDataset
 
@@ -75,13 +75,55 @@ def test_dataloader_workers_share_one_engine_when_asked(shards, runtime):
         dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork")
         return [k for item in dl for k in item["__key__"].tolist()]
 
-    alone = keys()
-    assert not glob.glob(str(runtime / "node-*.log")), "workers took a node engine by default"
-    shared = keys(node="auto")
+    alone = keys(node="off")
+    assert not glob.glob(str(runtime / "node-*.log")), "node=\"off\" started a node engine"
+    shared = keys()
     logs = glob.glob(str(runtime / "node-*.log"))
     assert logs, "no node engine was started"
     assert "listening on" in open(logs[0]).read()
     assert shared == alone
+
+
+def item_bytes(item):
+    """Every sample's bytes of an item of views, read through the mapping."""
+    return [item[name].tolist() for name in ("jpg", "cls")]
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_batches_held_when_their_workers_shut_down_are_not_read_into(shards, runtime, monkeypatch, context):
+    """The main process holds the last items of an epoch when the DataLoader
+    shuts its workers down; the next epoch's workers read through the same
+    engine's small arena. The held items keep their bytes (the workers had
+    the engine keep them), and once released the engine has nothing kept."""
+    torch = pytest.importorskip("torch", reason="torch is not installed (scripts/test.sh tries pip install torch)")
+    from ringfeed.torch import RingfeedDataset
+
+    monkeypatch.setenv("RINGFEED_NODE_LINGER_MS", "60000")  # one engine for both epochs
+    ds = RingfeedDataset(shards, batch_size=8, memory_budget="1MiB", chunk_size="64KiB", remainder="drop")
+    dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=context)
+    held = []
+    for item in dl:
+        held = [*held[-3:], item]  # the last few only: the engine's budget is small
+    before = [item_bytes(item) for item in held]
+    assert len(held) == 4
+    for epoch in (1, 2):
+        ds.set_epoch(epoch)
+        n = sum(1 for _ in dl)
+        assert n > 4 * len(held)
+    assert [item_bytes(item) for item in held] == before, "a held batch was read into"
+    logs = glob.glob(str(runtime / "node-*.log"))
+    assert len(logs) == 1 and open(logs[0]).read().count("listening on") == 1, "the engine restarted"
+    socket = glob.glob(str(runtime / "node-*.sock"))[0]
+    del held, item
+    import gc
+
+    gc.collect()
+    with ringfeed.Loader(shards, batch_size=8, node=socket, loader_workers=2,
+                         workers=2, memory_budget="1MiB", chunk_size="64KiB", remainder="drop") as watcher:
+        deadline = time.monotonic() + 60
+        while watcher.stats()["node"]["batches_kept"] != 0:
+            assert time.monotonic() < deadline, watcher.stats()["node"]
+            time.sleep(0.05)
 
 
 OTHER_UID = OTHER_GID = 65534  # nobody/nogroup on Debian and Ubuntu

@@ -22,16 +22,16 @@ default) short consumers repeat a few samples (``stats()["samples_padded"]``);
 dataset, ``seed``, ``shuffle``/``shuffle_buffer`` and the layout (consumers and
 the engine's ``workers``), never by timing.
 
-Workers. When several ranks of the job run on this node (``LOCAL_WORLD_SIZE``
-> 1 as torchrun sets it) and iterate themselves, they attach to one node
-engine (``node="auto"``: the first starts ``ringfeed node``, which stops a few
-seconds after the last leaves) instead of opening one engine each; pass
-``node="off"`` for an engine each. DataLoader workers open an engine each
-unless given ``node="auto"``: with a node engine, a batch the main process
-still holds when its worker is shut down (the iterator ended, or was
-dropped) may be overwritten, because the engine takes back the batches of a
-consumer that leaves. Each consumer still gets exactly the
-batches its own engine would give it, and its resume states are the same.
+Workers. When a rank has several DataLoader workers, or several ranks of
+the job run on this node (``LOCAL_WORLD_SIZE`` > 1 as torchrun sets it), they
+attach to one node engine (``node="auto"``: the first starts ``ringfeed
+node``, which stops a few seconds after the last leaves) instead of opening
+one engine each; pass ``node="off"`` for an engine each. A batch the main
+process still holds when its worker shuts down (the iterator ended, or was
+dropped) stays intact: the worker has the engine keep it for the main
+process until released (see ``ringfeed._transport``). Each consumer still
+gets exactly the batches its own engine would give it, and its resume
+states are the same.
 Each consumer's stream count is ``4 // num_workers`` (at least 1) unless
 ``workers`` is given: it is part of the layout that fixes the order. A
 worker's batches reach the main process without a copy: they live in an arena
@@ -78,19 +78,14 @@ _ENGINE_THREADS = 4
 
 
 def _shares_a_node(consumer):
-    """Whether this consumer takes the node engine by default: a rank that
-    iterates itself while other local ranks run (``LOCAL_WORLD_SIZE``, as
-    torchrun sets). Not a DataLoader worker: a batch it hands to the main
-    process lives in the arena until the main process lets go of it, and a
-    node engine takes back a consumer's batches when the consumer exits —
-    a worker shut down while the main process still holds one of its
-    batches would leave that batch's memory to be read into again. Its own
-    engine's arena is never reused: it goes when the last mapping does."""
+    """Whether this consumer takes the node engine by default: one of
+    several DataLoader workers, or a rank while other local ranks run
+    (``LOCAL_WORLD_SIZE``, as torchrun sets)."""
     try:
         local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     except ValueError:
         local_ranks = 1
-    return consumer["loader_workers"] == 1 and local_ranks > 1
+    return consumer["loader_workers"] > 1 or local_ranks > 1
 
 
 def to_tensors(batch):
