@@ -797,10 +797,16 @@ impl HttpDriver {
     /// after a backoff, or fail it.
     fn retry_or_fail(&mut self, ring: &mut IoUring, slot: usize, f: Fail) -> Option<Completion> {
         let op = self.slots[slot].as_mut().expect("live slot");
-        let stale = op.conn.as_ref().is_some_and(|c| c.reused) && op.step != Step::Body;
+        // A keep-alive connection the server had closed meanwhile fails
+        // before any byte of the answer: not a failure, retried at once on a
+        // fresh one. A stall, or an answer begun, is the server's failure
+        // (counted, and backed off from), as on the threads backend.
+        let stale = op.conn.as_ref().is_some_and(|c| c.reused)
+            && op.step != Step::Body
+            && op.head_got == 0
+            && f.kind != FailKind::Stalled;
         op.conn = None;
         if stale {
-            // A keep-alive connection the server had closed: not a failure.
             return self.begin(ring, slot);
         }
         self.fail(ring, slot, f)

@@ -436,11 +436,13 @@ pub fn check_range_response(
             return Err(Fail::new(FailKind::Protocol, "206 without Content-Range"));
         }
     };
+    // A length that contradicts the range is a broken answer (a proxy's, a
+    // load balancer's): another attempt may get a sound one.
     if let Some(cl) = h.content_length
         && cl != body.len
     {
         return Err(Fail::new(
-            FailKind::Protocol,
+            FailKind::Truncated,
             format!(
                 "Content-Length {cl} does not match the {}-byte range",
                 body.len

@@ -103,6 +103,63 @@ pub struct Faults {
     pub connections: AtomicUsize,
     /// The byte ranges of the ranged GETs, in the order they came.
     pub ranges: std::sync::Mutex<Vec<(u64, u64)>>,
+    /// The proxy's faults drawn at random (`Proxy` only).
+    pub random: std::sync::Mutex<Option<RandomFaults>>,
+}
+
+/// The faults a `Proxy` injects at random, from a seed: each GET draws one
+/// with probability `per_mille` / 1000. `injected` counts them by kind.
+pub struct RandomFaults {
+    state: u64,
+    pub per_mille: u64,
+    /// How long a stalled response stays silent.
+    pub stall_ms: u64,
+    pub injected: std::collections::BTreeMap<&'static str, usize>,
+}
+
+/// The kinds `RandomFaults` draws, and the retry kind the engine counts for
+/// each (`None`: not a failure — a slow drip only delays).
+pub const RANDOM_FAULTS: &[(&str, Option<&str>)] = &[
+    ("slow_down_503", Some("throttled")),
+    ("internal_error_500", Some("server_error")),
+    ("reset_before_head", Some("reset")),
+    ("reset_before_body", Some("reset")),
+    ("reset_mid_body", Some("reset")),
+    ("truncated_body", Some("truncated")),
+    ("stalled_mid_body", Some("stalled")),
+    ("stalled_before_head", Some("stalled")),
+    ("slow_drip", None),
+    ("wrong_content_range", Some("truncated")),
+    ("wrong_content_length", Some("truncated")),
+];
+
+impl RandomFaults {
+    pub fn new(seed: u64, per_mille: u64, stall_ms: u64) -> RandomFaults {
+        RandomFaults {
+            state: seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1,
+            per_mille,
+            stall_ms,
+            injected: Default::default(),
+        }
+    }
+
+    fn next(&mut self) -> u64 {
+        // xorshift64*
+        self.state ^= self.state >> 12;
+        self.state ^= self.state << 25;
+        self.state ^= self.state >> 27;
+        self.state.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// The fault for the next GET, if any.
+    fn draw(&mut self) -> Option<&'static str> {
+        if self.next() % 1000 >= self.per_mille {
+            return None;
+        }
+        let kind = RANDOM_FAULTS[(self.next() % RANDOM_FAULTS.len() as u64) as usize].0;
+        *self.injected.entry(kind).or_default() += 1;
+        Some(kind)
+    }
 }
 
 /// SO_LINGER 0: closing `fd` then sends RST instead of FIN.
@@ -444,6 +501,23 @@ fn content_length(head: &[u8]) -> usize {
         .unwrap_or(0)
 }
 
+/// `Content-Range: bytes a-b/t` as `bytes a+1-b+1/t`: another range.
+fn shift_range(line: &str) -> String {
+    let parsed = line.split_once("bytes ").and_then(|(_, v)| {
+        let (range, total) = v.split_once('/')?;
+        let (a, b) = range.split_once('-')?;
+        Some((
+            a.trim().parse::<u64>().ok()?,
+            b.trim().parse::<u64>().ok()?,
+            total.to_string(),
+        ))
+    });
+    match parsed {
+        Some((a, b, total)) => format!("Content-Range: bytes {}-{}/{total}", a + 1, b + 1),
+        None => line.to_string(),
+    }
+}
+
 fn proxy_conn(mut client: TcpStream, upstream: SocketAddr, f: &Faults) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
     let mut up = TcpStream::connect(upstream)?;
@@ -454,6 +528,42 @@ fn proxy_conn(mut client: TcpStream, upstream: SocketAddr, f: &Faults) -> std::i
         };
         let head: Vec<u8> = req.drain(..n).collect();
         let is_get = head.starts_with(b"GET ");
+        let (drawn, stall_ms) = match f.random.lock().unwrap().as_mut() {
+            Some(r) if is_get => (r.draw(), r.stall_ms),
+            _ => (None, 0),
+        };
+        let stall = || std::thread::sleep(Duration::from_millis(stall_ms));
+        match drawn {
+            Some("slow_down_503") => {
+                let body = b"<Error><Code>SlowDown</Code><Message>Reduce your request rate.</Message></Error>";
+                write!(
+                    client,
+                    "HTTP/1.1 503 Slow Down\r\nContent-Length: {}\r\n\r\n",
+                    body.len()
+                )?;
+                client.write_all(body)?;
+                continue;
+            }
+            Some("internal_error_500") => {
+                let body = b"<Error><Code>InternalError</Code></Error>";
+                write!(
+                    client,
+                    "HTTP/1.1 500 Internal Server Error\r\nContent-Length: {}\r\n\r\n",
+                    body.len()
+                )?;
+                client.write_all(body)?;
+                continue;
+            }
+            Some("reset_before_head") => {
+                reset_on_close(client.as_raw_fd());
+                return Ok(());
+            }
+            Some("stalled_before_head") => {
+                stall();
+                return Ok(());
+            }
+            _ => {}
+        }
         if is_get {
             f.gets.fetch_add(1, Ordering::SeqCst);
             if take(&f.throttle) {
@@ -487,8 +597,64 @@ fn proxy_conn(mut client: TcpStream, upstream: SocketAddr, f: &Faults) -> std::i
         }
         let (rhead, body) = resp.split_at(hn);
         let body = &body[..len.min(body.len())];
-        client.write_all(rhead)?;
         let half = body.len() / 2;
+        match drawn {
+            Some("reset_before_body") => {
+                client.write_all(rhead)?;
+                reset_on_close(client.as_raw_fd());
+                return Ok(());
+            }
+            Some("reset_mid_body") => {
+                client.write_all(rhead)?;
+                client.write_all(&body[..half])?;
+                reset_on_close(client.as_raw_fd());
+                return Ok(());
+            }
+            Some("truncated_body") => {
+                client.write_all(rhead)?;
+                client.write_all(&body[..half])?;
+                return client.shutdown(std::net::Shutdown::Both);
+            }
+            Some("stalled_mid_body") => {
+                client.write_all(rhead)?;
+                client.write_all(&body[..half])?;
+                stall();
+                return Ok(());
+            }
+            Some("slow_drip") => {
+                client.write_all(rhead)?;
+                for piece in body.chunks(16 << 10) {
+                    client.write_all(piece)?;
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                continue;
+            }
+            Some(kind @ ("wrong_content_range" | "wrong_content_length")) => {
+                // The head with one header changed, then the whole body; the
+                // connection is closed after (its framing is not to be trusted).
+                let text = String::from_utf8_lossy(rhead).into_owned();
+                let changed: Vec<String> = text
+                    .split("\r\n")
+                    .map(|line| {
+                        let lower = line.to_ascii_lowercase();
+                        if kind == "wrong_content_range" && lower.starts_with("content-range:") {
+                            shift_range(line)
+                        } else if kind == "wrong_content_length"
+                            && lower.starts_with("content-length:")
+                        {
+                            format!("Content-Length: {}", body.len() + 1)
+                        } else {
+                            line.to_string()
+                        }
+                    })
+                    .collect();
+                client.write_all(changed.join("\r\n").as_bytes())?;
+                client.write_all(body)?;
+                return client.shutdown(std::net::Shutdown::Both);
+            }
+            _ => {}
+        }
+        client.write_all(rhead)?;
         if is_get && take(&f.reset) {
             client.write_all(&body[..half])?;
             reset_on_close(client.as_raw_fd());
