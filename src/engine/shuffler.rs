@@ -183,21 +183,31 @@ impl Shuffler {
         // sequential over the buffer.
         let goal = self.pinned_chunks - (self.limit - 1);
         let mut chosen = vec![false; self.pins.len()];
+        // Moving a run 3/4 full frees a chunk for 3/4 of a chunk copied;
+        // fuller runs are left alone, unless none is that empty: then any
+        // run not full is moved (the buffer's bytes, packed, fit the limit:
+        // `push` checks), or the stream would stop with the budget holding
+        // room for them.
+        let three_quarters = |p: &Pin| p.bytes * 4 <= u64::from(p.chunks) * cs as u64 * 3;
+        let not_full = |p: &Pin| p.bytes < u64::from(p.chunks) * cs as u64;
         let mut any = false;
-        let mut freed = 0usize;
-        for (k, p) in runs {
-            // Moving a run 3/4 full frees a chunk for 3/4 of a chunk copied;
-            // fuller runs are left alone.
-            if p.bytes * 4 > u64::from(p.chunks) * cs as u64 * 3 || freed >= goal {
+        for movable in [&three_quarters as &dyn Fn(&Pin) -> bool, &not_full] {
+            let mut freed = 0usize;
+            for &(k, p) in &runs {
+                if !movable(&p) || freed >= goal {
+                    break;
+                }
+                chosen[k as usize] = true;
+                any = true;
+                freed += p.chunks as usize;
+            }
+            if any {
                 break;
             }
-            chosen[k as usize] = true;
-            any = true;
-            freed += p.chunks as usize;
         }
         if !any {
-            // Every run is at least 3/4 full: the buffer's own bytes pass
-            // the limit, which compaction cannot fix.
+            // Every run is full: the buffer's own bytes pass the limit,
+            // which compaction cannot fix.
             if self.pinned_chunks > self.limit {
                 return Err(self.too_big());
             }
