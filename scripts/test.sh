@@ -30,7 +30,10 @@ if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
 fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 rm -rf bindings/python/build
-.venv/bin/python -m pip install -q ./bindings/python numpy pytest pillow
+# webdataset: the compatibility tests read every shard with it too
+# (bindings/python/tests/test_webdataset_compat.py); required here, a failed
+# install fails the run rather than skipping that comparison.
+.venv/bin/python -m pip install -q ./bindings/python numpy pytest pillow webdataset
 # torch (CPU use only) for ringfeed.torch, the DLPack and decoding tests and
 # the training example: the tests that need it skip, saying so, where it
 # cannot be installed. torchvision for its image decoder.

@@ -145,6 +145,26 @@ pub enum TarError {
         size: u64,
         limit: u64,
     },
+    /// The shard is a compressed tar (`.tar.gz` and the like): the engine
+    /// reads members in place from the bytes fetched, which a compressed
+    /// stream does not allow.
+    #[error(
+        "{format}-compressed, not a plain tar archive: ringfeed reads uncompressed shards \
+         only; decompress it first (`{tool}`) or write the shards without compression"
+    )]
+    Compressed {
+        format: &'static str,
+        tool: &'static str,
+    },
+    /// A GNU sparse member (`tar --sparse`): its bytes are not stored as
+    /// they are read (holes are left out), so it cannot be handed over in
+    /// place. WebDataset would expand the holes; the engine refuses the
+    /// shard rather than give different bytes.
+    #[error(
+        "member `{name}` at byte {offset} is a GNU sparse file, which ringfeed does not \
+         expand; re-create the shard without `--sparse` so that the member is stored whole"
+    )]
+    Sparse { offset: u64, name: String },
     #[error("truncated at byte {offset}: {inside} needs {missing} more bytes")]
     Truncated {
         offset: u64,

@@ -612,6 +612,111 @@ fn a_field_repeated_within_a_sample_is_an_error() {
     }
 }
 
+fn tar_of(members: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for (name, data) in members {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        b.append_data(&mut h, name, *data).unwrap();
+    }
+    b.into_inner().unwrap()
+}
+
+/// Members are named as WebDataset names them (docs/webdataset-compat.md):
+/// fields lower-cased, a basename with a leading dot keyed by its
+/// directory, `__…__` names passed over; so `k.JPG` after `k.jpg`, or a
+/// field `__KEY__`, is a duplicate there and here.
+#[test]
+fn members_are_named_as_webdataset_names_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = vec![9u8; 100_000];
+    let p = dir.path().join("names.tar");
+    std::fs::write(
+        &p,
+        tar_of(&[
+            ("k0.JPG", b"a"),
+            ("k0.Seg.PNG", &big),
+            ("__meta__", b"m"),
+            ("k1.jpg", b"b"),
+            ("d/.hidden.TXT", b"c"),
+            ("d/.Other", b"d"),
+            (".top.txt", b"e"),
+            ("k2.ÄBC", b"f"),
+        ]),
+    )
+    .unwrap();
+    let field = |n: &str, d: &[u8]| (n.to_string(), d.to_vec());
+    let want = Samples::from([
+        (
+            "k0".into(),
+            vec![field("jpg", b"a"), field("seg.png", &big)],
+        ),
+        ("k1".into(), vec![field("jpg", b"b")]),
+        (
+            "d/".into(),
+            vec![field("hidden.txt", b"c"), field("other", b"d")],
+        ),
+        ("k2".into(), vec![field("äbc", b"f")]),
+    ]);
+    // 64 KiB chunks split the large member: its field name is lower-cased
+    // when its pieces come together.
+    for chunk in ["64KiB", "1MiB"] {
+        let loader = Loader::open(config(
+            urls(std::slice::from_ref(&p)),
+            serde_json::json!({"chunk_size": chunk}),
+        ))
+        .unwrap();
+        let (got, _) = epoch(&loader);
+        assert_eq!(got, want, "chunk {chunk}");
+        assert_eq!(loader.stats().members_skipped, 2, "__meta__ and .top.txt");
+    }
+
+    for (members, dup) in [
+        (&[("k.jpg", &b"x"[..]), ("k.JPG", b"y")][..], "jpg"),
+        (&[("k.cls", &b"x"[..]), ("k.__KEY__", b"y")][..], "__key__"),
+        (&[("k.__url__", &b"y"[..])][..], "__url__"),
+    ] {
+        let p = dir.path().join(format!("dup-{dup}.tar"));
+        std::fs::write(&p, tar_of(members)).unwrap();
+        match error_after_batches(&[p], serde_json::json!({})) {
+            Error::DuplicateField { key, field, .. } => {
+                assert_eq!((key.as_str(), field.as_str()), ("k", dup))
+            }
+            other => panic!("{other}"),
+        }
+    }
+}
+
+/// A `.tar.gz` shard is refused by name, saying how to make it readable.
+#[test]
+fn compressed_shards_are_refused_with_the_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("shard-000.tar");
+    std::fs::write(&p, tar_of(&[("k.jpg", b"x")])).unwrap();
+    let st = std::process::Command::new("gzip")
+        .arg(&p)
+        .status()
+        .expect("gzip runs");
+    assert!(st.success());
+    let gz = dir.path().join("shard-000.tar.gz");
+    let e = error_after_batches(std::slice::from_ref(&gz), serde_json::json!({}));
+    assert!(
+        matches!(
+            &e,
+            Error::Tar {
+                source: TarError::Compressed { format: "gzip", .. },
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let text = e.to_string();
+    assert!(
+        text.contains("shard-000.tar.gz") && text.contains("gunzip"),
+        "{text}"
+    );
+}
+
 /// The layout the C header promises: keys one after the other in sample
 /// order, one name pointer per field name, and each sample's source the
 /// shard it came from — through plain batches, shuffle buffers and the

@@ -20,7 +20,7 @@ use crate::engine::shuffler::Shuffler;
 use crate::error::{Error, Result};
 use crate::memory::{BatchBuilder, ChunkRef, Held, NO_SOURCE};
 use crate::plan::Segment;
-use crate::tar::{MemberSink, split_name};
+use crate::tar::{MemberSink, lowercase_field, split_name};
 
 /// A placeholder for a sample delivered before the resume point: it takes
 /// the sample's place in the shuffle buffer and the batch (which the
@@ -93,6 +93,9 @@ pub(super) struct ShardSink<'s> {
     epoch: u64,
     /// Key of the open sample.
     key: Vec<u8>,
+    /// Room for a member's lower-cased field name (reused: no allocation
+    /// per member).
+    field_buf: Vec<u8>,
     open: bool,
     /// The open sample belongs to the segment.
     keep: bool,
@@ -131,6 +134,7 @@ impl<'s> ShardSink<'s> {
             held: None,
             epoch,
             key: Vec::new(),
+            field_buf: Vec::new(),
             open: false,
             keep: false,
             index: 0,
@@ -150,7 +154,9 @@ impl<'s> ShardSink<'s> {
         (unsafe { c.ptr().add(self.shared.slack + at) }, c)
     }
 
-    /// A member is complete and contiguous: group it into a sample.
+    /// A member is complete and contiguous: group it into a sample, named
+    /// as WebDataset names it (`crate::tar::split_name`, the field
+    /// lower-cased).
     fn member(
         &mut self,
         name: &[u8],
@@ -159,13 +165,42 @@ impl<'s> ShardSink<'s> {
         data: *const u8,
         len: usize,
     ) -> Result<()> {
-        let sh = self.shared;
         if self.done {
             return Ok(());
         }
         let Some((key, field)) = split_name(name) else {
-            sh.counters.members_skipped.fetch_add(1, Ordering::Relaxed);
+            let counters = &self.shared.counters;
+            counters.members_skipped.fetch_add(1, Ordering::Relaxed);
             return Ok(());
+        };
+        let mut buf = std::mem::take(&mut self.field_buf);
+        let result = self.group(
+            key,
+            lowercase_field(field, &mut buf),
+            offset,
+            chunk,
+            data,
+            len,
+        );
+        self.field_buf = buf;
+        result
+    }
+
+    fn group(
+        &mut self,
+        key: &[u8],
+        field: &[u8],
+        offset: u64,
+        chunk: &ChunkRef,
+        data: *const u8,
+        len: usize,
+    ) -> Result<()> {
+        let sh = self.shared;
+        let duplicate = || Error::DuplicateField {
+            shard: self.shard.name.clone(),
+            offset,
+            key: String::from_utf8_lossy(key).into_owned(),
+            field: String::from_utf8_lossy(field).into_owned(),
         };
         if self.open && key == self.key.as_slice() {
             let dup = match &self.held {
@@ -173,12 +208,7 @@ impl<'s> ShardSink<'s> {
                 None => self.keep && self.builder.open_sample_has(field),
             };
             if dup {
-                return Err(Error::DuplicateField {
-                    shard: self.shard.name.clone(),
-                    offset,
-                    key: String::from_utf8_lossy(key).into_owned(),
-                    field: String::from_utf8_lossy(field).into_owned(),
-                });
+                return Err(duplicate());
             }
         } else {
             self.close_sample()?;
@@ -211,6 +241,11 @@ impl<'s> ShardSink<'s> {
             }
         }
         if self.keep {
+            // WebDataset's sample dict (and the Python package's) holds
+            // `__key__` and `__url__`: a field of that name is a duplicate.
+            if matches!(field, b"__key__" | b"__url__") {
+                return Err(duplicate());
+            }
             match &mut self.held {
                 Some(h) => h.add_field(field, chunk, data, len),
                 None => self.builder.add_field(field, chunk, data, len),

@@ -194,8 +194,9 @@ mod tests {
     ];
 
     /// One member of a grouped archive: `DIRS[dir]`, key `k{key}`, an optional
-    /// field (none: `k{key}` or `.k{key}`, not a sample), how it is written, and
-    /// what comes before it.
+    /// field (none: `k{key}`, not a sample), maybe a leading dot (`.k{key}…`:
+    /// WebDataset keys it by its directory), how it is written, and what
+    /// comes before it.
     #[derive(Debug, Clone, Copy)]
     struct Grouped {
         dir: usize,
@@ -217,9 +218,17 @@ mod tests {
         }
 
         /// The sample key, when the member belongs to a sample; worked out
-        /// from the parts, not with `split_name`.
-        fn key(&self) -> Option<(usize, u8)> {
-            (self.field.is_some() && !self.hidden).then_some((self.dir, self.key))
+        /// from the parts, not with `split_name`: `(dir, Some(k))` for
+        /// `DIRS[dir]k{k}`, `(dir, None)` for the directory itself. WebDataset's
+        /// pattern makes `dir/.k0.f1.bin` and `dir/.k0` members of the sample
+        /// keyed `dir/` (no component of `DIRS` has a dot), and passes over a
+        /// leading dot at the top level.
+        fn key(&self) -> Option<(usize, Option<u8>)> {
+            if self.hidden {
+                (self.dir != 0).then_some((self.dir, None))
+            } else {
+                self.field.is_some().then_some((self.dir, Some(self.key)))
+            }
         }
     }
 

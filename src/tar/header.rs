@@ -20,10 +20,26 @@ fn cstr(field: &[u8]) -> &[u8] {
     &field[..end]
 }
 
-/// The name of a plain ustar (or v7) header: `prefix/name`.
+/// Magic and version of a POSIX ustar header (ustar and pax archives).
+const USTAR_MAGIC: &[u8; 6] = b"ustar\0";
+/// Magic and version of an old GNU header (`--format=gnu`/`oldgnu`), which
+/// keeps atime, ctime and sparse data where ustar keeps its `prefix`.
+#[cfg(test)]
+pub(super) const OLDGNU_MAGIC: &[u8; 8] = b"ustar  \0";
+
+/// The name of a plain header: `prefix/name` for a POSIX ustar header,
+/// `name` alone otherwise.
+///
+/// The `prefix` field (bytes 345..500) is read only under the POSIX magic
+/// `ustar\0`: an old GNU header (magic `ustar  \0`) keeps its atime and
+/// ctime there (GNU tar fills them with `--incremental`), and a v7 header
+/// has no prefix. GNU tar and libarchive decide by the magic alone, and so
+/// does this; the version (`00`) is not checked. Python's `tarfile` reads
+/// the prefix whatever the magic (CPython issue 155629), so WebDataset
+/// misnames the members of such GNU archives; see docs/webdataset-compat.md.
 pub(super) fn ustar_name(h: &[u8; 512], out: &mut Vec<u8>) {
     let name = cstr(&h[0..100]);
-    if &h[257..262] == b"ustar" {
+    if &h[257..263] == USTAR_MAGIC {
         let prefix = cstr(&h[345..500]);
         if !prefix.is_empty() {
             out.extend_from_slice(prefix);
@@ -31,6 +47,29 @@ pub(super) fn ustar_name(h: &[u8; 512], out: &mut Vec<u8>) {
         }
     }
     out.extend_from_slice(name);
+}
+
+/// A header of type `0` (or the v7 `\0`) whose own name field ends in `/`
+/// is a directory written the v7 way: GNU tar and Python's `tarfile` read
+/// it as one, and so no data blocks follow it.
+pub(super) fn is_v7_directory(h: &[u8; 512]) -> bool {
+    h[156] == 0 && cstr(&h[0..100]).ends_with(b"/")
+}
+
+/// The compressed format whose magic number `start` (the first bytes of a
+/// shard) begins with, and the command that decompresses it: the formats
+/// Python's `tarfile` (so WebDataset) opens transparently.
+pub(super) fn compression(start: &[u8]) -> Option<(&'static str, &'static str)> {
+    const FORMATS: [(&[u8], &str, &str); 4] = [
+        (b"\x1f\x8b", "gzip", "gunzip"),
+        (b"BZh", "bzip2", "bunzip2"),
+        (b"\xfd7zXZ\0", "xz", "unxz"),
+        (b"\x28\xb5\x2f\xfd", "zstd", "unzstd"),
+    ];
+    FORMATS
+        .iter()
+        .find(|(magic, ..)| start.starts_with(magic))
+        .map(|&(_, format, tool)| (format, tool))
 }
 
 pub(super) fn verify_checksum(h: &[u8; 512], offset: u64) -> Result<(), TarError> {
@@ -101,16 +140,25 @@ pub fn parse_number(field: &[u8], offset: u64, name: &'static str) -> Result<u64
     }
 }
 
-type PaxFields = (Option<Vec<u8>>, Option<u64>);
+/// What a pax extended header says about the next member.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(super) struct PaxFields {
+    /// `path`, without trailing slashes (as Python's `tarfile` strips them).
+    pub path: Option<Vec<u8>>,
+    pub size: Option<u64>,
+    /// A `GNU.sparse.*` record: the member is a GNU sparse file (pax sparse
+    /// formats 0.0, 0.1 and 1.0 all carry one).
+    pub sparse: bool,
+}
 
-/// Parses pax records `"<len> <key>=<value>\n"`, keeping `path` and `size`.
+/// Parses pax records `"<len> <key>=<value>\n"`, keeping `path` and `size`
+/// and noting GNU sparse records.
 pub(super) fn parse_pax(mut data: &[u8], offset: u64) -> Result<PaxFields, TarError> {
     let bad = |reason: &str| TarError::BadPax {
         offset,
         reason: reason.into(),
     };
-    let mut path = None;
-    let mut size = None;
+    let mut fields = PaxFields::default();
     while !data.is_empty() {
         if data.iter().all(|&b| b == 0) {
             break;
@@ -133,20 +181,32 @@ pub(super) fn parse_pax(mut data: &[u8], offset: u64) -> Result<PaxFields, TarEr
             .ok_or_else(|| bad("record without `=`"))?;
         let (key, value) = (&rec[..eq], &rec[eq + 1..]);
         match key {
-            b"path" => path = Some(value.to_vec()),
+            b"path" => {
+                let end = value.iter().rposition(|&b| b != b'/').map_or(0, |i| i + 1);
+                fields.path = Some(value[..end].to_vec());
+            }
             b"size" => {
-                size = Some(
+                fields.size = Some(
                     std::str::from_utf8(value)
                         .ok()
                         .and_then(|s| s.parse().ok())
                         .ok_or_else(|| bad("`size` is not a number"))?,
                 )
             }
+            // The member's real name (pax sparse 1.0 writes a made-up
+            // `GNUSparseFile.<pid>/` path in the header); `path` wins.
+            b"GNU.sparse.name" => {
+                fields.sparse = true;
+                if fields.path.is_none() {
+                    fields.path = Some(value.to_vec());
+                }
+            }
+            _ if key.starts_with(b"GNU.sparse.") => fields.sparse = true,
             _ => {}
         }
         data = &data[len..];
     }
-    Ok((path, size))
+    Ok(fields)
 }
 
 #[cfg(test)]
@@ -170,7 +230,10 @@ mod tests {
         ));
         assert_eq!(
             parse_pax(b"10 path=x\n", 0).unwrap(),
-            (Some(b"x".to_vec()), None)
+            PaxFields {
+                path: Some(b"x".to_vec()),
+                ..PaxFields::default()
+            }
         );
     }
 }

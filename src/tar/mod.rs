@@ -2,10 +2,14 @@
 //! as a sequence of segments (the chunks a worker filled, in file order), into
 //! member events, without copying member data.
 //!
-//! It understands ustar (with the `prefix` field), GNU long names and long
-//! links (`L`/`K`), and pax extended headers (`x`: `path`, `size`; `g` is
-//! skipped). Only regular files become members; every other entry type is
-//! skipped and counted. A member that lies whole inside one segment is
+//! It understands ustar (with the `prefix` field, read only under the POSIX
+//! magic: old GNU headers keep atime and ctime there), GNU long names and
+//! long links (`L`/`K`), and pax extended headers (`x` and Solaris `X`:
+//! `path`, `size`; `g` is skipped). Only regular files become members; every
+//! other entry type (hard links included, as WebDataset skips them) is
+//! skipped and counted. GNU sparse members and compressed shards are
+//! refused with an error that says how to rewrite the shard. The rules, and
+//! how they match WebDataset's, are in docs/webdataset-compat.md. A member that lies whole inside one segment is
 //! reported by its range in that segment; a member that crosses a segment end
 //! is reported in pieces (`split_begin`, then `split_more` until `last`), and
 //! the shell decides where its bytes come together (see `engine::worker`:
@@ -26,7 +30,8 @@
 //!   arbitrary segment splits;
 //! - `count.rs`: [`count_samples`] and [`count_file_samples`], the
 //!   header-only counter;
-//! - `sample.rs`: [`split_name`], a member's sample key and field.
+//! - `sample.rs`: [`split_name`] and [`lowercase_field`], a member's sample
+//!   key and field as WebDataset names them.
 
 mod count;
 #[cfg(test)]
@@ -39,5 +44,5 @@ pub use count::count_file_samples;
 
 #[cfg(test)]
 pub(crate) use header::{BLOCK, parse_number};
-pub(crate) use sample::split_name;
+pub(crate) use sample::{lowercase_field, split_name};
 pub(crate) use walk::{MemberSink, TarWalk};

@@ -6,7 +6,10 @@
 
 use std::ops::Range;
 
-use super::header::{BLOCK, META_LIMIT, pad, parse_number, parse_pax, ustar_name, verify_checksum};
+use super::header::{
+    BLOCK, META_LIMIT, compression, is_v7_directory, pad, parse_number, parse_pax, ustar_name,
+    verify_checksum,
+};
 use crate::error::{Error, TarError};
 
 /// Receives the members the walk finds. `name` is the member's full path.
@@ -79,6 +82,8 @@ pub struct TarWalk {
     next_name: Option<Vec<u8>>,
     /// Size set by a pax `size` record for the next member.
     next_size: Option<u64>,
+    /// A pax header with `GNU.sparse.*` records: the next member is sparse.
+    next_sparse: bool,
     /// Name of the member whose data is being walked.
     pub(super) name: Vec<u8>,
     max_member: u64,
@@ -98,6 +103,7 @@ impl TarWalk {
             meta: Vec::new(),
             next_name: None,
             next_size: None,
+            next_sparse: false,
             name: Vec::new(),
             max_member,
             counts: WalkCounts::default(),
@@ -296,7 +302,12 @@ impl TarWalk {
                     Ok(())
                 }
             }
-            State::Header if self.entry_offset == 0 => Err(TarError::NotTar),
+            State::Header if self.entry_offset == 0 => {
+                match compression(&self.hdr[..self.hdr_fill]) {
+                    Some((format, tool)) => Err(TarError::Compressed { format, tool }),
+                    None => Err(TarError::NotTar),
+                }
+            }
             State::Header => Err(TarError::Truncated {
                 offset,
                 inside: format!("the header at byte {}", self.entry_offset),
@@ -343,11 +354,19 @@ impl TarWalk {
             return Ok(());
         }
         self.zero_blocks = 0;
-        verify_checksum(h, offset)?;
+        if let Err(e) = verify_checksum(h, offset) {
+            // A `.tar.gz` (or other compressed) shard fails here, at byte 0.
+            return Err(match compression(h) {
+                Some((format, tool)) if offset == 0 => TarError::Compressed { format, tool },
+                _ => e,
+            }
+            .into());
+        }
         let typeflag = h[156];
         let mut size = parse_number(&h[124..136], offset, "size")?;
         match typeflag {
-            b'0' | 0 | b'7' => {
+            0 if is_v7_directory(h) => self.skip_entry(),
+            b'0' | 0 | b'7' | b'S' => {
                 if let Some(s) = self.next_size.take() {
                     size = s;
                 }
@@ -355,6 +374,13 @@ impl TarWalk {
                 match self.next_name.take() {
                     Some(n) => self.name = n,
                     None => ustar_name(h, &mut self.name),
+                }
+                if typeflag == b'S' || std::mem::take(&mut self.next_sparse) {
+                    return Err(TarError::Sparse {
+                        offset,
+                        name: String::from_utf8_lossy(&self.name).into_owned(),
+                    }
+                    .into());
                 }
                 if size > self.max_member {
                     return Err(TarError::TooLarge {
@@ -379,7 +405,8 @@ impl TarWalk {
                 }
                 let _ = seg;
             }
-            b'L' | b'K' | b'x' => {
+            // `X`: the Solaris extended header, read as pax (as `tarfile` does).
+            b'L' | b'K' | b'x' | b'X' => {
                 if size > META_LIMIT {
                     return Err(TarError::TooLarge {
                         offset,
@@ -405,24 +432,30 @@ impl TarWalk {
                     self.state = State::Header;
                 }
             }
-            b'1'..=b'6' => {
-                // Links, devices, directories, FIFOs: no data blocks follow.
-                self.counts.skipped += 1;
-                self.next_name = None;
-                self.next_size = None;
-            }
+            // Hard links, symlinks, devices, directories, FIFOs: no data
+            // blocks follow, whatever the size field says. WebDataset skips
+            // them too (`tarfile` says they are not regular files); a hard
+            // link's data is its target's, already given under that name.
+            b'1'..=b'6' => self.skip_entry(),
+            // Global pax headers, volume labels, GNU dump directories,
+            // vendor types: their data is not a sample member; pass over it.
             _ => {
-                // Global pax headers, volume labels, sparse files, vendor
-                // types: their data is not a sample member; pass over it.
-                self.counts.skipped += 1;
-                self.next_name = None;
-                self.next_size = None;
+                self.skip_entry();
                 self.state = State::Skip {
                     remaining: size + pad(size),
                 };
             }
         }
         Ok(())
+    }
+
+    /// An entry that is not a member: counted, and what extended headers
+    /// said about it goes with it.
+    fn skip_entry(&mut self) {
+        self.counts.skipped += 1;
+        self.next_name = None;
+        self.next_size = None;
+        self.next_sparse = false;
     }
 
     fn on_meta(&mut self, kind: Meta) -> Result<(), Error> {
@@ -437,13 +470,14 @@ impl TarWalk {
             }
             Meta::LongLink => {}
             Meta::Pax => {
-                let (path, size) = parse_pax(&self.meta, self.entry_offset)?;
-                if let Some(p) = path {
+                let pax = parse_pax(&self.meta, self.entry_offset)?;
+                if let Some(p) = pax.path {
                     self.next_name = Some(p);
                 }
-                if let Some(s) = size {
+                if let Some(s) = pax.size {
                     self.next_size = Some(s);
                 }
+                self.next_sparse |= pax.sparse;
             }
         }
         Ok(())
@@ -527,6 +561,167 @@ mod tests {
         fn garbage_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..4096), cuts in prop::collection::vec(any::<usize>(), 0..8)) {
             let _ = walk_all(&bytes, &cuts, 1 << 20);
         }
+    }
+
+    /// A raw header: `name`, type, size, the 8 bytes of magic and version
+    /// at 257, and `tail` written at 345 (a ustar prefix, or old GNU atime
+    /// and ctime), with its checksum.
+    fn raw_header(name: &[u8], typeflag: u8, size: u64, magic: &[u8; 8], tail: &[u8]) -> Vec<u8> {
+        let mut h = vec![0u8; BLOCK as usize];
+        h[..name.len()].copy_from_slice(name);
+        h[100..108].copy_from_slice(b"0000644\0");
+        h[124..136].copy_from_slice(format!("{size:011o}\0").as_bytes());
+        h[136..148].copy_from_slice(b"15303462466\0");
+        h[156] = typeflag;
+        h[257..265].copy_from_slice(magic);
+        h[345..345 + tail.len()].copy_from_slice(tail);
+        h[148..156].fill(b' ');
+        let sum: u64 = h.iter().map(|&b| u64::from(b)).sum();
+        h[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+        h
+    }
+
+    /// An entry: its header, then `data` padded to whole blocks.
+    fn entry(header: Vec<u8>, data: &[u8]) -> Vec<u8> {
+        let mut out = header;
+        out.extend_from_slice(data);
+        out.resize(out.len() + pad(data.len() as u64) as usize, 0);
+        out
+    }
+
+    fn names(bytes: &[u8]) -> Vec<String> {
+        let c = walk_all(bytes, &[100, 700], u64::MAX).unwrap();
+        c.members
+            .iter()
+            .map(|(n, _)| String::from_utf8_lossy(n).into_owned())
+            .collect()
+    }
+
+    const USTAR: &[u8; 8] = b"ustar\x0000";
+    const V7: &[u8; 8] = &[0; 8];
+
+    #[test]
+    fn the_prefix_is_read_only_from_a_posix_ustar_header() {
+        use crate::tar::header::OLDGNU_MAGIC;
+        // GNU tar --incremental: atime and ctime where ustar has `prefix`.
+        let times = b"15303462466\x0015303462466\x00";
+        let mut bytes = entry(
+            raw_header(b"000001.jpg", b'0', 3, OLDGNU_MAGIC, times),
+            b"abc",
+        );
+        bytes.extend(entry(
+            raw_header(b"000001.json", b'0', 2, USTAR, b"pre/fix"),
+            b"{}",
+        ));
+        bytes.extend(entry(raw_header(b"000002.jpg", b'0', 1, V7, times), b"x"));
+        // Magic `ustar\0` with another version: the magic decides.
+        bytes.extend(entry(
+            raw_header(b"000003.jpg", b'0', 1, b"ustar\0\0\0", b"p"),
+            b"y",
+        ));
+        bytes.extend([0; 1024]);
+        assert_eq!(
+            names(&bytes),
+            [
+                "000001.jpg",
+                "pre/fix/000001.json",
+                "000002.jpg",
+                "p/000003.jpg"
+            ]
+        );
+    }
+
+    #[test]
+    fn compressed_shards_are_refused_naming_the_format() {
+        for (magic, format, tool) in [
+            (&b"\x1f\x8b\x08\x00"[..], "gzip", "gunzip"),
+            (b"BZh91AY&SY", "bzip2", "bunzip2"),
+            (b"\xfd7zXZ\x00\x00", "xz", "unxz"),
+            (b"\x28\xb5\x2f\xfd\x00", "zstd", "unzstd"),
+        ] {
+            for len in [20, 600, 5000] {
+                let mut bytes = magic.to_vec();
+                bytes.resize(len, 0x5a);
+                assert_eq!(
+                    tar_err(&bytes, u64::MAX),
+                    TarError::Compressed { format, tool },
+                    "{format}, {len} bytes"
+                );
+            }
+        }
+        let e = TarError::Compressed {
+            format: "gzip",
+            tool: "gunzip",
+        };
+        assert!(e.to_string().contains("gzip-compressed"), "{e}");
+        assert!(e.to_string().contains("gunzip"), "{e}");
+        // Garbage that is not compressed stays `NotTar`.
+        assert_eq!(tar_err(&[0x1f; 600], u64::MAX), TarError::NotTar);
+    }
+
+    #[test]
+    fn sparse_members_are_refused_naming_the_member() {
+        use crate::tar::header::OLDGNU_MAGIC;
+        let good = entry(raw_header(b"a.txt", b'0', 1, USTAR, b""), b"a");
+        // Old GNU sparse (`--format=gnu --sparse`): type `S`.
+        let mut gnu = good.clone();
+        let at = gnu.len() as u64;
+        gnu.extend(entry(
+            raw_header(b"b.bin", b'S', 2, OLDGNU_MAGIC, b""),
+            b"bb",
+        ));
+        assert_eq!(
+            tar_err(&gnu, u64::MAX),
+            TarError::Sparse {
+                offset: at,
+                name: "b.bin".into()
+            }
+        );
+        // pax sparse 1.0 (`--format=posix --sparse`): the real name is in
+        // `GNU.sparse.name`, the header's is made up.
+        let recs = b"22 GNU.sparse.major=1\n22 GNU.sparse.minor=0\n27 GNU.sparse.name=./c.bin\n";
+        let mut pax = good.clone();
+        let at = pax.len() as u64 + 512 + 512;
+        pax.extend(entry(
+            raw_header(b"PaxHeaders/c.bin", b'x', recs.len() as u64, USTAR, b""),
+            recs,
+        ));
+        pax.extend(entry(
+            raw_header(b"GNUSparseFile.1/c.bin", b'0', 3, USTAR, b""),
+            b"ccc",
+        ));
+        assert_eq!(
+            tar_err(&pax, u64::MAX),
+            TarError::Sparse {
+                offset: at,
+                name: "./c.bin".into()
+            }
+        );
+        let e = TarError::Sparse {
+            offset: 7,
+            name: "x".into(),
+        };
+        assert!(e.to_string().contains("--sparse"), "{e}");
+    }
+
+    #[test]
+    fn entries_read_as_tarfile_reads_them() {
+        let mut bytes = Vec::new();
+        // A v7 directory: type `\0` and a trailing slash; no data follows
+        // even when its size field says so.
+        bytes.extend(raw_header(b"dir.d/", 0, 1024, V7, b""));
+        // A hard link's size field is not data either.
+        bytes.extend(raw_header(b"k.lnk", b'1', 700, USTAR, b""));
+        // A Solaris extended header is pax; `path` loses trailing slashes.
+        let rec = b"17 path=s/k.txt/\n";
+        bytes.extend(entry(
+            raw_header(b"X", b'X', rec.len() as u64, USTAR, b""),
+            rec,
+        ));
+        bytes.extend(entry(raw_header(b"junk", b'0', 2, USTAR, b""), b"ok"));
+        bytes.extend([0; 1024]);
+        let c = walk_all(&bytes, &[], u64::MAX).unwrap();
+        assert_eq!(c.members, [(b"s/k.txt".to_vec(), b"ok".to_vec())]);
     }
 
     fn tar_err(bytes: &[u8], limit: u64) -> TarError {
