@@ -30,6 +30,9 @@
  *   internal error returns RINGFEED_ERR_PANIC.
  * - Strings returned as `const char*` (status names, the version) are static.
  * - Do not use a loader across fork(): open it in the process that uses it.
+ *   In a child of fork(), every call on the parent's loaders and batches
+ *   returns RINGFEED_ERR_INVALID_HANDLE (and touches nothing of them); the
+ *   child may open loaders of its own.
  */
 
 #ifndef RINGFEED_H
