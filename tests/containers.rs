@@ -598,3 +598,31 @@ fn mlock_refused_http_shards_stream_unlocked() {
     let server = Server::start(data.dir.path().to_path_buf());
     mlock_refused_degrades(&data.http_urls(&server), &data, "http:// shards");
 }
+
+/// A filter narrower than Docker's: `io_uring_setup` allowed,
+/// `io_uring_enter` refused. A ring that is set up but cannot be entered is
+/// no ring: the engine must see that at open (it once chose io_uring and
+/// failed at the first read with EPERM).
+#[test]
+fn io_uring_enter_refused_alone_falls_back_to_threads() {
+    let data = data();
+    let cfg = config(&data.local_urls(), json!({}));
+    let report = run_restricted(
+        Restriction::Seccomp(deny_with_eperm(&[libc::SYS_io_uring_enter])),
+        json!({ "action": "stream", "config": cfg }),
+    );
+    assert_eq!(report["restriction"]["io_uring_setup_errno"], 0, "{report}");
+    assert_eq!(
+        report["restriction"]["io_uring_enter_errno"],
+        libc::EPERM,
+        "{report}"
+    );
+    let s = &report["stream"];
+    assert_every_sample(s, &data, 1, "io_uring_enter refused");
+    assert_eq!(s["stats"]["io_backend"], "threads", "{s}");
+    assert!(
+        notes(s).contains("io_uring unavailable (io_uring_enter: Operation not permitted"),
+        "the notes do not say that io_uring_enter was refused: {}",
+        notes(s)
+    );
+}
