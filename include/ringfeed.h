@@ -228,7 +228,8 @@ typedef struct ringfeed_stats {
   uint32_t memory_locked;
   // 1 when the chunks are used as io_uring fixed buffers: each ring
   // registers them once the arena's memory is in (shortly after the first
-  // batch; at open with `register_buffers: "on"`), plain reads before.
+  // batch; at open with `register_buffers: "on"`), plain reads before;
+  // 0 again once a ring is refused (the notes say why).
   uint32_t buffers_registered;
 } ringfeed_stats;
 

@@ -626,3 +626,44 @@ fn io_uring_enter_refused_alone_falls_back_to_threads() {
         notes(s)
     );
 }
+
+/// `io_uring_register` refused alone: io_uring runs, the fixed buffers are
+/// refused when a ring first tries them (after the first batch, so three
+/// epochs and a pause make sure one does), and the stats must then say
+/// they are not registered (they once said registered, beside the note of
+/// the refusal).
+#[test]
+fn io_uring_register_refused_alone_reads_into_unregistered_chunks() {
+    let data = data();
+    let cfg = config(&data.local_urls(), json!({"epochs": 3}));
+    let report = run_restricted(
+        Restriction::Seccomp(deny_with_eperm(&[libc::SYS_io_uring_register])),
+        json!({ "action": "stream", "config": cfg, "pause_ms": 500 }),
+    );
+    assert_eq!(
+        report["restriction"]["io_uring_register_errno"],
+        libc::EPERM,
+        "{report}"
+    );
+    let s = &report["stream"];
+    assert_every_sample(s, &data, 3, "io_uring_register refused");
+    if s["stats"]["io_backend"] != "io_uring" {
+        println!("(io_uring is unavailable here: the refusal of registering not reached)");
+        return;
+    }
+    if s["stats"]["memory_locked"] != true {
+        // Without the right to pin the arena the engine does not plan fixed
+        // buffers at all: nothing to refuse.
+        println!("(this process may not pin the arena: fixed buffers not planned)");
+        return;
+    }
+    assert!(
+        notes(s).contains("register_buffers refused (Operation not permitted"),
+        "no ring tried to register the buffers in three epochs: {}",
+        notes(s)
+    );
+    assert_eq!(
+        s["stats"]["buffers_registered"], false,
+        "the stats say the buffers are registered beside the note of the refusal: {s}"
+    );
+}
