@@ -30,6 +30,9 @@
  *   internal error returns RINGFEED_ERR_PANIC.
  * - Strings returned as `const char*` (status names, the version) are static.
  * - Do not use a loader across fork(): open it in the process that uses it.
+ *   In a child of fork(), every call on the parent's loaders and batches
+ *   returns RINGFEED_ERR_INVALID_HANDLE (and touches nothing of them); the
+ *   child may open loaders of its own.
  */
 
 #ifndef RINGFEED_H
@@ -225,7 +228,8 @@ typedef struct ringfeed_stats {
   uint32_t memory_locked;
   // 1 when the chunks are used as io_uring fixed buffers: each ring
   // registers them once the arena's memory is in (shortly after the first
-  // batch; at open with `register_buffers: "on"`), plain reads before.
+  // batch; at open with `register_buffers: "on"`), plain reads before;
+  // 0 again once a ring is refused (the notes say why).
   uint32_t buffers_registered;
 } ringfeed_stats;
 

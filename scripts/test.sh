@@ -2,7 +2,8 @@
 # The whole test suite, as CI runs it (.ci/run calls exactly this script):
 # formatting, lints, the header drift check, unit and property tests, the
 # loom model of the ring, end-to-end loader tests on generated shards, and
-# the C and C++ programs built with -Werror and ASan/UBSan against the library,
+# the C and C++ programs built with -Werror and ASan/UBSan against the library
+# (and the misuse and race programs under valgrind),
 # then the Python package: installed by pip into .venv (which builds and
 # bundles the release library) and tested with pytest, torch included.
 set -euo pipefail
@@ -13,9 +14,13 @@ cd "$(dirname "$0")/.."
 # a local server, and this keeps any other path from trying the real one.
 export AWS_EC2_METADATA_DISABLED=true
 
-# The C ABI tests compile C and C++ programs with sanitizers.
+# The C ABI tests compile C and C++ programs with sanitizers, and run two
+# of them under valgrind (tests/c_abi.rs fails without it).
 if ! command -v cc >/dev/null || ! command -v c++ >/dev/null; then
     apt-get update -qq && apt-get install -y -qq gcc g++ >/dev/null
+fi
+if ! command -v valgrind >/dev/null; then
+    apt-get update -qq && apt-get install -y -qq valgrind >/dev/null
 fi
 
 cargo fmt --all -- --check

@@ -8,6 +8,9 @@
 //! - `abi_layout.c`: the batch layout rules, sample sources, a shared arena
 //!   mapped twice, `ringfeed_gather`, and their misuse.
 //! - `abi_misuse.c`: each documented misuse gives its status and a message.
+//! - `abi_races.c`: `next`, `release`, `close` and the stats racing from
+//!   several threads, double releases at once, two loaders' batches mixed,
+//!   and fork in the middle of a stream: statuses and clean wake-ups only.
 //! - `abi_epochs.c`: consumers split an epoch exactly once with equal
 //!   lengths; a resume state continues it exactly; elastic resume.
 //! - `abi_fallbacks.c`: without `CAP_IPC_LOCK` and with `io_uring` denied by
@@ -18,8 +21,15 @@
 //! - `wrapper_test.cpp` and the example `trainer.cpp`: the C++ wrapper,
 //!   alone and (`--node`) as a consumer of a node engine.
 //!
+//!
+//! `abi_misuse.c` and `abi_races.c` run a second time built without
+//! sanitizers under valgrind's memcheck, which sees what ASan cannot: reads
+//! of uninitialised memory, and the Rust library's own heap (ASan instruments
+//! only the C program).
+//!
 //! Needs a C and a C++ compiler (`cc`, `c++`, or `$CC`, `$CXX`) with the
-//! sanitizer runtimes; a missing compiler fails the test, it is never skipped.
+//! sanitizer runtimes, and valgrind; a missing one fails the test, it is
+//! never skipped (`scripts/test.sh` installs them).
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -34,26 +44,13 @@ use serde_json::{Value, json};
 const LIB: &str = "libringfeed.so";
 
 /// Flags every C program is built with.
-const C_FLAGS: &[&str] = &[
-    "-std=c11",
-    "-Wall",
-    "-Wextra",
-    "-Werror",
-    "-g",
-    "-fsanitize=address,undefined",
-    "-fno-sanitize-recover=all",
-];
+const C_FLAGS: &[&str] = &["-std=c11", "-Wall", "-Wextra", "-Werror", "-g"];
+
+/// ... and, except for valgrind's runs, these.
+const SANITIZE: &[&str] = &["-fsanitize=address,undefined", "-fno-sanitize-recover=all"];
 
 /// Flags every C++ program is built with.
-const CXX_FLAGS: &[&str] = &[
-    "-std=c++17",
-    "-Wall",
-    "-Wextra",
-    "-Werror",
-    "-g",
-    "-fsanitize=address,undefined",
-    "-fno-sanitize-recover=all",
-];
+const CXX_FLAGS: &[&str] = &["-std=c++17", "-Wall", "-Wextra", "-Werror", "-g"];
 
 /// Seed of the test shards' content; not 0, so a consumer ignoring it fails.
 const SEED: u64 = 7;
@@ -183,10 +180,23 @@ fn compile(mut cmd: Command, what: &str) {
     );
 }
 
-/// Compiles and links one C or C++ test program against the cdylib.
+/// Compiles and links one C or C++ test program against the cdylib, with
+/// ASan and UBSan.
 fn build(src: &str, out_dir: &Path, cxx: bool) -> PathBuf {
+    build_with(src, out_dir, cxx, true)
+}
+
+/// As [`build`]; `sanitize` false leaves the sanitizers out (for valgrind,
+/// which cannot run an ASan program). The executable is named after the
+/// source, with `-plain` for a build without sanitizers.
+fn build_with(src: &str, out_dir: &Path, cxx: bool, sanitize: bool) -> PathBuf {
     let src = root().join(src);
-    let exe = out_dir.join(src.file_stem().expect("source file name"));
+    let stem = src.file_stem().expect("source file name").to_string_lossy();
+    let exe = out_dir.join(if sanitize {
+        stem.into_owned()
+    } else {
+        format!("{stem}-plain")
+    });
     let lib = lib_dir();
     let mut cmd = if cxx {
         let mut c = Command::new(compiler("CXX", "c++"));
@@ -197,6 +207,9 @@ fn build(src: &str, out_dir: &Path, cxx: bool) -> PathBuf {
         c.args(C_FLAGS);
         c
     };
+    if sanitize {
+        cmd.args(SANITIZE);
+    }
     cmd.arg(format!(
         "-DRINGFEED_EXPECTED_VERSION=\"{}\"",
         env!("CARGO_PKG_VERSION")
@@ -222,17 +235,26 @@ fn build(src: &str, out_dir: &Path, cxx: bool) -> PathBuf {
 /// Runs a test program to completion (or `RUN_LIMIT`) and returns its output.
 fn run(exe: &Path, args: &[String]) -> Output {
     let mut cmd = Command::new(exe);
-    cmd.args(args)
-        // The rpath names the library to test; cargo's LD_LIBRARY_PATH must
-        // not swap in another copy.
-        .env_remove("LD_LIBRARY_PATH")
+    cmd.args(args);
+    run_command(cmd, exe)
+}
+
+/// Runs `cmd` (a test program, or a tool running `exe`) as [`run`] does.
+fn run_command(mut cmd: Command, exe: &Path) -> Output {
+    // The rpath names the library to test; cargo's LD_LIBRARY_PATH must
+    // not swap in another copy.
+    cmd.env_remove("LD_LIBRARY_PATH")
         .env("UBSAN_OPTIONS", "print_stacktrace=1")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let mut child = cmd
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", exe.display()));
+    let mut child = cmd.spawn().unwrap_or_else(|e| {
+        panic!(
+            "cannot run {:?} for {}: {e}",
+            cmd.get_program(),
+            exe.display()
+        )
+    });
     let pipe = |r: Option<Box<dyn Read + Send>>| {
         std::thread::spawn(move || {
             let mut buf = Vec::new();
@@ -280,7 +302,11 @@ fn run(exe: &Path, args: &[String]) -> Output {
 
 /// Runs a test program and fails, with its output, unless it exits 0.
 fn run_ok(exe: &Path, args: &[String]) -> String {
-    let out = run(exe, args);
+    output_ok(run(exe, args), exe, args)
+}
+
+/// The program's stdout, or a failure with its output unless it exited 0.
+fn output_ok(out: Output, exe: &Path, args: &[String]) -> String {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr);
     // Shown by `cargo test -- --nocapture`, and on failure.
@@ -332,6 +358,60 @@ fn c_misuse_returns_documented_errors_and_never_crashes() {
     args.extend(data.args());
     let out = run_ok(&exe, &args);
     assert!(out.contains("abi_misuse: all checks passed"), "{out}");
+}
+
+#[test]
+fn c_races_of_threads_and_fork_give_statuses_only() {
+    let data = shards();
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = build("tests/c/abi_races.c", tmp.path(), false);
+    let out = run_ok(&exe, &data.args());
+    assert!(out.contains("abi_races: all checks passed"), "{out}");
+}
+
+/// Runs `exe` under valgrind's memcheck: any memory error it reports fails
+/// the run (`--error-exitcode`), in the program or in a child it forks.
+/// Leaks are not errors here: LeakSanitizer checks them in the ASan builds,
+/// and a child of fork() (`abi_races.c`) ends holding a copy of heap whose
+/// owners, the parent's threads, it does not have.
+fn run_valgrind(exe: &Path, args: &[String]) -> String {
+    let mut cmd = Command::new("valgrind");
+    cmd.args([
+        "--error-exitcode=1",
+        "--quiet",
+        // Threads take turns round-robin, so racing calls interleave.
+        "--fair-sched=yes",
+    ])
+    .arg(exe)
+    .args(args);
+    if let Err(e) = Command::new("valgrind")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+    {
+        panic!(
+            "cannot run valgrind ({e}): the C ABI tests run abi_misuse.c and abi_races.c under \
+             valgrind's memcheck; install it (apt-get install valgrind; scripts/test.sh does)"
+        );
+    }
+    output_ok(run_command(cmd, exe), exe, args)
+}
+
+#[test]
+fn c_misuse_and_races_are_clean_under_valgrind() {
+    let data = shards();
+    let tmp = tempfile::tempdir().unwrap();
+    let misuse = build_with("tests/c/abi_misuse.c", tmp.path(), false, false);
+    let scratch = tmp.path().join("scratch");
+    std::fs::create_dir(&scratch).unwrap();
+    let mut args = vec![scratch.display().to_string()];
+    args.extend(data.args());
+    let out = run_valgrind(&misuse, &args);
+    assert!(out.contains("abi_misuse: all checks passed"), "{out}");
+
+    let races = build_with("tests/c/abi_races.c", tmp.path(), false, false);
+    let out = run_valgrind(&races, &data.args());
+    assert!(out.contains("abi_races: all checks passed"), "{out}");
 }
 
 #[test]

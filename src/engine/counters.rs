@@ -74,7 +74,8 @@ pub struct Counts {
     pub memory_locked: u32,
     /// 1 when the chunks are used as io_uring fixed buffers: each ring
     /// registers them once the arena's memory is in (shortly after the first
-    /// batch; at open with `register_buffers: "on"`), plain reads before.
+    /// batch; at open with `register_buffers: "on"`), plain reads before;
+    /// 0 again once a ring is refused (the notes say why).
     #[serde(skip)]
     pub buffers_registered: u32,
 }

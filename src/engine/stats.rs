@@ -67,6 +67,9 @@ impl Loader {
         let report = pool.arena().report();
         let retries: std::collections::BTreeMap<_, _> =
             sh.net.stats.retries_by_kind().into_iter().collect();
+        // Planned fixed buffers that a ring could not register are not in
+        // use: its reads stay plain (the notes give the refusal).
+        let registered = (self.setup.fixed.as_ref()).is_some_and(|f| f.refused().is_none());
         let mut c = Counts {
             bytes_copied: pool.copied(),
             shards_total: sh.shards.len() as u64,
@@ -93,7 +96,7 @@ impl Loader {
                 BackendKind::Threads => RINGFEED_BACKEND_THREADS,
             },
             memory_locked: u32::from(report.locked),
-            buffers_registered: u32::from(self.setup.fixed.is_some()),
+            buffers_registered: u32::from(registered),
             ..Counts::default()
         };
         sh.counters.fill(&mut c);
@@ -101,7 +104,7 @@ impl Loader {
             counts: c,
             memory_kind: report.kind.name(),
             memory_locked: report.locked,
-            buffers_registered: self.setup.fixed.is_some(),
+            buffers_registered: registered,
             io_backend: self.setup.backend.name(),
             io_uring_flags: self.setup.uring_flags,
             worker_cpus: self.setup.cpus.clone(),

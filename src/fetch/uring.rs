@@ -148,7 +148,11 @@ pub fn new_ring(entries: u32) -> io::Result<(IoUring, UringSetup)> {
     IoUring::new(entries).map(|r| (r, UringSetup { flags: "none" }))
 }
 
-/// Whether io_uring can be set up here; the error says why not.
+/// Whether io_uring can be used here; the error says why not.
+///
+/// A ring that is set up is not yet a ring that works: a seccomp filter may
+/// refuse `io_uring_enter` alone (allowing `io_uring_setup`), and then every
+/// read would fail. So the probe also runs one no-op through the ring.
 pub fn probe() -> io::Result<UringSetup> {
     if let Ok(s) = std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled")
         && s.trim() == "2"
@@ -158,7 +162,18 @@ pub fn probe() -> io::Result<UringSetup> {
             "io_uring is disabled (/proc/sys/kernel/io_uring_disabled = 2)",
         ));
     }
-    new_ring(8).map(|(_, setup)| setup)
+    let (mut ring, setup) = new_ring(8)?;
+    let nop = opcode::Nop::new().build().user_data(0);
+    // SAFETY: a no-op refers to no memory.
+    unsafe { ring.submission().push(&nop) }
+        .map_err(|_| io::Error::other("a new ring's submission queue is full"))?;
+    ring.submit_and_wait(1)
+        .map_err(|e| io::Error::new(e.kind(), format!("io_uring_enter: {e}")))?;
+    match ring.completion().next() {
+        Some(c) if c.result() >= 0 => Ok(setup),
+        Some(c) => Err(io::Error::from_raw_os_error(-c.result())),
+        None => Err(io::Error::other("a no-op on a new ring did not complete")),
+    }
 }
 
 impl UringReader {

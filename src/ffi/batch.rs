@@ -6,6 +6,7 @@
 use std::ffi::{CStr, c_char};
 
 use super::boundary::{BATCHES, Fail, boundary, check, invalid, lock, write_text};
+use super::fork;
 use super::status::{RINGFEED_ERR_INVALID_HANDLE, RINGFEED_OK};
 use super::types::ringfeed_batch;
 
@@ -22,16 +23,25 @@ pub unsafe extern "C" fn ringfeed_batch_release(batch: *mut ringfeed_batch) -> i
         check(batch, "batch")?;
         // SAFETY: checked non-NULL and aligned; only the integer is read.
         let handle = unsafe { std::ptr::addr_of!((*batch).handle).read() };
-        let taken = lock(&BATCHES).remove(&handle);
-        let Some(b) = taken else {
-            return Err(Fail(
-                RINGFEED_ERR_INVALID_HANDLE,
-                format!(
-                    "batch handle {handle} is not held: released twice, or not from ringfeed_loader_next"
-                ),
-            ));
+        let taken = {
+            let mut batches = lock(&BATCHES);
+            match batches.get(&handle) {
+                // Left in the table: a child of fork() must not drop its
+                // parent's batch (give its chunks back to the parent's pool).
+                Some(held) => fork::check_owner("batch", held.pid)?,
+                None => {
+                    return Err(Fail(
+                        RINGFEED_ERR_INVALID_HANDLE,
+                        format!(
+                            "batch handle {handle} is not held: released twice, or not from \
+                             ringfeed_loader_next"
+                        ),
+                    ));
+                }
+            }
+            batches.remove(&handle)
         };
-        drop(b);
+        drop(taken);
         // SAFETY: as above; the caller says it is writable.
         unsafe { batch.write(ringfeed_batch::EMPTY) };
         Ok(RINGFEED_OK)
@@ -61,7 +71,9 @@ pub unsafe extern "C" fn ringfeed_batch_sample_source(
         // SAFETY: checked non-NULL and aligned; only the integer is read.
         let handle = unsafe { std::ptr::addr_of!((*batch).handle).read() };
         let batches = lock(&BATCHES);
-        let (b, l) = batches.get(&handle).ok_or_else(|| not_held(handle))?;
+        let held = batches.get(&handle).ok_or_else(|| not_held(handle))?;
+        fork::check_owner("batch", held.pid)?;
+        let (b, l) = (&held.batch, &held.loader);
         if sample >= b.len() {
             return Err(invalid(format!(
                 "sample {sample} is past the batch's {} samples",
@@ -105,17 +117,15 @@ pub unsafe extern "C" fn ringfeed_batch_node_key(
         check(batch, "batch")?;
         // SAFETY: checked non-NULL and aligned; only the integer is read.
         let handle = unsafe { std::ptr::addr_of!((*batch).handle).read() };
-        let key = lock(&BATCHES)
-            .get(&handle)
-            .ok_or_else(|| not_held(handle))?
-            .0
-            .node_key()
-            .ok_or_else(|| {
-                invalid(
-                    "the batch is not from a node engine: its memory outlives its loader, and \
+        let batches = lock(&BATCHES);
+        let held = batches.get(&handle).ok_or_else(|| not_held(handle))?;
+        fork::check_owner("batch", held.pid)?;
+        let key = held.batch.node_key().ok_or_else(|| {
+            invalid(
+                "the batch is not from a node engine: its memory outlives its loader, and \
                      needs no key",
-                )
-            })?;
+            )
+        })?;
         // SAFETY: forwarded from this function's contract.
         unsafe { write_text(&key, "key", buf, len, needed) }
     })

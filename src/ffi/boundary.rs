@@ -2,7 +2,9 @@
 //! ([`boundary`]), the failure on its way to C ([`Fail`]: a status and a
 //! message), the calling thread's last error message, the pointer check
 //! ([`check`]), and the handle tables in which loaders ([`lookup`]) and
-//! batches are found by number, never by dereferencing what C passed.
+//! batches are found by number, never by dereferencing what C passed. Each
+//! entry remembers the process that made it: after `fork()` the child finds
+//! the parent's entries and refuses them (`fork.rs`).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -11,6 +13,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, LazyLock, Mutex};
 
+use super::fork;
 use super::status::{
     RINGFEED_ERR_BUFFER_TOO_SMALL, RINGFEED_ERR_INVALID_ARGUMENT, RINGFEED_ERR_INVALID_HANDLE,
     RINGFEED_ERR_PANIC, RINGFEED_OK, status_of,
@@ -23,10 +26,22 @@ thread_local! {
     static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
 }
 
-pub(super) static LOADERS: LazyLock<Mutex<HashMap<usize, Arc<Attached>>>> =
+/// An open loader and the process that opened it.
+pub(super) struct OpenLoader {
+    pub(super) loader: Arc<Attached>,
+    pub(super) pid: u32,
+}
+
+pub(super) static LOADERS: LazyLock<Mutex<HashMap<usize, OpenLoader>>> =
     LazyLock::new(Default::default);
-/// A batch handed out and the loader it came from.
-pub(super) type HeldBatch = (AnyBatch, Arc<Attached>);
+
+/// A batch handed out, the loader it came from, and the process it was
+/// handed to.
+pub(super) struct HeldBatch {
+    pub(super) batch: AnyBatch,
+    pub(super) loader: Arc<Attached>,
+    pub(super) pid: u32,
+}
 
 /// Batches handed out, with the loader they came from (a node batch asks
 /// it for a sample's shard name).
@@ -93,12 +108,15 @@ pub(super) fn lookup(handle: *const ringfeed_loader) -> Result<Arc<Attached>, Fa
     if handle.is_null() {
         return Err(invalid("argument `loader` is NULL"));
     }
-    lock(&LOADERS).get(&handle.addr()).cloned().ok_or_else(|| {
+    let loaders = lock(&LOADERS);
+    let open = loaders.get(&handle.addr()).ok_or_else(|| {
         Fail(
             RINGFEED_ERR_INVALID_HANDLE,
             "unknown loader handle: it was closed or never opened".into(),
         )
-    })
+    })?;
+    fork::check_owner("loader handle", open.pid)?;
+    Ok(Arc::clone(&open.loader))
 }
 
 /// Writes `text` NUL-terminated into `buf` (the `*_json` / `*_state`

@@ -9,8 +9,10 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::boundary::{
-    BATCHES, Fail, LOADERS, NEXT_HANDLE, boundary, check, invalid, lock, lookup, write_text,
+    BATCHES, Fail, HeldBatch, LOADERS, NEXT_HANDLE, OpenLoader, boundary, check, invalid, lock,
+    lookup, write_text,
 };
+use super::fork;
 use super::status::{
     RINGFEED_END_OF_EPOCH, RINGFEED_ERR_CONFIG, RINGFEED_ERR_INVALID_HANDLE, RINGFEED_FINISHED,
     RINGFEED_OK, RINGFEED_TIMEOUT,
@@ -40,9 +42,14 @@ pub unsafe extern "C" fn ringfeed_loader_open(
             .to_str()
             .map_err(|e| invalid(format!("`config_json` is not UTF-8: {e}")))?;
         let loader = Attached::open_json(text)?;
+        fork::install_handlers();
         // Odd, 16-spaced numbers: never the address of a real object.
         let id = NEXT_HANDLE.fetch_add(1, Ordering::Relaxed) as usize * 16 + 5;
-        lock(&LOADERS).insert(id, Arc::new(loader));
+        let open = OpenLoader {
+            loader: Arc::new(loader),
+            pid: std::process::id(),
+        };
+        lock(&LOADERS).insert(id, open);
         // SAFETY: as above.
         unsafe { out.write(std::ptr::without_provenance_mut(id)) };
         Ok(RINGFEED_OK)
@@ -85,7 +92,12 @@ pub unsafe extern "C" fn ringfeed_loader_next(
                 };
                 // The arrays live in the batch's heap vectors: moving the
                 // batch into the table does not move them.
-                lock(&BATCHES).insert(handle, (b, l));
+                let held = HeldBatch {
+                    batch: b,
+                    loader: l,
+                    pid: std::process::id(),
+                };
+                lock(&BATCHES).insert(handle, held);
                 // SAFETY: as above.
                 unsafe { out.write(view) };
                 Ok(RINGFEED_OK)
@@ -197,16 +209,24 @@ pub unsafe extern "C" fn ringfeed_loader_close(loader: *mut ringfeed_loader) -> 
         if loader.is_null() {
             return Ok(RINGFEED_OK);
         }
-        let l = lock(&LOADERS).remove(&loader.addr());
-        match l {
-            Some(l) => {
-                l.close();
-                Ok(RINGFEED_OK)
+        let l = {
+            let mut loaders = lock(&LOADERS);
+            match loaders.get(&loader.addr()) {
+                // Left in the table: a child of fork() must not close (join
+                // the threads of) its parent's loader.
+                Some(open) => fork::check_owner("loader handle", open.pid)?,
+                None => {
+                    return Err(Fail(
+                        RINGFEED_ERR_INVALID_HANDLE,
+                        "unknown loader handle: already closed, or never opened".into(),
+                    ));
+                }
             }
-            None => Err(Fail(
-                RINGFEED_ERR_INVALID_HANDLE,
-                "unknown loader handle: already closed, or never opened".into(),
-            )),
+            loaders.remove(&loader.addr())
+        };
+        if let Some(open) = l {
+            open.loader.close();
         }
+        Ok(RINGFEED_OK)
     })
 }

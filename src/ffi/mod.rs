@@ -13,7 +13,8 @@
 //!
 //! - [`boundary`]: the panic boundary, the failure type (`Fail`), the
 //!   thread's last error, pointer checks, and the handle tables every entry
-//!   point looks loaders and batches up in;
+//!   point looks loaders and batches up in; [`fork`]: those tables in a
+//!   child of `fork()`;
 //! - [`status`]: the status codes, declared once in one table, their names
 //!   and the one mapping from [`crate::Error`] to a status;
 //! - [`types`]: the C types (the opaque loader, `ringfeed_batch`);
@@ -34,6 +35,7 @@
 mod batch;
 mod boundary;
 mod config;
+mod fork;
 mod loader;
 mod stats;
 pub mod status;

@@ -307,6 +307,9 @@ static void bad_handles(void) {
     ringfeed_stats s;
     char buf[256];
     size_t needed;
+    int fd;
+    const uint8_t *base;
+    uint64_t arena_len;
     ringfeed_loader *garbage[] = {(ringfeed_loader *)(uintptr_t)0x1234,
                                   (ringfeed_loader *)(uintptr_t)0x1235,
                                   (ringfeed_loader *)(uintptr_t)UINTPTR_MAX,
@@ -319,11 +322,19 @@ static void bad_handles(void) {
         EXPECT_ERROR(ringfeed_loader_stats(g, &s), RINGFEED_ERR_INVALID_HANDLE, "loader handle");
         EXPECT_ERROR(ringfeed_loader_stats_json(g, buf, sizeof buf, &needed),
                      RINGFEED_ERR_INVALID_HANDLE, "loader handle");
+        EXPECT_ERROR(ringfeed_loader_state(g, buf, sizeof buf, &needed),
+                     RINGFEED_ERR_INVALID_HANDLE, "loader handle");
+        EXPECT_ERROR(ringfeed_loader_arena(g, &fd, &base, &arena_len), RINGFEED_ERR_INVALID_HANDLE,
+                     "loader handle");
         EXPECT_ERROR(ringfeed_loader_close(g), RINGFEED_ERR_INVALID_HANDLE, "loader handle");
     }
     EXPECT_ERROR(ringfeed_loader_next(NULL, 0, &b), RINGFEED_ERR_INVALID_ARGUMENT, "loader");
     EXPECT_ERROR(ringfeed_loader_stats(NULL, &s), RINGFEED_ERR_INVALID_ARGUMENT, "loader");
     EXPECT_ERROR(ringfeed_loader_stats_json(NULL, buf, sizeof buf, &needed),
+                 RINGFEED_ERR_INVALID_ARGUMENT, "loader");
+    EXPECT_ERROR(ringfeed_loader_state(NULL, buf, sizeof buf, &needed),
+                 RINGFEED_ERR_INVALID_ARGUMENT, "loader");
+    EXPECT_ERROR(ringfeed_loader_arena(NULL, &fd, &base, &arena_len),
                  RINGFEED_ERR_INVALID_ARGUMENT, "loader");
     EXPECT_STATUS(ringfeed_loader_close(NULL), RINGFEED_OK);
 
@@ -353,6 +364,10 @@ static void bad_handles(void) {
     EXPECT_ERROR(ringfeed_loader_stats(l, &s), RINGFEED_ERR_INVALID_HANDLE, "loader handle");
     EXPECT_ERROR(ringfeed_loader_stats_json(l, buf, sizeof buf, &needed),
                  RINGFEED_ERR_INVALID_HANDLE, "loader handle");
+    EXPECT_ERROR(ringfeed_loader_state(l, buf, sizeof buf, &needed), RINGFEED_ERR_INVALID_HANDLE,
+                 "loader handle");
+    EXPECT_ERROR(ringfeed_loader_arena(l, &fd, &base, &arena_len), RINGFEED_ERR_INVALID_HANDLE,
+                 "loader handle");
     EXPECT_ERROR(ringfeed_loader_close(l), RINGFEED_ERR_INVALID_HANDLE, "loader handle");
 
     /* Extreme time-outs: INT64_MAX waits long, INT64_MIN (negative) for ever. */

@@ -1,0 +1,75 @@
+//! What `fork()` does to the handle tables (`boundary.rs`). The child of a
+//! process with open loaders gets a copy of their tables but none of their
+//! threads: a loader there would hand out the batches its queues held at the
+//! fork (which the parent hands out too), wait for ever for workers that do
+//! not exist, and panic joining them at close. So every table entry records
+//! the process that made it, and a call from another process is refused with
+//! `RINGFEED_ERR_INVALID_HANDLE` before the loader or batch is touched; the
+//! entry stays in the child's table, never dropped there (dropping would
+//! close a loader whose threads are the parent's).
+//!
+//! The fork may also come while another thread of the parent holds a table's
+//! lock, which the child would inherit locked, and hang on. `pthread_atfork`
+//! handlers take both locks before the fork and let go of them after it, in
+//! the parent and in the child, so the child's copies are always unlocked.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::{MutexGuard, Once};
+
+use super::boundary::{BATCHES, Fail, HeldBatch, LOADERS, OpenLoader, lock};
+use super::status::RINGFEED_ERR_INVALID_HANDLE;
+
+type TableGuards = (
+    MutexGuard<'static, HashMap<usize, OpenLoader>>,
+    MutexGuard<'static, HashMap<u64, HeldBatch>>,
+);
+
+thread_local! {
+    /// The table locks the forking thread holds from `before_fork` to
+    /// `after_fork` (the three handlers run on the thread calling fork).
+    static HELD_ACROSS_FORK: RefCell<Option<TableGuards>> = const { RefCell::new(None) };
+}
+
+/// `pthread_atfork`'s prepare handler: both table locks, in one order (no
+/// entry point holds one while taking the other, so any order is safe).
+extern "C" fn before_fork() {
+    let guards = (lock(&LOADERS), lock(&BATCHES));
+    HELD_ACROSS_FORK.with(|h| *h.borrow_mut() = Some(guards));
+}
+
+/// The parent and child handler: lets go of the locks `before_fork` took.
+extern "C" fn after_fork() {
+    HELD_ACROSS_FORK.with(|h| drop(h.borrow_mut().take()));
+}
+
+/// Installs the fork handlers, once per process; called before the first
+/// entry goes into a table.
+pub(super) fn install_handlers() {
+    static INSTALL: Once = Once::new();
+    INSTALL.call_once(|| {
+        // SAFETY: the handlers are `extern "C"` functions that live as long
+        // as the library, take only the two table locks and never unwind
+        // (`lock` ignores poisoning; the `RefCell` is borrowed by nothing else).
+        // Only ENOMEM can fail it: then a child might inherit a locked
+        // table, as before these handlers; the pid check still refuses
+        // every entry the child finds.
+        let _ =
+            unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork), Some(after_fork)) };
+    });
+}
+
+/// Refuses an entry made by another process: the caller is a child of fork().
+pub(super) fn check_owner(what: &str, owner: u32) -> Result<(), Fail> {
+    let me = std::process::id();
+    if owner == me {
+        return Ok(());
+    }
+    Err(Fail(
+        RINGFEED_ERR_INVALID_HANDLE,
+        format!(
+            "{what} belongs to process {owner}, and this is process {me} (a child of fork()): \
+             loaders and batches do not cross fork; open a loader in this process"
+        ),
+    ))
+}
