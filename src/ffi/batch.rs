@@ -3,9 +3,10 @@
 //! batch is found by its `handle` in the batch table (`boundary.rs`); its
 //! other fields are never trusted.
 
+use std::collections::HashMap;
 use std::ffi::{CStr, c_char};
 
-use super::boundary::{BATCHES, Fail, boundary, check, invalid, lock, write_text};
+use super::boundary::{BATCHES, Fail, HeldBatch, boundary, check, invalid, lock, write_text};
 use super::fork;
 use super::status::{RINGFEED_ERR_INVALID_HANDLE, RINGFEED_OK};
 use super::types::ringfeed_batch;
@@ -67,12 +68,9 @@ pub unsafe extern "C" fn ringfeed_batch_sample_source(
     needed: *mut usize,
 ) -> i32 {
     boundary(|| {
-        check(batch, "batch")?;
-        // SAFETY: checked non-NULL and aligned; only the integer is read.
-        let handle = unsafe { std::ptr::addr_of!((*batch).handle).read() };
         let batches = lock(&BATCHES);
-        let held = batches.get(&handle).ok_or_else(|| not_held(handle))?;
-        fork::check_owner("batch", held.pid)?;
+        // SAFETY: forwarded from this function's contract.
+        let held = unsafe { held_batch(&batches, batch) }?;
         let (b, l) = (&held.batch, &held.loader);
         if sample >= b.len() {
             return Err(invalid(format!(
@@ -84,6 +82,22 @@ pub unsafe extern "C" fn ringfeed_batch_sample_source(
         // SAFETY: forwarded from this function's contract.
         unsafe { write_text(&name, "source", buf, len, needed) }
     })
+}
+
+/// The batch `batch` names, made by this process.
+///
+/// # Safety
+/// `batch` must be NULL or point to a readable `ringfeed_batch`.
+unsafe fn held_batch(
+    batches: &HashMap<u64, HeldBatch>,
+    batch: *const ringfeed_batch,
+) -> Result<&HeldBatch, Fail> {
+    check(batch, "batch")?;
+    // SAFETY: checked non-NULL and aligned; only the integer is read.
+    let handle = unsafe { std::ptr::addr_of!((*batch).handle).read() };
+    let held = batches.get(&handle).ok_or_else(|| not_held(handle))?;
+    fork::check_owner("batch", held.pid)?;
+    Ok(held)
 }
 
 fn not_held(handle: u64) -> Fail {
@@ -114,12 +128,9 @@ pub unsafe extern "C" fn ringfeed_batch_node_key(
     needed: *mut usize,
 ) -> i32 {
     boundary(|| {
-        check(batch, "batch")?;
-        // SAFETY: checked non-NULL and aligned; only the integer is read.
-        let handle = unsafe { std::ptr::addr_of!((*batch).handle).read() };
         let batches = lock(&BATCHES);
-        let held = batches.get(&handle).ok_or_else(|| not_held(handle))?;
-        fork::check_owner("batch", held.pid)?;
+        // SAFETY: forwarded from this function's contract.
+        let held = unsafe { held_batch(&batches, batch) }?;
         let key = held.batch.node_key().ok_or_else(|| {
             invalid(
                 "the batch is not from a node engine: its memory outlives its loader, and \

@@ -518,6 +518,20 @@ fn shift_range(line: &str) -> String {
     }
 }
 
+/// S3's answer to too many requests.
+const SLOW_DOWN: &[u8] =
+    b"<Error><Code>SlowDown</Code><Message>Reduce your request rate.</Message></Error>";
+
+/// An error status with its body.
+fn error_answer(w: &mut impl Write, status: &str, body: &[u8]) -> std::io::Result<()> {
+    write!(
+        w,
+        "HTTP/1.1 {status}\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )?;
+    w.write_all(body)
+}
+
 fn proxy_conn(mut client: TcpStream, upstream: SocketAddr, f: &Faults) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
     let mut up = TcpStream::connect(upstream)?;
@@ -528,6 +542,9 @@ fn proxy_conn(mut client: TcpStream, upstream: SocketAddr, f: &Faults) -> std::i
         };
         let head: Vec<u8> = req.drain(..n).collect();
         let is_get = head.starts_with(b"GET ");
+        if is_get {
+            f.gets.fetch_add(1, Ordering::SeqCst);
+        }
         let (drawn, stall_ms) = match f.random.lock().unwrap().as_mut() {
             Some(r) if is_get => (r.draw(), r.stall_ms),
             _ => (None, 0),
@@ -535,23 +552,12 @@ fn proxy_conn(mut client: TcpStream, upstream: SocketAddr, f: &Faults) -> std::i
         let stall = || std::thread::sleep(Duration::from_millis(stall_ms));
         match drawn {
             Some("slow_down_503") => {
-                let body = b"<Error><Code>SlowDown</Code><Message>Reduce your request rate.</Message></Error>";
-                write!(
-                    client,
-                    "HTTP/1.1 503 Slow Down\r\nContent-Length: {}\r\n\r\n",
-                    body.len()
-                )?;
-                client.write_all(body)?;
+                error_answer(&mut client, "503 Slow Down", SLOW_DOWN)?;
                 continue;
             }
             Some("internal_error_500") => {
                 let body = b"<Error><Code>InternalError</Code></Error>";
-                write!(
-                    client,
-                    "HTTP/1.1 500 Internal Server Error\r\nContent-Length: {}\r\n\r\n",
-                    body.len()
-                )?;
-                client.write_all(body)?;
+                error_answer(&mut client, "500 Internal Server Error", body)?;
                 continue;
             }
             Some("reset_before_head") => {
@@ -565,15 +571,8 @@ fn proxy_conn(mut client: TcpStream, upstream: SocketAddr, f: &Faults) -> std::i
             _ => {}
         }
         if is_get {
-            f.gets.fetch_add(1, Ordering::SeqCst);
             if take(&f.throttle) {
-                let body = b"<Error><Code>SlowDown</Code><Message>Reduce your request rate.</Message></Error>";
-                write!(
-                    client,
-                    "HTTP/1.1 503 Slow Down\r\nContent-Length: {}\r\n\r\n",
-                    body.len()
-                )?;
-                client.write_all(body)?;
+                error_answer(&mut client, "503 Slow Down", SLOW_DOWN)?;
                 continue;
             }
         }
