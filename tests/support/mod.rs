@@ -570,11 +570,9 @@ fn proxy_conn(mut client: TcpStream, upstream: SocketAddr, f: &Faults) -> std::i
             }
             _ => {}
         }
-        if is_get {
-            if take(&f.throttle) {
-                error_answer(&mut client, "503 Slow Down", SLOW_DOWN)?;
-                continue;
-            }
+        if is_get && take(&f.throttle) {
+            error_answer(&mut client, "503 Slow Down", SLOW_DOWN)?;
+            continue;
         }
         up.write_all(&head)?;
         let mut resp = Vec::new();
