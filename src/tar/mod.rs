@@ -28,12 +28,12 @@
 //!   header-only counter;
 //! - `sample.rs`: [`split_name`], a member's sample key and field.
 
-mod count;
+pub(crate) mod count;
 #[cfg(test)]
 mod fixtures;
 mod header;
-mod sample;
-mod walk;
+pub(crate) mod sample;
+pub(crate) mod walk;
 
 pub use count::count_file_samples;
 
