@@ -214,6 +214,11 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<ResponseHead>, String> {
     let mut headers = [httparse::EMPTY_HEADER; 64];
     let mut r = httparse::Response::new(&mut headers);
     let head_len = match r.parse(buf) {
+        // The limit holds however the head arrives: in one read, or in
+        // pieces that meet the `Partial` check below.
+        Ok(httparse::Status::Complete(n)) if n > MAX_HEAD => {
+            return Err(format!("response head longer than {MAX_HEAD} bytes"));
+        }
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) => {
             if buf.len() >= MAX_HEAD {
@@ -609,6 +614,18 @@ mod tests {
         let h = head("HTTP/1.1 206 P\r\nContent-Range: bytes 0-9/*\r\n\r\n");
         assert!(body(&h, 0, 10).unwrap_err().message.contains("manifest"));
         assert!(parse_head(b"HTTP/1.1 416 R\r\nContent-Range: bytes */x\r\n\r\n").is_err());
+    }
+
+    /// Found by the `http_response` property that a head is at most
+    /// `MAX_HEAD` bytes: a longer one was refused when it came in pieces
+    /// but taken when it came in one read.
+    #[test]
+    fn a_head_longer_than_max_head_is_refused_however_it_arrives() {
+        let mut head = b"HTTP/1.1 206 P\r\nX-Pad: ".to_vec();
+        head.resize(MAX_HEAD + 100, b'a');
+        head.extend_from_slice(b"\r\nContent-Range: bytes 0-9/10\r\n\r\n");
+        assert!(parse_head(&head[..MAX_HEAD]).is_err());
+        assert!(parse_head(&head).is_err());
     }
 
     /// Found by fuzzing (`http_response`): `bytes 256-265/1` was read as

@@ -26,11 +26,8 @@ pub fn response(data: &[u8]) {
     let open_end = flags & 1 != 0;
     // Ranges as the fetchers ask them: a start below 2^40 and a length of
     // at least one byte, below 4 GiB.
-    let start = if flags & 2 != 0 {
-        u64::from(input.u32()) << 8
-    } else {
-        0
-    };
+    let start_word = u64::from(input.u32());
+    let start = if flags & 2 != 0 { start_word << 8 } else { 0 };
     let len = u64::from(input.u32()).max(1);
     let cuts = input.cuts(8);
     let bytes = input.rest();
