@@ -16,6 +16,8 @@ pub mod engine; // the loader: start-up, workers, shuffler, sequencer, stats
 pub mod error; // the one error type and its kinds
 pub(crate) mod fetch; // the read backends: io_uring, threads, HTTP over both
 pub mod ffi; // the C ABI
+#[doc(hidden)]
+pub mod fuzzing; // the parsers of outside bytes, for fuzz/ and its corpus test
 pub mod memory; // the arena, the chunk pool, batches
 pub mod net; // HTTP, TLS, retries, S3
 pub mod node; // one engine per node: consumers attach over shared memory

@@ -15,7 +15,7 @@
 //! first remote shard of each; this file
 //! holds what they produce, the [`Shard`]s.
 
-mod parse;
+pub(crate) mod parse;
 mod resolve;
 
 use std::path::PathBuf;

@@ -10,6 +10,11 @@ use crate::error::{Error, Result};
 /// `{0..99999999}` must fail fast, not allocate gigabytes of names.
 pub const MAX_EXPANSION: usize = 10_000_000;
 
+/// Upper bound on the brace groups of one URL (nested ones included): real
+/// patterns have one to three; the bound keeps the expansion's recursion,
+/// one level per group, far inside a thread's stack.
+pub const MAX_GROUPS: usize = 1024;
+
 /// A manifest line: URL, size in bytes, samples.
 pub type ManifestEntry = (String, Option<u64>, Option<u64>);
 
@@ -87,9 +92,52 @@ pub fn expand_braces(pattern: &str) -> Result<Vec<String>> {
         url: pattern.to_string(),
         reason,
     };
-    let mut out = Vec::new();
+    // Counted before anything is built, so a pattern over the limit fails
+    // at once instead of after building MAX_EXPANSION names.
+    let mut groups = 0;
+    let n = count_names(pattern, &mut groups).map_err(err)?;
+    if n > MAX_EXPANSION as u64 {
+        return Err(err(format!("expands to more than {MAX_EXPANSION} names")));
+    }
+    let mut out = Vec::with_capacity(n as usize);
     expand_into(pattern, &mut String::new(), &mut out).map_err(err)?;
     Ok(out)
+}
+
+/// The names `pattern` expands to, counted without building them (past
+/// `MAX_EXPANSION`: some number above it); the fuzz target checks it
+/// against `expand_braces`.
+pub fn expansion_count(pattern: &str) -> std::result::Result<u64, String> {
+    count_names(pattern, &mut 0)
+}
+
+/// The names `rest` expands to, without building them (past
+/// `MAX_EXPANSION`, some number above it). A pattern is its groups in
+/// sequence, each multiplying the names of what follows it; a group's
+/// names are the sum of its alternatives' (each a pattern itself).
+fn count_names(mut rest: &str, groups: &mut usize) -> std::result::Result<u64, String> {
+    const OVER: u64 = MAX_EXPANSION as u64 + 1;
+    let mut n: u64 = 1;
+    while let Some((open, close)) = find_group(rest)? {
+        *groups += 1;
+        if *groups > MAX_GROUPS {
+            return Err(format!("holds more than {MAX_GROUPS} brace groups"));
+        }
+        let body = &rest[open + 1..close];
+        let alternatives = match list_parts(body) {
+            Some(parts) => {
+                let mut sum: u64 = 0;
+                for part in &parts {
+                    sum = sum.saturating_add(count_names(part, groups)?).min(OVER);
+                }
+                sum
+            }
+            None => range_bounds(body)?.3,
+        };
+        n = n.saturating_mul(alternatives).min(OVER);
+        rest = &rest[close + 1..];
+    }
+    Ok(n)
 }
 
 fn expand_into(
@@ -158,7 +206,15 @@ fn find_group(s: &str) -> std::result::Result<Option<(usize, usize)>, String> {
 }
 
 fn group_alternatives(body: &str) -> std::result::Result<Vec<String>, String> {
-    // Top-level commas split alternatives; a group without one is a range.
+    match list_parts(body) {
+        Some(parts) => Ok(parts),
+        None => numeric_range(body),
+    }
+}
+
+/// The alternatives of a list group `{a,b}`: top-level commas split them;
+/// `None` for a group without one (a range).
+fn list_parts(body: &str) -> Option<Vec<String>> {
     let mut parts = Vec::new();
     let mut depth = 0;
     let mut start = 0;
@@ -177,14 +233,15 @@ fn group_alternatives(body: &str) -> std::result::Result<Vec<String>, String> {
         }
         i += 1;
     }
-    if !parts.is_empty() {
-        parts.push(body[start..].to_string());
-        return Ok(parts);
+    if parts.is_empty() {
+        return None;
     }
-    numeric_range(body)
+    parts.push(body[start..].to_string());
+    Some(parts)
 }
 
-fn numeric_range(body: &str) -> std::result::Result<Vec<String>, String> {
+/// A range group's low and high bounds, step and count of names.
+fn range_bounds(body: &str) -> std::result::Result<(u64, u64, u64, u64), String> {
     let fields: Vec<&str> = body.split("..").collect();
     let bad =
         || format!("`{{{body}}}` is neither a list `{{a,b}}` nor a numeric range `{{000..127}}`");
@@ -202,11 +259,17 @@ fn numeric_range(body: &str) -> std::result::Result<Vec<String>, String> {
         return Err(format!("`{{{body}}}` has a step of 0"));
     }
     let count = lo.abs_diff(hi) / step + 1;
-    if count as usize > MAX_EXPANSION {
+    if count > MAX_EXPANSION as u64 {
         return Err(format!(
             "`{{{body}}}` expands to more than {MAX_EXPANSION} names"
         ));
     }
+    Ok((lo, hi, step, count))
+}
+
+fn numeric_range(body: &str) -> std::result::Result<Vec<String>, String> {
+    let (lo, hi, step, count) = range_bounds(body)?;
+    let fields: Vec<&str> = body.split("..").collect();
     let width = if fields[0].len() > 1 && fields[0].starts_with('0') {
         fields[0].len()
     } else {
@@ -254,10 +317,35 @@ mod tests {
             ("{1..x}", "neither a list"),
             ("{0..9..0}", "step of 0"),
             ("{0..99999999999}", "more than"),
+            ("{0..9999}{0..9999}", "more than"),
         ] {
             let e = expand_braces(p).unwrap_err().to_string();
             assert!(e.contains(want), "{p}: {e}");
         }
+    }
+
+    /// Found by fuzzing (`manifest`): a product of groups over the limit
+    /// (`{0..9999}{0..9999}`) built 10 million names, 2.2 s and 550 MB,
+    /// before it failed; and each group is a level of recursion, so a long
+    /// run of them would overflow the stack. Both now fail before anything
+    /// is built.
+    #[test]
+    fn patterns_over_the_limits_fail_before_expanding() {
+        let t = std::time::Instant::now();
+        for p in ["{0..9999}{0..9999}", "a{0..99999}{b,c}{0..99}"] {
+            let e = expand_braces(p).unwrap_err().to_string();
+            assert!(e.contains("more than 10000000 names"), "{p}: {e}");
+        }
+        let many = "{5..5}".repeat(MAX_GROUPS + 1);
+        let e = expand_braces(&many).unwrap_err().to_string();
+        assert!(e.contains("brace groups"), "{e}");
+        // Generous: the product is refused by counting, in microseconds.
+        assert!(
+            t.elapsed() < std::time::Duration::from_millis(200),
+            "{:?}",
+            t.elapsed()
+        );
+        assert_eq!(expansion_count("{a,{b,c}d}x{0..6..3}"), Ok(9));
     }
 
     #[test]

@@ -110,6 +110,10 @@ pub fn parse_url(url: &str) -> Result<ParsedUrl, String> {
     if authority.is_empty() {
         return Err("the URL has no host".into());
     }
+    // The host goes into the `Host:` header as it is written here.
+    if authority.bytes().any(|b| b <= b' ' || b == 0x7f) {
+        return Err("the host holds spaces or control characters".into());
+    }
     let (host, port) = if let Some(h) = authority.strip_prefix('[') {
         // [v6]:port
         let end = h.find(']').ok_or("unclosed `[` in the host")?;
@@ -124,6 +128,13 @@ pub fn parse_url(url: &str) -> Result<ParsedUrl, String> {
             None => (authority.to_string(), None),
         }
     };
+    if host.is_empty() {
+        return Err("the URL has no host".into());
+    }
+    // Brackets hold an IPv6 address (it has colons), and only they do.
+    if host.contains(['[', ']']) || host.contains(':') != authority.starts_with('[') {
+        return Err("an IPv6 address must be in brackets, and only it: http://[::1]:8080/".into());
+    }
     let port = match port {
         None => {
             if tls {
@@ -203,6 +214,11 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<ResponseHead>, String> {
     let mut headers = [httparse::EMPTY_HEADER; 64];
     let mut r = httparse::Response::new(&mut headers);
     let head_len = match r.parse(buf) {
+        // The limit holds however the head arrives: in one read, or in
+        // pieces that meet the `Partial` check below.
+        Ok(httparse::Status::Complete(n)) if n > MAX_HEAD => {
+            return Err(format!("response head longer than {MAX_HEAD} bytes"));
+        }
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) => {
             if buf.len() >= MAX_HEAD {
@@ -260,7 +276,9 @@ fn parse_content_range(v: &str) -> Result<(u64, u64, Option<u64>), String> {
     } else {
         Some(total.parse().map_err(|_| bad())?)
     };
-    if b < a {
+    // RFC 9110 §14.4: invalid when the last byte precedes the first, or
+    // is not inside the complete length.
+    if b < a || total.is_some_and(|t| t <= b) {
         return Err(bad());
     }
     Ok((a, b, total))
@@ -598,5 +616,68 @@ mod tests {
         let h = head("HTTP/1.1 206 P\r\nContent-Range: bytes 0-9/*\r\n\r\n");
         assert!(body(&h, 0, 10).unwrap_err().message.contains("manifest"));
         assert!(parse_head(b"HTTP/1.1 416 R\r\nContent-Range: bytes */x\r\n\r\n").is_err());
+    }
+
+    /// Found by the `http_response` property that a head is at most
+    /// `MAX_HEAD` bytes: a longer one was refused when it came in pieces
+    /// but taken when it came in one read.
+    #[test]
+    fn a_head_longer_than_max_head_is_refused_however_it_arrives() {
+        let mut head = b"HTTP/1.1 206 P\r\nX-Pad: ".to_vec();
+        head.resize(MAX_HEAD + 100, b'a');
+        head.extend_from_slice(b"\r\nContent-Range: bytes 0-9/10\r\n\r\n");
+        assert!(parse_head(&head[..MAX_HEAD]).is_err());
+        assert!(parse_head(&head).is_err());
+    }
+
+    /// Found by fuzzing (`http_response`): `bytes 256-265/1` was read as
+    /// 10 bytes of a 1-byte object; the fetcher took the body, and the
+    /// object's size from it.
+    #[test]
+    fn a_content_range_past_the_object_size_is_refused() {
+        for v in ["bytes 256-265/1", "bytes 0-9/9", "bytes 0-9/0"] {
+            let head = format!("HTTP/1.1 206 P\r\nContent-Range: {v}\r\n\r\n");
+            assert!(parse_head(head.as_bytes()).is_err(), "{v}");
+        }
+        let h = parse_head(b"HTTP/1.1 206 P\r\nContent-Range: bytes 0-9/10\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!(h.content_range, Some((0, 9, Some(10))));
+    }
+
+    /// Found by fuzzing (`http_request`): `http://0::1]:90/k` gave the
+    /// host `0::1]`, which no URL printed back gives again; an empty host
+    /// before a port (`http://:80/`) was taken too.
+    #[test]
+    fn a_host_is_a_name_or_a_bracketed_ipv6_address() {
+        for bad in [
+            "http://0::1]:90/k",
+            "http://a:b:80/",
+            "http://::1/",
+            "http://:80/",
+            "http://[]:80/",
+            "http://[::1]x]:80/",
+            "http://[1[81]:8",
+            "http://[host]:80/",
+        ] {
+            assert!(parse_url(bad).is_err(), "{bad}");
+        }
+        let u = parse_url("http://[::1]:9000/b").unwrap();
+        assert_eq!((u.host.as_str(), u.port), ("::1", 9000));
+    }
+
+    /// Found by fuzzing (`http_request`): a NUL, a space or a line break in
+    /// the host went into the `Host:` header as it was (a line break there
+    /// adds headers to the request).
+    #[test]
+    fn a_host_with_spaces_or_control_characters_is_refused() {
+        for bad in [
+            "https://bucket.s3.us-east-1\0.am/a",
+            "http://a b/x.tar",
+            "http://h\r\nX-Injected: 1/x.tar",
+            "http://h\x7f:80/",
+        ] {
+            assert!(parse_url(bad).is_err(), "{bad:?}");
+        }
     }
 }

@@ -33,12 +33,12 @@
 //! - `sample.rs`: [`split_name`] and [`lowercase_field`], a member's sample
 //!   key and field as WebDataset names them.
 
-mod count;
+pub(crate) mod count;
 #[cfg(test)]
 mod fixtures;
 mod header;
-mod sample;
-mod walk;
+pub(crate) mod sample;
+pub(crate) mod walk;
 
 pub use count::count_file_samples;
 

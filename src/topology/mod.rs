@@ -138,20 +138,18 @@ pub fn parse_cpu_list(text: &str) -> Result<Vec<usize>, String> {
                 .parse::<usize>()
                 .map_err(|_| format!("`{part}` is not a CPU number or range"))
         };
-        match part.split_once('-') {
-            Some((a, b)) => {
-                let (a, b) = (num(a)?, num(b)?);
-                if a > b {
-                    return Err(format!("`{part}`: the range runs backwards"));
-                }
-                // CPU_SETSIZE: no CPU above it can be pinned to anyway.
-                if b >= libc::CPU_SETSIZE as usize {
-                    return Err(format!("`{part}`: CPU {b} is past {}", libc::CPU_SETSIZE));
-                }
-                out.extend(a..=b);
-            }
-            None => out.push(num(part)?),
+        let (a, b) = match part.split_once('-') {
+            Some((a, b)) => (num(a)?, num(b)?),
+            None => (num(part)?, num(part)?),
+        };
+        if a > b {
+            return Err(format!("`{part}`: the range runs backwards"));
         }
+        // CPU_SETSIZE: no CPU at or above it can be pinned to anyway.
+        if b >= libc::CPU_SETSIZE as usize {
+            return Err(format!("`{part}`: CPU {b} is past {}", libc::CPU_SETSIZE));
+        }
+        out.extend(a..=b);
     }
     out.sort_unstable();
     out.dedup();
@@ -228,6 +226,20 @@ mod tests {
         assert!(parse_cpu_list("x").is_err());
         assert!(parse_cpu_list("0-99999").is_err());
         assert_eq!(format_cpu_list(&[0, 1, 2, 3, 8, 10, 11]), "0-3,8,10-11");
+    }
+
+    /// Found by fuzzing (`config`): `"cpus": "53463122,1"` was accepted
+    /// (a single CPU was not checked against CPU_SETSIZE, a range was, and
+    /// `"cpus": [53463122]` was refused).
+    #[test]
+    fn a_single_cpu_past_cpu_setsize_is_refused_as_a_range_is() {
+        let past = libc::CPU_SETSIZE as usize;
+        assert!(parse_cpu_list(&format!("{past}")).is_err());
+        assert!(parse_cpu_list("53463122,1").is_err());
+        assert_eq!(
+            parse_cpu_list(&format!("{}", past - 1)).unwrap(),
+            vec![past - 1]
+        );
         assert_eq!(format_cpu_list(&[]), "");
         assert!(!allowed_cpus().is_empty());
     }

@@ -1,0 +1,66 @@
+//! The fuzz targets' corpora, replayed in the ordinary test suite: every
+//! committed input of `fuzz/corpus/<target>/` goes through the same check
+//! its fuzz target runs (`fuzz/src/checks/`), so the seeds and the inputs
+//! that once found a bug keep being tested without nightly or libFuzzer.
+//! The fuzzing itself is `scripts/fuzz.sh` (docs/fuzzing.md).
+
+#[path = "../fuzz/src/checks/mod.rs"]
+mod checks;
+
+use std::path::Path;
+
+fn replay(target: &str, check: fn(&[u8])) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fuzz/corpus")
+        .join(target);
+    let mut inputs: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.expect("directory entry").path())
+        .collect();
+    inputs.sort();
+    assert!(!inputs.is_empty(), "{}: no corpus", dir.display());
+    for path in inputs {
+        let data = std::fs::read(&path).expect("corpus file");
+        let outcome = std::panic::catch_unwind(|| check(&data));
+        assert!(
+            outcome.is_ok(),
+            "{target}: {} fails its check",
+            path.display()
+        );
+    }
+}
+
+#[test]
+fn tar_walk_corpus() {
+    replay("tar_walk", checks::tar::check);
+}
+
+#[test]
+fn http_response_corpus() {
+    replay("http_response", checks::http::response);
+}
+
+#[test]
+fn http_request_corpus() {
+    replay("http_request", checks::http::request);
+}
+
+#[test]
+fn config_corpus() {
+    replay("config", checks::config::check);
+}
+
+#[test]
+fn manifest_corpus() {
+    replay("manifest", checks::manifest::check);
+}
+
+#[test]
+fn resume_corpus() {
+    replay("resume", checks::resume::check);
+}
+
+#[test]
+fn s3_xml_corpus() {
+    replay("s3_xml", checks::s3::check);
+}
