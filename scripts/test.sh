@@ -5,7 +5,8 @@
 # the C and C++ programs built with -Werror and ASan/UBSan against the library
 # (and the misuse and race programs under valgrind),
 # then the Python package: installed by pip into .venv (which builds and
-# bundles the release library) and tested with pytest, torch included.
+# bundles the release library) and tested with pytest, torch included; a
+# dependency that cannot be installed fails the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,13 +41,20 @@ rm -rf bindings/python/build
 # install fails the run rather than skipping that comparison.
 .venv/bin/python -m pip install -q ./bindings/python numpy pytest pillow webdataset
 # torch (CPU use only) for ringfeed.torch, the DLPack and decoding tests and
-# the training example: the tests that need it skip, saying so, where it
-# cannot be installed. torchvision for its image decoder.
+# the training example; torchdata for StatefulDataLoader; torchvision for its
+# image decoder. Required like webdataset: a failed install fails the run,
+# since the tests that need them would otherwise not run at all.
 if ! .venv/bin/python -m pip install -q torch torchdata torchvision; then
-    echo "test.sh: torch could not be installed; the torch tests will be skipped" >&2
+    echo "test.sh: torch, torchdata or torchvision could not be installed: the tests that need them cannot run" >&2
+    exit 1
 fi
+# RINGFEED_EXPECT_INSTALLED=1: everything above is installed, so a test
+# skipping for a missing module (or any skip not marked environmental in
+# conftest.py) is a failure; -rs lists the environmental skips that remain.
+# A test module that fails at import is reported and the others still run.
 status=0
-RINGFEED_EXPECT_INSTALLED=1 .venv/bin/python -m pytest bindings/python/tests -q -rs || status=$?
+RINGFEED_EXPECT_INSTALLED=1 .venv/bin/python -m pytest bindings/python/tests -q -rs \
+    --continue-on-collection-errors || status=$?
 if [ "$status" -eq 5 ]; then
     echo "test.sh: pytest collected no tests" >&2
 fi

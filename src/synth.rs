@@ -45,6 +45,9 @@ pub struct GenReport {
     /// Brace pattern naming every shard.
     pub pattern: String,
     pub samples: u64,
+    /// Samples written to each shard, in shard order: shard `i` holds the
+    /// keys `sample_key(i, j)` for `j` in `0..shard_samples[i]`.
+    pub shard_samples: Vec<u64>,
     pub payload_bytes: u64,
     pub file_bytes: u64,
 }
@@ -87,6 +90,7 @@ pub fn generate(dir: &Path, o: &GenOptions, mut progress: impl FnMut(u64)) -> Re
             .display()
             .to_string(),
         samples: 0,
+        shard_samples: Vec::with_capacity(o.shards),
         payload_bytes: 0,
         file_bytes: 0,
     };
@@ -123,6 +127,7 @@ pub fn generate(dir: &Path, o: &GenOptions, mut progress: impl FnMut(u64)) -> Re
             .map_err(|e| Error::io(IoOp::Write, &path, &e))?;
         w.flush().map_err(|e| Error::io(IoOp::Write, &path, &e))?;
         report.file_bytes += written + 1024;
+        report.shard_samples.push(j);
         report.paths.push(path);
     }
     Ok(report)

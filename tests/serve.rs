@@ -4,7 +4,7 @@
 //! the connection limit, time-outs, shutdown on drop, and ringfeed's own
 //! HTTP client streaming a dataset from it.
 
-use std::io::{Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
 use std::time::Duration;
@@ -38,7 +38,7 @@ impl Response {
 impl Client {
     fn connect(server: &Server) -> Client {
         let s = TcpStream::connect(server.addr()).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        s.set_read_timeout(Some(READ_TIMEOUT)).unwrap();
         Client { s, buf: Vec::new() }
     }
 
@@ -51,9 +51,19 @@ impl Client {
         self.response(false)
     }
 
+    /// Reads what the server sent next; 0 when it closed (EOF or reset).
+    /// Waiting out the read time-out is a failure, never a close: a server
+    /// that neither answers nor closes must not pass for one that closed.
     fn fill(&mut self) -> usize {
         let mut tmp = [0u8; 65536];
-        let n = self.s.read(&mut tmp).unwrap_or(0);
+        let n = match self.s.read(&mut tmp) {
+            Ok(n) => n,
+            Err(e) if closed_by_peer(&e) => 0,
+            Err(e) if timed_out(&e) => {
+                panic!("the server neither answered nor closed within {READ_TIMEOUT:?}")
+            }
+            Err(e) => panic!("read: {e}"),
+        };
         self.buf.extend_from_slice(&tmp[..n]);
         n
     }
@@ -96,11 +106,56 @@ impl Client {
         }
     }
 
-    /// True when the server closed the connection (EOF or reset).
+    /// True when the server closed the connection (EOF or reset) with
+    /// nothing more sent; false when it sent more bytes instead. Panics
+    /// when the read time-out passes first: the server kept the connection
+    /// open, which is exactly what the callers assert it does not.
     fn closed(&mut self) -> bool {
         let mut tmp = [0u8; 1];
-        matches!(self.s.read(&mut tmp), Ok(0) | Err(_))
+        match self.s.read(&mut tmp) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) if closed_by_peer(&e) => true,
+            Err(e) if timed_out(&e) => {
+                panic!("the server kept the connection open for {READ_TIMEOUT:?}")
+            }
+            Err(e) => panic!("read: {e}"),
+        }
     }
+
+    /// True once the server has closed the connection, without waiting:
+    /// false while it is open with nothing to read.
+    fn closed_now(&mut self) -> bool {
+        self.s.set_nonblocking(true).unwrap();
+        let mut tmp = [0u8; 1];
+        let r = self.s.peek(&mut tmp);
+        self.s.set_nonblocking(false).unwrap();
+        match r {
+            Ok(0) => true,
+            Ok(_) => panic!("the server sent bytes nobody asked for"),
+            Err(e) if closed_by_peer(&e) => true,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => false,
+            Err(e) => panic!("peek: {e}"),
+        }
+    }
+}
+
+/// How long a client waits for any answer. Generous: only a server that
+/// never answers (or never closes) runs into it, and a loaded CI machine
+/// must not.
+const READ_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A read or write error that means the server closed the connection.
+fn closed_by_peer(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted | ErrorKind::BrokenPipe
+    )
+}
+
+/// What a read returns when `set_read_timeout` expires (EAGAIN on Linux).
+fn timed_out(e: &std::io::Error) -> bool {
+    matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut)
 }
 
 fn content(n: usize) -> Vec<u8> {
@@ -332,12 +387,29 @@ fn idle_and_slow_clients_are_dropped() {
     let mut c = Client::connect(&server);
     assert_eq!(c.get("/sub/x.tar", "").status, 200);
     assert!(c.closed(), "idle keep-alive connection closed");
-    // A head trickled in slower than the head time-out.
+    // A head trickled in: one byte every 50 ms keeps every gap under both
+    // time-outs, so only the head's total time (300 ms) can end it. A
+    // server that restarted the clock on each byte would take the whole
+    // 10 s trickle without closing.
     let mut c = Client::connect(&server);
-    c.send("GET /sub/x.tar HTTP/1.1\r\n");
-    std::thread::sleep(Duration::from_millis(150));
-    c.send("Host: t\r\n");
-    assert!(c.closed(), "slow head closed");
+    c.send("GET /sub/x.tar HTTP/1.1\r\nX-Slow: ");
+    let mut closed = false;
+    for _ in 0..200 {
+        std::thread::sleep(Duration::from_millis(50));
+        if c.closed_now() {
+            closed = true;
+            break;
+        }
+        match c.s.write_all(b"a") {
+            Ok(()) => {}
+            Err(e) if closed_by_peer(&e) => {
+                closed = true;
+                break;
+            }
+            Err(e) => panic!("write: {e}"),
+        }
+    }
+    assert!(closed, "a head trickled in for 10 s was not cut off");
 }
 
 #[test]

@@ -15,6 +15,7 @@ use ringfeed::synth;
 
 use crate::AnyResult;
 use crate::args::{LoaderArgs, ReportArgs, config_map_for};
+use crate::tally::{Expected, SampleTally};
 
 /// CLOCK_MONOTONIC now, in ns: the clock another process can read too, so a
 /// benchmark can time from before it spawned this one to the first batch.
@@ -36,28 +37,59 @@ fn rusage() -> (Duration, u64) {
     (tv(u.ru_utime) + tv(u.ru_stime), u.ru_maxrss as u64 * 1024)
 }
 
-/// Fields of `b` whose bytes differ from the generator's for `seed`.
-fn verify_failures(b: &AnyBatch, seed: u64) -> u64 {
+/// Calls `f` with each sample of `b`: its key and its fields (name, bytes).
+fn for_each_sample(b: &AnyBatch, mut f: impl FnMut(&[u8], &[(&[u8], &[u8])])) {
     let fields = b.raw_fields();
-    let mut bad = 0;
+    let mut named = Vec::new();
     for s in b.raw_samples() {
+        named.clear();
         // SAFETY: the batch is alive: its key, names and data are valid, and
         // its samples' fields lie in its field array.
         unsafe {
             let key = std::ffi::CStr::from_ptr(s.key).to_bytes();
             let start = s.fields.offset_from(fields.as_ptr()) as usize;
-            for f in &fields[start..start + s.field_count] {
-                let name = std::ffi::CStr::from_ptr(f.name).to_bytes();
-                if !synth::verify(seed, key, name, std::slice::from_raw_parts(f.data, f.len)) {
-                    bad += 1;
-                }
+            for fd in &fields[start..start + s.field_count] {
+                let name = std::ffi::CStr::from_ptr(fd.name).to_bytes();
+                named.push((name, std::slice::from_raw_parts(fd.data, fd.len)));
             }
+            f(key, &named);
         }
     }
+}
+
+/// Fields of `b` whose bytes differ from the generator's for `seed`.
+fn verify_failures(b: &AnyBatch, seed: u64) -> u64 {
+    let mut bad = 0;
+    for_each_sample(b, |key, fields| {
+        for (name, data) in fields {
+            if !synth::verify(seed, key, name, data) {
+                bad += 1;
+            }
+        }
+    });
     bad
 }
 
-pub(crate) fn bench(urls: Vec<String>, a: &LoaderArgs, out: &ReportArgs) -> AnyResult<()> {
+/// Adds the samples of `b` to `tally`.
+fn count_samples(b: &AnyBatch, tally: &mut SampleTally) {
+    for_each_sample(b, |key, fields| {
+        let names: Vec<&str> = fields
+            .iter()
+            .map(|(n, _)| std::str::from_utf8(n).unwrap_or("<not UTF-8>"))
+            .collect();
+        tally.sample(&String::from_utf8_lossy(key), &names);
+    });
+}
+
+/// Streams `urls` and reports. With `expect` (the dataset was generated
+/// here, as `demo` does), the samples delivered are counted against it too:
+/// each generated sample exactly once per epoch.
+pub(crate) fn bench(
+    urls: Vec<String>,
+    a: &LoaderArgs,
+    out: &ReportArgs,
+    expect: Option<&Expected>,
+) -> AnyResult<()> {
     let source = urls.join(" ");
     let map = config_map_for(urls, a)?;
     let epochs = Config::from_map(&map)?.epochs.max(1);
@@ -79,6 +111,7 @@ pub(crate) fn bench(urls: Vec<String>, a: &LoaderArgs, out: &ReportArgs) -> AnyR
     let (cpu0, _) = rusage();
     let t0 = Instant::now();
     let mut bad = 0u64;
+    let mut tally = expect.map(|e| SampleTally::new(&e.fields));
     let mut first_batch_at = None;
     loop {
         match loader.next(Some(Duration::from_secs(60)))? {
@@ -87,9 +120,17 @@ pub(crate) fn bench(urls: Vec<String>, a: &LoaderArgs, out: &ReportArgs) -> AnyR
                 if let Some(seed) = out.verify {
                     bad += verify_failures(&b, seed);
                 }
+                if let Some(t) = &mut tally {
+                    count_samples(&b, t);
+                }
                 bar.inc(b.bytes());
             }
-            AnyNext::EndOfEpoch(e) => bar.set_message(format!("epoch {e} done")),
+            AnyNext::EndOfEpoch(e) => {
+                if let Some(t) = &mut tally {
+                    t.end_of_epoch();
+                }
+                bar.set_message(format!("epoch {e} done"));
+            }
             AnyNext::Timeout => bar.set_message("waiting for data"),
             AnyNext::Finished => break,
         }
@@ -100,6 +141,7 @@ pub(crate) fn bench(urls: Vec<String>, a: &LoaderArgs, out: &ReportArgs) -> AnyR
     let (stats_text, s) = loader.stats()?;
     loader.close();
     let stats: Value = serde_json::from_str(&stats_text)?;
+    let counted = tally.as_ref().zip(expect).map(|(t, e)| t.check(e));
     // The setup the counters do not hold, as the stats JSON gives it.
     let text = |k: &str| stats[k].as_str().unwrap_or("-").to_string();
     let flag = |k: &str| stats[k].as_bool().unwrap_or(false);
@@ -119,6 +161,8 @@ pub(crate) fn bench(urls: Vec<String>, a: &LoaderArgs, out: &ReportArgs) -> AnyR
         "peak_rss_bytes": rss,
         "memory_budget": budget,
         "verify_failures": out.verify.map(|_| bad),
+        "samples_counted": counted.as_ref().and_then(|c| c.as_ref().ok()),
+        "count_failure": counted.as_ref().and_then(|c| c.as_ref().err()),
         "first_batch_monotonic_ns": first_batch_at,
         "source": source,
         "stats": stats,
@@ -175,6 +219,13 @@ pub(crate) fn bench(urls: Vec<String>, a: &LoaderArgs, out: &ReportArgs) -> AnyR
         if let Some(seed) = out.verify {
             println!("verified      every field against seed {seed}: {bad} mismatches");
         }
+        match &counted {
+            Some(Ok(n)) => {
+                println!("counted       every generated sample exactly once per epoch: {n} samples")
+            }
+            Some(Err(e)) => println!("counted       FAILED: {e}"),
+            None => {}
+        }
         let node = &stats["node"];
         if node.is_object() {
             // The engine's CPU and memory are its own process's: not in the
@@ -192,6 +243,9 @@ pub(crate) fn bench(urls: Vec<String>, a: &LoaderArgs, out: &ReportArgs) -> AnyR
     }
     if bad > 0 {
         return Err(format!("{bad} fields did not match the generator's content").into());
+    }
+    if let Some(Err(e)) = counted {
+        return Err(format!("the samples delivered are not the samples generated: {e}").into());
     }
     Ok(())
 }

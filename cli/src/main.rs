@@ -24,13 +24,14 @@ mod generate;
 mod inspect;
 mod node;
 mod serve;
+mod tally;
 mod topology;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Gen(a) => generate::gen_cmd(a),
-        Command::Bench(a) => bench::bench(a.urls, &a.opts, &a.report),
+        Command::Bench(a) => bench::bench(a.urls, &a.opts, &a.report, None),
         Command::Serve(a) => serve::serve_cmd(a),
         Command::Node(a) => node::node_cmd(a),
         Command::Ls(a) => inspect::ls(a.urls, a.samples, a.json, &a.opts),

@@ -207,11 +207,15 @@ fn serve_prints_its_url_and_answers_ranged_gets() {
 }
 
 #[test]
-fn demo_streams_over_http_and_verifies_every_byte() {
+fn demo_streams_over_http_and_verifies_every_byte_and_sample() {
     let o = ringfeed(&["demo", "--size", "16MiB"]);
     let all = format!("{}{}", text(&o.stdout), text(&o.stderr));
     assert!(o.status.success(), "{all}");
     assert!(all.contains("0 mismatches"), "{all}");
+    assert!(
+        all.contains("counted       every generated sample exactly once per epoch"),
+        "{all}"
+    );
     assert!(all.contains("streaming http://127.0.0.1:"), "{all}");
     assert!(all.contains("source        http://127.0.0.1:"), "{all}");
     assert!(all.contains("server        "), "{all}");
@@ -222,6 +226,11 @@ fn demo_streams_over_http_and_verifies_every_byte() {
         all.contains("0 mismatches") && !all.contains("http://"),
         "{all}"
     );
+    // Two epochs: each sample once in each.
+    let o = ringfeed(&["demo", "--size", "8MiB", "--local", "--epochs", "2"]);
+    let all = format!("{}{}", text(&o.stdout), text(&o.stderr));
+    assert!(o.status.success(), "{all}");
+    assert!(all.contains("exactly once per epoch"), "{all}");
 }
 
 #[test]

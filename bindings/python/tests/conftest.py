@@ -1,5 +1,7 @@
-"""Shared fixtures: shards from the CLI (`ringfeed gen`) and from tarfile."""
+"""Shared fixtures: shards from the CLI (`ringfeed gen`) and from tarfile;
+and what a skip means under RINGFEED_EXPECT_INSTALLED=1."""
 
+import importlib
 import io
 import json
 import os
@@ -13,6 +15,63 @@ REPO = Path(__file__).resolve().parents[3]
 HEADER = REPO / "include" / "ringfeed.h"
 
 MASK = (1 << 64) - 1
+
+# scripts/test.sh sets RINGFEED_EXPECT_INSTALLED=1 after installing every
+# optional dependency (torch, torchdata, torchvision, Pillow, webdataset, a C
+# compiler). There a test that skips because one is missing would hide that
+# the thing it checks never ran, so such a skip is reported as a failure (the
+# hooks below). Only skips for what no install can change (not running as
+# root, a torch build without torch.distributed) stay skips: they go through
+# `skip_for_environment`, and `-rs` lists them.
+EXPECT_INSTALLED = os.environ.get("RINGFEED_EXPECT_INSTALLED") == "1"
+ENVIRONMENT = "environment: "
+
+
+def require(module, what):
+    """Imports `module` (dotted names too) and returns it. Where it is
+    missing the test skips, saying `what` did not run; under
+    RINGFEED_EXPECT_INSTALLED=1 that is a failure instead."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        error = e
+    if EXPECT_INSTALLED:
+        pytest.fail(f"{module} cannot be imported ({error}), yet scripts/test.sh installed it "
+                    f"(RINGFEED_EXPECT_INSTALLED=1): {what} did NOT run", pytrace=False)
+    pytest.skip(f"{module} is not installed: {what} did NOT run", allow_module_level=True)
+
+
+def skip_for_environment(reason):
+    """Skips for a reason no install can change; a skip even under
+    RINGFEED_EXPECT_INSTALLED=1."""
+    pytest.skip(ENVIRONMENT + reason)
+
+
+def _fail_required_skip(report):
+    """Under RINGFEED_EXPECT_INSTALLED=1, turns a skip that did not come
+    from `skip_for_environment` (an `importorskip`, a `skipif`, a plain
+    `pytest.skip`) into a failure naming its reason."""
+    if not (EXPECT_INSTALLED and report.skipped) or hasattr(report, "wasxfail"):
+        return
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    if reason.startswith("Skipped: " + ENVIRONMENT):
+        return
+    report.outcome = "failed"
+    report.longrepr = (f"{report.nodeid} skipped under RINGFEED_EXPECT_INSTALLED=1, where everything it "
+                       f"needs was installed: {reason}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    _fail_required_skip(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    _fail_required_skip(outcome.get_result())
 
 
 def cli():

@@ -9,8 +9,10 @@ import json
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch", reason="torch is not installed (scripts/test.sh tries pip install torch)")
-PIL = pytest.importorskip("PIL.Image", reason="Pillow is not installed (scripts/test.sh installs it)")
+from conftest import require  # noqa: E402
+
+torch = require("torch", "the decoding tests")
+PIL = require("PIL.Image", "the decoding tests")
 
 import ringfeed  # noqa: E402
 from ringfeed.decode import DecodeError, Decoder  # noqa: E402

@@ -6,7 +6,7 @@ import pytest
 import ringfeed
 from ringfeed import _dlpack
 
-from conftest import sample_bytes
+from conftest import require, sample_bytes
 
 
 def first_batch(urls, **kw):
@@ -51,7 +51,7 @@ def test_dlpack_refuses_copy_false_when_not_strided(small_shards):
 
 
 def test_torch_from_dlpack_zero_copy_and_lifetime(fixed_shards):
-    torch = pytest.importorskip("torch", reason="torch is not installed")
+    torch = require("torch", "torch.from_dlpack on a batch")
     b = first_batch(fixed_shards, batch_size=16)
     lease = weakref.ref(b._lease)
     v = b["vec"]

@@ -10,11 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from conftest import require
 
-torch = pytest.importorskip("torch", reason="torch is not installed (scripts/test.sh tries pip install torch)")
-pytest.importorskip("torchdata.stateful_dataloader", reason="torchdata is not installed")
-pytest.importorskip("PIL", reason="Pillow is not installed")
+torch = require("torch", "the training example")
+require("torchdata.stateful_dataloader", "the training example")
+require("PIL", "the training example")
 
 import ringfeed  # noqa: E402
 

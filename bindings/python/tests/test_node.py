@@ -21,7 +21,7 @@ import pytest
 
 import ringfeed
 
-from conftest import cli, gen
+from conftest import cli, gen, require, skip_for_environment
 
 
 @pytest.fixture()
@@ -67,7 +67,7 @@ def test_a_consumer_with_other_dataset_keys_is_refused_by_name(shards, runtime):
 
 
 def test_dataloader_workers_share_one_engine_by_default(shards, runtime):
-    torch = pytest.importorskip("torch", reason="torch is not installed (scripts/test.sh tries pip install torch)")
+    torch = require("torch", "this torch test")
     from ringfeed.torch import RingfeedDataset
 
     def keys(**kw):
@@ -95,7 +95,7 @@ def test_batches_held_when_their_workers_shut_down_are_not_read_into(shards, run
     shuts its workers down; the next epoch's workers read through the same
     engine's small arena. The held items keep their bytes (the workers had
     the engine keep them), and once released the engine has nothing kept."""
-    torch = pytest.importorskip("torch", reason="torch is not installed (scripts/test.sh tries pip install torch)")
+    torch = require("torch", "this torch test")
     from ringfeed.torch import RingfeedDataset
 
     monkeypatch.setenv("RINGFEED_NODE_LINGER_MS", "60000")  # one engine for both epochs
@@ -219,7 +219,7 @@ def other_user_attaches():
     (the first, the second, consumers this user attached afterwards saw
     attached in all)."""
     if os.geteuid() != 0:
-        pytest.skip(f"runs a process as uid {OTHER_UID}, which needs root (CI runs as root)")
+        skip_for_environment(f"runs a process as uid {OTHER_UID}, which needs root (CI runs as root)")
     # Not under pytest's tmp_path: its parents are private to this user, and
     # the other user must reach the socket's directory once it is opened.
     base = Path(tempfile.mkdtemp(prefix="ringfeed-other-user-"))

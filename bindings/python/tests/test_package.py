@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import ringfeed
 
 
@@ -16,7 +17,10 @@ def run_python(code, **env):
 def test_the_installed_package_bundles_the_library():
     pkg = Path(ringfeed.__file__).parent
     if os.environ.get("RINGFEED_LIB"):
-        return
+        # Not an environmental skip: scripts/test.sh tests the bundle, so
+        # under RINGFEED_EXPECT_INSTALLED=1 this fails rather than passing
+        # without having looked.
+        pytest.skip("RINGFEED_LIB names the library: the bundled one is not loaded")
     assert Path(ringfeed.LIBRARY_PATH) == pkg / "libringfeed.so"
     if os.environ.get("RINGFEED_EXPECT_INSTALLED") == "1":
         assert "site-packages" in str(pkg)

@@ -4,13 +4,12 @@ spawn, epochs, and exact resume through state_dict / StatefulDataLoader."""
 from collections import Counter
 
 import pytest
+from conftest import gen, require, skip_for_environment
 
-torch = pytest.importorskip("torch", reason="torch is not installed (scripts/test.sh tries pip install torch)")
+torch = require("torch", "the ringfeed.torch tests")
 
 import ringfeed  # noqa: E402
 from ringfeed.torch import RingfeedDataset, rank_and_world, to_tensors  # noqa: E402
-
-from conftest import gen  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +189,7 @@ def test_one_iter_is_one_epoch_and_set_epoch_chooses_it(shards4):
 
 
 def test_stateful_dataloader(shards4):
-    sdl = pytest.importorskip("torchdata.stateful_dataloader", reason="torchdata is not installed")
+    sdl = require("torchdata.stateful_dataloader", "resume through StatefulDataLoader")
     full = keys_of(RingfeedDataset(shards4, batch_size=10, **SHUFFLED))
     ds = RingfeedDataset(shards4, batch_size=10, **SHUFFLED)
     dl = sdl.StatefulDataLoader(ds, batch_size=None, num_workers=0)
@@ -212,7 +211,7 @@ def test_keys_the_dataset_sets_are_refused(shards4, key):
 
 @pytest.mark.parametrize("stop", [1, 5, 9])
 def test_stateful_dataloader_with_workers(shards4, stop):
-    sdl = pytest.importorskip("torchdata.stateful_dataloader", reason="torchdata is not installed")
+    sdl = require("torchdata.stateful_dataloader", "resume through StatefulDataLoader")
 
     def make():
         ds = RingfeedDataset(shards4, batch_size=10, transform=tag_worker, **SHUFFLED)
@@ -264,7 +263,7 @@ def test_elastic_resume_from_two_ranks_to_three(shards4, monkeypatch):
 def test_rank_from_torch_distributed_when_initialised(shards4, monkeypatch):
     dist = torch.distributed
     if not dist.is_available():
-        pytest.skip("torch.distributed is not available in this torch build")
+        skip_for_environment("torch.distributed is not available in this torch build")
     import socket
 
     with socket.socket() as s:

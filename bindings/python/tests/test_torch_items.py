@@ -10,7 +10,9 @@ from multiprocessing.reduction import ForkingPickler
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch", reason="torch is not installed (scripts/test.sh tries pip install torch)")
+from conftest import require  # noqa: E402
+
+torch = require("torch", "the ringfeed.torch item tests")
 
 import ringfeed  # noqa: E402
 from ringfeed import _lease, _transport  # noqa: E402

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import ringfeed
+from conftest import require
 
 GNU_FORMATS = ["gnu", "oldgnu", "posix", "ustar", "v7"]
 OLDGNU_MAGIC = b"ustar  \0"
@@ -31,13 +32,7 @@ OLDGNU_MAGIC = b"ustar  \0"
 
 @pytest.fixture(scope="module")
 def wds():
-    try:
-        import webdataset
-    except ImportError:
-        if os.environ.get("RINGFEED_EXPECT_INSTALLED") == "1":
-            pytest.fail("webdataset is not installed, yet scripts/test.sh installs it")
-        pytest.skip("webdataset is not installed: the WebDataset comparison did NOT run (pip install webdataset)")
-    return webdataset
+    return require("webdataset", "the WebDataset comparison")
 
 
 @pytest.fixture(scope="module")
