@@ -501,7 +501,8 @@ fn content_length(head: &[u8]) -> usize {
         .unwrap_or(0)
 }
 
-/// `Content-Range: bytes a-b/t` as `bytes a+1-b+1/t`: another range.
+/// `Content-Range: bytes a-b/t` as another valid range of the object: one
+/// byte earlier, or (at its start) one byte shorter.
 fn shift_range(line: &str) -> String {
     let parsed = line.split_once("bytes ").and_then(|(_, v)| {
         let (range, total) = v.split_once('/')?;
@@ -513,8 +514,9 @@ fn shift_range(line: &str) -> String {
         ))
     });
     match parsed {
-        Some((a, b, total)) => format!("Content-Range: bytes {}-{}/{total}", a + 1, b + 1),
-        None => line.to_string(),
+        Some((a, b, total)) if a > 0 => format!("Content-Range: bytes {}-{}/{total}", a - 1, b - 1),
+        Some((a, b, total)) if b > a => format!("Content-Range: bytes {a}-{}/{total}", b - 1),
+        _ => line.to_string(),
     }
 }
 
