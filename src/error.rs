@@ -104,6 +104,19 @@ pub enum Error {
     /// the status the engine gave it.
     #[error("{message}")]
     Remote { status: i32, message: String },
+    /// A whole-object write found its target there already, and
+    /// `overwrite` is false: nothing was written.
+    #[error("`{url}` already exists ({how}); writes never replace an object unless `overwrite` is true")]
+    Exists { url: String, how: String },
+    /// One part of a whole-object read or write failed for good; the
+    /// upload, if any, was aborted.
+    #[error("`{url}` part {part}: {source}")]
+    Part {
+        url: String,
+        /// From 1, as S3 numbers parts.
+        part: u32,
+        source: Box<Error>,
+    },
 }
 
 impl Error {

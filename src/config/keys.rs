@@ -10,10 +10,10 @@ use std::path::PathBuf;
 use serde_json::Value;
 
 use super::values::{
-    attempts, boolean, cpu_list, endpoint, file_path, integer, io_backend, memory_kind, node_mode,
+    attempts, boolean, checksum, cpu_list, endpoint, file_path, integer, io_backend, memory_kind, node_mode,
     numa_node, positive, region, remainder, resume_states, secret, size, text, toggle, urls,
 };
-use super::{IoBackend, NodeMode, Toggle};
+use super::{Checksum, IoBackend, NodeMode, Toggle};
 use crate::error::{Error, Result};
 use crate::memory::MemoryKind;
 use crate::net::s3::S3Config;
@@ -288,6 +288,27 @@ config_keys! {
     /// a runtime loads and a device takes it, else says why in the notes.
     // Auto: free where CUDA is, and where it is not the loader runs the same.
     cuda_register: Toggle = Toggle::Auto => toggle(key, v)?;
+
+    /// Whole objects (`crate::object`): bytes per ranged GET of a read and
+    /// per part of a multipart upload.
+    // 8 MiB: the part size of the AWS CRT and boto3's transfer manager,
+    // above S3's 5 MiB minimum part.
+    part_size: u64 = 8 << 20 => size(key, v)?;
+
+    /// Whole objects: ranged GETs or part uploads in flight at once.
+    // 8: boto3's transfer manager's 10 threads, less the two CPUs such a
+    // node spends on the rest; past 8 a 2-CPU host gains nothing.
+    parts_in_flight: usize = 8 => positive(key, v)? as usize;
+
+    /// Whole-object writes: the checksum each part carries, which S3
+    /// verifies before it keeps the part.
+    // CRC32C: what the AWS SDKs send by default, at memory speed.
+    checksum: Checksum = Checksum::Crc32c => checksum(key, v)?;
+
+    /// Whole-object writes: replace an object that exists. Off: the write
+    /// is conditional (`If-None-Match: *`) and fails when the key exists.
+    // Write-once: a checkpoint never silently replaces another.
+    overwrite: bool = false => boolean(key, v)?;
 }
 
 #[cfg(test)]

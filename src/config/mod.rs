@@ -19,7 +19,7 @@ mod values;
 use serde_json::{Map, Value};
 
 pub use keys::{AUTO_WORKERS, Config, KEYS};
-pub use values::{IoBackend, NodeMode, Toggle, parse_size};
+pub use values::{Checksum, IoBackend, NodeMode, Toggle, parse_size};
 
 use crate::error::{Error, Result};
 use crate::plan::PlanOptions;
@@ -190,11 +190,38 @@ impl Config {
 
     /// Applies the keys of `map` over the defaults, then validates.
     pub fn from_map(map: &Map<String, Value>) -> Result<Config> {
+        let c = Config::keys_of(map)?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// The configuration of a whole-object read or write (`crate::object`):
+    /// the same keys, where `urls` is not required (the call names the
+    /// object) and the loader's layout is not checked. Empty text is `{}`.
+    pub fn for_objects(text: &str) -> Result<Config> {
+        let text = if text.trim().is_empty() { "{}" } else { text };
+        let map = match serde_json::from_str(text)
+            .map_err(|e| Error::config(format!("not valid JSON: {e}")))?
+        {
+            Value::Object(map) => map,
+            other => {
+                return Err(Error::config(format!(
+                    "expected a JSON object of keys, got {}",
+                    kind_of(&other)
+                )));
+            }
+        };
+        let c = Config::keys_of(&map)?;
+        c.validate_s3()?;
+        c.validate_objects()?;
+        Ok(c)
+    }
+
+    fn keys_of(map: &Map<String, Value>) -> Result<Config> {
         let mut c = Config::default();
         for (key, v) in map {
             c.set(key, v)?;
         }
-        c.validate()?;
         Ok(c)
     }
 }

@@ -6,13 +6,8 @@ use super::Config;
 use crate::error::{Error, Result};
 
 impl Config {
-    /// Checks the values together (each was checked alone when parsed).
-    pub fn validate(&self) -> Result<()> {
-        if self.urls.is_empty() && self.manifest.is_none() {
-            return Err(Error::config(
-                "`urls` is required: give one or more dataset URLs or paths (or a `manifest`)",
-            ));
-        }
+    /// The S3 keys that go together.
+    pub(super) fn validate_s3(&self) -> Result<()> {
         let s3 = &self.s3;
         if s3.access_key_id.is_some() != s3.secret_access_key.is_some() {
             return Err(Error::config(
@@ -29,6 +24,38 @@ impl Config {
                 "`s3_unsigned` is true but credentials or a profile are given; choose one",
             ));
         }
+        Ok(())
+    }
+
+    /// The whole-object keys' bounds. S3's own (a part of at least 5 MiB,
+    /// 10,000 parts) are checked by the writer, which knows the target.
+    pub(super) fn validate_objects(&self) -> Result<()> {
+        const MIN_PART: u64 = 64 << 10;
+        const MAX_PART: u64 = 5 << 30;
+        if !(MIN_PART..=MAX_PART).contains(&self.part_size) {
+            return Err(Error::config(format!(
+                "`part_size` must be from 64 KiB to 5 GiB, got {}",
+                self.part_size
+            )));
+        }
+        if self.parts_in_flight > 256 {
+            return Err(Error::config(format!(
+                "`parts_in_flight` must be at most 256, got {}",
+                self.parts_in_flight
+            )));
+        }
+        Ok(())
+    }
+
+    /// Checks the values together (each was checked alone when parsed).
+    pub fn validate(&self) -> Result<()> {
+        if self.urls.is_empty() && self.manifest.is_none() {
+            return Err(Error::config(
+                "`urls` is required: give one or more dataset URLs or paths (or a `manifest`)",
+            ));
+        }
+        self.validate_s3()?;
+        self.validate_objects()?;
         if self.batch_size == 0 {
             return Err(Error::config("`batch_size` must be at least 1"));
         }

@@ -23,6 +23,19 @@ pub enum IoBackend {
     Threads,
 }
 
+/// The checksum each part of a whole-object write carries (`checksum`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Checksum {
+    /// `x-amz-checksum-crc32c`.
+    Crc32c,
+    /// `x-amz-checksum-crc64nvme`.
+    Crc64Nvme,
+    /// `Content-MD5`.
+    Md5,
+    /// None: S3 checks only the signature and the length.
+    None,
+}
+
 /// `"auto"`, `"on"` or `"off"` for a feature that needs a privilege.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Toggle {
@@ -208,6 +221,15 @@ pub(super) fn size(key: &str, v: &Value) -> Result<u64> {
             other,
         )),
     }
+}
+
+pub(super) fn checksum(key: &str, v: &Value) -> Result<Checksum> {
+    Ok(match choice(key, v, &["crc32c", "crc64nvme", "md5", "none"])? {
+        "crc32c" => Checksum::Crc32c,
+        "crc64nvme" => Checksum::Crc64Nvme,
+        "md5" => Checksum::Md5,
+        _ => Checksum::None,
+    })
 }
 
 pub(super) fn io_backend(key: &str, v: &Value) -> Result<IoBackend> {

@@ -58,15 +58,7 @@ pub fn resolve_with(
     s3: &S3Config,
     env: &Env,
 ) -> Result<Vec<Shard>> {
-    let mut r = Resolver {
-        net,
-        s3_config: s3,
-        env,
-        s3: None,
-        hosts: HashMap::new(),
-        jitter: Jitter::new(0x5eed ^ 3),
-        shards: Vec::new(),
-    };
+    let mut r = Resolver::new(net, s3, env, false);
     if let Some(m) = manifest {
         r.manifest(m)?;
     }
@@ -81,6 +73,26 @@ pub fn resolve_with(
     }
     probe_hosts(&mut r.shards, net)?;
     Ok(r.shards)
+}
+
+/// The whole objects `urls` name (`crate::object`), each sized: files,
+/// objects, and every file of a directory or object under an S3 prefix
+/// (one level, as a shard directory is listed), whatever their names.
+pub fn resolve_objects(
+    urls: &[String],
+    net: &NetOptions,
+    s3: &S3Config,
+    env: &Env,
+) -> Result<Vec<Shard>> {
+    let mut r = Resolver::new(net, s3, env, true);
+    for url in urls {
+        for one in expand_braces(url)? {
+            r.one(&one, None)?;
+        }
+    }
+    let mut shards = r.shards;
+    head_sizes(&mut shards, net)?;
+    Ok(shards)
 }
 
 /// Sizes every shard the resolver left unsized, with `HEAD`s sent in
@@ -206,6 +218,35 @@ struct Resolver<'a> {
     hosts: HashMap<(String, u16), Vec<SocketAddr>>,
     jitter: Jitter,
     shards: Vec<Shard>,
+    /// Whole objects: directories and prefixes give every file, not only
+    /// `.tar` ones.
+    objects: bool,
+}
+
+impl<'a> Resolver<'a> {
+    fn new(net: &'a NetOptions, s3: &'a S3Config, env: &'a Env, objects: bool) -> Resolver<'a> {
+        Resolver {
+            net,
+            s3_config: s3,
+            env,
+            s3: None,
+            hosts: HashMap::new(),
+            jitter: Jitter::new(0x5eed ^ 3),
+            shards: Vec::new(),
+            objects,
+        }
+    }
+
+    /// Whether a listed name is one to keep: a `.tar` shard, or any file
+    /// when reading whole objects.
+    fn keeps(&self, name: &str) -> bool {
+        self.objects || name.ends_with(".tar")
+    }
+
+    /// What an empty directory or prefix is said to lack.
+    fn wanted(&self) -> &'static str {
+        if self.objects { "files" } else { ".tar files" }
+    }
 }
 
 impl Resolver<'_> {
@@ -230,13 +271,17 @@ impl Resolver<'_> {
             let mut found: Vec<PathBuf> = std::fs::read_dir(&path)
                 .map_err(|e| Error::io(IoOp::List, &path, &e))?
                 .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.extension().is_some_and(|x| x == "tar"))
+                .filter(|p| {
+                    p.file_name()
+                        .is_some_and(|n| self.keeps(&n.to_string_lossy()))
+                        && p.is_file()
+                })
                 .collect();
             found.sort();
             if found.is_empty() {
                 return Err(Error::Url {
                     url: one.to_string(),
-                    reason: "the directory holds no .tar files".into(),
+                    reason: format!("the directory holds no {}", self.wanted()),
                 });
             }
             for p in found {
@@ -294,10 +339,13 @@ impl Resolver<'_> {
         let (net, page) = (self.net, LIST_PAGE);
         let mut jitter = Jitter::new(0x5eed ^ 3);
         if url.is_prefix() {
+            let objects = self.objects;
+            let wanted = self.wanted();
             let client = self.s3_client()?;
             let listed = client.list(&url.bucket, &url.key, page, net, &mut jitter)?;
             let mut found = Vec::new();
-            for (key, size) in listed.into_iter().filter(|(k, _)| k.ends_with(".tar")) {
+            let keep = |k: &str| (objects && !k.ends_with('/')) || k.ends_with(".tar");
+            for (key, size) in listed.into_iter().filter(|(k, _)| keep(k)) {
                 let u = S3Url {
                     bucket: url.bucket.clone(),
                     key,
@@ -312,7 +360,7 @@ impl Resolver<'_> {
             if found.is_empty() {
                 return Err(Error::Url {
                     url: one.to_string(),
-                    reason: "the prefix holds no .tar objects".into(),
+                    reason: format!("the prefix holds no {}", wanted.replace("files", "objects")),
                 });
             }
             self.shards.extend(found);

@@ -100,6 +100,10 @@ statuses! {
     /// consumer (another user, a configuration that disagrees with the
     /// engine's on a dataset or epoch key), exited, or broke the transport.
     RINGFEED_ERR_NODE = -14;
+    /// A whole-object write found the object there already (S3 answered
+    /// `PreconditionFailed` to `If-None-Match: *`, or the local file exists)
+    /// and `overwrite` is false. Nothing was written.
+    RINGFEED_ERR_EXISTS = -15;
 }
 
 /// The status C sees for `e`: the one mapping from errors to status codes.
@@ -131,6 +135,8 @@ pub fn status_of(e: &Error) -> i32 {
         Error::State(_) | Error::Plan { .. } => RINGFEED_ERR_STATE,
         Error::Node(_) => RINGFEED_ERR_NODE,
         Error::Remote { status, .. } => *status,
+        Error::Exists { .. } => RINGFEED_ERR_EXISTS,
+        Error::Part { source, .. } => status_of(source),
     }
 }
 
@@ -297,6 +303,22 @@ mod tests {
                 },
                 RINGFEED_ERR_FORMAT,
             ),
+            (
+                Error::Exists {
+                    url: "s3://b/k".into(),
+                    how: "h".into(),
+                },
+                RINGFEED_ERR_EXISTS,
+            ),
+            (
+                // A part's failure has its cause's status.
+                Error::Part {
+                    url: "s3://b/k".into(),
+                    part: 3,
+                    source: Box::new(s3(403)),
+                },
+                RINGFEED_ERR_DATASET,
+            ),
         ];
         for (op, want) in [
             (IoOp::Open, RINGFEED_ERR_DATASET),
@@ -337,7 +359,9 @@ mod tests {
                 | Error::Internal(_)
                 | Error::Closed
                 | Error::Node(_)
-                | Error::Remote { .. } => {}
+                | Error::Remote { .. }
+                | Error::Exists { .. }
+                | Error::Part { .. } => {}
             }
             let code = status_of(e);
             assert_eq!(code, *want, "{e}");

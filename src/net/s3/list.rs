@@ -5,13 +5,13 @@
 use std::collections::HashMap;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use serde::Deserialize;
 
 use super::creds::Provider;
 use super::sign::SigV4Signer;
-use super::{Addressing, Env, S3Config, S3Url, encode_query, error_code, explain_code};
+use super::{Addressing, Env, S3Config, S3Url, encode_query, explain_code};
 use crate::error::{Error, Result};
 use crate::net::http::{Fail, FailKind, HttpObject, RequestSigner};
 use crate::net::retry::Jitter;
@@ -59,15 +59,12 @@ pub fn parse_page(xml: &str) -> std::result::Result<Page, String> {
 /// Listing pages asked for; S3's maximum (and default).
 pub const LIST_PAGE: u32 = 1000;
 
-/// Error bodies read for their code; S3's are under 1 KiB.
-const MAX_ERROR_BODY: u64 = 64 << 10;
-
 /// Addressing and signing of one loader's S3 requests.
 #[derive(Debug)]
 pub struct S3Client {
     pub addressing: Addressing,
-    signer: Option<Arc<SigV4Signer>>,
-    http: reqwest::blocking::Client,
+    pub(super) signer: Option<Arc<SigV4Signer>>,
+    pub(super) http: reqwest::blocking::Client,
     /// Addresses by `host:port`: a listing of a million keys on one
     /// endpoint resolves it once, not once per object.
     dns: Mutex<HashMap<(String, u16), Vec<SocketAddr>>>,
@@ -186,46 +183,9 @@ impl S3Client {
 
     /// One signed GET of a small document (a listing page), once.
     fn get(&self, url: &str) -> std::result::Result<String, Fail> {
-        let mut req = self.http.get(url);
-        if let Some(s) = &self.signer {
-            let u = reqwest::Url::parse(url)
-                .map_err(|e| Fail::new(FailKind::Protocol, format!("bad URL: {e}")))?;
-            let host = match u.port() {
-                Some(p) => format!("{}:{p}", u.host_str().unwrap_or("")),
-                None => u.host_str().unwrap_or("").to_string(),
-            };
-            let headers = s
-                .headers("GET", url, &[("host", &host)], SystemTime::now())
-                .map_err(|e| Fail::new(FailKind::Client, e))?;
-            for (k, v) in headers {
-                req = req.header(k, v);
-            }
-        }
-        let resp = req.send().map_err(|e| {
-            let kind = if e.is_timeout() {
-                FailKind::Stalled
-            } else if e.is_connect() {
-                FailKind::Refused
-            } else {
-                FailKind::Reset
-            };
-            Fail::new(kind, format!("listing request failed ({kind:?})"))
-        })?;
-        let status = resp.status();
-        if !status.is_success() {
-            let mut f = Fail::new(
-                FailKind::of_status(status.as_u16()),
-                format!("HTTP {status}"),
-            );
-            if resp.content_length().is_some_and(|n| n <= MAX_ERROR_BODY)
-                && let Ok(b) = resp.bytes()
-            {
-                f.code = error_code(&b);
-            }
-            return Err(f);
-        }
-        resp.text()
-            .map_err(|_| Fail::new(FailKind::Truncated, "the listing body ended early"))
+        let reply = self.send("GET", url, &[], Vec::new(), Duration::from_secs(60))?;
+        String::from_utf8(reply.body)
+            .map_err(|_| Fail::new(FailKind::Protocol, "the listing is not UTF-8"))
     }
 }
 

@@ -14,6 +14,7 @@
 pub mod creds;
 pub mod list;
 pub mod sign;
+pub mod upload;
 
 use std::collections::BTreeMap;
 use std::fmt;

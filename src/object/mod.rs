@@ -1,0 +1,78 @@
+//! Whole objects: model weights read in with many ranged reads in flight,
+//! checkpoints written out as objects that appear only once complete.
+//!
+//! - [`read`]: an object (S3, HTTP(S), a local file) read in parts of
+//!   `part_size`, `parts_in_flight` at a time, on one io_uring (local reads
+//!   and HTTP GETs alike, as a loader worker reads shards) or, where
+//!   io_uring is refused, on as many threads; into memory of its own
+//!   ([`ObjectBuf`], huge pages where the system gives them) or a caller's
+//!   buffer.
+//! - [`write`]: a [`Writer`] that takes bytes in any amounts: to S3 as one
+//!   `PutObject` or a multipart upload with parts in flight in parallel,
+//!   each carrying the configured checksum, aborted on any failure; to a
+//!   local path through a temporary file renamed into place. Neither
+//!   replaces an existing object unless `overwrite` is set.
+//!
+//! Both take a [`Config`] (`Config::for_objects`): the loader's keys for
+//! S3, retries, I/O backend and memory, and `part_size`, `parts_in_flight`,
+//! `checksum`, `overwrite`.
+
+pub mod read;
+pub mod write;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+pub use read::{ObjectBuf, ReadReport, read, read_into};
+pub use write::{Writer, write};
+
+use crate::config::Config;
+use crate::dataset::Shard;
+use crate::error::Result;
+use crate::fetch::NetOptions;
+use crate::net::s3::Env;
+
+/// Bytes done so far, for a progress line; shared with the thread that
+/// draws it.
+#[derive(Debug, Default)]
+pub struct Progress {
+    bytes: AtomicU64,
+}
+
+impl Progress {
+    pub fn add(&self, n: u64) {
+        // Relaxed: a counter read for display only.
+        self.bytes.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+}
+
+/// The objects `urls` name, in order, each with its size: a file, an
+/// `http(s)://` or `s3://` object, and every file in a directory or
+/// object under an `s3://…/` prefix (one level), with brace expansion.
+pub fn list(urls: &[String], cfg: &Config) -> Result<Vec<Shard>> {
+    let net = NetOptions::for_config(cfg);
+    crate::dataset::resolve_objects(urls, &net, &cfg.s3, &Env::process())
+}
+
+/// One object, sized (see [`list`]); a URL that names several is an error.
+pub fn one(url: &str, cfg: &Config, net: &NetOptions) -> Result<Shard> {
+    let mut found = crate::dataset::resolve_objects(
+        &[url.to_string()],
+        net,
+        &cfg.s3,
+        &Env::process(),
+    )?;
+    if found.len() != 1 {
+        return Err(crate::Error::Url {
+            url: url.to_string(),
+            reason: format!(
+                "names {} objects; read them one by one (`ringfeed get` or `list`)",
+                found.len()
+            ),
+        });
+    }
+    Ok(found.remove(0))
+}

@@ -1,0 +1,434 @@
+//! Reading a whole object: its size from the resolver (a listing, `HEAD`,
+//! or the file's metadata), then parts of `part_size` read straight into
+//! their place in the destination, `parts_in_flight` at a time.
+//!
+//! With io_uring, one ring on the calling thread keeps every part in
+//! flight: `READ`s of a local file, ranged GETs over as many keep-alive
+//! connections for HTTP and S3 (the loader's own HTTP driver, bodies
+//! received into the destination). Where io_uring is refused (or
+//! `io_backend` is `"threads"`), as many threads each read one part at a
+//! time with `pread` or a blocking GET. Either way a part that fails is
+//! retried by the network layer's policy, and a failure for good stops new
+//! parts, waits for those in flight (their memory must not go while the
+//! kernel writes it), and names the part.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Instant;
+
+use super::Progress;
+use crate::config::{Config, IoBackend};
+use crate::dataset::{Shard, Source};
+use crate::error::{Error, IoOp, Result};
+use crate::fetch::direct::LocalFd;
+use crate::fetch::http_sync::HttpPool;
+use crate::fetch::threads::run_blocking;
+use crate::fetch::uring::UringReader;
+use crate::fetch::{BackendKind, Completion, NetOptions, ReadFail, ReadRequest, Reader, Target};
+use crate::memory::{Arena, ArenaOptions};
+use crate::net::retry::Jitter;
+
+/// How a read went, for messages and the CLI.
+#[derive(Debug, Clone)]
+pub struct ReadReport {
+    pub bytes: u64,
+    pub parts: usize,
+    pub backend: BackendKind,
+    pub seconds: f64,
+    /// Why the preferred path or memory was not used, if it was not.
+    pub notes: Vec<String>,
+}
+
+/// An object read into memory of its own (huge pages where the system
+/// gives them): the bytes stay put until the value is dropped, so views of
+/// them (a numpy array, a tensor) need no copy.
+pub struct ObjectBuf {
+    arena: Arena,
+    len: usize,
+    pub name: String,
+    pub report: ReadReport,
+}
+
+impl std::fmt::Debug for ObjectBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ObjectBuf")
+            .field("name", &self.name)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl ObjectBuf {
+    pub fn as_ptr(&self) -> *const u8 {
+        self.arena.base()
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: the arena holds at least `len` bytes, all written by the
+        // read before the value was made; nothing writes them after.
+        unsafe { std::slice::from_raw_parts(self.arena.base(), self.len) }
+    }
+}
+
+/// Reads the object `url` into memory of its own.
+pub fn read(url: &str, cfg: &Config, progress: Option<&Progress>) -> Result<ObjectBuf> {
+    let net = NetOptions::for_config(cfg);
+    let shard = super::one(url, cfg, &net)?;
+    read_shard(&shard, cfg, &net, progress)
+}
+
+/// Reads an object [`super::list`] gave into memory of its own.
+pub fn read_shard(
+    shard: &Shard,
+    cfg: &Config,
+    net: &NetOptions,
+    progress: Option<&Progress>,
+) -> Result<ObjectBuf> {
+    let size = shard_size(shard)?;
+    let len = usize::try_from(size).map_err(|_| Error::Memory(format!("{size} bytes")))?;
+    // A page at least: a mapping cannot be empty.
+    let opts = ArenaOptions {
+        kind: cfg.memory_kind,
+        // Locking would fault every page in before the first read; on
+        // only when asked.
+        lock: Some(cfg.lock_memory == crate::config::Toggle::On),
+        prefault: false,
+        shared: false,
+    };
+    let arena = Arena::new(len.max(1).next_multiple_of(4096), opts)?;
+    let mut notes = arena.report().notes.clone();
+    let mut report = read_to(shard, size, arena.base(), cfg, net, progress)?;
+    notes.append(&mut report.notes);
+    report.notes = notes;
+    Ok(ObjectBuf {
+        arena,
+        len,
+        name: shard.name.clone(),
+        report,
+    })
+}
+
+/// Reads the object `url` into `buf`, which must hold it: returns its
+/// size. A buffer too small is an error naming the size, before any read.
+pub fn read_into(
+    url: &str,
+    cfg: &Config,
+    buf: &mut [u8],
+    progress: Option<&Progress>,
+) -> Result<(u64, ReadReport)> {
+    let net = NetOptions::for_config(cfg);
+    let shard = super::one(url, cfg, &net)?;
+    let size = shard_size(&shard)?;
+    if size > buf.len() as u64 {
+        return Err(TooSmall {
+            size,
+            cap: buf.len() as u64,
+        }
+        .into_error(&shard.name));
+    }
+    let report = read_to(&shard, size, buf.as_mut_ptr(), cfg, &net, progress)?;
+    Ok((size, report))
+}
+
+/// A caller's buffer smaller than the object.
+pub struct TooSmall {
+    pub size: u64,
+    pub cap: u64,
+}
+
+impl TooSmall {
+    fn into_error(self, name: &str) -> Error {
+        Error::Memory(format!(
+            "`{name}` is {} bytes; the buffer holds {}",
+            self.size, self.cap
+        ))
+    }
+}
+
+fn shard_size(shard: &Shard) -> Result<u64> {
+    shard.size.ok_or_else(|| {
+        Error::Internal(format!("`{}` was not sized before its read", shard.name))
+    })
+}
+
+/// The parts of an object of `size` bytes: offset and length of each.
+pub fn parts(size: u64, part_size: u64) -> impl Iterator<Item = (u64, usize)> {
+    let step = part_size.max(1);
+    (0..size.div_ceil(step)).map(move |i| {
+        let off = i * step;
+        (off, (size - off).min(step) as usize)
+    })
+}
+
+/// Reads all of `shard` (`size` bytes) to `dst`.
+fn read_to(
+    shard: &Shard,
+    size: u64,
+    dst: *mut u8,
+    cfg: &Config,
+    net: &NetOptions,
+    progress: Option<&Progress>,
+) -> Result<ReadReport> {
+    let started = Instant::now();
+    // Keeps the file open until every read of it is done.
+    let (target, _file) = match &shard.source {
+        Source::File(path) => {
+            let f = File::open(path).map_err(|e| Error::io(IoOp::Open, path, &e))?;
+            let fd = LocalFd {
+                fd: f.as_raw_fd(),
+                align: 0,
+            };
+            (Target::File(fd), Some(f))
+        }
+        Source::Http(obj) => (Target::Http(Arc::clone(obj)), None),
+    };
+    let list: Vec<(u64, usize)> = parts(size, cfg.part_size).collect();
+    let job = Job {
+        shard,
+        size,
+        dst,
+        target,
+        parts: &list,
+        in_flight: cfg.parts_in_flight.max(1),
+        progress,
+    };
+    let mut notes = Vec::new();
+    let uring = match cfg.io_backend {
+        IoBackend::Threads => None,
+        IoBackend::IoUring | IoBackend::Auto => {
+            let entries = (job.in_flight * 2 + 2).next_power_of_two() as u32;
+            match UringReader::new(entries, None, net.clone(), 0x0b1ec7) {
+                Ok(r) => Some(r),
+                Err(e) if cfg.io_backend == IoBackend::Auto => {
+                    notes.push(format!("io_uring unavailable ({e}): thread backend"));
+                    None
+                }
+                Err(e) => {
+                    return Err(Error::IoUring(format!(
+                        "cannot set up a ring ({e}); `io_backend` is \"io_uring\": use \"auto\" or \"threads\""
+                    )));
+                }
+            }
+        }
+    };
+    let backend = match uring {
+        Some(mut r) => {
+            job.on_ring(&mut r)?;
+            BackendKind::IoUring
+        }
+        None => {
+            job.on_threads(net)?;
+            BackendKind::Threads
+        }
+    };
+    Ok(ReadReport {
+        bytes: size,
+        parts: list.len(),
+        backend,
+        seconds: started.elapsed().as_secs_f64(),
+        notes,
+    })
+}
+
+/// One object's read: what each backend needs.
+struct Job<'a> {
+    shard: &'a Shard,
+    size: u64,
+    dst: *mut u8,
+    target: Target,
+    parts: &'a [(u64, usize)],
+    in_flight: usize,
+    progress: Option<&'a Progress>,
+}
+
+// SAFETY: `dst` is only written through disjoint parts, each by one reader,
+// and outlives the job (the caller holds it for the whole read).
+unsafe impl Sync for Job<'_> {}
+
+impl Job<'_> {
+    fn request(&self, i: usize) -> ReadRequest {
+        let (offset, len) = self.parts[i];
+        ReadRequest {
+            id: i as u64,
+            target: self.target.clone(),
+            offset,
+            // SAFETY: parts lie inside the `size` bytes at `dst`.
+            buf: unsafe { self.dst.add(offset as usize) },
+            len,
+            buf_index: 0,
+            open_end: false,
+        }
+    }
+
+    /// The outcome of part `c.id`'s read: an error names the object and
+    /// the part (from 1), or says the object changed under the read.
+    fn check(&self, c: Completion) -> Result<()> {
+        let i = c.id as usize;
+        let (offset, len) = self.parts[i];
+        let part = |source: Error| Error::Part {
+            url: self.shard.name.clone(),
+            part: i as u32 + 1,
+            source: Box::new(source),
+        };
+        let changed = |now: String| {
+            part(Error::Plan {
+                shard: self.shard.name.clone(),
+                message: format!(
+                    "the object changed while it was read: it was {} bytes, {now}",
+                    self.size
+                ),
+            })
+        };
+        match c.result {
+            Ok(_) if c.total.is_some_and(|t| t != self.size) => {
+                Err(changed(format!("now {}", c.total.unwrap_or(0))))
+            }
+            Ok(n) if n == len => {
+                if let Some(p) = self.progress {
+                    p.add(n as u64);
+                }
+                Ok(())
+            }
+            Ok(n) => Err(changed(format!(
+                "and a read at byte {offset} gave {n} of {len} bytes"
+            ))),
+            Err(ReadFail::Io(e)) => {
+                let path = match &self.shard.source {
+                    Source::File(p) => p.clone(),
+                    Source::Http(_) => self.shard.name.clone().into(),
+                };
+                Err(part(Error::io(IoOp::Read, path, &e)))
+            }
+            Err(ReadFail::Net(e)) => Err(part(e)),
+        }
+    }
+
+    /// Every part on one ring, `in_flight` at a time.
+    fn on_ring(&self, ring: &mut UringReader) -> Result<()> {
+        let mut next = 0;
+        let mut out_standing = 0;
+        let mut first_error: Option<Error> = None;
+        let mut done = Vec::new();
+        loop {
+            while first_error.is_none() && out_standing < self.in_flight && next < self.parts.len() {
+                // SAFETY: each part's bytes are written by this read only,
+                // and the destination and the file outlive it: this loop
+                // returns only once nothing is in flight.
+                match unsafe { ring.submit(self.request(next)) } {
+                    Ok(()) => {
+                        next += 1;
+                        out_standing += 1;
+                    }
+                    Err(e) => {
+                        first_error = Some(Error::IoUring(format!("submit: {e}")));
+                    }
+                }
+            }
+            if out_standing == 0 {
+                break;
+            }
+            if let Err(e) = ring.wait(1, &mut done) {
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                // A ring that cannot wait cannot be left with reads in
+                // flight into memory about to be freed.
+                return Err(Error::Internal(format!(
+                    "io_uring wait failed with reads in flight: {e}"
+                )));
+            }
+            for c in done.drain(..) {
+                out_standing -= 1;
+                if let Err(e) = self.check(c) {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Every part on `in_flight` threads, each taking the next part.
+    fn on_threads(&self, net: &NetOptions) -> Result<()> {
+        let next = AtomicUsize::new(0);
+        let failed = AtomicBool::new(false);
+        let threads = self.in_flight.min(self.parts.len()).max(1);
+        let errors: Vec<Option<(usize, Error)>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..threads)
+                .map(|t| {
+                    let (next, failed) = (&next, &failed);
+                    s.spawn(move || {
+                        let mut pool = HttpPool::new(net.stall, Arc::clone(&net.tls));
+                        let mut jitter = Jitter::new(0x0b1ec7 ^ t as u64);
+                        loop {
+                            // Relaxed: the counter only hands out indexes;
+                            // the flag is advisory (stop taking new parts).
+                            if failed.load(Ordering::Relaxed) {
+                                return None;
+                            }
+                            let i = next.fetch_add(1, Ordering::Relaxed);
+                            if i >= self.parts.len() {
+                                return None;
+                            }
+                            let req = self.request(i);
+                            let c = loop {
+                                if let Some(c) = run_blocking(&req, &mut pool, net, &mut jitter) {
+                                    break c;
+                                }
+                            };
+                            if let Err(e) = self.check(c) {
+                                failed.store(true, Ordering::Relaxed);
+                                return Some((i, e));
+                            }
+                        }
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Some((0, Error::Internal("a read thread panicked".into()))))
+                })
+                .collect()
+        });
+        // The lowest part that failed, so the error does not depend on
+        // which thread lost the race.
+        match errors.into_iter().flatten().min_by_key(|(i, _)| *i) {
+            Some((_, e)) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_cover_the_object_once() {
+        for (size, part) in [(0u64, 8u64), (1, 8), (7, 8), (8, 8), (9, 8), (80, 8), (81, 8)] {
+            let ps: Vec<_> = parts(size, part).collect();
+            assert_eq!(ps.iter().map(|p| p.1 as u64).sum::<u64>(), size);
+            let mut at = 0;
+            for (off, len) in &ps {
+                assert_eq!(*off, at);
+                assert!(*len as u64 <= part && *len > 0);
+                at += *len as u64;
+            }
+            assert_eq!(ps.len() as u64, size.div_ceil(part));
+        }
+    }
+}
