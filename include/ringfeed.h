@@ -104,6 +104,11 @@
 // engine's on a dataset or epoch key), exited, or broke the transport.
 #define RINGFEED_ERR_NODE -14
 
+// A whole-object write found the object there already (S3 answered
+// `PreconditionFailed` to `If-None-Match: *`, or the local file exists)
+// and `overwrite` is false. Nothing was written.
+#define RINGFEED_ERR_EXISTS -15
+
 // The source of a placeholder sample, which comes from no shard.
 #define NO_SOURCE UINT32_MAX
 
@@ -124,6 +129,12 @@
 
 // An open loader. Opaque: only ever used through a pointer.
 typedef struct ringfeed_loader ringfeed_loader;
+
+// An object read whole into the library's memory. Opaque.
+typedef struct ringfeed_object ringfeed_object;
+
+// An object being written. Opaque.
+typedef struct ringfeed_writer ringfeed_writer;
 
 // One field of a sample, as C sees it.
 typedef struct ringfeed_field {
@@ -402,6 +413,118 @@ int32_t ringfeed_loader_arena(struct ringfeed_loader *loader,
 // # Safety
 // None beyond passing a handle value; it is looked up, never dereferenced.
 int32_t ringfeed_loader_close(struct ringfeed_loader *loader);
+
+// Reads the whole object at `url` (`s3://bucket/key`, `http(s)://...`, a
+// local path or `file://` URL) into memory of the library's, with
+// `parts_in_flight` ranged reads of `part_size` in flight. On success
+// writes a handle to `*out`; its bytes (`ringfeed_object_data`) stay valid
+// until `ringfeed_object_release`. On failure writes NULL. `config_json`
+// holds the loader's keys without `urls` (S3 endpoint and credentials,
+// retries, `io_backend`, `memory_kind`, `part_size`, `parts_in_flight`),
+// or is NULL for the defaults. A URL that names several objects (a
+// directory, a prefix, braces) is `RINGFEED_ERR_DATASET`: list them with
+// `ringfeed_object_list`.
+//
+// # Safety
+// `url` must be a NUL-terminated string; `config_json` NULL or one; `out`
+// NULL or writable for one pointer.
+int32_t ringfeed_object_read(const char *url,
+                             const char *config_json,
+                             struct ringfeed_object **out);
+
+// Writes the object's bytes and length to `*data` and `*len` (`*data` is
+// never NULL, even for an empty object). They stay valid until
+// `ringfeed_object_release`.
+//
+// # Safety
+// `data` and `len` must be NULL or writable.
+int32_t ringfeed_object_data(const struct ringfeed_object *object,
+                             const uint8_t **data,
+                             uint64_t *len);
+
+// Frees an object's memory; its pointers are invalid after. Releasing a
+// handle twice, or one never read, is `RINGFEED_ERR_INVALID_HANDLE`.
+int32_t ringfeed_object_release(struct ringfeed_object *object);
+
+// Reads the whole object at `url` into `buf` (`len` bytes). Writes its
+// size to `*size` (when `size` is not NULL) as soon as it is known; a
+// buffer smaller than the object is `RINGFEED_ERR_BUFFER_TOO_SMALL`
+// before any byte is read, so a caller can size its buffer and call again.
+// `config_json` as for `ringfeed_object_read`.
+//
+// # Safety
+// `url` must be NUL-terminated; `config_json` NULL or NUL-terminated;
+// `buf` NULL (with `len` 0) or writable for `len` bytes; `size` NULL or
+// writable.
+int32_t ringfeed_object_read_into(const char *url,
+                                  const char *config_json,
+                                  uint8_t *buf,
+                                  uint64_t len,
+                                  uint64_t *size);
+
+// Lists the objects `url` names, with their sizes, as a JSON array
+// (`[{"url": "...", "size": 123}, ...]`, NUL-terminated) into `buf`: one
+// object, or every file of a directory or object under an
+// `s3://bucket/prefix/` (one level), with brace expansion. `needed` (when
+// not NULL) gets the text's length; a short buffer is
+// `RINGFEED_ERR_BUFFER_TOO_SMALL`.
+//
+// # Safety
+// `url` must be NUL-terminated; `config_json` NULL or NUL-terminated;
+// `buf` NULL or writable for `len` bytes; `needed` NULL or writable.
+int32_t ringfeed_object_list(const char *url,
+                             const char *config_json,
+                             char *buf,
+                             size_t len,
+                             size_t *needed);
+
+// Writes `data` (`len` bytes) as the object at `url` (`s3://bucket/key`,
+// a local path or `file://` URL), visible only once whole: to S3 with one
+// conditional `PutObject`, or a multipart upload of `part_size` parts,
+// `parts_in_flight` at a time, each carrying `checksum`; locally through a
+// temporary file renamed into place. An existing object is
+// `RINGFEED_ERR_EXISTS` unless `overwrite` is true. On any error nothing
+// is left: no object, no upload's parts.
+//
+// # Safety
+// `url` must be NUL-terminated; `config_json` NULL or NUL-terminated;
+// `data` NULL (with `len` 0) or readable for `len` bytes.
+int32_t ringfeed_object_write(const char *url,
+                              const char *config_json,
+                              const uint8_t *data,
+                              uint64_t len);
+
+// Starts an object at `url`, written piece by piece with
+// `ringfeed_writer_write` and made visible by `ringfeed_writer_finish`
+// (see `ringfeed_object_write` for where and how). An existing object
+// fails here already with `RINGFEED_ERR_EXISTS` (and again at finish, if
+// another writer got there first) unless `overwrite` is true. On success
+// writes the handle to `*out`, else NULL.
+//
+// # Safety
+// `url` must be NUL-terminated; `config_json` NULL or NUL-terminated;
+// `out` NULL or writable for one pointer.
+int32_t ringfeed_writer_open(const char *url,
+                             const char *config_json,
+                             struct ringfeed_writer **out);
+
+// Appends `len` bytes at `data` to the object. Parts are uploaded while
+// the caller goes on; a call waits when `parts_in_flight` parts are
+// queued. An error (a part that failed for good) aborts the write:
+// nothing is kept, later calls return the same error, and the handle must
+// still be ended with `ringfeed_writer_abort` or `ringfeed_writer_finish`.
+//
+// # Safety
+// `data` must be NULL (with `len` 0) or readable for `len` bytes.
+int32_t ringfeed_writer_write(struct ringfeed_writer *writer, const uint8_t *data, uint64_t len);
+
+// Sends what is left and makes the object visible, whole. The handle is
+// gone after this call, whatever it returns; on error nothing is kept.
+int32_t ringfeed_writer_finish(struct ringfeed_writer *writer);
+
+// Drops what was written (an S3 upload is aborted, a temporary file
+// removed); the handle is gone after this call.
+int32_t ringfeed_writer_abort(struct ringfeed_writer *writer);
 
 // Writes a snapshot of the loader's counters to `*out`.
 //

@@ -106,7 +106,9 @@ pub enum Error {
     Remote { status: i32, message: String },
     /// A whole-object write found its target there already, and
     /// `overwrite` is false: nothing was written.
-    #[error("`{url}` already exists ({how}); writes never replace an object unless `overwrite` is true")]
+    #[error(
+        "`{url}` already exists ({how}); writes never replace an object unless `overwrite` is true"
+    )]
     Exists { url: String, how: String },
     /// One part of a whole-object read or write failed for good; the
     /// upload, if any, was aborted.

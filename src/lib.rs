@@ -20,8 +20,8 @@ pub mod ffi; // the C ABI
 pub mod fuzzing; // the parsers of outside bytes, for fuzz/ and its corpus test
 pub mod memory; // the arena, the chunk pool, batches
 pub mod net; // HTTP, TLS, retries, S3
-pub mod object; // whole objects: parallel ranged reads, multipart writes
 pub mod node; // one engine per node: consumers attach over shared memory
+pub mod object; // whole objects: parallel ranged reads, multipart writes
 pub mod plan; // epoch plans, shuffle order, resume states (pure)
 pub(crate) mod queue; // the lock-free ring and the blocking channel
 pub mod serve; // a small HTTP file server (CLI `serve`, demo, tests)

@@ -17,7 +17,8 @@ use support::Server;
 const PART: u64 = 64 << 10;
 
 fn cfg(extra: &str) -> Config {
-    let text = format!(r#"{{"part_size": {PART}, "parts_in_flight": 4, "max_attempts": 4 {extra}}}"#);
+    let text =
+        format!(r#"{{"part_size": {PART}, "parts_in_flight": 4, "max_attempts": 4 {extra}}}"#);
     Config::for_objects(&text).unwrap()
 }
 
@@ -73,7 +74,10 @@ fn local_and_http_objects_of_every_size_read_back_exactly_on_both_backends() {
                 let progress = object::Progress::default();
                 let got = object::read(&url, &c, Some(&progress)).unwrap();
                 assert_eq!(got.len(), data.len(), "{url}");
-                assert!(got.as_slice() == &data[..], "{url} on {backend}: bytes differ");
+                assert!(
+                    got.as_slice() == &data[..],
+                    "{url} on {backend}: bytes differ"
+                );
                 assert_eq!(got.report.backend.name(), backend);
                 assert_eq!(got.report.parts as u64, (data.len() as u64).div_ceil(PART));
                 assert_eq!(progress.bytes(), data.len() as u64);
@@ -81,8 +85,15 @@ fn local_and_http_objects_of_every_size_read_back_exactly_on_both_backends() {
                 let mut buf = vec![0xAAu8; data.len() + 3];
                 let (n, _) = object::read_into(&url, &c, &mut buf, None).unwrap();
                 assert_eq!(n as usize, data.len());
-                assert!(buf[..data.len()] == data[..], "{url}: read_into bytes differ");
-                assert_eq!(&buf[data.len()..], &[0xAA; 3], "{url}: wrote past the object");
+                assert!(
+                    buf[..data.len()] == data[..],
+                    "{url}: read_into bytes differ"
+                );
+                assert_eq!(
+                    &buf[data.len()..],
+                    &[0xAA; 3],
+                    "{url}: wrote past the object"
+                );
             }
         }
     }
@@ -92,7 +103,11 @@ fn local_and_http_objects_of_every_size_read_back_exactly_on_both_backends() {
     let before = server.faults.ranges.lock().unwrap().len();
     object::read(&server.url(&big.0), &cfg(""), None).unwrap();
     let ranges = server.faults.ranges.lock().unwrap()[before..].to_vec();
-    assert_eq!(ranges.len() as u64, (big.1.len() as u64).div_ceil(PART), "{ranges:?}");
+    assert_eq!(
+        ranges.len() as u64,
+        (big.1.len() as u64).div_ceil(PART),
+        "{ranges:?}"
+    );
 }
 
 #[test]
@@ -106,8 +121,15 @@ fn a_caller_buffer_too_small_is_named_before_any_read() {
     let e = object::read_into(&server.url(name), &cfg(""), &mut buf, None).unwrap_err();
     let text = e.to_string();
     assert!(text.contains(&format!("is {} bytes", data.len())), "{text}");
-    assert!(text.contains(&format!("holds {}", data.len() - 1)), "{text}");
-    assert_eq!(server.faults.gets.load(Ordering::SeqCst), gets, "no GET before the check");
+    assert!(
+        text.contains(&format!("holds {}", data.len() - 1)),
+        "{text}"
+    );
+    assert_eq!(
+        server.faults.gets.load(Ordering::SeqCst),
+        gets,
+        "no GET before the check"
+    );
 }
 
 #[test]
@@ -122,16 +144,25 @@ fn faults_are_retried_per_part_and_the_bytes_stay_exact() {
         f.server_error.store(1, Ordering::SeqCst);
         f.reset.store(2, Ordering::SeqCst);
         f.truncate.store(2, Ordering::SeqCst);
-        let c = cfg(&format!(r#", "io_backend": "{backend}", "max_attempts": 10"#));
+        let c = cfg(&format!(
+            r#", "io_backend": "{backend}", "max_attempts": 10"#
+        ));
         let got = object::read(&server.url(name), &c, None).unwrap();
-        assert!(got.as_slice() == &data[..], "{backend}: bytes differ after faults");
+        assert!(
+            got.as_slice() == &data[..],
+            "{backend}: bytes differ after faults"
+        );
         for (what, left) in [
             ("throttle", &f.throttle),
             ("server_error", &f.server_error),
             ("reset", &f.reset),
             ("truncate", &f.truncate),
         ] {
-            assert_eq!(left.load(Ordering::SeqCst), 0, "{backend}: {what} not all fired");
+            assert_eq!(
+                left.load(Ordering::SeqCst),
+                0,
+                "{backend}: {what} not all fired"
+            );
         }
     }
 }
@@ -144,9 +175,11 @@ fn missing_garbage_and_failing_objects_are_named_errors() {
     let c = cfg(r#", "max_attempts": 2"#);
 
     let e = object::read(&server.url("nope.bin"), &c, None).unwrap_err();
-    assert!(e.to_string().contains("nope.bin") && e.to_string().contains("404"), "{e}");
-    let e = object::read(&dir.path().join("nope.bin").display().to_string(), &c, None)
-        .unwrap_err();
+    assert!(
+        e.to_string().contains("nope.bin") && e.to_string().contains("404"),
+        "{e}"
+    );
+    let e = object::read(&dir.path().join("nope.bin").display().to_string(), &c, None).unwrap_err();
     assert!(e.to_string().contains("nope.bin"), "{e}");
     for bad in ["http://", "s3://", "ftp://x/y", "http://[::1/x"] {
         let e = object::read(bad, &c, None).unwrap_err();
@@ -183,8 +216,12 @@ fn an_object_that_changes_under_the_read_is_refused() {
     let server = Server::start(dir.path().to_path_buf());
     // Sized by HEAD, then the object grows before the GETs.
     let c = cfg("");
-    let shard = object::one(&server.url("grows.bin"), &c, &ringfeed::net::NetOptions::for_config(&c))
-        .unwrap();
+    let shard = object::one(
+        &server.url("grows.bin"),
+        &c,
+        &ringfeed::net::NetOptions::for_config(&c),
+    )
+    .unwrap();
     std::fs::write(&path, bytes(11 * PART as usize, 9)).unwrap();
     let e = object::read::read_shard(&shard, &c, &ringfeed::net::NetOptions::for_config(&c), None)
         .unwrap_err();
@@ -201,7 +238,11 @@ fn a_directory_lists_every_file_with_its_size() {
         .iter()
         .map(|s| {
             (
-                Path::new(&s.name).file_name().unwrap().to_string_lossy().to_string(),
+                Path::new(&s.name)
+                    .file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .to_string(),
                 s.size,
             )
         })
@@ -270,7 +311,10 @@ fn local_writes_appear_whole_and_never_replace_a_file_unless_asked() {
     a.finish().unwrap();
     let e = b.finish().unwrap_err();
     assert!(matches!(e, Error::Exists { .. }), "{e}");
-    assert_eq!(std::fs::read(dir.path().join("raced.bin")).unwrap(), b"aaaa");
+    assert_eq!(
+        std::fs::read(dir.path().join("raced.bin")).unwrap(),
+        b"aaaa"
+    );
     // Calls after the end are errors, not crashes.
     assert!(b.write(b"x").is_err());
     assert!(a.finish().is_err());
@@ -282,8 +326,13 @@ fn writes_to_http_and_bad_targets_are_refused_by_name() {
     let c = cfg("");
     let e = object::write("http://127.0.0.1:9/x", b"x", &c, None).unwrap_err();
     assert!(e.to_string().contains("no uploads"), "{e}");
-    let e = object::write(&dir.path().join("no/such/dir/x").display().to_string(), b"x", &c, None)
-        .unwrap_err();
+    let e = object::write(
+        &dir.path().join("no/such/dir/x").display().to_string(),
+        b"x",
+        &c,
+        None,
+    )
+    .unwrap_err();
     assert!(e.to_string().contains("no/such/dir"), "{e}");
     let e = object::write("s3://bucket/", b"x", &c, None).unwrap_err();
     assert!(e.to_string().contains("prefix"), "{e}");

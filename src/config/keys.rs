@@ -10,8 +10,9 @@ use std::path::PathBuf;
 use serde_json::Value;
 
 use super::values::{
-    attempts, boolean, checksum, cpu_list, endpoint, file_path, integer, io_backend, memory_kind, node_mode,
-    numa_node, positive, region, remainder, resume_states, secret, size, text, toggle, urls,
+    attempts, boolean, checksum, cpu_list, endpoint, file_path, integer, io_backend, memory_kind,
+    node_mode, numa_node, positive, region, remainder, resume_states, secret, size, text, toggle,
+    urls,
 };
 use super::{Checksum, IoBackend, NodeMode, Toggle};
 use crate::error::{Error, Result};

@@ -224,12 +224,14 @@ pub(super) fn size(key: &str, v: &Value) -> Result<u64> {
 }
 
 pub(super) fn checksum(key: &str, v: &Value) -> Result<Checksum> {
-    Ok(match choice(key, v, &["crc32c", "crc64nvme", "md5", "none"])? {
-        "crc32c" => Checksum::Crc32c,
-        "crc64nvme" => Checksum::Crc64Nvme,
-        "md5" => Checksum::Md5,
-        _ => Checksum::None,
-    })
+    Ok(
+        match choice(key, v, &["crc32c", "crc64nvme", "md5", "none"])? {
+            "crc32c" => Checksum::Crc32c,
+            "crc64nvme" => Checksum::Crc64Nvme,
+            "md5" => Checksum::Md5,
+            _ => Checksum::None,
+        },
+    )
 }
 
 pub(super) fn io_backend(key: &str, v: &Value) -> Result<IoBackend> {

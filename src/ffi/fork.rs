@@ -18,11 +18,15 @@ use std::collections::HashMap;
 use std::sync::{MutexGuard, Once};
 
 use super::boundary::{BATCHES, Fail, HeldBatch, LOADERS, OpenLoader, lock};
+use super::object::{OBJECTS, OpenWriter, WRITERS};
 use super::status::RINGFEED_ERR_INVALID_HANDLE;
+use crate::object::ObjectBuf;
 
 type TableGuards = (
     MutexGuard<'static, HashMap<usize, OpenLoader>>,
     MutexGuard<'static, HashMap<u64, HeldBatch>>,
+    MutexGuard<'static, HashMap<usize, std::sync::Arc<ObjectBuf>>>,
+    MutexGuard<'static, HashMap<usize, OpenWriter>>,
 );
 
 thread_local! {
@@ -31,10 +35,15 @@ thread_local! {
     static HELD_ACROSS_FORK: RefCell<Option<TableGuards>> = const { RefCell::new(None) };
 }
 
-/// `pthread_atfork`'s prepare handler: both table locks, in one order (no
-/// entry point holds one while taking the other, so any order is safe).
+/// `pthread_atfork`'s prepare handler: every table lock, in one order (no
+/// entry point holds one while taking another, so any order is safe).
 extern "C" fn before_fork() {
-    let guards = (lock(&LOADERS), lock(&BATCHES));
+    let guards = (
+        lock(&LOADERS),
+        lock(&BATCHES),
+        lock(&OBJECTS),
+        lock(&WRITERS),
+    );
     HELD_ACROSS_FORK.with(|h| *h.borrow_mut() = Some(guards));
 }
 
@@ -49,7 +58,7 @@ pub(super) fn install_handlers() {
     static INSTALL: Once = Once::new();
     INSTALL.call_once(|| {
         // SAFETY: the handlers are `extern "C"` functions that live as long
-        // as the library, take only the two table locks and never unwind
+        // as the library, take only the table locks and never unwind
         // (`lock` ignores poisoning; the `RefCell` is borrowed by nothing else).
         // Only ENOMEM can fail it: then a child might inherit a locked
         // table, as before these handlers; the pid check still refuses

@@ -20,7 +20,8 @@
 //! - [`types`]: the C types (the opaque loader, `ringfeed_batch`);
 //!   `ringfeed_stats` and the constants of its fields are the engine's
 //!   `Counts` (`crate::engine::counters`), which cbindgen reads too;
-//! - [`loader`], [`batch`], [`stats`]: the entry points, by the object they
+//! - [`loader`], [`batch`], [`stats`], [`object`] (whole objects read and
+//!   written, and writer handles): the entry points, by the object they
 //!   act on; `config`: the keys a configuration may hold; [`version`]:
 //!   the library's version.
 //!
@@ -37,6 +38,7 @@ mod boundary;
 mod config;
 mod fork;
 mod loader;
+mod object;
 mod stats;
 pub mod status;
 mod types;
@@ -45,6 +47,7 @@ mod version;
 pub use batch::*;
 pub use config::*;
 pub use loader::*;
+pub use object::*;
 pub use stats::*;
 pub use status::*;
 pub use types::*;

@@ -59,12 +59,8 @@ pub fn list(urls: &[String], cfg: &Config) -> Result<Vec<Shard>> {
 
 /// One object, sized (see [`list`]); a URL that names several is an error.
 pub fn one(url: &str, cfg: &Config, net: &NetOptions) -> Result<Shard> {
-    let mut found = crate::dataset::resolve_objects(
-        &[url.to_string()],
-        net,
-        &cfg.s3,
-        &Env::process(),
-    )?;
+    let mut found =
+        crate::dataset::resolve_objects(&[url.to_string()], net, &cfg.s3, &Env::process())?;
     if found.len() != 1 {
         return Err(crate::Error::Url {
             url: url.to_string(),

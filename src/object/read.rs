@@ -128,7 +128,19 @@ pub fn read_into(
 ) -> Result<(u64, ReadReport)> {
     let net = NetOptions::for_config(cfg);
     let shard = super::one(url, cfg, &net)?;
-    let size = shard_size(&shard)?;
+    let report = read_shard_into(&shard, cfg, &net, buf, progress)?;
+    Ok((report.bytes, report))
+}
+
+/// Reads an object [`super::list`] gave into `buf`, which must hold it.
+pub fn read_shard_into(
+    shard: &Shard,
+    cfg: &Config,
+    net: &NetOptions,
+    buf: &mut [u8],
+    progress: Option<&Progress>,
+) -> Result<ReadReport> {
+    let size = shard_size(shard)?;
     if size > buf.len() as u64 {
         return Err(TooSmall {
             size,
@@ -136,8 +148,7 @@ pub fn read_into(
         }
         .into_error(&shard.name));
     }
-    let report = read_to(&shard, size, buf.as_mut_ptr(), cfg, &net, progress)?;
-    Ok((size, report))
+    read_to(shard, size, buf.as_mut_ptr(), cfg, net, progress)
 }
 
 /// A caller's buffer smaller than the object.
@@ -155,10 +166,10 @@ impl TooSmall {
     }
 }
 
-fn shard_size(shard: &Shard) -> Result<u64> {
-    shard.size.ok_or_else(|| {
-        Error::Internal(format!("`{}` was not sized before its read", shard.name))
-    })
+pub fn shard_size(shard: &Shard) -> Result<u64> {
+    shard
+        .size
+        .ok_or_else(|| Error::Internal(format!("`{}` was not sized before its read", shard.name)))
 }
 
 /// The parts of an object of `size` bytes: offset and length of each.
@@ -320,7 +331,8 @@ impl Job<'_> {
         let mut first_error: Option<Error> = None;
         let mut done = Vec::new();
         loop {
-            while first_error.is_none() && out_standing < self.in_flight && next < self.parts.len() {
+            while first_error.is_none() && out_standing < self.in_flight && next < self.parts.len()
+            {
                 // SAFETY: each part's bytes are written by this read only,
                 // and the destination and the file outlive it: this loop
                 // returns only once nothing is in flight.
@@ -399,8 +411,9 @@ impl Job<'_> {
             handles
                 .into_iter()
                 .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Some((0, Error::Internal("a read thread panicked".into()))))
+                    h.join().unwrap_or_else(|_| {
+                        Some((0, Error::Internal("a read thread panicked".into())))
+                    })
                 })
                 .collect()
         });
@@ -419,7 +432,15 @@ mod tests {
 
     #[test]
     fn parts_cover_the_object_once() {
-        for (size, part) in [(0u64, 8u64), (1, 8), (7, 8), (8, 8), (9, 8), (80, 8), (81, 8)] {
+        for (size, part) in [
+            (0u64, 8u64),
+            (1, 8),
+            (7, 8),
+            (8, 8),
+            (9, 8),
+            (80, 8),
+            (81, 8),
+        ] {
             let ps: Vec<_> = parts(size, part).collect();
             assert_eq!(ps.iter().map(|p| p.1 as u64).sum::<u64>(), size);
             let mut at = 0;

@@ -86,8 +86,9 @@ impl Writer {
         } else if url.starts_with("http://") || url.starts_with("https://") {
             return Err(Error::Url {
                 url: url.to_string(),
-                reason: "writes go to s3:// URLs or local paths; an http(s):// server takes no uploads"
-                    .into(),
+                reason:
+                    "writes go to s3:// URLs or local paths; an http(s):// server takes no uploads"
+                        .into(),
             });
         } else {
             let path = crate::dataset::parse::local_path(url)?;
@@ -353,10 +354,7 @@ impl Shared {
         if !self.failed.load(Ordering::Acquire) {
             return None;
         }
-        self.error
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.error.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }
 
@@ -485,7 +483,11 @@ impl Upload {
         let upload = Arc::clone(self.upload.as_ref().ok_or(Error::Closed)?);
         let mut threads = Vec::new();
         for t in 0..self.in_flight {
-            let (shared, rx, upload) = (Arc::clone(&self.shared), Arc::clone(&rx), Arc::clone(&upload));
+            let (shared, rx, upload) = (
+                Arc::clone(&self.shared),
+                Arc::clone(&rx),
+                Arc::clone(&upload),
+            );
             let h = std::thread::Builder::new()
                 .name(format!("ringfeed-put-{t}"))
                 .spawn(move || upload_parts(&shared, &rx, &upload, t))
@@ -608,10 +610,7 @@ fn upload_parts(s: &Shared, rx: &Mutex<Receiver<(u32, Bytes)>>, upload: &str, t:
         match r {
             Ok(done) => {
                 s.progress.add(n);
-                s.done
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push(done);
+                s.done.lock().unwrap_or_else(|p| p.into_inner()).push(done);
             }
             Err(e) => s.fail(e),
         }

@@ -34,6 +34,7 @@ CONSTANTS = {
     "RINGFEED_ERR_NETWORK": -12,
     "RINGFEED_ERR_STATE": -13,
     "RINGFEED_ERR_NODE": -14,
+    "RINGFEED_ERR_EXISTS": -15,
     "RINGFEED_MEMORY_HUGETLB": 1,
     "RINGFEED_MEMORY_THP": 2,
     "RINGFEED_MEMORY_NORMAL": 3,
@@ -183,6 +184,70 @@ FUNCTIONS = {
         ],
     ),
     "ringfeed_loader_close": ("int32_t", [("struct ringfeed_loader *", "loader")]),
+    "ringfeed_object_read": (
+        "int32_t",
+        [
+            ("const char *", "url"),
+            ("const char *", "config_json"),
+            ("struct ringfeed_object **", "out"),
+        ],
+    ),
+    "ringfeed_object_data": (
+        "int32_t",
+        [
+            ("const struct ringfeed_object *", "object"),
+            ("const uint8_t **", "data"),
+            ("uint64_t *", "len"),
+        ],
+    ),
+    "ringfeed_object_release": ("int32_t", [("struct ringfeed_object *", "object")]),
+    "ringfeed_object_read_into": (
+        "int32_t",
+        [
+            ("const char *", "url"),
+            ("const char *", "config_json"),
+            ("uint8_t *", "buf"),
+            ("uint64_t", "len"),
+            ("uint64_t *", "size"),
+        ],
+    ),
+    "ringfeed_object_list": (
+        "int32_t",
+        [
+            ("const char *", "url"),
+            ("const char *", "config_json"),
+            ("char *", "buf"),
+            ("size_t", "len"),
+            ("size_t *", "needed"),
+        ],
+    ),
+    "ringfeed_object_write": (
+        "int32_t",
+        [
+            ("const char *", "url"),
+            ("const char *", "config_json"),
+            ("const uint8_t *", "data"),
+            ("uint64_t", "len"),
+        ],
+    ),
+    "ringfeed_writer_open": (
+        "int32_t",
+        [
+            ("const char *", "url"),
+            ("const char *", "config_json"),
+            ("struct ringfeed_writer **", "out"),
+        ],
+    ),
+    "ringfeed_writer_write": (
+        "int32_t",
+        [
+            ("struct ringfeed_writer *", "writer"),
+            ("const uint8_t *", "data"),
+            ("uint64_t", "len"),
+        ],
+    ),
+    "ringfeed_writer_finish": ("int32_t", [("struct ringfeed_writer *", "writer")]),
+    "ringfeed_writer_abort": ("int32_t", [("struct ringfeed_writer *", "writer")]),
     "ringfeed_last_error": ("size_t", [("char *", "buf"), ("size_t", "len")]),
     "ringfeed_status_name": ("const char *", [("int32_t", "status")]),
     "ringfeed_version": ("const char *", []),
@@ -211,6 +276,11 @@ C_TYPES = {
     "const struct ringfeed_sample *": ctypes.c_void_p,
     "struct ringfeed_loader *": ctypes.c_void_p,
     "struct ringfeed_loader **": ctypes.POINTER(ctypes.c_void_p),
+    "struct ringfeed_object *": ctypes.c_void_p,
+    "const struct ringfeed_object *": ctypes.c_void_p,
+    "struct ringfeed_object **": ctypes.POINTER(ctypes.c_void_p),
+    "struct ringfeed_writer *": ctypes.c_void_p,
+    "struct ringfeed_writer **": ctypes.POINTER(ctypes.c_void_p),
     "struct ringfeed_batch *": None,  # filled below: POINTER(ringfeed_batch)
     "const struct ringfeed_batch *": None,  # the same
     "int32_t *": ctypes.POINTER(ctypes.c_int32),

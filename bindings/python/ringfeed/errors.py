@@ -124,6 +124,13 @@ class NodeError(Error):
     or broke the transport."""
 
 
+@_raised_for(_ffi.RINGFEED_ERR_EXISTS)
+class ObjectExistsError(Error, FileExistsError):
+    """A whole-object write found its target there already (S3 answered
+    ``PreconditionFailed`` to ``If-None-Match: *``, or the local file exists)
+    and ``overwrite`` is false. Nothing was written."""
+
+
 # Raised by the package itself, for Python objects used too late or in the
 # wrong process: they carry the status of the same fault in C, but the engine
 # never reports them, so `from_status` does not raise them.

@@ -63,9 +63,8 @@ pub fn complete_body(parts: &[DonePart], kind: Checksum) -> String {
         Checksum::Crc64Nvme => Some("ChecksumCRC64NVME"),
         Checksum::Md5 | Checksum::None => None,
     };
-    let mut xml = String::from(
-        "<CompleteMultipartUpload xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\">",
-    );
+    let mut xml =
+        String::from("<CompleteMultipartUpload xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\">");
     for p in parts {
         xml.push_str(&format!(
             "<Part><PartNumber>{}</PartNumber><ETag>{}</ETag>",
@@ -177,7 +176,10 @@ impl S3Client {
         if !(200..300).contains(&status) {
             let mut f = Fail::new(
                 FailKind::of_status(status),
-                format!("HTTP {status} {}", resp.status().canonical_reason().unwrap_or("")),
+                format!(
+                    "HTTP {status} {}",
+                    resp.status().canonical_reason().unwrap_or("")
+                ),
             );
             if resp.content_length().is_none_or(|n| n <= MAX_ERROR_BODY)
                 && let Ok(b) = resp.bytes()
