@@ -29,8 +29,10 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --all-targets --locked --no-fail-fast
 
 # The Python package. pip builds it with `cargo build --release --lib -p ringfeed` and
-# bundles the library; the tests generate shards with the release CLI.
+# bundles the library; the tests generate shards with the release CLI and
+# write to the S3-compatible server of examples/s3_server.rs.
 cargo build --release --locked
+cargo build --release --locked --example s3_server
 if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
     apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null
 fi

@@ -2,9 +2,11 @@
 //! directory with `Range` and keep-alive, and injects faults on demand
 //! (503 bursts, resets and truncation mid-body, stalls, slow drip, garbage,
 //! ignoring `Range`), so the engine's retries are tested against sockets, not
-//! mocks.
+//! mocks. `s3` is the S3-compatible server.
 
 #![allow(dead_code)]
+
+pub mod s3;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -1,12 +1,15 @@
 """Shared fixtures: shards from the CLI (`ringfeed gen`) and from tarfile;
-and what a skip means under RINGFEED_EXPECT_INSTALLED=1."""
+the S3-compatible server of examples/s3_server.rs; and what a skip means
+under RINGFEED_EXPECT_INSTALLED=1."""
 
 import importlib
 import io
 import json
 import os
+import select
 import subprocess
 import tarfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -207,3 +210,74 @@ def image_shards(dest, shards=2, per_shard=20, size=(32, 24), corrupt=None):
             i += 1
         paths.append(write_tar(dest / f"images-{s:03d}.tar", members))
     return paths, index
+
+
+S3_SERVER_BUILD = "cargo build --release --example s3_server"
+
+
+def s3_server_binary():
+    """Path of the S3-compatible test server (examples/s3_server.rs):
+    $RINGFEED_S3_SERVER, else the release build, else the debug one. Not
+    built here (scripts/test.sh builds it): missing, the test fails saying
+    how to build it."""
+    given = os.environ.get("RINGFEED_S3_SERVER")
+    candidates = [Path(given)] if given else [
+        REPO / "target" / profile / "examples" / "s3_server" for profile in ("release", "debug")
+    ]
+    for path in candidates:
+        if path.is_file():
+            return path
+    pytest.fail(f"the S3 test server is not built (looked for {', '.join(map(str, candidates))}): "
+                f"run `{S3_SERVER_BUILD}` in {REPO}", pytrace=False)
+
+
+@dataclass
+class S3Server:
+    """A running examples/s3_server.rs: its endpoint, the folder it serves
+    (each subfolder a bucket, `bucket` among them) and its credentials."""
+
+    endpoint: str
+    root: Path
+    bucket: str
+    # ACCESS_KEY and SECRET_KEY of tests/support/s3/mod.rs.
+    access_key: str = "AKIARINGFEEDTEST"
+    secret_key: str = "ringfeed-test-secret-0123456789abcdef"
+
+    def config(self):
+        """The loader's configuration keys for this server (src/config/keys.rs)."""
+        return {
+            "s3_endpoint": self.endpoint,
+            "aws_access_key_id": self.access_key,
+            "aws_secret_access_key": self.secret_key,
+            "s3_region": "us-east-1",
+        }
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """The S3-compatible server on a fresh root with bucket `ringfeed-test`,
+    for the session. It stops when its stdin closes: at the end of the
+    session, or when this process dies."""
+    binary = s3_server_binary()
+    tmp = tmp_path_factory.mktemp("s3")
+    root, bucket, log_path = tmp / "root", "ringfeed-test", tmp / "s3_server.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([str(binary), str(root), "--bucket", bucket],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
+    try:
+        # It prints its endpoint once it listens; 60 s covers a loaded machine.
+        ready, _, _ = select.select([proc.stdout], [], [], 60)
+        line = proc.stdout.readline().decode().strip() if ready else ""
+        if not line.startswith("http://127.0.0.1:"):
+            proc.kill()
+            proc.wait()
+            pytest.fail(f"{binary} did not start (first line {line!r}): {log_path.read_text()}",
+                        pytrace=False)
+        yield S3Server(endpoint=line, root=root, bucket=bucket)
+    finally:
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

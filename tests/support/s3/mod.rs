@@ -1,0 +1,345 @@
+//! An S3-compatible server for the tests, on 127.0.0.1: s3s with SigV4
+//! verification over the s3s-fs backend (each folder of the root a bucket),
+//! on its own Tokio runtime.
+//!
+//! s3s-fs 0.14.1 stores writes but checks them less than S3 does, so `Fs`
+//! stands in front of it and answers as S3 would where they differ:
+//!
+//! - UploadPart verifies `Content-MD5` and the `x-amz-checksum-*` value it
+//!   carries (s3s-fs verifies neither), and a part's checksum algorithm must
+//!   be the one the upload was created with (S3's "Checksum Type mismatch").
+//! - PutObject verifies its digests before s3s-fs stores the body (s3s-fs
+//!   verifies after the object is already replaced).
+//! - CompleteMultipartUpload checks the part list (each part uploaded, its
+//!   ETag and checksum as uploaded, ascending, all but the last at least
+//!   5 MiB, `x-amz-mp-object-size`) and the whole-object checksum before
+//!   s3s-fs consumes the upload: s3s-fs deletes the upload first and then
+//!   fails, leaving parts no one can abort. Parts not listed are freed.
+//! - An upload id that is not open is NoSuchUpload (s3s-fs: AccessDenied);
+//!   PutObject and CreateMultipartUpload to a missing bucket are
+//!   NoSuchBucket (s3s-fs creates the folder); GetObject on a missing
+//!   bucket is NoSuchBucket (s3s-fs: NoSuchKey).
+//! - Writes to one key are serialized, so of two `If-None-Match: *` writes
+//!   racing for a new key exactly one succeeds and the other gets 412
+//!   PreconditionFailed (s3s-fs checks and writes with no lock between).
+//!
+//! For the tests it also injects S3 errors by operation (and by part
+//! number for UploadPart), counts requests by operation, and tracks the
+//! multipart uploads left open. The state is shared through an `Arc`
+//! between the server's handlers and the `S3Server` the test holds.
+//!
+//! `checksum` holds S3's checksum rules, `multipart` what completing an
+//! upload checks, `fs` the handlers. Included by the test crates through
+//! `tests/support/mod.rs` and by `examples/s3_server.rs` through `#[path]`,
+//! so it uses nothing else of `support`.
+
+#![allow(dead_code)]
+
+mod checksum;
+mod fs;
+mod multipart;
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use s3s::{S3Error, S3ErrorCode, S3Result, s3_error};
+
+use checksum::{Algorithm, Crcs};
+
+pub const ACCESS_KEY: &str = "AKIARINGFEEDTEST";
+pub const SECRET_KEY: &str = "ringfeed-test-secret-0123456789abcdef";
+
+/// The operations counted and open to injected faults.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    PutObject,
+    CreateMultipartUpload,
+    UploadPart,
+    CompleteMultipartUpload,
+    AbortMultipartUpload,
+    DeleteObject,
+    GetObject,
+    HeadObject,
+    ListObjectsV2,
+}
+
+impl Op {
+    const COUNT: usize = Op::ListObjectsV2 as usize + 1;
+}
+
+/// A multipart upload created and neither completed nor aborted.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Upload {
+    pub bucket: String,
+    pub key: String,
+    pub upload_id: String,
+}
+
+/// An S3 error the next matching requests get instead of their answer.
+struct Fault {
+    op: Op,
+    /// UploadPart only: the part number it hits (`None`: every part).
+    part_number: Option<i32>,
+    code: S3ErrorCode,
+    /// How many more requests it hits (`None`: all).
+    remaining: Option<u32>,
+    /// CompleteMultipartUpload only: answer 200 and put the error in the
+    /// body, as S3 may once it has begun to assemble the object.
+    in_body: bool,
+}
+
+/// Held by a write to one key, across awaits.
+type KeyLock = Arc<tokio::sync::Mutex<()>>;
+
+/// What the handlers and the test share.
+#[derive(Default)]
+struct State {
+    /// Requests that passed authentication, by `Op as usize`. Relaxed:
+    /// plain counters, read after the requests they count were answered.
+    requests: [AtomicU64; Op::COUNT],
+    faults: Mutex<Vec<Fault>>,
+    /// Open uploads by upload id.
+    uploads: Mutex<HashMap<String, OpenUpload>>,
+    /// One lock per (bucket, key) that writes take around s3s-fs's check
+    /// of preconditions and its write. Never pruned: one entry per key
+    /// written, a few thousand at most in a test or benchmark.
+    key_locks: Mutex<HashMap<(String, String), KeyLock>>,
+}
+
+#[derive(Clone)]
+struct OpenUpload {
+    bucket: String,
+    key: String,
+    /// The checksum algorithm the upload was created with.
+    algorithm: Option<Algorithm>,
+    /// FULL_OBJECT (a CRC of the whole object) rather than COMPOSITE (a
+    /// checksum of the parts' checksums).
+    full_object: bool,
+    parts: BTreeMap<i32, PartRecord>,
+}
+
+#[derive(Clone)]
+struct PartRecord {
+    e_tag: String,
+    size: u64,
+    crcs: Crcs,
+    /// Base64 checksum of the upload's algorithm, sent or computed.
+    checksum: Option<String>,
+}
+
+impl State {
+    fn count(&self, op: Op) {
+        self.requests[op as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The injected error this request gets, if any, and whether it goes
+    /// in a 200's body.
+    fn fault(&self, op: Op, part_number: Option<i32>) -> Option<(S3Error, bool)> {
+        let mut faults = self.faults.lock().unwrap();
+        let i = faults.iter().position(|f| {
+            f.op == op && (f.part_number.is_none() || f.part_number == part_number)
+        })?;
+        let f = &mut faults[i];
+        let hit = (
+            S3Error::with_message(f.code.clone(), "fault injected by the test server"),
+            f.in_body,
+        );
+        if let Some(n) = &mut f.remaining {
+            *n -= 1;
+            if *n == 0 {
+                faults.remove(i);
+            }
+        }
+        Some(hit)
+    }
+
+    fn open_upload(&self, upload_id: &str, bucket: &str, key: &str) -> S3Result<OpenUpload> {
+        match self.uploads.lock().unwrap().get(upload_id) {
+            Some(u) if u.bucket == bucket && u.key == key => Ok(u.clone()),
+            _ => Err(s3_error!(
+                NoSuchUpload,
+                "The specified upload does not exist. The upload ID may be invalid, or the upload may have been aborted or completed."
+            )),
+        }
+    }
+
+    fn key_lock(&self, bucket: &str, key: &str) -> KeyLock {
+        let mut locks = self.key_locks.lock().unwrap();
+        locks
+            .entry((bucket.to_string(), key.to_string()))
+            .or_default()
+            .clone()
+    }
+}
+
+/// The S3-compatible server on 127.0.0.1 serving `root` (each folder a
+/// bucket), on its own Tokio runtime threads; stops when dropped.
+pub struct S3Server {
+    pub addr: SocketAddr,
+    root: PathBuf,
+    state: Arc<State>,
+    _runtime: tokio::runtime::Runtime,
+}
+
+impl S3Server {
+    /// On a free port, with two runtime threads (enough for a test's few
+    /// connections); panics if it cannot start.
+    pub fn start(root: &Path) -> S3Server {
+        S3Server::start_on(root, 0, 2).expect("start the S3 test server")
+    }
+
+    /// On `port` (0: a free one), with `threads` runtime threads.
+    pub fn start_on(root: &Path, port: u16, threads: usize) -> std::io::Result<S3Server> {
+        use hyper_util::rt::{TokioExecutor, TokioIo};
+        use hyper_util::server::conn::auto::Builder as ConnBuilder;
+        use s3s::auth::SimpleAuth;
+        use s3s::service::S3ServiceBuilder;
+
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .enable_all()
+            .build()?;
+        let state = Arc::new(State::default());
+        let fs = fs::Fs {
+            inner: s3s_fs::FileSystem::new(root)
+                .map_err(|e| std::io::Error::other(format!("s3s-fs: {e:?}")))?,
+            root: root.to_path_buf(),
+            state: state.clone(),
+        };
+        let mut b = S3ServiceBuilder::new(fs);
+        b.set_auth(SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
+        let service = b.build();
+        let listener = runtime.block_on(tokio::net::TcpListener::bind(("127.0.0.1", port)))?;
+        let addr = listener.local_addr()?;
+        runtime.spawn(async move {
+            let http = ConnBuilder::new(TokioExecutor::new());
+            loop {
+                let Ok((socket, _)) = listener.accept().await else {
+                    continue;
+                };
+                let conn = http
+                    .serve_connection(TokioIo::new(socket), service.clone())
+                    .into_owned();
+                tokio::spawn(async move {
+                    let _ = conn.await;
+                });
+            }
+        });
+        Ok(S3Server {
+            addr,
+            root: root.to_path_buf(),
+            state,
+            _runtime: runtime,
+        })
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Every UploadPart of `part_number` fails with `code` (e.g.
+    /// `InternalError`, 500, retried and failing again; `AccessDenied`,
+    /// 403), until `clear_faults`.
+    pub fn fail_upload_part(&self, part_number: i32, code: S3ErrorCode) {
+        self.add_fault(Op::UploadPart, Some(part_number), code, None, false);
+    }
+
+    /// The next `times` UploadParts of `part_number` fail with `code`.
+    pub fn fail_upload_part_times(&self, part_number: i32, code: S3ErrorCode, times: u32) {
+        self.add_fault(Op::UploadPart, Some(part_number), code, Some(times), false);
+    }
+
+    /// The next `times` requests of `op` (`None`: all of them) fail with
+    /// `code`.
+    pub fn fail(&self, op: Op, code: S3ErrorCode, times: Option<u32>) {
+        self.add_fault(op, None, code, times, false);
+    }
+
+    /// The next `times` CompleteMultipartUploads (`None`: all) answer 200
+    /// with an error in the body, as S3 may; the upload stays open.
+    pub fn fail_complete_in_body(&self, code: S3ErrorCode, times: Option<u32>) {
+        self.add_fault(Op::CompleteMultipartUpload, None, code, times, true);
+    }
+
+    pub fn clear_faults(&self) {
+        self.state.faults.lock().unwrap().clear();
+    }
+
+    fn add_fault(
+        &self,
+        op: Op,
+        part_number: Option<i32>,
+        code: S3ErrorCode,
+        remaining: Option<u32>,
+        in_body: bool,
+    ) {
+        if remaining == Some(0) {
+            return;
+        }
+        self.state.faults.lock().unwrap().push(Fault {
+            op,
+            part_number,
+            code,
+            remaining,
+            in_body,
+        });
+    }
+
+    /// Requests of `op` that passed authentication, answered or failed
+    /// (injected faults included).
+    pub fn requests(&self, op: Op) -> u64 {
+        self.state.requests[op as usize].load(Ordering::Relaxed)
+    }
+
+    /// Uploads created and neither completed nor aborted, sorted.
+    pub fn dangling_uploads(&self) -> Vec<Upload> {
+        let mut v: Vec<Upload> = self
+            .state
+            .uploads
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(id, u)| Upload {
+                bucket: u.bucket.clone(),
+                key: u.key.clone(),
+                upload_id: id.clone(),
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Files s3s-fs keeps in the root for uploads in progress (parts
+    /// `.upload_id-*`, records `.upload-*.json`, their metadata) and
+    /// half-written temporaries (`.tmp.*`), sorted.
+    pub fn leftover_files(&self) -> Vec<String> {
+        let mut v: Vec<String> = fs::dir_names(&self.root)
+            .into_iter()
+            .filter(|n| {
+                n.starts_with(".upload_id-")
+                    || n.starts_with(".upload-")
+                    || n.starts_with(".tmp.")
+                    || (n.starts_with(".bucket-") && n.contains(".upload-"))
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Panics naming what is left if any upload is open or any upload's
+    /// file remains.
+    pub fn assert_no_uploads_left(&self) {
+        let (open, files) = (self.dangling_uploads(), self.leftover_files());
+        assert!(
+            open.is_empty() && files.is_empty(),
+            "uploads left open: {open:?}; upload files left: {files:?}"
+        );
+    }
+}
