@@ -11,7 +11,10 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+mod support;
+
 use ringfeed::{Config, Error, Loader, Next};
+use support::pattern;
 
 /// Sample key → sorted (field, bytes).
 type Samples = BTreeMap<String, Vec<(String, Vec<u8>)>>;
@@ -27,19 +30,6 @@ fn config(paths: &[PathBuf], extra: serde_json::Value) -> Config {
         m.extend(e);
     }
     Config::from_map(&m).unwrap()
-}
-
-/// A byte pattern that differs at every offset of every member.
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 /// Writes a tar of samples (a payload of each of the given sizes and a

@@ -12,7 +12,7 @@ mod support;
 
 use ringfeed::object::{self, Writer};
 use ringfeed::{Config, Error};
-use support::Server;
+use support::{Server, pattern};
 
 const PART: u64 = 64 << 10;
 
@@ -20,19 +20,6 @@ fn cfg(extra: &str) -> Config {
     let text =
         format!(r#"{{"part_size": {PART}, "parts_in_flight": 4, "max_attempts": 4 {extra}}}"#);
     Config::for_objects(&text).unwrap()
-}
-
-/// Deterministic bytes: a different pattern per size.
-fn bytes(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 const SIZES: [usize; 8] = [
@@ -52,7 +39,7 @@ fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
         .enumerate()
         .map(|(i, &n)| {
             let name = format!("obj-{i}.bin");
-            let data = bytes(n, i as u64 + 1);
+            let data = pattern(i as u64 + 1, n);
             std::fs::write(dir.join(&name), &data).unwrap();
             (name, data)
         })
@@ -210,7 +197,7 @@ fn missing_garbage_and_failing_objects_are_named_errors() {
 #[test]
 fn an_object_that_changes_under_the_read_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let data = bytes(10 * PART as usize, 9);
+    let data = pattern(9, 10 * PART as usize);
     let path = dir.path().join("grows.bin");
     std::fs::write(&path, &data).unwrap();
     let server = Server::start(dir.path().to_path_buf());
@@ -222,7 +209,7 @@ fn an_object_that_changes_under_the_read_is_refused() {
         &ringfeed::net::NetOptions::for_config(&c),
     )
     .unwrap();
-    std::fs::write(&path, bytes(11 * PART as usize, 9)).unwrap();
+    std::fs::write(&path, pattern(9, 11 * PART as usize)).unwrap();
     let e = object::read::read_shard(&shard, &c, &ringfeed::net::NetOptions::for_config(&c), None)
         .unwrap_err();
     assert!(e.to_string().contains("changed while it was read"), "{e}");
@@ -264,7 +251,7 @@ fn local_writes_appear_whole_and_never_replace_a_file_unless_asked() {
     for (i, &n) in SIZES.iter().enumerate() {
         let path = dir.path().join(format!("w-{i}.bin"));
         let url = path.display().to_string();
-        let data = bytes(n, 100 + i as u64);
+        let data = pattern(100 + i as u64, n);
         let mut w = Writer::open(&url, &c, None).unwrap();
         for piece in data.chunks(10_007) {
             w.write(piece).unwrap();
@@ -287,10 +274,10 @@ fn local_writes_appear_whole_and_never_replace_a_file_unless_asked() {
     // temporary file.
     let url = dir.path().join("dropped.bin").display().to_string();
     let mut w = Writer::open(&url, &c, None).unwrap();
-    w.write(&bytes(1000, 1)).unwrap();
+    w.write(&pattern(1, 1000)).unwrap();
     drop(w);
     let mut w = Writer::open(&url, &c, None).unwrap();
-    w.write(&bytes(1000, 1)).unwrap();
+    w.write(&pattern(1, 1000)).unwrap();
     w.abort().unwrap();
     let mut names: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()

@@ -13,6 +13,7 @@ mod support;
 use ringfeed::object::{self, Progress, Writer};
 use ringfeed::{Config, Error};
 use s3s::S3ErrorCode;
+use support::pattern;
 use support::s3::{ACCESS_KEY, Op, S3Server, SECRET_KEY};
 
 const BUCKET: &str = "ckpt";
@@ -35,19 +36,6 @@ fn cfg(s: &S3Server, extra: &str) -> Config {
     .unwrap()
 }
 
-fn bytes(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut v = Vec::with_capacity(n);
-    while v.len() < n {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v.truncate(n);
-    v
-}
-
 fn url(key: &str) -> String {
     format!("s3://{BUCKET}/{key}")
 }
@@ -59,7 +47,7 @@ fn every_size_round_trips_with_each_checksum_in_one_call_and_in_pieces() {
     for checksum in ["crc32c", "crc64nvme", "md5", "none"] {
         let c = cfg(&s, &format!(r#", "checksum": "{checksum}""#));
         for (i, &n) in sizes.iter().enumerate() {
-            let data = bytes(n, i as u64 + 7);
+            let data = pattern(i as u64 + 7, n);
             let key = format!("{checksum}/whole-{i}.bin");
             let progress = Arc::new(Progress::default());
             object::write(&url(&key), &data, &c, Some(Arc::clone(&progress))).unwrap();
@@ -94,7 +82,7 @@ fn an_object_appears_only_when_complete() {
     let c = cfg(&s, "");
     let path = root.path().join(BUCKET).join("late.bin");
     let mut w = Writer::open(&url("late.bin"), &c, None).unwrap();
-    w.write(&bytes(3 * PART, 1)).unwrap();
+    w.write(&pattern(1, 3 * PART)).unwrap();
     // Parts are uploading or uploaded: no object yet.
     assert!(!path.exists());
     let e = object::read(&url("late.bin"), &c, None).unwrap_err();
@@ -103,7 +91,7 @@ fn an_object_appears_only_when_complete() {
         "{e}"
     );
     w.finish().unwrap();
-    assert_eq!(std::fs::read(&path).unwrap(), bytes(3 * PART, 1));
+    assert_eq!(std::fs::read(&path).unwrap(), pattern(1, 3 * PART));
 }
 
 #[test]
@@ -119,7 +107,7 @@ fn a_part_that_fails_for_good_leaves_no_object_and_no_upload() {
         let key = format!("failed-{what}.bin");
         let mut w = Writer::open(&url(&key), &c, None).unwrap();
         // The failure surfaces at a later write or at finish.
-        let r = w.write(&bytes(6 * PART, 3)).and_then(|()| w.finish());
+        let r = w.write(&pattern(3, 6 * PART)).and_then(|()| w.finish());
         let e = r.unwrap_err();
         let text = e.to_string();
         assert!(matches!(e, Error::Part { part: 3, .. }), "{text}");
@@ -142,7 +130,7 @@ fn a_part_that_fails_for_good_leaves_no_object_and_no_upload() {
     s.fail_upload_part_times(2, S3ErrorCode::InternalError, 2);
     s.fail(Op::CreateMultipartUpload, S3ErrorCode::SlowDown, Some(1));
     s.fail_complete_in_body(S3ErrorCode::InternalError, Some(1));
-    let data = bytes(4 * PART + 9, 4);
+    let data = pattern(4, 4 * PART + 9);
     object::write(&url("retried.bin"), &data, &c, None).unwrap();
     assert!(std::fs::read(root.path().join(BUCKET).join("retried.bin")).unwrap() == data);
     s.assert_no_uploads_left();
@@ -153,10 +141,10 @@ fn a_writer_dropped_or_aborted_unfinished_leaves_nothing() {
     let (root, s) = server();
     let c = cfg(&s, "");
     let mut w = Writer::open(&url("dropped.bin"), &c, None).unwrap();
-    w.write(&bytes(2 * PART + 5, 5)).unwrap();
+    w.write(&pattern(5, 2 * PART + 5)).unwrap();
     drop(w);
     let mut w = Writer::open(&url("aborted.bin"), &c, None).unwrap();
-    w.write(&bytes(2 * PART + 5, 5)).unwrap();
+    w.write(&pattern(5, 2 * PART + 5)).unwrap();
     w.abort().unwrap();
     assert!(s.requests(Op::AbortMultipartUpload) >= 2);
     assert!(!root.path().join(BUCKET).join("dropped.bin").exists());
@@ -169,19 +157,19 @@ fn overwrite_is_refused_unless_asked_and_racing_writers_leave_one_winner() {
     let (root, s) = server();
     let c = cfg(&s, "");
     for (key, n) in [("small.bin", 10), ("large.bin", 2 * PART + 1)] {
-        object::write(&url(key), &bytes(n, 1), &c, None).unwrap();
-        let e = object::write(&url(key), &bytes(n, 2), &c, None).unwrap_err();
+        object::write(&url(key), &pattern(1, n), &c, None).unwrap();
+        let e = object::write(&url(key), &pattern(2, n), &c, None).unwrap_err();
         assert!(matches!(e, Error::Exists { .. }), "{key}: {e}");
         assert!(e.to_string().contains("PreconditionFailed"), "{e}");
-        assert!(std::fs::read(root.path().join(BUCKET).join(key)).unwrap() == bytes(n, 1));
+        assert!(std::fs::read(root.path().join(BUCKET).join(key)).unwrap() == pattern(1, n));
         object::write(
             &url(key),
-            &bytes(n, 2),
+            &pattern(2, n),
             &cfg(&s, r#", "overwrite": true"#),
             None,
         )
         .unwrap();
-        assert!(std::fs::read(root.path().join(BUCKET).join(key)).unwrap() == bytes(n, 2));
+        assert!(std::fs::read(root.path().join(BUCKET).join(key)).unwrap() == pattern(2, n));
     }
     s.assert_no_uploads_left();
 
@@ -192,7 +180,7 @@ fn overwrite_is_refused_unless_asked_and_racing_writers_leave_one_winner() {
             .map(|i| {
                 let c = c.clone();
                 sc.spawn(move || {
-                    object::write(&url("raced.bin"), &bytes(2 * PART, 10 + i), &c, None)
+                    object::write(&url("raced.bin"), &pattern(10 + i, 2 * PART), &c, None)
                 })
             })
             .collect();
@@ -206,7 +194,7 @@ fn overwrite_is_refused_unless_asked_and_racing_writers_leave_one_winner() {
         }
     }
     let got = std::fs::read(root.path().join(BUCKET).join("raced.bin")).unwrap();
-    assert!(got == bytes(2 * PART, 10 + winners[0] as u64));
+    assert!(got == pattern(10 + winners[0] as u64, 2 * PART));
     s.assert_no_uploads_left();
 }
 
@@ -218,14 +206,14 @@ fn concurrent_writers_to_different_keys_each_get_their_bytes() {
         for i in 0..4u64 {
             let c = c.clone();
             sc.spawn(move || {
-                let data = bytes(2 * PART + i as usize * 1000, 20 + i);
+                let data = pattern(20 + i, 2 * PART + i as usize * 1000);
                 object::write(&url(&format!("rank-{i}.bin")), &data, &c, None).unwrap();
             });
         }
     });
     for i in 0..4u64 {
         let got = object::read(&url(&format!("rank-{i}.bin")), &c, None).unwrap();
-        assert!(got.as_slice() == &bytes(2 * PART + i as usize * 1000, 20 + i)[..]);
+        assert!(got.as_slice() == &pattern(20 + i, 2 * PART + i as usize * 1000)[..]);
     }
     s.assert_no_uploads_left();
 }
@@ -270,7 +258,7 @@ fn a_prefix_lists_every_object_for_a_model_directory() {
         "model/tokenizer.json",
     ];
     for (i, n) in names.iter().enumerate() {
-        object::write(&url(n), &bytes(100 + i, i as u64), &c, None).unwrap();
+        object::write(&url(n), &pattern(i as u64, 100 + i), &c, None).unwrap();
     }
     let listed = object::list(&[url("model/")], &c).unwrap();
     let got: Vec<_> = listed.iter().map(|s| (s.name.clone(), s.size)).collect();

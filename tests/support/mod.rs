@@ -18,6 +18,21 @@ use std::time::Duration;
 /// The error a configuration ends in: at open, or the first one `next`
 /// reports (batches and end-of-epoch markers before it are passed over).
 /// Panics if the loader finishes, or waits 60 s, without one.
+/// Deterministic bytes that differ at every offset, a different run per
+/// seed (xorshift64, eight bytes a step).
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut v = Vec::with_capacity(len + 8);
+    while v.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    v.truncate(len);
+    v
+}
+
 pub fn first_error(cfg: ringfeed::Config) -> ringfeed::Error {
     use ringfeed::Next;
     match ringfeed::Loader::open(cfg) {
