@@ -111,3 +111,20 @@ pub(crate) fn get(a: GetArgs) -> AnyResult<()> {
     );
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::file_name;
+
+    #[test]
+    fn objects_are_named_after_their_last_path_segment() {
+        assert_eq!(file_name("s3://b/run/model.bin").unwrap(), "model.bin");
+        assert_eq!(file_name("http://h:1/w/a.bin?v=2#x").unwrap(), "a.bin");
+        assert_eq!(file_name("/data/x.tar").unwrap(), "x.tar");
+        assert_eq!(file_name("x.tar").unwrap(), "x.tar");
+        for bad in ["http://h/", "s3://b/p/..", "/data/."] {
+            let e = file_name(bad).unwrap_err().to_string();
+            assert!(e.contains("-o FILE"), "{bad}: {e}");
+        }
+    }
+}
