@@ -21,6 +21,8 @@
 //! - `abi_objects.c`: whole objects read (into the library's memory and a
 //!   caller's buffer), listed and written, locally and on the S3 server of
 //!   `support::s3`; their misuse; a fork child refused the parent's writer.
+//! - `object_wrapper_test.cpp`: the C++ wrapper's `Object`, `read_into`,
+//!   `write_object` and `ObjectWriter`, locally and on the S3 server.
 //! - `wrapper_test.cpp` and the example `trainer.cpp`: the C++ wrapper,
 //!   alone and (`--node`) as a consumer of a node engine.
 //!
@@ -447,6 +449,20 @@ fn c_objects_read_list_write_and_refuse_misuse() {
     let out = run_ok(&exe, &args);
     assert!(out.contains("s3: ok"), "{out}");
     assert!(out.contains("abi_objects: all checks passed"), "{out}");
+    s3.assert_no_uploads_left();
+}
+
+#[test]
+fn cpp_objects_read_write_move_and_abort_by_raii() {
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = build("tests/c/object_wrapper_test.cpp", tmp.path(), true);
+    let (s3, args) = objects_setup(tmp.path());
+    let out = run_ok(&exe, &args);
+    assert!(out.contains("s3: ok"), "{out}");
+    assert!(
+        out.contains("object_wrapper_test: all checks passed"),
+        "{out}"
+    );
     s3.assert_no_uploads_left();
 }
 
