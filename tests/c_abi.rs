@@ -18,11 +18,16 @@
 //! - `abi_node.c`: a consumer attached to a node engine (served from a
 //!   thread of the test) streams every sample with its bytes; one that
 //!   crashes holding batches gets them taken back by the engine.
+//! - `abi_objects.c`: whole objects read (into the library's memory and a
+//!   caller's buffer), listed and written, locally and on the S3 server of
+//!   `support::s3`; their misuse; a fork child refused the parent's writer.
+//! - `object_wrapper_test.cpp`: the C++ wrapper's `Object`, `read_into`,
+//!   `write_object` and `ObjectWriter`, locally and on the S3 server.
 //! - `wrapper_test.cpp` and the example `trainer.cpp`: the C++ wrapper,
 //!   alone and (`--node`) as a consumer of a node engine.
 //!
 //!
-//! `abi_misuse.c` and `abi_races.c` run a second time built without
+//! `abi_misuse.c`, `abi_races.c` and `abi_objects.c` run a second time built without
 //! sanitizers under valgrind's memcheck, which sees what ASan cannot: reads
 //! of uninitialised memory, and the Rust library's own heap (ASan instruments
 //! only the C program).
@@ -37,9 +42,12 @@ use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+mod support;
+
 use ringfeed::node::{self, AnyNext, Attached, NodeOptions};
 use ringfeed::synth::{self, GenOptions};
 use serde_json::{Value, json};
+use support::s3::{ACCESS_KEY, S3Server, SECRET_KEY};
 
 const LIB: &str = "libringfeed.so";
 
@@ -412,6 +420,60 @@ fn c_misuse_and_races_are_clean_under_valgrind() {
     let races = build_with("tests/c/abi_races.c", tmp.path(), false, false);
     let out = run_valgrind(&races, &data.args());
     assert!(out.contains("abi_races: all checks passed"), "{out}");
+}
+
+/// The S3 server of `support::s3` with one bucket, and `abi_objects.c`'s
+/// arguments: a scratch directory, then the endpoint, the keys and the
+/// bucket.
+fn objects_setup(tmp: &Path) -> (S3Server, Vec<String>) {
+    let scratch = tmp.join("scratch");
+    std::fs::create_dir(&scratch).unwrap();
+    let root = tmp.join("s3");
+    std::fs::create_dir_all(root.join("ckpt")).unwrap();
+    let s3 = S3Server::start(&root);
+    let args = vec![
+        scratch.display().to_string(),
+        s3.endpoint(),
+        ACCESS_KEY.to_string(),
+        SECRET_KEY.to_string(),
+        "ckpt".to_string(),
+    ];
+    (s3, args)
+}
+
+#[test]
+fn c_objects_read_list_write_and_refuse_misuse() {
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = build("tests/c/abi_objects.c", tmp.path(), false);
+    let (s3, args) = objects_setup(tmp.path());
+    let out = run_ok(&exe, &args);
+    assert!(out.contains("s3: ok"), "{out}");
+    assert!(out.contains("abi_objects: all checks passed"), "{out}");
+    s3.assert_no_uploads_left();
+}
+
+#[test]
+fn cpp_objects_read_write_move_and_abort_by_raii() {
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = build("tests/c/object_wrapper_test.cpp", tmp.path(), true);
+    let (s3, args) = objects_setup(tmp.path());
+    let out = run_ok(&exe, &args);
+    assert!(out.contains("s3: ok"), "{out}");
+    assert!(
+        out.contains("object_wrapper_test: all checks passed"),
+        "{out}"
+    );
+    s3.assert_no_uploads_left();
+}
+
+#[test]
+fn c_objects_are_clean_under_valgrind() {
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = build_with("tests/c/abi_objects.c", tmp.path(), false, false);
+    let (s3, args) = objects_setup(tmp.path());
+    let out = run_valgrind(&exe, &args);
+    assert!(out.contains("abi_objects: all checks passed"), "{out}");
+    s3.assert_no_uploads_left();
 }
 
 #[test]

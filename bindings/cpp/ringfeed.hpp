@@ -25,6 +25,15 @@
 //   assigning or destroying a Loader must not race with other calls on it.
 //   One Batch is used by one thread at a time.
 // - Do not use a Loader across fork(): open it in the process that uses it.
+// - Whole objects. Object owns an object read whole into the library's
+//   memory (released by ~Object or release()); ObjectWriter owns a write in
+//   progress: ~ObjectWriter aborts a write not finished, so nothing of it
+//   is left; finish() makes the object visible. Both are move-only. A
+//   configuration is the loader's JSON keys without "urls" (part_size,
+//   parts_in_flight, checksum, overwrite, s3_*, aws_*); "{}" or "" for the
+//   defaults. A child of fork() may read and release its copy of an
+//   Object; its calls on the parent's ObjectWriter throw
+//   RINGFEED_ERR_INVALID_HANDLE (and its destructor there does nothing).
 
 #ifndef RINGFEED_HPP
 #define RINGFEED_HPP
@@ -402,6 +411,179 @@ class Loader {
   // reading it while another thread closes.
   std::unique_ptr<ringfeed_loader, Closer> handle_;
   std::atomic<bool> closed_{false};
+};
+
+namespace detail {
+
+// NULL for an empty configuration: the library's defaults.
+inline const char* config_or_null(const std::string& config) noexcept {
+  return config.empty() ? nullptr : config.c_str();
+}
+
+}  // namespace detail
+
+// An object read whole into the library's memory: its bytes stay put until
+// it is released, so views of them need no copy. Move-only.
+class Object {
+ public:
+  Object() noexcept = default;
+
+  // Reads the whole object at `url` (s3://bucket/key, http(s)://..., a
+  // local path or file:// URL), with `parts_in_flight` ranged reads of
+  // `part_size` in flight. Throws Error on failure.
+  static Object read(const std::string& url, const std::string& config = "{}") {
+    ringfeed_object* handle = nullptr;
+    detail::check(ringfeed_object_read(url.c_str(), detail::config_or_null(config), &handle));
+    Object o;
+    o.handle_ = handle;
+    detail::check(ringfeed_object_data(handle, &o.data_, &o.size_));
+    return o;
+  }
+
+  Object(Object&& other) noexcept { swap(other); }
+  Object& operator=(Object&& other) noexcept {
+    if (this != &other) {
+      Object gone(std::move(other));
+      swap(gone);
+    }
+    return *this;
+  }
+  Object(const Object&) = delete;
+  Object& operator=(const Object&) = delete;
+  ~Object() {
+    if (handle_ != nullptr) {
+      (void)ringfeed_object_release(handle_);  // a destructor cannot report it
+    }
+  }
+
+  // Frees the bytes now; throws Error if the library refuses. Nothing on an
+  // empty Object.
+  void release() {
+    ringfeed_object* handle = handle_;
+    handle_ = nullptr;
+    data_ = nullptr;
+    size_ = 0;
+    if (handle != nullptr) {
+      detail::check(ringfeed_object_release(handle));
+    }
+  }
+
+  const std::uint8_t* data() const noexcept { return data_; }
+  std::size_t size() const noexcept { return static_cast<std::size_t>(size_); }
+  bool empty() const noexcept { return size_ == 0; }
+  const std::uint8_t* begin() const noexcept { return data_; }
+  const std::uint8_t* end() const noexcept { return data_ + size_; }
+  std::uint8_t operator[](std::size_t i) const noexcept { return data_[i]; }
+  Bytes bytes() const noexcept { return Bytes(data_, size()); }
+  // Holds an object (not moved from or released).
+  explicit operator bool() const noexcept { return handle_ != nullptr; }
+
+ private:
+  void swap(Object& other) noexcept {
+    std::swap(handle_, other.handle_);
+    std::swap(data_, other.data_);
+    std::swap(size_, other.size_);
+  }
+
+  ringfeed_object* handle_ = nullptr;
+  const std::uint8_t* data_ = nullptr;
+  std::uint64_t size_ = 0;
+};
+
+// The size of the object at `url`, without reading it.
+inline std::uint64_t object_size(const std::string& url, const std::string& config = "{}") {
+  std::uint64_t size = 0;
+  std::int32_t status =
+      ringfeed_object_read_into(url.c_str(), detail::config_or_null(config), nullptr, 0, &size);
+  if (status != RINGFEED_OK && status != RINGFEED_ERR_BUFFER_TOO_SMALL) {
+    detail::fail(status);
+  }
+  return size;
+}
+
+// Reads the whole object at `url` into `buf` (`len` bytes) and returns its
+// size. A buffer smaller than the object throws Error with
+// RINGFEED_ERR_BUFFER_TOO_SMALL before any byte is read.
+inline std::uint64_t read_into(const std::string& url, void* buf, std::size_t len,
+                               const std::string& config = "{}") {
+  std::uint64_t size = 0;
+  detail::check(ringfeed_object_read_into(url.c_str(), detail::config_or_null(config),
+                                          static_cast<std::uint8_t*>(buf), len, &size));
+  return size;
+}
+
+// Writes `len` bytes at `data` as the object at `url` (s3://bucket/key, a
+// local path or file:// URL), visible only once whole. An existing object
+// throws Error with RINGFEED_ERR_EXISTS unless the configuration has
+// "overwrite": true.
+inline void write_object(const std::string& url, const void* data, std::size_t len,
+                         const std::string& config = "{}") {
+  detail::check(ringfeed_object_write(url.c_str(), detail::config_or_null(config),
+                                      static_cast<const std::uint8_t*>(data), len));
+}
+
+// An object being written, piece by piece. Move-only; destroyed (or moved
+// over) before finish(), it aborts: nothing of the object is left.
+class ObjectWriter {
+ public:
+  ObjectWriter() noexcept = default;
+
+  // Starts the object at `url`; throws Error (RINGFEED_ERR_EXISTS for an
+  // object that exists, unless "overwrite" is true).
+  explicit ObjectWriter(const std::string& url, const std::string& config = "{}") {
+    detail::check(ringfeed_writer_open(url.c_str(), detail::config_or_null(config), &handle_));
+  }
+
+  ObjectWriter(ObjectWriter&& other) noexcept : handle_(other.handle_) { other.handle_ = nullptr; }
+  ObjectWriter& operator=(ObjectWriter&& other) noexcept {
+    if (this != &other) {
+      drop();
+      handle_ = other.handle_;
+      other.handle_ = nullptr;
+    }
+    return *this;
+  }
+  ObjectWriter(const ObjectWriter&) = delete;
+  ObjectWriter& operator=(const ObjectWriter&) = delete;
+  ~ObjectWriter() { drop(); }
+
+  // Appends `len` bytes at `data`. Throws Error; after an error the write
+  // is aborted and every later call throws it again.
+  void write(const void* data, std::size_t len) {
+    detail::check(ringfeed_writer_write(handle_, static_cast<const std::uint8_t*>(data), len));
+  }
+  void write(std::string_view text) { write(text.data(), text.size()); }
+
+  // Makes the object visible, whole; the writer is empty after, whatever
+  // happens. Throws Error (nothing is kept then).
+  void finish() {
+    ringfeed_writer* handle = handle_;
+    handle_ = nullptr;
+    detail::check(ringfeed_writer_finish(handle));
+  }
+
+  // Drops what was written; the writer is empty after. Throws Error if the
+  // library refuses (an S3 abort that failed).
+  void abort() {
+    ringfeed_writer* handle = handle_;
+    handle_ = nullptr;
+    if (handle != nullptr) {
+      detail::check(ringfeed_writer_abort(handle));
+    }
+  }
+
+  // Holds a write in progress (not finished, aborted or moved from).
+  explicit operator bool() const noexcept { return handle_ != nullptr; }
+
+ private:
+  void drop() noexcept {
+    if (handle_ != nullptr) {
+      (void)ringfeed_writer_abort(handle_);  // a destructor cannot report it
+      handle_ = nullptr;
+    }
+  }
+
+  ringfeed_writer* handle_ = nullptr;
 };
 
 // The library version, such as "0.1.0".

@@ -45,6 +45,12 @@ pub(crate) enum Command {
     /// Print this machine's NICs, queues, interrupt CPUs and NUMA nodes, and
     /// the CPUs a loader would be pinned to.
     Topology(TopologyArgs),
+    /// Read whole objects (S3, HTTP(S), local) and write them to files or
+    /// stdout, with many ranged reads in flight.
+    Get(GetArgs),
+    /// Write a file or stdin as one object (S3 or local), visible only once
+    /// whole; never replaces one unless --overwrite.
+    Put(PutArgs),
     /// Generate a dataset in a temporary directory, serve it on a loopback
     /// HTTP server and stream it over http://, checking every byte.
     Demo {
@@ -236,6 +242,85 @@ pub(crate) struct ReportArgs {
     pub(crate) json: bool,
 }
 
+#[derive(Args)]
+pub(crate) struct GetArgs {
+    /// Objects to read: s3://bucket/key, http(s):// URLs, local paths; a
+    /// directory or an s3://bucket/prefix/ stands for the objects in it
+    /// (one level), and braces expand.
+    #[arg(required = true)]
+    pub(crate) urls: Vec<String>,
+    /// Where to write: a file when there is one object, a directory
+    /// (created) for several, `-` for stdout; default: each object's name
+    /// in the current directory.
+    #[arg(long, short)]
+    pub(crate) output: Option<PathBuf>,
+    /// Replace files that exist.
+    #[arg(long)]
+    pub(crate) overwrite: bool,
+    #[command(flatten)]
+    pub(crate) opts: ObjectArgs,
+}
+
+#[derive(Args)]
+pub(crate) struct PutArgs {
+    /// The file to write, or `-` for stdin.
+    pub(crate) file: PathBuf,
+    /// Where: s3://bucket/key, a local path or a file:// URL.
+    pub(crate) url: String,
+    /// Replace the object if it exists (default: refuse).
+    #[arg(long)]
+    pub(crate) overwrite: bool,
+    /// Checksum each part carries, verified by S3: crc32c, crc64nvme, md5
+    /// or none (default crc32c).
+    #[arg(long)]
+    pub(crate) checksum: Option<String>,
+    #[command(flatten)]
+    pub(crate) opts: ObjectArgs,
+}
+
+/// The configuration of whole-object commands as flags.
+#[derive(Args, Clone)]
+pub(crate) struct ObjectArgs {
+    /// Bytes per ranged read and per uploaded part (e.g. 8MiB, the default).
+    #[arg(long)]
+    pub(crate) part_size: Option<String>,
+    /// Ranged reads or part uploads in flight at once (default 8).
+    #[arg(long)]
+    pub(crate) parts_in_flight: Option<u64>,
+    #[command(flatten)]
+    pub(crate) s3: S3Args,
+    /// auto, io_uring or threads.
+    #[arg(long)]
+    pub(crate) io_backend: Option<String>,
+    /// More configuration keys as a JSON object (flags win), e.g.
+    /// credentials or `max_attempts`; may be given several times, later
+    /// objects' keys replacing earlier ones'.
+    #[arg(long)]
+    pub(crate) config: Vec<String>,
+}
+
+/// S3 endpoint and addressing as flags; credentials come from the
+/// environment, the AWS profile files or `--config`, never the command line
+/// (where `ps` would show them).
+#[derive(Args, Clone)]
+pub(crate) struct S3Args {
+    /// S3-compatible endpoint URL (default: AWS_ENDPOINT_URL, else AWS).
+    #[arg(long)]
+    pub(crate) s3_endpoint: Option<String>,
+    /// S3 region (default: AWS_REGION, the profile's, else us-east-1).
+    #[arg(long)]
+    pub(crate) s3_region: Option<String>,
+    /// Address buckets as a path (endpoint/bucket/key), not a host name.
+    #[arg(long)]
+    pub(crate) s3_path_style: bool,
+    /// Send unsigned requests (public buckets).
+    #[arg(long)]
+    pub(crate) s3_unsigned: bool,
+    /// AWS profile to take credentials and region from.
+    #[arg(long)]
+    pub(crate) aws_profile: Option<String>,
+}
+
 fn size_arg(s: &str) -> Result<u64, String> {
     parse_size(s)
 }
@@ -288,4 +373,46 @@ pub(crate) fn config_map_for(urls: Vec<String>, a: &LoaderArgs) -> AnyResult<Map
         set("epochs", json!(v));
     }
     Ok(m)
+}
+
+/// The configuration of `get` and `put`: `--config` objects, then the flags.
+pub(crate) fn object_config(a: &ObjectArgs, more: &[(&str, Value)]) -> AnyResult<Config> {
+    let mut m: Map<String, Value> = Map::new();
+    for text in &a.config {
+        match serde_json::from_str(text)? {
+            Value::Object(keys) => m.extend(keys),
+            _ => return Err("--config must be a JSON object".into()),
+        }
+    }
+    let mut set = |k: &str, v: Value| {
+        m.insert(k.into(), v);
+    };
+    if let Some(v) = &a.part_size {
+        set("part_size", json!(v));
+    }
+    if let Some(v) = a.parts_in_flight {
+        set("parts_in_flight", json!(v));
+    }
+    if let Some(v) = &a.io_backend {
+        set("io_backend", json!(v));
+    }
+    if let Some(v) = &a.s3.s3_endpoint {
+        set("s3_endpoint", json!(v));
+    }
+    if let Some(v) = &a.s3.s3_region {
+        set("s3_region", json!(v));
+    }
+    if a.s3.s3_path_style {
+        set("s3_path_style", json!(true));
+    }
+    if a.s3.s3_unsigned {
+        set("s3_unsigned", json!(true));
+    }
+    if let Some(v) = &a.s3.aws_profile {
+        set("aws_profile", json!(v));
+    }
+    for (k, v) in more {
+        set(k, v.clone());
+    }
+    Ok(Config::for_objects(&Value::Object(m).to_string())?)
 }

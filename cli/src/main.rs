@@ -4,12 +4,12 @@
 //! `topology` prints what the engine reads of the machine and where a
 //! loader's workers would run, `node` runs a node engine, and `demo`
 //! generates shards in a temporary directory and streams them from an
-//! embedded loopback server.
+//! embedded loopback server; `get` and `put` read and write whole objects.
 //!
 //! This file parses the command line and dispatches; the flags are in
 //! `args.rs`, each command in its own file (`generate.rs`, `bench.rs`,
-//! `serve.rs`, `demo.rs`, `topology.rs`, and `inspect.rs` for `ls`, `index`
-//! and `cat`).
+//! `serve.rs`, `demo.rs`, `topology.rs`, `inspect.rs` for `ls`, `index`
+//! and `cat`, `get.rs` and `put.rs` with `transfer.rs` for what they share).
 
 use std::process::ExitCode;
 
@@ -21,11 +21,14 @@ mod args;
 mod bench;
 mod demo;
 mod generate;
+mod get;
 mod inspect;
 mod node;
+mod put;
 mod serve;
 mod tally;
 mod topology;
+mod transfer;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -46,6 +49,8 @@ fn main() -> ExitCode {
             &a.opts,
         ),
         Command::Topology(a) => topology::topology_cmd(a),
+        Command::Get(a) => get::get(a),
+        Command::Put(a) => put::put(a),
         Command::Demo {
             size,
             local,
@@ -55,6 +60,10 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.is::<transfer::Interrupted>() => {
+            eprintln!("ringfeed: {e}");
+            ExitCode::from(transfer::INTERRUPTED_EXIT)
+        }
         Err(e) => {
             eprintln!("ringfeed: error: {e}");
             ExitCode::FAILURE

@@ -1,0 +1,130 @@
+//! `ringfeed get`: whole objects read with the library's ranged reads in
+//! flight (`ringfeed::object`), written to files through the library's own
+//! `Writer` (a temporary file renamed into place, so a file appears only
+//! whole and never replaces one unless `--overwrite`) or to stdout.
+//!
+//! Each object is read into memory first and the file written after, so
+//! no temporary file exists while the network is slow; the destination is
+//! opened before the read all the same, so a file in the way fails before
+//! any byte is fetched.
+
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde_json::json;
+
+use ringfeed::net::NetOptions;
+use ringfeed::object::{self, Progress, Writer};
+
+use crate::AnyResult;
+use crate::args::{GetArgs, object_config};
+use crate::transfer::{self, Bars, WritingGuard};
+
+/// Where the objects go.
+enum Dest {
+    Stdout,
+    /// One object to this file.
+    File(PathBuf),
+    /// Each object to its name in this directory.
+    Dir(PathBuf),
+}
+
+/// The last path segment of an object's URL or path: its file name.
+fn file_name(url: &str) -> AnyResult<&str> {
+    let path = url.split(['?', '#']).next().unwrap_or(url);
+    match path.rsplit('/').next() {
+        Some(n) if !n.is_empty() && n != "." && n != ".." => Ok(n),
+        _ => Err(format!("`{url}` has no file name to write it under; give -o FILE").into()),
+    }
+}
+
+fn destination(output: Option<&Path>, objects: usize) -> AnyResult<Dest> {
+    Ok(match output {
+        Some(p) if p.as_os_str() == "-" => Dest::Stdout,
+        Some(p) if objects == 1 && !p.is_dir() => Dest::File(p.to_path_buf()),
+        Some(p) => {
+            std::fs::create_dir_all(p)
+                .map_err(|e| format!("create directory `{}`: {e}", p.display()))?;
+            Dest::Dir(p.to_path_buf())
+        }
+        None => Dest::Dir(PathBuf::from(".")),
+    })
+}
+
+/// `ringfeed get`.
+pub(crate) fn get(a: GetArgs) -> AnyResult<()> {
+    transfer::install_interrupt_handler();
+    let cfg = object_config(&a.opts, &[("overwrite", json!(a.overwrite))])?;
+    let net = NetOptions::for_config(&cfg);
+    let shards = object::list(&a.urls, &cfg)?;
+    if shards.is_empty() {
+        return Err(format!("{} names no object", a.urls.join(" ")).into());
+    }
+    let dest = destination(a.output.as_deref(), shards.len())?;
+    let sizes: Option<u64> = shards.iter().map(|s| s.size).sum();
+    let mut bars = Bars::new(sizes, shards.len());
+    let mut total = 0u64;
+    let mut backend = "";
+    for (i, shard) in shards.iter().enumerate() {
+        let path = match &dest {
+            Dest::Stdout => None,
+            Dest::File(p) => Some(p.clone()),
+            Dest::Dir(d) => Some(d.join(file_name(&shard.name)?)),
+        };
+        let local = |p: &PathBuf| p.display().to_string();
+        // Fails now when a file is in the way; aborted (nothing left) so
+        // that no temporary file waits through the read.
+        if let Some(p) = &path {
+            Writer::open(&local(p), &cfg, None)
+                .and_then(|mut w| w.abort())
+                .map_err(transfer::explain)?;
+        }
+        let progress = Arc::new(Progress::default());
+        bars.start_object(&shard.name, shard.size, Arc::clone(&progress));
+        let buf = object::read::read_shard(shard, &cfg, &net, Some(&progress))?;
+        bars.finish_object(buf.len() as u64);
+        match &path {
+            None => {
+                let mut out = io::stdout().lock();
+                out.write_all(buf.as_slice())
+                    .and_then(|()| out.flush())
+                    .map_err(|e| format!("writing to stdout: {e}"))?;
+            }
+            Some(p) => {
+                let _writing = WritingGuard::new();
+                let mut w = Writer::open(&local(p), &cfg, None).map_err(transfer::explain)?;
+                w.write(buf.as_slice())?;
+                transfer::check_interrupt()?;
+                w.finish().map_err(transfer::explain)?;
+            }
+        }
+        total += buf.len() as u64;
+        backend = buf.report.backend.name();
+        bars.object_done(i + 1, shards.len());
+    }
+    let seconds = bars.started.elapsed().as_secs_f64();
+    bars.clear();
+    eprintln!(
+        "{}",
+        transfer::summary("got", shards.len(), total, seconds, backend)
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::file_name;
+
+    #[test]
+    fn objects_are_named_after_their_last_path_segment() {
+        assert_eq!(file_name("s3://b/run/model.bin").unwrap(), "model.bin");
+        assert_eq!(file_name("http://h:1/w/a.bin?v=2#x").unwrap(), "a.bin");
+        assert_eq!(file_name("/data/x.tar").unwrap(), "x.tar");
+        assert_eq!(file_name("x.tar").unwrap(), "x.tar");
+        for bad in ["http://h/", "s3://b/p/..", "/data/."] {
+            let e = file_name(bad).unwrap_err().to_string();
+            assert!(e.contains("-o FILE"), "{bad}: {e}");
+        }
+    }
+}
