@@ -158,9 +158,12 @@ fn overwrite_is_refused_unless_asked_and_racing_writers_leave_one_winner() {
     let c = cfg(&s, "");
     for (key, n) in [("small.bin", 10), ("large.bin", 2 * PART + 1)] {
         object::write(&url(key), &pattern(1, n), &c, None).unwrap();
+        // Refused at open, before any part is sent.
+        let puts = s.requests(Op::PutObject) + s.requests(Op::UploadPart);
         let e = object::write(&url(key), &pattern(2, n), &c, None).unwrap_err();
         assert!(matches!(e, Error::Exists { .. }), "{key}: {e}");
-        assert!(e.to_string().contains("PreconditionFailed"), "{e}");
+        assert!(e.to_string().contains("already exists"), "{e}");
+        assert_eq!(s.requests(Op::PutObject) + s.requests(Op::UploadPart), puts);
         assert!(std::fs::read(root.path().join(BUCKET).join(key)).unwrap() == pattern(1, n));
         object::write(
             &url(key),
@@ -170,6 +173,23 @@ fn overwrite_is_refused_unless_asked_and_racing_writers_leave_one_winner() {
         )
         .unwrap();
         assert!(std::fs::read(root.path().join(BUCKET).join(key)).unwrap() == pattern(2, n));
+    }
+    s.assert_no_uploads_left();
+
+    // Two writers opened before either finished: the conditional
+    // completion (and PutObject) refuses the second.
+    for (key, n) in [("second-small.bin", 10), ("second-large.bin", 2 * PART + 1)] {
+        let (mut a, mut b) = (
+            Writer::open(&url(key), &c, None).unwrap(),
+            Writer::open(&url(key), &c, None).unwrap(),
+        );
+        a.write(&pattern(3, n)).unwrap();
+        b.write(&pattern(4, n)).unwrap();
+        a.finish().unwrap();
+        let e = b.finish().unwrap_err();
+        assert!(matches!(e, Error::Exists { .. }), "{key}: {e}");
+        assert!(e.to_string().contains("PreconditionFailed"), "{e}");
+        assert!(std::fs::read(root.path().join(BUCKET).join(key)).unwrap() == pattern(3, n));
     }
     s.assert_no_uploads_left();
 

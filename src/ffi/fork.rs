@@ -78,7 +78,7 @@ pub(super) fn check_owner(what: &str, owner: u32) -> Result<(), Fail> {
         RINGFEED_ERR_INVALID_HANDLE,
         format!(
             "{what} belongs to process {owner}, and this is process {me} (a child of fork()): \
-             loaders and batches do not cross fork; open a loader in this process"
+             loaders, batches and writers do not cross fork; open a new one in this process"
         ),
     ))
 }

@@ -412,6 +412,18 @@ impl Upload {
             failed: AtomicBool::new(false),
             progress,
         });
+        if !cfg.overwrite {
+            let mut jitter = Jitter::new(0x0b1ec7 ^ 0x55);
+            let there = shared.call(&mut jitter, None, || {
+                shared.client.exists(&shared.bucket, &shared.key)
+            })?;
+            if there {
+                return Err(Error::Exists {
+                    url: shared.name.clone(),
+                    how: "the key exists".into(),
+                });
+            }
+        }
         Ok(Upload {
             shared,
             overwrite: cfg.overwrite,

@@ -9,8 +9,6 @@
  * its documented status and a message; and a fork() child refused the
  * parent's writer while it reads its copy of an object's bytes.
  *
- * `writes_and_reads`' exists_at_open: see the comment where it is used.
- *
  * Usage: abi_objects SCRATCH_DIR [ENDPOINT ACCESS_KEY SECRET_KEY BUCKET]
  *   (SCRATCH_DIR: an empty directory; with the S3 arguments, the writes
  *   and reads are repeated on s3://BUCKET/)
@@ -183,7 +181,7 @@ static ringfeed_writer *open_writer_or_die(const char *url, const char *config) 
  * s3://bucket), reads everything back, and checks the refusals.
  * `gone(name)` says whether an aborted object left nothing. */
 static void writes_and_reads(const char *base, const char *config, const char *overwrite_config,
-                             size_t big, int exists_at_open, int (*gone)(const char *)) {
+                             size_t big, int (*gone)(const char *)) {
     char *one = join(base, "one.bin");
     char *pieces = join(base, "pieces.bin");
     char *empty = join(base, "empty.bin");
@@ -218,19 +216,10 @@ static void writes_and_reads(const char *base, const char *config, const char *o
     EXPECT_ERROR(ringfeed_writer_write(w, b, 1), RINGFEED_ERR_INVALID_HANDLE, "writer handle");
     EXPECT_ERROR(ringfeed_writer_finish(w), RINGFEED_ERR_INVALID_HANDLE, "writer handle");
     EXPECT_ERROR(ringfeed_writer_abort(w), RINGFEED_ERR_INVALID_HANDLE, "writer handle");
-    /* A writer on an existing object fails at open (locally; an S3
-     * writer opens without asking and is refused when it completes:
-     * ringfeed_writer_open's comment promises the refusal at open for S3
-     * too, which Upload::open does not do yet), and leaves the object. */
+    /* A writer on an existing object fails at open, and leaves it. */
     w = (ringfeed_writer *)(uintptr_t)1;
-    if (exists_at_open) {
-        EXPECT_ERROR(ringfeed_writer_open(pieces, config, &w), RINGFEED_ERR_EXISTS, "pieces.bin");
-        CHECK(w == NULL, "a failed open left a handle");
-    } else {
-        w = open_writer_or_die(pieces, config);
-        EXPECT_STATUS(ringfeed_writer_write(w, a, 10), RINGFEED_OK);
-        EXPECT_ERROR(ringfeed_writer_finish(w), RINGFEED_ERR_EXISTS, "pieces.bin");
-    }
+    EXPECT_ERROR(ringfeed_writer_open(pieces, config, &w), RINGFEED_ERR_EXISTS, "pieces.bin");
+    CHECK(w == NULL, "a failed open left a handle");
     expect_object(pieces, config, b, big);
     /* Aborted: nothing remains, and the handle is gone. */
     w = open_writer_or_die(aborted, config);
@@ -429,7 +418,7 @@ int main(int argc, char **argv) {
     CHECK(mkdir(local, 0755) == 0, "mkdir %s: %s", local, strerror(errno));
     writes_and_reads(local, small_parts,
                      "{\"part_size\": \"64KiB\", \"parts_in_flight\": 4, \"overwrite\": true}",
-                     (1u << 20) + 17, 1, local_gone);
+                     (1u << 20) + 17, local_gone);
     printf("local writes: ok\n");
 
     misuse(file, bytes, n);
@@ -449,7 +438,7 @@ int main(int argc, char **argv) {
         snprintf(base, sizeof base, "s3://%s/run", argv[5]);
         s3_config_text = config;
         /* Above two parts: a multipart upload, read back in ranged GETs. */
-        writes_and_reads(base, config, overwrite, (11u << 20) + 5, 0, s3_gone);
+        writes_and_reads(base, config, overwrite, (11u << 20) + 5, s3_gone);
         /* An object in S3 from the local file, and its listing. */
         char key[600];
         snprintf(key, sizeof key, "s3://%s/model.bin", argv[5]);

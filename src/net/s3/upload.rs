@@ -20,6 +20,18 @@ use crate::net::http::{Fail, FailKind};
 /// Error bodies read for their code; S3's are under 1 KiB.
 const MAX_ERROR_BODY: u64 = 64 << 10;
 
+/// A request that got no answer, by what went wrong.
+fn request_failed(method: &str, e: &reqwest::Error) -> Fail {
+    let kind = if e.is_timeout() {
+        FailKind::Stalled
+    } else if e.is_connect() {
+        FailKind::Refused
+    } else {
+        FailKind::Reset
+    };
+    Fail::new(kind, format!("{method} request failed ({})", kind.name()))
+}
+
 /// A part's checksum header, as S3 takes it: the name and the base64 value
 /// (big-endian CRC, or the MD5 digest).
 pub fn checksum_header(kind: Checksum, data: &[u8]) -> Option<(&'static str, String)> {
@@ -135,38 +147,11 @@ impl S3Client {
         body: impl Into<reqwest::blocking::Body>,
         timeout: Duration,
     ) -> Result<Reply, Fail> {
-        let m = reqwest::Method::from_bytes(method.as_bytes())
-            .map_err(|_| Fail::new(FailKind::Client, format!("bad method {method}")))?;
-        let mut req = self.http.request(m, url).timeout(timeout);
-        for (k, v) in headers {
-            req = req.header(*k, *v);
-        }
-        if let Some(s) = &self.signer {
-            let u = reqwest::Url::parse(url)
-                .map_err(|e| Fail::new(FailKind::Protocol, format!("bad URL: {e}")))?;
-            let host = match u.port() {
-                Some(p) => format!("{}:{p}", u.host_str().unwrap_or("")),
-                None => u.host_str().unwrap_or("").to_string(),
-            };
-            let mut signed = vec![("host", host.as_str())];
-            signed.extend_from_slice(headers);
-            for (k, v) in s
-                .headers(method, url, &signed, SystemTime::now())
-                .map_err(|e| Fail::new(FailKind::Client, e))?
-            {
-                req = req.header(k, v);
-            }
-        }
-        let resp = req.body(body).send().map_err(|e| {
-            let kind = if e.is_timeout() {
-                FailKind::Stalled
-            } else if e.is_connect() {
-                FailKind::Refused
-            } else {
-                FailKind::Reset
-            };
-            Fail::new(kind, format!("{method} request failed ({})", kind.name()))
-        })?;
+        let req = self.signed(method, url, headers)?.timeout(timeout);
+        let resp = req
+            .body(body)
+            .send()
+            .map_err(|e| request_failed(method, &e))?;
         let status = resp.status().as_u16();
         let etag = resp
             .headers()
@@ -205,6 +190,63 @@ impl S3Client {
             return Err(f);
         }
         Ok(Reply { status, etag, body })
+    }
+
+    /// A request for `method url`, signed over `host` and `headers`
+    /// (which it carries).
+    fn signed(
+        &self,
+        method: &str,
+        url: &str,
+        headers: &[(&str, &str)],
+    ) -> Result<reqwest::blocking::RequestBuilder, Fail> {
+        let m = reqwest::Method::from_bytes(method.as_bytes())
+            .map_err(|_| Fail::new(FailKind::Client, format!("bad method {method}")))?;
+        let mut req = self.http.request(m, url);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        if let Some(s) = &self.signer {
+            let u = reqwest::Url::parse(url)
+                .map_err(|e| Fail::new(FailKind::Protocol, format!("bad URL: {e}")))?;
+            let host = match u.port() {
+                Some(p) => format!("{}:{p}", u.host_str().unwrap_or("")),
+                None => u.host_str().unwrap_or("").to_string(),
+            };
+            let mut signed = vec![("host", host.as_str())];
+            signed.extend_from_slice(headers);
+            for (k, v) in s
+                .headers(method, url, &signed, SystemTime::now())
+                .map_err(|e| Fail::new(FailKind::Client, e))?
+            {
+                req = req.header(k, v);
+            }
+        }
+        Ok(req)
+    }
+
+    /// Whether `bucket/key` exists (`HEAD`: 200 yes, 404 no); any other
+    /// answer is a `Fail` of its kind. A writer asks before it uploads, so
+    /// a refused write costs one round trip, not the upload (the
+    /// conditional completion still decides a race).
+    pub fn exists(&self, bucket: &str, key: &str) -> Result<bool, Fail> {
+        let url = self.write_url(bucket, key, "");
+        let resp = self
+            .signed("HEAD", &url, &[])?
+            .timeout(Duration::from_secs(60))
+            .send()
+            .map_err(|e| request_failed("HEAD", &e))?;
+        match resp.status().as_u16() {
+            200..=299 => Ok(true),
+            404 => Ok(false),
+            status => Err(Fail::new(
+                FailKind::of_status(status),
+                format!(
+                    "HTTP {status} {}",
+                    resp.status().canonical_reason().unwrap_or("")
+                ),
+            )),
+        }
     }
 
     /// `PutObject` of `body` whole; conditional unless `overwrite`.
