@@ -160,14 +160,16 @@ def tensors_of(buffer, framework="pt", metadata=False):
 
 
 def load_safetensors(url, framework="pt", metadata=False, **config):
-    """Reads the safetensors file at `url` whole and returns ``{name:
-    tensor}`` (torch tensors, or numpy arrays with ``framework="numpy"``)
+    """Reads the safetensors file at `url` whole (or takes an `ObjectBuffer`
+    already read) and returns ``{name: tensor}`` (torch tensors, or numpy arrays with ``framework="numpy"``)
     viewing the object's memory, no copy; the tensors keep it alive. With
     ``metadata=True`` returns ``(tensors, metadata)``, the header's
     ``__metadata__`` (None when absent). A malformed file raises
     `SafetensorsError` (a `FormatError` and a ValueError). numpy arrays are
     read-only; torch tensors are writable by contract only: do not write them.
     """
+    if isinstance(url, ObjectBuffer):
+        return tensors_of(url, framework, metadata)
     buffer = ObjectBuffer(url, read_handle(url, config))
     try:
         return tensors_of(buffer, framework, metadata)
