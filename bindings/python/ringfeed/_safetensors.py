@@ -146,16 +146,16 @@ def _torch_tensor(torch, view, dtype, shape, begin, end):
 def tensors_of(buffer, framework="pt", metadata=False):
     """The tensors of a safetensors file already in an `ObjectBuffer`,
     viewing its bytes (see `load_safetensors`)."""
+    if framework not in ("pt", "torch", "np", "numpy"):
+        raise ValueError(f"framework must be 'pt' or 'numpy', not {framework!r}")
     view = buffer.memoryview()
     tensors, meta, _ = parse_header(view)
     if framework in ("pt", "torch"):
         import torch
 
         out = {name: _torch_tensor(torch, view, *info) for name, info in tensors.items()}
-    elif framework in ("np", "numpy"):
-        out = {name: _numpy_tensor(view, *info) for name, info in tensors.items()}
     else:
-        raise ValueError(f"framework must be 'pt' or 'numpy', not {framework!r}")
+        out = {name: _numpy_tensor(view, *info) for name, info in tensors.items()}
     return (out, meta) if metadata else out
 
 
