@@ -40,8 +40,10 @@ fi
 rm -rf bindings/python/build
 # webdataset: the compatibility tests read every shard with it too
 # (bindings/python/tests/test_webdataset_compat.py); required here, a failed
-# install fails the run rather than skipping that comparison.
-.venv/bin/python -m pip install -q ./bindings/python numpy pytest pillow webdataset
+# install fails the run rather than skipping that comparison. safetensors:
+# ringfeed.load_safetensors is checked against the files it writes
+# (bindings/python/tests/test_safetensors.py).
+.venv/bin/python -m pip install -q ./bindings/python numpy pytest pillow webdataset safetensors
 # torch (CPU use only) for ringfeed.torch, the DLPack and decoding tests and
 # the training example; torchdata for StatefulDataLoader; torchvision for its
 # image decoder. Required like webdataset: a failed install fails the run,

@@ -12,7 +12,10 @@ memory, with zero-copy batches for Python.
                 # fixed-size fields: batch["emb"].fixed(numpy.float32) -> (batch, n) view
 
 See `Loader`, `Batch`, `FieldView`, `ringfeed.decode` for WebDataset-style
-decoding, and `ringfeed.torch` for PyTorch.
+decoding, and `ringfeed.torch` for PyTorch. Whole objects (checkpoints,
+weights) are read and written with `ringfeed.objects`: `read_object`,
+`write_object`, `open_object`, `load_safetensors`, and
+`ringfeed.torch.checkpoint` for torch.distributed.checkpoint.
 """
 
 from . import _ffi
@@ -36,9 +39,22 @@ from .errors import (
     ObjectExistsError,
     PanicError,
     ReleasedError,
+    SafetensorsError,
     StateError,
 )
 from .decode import DecodeError
+from .objects import (
+    ObjectBuffer,
+    ObjectReader,
+    ObjectWriter,
+    list_objects,
+    open_object,
+    read_object,
+    read_object_into,
+    read_objects,
+    write_object,
+)
+from ._safetensors import load_safetensors
 from .urls import expand_braces, expand_urls
 
 try:
@@ -75,14 +91,25 @@ __all__ = [
     "MemorySetupError",
     "NetworkError",
     "NodeError",
+    "ObjectBuffer",
     "ObjectExistsError",
+    "ObjectReader",
+    "ObjectWriter",
     "PanicError",
     "ReleasedError",
+    "SafetensorsError",
     "StateError",
     "config_keys",
     "expand_braces",
     "expand_urls",
     "library_version",
+    "list_objects",
+    "load_safetensors",
+    "open_object",
+    "read_object",
+    "read_object_into",
+    "read_objects",
+    "write_object",
     "LIBRARY_PATH",
     "__version__",
 ]

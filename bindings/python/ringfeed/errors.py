@@ -142,6 +142,14 @@ class ReleasedError(Error, ValueError):
     status = _ffi.RINGFEED_ERR_INVALID_HANDLE
 
 
+class SafetensorsError(FormatError, ValueError):
+    """A safetensors file whose header is malformed: a length past the end,
+    JSON that is not a header, an unknown dtype, a tensor whose offsets lie
+    outside the data or disagree with its shape."""
+
+    status = _ffi.RINGFEED_ERR_FORMAT
+
+
 class ForkedError(Error):
     """A loader or batch was used in a child process after fork(); open a new loader there."""
 

@@ -1,0 +1,175 @@
+"""torch.distributed.checkpoint over ringfeed objects (S3 or local).
+
+    import torch.distributed.checkpoint as dcp
+    from ringfeed.torch.checkpoint import StorageReader, StorageWriter
+
+    dcp.save(state_dict, storage_writer=StorageWriter("s3://bucket/ckpt-1", **s3_config))
+    dcp.load(state_dict, storage_reader=StorageReader("s3://bucket/ckpt-1", **s3_config))
+
+`StorageWriter` and `StorageReader` are torch's `FileSystemWriter` and
+`FileSystemReader` with their file system swapped for `ObjectFileSystem`:
+torch keeps planning, serialisation and the collectives; each rank writes
+its own objects (``__<rank>_<n>.distcp``) through an `ObjectWriter`, in
+parallel with the others.
+
+A checkpoint is finished when its ``.metadata`` object exists, and only
+then. torch's coordinator writes the metadata in ``finish()``, after every
+rank reported its data objects written; it writes ``.metadata.tmp`` and
+renames it. Objects are visible only once whole, so here the ``.tmp``
+stream stays in memory, and the rename writes those bytes to
+``.metadata`` in one conditional PUT: never a copy of a partial object, and
+never before the data. A save that stops anywhere before leaves no
+``.metadata``, and `StorageReader` refuses a checkpoint without one
+(`IncompleteCheckpointError`).
+
+Checkpoint objects are written once: saving into a checkpoint id that
+holds a checkpoint (its ``.metadata``, or data objects of an interrupted
+save) fails unless ``overwrite=True``.
+"""
+
+import io
+import os
+from contextlib import contextmanager
+
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.filesystem import FileSystemBase
+
+from ..errors import DatasetError
+from ..objects import ObjectReader, ObjectWriter, list_objects, write_object
+
+__all__ = ["IncompleteCheckpointError", "ObjectFileSystem", "StorageReader", "StorageWriter"]
+
+# The suffix torch gives the metadata before its rename (filesystem.py).
+_STAGED_SUFFIX = ".tmp"
+
+
+class IncompleteCheckpointError(FileNotFoundError):
+    """A checkpoint has no ``.metadata``: it was never saved there, or its
+    save did not finish."""
+
+
+def _is_s3(path):
+    return str(path).startswith("s3://")
+
+
+class ObjectFileSystem(FileSystemBase):
+    """torch's file system interface over ringfeed objects. Paths are
+    strings (``s3://bucket/prefix/name`` or local paths); `config` is the
+    object calls' keywords (S3 endpoint and credentials, ``part_size``,
+    ...), `overwrite` whether a write may replace an existing object."""
+
+    def __init__(self, config=None, overwrite=False):
+        self.config = dict(config or {})
+        self.config.pop("overwrite", None)
+        self.overwrite = overwrite
+        # Metadata written to a `.tmp` stream, kept until its rename.
+        self._staged = {}
+
+    @contextmanager
+    def create_stream(self, path, mode):
+        path = os.fspath(path)
+        if mode == "rb":
+            with ObjectReader.open(path, **self.config) as stream:
+                yield stream
+        elif mode == "wb" and path.endswith(_STAGED_SUFFIX):
+            stream = io.BytesIO()
+            yield stream
+            self._staged[path] = stream.getvalue()
+        elif mode == "wb":
+            with ObjectWriter(path, overwrite=self.overwrite, **self.config) as stream:
+                yield stream
+        else:
+            raise ValueError(f"ObjectFileSystem: mode must be 'rb' or 'wb', not {mode!r}")
+
+    def concat_path(self, path, suffix):
+        return f"{os.fspath(path).rstrip('/')}/{suffix}"
+
+    def init_path(self, path):
+        path = os.fspath(path)
+        return path.rstrip("/") or path
+
+    def rename(self, path, new_path):
+        """Writes the bytes staged for `path` (a ``.tmp`` stream) as
+        `new_path`. Objects cannot be renamed: anything else is refused."""
+        path, new_path = os.fspath(path), os.fspath(new_path)
+        try:
+            data = self._staged.pop(path)
+        except KeyError:
+            raise NotImplementedError(
+                f"ObjectFileSystem renames only staged metadata; {path} was not written as one"
+            ) from None
+        write_object(new_path, data, overwrite=self.overwrite, **self.config)
+
+    def mkdir(self, path):
+        if not _is_s3(path):
+            os.makedirs(os.fspath(path), exist_ok=True)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id):
+        return _is_s3(os.fspath(checkpoint_id))
+
+    def exists(self, path):
+        path = os.fspath(path)
+        try:
+            return any(url == path for url, _ in list_objects(path, **self.config))
+        except DatasetError:
+            return False
+
+    def rm_file(self, path):
+        """torch removes an old ``.metadata`` before its rename; with
+        `overwrite` the rename's write replaces it whole, so nothing is
+        removed here. Objects are not deleted otherwise."""
+        if not self.overwrite:
+            raise NotImplementedError(f"ObjectFileSystem does not delete objects ({os.fspath(path)})")
+
+
+class StorageWriter(FileSystemWriter):
+    """Saves a torch.distributed.checkpoint as ringfeed objects under
+    `path` (``s3://bucket/prefix`` or a directory). `config`: the object
+    calls' keywords (S3 endpoint and credentials, ``part_size``,
+    ``parts_in_flight``, ``checksum``). A checkpoint id that already holds
+    objects of a checkpoint raises (``RuntimeError`` from torch for an
+    existing ``.metadata``, `ObjectExistsError` for a data object) unless
+    ``overwrite=True``. `thread_count` objects are written at once per rank.
+    """
+
+    def __init__(self, path, overwrite=False, thread_count=1, single_file_per_rank=True, **config):
+        # sync_files: there is nothing to fsync; an object is durable once
+        # its writer's close() returns.
+        super().__init__(
+            path,
+            single_file_per_rank=single_file_per_rank,
+            sync_files=False,
+            thread_count=thread_count,
+            overwrite=overwrite,
+        )
+        self.fs = ObjectFileSystem(config, overwrite=overwrite)
+        self.path = self.fs.init_path(path)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id):
+        return ObjectFileSystem.validate_checkpoint_id(checkpoint_id)
+
+
+class StorageReader(FileSystemReader):
+    """Loads a torch.distributed.checkpoint saved by `StorageWriter`. Each
+    data object is read whole once per rank that needs it. A checkpoint
+    without ``.metadata`` (never saved, or its save did not finish) raises
+    `IncompleteCheckpointError`."""
+
+    def __init__(self, path, **config):
+        super().__init__(path)
+        self.fs = ObjectFileSystem(config)
+        self.path = self.fs.init_path(path)
+
+    def read_metadata(self, *args, **kwargs):
+        path = self._get_metadata_path(kwargs.get("rank"))
+        if not self.fs.exists(path):
+            raise IncompleteCheckpointError(
+                f"{path} does not exist: no checkpoint was saved at {self.path}, or its save did not finish"
+            )
+        return super().read_metadata(*args, **kwargs)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id):
+        return ObjectFileSystem.validate_checkpoint_id(checkpoint_id)
