@@ -192,12 +192,9 @@ def test_an_existing_object_is_refused_unless_overwrite(store):
     ringfeed.write_object(url, b"first", **config)
     with pytest.raises(ringfeed.ObjectExistsError):
         ringfeed.write_object(url, b"second", **config)
-    # ringfeed.h has the writer refuse at open already; on S3 the library
-    # refuses at the commit only (its upload starts unchecked), so either
-    # is accepted here, and the object must be intact after.
+    # A writer is refused at open, before it sends anything.
     with pytest.raises(FileExistsError):
-        with ringfeed.ObjectWriter(url, **config) as f:
-            f.write(b"second")
+        ringfeed.ObjectWriter(url, **config)
     assert bytes(ringfeed.read_object(url, **config)) == b"first"
     ringfeed.write_object(url, b"second", overwrite=True, **config)
     with ringfeed.open_object(url, "wb", overwrite=True, **config) as f:
