@@ -23,6 +23,7 @@ const RANKS: &[(&str, u32)] = &[
     ("fetch", 3),
     ("dataset", 4),
     ("engine", 5),
+    ("object", 5),
     ("node", 6),
     ("ffi", 7),
     // Re-exports for the fuzz targets (docs/fuzzing.md); nothing imports it.
