@@ -10,6 +10,7 @@ use serde_json::Value;
 
 use crate::error::{Error, Result};
 use crate::memory::MemoryKind;
+pub use crate::net::s3::upload::Checksum;
 use crate::plan::Remainder;
 
 /// Which I/O path reads the shards.
@@ -21,19 +22,6 @@ pub enum IoBackend {
     IoUring,
     /// One `pread` at a time per worker thread.
     Threads,
-}
-
-/// The checksum each part of a whole-object write carries (`checksum`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Checksum {
-    /// `x-amz-checksum-crc32c`.
-    Crc32c,
-    /// `x-amz-checksum-crc64nvme`.
-    Crc64Nvme,
-    /// `Content-MD5`.
-    Md5,
-    /// None: S3 checks only the signature and the length.
-    None,
 }
 
 /// `"auto"`, `"on"` or `"off"` for a feature that needs a privilege.

@@ -14,11 +14,23 @@ use md5::Digest as _;
 
 use super::list::S3Client;
 use super::{encode_query, error_code};
-use crate::config::Checksum;
 use crate::net::http::{Fail, FailKind};
 
 /// Error bodies read for their code; S3's are under 1 KiB.
 const MAX_ERROR_BODY: u64 = 64 << 10;
+
+/// The checksum each part of a whole-object write carries (the configuration's `checksum`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Checksum {
+    /// `x-amz-checksum-crc32c`.
+    Crc32c,
+    /// `x-amz-checksum-crc64nvme`.
+    Crc64Nvme,
+    /// `Content-MD5`.
+    Md5,
+    /// None: S3 checks only the signature and the length.
+    None,
+}
 
 /// A request that got no answer, by what went wrong.
 fn request_failed(method: &str, e: &reqwest::Error) -> Fail {
