@@ -31,8 +31,8 @@ A. read one SIZE object [4GiB], whole process (spawn to exit, CPU from
                      whole-process figures include taking that memory
      ringfeed s3     the same as ringfeed http with s3://BUCKET/KEY, s3_endpoint = nginx,
                      s3_unsigned (skipped, with the error, if refused)
-     ringfeed get    `ringfeed get URL -o /dev/null` (skipped, with a note,
-                     when this build's CLI has no `get`)
+     ringfeed get    `ringfeed get URL -o - >/dev/null` (skipped, with a
+                     note, when this build's CLI has no `get`)
      boto3 tm        download_fileobj with the default TransferConfig (8 MB
                      parts, 10 threads) into a sink that counts and discards
                      (benches/boto3_transfer.py's DiscardSink: seekable, so
@@ -529,7 +529,10 @@ http {{
         cont["ringfeed s3"] = self.contender_argv("rf_read", s3spec)
         rf = os.environ.get("RINGFEED_BIN") or f"{ROOT}/target/release/ringfeed"
         if subprocess.run([rf, "get", "--help"], capture_output=True).returncode == 0:
-            cont["ringfeed get"] = [rf, "get", url, "-o", "/dev/null"]
+            # To stdout, sent to /dev/null by sh: `-o /dev/null` is refused
+            # (the file exists) and with --overwrite it would rename a
+            # temporary file over /dev/null, replacing the device.
+            cont["ringfeed get"] = ["sh", "-c", f"exec {_q(rf)} get {_q(url)} -o - >/dev/null"]
         else:
             msg = f"skipped: `{rf} get --help` failed (this build's CLI has no `get`)"
             print(f"ringfeed get: {msg}")
