@@ -437,13 +437,17 @@ http {{
     def run(self, tag, argv, files):
         """Runs one contender whole; returns its record or None on failure."""
         hot = _timing.ensure_hot(files) if files else {}
+        # Free memory at the start: a contender that keeps the object in
+        # fresh memory pays the kernel for reclaiming page cache when little
+        # is free (sys time in the table), so it is recorded beside.
+        free = _meminfo("MemFree")
         try:
             times, text = _timing.run_timed(argv, env=self.env)
         except subprocess.CalledProcessError as e:
             print(f"  {tag} FAILED (exit {e.returncode}): {e.stderr.strip()[-600:]}")
             return None
         rec = {"process_wall_s": times["wall_seconds"], "process_cpu_s": times["cpu_seconds"],
-               "process_sys_s": times["sys_seconds"],
+               "process_sys_s": times["sys_seconds"], "mem_free_at_start": free,
                "process_peak_rss_bytes": times["max_rss_bytes"], **hot}
         try:
             d = json.loads(text)
@@ -618,6 +622,15 @@ def _q(s):
     return shlex.quote(str(s))
 
 
+def _meminfo(field):
+    """A /proc/meminfo field, in bytes."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
 def _free_port():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -709,7 +722,7 @@ def main():
     b.note(f"# size {a.size}, write size {a.write_size}, safetensors size {a.st_size}, rounds {a.rounds}")
     src = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
                          text=True).stdout.strip()
-    avail = int(next(line.split()[1] for line in open("/proc/meminfo") if line.startswith("MemAvailable"))) * 1024
+    avail = _meminfo("MemAvailable")
     print(f"objects bench in {ROOT} ({src}); out {b.out}; MemAvailable {avail / 2**30:.1f} GiB")
     # The read object stays in the page cache while ringfeed holds a copy.
     if "read" in only and 2.3 * a.size > avail:
@@ -765,6 +778,11 @@ def main():
         print("  sys: the kernel's share of CPU-s/GB (whole process); ringfeed's includes taking "
               f"{a.size / 1e9:.2f} GB of fresh memory (page faults, reclaiming page cache), which the "
               "discarding sinks of boto3 and curl never need")
+        for w in ("ringfeed http", "ringfeed into", "ringfeed s3"):
+            if w in res["read"]:
+                per = ", ".join(f"{r['process_sys_s']:.1f} s sys at {r['mem_free_at_start'] / 2**30:.1f} GiB free"
+                                for r in res["read"][w])
+                print(f"  {w} per round: {per}")
         for w in ("ringfeed http", "ringfeed into", "ringfeed s3"):
             if w in s:
                 own = [a.size / 1e9 / x for x in s[w]["other_secs"]]
