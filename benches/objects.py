@@ -3,8 +3,8 @@
 against curl and boto3, on one machine, each contender a whole process.
 
 A benchmark program, not a test (STYLE.md rule 9): every figure is a median
-over ROUNDS interleaved rounds (the order rotates each round, so no contender
-always runs on a warmer machine), and ringfeed is judged by ratios of medians
+over ROUNDS interleaved rounds (each round in its own seeded order, so no
+contender always runs on a warmer machine or after the same neighbour), and ringfeed is judged by ratios of medians
 measured in the same run, so a noisy machine moves all contenders alike.
 MET / NOT MET marks the targets below; STRICT=1 turns a NOT MET into exit
 status 1.
@@ -91,6 +91,7 @@ Environment (the flags win over it):
 import argparse
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -459,7 +460,7 @@ http {{
 
     def rounds(self, name, contenders, files, rounds, after=None):
         """Warm-up (one run each, not counted; a contender failing it is
-        dropped with its error), then ROUNDS rounds in a rotating order.
+        dropped with its error), then ROUNDS rounds, each in its own order.
         ``contenders``: {who: argv or callable(round) -> argv}."""
         print(f"\n== {name}: warm-up")
         live = {}
@@ -476,8 +477,10 @@ http {{
         names = list(live)
         print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
         for r in range(1, rounds + 1):
-            k = (r - 1) % len(names)
-            order = names[k:] + names[:k]
+            # A seeded shuffle, not a rotation: a rotation keeps who runs
+            # right after whom, and a run that follows one which freed
+            # gigabytes gets its memory from the kernel cheaply.
+            order = random.Random(r).sample(names, len(names))
             print(f"round {r}: {' '.join(order)}")
             for who in order:
                 argv = live[who](r) if callable(live[who]) else live[who]
