@@ -270,6 +270,27 @@ fn local_writes_appear_whole_and_never_replace_a_file_unless_asked() {
     object::write(&url, b"other", &cfg(r#", "overwrite": true"#), None).unwrap();
     assert_eq!(std::fs::read(dir.path().join("w-1.bin")).unwrap(), b"other");
 
+    // A pipe (or a device) is never replaced by a file, overwrite or not.
+    let fifo = dir.path().join("fifo");
+    let status = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let e = object::write(
+        &fifo.display().to_string(),
+        b"x",
+        &cfg(r#", "overwrite": true"#),
+        None,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("not a regular file"), "{e}");
+    assert!(
+        !std::fs::metadata(&fifo).unwrap().is_file(),
+        "the pipe was replaced"
+    );
+    std::fs::remove_file(&fifo).unwrap();
+
     // Dropped or aborted unfinished: nothing is left, not even a
     // temporary file.
     let url = dir.path().join("dropped.bin").display().to_string();

@@ -24,6 +24,9 @@ use crate::transfer::{self, Bars, WritingGuard};
 /// Where the objects go.
 enum Dest {
     Stdout,
+    /// One object written into an existing device or pipe (`/dev/null`, a
+    /// FIFO), as a shell redirect would: there is no file to rename over.
+    Stream(PathBuf),
     /// One object to this file.
     File(PathBuf),
     /// Each object to its name in this directory.
@@ -42,6 +45,7 @@ fn file_name(url: &str) -> AnyResult<&str> {
 fn destination(output: Option<&Path>, objects: usize) -> AnyResult<Dest> {
     Ok(match output {
         Some(p) if p.as_os_str() == "-" => Dest::Stdout,
+        Some(p) if objects == 1 && is_special(p) => Dest::Stream(p.to_path_buf()),
         Some(p) if objects == 1 && !p.is_dir() => Dest::File(p.to_path_buf()),
         Some(p) => {
             std::fs::create_dir_all(p)
@@ -50,6 +54,11 @@ fn destination(output: Option<&Path>, objects: usize) -> AnyResult<Dest> {
         }
         None => Dest::Dir(PathBuf::from(".")),
     })
+}
+
+/// An existing path that is neither a regular file nor a directory.
+fn is_special(p: &Path) -> bool {
+    std::fs::metadata(p).is_ok_and(|m| !m.is_file() && !m.is_dir())
 }
 
 /// `ringfeed get`.
@@ -68,7 +77,7 @@ pub(crate) fn get(a: GetArgs) -> AnyResult<()> {
     let mut backend = "";
     for (i, shard) in shards.iter().enumerate() {
         let path = match &dest {
-            Dest::Stdout => None,
+            Dest::Stdout | Dest::Stream(_) => None,
             Dest::File(p) => Some(p.clone()),
             Dest::Dir(d) => Some(d.join(file_name(&shard.name)?)),
         };
@@ -84,14 +93,21 @@ pub(crate) fn get(a: GetArgs) -> AnyResult<()> {
         bars.start_object(&shard.name, shard.size, Arc::clone(&progress));
         let buf = object::read::read_shard(shard, &cfg, &net, Some(&progress))?;
         bars.finish_object(buf.len() as u64);
-        match &path {
-            None => {
+        match (&path, &dest) {
+            (None, Dest::Stream(p)) => {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(p)
+                    .and_then(|mut f| f.write_all(buf.as_slice()))
+                    .map_err(|e| format!("writing to `{}`: {e}", p.display()))?;
+            }
+            (None, _) => {
                 let mut out = io::stdout().lock();
                 out.write_all(buf.as_slice())
                     .and_then(|()| out.flush())
                     .map_err(|e| format!("writing to stdout: {e}"))?;
             }
-            Some(p) => {
+            (Some(p), _) => {
                 let _writing = WritingGuard::new();
                 let mut w = Writer::open(&local(p), &cfg, None).map_err(transfer::explain)?;
                 w.write(buf.as_slice())?;

@@ -357,6 +357,34 @@ fn get_reads_over_http() {
 }
 
 #[test]
+fn get_writes_into_a_pipe_and_never_replaces_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = bytes(300_000, 9);
+    let src = tmp.path().join("a.bin");
+    std::fs::write(&src, &data).unwrap();
+    let fifo = tmp.path().join("fifo");
+    assert!(
+        Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::read(fifo).unwrap())
+    };
+    // With --overwrite too: a device or pipe is written into, as a shell
+    // redirect would, never replaced by a file renamed over it.
+    ok(&["get", s(&src), "-o", s(&fifo), "--overwrite"]);
+    assert_eq!(reader.join().unwrap(), data);
+    assert!(
+        !std::fs::metadata(&fifo).unwrap().is_file(),
+        "the pipe was replaced"
+    );
+}
+
+#[test]
 fn local_files_round_trip_and_are_never_replaced_unasked() {
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("src");

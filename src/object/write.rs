@@ -178,6 +178,17 @@ impl Local {
         if !overwrite && path.symlink_metadata().is_ok() {
             return Err(exists_local(path));
         }
+        // A rename would put a file where a device or pipe was
+        // (`/dev/null`): refused, overwrite or not.
+        if let Ok(m) = std::fs::metadata(path)
+            && !m.is_file()
+        {
+            return Err(Error::Url {
+                url: path.display().to_string(),
+                reason: "is not a regular file (a directory, device, pipe or socket);                          an object is written as a file renamed into place"
+                    .into(),
+            });
+        }
         let dir = match path.parent() {
             Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
             _ => PathBuf::from("."),
