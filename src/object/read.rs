@@ -27,7 +27,7 @@ use crate::fetch::http_sync::HttpPool;
 use crate::fetch::threads::run_blocking;
 use crate::fetch::uring::UringReader;
 use crate::fetch::{BackendKind, Completion, NetOptions, ReadFail, ReadRequest, Reader, Target};
-use crate::memory::{Arena, ArenaOptions};
+use crate::memory::{Arena, ArenaOptions, MemoryKind};
 use crate::net::retry::Jitter;
 
 /// How a read went, for messages and the CLI.
@@ -97,15 +97,26 @@ pub fn read_shard(
     let size = shard_size(shard)?;
     let len = usize::try_from(size).map_err(|_| Error::Memory(format!("{size} bytes")))?;
     // A page at least: a mapping cannot be empty.
-    let opts = ArenaOptions {
-        kind: cfg.memory_kind,
+    let opts = |kind| ArenaOptions {
+        kind: Some(kind),
         // Locking would fault every page in before the first read; on
         // only when asked.
         lock: Some(cfg.lock_memory == crate::config::Toggle::On),
         prefault: false,
         shared: false,
     };
-    let arena = Arena::new(len.max(1).next_multiple_of(4096), opts)?;
+    let bytes = len.max(1).next_multiple_of(4096);
+    // Unless a kind is asked for: reserved huge pages where there are
+    // some, else ordinary pages, not transparent huge ones. A multi-GB
+    // mapping asked for with MADV_HUGEPAGE makes the kernel compact memory
+    // on the reading thread when it is fragmented (`defrag` = `madvise`,
+    // the default): 2 GiB reads measured 0.3 to 6 GB/s on the dev machine,
+    // against a steady 1.8 to 2 GB/s on 4 KiB pages.
+    let arena = match cfg.memory_kind {
+        Some(kind) => Arena::new(bytes, opts(kind))?,
+        None => Arena::new(bytes, opts(MemoryKind::Hugetlb))
+            .or_else(|_| Arena::new(bytes, opts(MemoryKind::Normal)))?,
+    };
     let mut notes = arena.report().notes.clone();
     let mut report = read_to(shard, size, arena.base(), cfg, net, progress)?;
     notes.append(&mut report.notes);
