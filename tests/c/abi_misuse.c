@@ -33,47 +33,12 @@ static void prime(void) {
     CHECK(contains(last_error(), "__prime__"), "the priming error has another message");
 }
 
-static void check_error(const char *file, int line, const char *expr, int32_t got, int32_t want,
-                        const char *needle) {
-    if (got != want) {
-        fail_at(file, line, "%s returned %s (%d), wanted %s (%d)", expr,
-                ringfeed_status_name(got), (int)got, ringfeed_status_name(want), (int)want);
-    }
-    const char *msg = last_error();
-    if (msg[0] == '\0' || contains(msg, "__prime__")) {
-        fail_at(file, line, "%s returned %s but left no message of its own", expr,
-                ringfeed_status_name(got));
-    }
-    if (ringfeed_last_error(NULL, 0) != strlen(msg)) {
-        fail_at(file, line, "ringfeed_last_error(NULL, 0) is not the message length");
-    }
-    if (needle && !contains(msg, needle)) {
-        fail_at(file, line, "%s: the message does not mention \"%s\"", expr, needle);
-    }
-    printf("  %-28s %s\n", ringfeed_status_name(got), msg);
-}
-
-/* EXPECT_ERROR(call, status, text the message must contain or NULL) */
-#define EXPECT_ERROR(expr, want, needle)                                        \
-    do {                                                                        \
-        prime();                                                                \
-        int32_t st_ = (expr);                                                   \
-        check_error(__FILE__, __LINE__, #expr, st_, want, needle);              \
-    } while (0)
-
 static char *path_in_scratch(const char *name) {
     size_t n = strlen(scratch) + strlen(name) + 2;
     char *p = (char *)malloc(n);
     CHECK(p != NULL, "out of memory");
     snprintf(p, n, "%s/%s", scratch, name);
     return p;
-}
-
-static void write_file(const char *path, const uint8_t *data, size_t len) {
-    FILE *f = fopen(path, "wb");
-    CHECK(f != NULL, "cannot create %s: %s", path, strerror(errno));
-    CHECK(len == 0 || fwrite(data, 1, len, f) == len, "cannot write %s", path);
-    CHECK(fclose(f) == 0, "cannot close %s", path);
 }
 
 static uint8_t *read_file(const char *path, size_t *len) {

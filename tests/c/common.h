@@ -11,6 +11,7 @@
 #ifndef RINGFEED_TEST_COMMON_H
 #define RINGFEED_TEST_COMMON_H
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -84,6 +85,43 @@ static inline int contains(const char *haystack, const char *needle) {
 }
 
 /* Appends `s` to `out` as a JSON string literal (quotes included). */
+static inline void check_error(const char *file, int line, const char *expr, int32_t got, int32_t want,
+                        const char *needle) {
+    if (got != want) {
+        fail_at(file, line, "%s returned %s (%d), wanted %s (%d)", expr,
+                ringfeed_status_name(got), (int)got, ringfeed_status_name(want), (int)want);
+    }
+    const char *msg = last_error();
+    if (msg[0] == '\0' || contains(msg, "__prime__")) {
+        fail_at(file, line, "%s returned %s but left no message of its own", expr,
+                ringfeed_status_name(got));
+    }
+    if (ringfeed_last_error(NULL, 0) != strlen(msg)) {
+        fail_at(file, line, "ringfeed_last_error(NULL, 0) is not the message length");
+    }
+    if (needle && !contains(msg, needle)) {
+        fail_at(file, line, "%s: the message does not mention \"%s\": %s", expr, needle, msg);
+    }
+    printf("  %-28s %s\n", ringfeed_status_name(got), msg);
+}
+
+/* EXPECT_ERROR(call, status, text the message must contain or NULL): the
+ * file defines prime(), which leaves a message of its own to tell a stale
+ * one from the call's. */
+#define EXPECT_ERROR(expr, want, needle)                                        \
+    do {                                                                        \
+        prime();                                                                \
+        int32_t st_ = (expr);                                                   \
+        check_error(__FILE__, __LINE__, #expr, st_, want, needle);              \
+    } while (0)
+
+static inline void write_file(const char *path, const uint8_t *data, size_t len) {
+    FILE *f = fopen(path, "wb");
+    CHECK(f != NULL, "cannot create %s: %s", path, strerror(errno));
+    CHECK(len == 0 || fwrite(data, 1, len, f) == len, "cannot write %s", path);
+    CHECK(fclose(f) == 0, "cannot close %s", path);
+}
+
 static inline void json_string(char *out, size_t cap, const char *s) {
     size_t n = strlen(out);
     CHECK(n + 2 < cap, "JSON buffer of %zu bytes is too small", cap);

@@ -24,6 +24,18 @@ _STALL_WARN_MS = 10_000
 _known_keys = None
 
 
+def json_value(key, value):
+    """A configuration value as JSON takes it: paths as strings; a value
+    JSON cannot hold raises TypeError naming the key."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{key}: {type(value).__name__} is not a JSON value") from None
+    return value
+
+
 def config_keys():
     """The configuration keys the engine accepts (its own list, asked once)."""
     global _known_keys
@@ -116,13 +128,7 @@ class Loader:
         for key, value in config.items():
             if key == "resume":
                 value = _resume_value(value)
-            if isinstance(value, os.PathLike):
-                value = os.fspath(value)
-            try:
-                json.dumps(value)
-            except (TypeError, ValueError):
-                raise TypeError(f"{key}: {type(value).__name__} is not a JSON value") from None
-            cfg[key] = value
+            cfg[key] = json_value(key, value)
         if isinstance(batch_size, bool) or not isinstance(batch_size, int):
             raise TypeError(f"batch_size must be an int, not {type(batch_size).__name__}")
         handle = ctypes.c_void_p()

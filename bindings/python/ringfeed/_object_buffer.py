@@ -21,6 +21,7 @@ import numpy as np
 
 from . import _ffi
 from ._lease import _Exported, fork_generation
+from ._loader import json_value
 from .errors import ReleasedError, from_status
 
 _lib = _ffi.lib
@@ -34,13 +35,7 @@ def config_json(config):
     for key, value in config.items():
         if key == "urls":
             raise TypeError("`urls` is not a keyword of object calls: the URL is their first argument")
-        if isinstance(value, os.PathLike):
-            value = os.fspath(value)
-        try:
-            json.dumps(value)
-        except (TypeError, ValueError):
-            raise TypeError(f"{key}: {type(value).__name__} is not a JSON value") from None
-        cfg[key] = value
+        cfg[key] = json_value(key, value)
     return json.dumps(cfg).encode()
 
 
