@@ -20,41 +20,10 @@
 #include <utility>
 #include <vector>
 
+#include "cpp_check.h"
 #include "ringfeed.hpp"
 
 namespace {
-
-[[noreturn]] void fail(const char* file, int line, const char* cond, const std::string& why) {
-  std::fprintf(stderr, "%s:%d: CHECK(%s) failed: %s\n", file, line, cond, why.c_str());
-  std::exit(1);
-}
-
-#define CHECK(cond, why)                                \
-  do {                                                   \
-    if (!(cond)) fail(__FILE__, __LINE__, #cond, (why)); \
-  } while (0)
-
-// Runs `body`, which must throw ringfeed::Error with status `want` and a
-// message that mentions `needle`.
-template <typename Body>
-void expect_throws(int line, const char* what, Body body, std::int32_t want,
-                   const std::string& needle) {
-  try {
-    body();
-  } catch (const ringfeed::Error& e) {
-    std::string text = e.what();
-    if (e.status() != want) fail(__FILE__, line, what, "threw " + text);
-    if (e.message().find(needle) == std::string_view::npos) {
-      fail(__FILE__, line, what, "the message does not mention \"" + needle + "\": " + text);
-    }
-    std::printf("  %s\n", e.what());
-    return;
-  }
-  fail(__FILE__, line, what, "did not throw");
-}
-
-#define EXPECT_THROWS(stmt, want, needle) \
-  expect_throws(__LINE__, #stmt, [&] { stmt; }, (want), (needle))
 
 static_assert(!std::is_copy_constructible_v<ringfeed::Object>, "Object is move-only");
 static_assert(std::is_nothrow_move_constructible_v<ringfeed::Object>, "Object moves");
