@@ -14,6 +14,7 @@ const RANKS: &[(&str, u32)] = &[
     ("queue", 0),
     ("topology", 0),
     ("net", 1),
+    ("cache", 1),
     ("plan", 1),
     ("tar", 1),
     ("memory", 1),
