@@ -153,28 +153,13 @@ pub fn read_shard_into(
 ) -> Result<ReadReport> {
     let size = shard_size(shard)?;
     if size > buf.len() as u64 {
-        return Err(TooSmall {
-            size,
-            cap: buf.len() as u64,
-        }
-        .into_error(&shard.name));
+        return Err(Error::Memory(format!(
+            "`{}` is {size} bytes; the buffer holds {}",
+            shard.name,
+            buf.len()
+        )));
     }
     read_to(shard, size, buf.as_mut_ptr(), cfg, net, progress)
-}
-
-/// A caller's buffer smaller than the object.
-pub struct TooSmall {
-    pub size: u64,
-    pub cap: u64,
-}
-
-impl TooSmall {
-    fn into_error(self, name: &str) -> Error {
-        Error::Memory(format!(
-            "`{name}` is {} bytes; the buffer holds {}",
-            self.size, self.cap
-        ))
-    }
 }
 
 pub fn shard_size(shard: &Shard) -> Result<u64> {

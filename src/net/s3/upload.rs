@@ -178,10 +178,13 @@ impl S3Client {
                     resp.status().canonical_reason().unwrap_or("")
                 ),
             );
-            if resp.content_length().is_none_or(|n| n <= MAX_ERROR_BODY)
-                && let Ok(b) = resp.bytes()
+            // At most MAX_ERROR_BODY bytes, whatever the server sends (a
+            // chunked body has no length to check first).
+            let mut b = Vec::new();
+            if std::io::Read::read_to_end(&mut std::io::Read::take(resp, MAX_ERROR_BODY), &mut b)
+                .is_ok()
             {
-                f.code = error_code(&b[..b.len().min(MAX_ERROR_BODY as usize)]);
+                f.code = error_code(&b);
             }
             return Err(f);
         }
