@@ -61,9 +61,9 @@ fn urls(server: &Server) -> Vec<String> {
 fn run(cfg: Config, seed: u64) -> Stats {
     let loader = Loader::open(cfg).unwrap();
     let n = stream(&loader, seed);
+    loader.close();
     let stats = loader.stats();
     assert_eq!(n as u64, stats.samples_delivered);
-    drop(loader);
     stats
 }
 
@@ -513,7 +513,7 @@ fn a_disk_that_fills_stops_caching_and_the_job_goes_on() {
     let names: Vec<_> = std::fs::read_dir(fs.path().join("c"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
-        .filter(|n| !n.starts_with(".lock") && n != ".evict")
+        .filter(|n| !n.ends_with(".lock") && n != ".evict")
         .collect();
     assert!(names.is_empty(), "{names:?}");
     assert!(matches!(
@@ -562,4 +562,99 @@ fn a_read_only_cache_serves_what_it_holds_and_writes_nothing() {
         s.notes
     );
     fs.remount("rw");
+}
+
+/// Every sample key of one epoch of `cfg`, checked against `seed`.
+fn keys(cfg: Config, seed: u64) -> Vec<Vec<u8>> {
+    let loader = Loader::open(cfg).unwrap();
+    let mut out = Vec::new();
+    loop {
+        match loader.next(Some(Duration::from_secs(60))).unwrap() {
+            ringfeed::Next::Batch(b) => {
+                for s in b.samples() {
+                    for (name, data) in s.fields() {
+                        assert!(synth::verify(seed, s.key(), name, data), "bad bytes");
+                    }
+                    out.push(s.key().to_vec());
+                }
+            }
+            ringfeed::Next::EndOfEpoch(_) => {}
+            ringfeed::Next::Finished => return out,
+            ringfeed::Next::Timeout => panic!("stalled"),
+        }
+    }
+}
+
+#[test]
+fn counts_learned_in_one_epoch_split_remote_data_exactly_among_ranks() {
+    let data = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    dataset(data.path(), 51);
+    let server = Server::start(data.path().to_path_buf());
+    let ranks = |rank: u64| {
+        config(
+            &urls(&server),
+            cache.path(),
+            serde_json::json!({"world_size": 2, "rank": rank, "remainder": "drop"}),
+        )
+    };
+    // Remote shards, no manifest, nothing learned: the split cannot be made.
+    let e = Loader::open(ranks(0))
+        .err()
+        .expect("a split without counts");
+    assert!(e.to_string().contains("cache_dir"), "{e}");
+
+    let all = keys(
+        config(&urls(&server), cache.path(), serde_json::json!({})),
+        51,
+    );
+    let mut split = keys(ranks(0), 51);
+    let one = keys(ranks(1), 51);
+    // Equal shares, disjoint, and together all but the dropped remainder.
+    assert_eq!(split.len(), one.len());
+    assert_eq!(split.len(), all.len() / 2);
+    split.extend(one);
+    let mut unique = split.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), split.len(), "a sample went to both ranks");
+    assert!(split.iter().all(|k| all.contains(k)));
+}
+
+#[test]
+fn s3_shards_are_cached_by_their_etag() {
+    use support::s3::{ACCESS_KEY, Op, S3Server, SECRET_KEY};
+    let root = tempfile::tempdir().unwrap();
+    let bucket = root.path().join("cached");
+    std::fs::create_dir(&bucket).unwrap();
+    let bytes = dataset(&bucket, 52);
+    let s3 = S3Server::start(root.path());
+    let cache = tempfile::tempdir().unwrap();
+    let cfg = || {
+        config(
+            &["s3://cached/shard-{000000..000002}.tar".to_string()],
+            cache.path(),
+            serde_json::json!({
+                "s3_endpoint": s3.endpoint(),
+                "aws_access_key_id": ACCESS_KEY,
+                "aws_secret_access_key": SECRET_KEY,
+                "s3_region": "us-east-1",
+            }),
+        )
+    };
+    let first = run(cfg(), 52);
+    assert_eq!(first.cache_misses, SHARDS as u64, "{:?}", first.notes);
+    assert_eq!(first.cache_written, SHARDS as u64, "close waits for the writes");
+    assert_eq!(first.cache_bytes_written, bytes);
+    let gets = s3.requests(Op::GetObject);
+    assert!(gets > 0);
+    let second = run(cfg(), 52);
+    assert_eq!(second.cache_hits, SHARDS as u64, "{:?}", second.notes);
+    assert_eq!(second.cache_bytes, bytes);
+    assert_eq!(s3.requests(Op::GetObject), gets, "a hit sent a GetObject");
+    let listed = Cache::contents(cache.path());
+    assert_eq!(listed.len(), SHARDS);
+    assert!(listed.iter().all(|(id, n)| {
+        id.object.starts_with("s3://cached/") && id.version.starts_with("etag ") && n.is_some()
+    }));
 }

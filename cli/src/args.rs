@@ -51,6 +51,9 @@ pub(crate) enum Command {
     /// Write a file or stdin as one object (S3 or local), visible only once
     /// whole; never replaces one unless --overwrite.
     Put(PutArgs),
+    /// Show what a cache directory (`cache_dir`) holds, or write the
+    /// manifest of the sample counts its loaders learned.
+    Cache(CacheArgs),
     /// Generate a dataset in a temporary directory, serve it on a loopback
     /// HTTP server and stream it over http://, checking every byte.
     Demo {
@@ -145,6 +148,32 @@ pub(crate) struct IndexArgs {
     pub(crate) output: Option<PathBuf>,
     #[command(flatten)]
     pub(crate) opts: LoaderArgs,
+}
+
+#[derive(Args)]
+pub(crate) struct CacheArgs {
+    #[command(subcommand)]
+    pub(crate) command: CacheCommand,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum CacheCommand {
+    /// One line per entry: URL, bytes, samples (`-` when not counted),
+    /// version (ETag or Last-Modified).
+    Ls {
+        /// The cache directory.
+        dir: PathBuf,
+    },
+    /// A manifest (`URL size samples` per line) of the entries whose
+    /// samples were counted: loaders given it split remote data among
+    /// ranks without reading it first.
+    Manifest {
+        /// The cache directory.
+        dir: PathBuf,
+        /// Write the manifest here instead of to stdout.
+        #[arg(long, short)]
+        output: Option<PathBuf>,
+    },
 }
 
 #[derive(Args)]

@@ -19,6 +19,7 @@ use args::{Cli, Command};
 
 mod args;
 mod bench;
+mod cache;
 mod demo;
 mod generate;
 mod get;
@@ -51,6 +52,7 @@ fn main() -> ExitCode {
         Command::Topology(a) => topology::topology_cmd(a),
         Command::Get(a) => get::get(a),
         Command::Put(a) => put::put(a),
+        Command::Cache(a) => cache::cache_cmd(a),
         Command::Demo {
             size,
             local,

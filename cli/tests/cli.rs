@@ -405,3 +405,57 @@ fn an_engine_in_another_process_avoids_claimed_cpus() {
     assert!(stats["placement"].is_string(), "{stats}");
     drop(claims);
 }
+
+#[test]
+fn a_cached_run_reads_from_disk_and_its_counts_become_a_manifest() {
+    let (dir, samples) = dataset();
+    let mut child = Running(
+        Command::new(BIN)
+            .args(["serve", dir.path().to_str().unwrap(), "--port", "0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut url = String::new();
+    BufReader::new(child.0.stdout.take().unwrap())
+        .read_line(&mut url)
+        .unwrap();
+    let urls = format!("{}shard-{{000000..000002}}.tar", url.trim());
+    let cache = tempfile::tempdir().unwrap();
+    let c = cache.path().to_str().unwrap();
+    let cfg = format!(r#"{{"cache_dir": "{c}", "cache_min_free": 0}}"#);
+    let run = || -> serde_json::Value {
+        let out = ok(&[
+            "bench",
+            &urls,
+            "--json",
+            "--verify",
+            &SEED.to_string(),
+            "--config",
+            &cfg,
+        ]);
+        serde_json::from_str(out.trim()).unwrap()
+    };
+    let first = run();
+    assert_eq!(first["stats"]["cache_misses"], 3);
+    let second = run();
+    assert_eq!(second["stats"]["cache_hits"], 3);
+    assert_eq!(second["verify_failures"], 0);
+    assert_eq!(second["samples"], samples);
+
+    let listed = ok(&["cache", "ls", c]);
+    assert_eq!(listed.lines().count(), 3, "{listed}");
+    assert!(listed.contains("shard-000001.tar"), "{listed}");
+    let m = cache.path().join("learned.manifest");
+    ok(&["cache", "manifest", c, "-o", m.to_str().unwrap()]);
+    let text = std::fs::read_to_string(&m).unwrap();
+    let counted: u64 = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| l.split_whitespace().nth(2).unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(counted, samples, "{text}");
+    fails(&["cache", "ls", "/nonexistent/cache"], "not a directory");
+    fails(&["cache", "manifest"], "<DIR>");
+}

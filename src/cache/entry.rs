@@ -438,7 +438,7 @@ pub fn store(
     data: &[u8],
     samples: Option<u64>,
 ) -> std::io::Result<PathBuf> {
-    let mut w = Writer::create(dir, id, &format!(".tmp-{}", id.file_name()))?;
+    let mut w = Writer::create(dir, id, &format!(".{}.tmp", id.file_name()))?;
     w.append(data)?;
     Ok(w.finish(samples)?.0)
 }

@@ -267,7 +267,7 @@ impl Cache {
             return self.uncached(why);
         }
         let name = id.file_name();
-        let lock_path = self.opts.dir.join(format!(".lock-{name}"));
+        let lock_path = self.opts.dir.join(format!(".{name}.lock"));
         let lock = match OpenOptions::new()
             .write(true)
             .create(true)
@@ -277,7 +277,7 @@ impl Cache {
             Ok(f) => f,
             Err(e) => return self.write_failed(&e),
         };
-        let tmp = format!(".tmp-{name}");
+        let tmp = format!(".{name}.tmp");
         let (mut seen, mut since, mut waited) = (None, Instant::now(), false);
         loop {
             match flock(&lock, libc::LOCK_EX | libc::LOCK_NB) {
@@ -385,8 +385,10 @@ impl Cache {
             };
             if std::fs::remove_file(&victim.path).is_ok() {
                 bump(&self.stats.evictions, 1);
+                // Its fill lock goes too (a fill racing this eviction
+                // under the old lock file costs at most a second fetch).
                 let _ = std::fs::remove_file(self.opts.dir.join(format!(
-                    ".lock-{}",
+                    ".{}.lock",
                     victim.path.file_name().unwrap_or_default().to_string_lossy()
                 )));
             }
@@ -396,30 +398,14 @@ impl Cache {
 
     /// The entries in the directory: path, size on disk, last use.
     fn entries(&self) -> Vec<Listed> {
-        let Ok(dir) = std::fs::read_dir(&self.opts.dir) else {
-            return Vec::new();
-        };
-        dir.filter_map(|d| {
-            let d = d.ok()?;
-            let name = d.file_name();
-            let name = name.to_str()?;
-            if name.starts_with('.') || !name.ends_with(entry::SUFFIX) {
-                return None;
-            }
-            let m = d.metadata().ok()?;
-            Some(Listed {
-                path: d.path(),
-                size: m.len(),
-                used: m.modified().unwrap_or(SystemTime::UNIX_EPOCH),
-            })
-        })
-        .collect()
+        entries_in(&self.opts.dir)
     }
 
-    /// What the directory holds: each whole entry's identity and sample
-    /// count (entries that do not open are left out), in name order.
-    pub fn contents(&self) -> Vec<(Identity, Option<u64>)> {
-        let mut listed = self.entries();
+    /// What the directory `dir` holds: each whole entry's identity and
+    /// sample count (entries that do not open are left out), in name
+    /// order. Only reads the directory.
+    pub fn contents(dir: &Path) -> Vec<(Identity, Option<u64>)> {
+        let mut listed = entries_in(dir);
         listed.sort_by(|a, b| a.path.cmp(&b.path));
         listed
             .into_iter()
@@ -448,6 +434,28 @@ struct Listed {
     path: PathBuf,
     size: u64,
     used: SystemTime,
+}
+
+/// The entries in `dir`: path, size on disk, last use.
+fn entries_in(dir: &Path) -> Vec<Listed> {
+    let Ok(dir) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    dir.filter_map(|d| {
+        let d = d.ok()?;
+        let name = d.file_name();
+        let name = name.to_str()?;
+        if name.starts_with('.') || !name.ends_with(entry::SUFFIX) {
+            return None;
+        }
+        let m = d.metadata().ok()?;
+        Some(Listed {
+            path: d.path(),
+            size: m.len(),
+            used: m.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+        })
+    })
+    .collect()
 }
 
 /// `flock`: `Ok(false)` when a non-blocking lock is held elsewhere.
@@ -501,6 +509,8 @@ unsafe impl Send for Piece {}
 enum Job {
     Append(Arc<FillSlot>, Piece),
     Finish(Arc<FillSlot>, Option<u64>),
+    /// Answered once every job before it is done.
+    Flush(mpsc::SyncSender<()>),
 }
 
 /// One fill as the spool sees it: its filler until finished or failed.
@@ -545,6 +555,18 @@ impl Spool {
 
     pub fn cache(&self) -> &Arc<Cache> {
         &self.cache
+    }
+
+    /// Waits until everything queued so far is written (and the memory it
+    /// held let go).
+    pub fn flush(&self) {
+        let Some(tx) = &self.tx else {
+            return;
+        };
+        let (done, wait) = mpsc::sync_channel(1);
+        if tx.send(Job::Flush(done)).is_ok() {
+            let _ = wait.recv();
+        }
     }
 
     /// Hands a fill to the spool.
@@ -617,6 +639,9 @@ fn spool_main(cache: &Cache, rx: mpsc::Receiver<Job>) {
                     f.take();
                     cache.write_failed(&e);
                 }
+            }
+            Job::Flush(done) => {
+                let _ = done.send(());
             }
             Job::Finish(slot, samples) => {
                 let taken = slot.filler.lock().unwrap_or_else(|p| p.into_inner()).take();

@@ -23,7 +23,10 @@ use std::sync::Arc;
 
 use crate::net::http::HttpObject;
 
-pub use resolve::{head_sizes, resolve, resolve_config, resolve_objects, resolve_with};
+pub use resolve::{
+    cache_identity, head_sizes, learn_counts, resolve, resolve_config, resolve_objects,
+    resolve_with,
+};
 
 /// Where a shard's bytes come from.
 #[derive(Debug, Clone)]

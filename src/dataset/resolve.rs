@@ -22,6 +22,7 @@ use std::sync::Arc;
 
 use super::parse::{expand_braces, local_path, parse_manifest};
 use super::{Shard, Source};
+use crate::cache::{Cache, Identity};
 use crate::error::{Error, IoOp, Result};
 use crate::fetch::http_sync::HttpPool;
 use crate::fetch::{NetOptions, with_retries};
@@ -105,6 +106,51 @@ pub fn head_sizes(shards: &mut [Shard], net: &NetOptions) -> Result<()> {
     size_these(shards, todo, net)
 }
 
+/// The samples of each remote shard without a count that a cache entry
+/// of its current version holds: learned by an earlier run that read the
+/// shard whole (`crate::cache`). Its `HEAD`s go out in parallel; a shard
+/// whose `HEAD` fails keeps no count (the plan then names it).
+pub fn learn_counts(shards: &mut [Shard], cache: &Cache, net: &NetOptions) -> Result<()> {
+    let todo: Vec<usize> = (0..shards.len())
+        .filter(|&i| shards[i].samples.is_none() && matches!(shards[i].source, Source::Http(_)))
+        .collect();
+    let counts = parallel_sizes(&todo, net, |i, pool, jitter| {
+        let Source::Http(obj) = &shards[i].source else {
+            return Ok(None);
+        };
+        let head = with_retries(net, jitter, &obj.url, || pool.head_version(obj));
+        Ok(match head {
+            Ok((size, Some(version))) => {
+                cache.count(&cache_identity(&shards[i], obj, version, size))
+            }
+            _ => None,
+        })
+    })?;
+    for (i, n) in todo.into_iter().zip(counts) {
+        if n.is_some() {
+            shards[i].samples = n;
+        }
+    }
+    Ok(())
+}
+
+/// What keys a remote shard's cache entry: the server (scheme, host,
+/// port), the shard's URL, the version its `HEAD` gave, the whole object.
+pub fn cache_identity(shard: &Shard, obj: &HttpObject, version: String, size: u64) -> Identity {
+    Identity {
+        endpoint: format!(
+            "{}://{}:{}",
+            if obj.tls { "https" } else { "http" },
+            obj.host,
+            obj.port
+        ),
+        object: shard.name.clone(),
+        version,
+        offset: 0,
+        len: size,
+    }
+}
+
 /// Sizes the shards at `todo` with parallel `HEAD`s.
 fn size_these(shards: &mut [Shard], todo: Vec<usize>, net: &NetOptions) -> Result<()> {
     let sizes = parallel_sizes(&todo, net, |i, pool, jitter| {
@@ -160,12 +206,12 @@ const HEADS_IN_FLIGHT: usize = 32;
 /// `HEADS_IN_FLIGHT` at once, each thread with its own connections; in
 /// order. The first failure in the list's order is the error, and after any
 /// failure no new request starts.
-fn parallel_sizes(
+fn parallel_sizes<T: Send + Sync>(
     todo: &[usize],
     net: &NetOptions,
-    size: impl Fn(usize, &mut HttpPool, &mut Jitter) -> Result<u64> + Sync,
-) -> Result<Vec<u64>> {
-    let sizes: Vec<std::sync::OnceLock<Result<u64>>> =
+    size: impl Fn(usize, &mut HttpPool, &mut Jitter) -> Result<T> + Sync,
+) -> Result<Vec<T>> {
+    let sizes: Vec<std::sync::OnceLock<Result<T>>> =
         todo.iter().map(|_| std::sync::OnceLock::new()).collect();
     let next = std::sync::atomic::AtomicUsize::new(0);
     let failed = std::sync::atomic::AtomicBool::new(false);

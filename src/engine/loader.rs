@@ -130,6 +130,11 @@ impl Loader {
         for t in threads {
             let _ = t.join();
         }
+        // The cache's writes of what the workers read are done: its entries
+        // are whole, and the chunks they held are back.
+        if let Some(spool) = &self.shared.cache {
+            spool.flush();
+        }
         // The workers are gone: their CPUs are free for other engines.
         self.claims
             .lock()

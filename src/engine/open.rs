@@ -124,6 +124,10 @@ impl Loader {
         let allowed = topo.allowed();
         check_placement_keys(&cfg, &topo, &allowed)?;
         let workers = worker_count(&cfg, &shards);
+        let mut shards = shards;
+        if make.is_none() {
+            learn_cached_counts(&cfg, &mut shards, &net, workers)?;
+        }
         let (plan_opts, counts, start, base_delivered, replay, fingerprint) =
             plan_setup(&cfg, &net, &shards, workers)?;
         let chunk = cfg.chunk_size as usize;
@@ -489,13 +493,38 @@ pub(crate) fn engine_net_threads(cfg: &Config, shards: &[Shard]) -> Result<Optio
 /// plan's split needs them: what a node engine resolves once for all its
 /// consumers' loaders (each would count every shard again).
 pub(crate) fn resolve_counted(cfg: &Config) -> Result<Vec<Shard>> {
-    let mut shards = dataset::resolve_config(cfg, &NetOptions::for_config(cfg))?;
-    if cfg.plan_options(worker_count(cfg, &shards)).needs_counts() {
+    let net = NetOptions::for_config(cfg);
+    let mut shards = dataset::resolve_config(cfg, &net)?;
+    let workers = worker_count(cfg, &shards);
+    learn_cached_counts(cfg, &mut shards, &net, workers)?;
+    if cfg.plan_options(workers).needs_counts() {
         for s in shards.iter_mut() {
             s.samples = counted(s)?;
         }
     }
     Ok(shards)
+}
+
+/// Remote shards' sample counts from the cache, when the plan needs
+/// counts (a split among consumers, a resume) and a cache is configured:
+/// what an earlier run learned reading them whole, for the current
+/// versions of the objects.
+fn learn_cached_counts(
+    cfg: &Config,
+    shards: &mut [Shard],
+    net: &NetOptions,
+    workers: usize,
+) -> Result<()> {
+    let Some(o) = cfg.cache_options() else {
+        return Ok(());
+    };
+    if !cfg.plan_options(workers).needs_counts() && cfg.resume.is_empty() {
+        return Ok(());
+    }
+    if shards.iter().all(|s| s.samples.is_some()) {
+        return Ok(());
+    }
+    dataset::learn_counts(shards, &Cache::open(o), net)
 }
 
 /// A shard's sample count: known, or counted from a local file's headers
@@ -833,7 +862,8 @@ fn plan_setup(
                 return Err(Error::config(format!(
                     "resuming on another layout needs every shard's sample count and {missing} \
                      of {} shards have none: list them in a manifest with their counts \
-                     (`ringfeed index URL... -o set.manifest`)",
+                     (`ringfeed index URL... -o set.manifest`), or read them whole once with a \
+                     `cache_dir`, which keeps the counts",
                     counts.len()
                 )));
             }

@@ -517,18 +517,7 @@ impl<'a> Worker<'a> {
                 return (Tier::None, None, shard.size);
             }
         };
-        let id = Identity {
-            endpoint: format!(
-                "{}://{}:{}",
-                if obj.tls { "https" } else { "http" },
-                obj.host,
-                obj.port
-            ),
-            object: shard.name.clone(),
-            version,
-            offset: 0,
-            len: size,
-        };
+        let id = crate::dataset::cache_identity(shard, obj, version, size);
         let entry = match cache.lookup(&id) {
             Some(e) => e,
             // A segment that ends inside the shard reads part of it: it

@@ -206,7 +206,8 @@ pub fn plan_epoch(
             return Err(Error::config(format!(
                 "{missing} of {} shards have no known sample count, and splitting among {} consumers, \
                  `samples_per_epoch`, `resampled` and elastic resume need them: list the shards in a \
-                 manifest with their counts (`ringfeed index URL... > set.manifest`)",
+                 manifest with their counts (`ringfeed index URL... > set.manifest`), or read them \
+                 whole once with a `cache_dir`, which keeps the counts",
                 counts.len(),
                 opts.consumers
             )));
