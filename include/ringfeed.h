@@ -222,6 +222,20 @@ typedef struct ringfeed_stats {
   // Payload bytes the shuffle buffers copied out of sparse chunks (also in
   // `bytes_copied`).
   uint64_t shuffle_copied;
+  // The cache tier (`cache_dir`): remote shards read from an entry, and
+  // looked up without one; data bytes read from entries; entries written
+  // and their data bytes; entries evicted, dropped as corrupt, dropped
+  // as stale (the object changed); remote shards read uncached (no room,
+  // no version, writes stopped: the notes say why).
+  uint64_t cache_hits;
+  uint64_t cache_misses;
+  uint64_t cache_bytes;
+  uint64_t cache_written;
+  uint64_t cache_bytes_written;
+  uint64_t cache_evictions;
+  uint64_t cache_corrupt;
+  uint64_t cache_stale;
+  uint64_t cache_uncached;
   // The epoch `ringfeed_loader_next` is in.
   uint64_t epoch;
   // Consumers of the dataset (`world_size` × `loader_workers`), and this

@@ -10,7 +10,7 @@
 //! not on the data path: a file server and a shard generator for the CLI,
 //! the demo and the tests.
 
-pub mod cache; // the local cache tier: entries on disk (not wired yet)
+pub mod cache; // the local cache tier: entries on disk, the directory, the writer
 pub mod config; // the configuration keys, parsed and checked
 pub mod dataset; // URLs, braces and manifests → shards (and the resolver)
 pub mod engine; // the loader: start-up, workers, shuffler, sequencer, stats

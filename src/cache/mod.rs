@@ -1,7 +1,644 @@
-//! The local cache tier (issue: repeated epochs from local NVMe). So far
-//! its on-disk entry ([`entry`]): the format, the identity that keys it,
-//! the atomic store and the checked load. The directory's size limit,
-//! eviction, sharing between processes and the engine's use of it come
-//! next; nothing in the engine reads or writes the cache yet.
+//! The local cache tier: remote shards kept in a directory on local disk
+//! (NVMe), so later epochs — of this job, of a restarted job, of another
+//! process on the node — read them from disk instead of the network.
+//!
+//! - [`entry`]: one entry on disk (identity, checksums, the atomic store,
+//!   the checked read).
+//! - [`Cache`]: the directory. Looks entries up (a stale or corrupt one is
+//!   dropped and counted), decides who fills a missing one (one process per
+//!   entry, by a file lock; the others wait for it while it makes
+//!   progress), keeps the directory under its size limit and above its
+//!   free-space floor by evicting the least recently used entries, and
+//!   stops writing — the job goes on uncached, and says so — when the
+//!   directory is read-only or the disk fills.
+//! - [`Spool`]: the thread that writes fills in the background, off the
+//!   reading thread's path, from memory the caller keeps alive until then.
+//!
+//! The engine (`engine::worker`) decides what to cache (whole remote shards
+//! read from their start to their end) and reads hits like local files.
 
 pub mod entry;
+
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant, SystemTime};
+
+pub use entry::{Bad, Entry, Identity};
+
+/// The free space to keep on the cache's file system.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum MinFree {
+    Bytes(u64),
+    /// A fraction (0..1) of the file system's size.
+    Fraction(f64),
+}
+
+/// Where the cache is and how much it may hold.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CacheOptions {
+    pub dir: PathBuf,
+    /// The most bytes its entries may take.
+    pub size: u64,
+    pub min_free: MinFree,
+}
+
+/// What a cache counts (all processes' use of the directory is not
+/// summed: each counts its own).
+#[derive(Debug, Default)]
+pub struct CacheStats {
+    /// Entries found whole and current.
+    pub hits: AtomicU64,
+    /// Entries looked up and not found (or dropped).
+    pub misses: AtomicU64,
+    /// Data bytes read from entries.
+    pub bytes_hit: AtomicU64,
+    /// Entries written, and their data bytes.
+    pub written: AtomicU64,
+    pub bytes_written: AtomicU64,
+    /// Entries removed to stay under the limit or above the floor.
+    pub evictions: AtomicU64,
+    /// Entries dropped as corrupt (torn, truncated, failed checksums).
+    pub corrupt: AtomicU64,
+    /// Entries dropped because the object changed (another version).
+    pub stale: AtomicU64,
+    /// Shards read uncached: no room, a stalled filler elsewhere, an
+    /// object without a version, a write that failed, writes turned off.
+    pub uncached: AtomicU64,
+    /// Lookups that waited for another reader's fill.
+    pub waited: AtomicU64,
+}
+
+/// A snapshot of [`CacheStats`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheCounts {
+    pub hits: u64,
+    pub misses: u64,
+    pub bytes_hit: u64,
+    pub written: u64,
+    pub bytes_written: u64,
+    pub evictions: u64,
+    pub corrupt: u64,
+    pub stale: u64,
+    pub uncached: u64,
+    pub waited: u64,
+}
+
+impl CacheStats {
+    pub fn snapshot(&self) -> CacheCounts {
+        // Relaxed: a report.
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        CacheCounts {
+            hits: l(&self.hits),
+            misses: l(&self.misses),
+            bytes_hit: l(&self.bytes_hit),
+            written: l(&self.written),
+            bytes_written: l(&self.bytes_written),
+            evictions: l(&self.evictions),
+            corrupt: l(&self.corrupt),
+            stale: l(&self.stale),
+            uncached: l(&self.uncached),
+            waited: l(&self.waited),
+        }
+    }
+}
+
+fn bump(a: &AtomicU64, n: u64) {
+    // Relaxed: a statistic.
+    a.fetch_add(n, Ordering::Relaxed);
+}
+
+/// How a fill starts.
+pub enum Fill {
+    /// The entry is there (another reader filled it meanwhile).
+    Hit(Entry),
+    /// This reader writes it: append the data in order, then finish.
+    Write(Box<Filler>),
+    /// Read it uncached; the reason is counted (and, when writing stopped
+    /// for good, in [`Cache::note`]).
+    Uncached(String),
+}
+
+/// The right to write one entry: its writer and the lock that makes this
+/// reader the only one writing it (released when dropped).
+pub struct Filler {
+    writer: entry::Writer,
+    _lock: File,
+}
+
+/// A cache directory.
+pub struct Cache {
+    opts: CacheOptions,
+    pub stats: CacheStats,
+    /// Why this process stopped writing entries (read-only, disk full);
+    /// `None` while it writes.
+    writes_off: Mutex<Option<String>>,
+    /// Why the first shard read uncached was, while writing goes on.
+    first_skip: Mutex<Option<String>>,
+}
+
+impl Cache {
+    /// Opens (and creates) the directory. Never fails: a directory that
+    /// cannot be made or written is used for reading what it holds, and
+    /// [`Cache::note`] says why nothing is written.
+    pub fn open(opts: CacheOptions) -> Cache {
+        let off = match std::fs::create_dir_all(&opts.dir) {
+            Err(e) => Some(format!("cannot create it ({e})")),
+            Ok(()) => probe_write(&opts.dir)
+                .err()
+                .map(|e| format!("not writable ({e})")),
+        };
+        Cache {
+            opts,
+            stats: CacheStats::default(),
+            writes_off: Mutex::new(off),
+            first_skip: Mutex::new(None),
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.opts.dir
+    }
+
+    /// Says, when this process writes no more entries, why; else, when
+    /// shards were read uncached, how many and why the first was.
+    pub fn note(&self) -> Option<String> {
+        let dir = self.opts.dir.display();
+        if let Some(why) = self.off() {
+            return Some(format!(
+                "cache {dir}: {why}; reading without caching new shards"
+            ));
+        }
+        let first = self
+            .first_skip
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()?;
+        let n = self.stats.uncached.load(Ordering::Relaxed);
+        Some(format!(
+            "cache {dir}: {n} shard read(s) not cached (first: {first})"
+        ))
+    }
+
+    fn off(&self) -> Option<String> {
+        self.writes_off
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn turn_off(&self, why: String) {
+        let mut off = self.writes_off.lock().unwrap_or_else(|p| p.into_inner());
+        if off.is_none() {
+            *off = Some(why);
+        }
+    }
+
+    /// The entry for `id`, whole and current, or `None` (a file there that
+    /// is not is dropped and counted). A hit is marked used (LRU).
+    pub fn lookup(&self, id: &Identity) -> Option<Entry> {
+        let found = self.peek(id);
+        match &found {
+            Some(e) => {
+                bump(&self.stats.hits, 1);
+                // The file's mtime is its last use: eviction goes by it.
+                let _ = e.file.set_modified(SystemTime::now());
+            }
+            None => bump(&self.stats.misses, 1),
+        }
+        found
+    }
+
+    /// The entry for `id` without counting or marking it used.
+    fn peek(&self, id: &Identity) -> Option<Entry> {
+        let text = id.text().ok()?;
+        let path = self.opts.dir.join(id.file_name());
+        let why = match Entry::open(&path) {
+            Ok(Ok(e)) if e.header.identity == text => return Some(e),
+            Ok(Ok(_)) => Bad::OtherIdentity,
+            Ok(Err(bad)) => bad,
+            Err(_) => return None,
+        };
+        self.drop_entry(&path, &why);
+        None
+    }
+
+    /// Counts `n` data bytes read from an entry and checked.
+    pub fn hit_bytes(&self, n: u64) {
+        bump(&self.stats.bytes_hit, n);
+    }
+
+    /// Counts a shard read uncached for want of a version, a `HEAD` or an
+    /// entry that opens (`why`).
+    pub fn not_cached(&self, why: &str) {
+        self.skipped(why);
+    }
+
+    /// Removes an entry found bad, and counts it.
+    pub fn drop_entry(&self, path: &Path, why: &Bad) {
+        match why {
+            Bad::OtherIdentity => bump(&self.stats.stale, 1),
+            _ => bump(&self.stats.corrupt, 1),
+        }
+        // Read-only: it stays, and is refused again next time.
+        let _ = std::fs::remove_file(path);
+    }
+
+    /// The entry for `id` dropped because a block read from it failed its
+    /// checksum.
+    pub fn drop_corrupt(&self, id: &Identity, why: &Bad) {
+        self.drop_entry(&self.opts.dir.join(id.file_name()), why);
+    }
+
+    /// The samples counted in the entry for `id`, when it is current.
+    pub fn count(&self, id: &Identity) -> Option<u64> {
+        self.peek(id)?.header.samples
+    }
+
+    /// Starts filling the entry for `id` after a miss. One reader of all
+    /// processes fills an entry: the others wait for it as long as its
+    /// temporary file grows at least once every `stall`, then use its
+    /// entry; a filler that stalls (or a lock that cannot be taken) leaves
+    /// them reading uncached.
+    pub fn fill(&self, id: &Identity, stall: Duration) -> Fill {
+        if let Some(why) = self.off() {
+            return self.uncached(why);
+        }
+        let name = id.file_name();
+        let lock_path = self.opts.dir.join(format!(".lock-{name}"));
+        let lock = match OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&lock_path)
+        {
+            Ok(f) => f,
+            Err(e) => return self.write_failed(&e),
+        };
+        let tmp = format!(".tmp-{name}");
+        let (mut seen, mut since, mut waited) = (None, Instant::now(), false);
+        loop {
+            match flock(&lock, libc::LOCK_EX | libc::LOCK_NB) {
+                Ok(true) => break,
+                Ok(false) => {}
+                Err(e) => return self.uncached(format!("cannot lock {name} ({e})")),
+            }
+            if !waited {
+                bump(&self.stats.waited, 1);
+                waited = true;
+            }
+            let size = std::fs::metadata(self.opts.dir.join(&tmp))
+                .map(|m| m.len())
+                .ok();
+            if size != seen {
+                (seen, since) = (size, Instant::now());
+            } else if since.elapsed() > stall {
+                return self.uncached(format!(
+                    "another reader is filling {name} and made no progress for {stall:?}"
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // Filled by the one that held the lock?
+        if waited && let Some(e) = self.peek(id) {
+            bump(&self.stats.hits, 1);
+            return Fill::Hit(e);
+        }
+        if let Err(why) = self.make_room(id.len) {
+            return self.uncached(why);
+        }
+        match entry::Writer::create(&self.opts.dir, id, &tmp) {
+            Ok(writer) => Fill::Write(Box::new(Filler {
+                writer,
+                _lock: lock,
+            })),
+            Err(e) => self.write_failed(&e),
+        }
+    }
+
+    fn uncached(&self, why: String) -> Fill {
+        self.skipped(&why);
+        Fill::Uncached(why)
+    }
+
+    fn skipped(&self, why: &str) {
+        bump(&self.stats.uncached, 1);
+        let mut first = self.first_skip.lock().unwrap_or_else(|p| p.into_inner());
+        first.get_or_insert_with(|| why.to_string());
+    }
+
+    /// A write into the directory failed: a full disk or a read-only
+    /// directory stops writing for the rest of this process's run; any
+    /// other failure costs that one entry.
+    fn write_failed(&self, e: &std::io::Error) -> Fill {
+        let why = match e.raw_os_error() {
+            Some(libc::ENOSPC) | Some(libc::EDQUOT) => format!("the disk is full ({e})"),
+            Some(libc::EROFS) | Some(libc::EACCES) | Some(libc::EPERM) => {
+                format!("not writable ({e})")
+            }
+            _ => return self.uncached(format!("cannot write an entry ({e})")),
+        };
+        self.turn_off(why.clone());
+        self.uncached(why)
+    }
+
+    /// Evicts least recently used entries until one of `bytes` fits under
+    /// the size limit and above the free-space floor. Processes sharing
+    /// the directory evict one at a time (a lock on `.evict`).
+    fn make_room(&self, bytes: u64) -> Result<(), String> {
+        let bytes = bytes + entry::DATA_ALIGN as u64;
+        if bytes > self.opts.size {
+            return Err(format!(
+                "a shard of {bytes} bytes is larger than `cache_size` ({})",
+                self.opts.size
+            ));
+        }
+        let lock = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(self.opts.dir.join(".evict"))
+            .map_err(|e| format!("cannot open the eviction lock ({e})"))?;
+        flock(&lock, libc::LOCK_EX).map_err(|e| format!("cannot lock for eviction ({e})"))?;
+        let mut entries = self.entries();
+        // Oldest use first.
+        entries.sort_by_key(|e| std::cmp::Reverse(e.used));
+        let mut total: u64 = entries.iter().map(|e| e.size).sum();
+        loop {
+            let (avail, fs_size) = free_space(&self.opts.dir)
+                .map_err(|e| format!("cannot read the file system's free space ({e})"))?;
+            let floor = match self.opts.min_free {
+                MinFree::Bytes(b) => b,
+                MinFree::Fraction(f) => (fs_size as f64 * f) as u64,
+            };
+            let fits = total + bytes <= self.opts.size && avail >= floor.saturating_add(bytes);
+            if fits {
+                return Ok(());
+            }
+            let Some(victim) = entries.pop() else {
+                return Err(format!(
+                    "no room for a shard of {bytes} bytes: {avail} bytes free, {floor} to keep \
+                     free (`cache_min_free`)"
+                ));
+            };
+            if std::fs::remove_file(&victim.path).is_ok() {
+                bump(&self.stats.evictions, 1);
+                let _ = std::fs::remove_file(self.opts.dir.join(format!(
+                    ".lock-{}",
+                    victim.path.file_name().unwrap_or_default().to_string_lossy()
+                )));
+            }
+            total -= victim.size;
+        }
+    }
+
+    /// The entries in the directory: path, size on disk, last use.
+    fn entries(&self) -> Vec<Listed> {
+        let Ok(dir) = std::fs::read_dir(&self.opts.dir) else {
+            return Vec::new();
+        };
+        dir.filter_map(|d| {
+            let d = d.ok()?;
+            let name = d.file_name();
+            let name = name.to_str()?;
+            if name.starts_with('.') || !name.ends_with(entry::SUFFIX) {
+                return None;
+            }
+            let m = d.metadata().ok()?;
+            Some(Listed {
+                path: d.path(),
+                size: m.len(),
+                used: m.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+            })
+        })
+        .collect()
+    }
+
+    /// What the directory holds: each whole entry's identity and sample
+    /// count (entries that do not open are left out), in name order.
+    pub fn contents(&self) -> Vec<(Identity, Option<u64>)> {
+        let mut listed = self.entries();
+        listed.sort_by(|a, b| a.path.cmp(&b.path));
+        listed
+            .into_iter()
+            .filter_map(|l| {
+                let e = Entry::open(&l.path).ok()?.ok()?;
+                Some((Identity::parse(&e.header.identity)?, e.header.samples))
+            })
+            .collect()
+    }
+
+    /// A whole fill's outcome, from the spool.
+    fn filled(&self, result: std::io::Result<(PathBuf, u64)>, len: u64) {
+        match result {
+            Ok(_) => {
+                bump(&self.stats.written, 1);
+                bump(&self.stats.bytes_written, len);
+            }
+            Err(e) => {
+                self.write_failed(&e);
+            }
+        }
+    }
+}
+
+struct Listed {
+    path: PathBuf,
+    size: u64,
+    used: SystemTime,
+}
+
+/// `flock`: `Ok(false)` when a non-blocking lock is held elsewhere.
+fn flock(f: &File, op: i32) -> std::io::Result<bool> {
+    loop {
+        // SAFETY: a valid descriptor owned by `f`.
+        if unsafe { libc::flock(f.as_raw_fd(), op) } == 0 {
+            return Ok(true);
+        }
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EWOULDBLOCK) => return Ok(false),
+            Some(libc::EINTR) => continue,
+            _ => return Err(e),
+        }
+    }
+}
+
+/// Bytes available to an unprivileged writer, and the file system's size.
+fn free_space(dir: &Path) -> std::io::Result<(u64, u64)> {
+    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
+        .map_err(std::io::Error::other)?;
+    // SAFETY: statvfs fills the struct; zeroed is a valid start.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a struct to fill.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let frsize = st.f_frsize as u64;
+    Ok((st.f_bavail as u64 * frsize, st.f_blocks as u64 * frsize))
+}
+
+fn probe_write(dir: &Path) -> std::io::Result<()> {
+    let p = dir.join(format!(".probe-{}", std::process::id()));
+    File::create(&p)?;
+    std::fs::remove_file(&p)
+}
+
+/// Bytes the spool is to write, kept alive (and unchanged) by `hold`
+/// until written.
+struct Piece {
+    ptr: *const u8,
+    len: usize,
+    _hold: Box<dyn Send>,
+}
+
+// SAFETY: the bytes are only read, and `_hold` keeps them alive and
+// unwritten (the caller's promise in `Spool::append`).
+unsafe impl Send for Piece {}
+
+enum Job {
+    Append(Arc<FillSlot>, Piece),
+    Finish(Arc<FillSlot>, Option<u64>),
+}
+
+/// One fill as the spool sees it: its filler until finished or failed.
+struct FillSlot {
+    filler: Mutex<Option<Box<Filler>>>,
+    len: u64,
+}
+
+/// The background writer of a cache's fills: one thread, fed through a
+/// bounded queue (a reader that gets ahead of the disk by `DEPTH` pieces
+/// waits for it, so what it holds for the spool stays bounded).
+pub struct Spool {
+    cache: Arc<Cache>,
+    tx: Option<mpsc::SyncSender<Job>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Pieces queued for the spool before an append waits.
+const DEPTH: usize = 8;
+
+/// A fill handed to the spool: append pieces in order, then finish;
+/// dropped unfinished, the entry is abandoned (nothing is left behind).
+pub struct SpoolFill {
+    slot: Arc<FillSlot>,
+    tx: mpsc::SyncSender<Job>,
+    written: u64,
+}
+
+impl Spool {
+    pub fn start(cache: Arc<Cache>) -> std::io::Result<Spool> {
+        let (tx, rx) = mpsc::sync_channel::<Job>(DEPTH);
+        let c = Arc::clone(&cache);
+        let thread = std::thread::Builder::new()
+            .name("ringfeed-cache".into())
+            .spawn(move || spool_main(&c, rx))?;
+        Ok(Spool {
+            cache,
+            tx: Some(tx),
+            thread: Some(thread),
+        })
+    }
+
+    pub fn cache(&self) -> &Arc<Cache> {
+        &self.cache
+    }
+
+    /// Hands a fill to the spool.
+    pub fn take(&self, filler: Box<Filler>, len: u64) -> Option<SpoolFill> {
+        Some(SpoolFill {
+            slot: Arc::new(FillSlot {
+                filler: Mutex::new(Some(filler)),
+                len,
+            }),
+            tx: self.tx.clone()?,
+            written: 0,
+        })
+    }
+}
+
+impl SpoolFill {
+    /// Queues the next `len` bytes at `ptr`.
+    ///
+    /// # Safety
+    /// `hold` keeps `ptr..ptr + len` alive and unwritten until it is
+    /// dropped.
+    pub unsafe fn append(&mut self, ptr: *const u8, len: usize, hold: Box<dyn Send>) {
+        self.written += len as u64;
+        let piece = Piece {
+            ptr,
+            len,
+            _hold: hold,
+        };
+        let _ = self.tx.send(Job::Append(Arc::clone(&self.slot), piece));
+    }
+
+    /// Bytes queued so far.
+    pub fn queued(&self) -> u64 {
+        self.written
+    }
+
+    /// Completes the entry with its sample count, once its pieces are
+    /// written.
+    pub fn finish(self, samples: Option<u64>) {
+        let _ = self.tx.send(Job::Finish(Arc::clone(&self.slot), samples));
+    }
+}
+
+impl Drop for SpoolFill {
+    fn drop(&mut self) {
+        // Finished or not, the slot's filler goes with the last job; an
+        // unfinished one is dropped there (its temporary file removed).
+        // Pieces already queued are skipped once the slot is empty.
+        if Arc::strong_count(&self.slot) == 1 {
+            self.slot
+                .filler
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
+        }
+    }
+}
+
+fn spool_main(cache: &Cache, rx: mpsc::Receiver<Job>) {
+    for job in rx {
+        match job {
+            Job::Append(slot, piece) => {
+                let mut f = slot.filler.lock().unwrap_or_else(|p| p.into_inner());
+                let Some(filler) = f.as_mut() else {
+                    continue;
+                };
+                // SAFETY: `piece._hold` keeps the bytes alive and unwritten.
+                let bytes = unsafe { std::slice::from_raw_parts(piece.ptr, piece.len) };
+                if let Err(e) = filler.writer.append(bytes) {
+                    f.take();
+                    cache.write_failed(&e);
+                }
+            }
+            Job::Finish(slot, samples) => {
+                let taken = slot.filler.lock().unwrap_or_else(|p| p.into_inner()).take();
+                if let Some(filler) = taken {
+                    let Filler { writer, _lock } = *filler;
+                    cache.filled(writer.finish(samples), slot.len);
+                    // The lock goes after the rename: a reader waiting for
+                    // it finds the entry.
+                    drop(_lock);
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Spool {
+    /// Waits until every queued piece is written (fills still open when
+    /// their readers drop them are abandoned).
+    fn drop(&mut self) {
+        self.tx.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

@@ -11,10 +11,11 @@ use serde_json::Value;
 
 use super::values::{
     attempts, boolean, checksum, cpu_list, endpoint, file_path, integer, io_backend, memory_kind,
-    node_mode, numa_node, positive, region, remainder, resume_states, secret, size, text, toggle,
-    urls,
+    min_free, node_mode, numa_node, positive, positive_size, region, remainder, resume_states,
+    secret, size, text, toggle, urls,
 };
 use super::{Checksum, IoBackend, NodeMode, Toggle};
+use crate::cache::MinFree;
 use crate::error::{Error, Result};
 use crate::memory::MemoryKind;
 use crate::net::s3::S3Config;
@@ -310,6 +311,29 @@ config_keys! {
     /// is conditional (`If-None-Match: *`) and fails when the key exists.
     // Write-once: a checkpoint never silently replaces another.
     overwrite: bool = false => boolean(key, v)?;
+
+    /// A local directory (NVMe) that keeps remote shards for later epochs
+    /// and later runs, shared by every process on the node that names it
+    /// (`crate::cache`). Unset: no cache.
+    // Off unless asked: a cache takes disk space the user must grant.
+    cache_dir: Option<PathBuf> = None => Some(file_path(key, v)?);
+
+    /// The most bytes the cache's entries take; past it the least recently
+    /// used are evicted.
+    // JuiceFS's default cache size.
+    cache_size: u64 = 100 << 30 => positive_size(key, v)?;
+
+    /// Free space the cache leaves on its file system: a size, or a
+    /// percentage of the file system ("10%").
+    // JuiceFS's default free-space ratio: room for the job's own
+    // checkpoints and logs on the same disk.
+    cache_min_free: MinFree = MinFree::Fraction(0.1) => min_free(key, v)?;
+
+    /// Read cache entries with O_DIRECT: `On` wherever the file system
+    /// takes it (others buffered, said in the notes), `Off` never, `Auto`
+    /// like `On`.
+    // Auto = on: a cache is for data the page cache does not keep.
+    cache_direct: Toggle = Toggle::Auto => toggle(key, v)?;
 }
 
 #[cfg(test)]

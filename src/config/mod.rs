@@ -195,6 +195,15 @@ impl Config {
         Ok(c)
     }
 
+    /// The cache tier's settings, when `cache_dir` names one.
+    pub fn cache_options(&self) -> Option<crate::cache::CacheOptions> {
+        Some(crate::cache::CacheOptions {
+            dir: self.cache_dir.clone()?,
+            size: self.cache_size,
+            min_free: self.cache_min_free,
+        })
+    }
+
     /// The configuration of a whole-object read or write (`crate::object`):
     /// the same keys, where `urls` is not required (the call names the
     /// object) and the loader's layout is not checked. Empty text is `{}`.

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
+use crate::cache::MinFree;
 use crate::error::{Error, Result};
 use crate::memory::MemoryKind;
 pub use crate::net::s3::upload::Checksum;
@@ -209,6 +210,29 @@ pub(super) fn size(key: &str, v: &Value) -> Result<u64> {
             other,
         )),
     }
+}
+
+/// A size above 0.
+pub(super) fn positive_size(key: &str, v: &Value) -> Result<u64> {
+    match size(key, v)? {
+        0 => Err(bad(key, "a size above 0", v)),
+        n => Ok(n),
+    }
+}
+
+/// A free-space floor: a size, or a percentage from 0 to 99 ("10%").
+pub(super) fn min_free(key: &str, v: &Value) -> Result<MinFree> {
+    if let Some(p) = v.as_str().and_then(|s| s.trim().strip_suffix('%')) {
+        return match p.trim().parse::<f64>() {
+            Ok(f) if (0.0..100.0).contains(&f) => Ok(MinFree::Fraction(f / 100.0)),
+            _ => Err(bad(
+                key,
+                "a size, or a percentage from 0 to 99 such as \"10%\"",
+                v,
+            )),
+        };
+    }
+    size(key, v).map(MinFree::Bytes)
 }
 
 pub(super) fn checksum(key: &str, v: &Value) -> Result<Checksum> {

@@ -54,6 +54,20 @@ pub struct Counts {
     /// Payload bytes the shuffle buffers copied out of sparse chunks (also in
     /// `bytes_copied`).
     pub shuffle_copied: u64,
+    /// The cache tier (`cache_dir`): remote shards read from an entry, and
+    /// looked up without one; data bytes read from entries; entries written
+    /// and their data bytes; entries evicted, dropped as corrupt, dropped
+    /// as stale (the object changed); remote shards read uncached (no room,
+    /// no version, writes stopped: the notes say why).
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    pub cache_bytes: u64,
+    pub cache_written: u64,
+    pub cache_bytes_written: u64,
+    pub cache_evictions: u64,
+    pub cache_corrupt: u64,
+    pub cache_stale: u64,
+    pub cache_uncached: u64,
     /// The epoch `ringfeed_loader_next` is in.
     pub epoch: u64,
     /// Consumers of the dataset (`world_size` × `loader_workers`), and this

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
+use crate::cache::{Cache, Spool};
 use crate::config::{AUTO_WORKERS, Config, IoBackend, Toggle};
 use crate::dataset::Source;
 use crate::dataset::{self, Shard};
@@ -260,6 +261,33 @@ impl Loader {
             .filter_map(|s| s.size)
             .sum();
         let direct = DirectIo::new(cfg.direct_io, local_bytes);
+        let cache = match cfg.cache_options() {
+            Some(_) if !remote => None,
+            // Hits are checked a read at a time, in whole checksum blocks.
+            Some(o) if data_len % crate::cache::entry::BLOCK != 0 => {
+                notes.push(format!(
+                    "cache {} not used: reads of {data_len} bytes (`chunk_size` {chunk}) are not \
+                     whole {}-byte checksum blocks; use a chunk_size of a multiple of 1 MiB",
+                    o.dir.display(),
+                    crate::cache::entry::BLOCK
+                ));
+                None
+            }
+            Some(o) => Some(
+                Spool::start(Arc::new(Cache::open(o)))
+                    .map_err(|e| Error::Internal(format!("cannot start the cache writer: {e}")))?,
+            ),
+            None => None,
+        };
+        // Auto reads entries direct: a cache holds what the page cache
+        // does not keep.
+        let cache_direct = DirectIo::new(
+            match cfg.cache_direct {
+                Toggle::Off => Toggle::Off,
+                _ => Toggle::On,
+            },
+            0,
+        );
         let shared = Arc::new(Shared {
             shard_names: shards.iter().map(|s| s.name.as_str().into()).collect(),
             shards,
@@ -283,6 +311,8 @@ impl Loader {
             slack,
             data_len,
             direct,
+            cache,
+            cache_direct,
             net,
             net_links,
             own_net_links,

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use crate::cache::Spool;
 use crate::config::Config;
 use crate::dataset::Shard;
 use crate::engine::counters::Counters;
@@ -65,6 +66,10 @@ pub(crate) struct Shared {
     pub data_len: usize,
     /// Whether local shards are opened with O_DIRECT, and which were.
     pub direct: DirectIo,
+    /// The cache tier's writer, and through it the cache (`cache_dir`).
+    pub cache: Option<Spool>,
+    /// The same for cache entries (`cache_direct`).
+    pub cache_direct: DirectIo,
     pub net: NetOptions,
     /// The network threads' links (empty: workers receive their own HTTP
     /// ranges); worker `i` uses `net_links[i % len]`.

@@ -43,6 +43,8 @@ pub struct Stats {
     /// Local files opened so far with O_DIRECT, and buffered.
     pub local_files_direct: u64,
     pub local_files_buffered: u64,
+    /// How cache entries were read, as `local_reads` says of local files.
+    pub cache_reads: &'static str,
     /// Retries of network ranges, by failure kind.
     pub retries: std::collections::BTreeMap<&'static str, u64>,
     /// Why a preferred setting was not obtained (huge pages, mlock, io_uring...).
@@ -100,6 +102,18 @@ impl Loader {
             ..Counts::default()
         };
         sh.counters.fill(&mut c);
+        if let Some(spool) = &sh.cache {
+            let k = spool.cache().stats.snapshot();
+            c.cache_hits = k.hits;
+            c.cache_misses = k.misses;
+            c.cache_bytes = k.bytes_hit;
+            c.cache_written = k.written;
+            c.cache_bytes_written = k.bytes_written;
+            c.cache_evictions = k.evictions;
+            c.cache_corrupt = k.corrupt;
+            c.cache_stale = k.stale;
+            c.cache_uncached = k.uncached;
+        }
         Stats {
             counts: c,
             memory_kind: report.kind.name(),
@@ -114,6 +128,7 @@ impl Loader {
             local_reads: sh.direct.path_name(),
             local_files_direct: sh.direct.files().0,
             local_files_buffered: sh.direct.files().1,
+            cache_reads: sh.cache_direct.path_name(),
             retries,
             notes: {
                 let mut notes = self.setup.notes.clone();
@@ -121,6 +136,9 @@ impl Loader {
                 notes.extend(self.setup.fixed.as_ref().and_then(|f| f.refused()));
                 // Local files read buffered although direct was wanted.
                 notes.extend(sh.direct.note());
+                // Cache entries read buffered, or no more entries written.
+                notes.extend(sh.cache_direct.note().map(|n| format!("cache: {n}")));
+                notes.extend(sh.cache.as_ref().and_then(|s| s.cache().note()));
                 // CUDA refused the arena after open (`cuda_register` auto).
                 let refused = pool.arena().cuda_refused();
                 notes.extend(refused.map(crate::memory::cuda::not_registered));

@@ -11,14 +11,19 @@ use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use crate::cache::{Entry, Fill, Identity, SpoolFill};
 use crate::dataset::{Shard, Source};
 use crate::engine::assemble::{ShardSink, emit_ghost, emit_held};
 use crate::engine::shared::{Item, Shared};
 use crate::engine::shuffler::Shuffler;
 use crate::error::{Error, IoOp, Result};
-use crate::fetch::{Completion, ReadFail, ReadRequest, Reader, Target};
+use crate::fetch::direct::LocalFd;
+use crate::fetch::http_sync::HttpPool;
+use crate::fetch::{Completion, ReadFail, ReadRequest, Reader, Target, with_retries};
 use crate::memory::BatchBuilder;
 use crate::memory::ChunkRef;
+use crate::net::http::HttpObject;
+use crate::net::retry::Jitter;
 use crate::plan::{Segment, ShuffleBuffer};
 use crate::tar::TarWalk;
 
@@ -57,7 +62,39 @@ pub(crate) struct Worker<'a> {
     bytes_in: bool,
     /// The size of the last shard this worker read (0 before the first).
     last_size: u64,
+    /// Connections for the `HEAD`s that check a remote shard's version
+    /// against the cache (made at the first).
+    heads: Option<(HttpPool, Jitter)>,
 }
+
+/// What the cache tier does for one remote shard's read.
+enum Tier {
+    /// Nothing: no cache, a local shard, or read uncached.
+    None,
+    /// Read from the cache entry (`target` is its file, at `base`), each
+    /// read checked against the entry's block checksums; a read that
+    /// fails is read again from `net`, and so is the rest of the shard.
+    Hit {
+        entry: Entry,
+        id: Identity,
+        base: u64,
+        net: Target,
+        dropped: bool,
+    },
+    /// Read from the network and copied to a new entry in the background.
+    Fill(SpoolFill),
+}
+
+impl Tier {
+    /// Whether new reads go to the cache entry.
+    fn reads_entry(&self) -> bool {
+        matches!(self, Tier::Hit { dropped: false, .. })
+    }
+}
+
+/// A cache consultation's outcome: the tier, the entry's file when it is
+/// read, and the shard's size where known.
+type Consulted = (Tier, Option<(std::fs::File, LocalFd)>, Option<u64>);
 
 struct PendingRead {
     id: u64,
@@ -74,6 +111,8 @@ struct PendingRead {
     /// The shard's first read while its size is unknown: it may end early,
     /// and its completion says the size (`ReadRequest::open_end`).
     open_end: bool,
+    /// Read from a cache entry (checked before use), not the network.
+    cached: bool,
 }
 
 impl<'a> Worker<'a> {
@@ -88,6 +127,7 @@ impl<'a> Worker<'a> {
             next_read_id: 1,
             bytes_in: false,
             last_size: 0,
+            heads: None,
         }
     }
 
@@ -189,22 +229,40 @@ impl<'a> Worker<'a> {
         ghosts: Option<&[u64]>,
         epoch: u64,
     ) -> Result<()> {
-        // The file (when local) stays open until every read of it completed.
+        // The file (when local, or a cache entry) stays open until every
+        // read of it completed.
+        let mut tier = Tier::None;
         let (_file, target, size) = match &shard.source {
             Source::File(path) => {
                 let (file, fd, size) = self.shared.direct.open(path, self.shared.layout())?;
                 (Some(file), Target::File(fd), Some(size))
             }
-            // Unknown (`None`) for a remote shard the resolver did not
-            // size: its first read learns it.
-            Source::Http(obj) => (None, Target::Http(Arc::clone(obj)), shard.size),
+            Source::Http(obj) => {
+                let (tier_now, file, size) = self.consult_cache(shard, obj, seg);
+                tier = tier_now;
+                match file {
+                    Some((file, fd)) => (Some(file), Target::File(fd), size),
+                    // Unknown (`None`) for a remote shard the resolver did
+                    // not size: its first read learns it.
+                    None => (None, Target::Http(Arc::clone(obj)), size),
+                }
+            }
         };
         let mut pending: VecDeque<PendingRead> = VecDeque::new();
         // Reads still in flight write into their chunks: on every way out of
         // the shard, an error or a panic included, wait for them before the
         // chunks can go back to the pool (unwinding would drop `pending`).
         let result = catch_unwind(AssertUnwindSafe(|| {
-            self.shard_reads(&target, shard, seg, ghosts, size, epoch, &mut pending)
+            self.shard_reads(
+                &target,
+                shard,
+                seg,
+                ghosts,
+                size,
+                epoch,
+                &mut pending,
+                &mut tier,
+            )
         }));
         if result.is_err() {
             // A panic inside the backend's `submit` may have left that read
@@ -235,6 +293,7 @@ impl<'a> Worker<'a> {
         size: Option<u64>,
         epoch: u64,
         pending: &mut VecDeque<PendingRead>,
+        tier: &mut Tier,
     ) -> Result<()> {
         let sh = self.shared;
         let mut walk = TarWalk::new(sh.pool.arena().len() as u64);
@@ -249,12 +308,13 @@ impl<'a> Worker<'a> {
             ghosts,
             shard,
         );
-        let result = self.pump(target, shard, size, &mut walk, &mut sink, pending);
+        let result = self.pump(target, shard, size, &mut walk, &mut sink, pending, tier);
         self.builder = sink.builder;
         self.shuffle = sink.shuffle;
         result
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn pump(
         &mut self,
         target: &Target,
@@ -263,6 +323,7 @@ impl<'a> Worker<'a> {
         walk: &mut TarWalk,
         sink: &mut ShardSink<'_>,
         pending: &mut VecDeque<PendingRead>,
+        tier: &mut Tier,
     ) -> Result<()> {
         let sh = self.shared;
         let mut next_offset = 0u64;
@@ -330,25 +391,58 @@ impl<'a> Worker<'a> {
                     in_flight: false,
                     submitting: false,
                     open_end: size.is_none(),
+                    cached: tier.reads_entry(),
                 };
                 next_offset += len as u64;
                 pending.push_back(read);
                 let last = pending.len() - 1;
-                self.start_read(target, &mut pending[last], shard)?;
+                self.start_read(target, &mut pending[last], shard, tier)?;
             }
             let Some(front) = pending.front() else {
                 break;
             };
             if front.in_flight || front.done < front.len {
-                self.reap(target, pending, shard, &mut size)?;
+                self.reap(target, pending, shard, &mut size, tier)?;
                 continue;
             }
-            let read = pending.pop_front().expect("front exists");
+            let mut read = pending.pop_front().expect("front exists");
             // SAFETY: the read completed; its data region holds `len` bytes
             // that nothing else writes while this worker holds the chunk.
             let seg = unsafe {
                 std::slice::from_raw_parts(read.chunk.ptr().add(sh.slack).cast_const(), read.len)
             };
+            match tier {
+                Tier::Hit {
+                    entry, id, dropped, ..
+                } if read.cached => {
+                    if let Err(bad) = entry.check(read.offset, seg) {
+                        // Corrupt on disk: the entry goes, and this read
+                        // and the rest of the shard come from the network.
+                        if !*dropped {
+                            *dropped = true;
+                            if let Some(spool) = &sh.cache {
+                                spool.cache().drop_corrupt(id, &bad);
+                            }
+                        }
+                        read.cached = false;
+                        read.done = 0;
+                        pending.push_front(read);
+                        self.start_read(target, &mut pending[0], shard, tier)?;
+                        continue;
+                    }
+                    if let Some(spool) = &sh.cache {
+                        spool.cache().hit_bytes(read.len as u64);
+                    }
+                }
+                Tier::Fill(fill) => {
+                    // SAFETY: the chunk's clone keeps the data region alive,
+                    // and no one writes a data region once it is read.
+                    unsafe {
+                        fill.append(seg.as_ptr(), seg.len(), Box::new(read.chunk.clone()));
+                    }
+                }
+                _ => {}
+            }
             sink.segment = Some(read.chunk);
             walk.feed(seg, sink)?;
             sink.segment = None;
@@ -375,15 +469,123 @@ impl<'a> Worker<'a> {
         sh.counters
             .entries_skipped
             .fetch_add(counts.skipped, Ordering::Relaxed);
+        if let Tier::Fill(fill) = std::mem::replace(tier, Tier::None)
+            && size.is_some_and(|s| s == fill.queued())
+        {
+            // Read whole: the entry is complete, with the count learned.
+            fill.finish(Some(found));
+        }
         Ok(())
     }
 
-    fn start_read(&mut self, target: &Target, r: &mut PendingRead, shard: &Shard) -> Result<()> {
+    /// What the cache does for the remote shard `obj`: its `HEAD` gives
+    /// the size and version; a current entry is read instead of the
+    /// network (its file, O_DIRECT where it takes it); a shard read from
+    /// its start to its end without one is filled (unless another process
+    /// fills it: then it is waited for). Anything that keeps the cache from
+    /// serving (no version, no `HEAD`, an entry that will not open) reads
+    /// the shard as without a cache, and is counted.
+    fn consult_cache(&mut self, shard: &Shard, obj: &Arc<HttpObject>, seg: &Segment) -> Consulted {
         let sh = self.shared;
+        let Some(spool) = &sh.cache else {
+            return (Tier::None, None, shard.size);
+        };
+        let cache = spool.cache();
+        let stream = self.stream;
+        let (pool, jitter) = self.heads.get_or_insert_with(|| {
+            let seed = (std::process::id() as u64) << 32 ^ (stream as u64) << 8 ^ 0xcac4e;
+            (
+                HttpPool::new(sh.net.stall, Arc::clone(&sh.net.tls)),
+                Jitter::new(seed),
+            )
+        });
+        let head = with_retries(&sh.net, jitter, &obj.url, || pool.head_version(obj));
+        let (size, version) = match head {
+            Ok((size, Some(v))) => (size, v),
+            // No version to key an entry by, or no `HEAD` (a URL signed
+            // for GET only): the reads themselves say what is wrong, if
+            // anything.
+            Ok((size, None)) => {
+                cache.not_cached(&format!(
+                    "`{}` has no ETag or Last-Modified to key an entry by",
+                    shard.name
+                ));
+                return (Tier::None, None, Some(size));
+            }
+            Err(e) => {
+                cache.not_cached(&format!("no HEAD for `{}`: {e}", shard.name));
+                return (Tier::None, None, shard.size);
+            }
+        };
+        let id = Identity {
+            endpoint: format!(
+                "{}://{}:{}",
+                if obj.tls { "https" } else { "http" },
+                obj.host,
+                obj.port
+            ),
+            object: shard.name.clone(),
+            version,
+            offset: 0,
+            len: size,
+        };
+        let entry = match cache.lookup(&id) {
+            Some(e) => e,
+            // A segment that ends inside the shard reads part of it: it
+            // fills nothing.
+            None if seg.to.is_some() => return (Tier::None, None, Some(size)),
+            None => match cache.fill(&id, sh.net.stall) {
+                Fill::Hit(e) => e,
+                Fill::Write(filler) => {
+                    let tier = spool.take(filler, size).map_or(Tier::None, Tier::Fill);
+                    return (tier, None, Some(size));
+                }
+                Fill::Uncached(_) => return (Tier::None, None, Some(size)),
+            },
+        };
+        let path = cache.dir().join(id.file_name());
+        let opened = entry
+            .file
+            .try_clone()
+            .map_err(|e| Error::io(IoOp::Open, &path, &e))
+            .and_then(|f| sh.cache_direct.adopt(f, &path, sh.layout()));
+        let (file, fd) = match opened {
+            Ok((file, fd, _)) => (file, fd),
+            Err(e) => {
+                cache.not_cached(&e.to_string());
+                return (Tier::None, None, Some(size));
+            }
+        };
+        let base = entry.header.data_offset as u64;
+        let tier = Tier::Hit {
+            entry,
+            id,
+            base,
+            net: Target::Http(Arc::clone(obj)),
+            dropped: false,
+        };
+        (tier, Some((file, fd)), Some(size))
+    }
+
+    fn start_read(
+        &mut self,
+        target: &Target,
+        r: &mut PendingRead,
+        shard: &Shard,
+        tier: &Tier,
+    ) -> Result<()> {
+        let sh = self.shared;
+        // A cache entry's data starts at `base` of its file; a read taken
+        // back from a corrupt entry goes to the network.
+        let (target, base) = match tier {
+            Tier::Hit { base, .. } if r.cached => (target, *base),
+            Tier::Hit { net, .. } => (net, 0),
+            _ => (target, 0),
+        };
         let req = ReadRequest {
             id: r.id,
             target: target.clone(),
-            offset: r.offset + r.done as u64,
+            offset: base + r.offset + r.done as u64,
             // SAFETY: slack + done < slack + len <= chunk size.
             buf: unsafe { r.chunk.ptr().add(sh.slack + r.done) },
             len: r.len - r.done,
@@ -413,6 +615,7 @@ impl<'a> Worker<'a> {
         pending: &mut VecDeque<PendingRead>,
         shard: &Shard,
         size: &mut Option<u64>,
+        tier: &Tier,
     ) -> Result<()> {
         let mut done = std::mem::take(&mut self.completions);
         done.clear();
@@ -478,7 +681,7 @@ impl<'a> Worker<'a> {
             if !r.in_flight && r.done < r.len {
                 // In place: the read stays in `pending` (and its chunk with
                 // it) whatever `submit` does.
-                self.start_read(target, r, shard)?;
+                self.start_read(target, r, shard, tier)?;
             }
         }
         Ok(())

@@ -184,6 +184,17 @@ impl DirectIo {
     /// and its size.
     pub fn open(&self, path: &Path, layout: ChunkLayout) -> Result<(File, LocalFd, u64)> {
         let file = File::open(path).map_err(|e| Error::io(IoOp::Open, path, &e))?;
+        self.adopt(file, path, layout)
+    }
+
+    /// [`DirectIo::open`] for a file already open (`path` names it in
+    /// messages).
+    pub fn adopt(
+        &self,
+        file: File,
+        path: &Path,
+        layout: ChunkLayout,
+    ) -> Result<(File, LocalFd, u64)> {
         let fd = file.as_raw_fd();
         let st = file_statx(fd).map_err(|e| Error::io(IoOp::Stat, path, &e))?;
         let mut local = LocalFd { fd, align: 0 };

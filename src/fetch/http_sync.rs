@@ -268,6 +268,12 @@ impl HttpPool {
 
     /// The object's size, from a `HEAD` request, once.
     pub fn head(&mut self, obj: &HttpObject) -> Result<u64, Fail> {
+        self.head_version(obj).map(|(size, _)| size)
+    }
+
+    /// `HEAD`: the object's size and version (ETag, else Last-Modified;
+    /// `None` when the server gives neither).
+    pub fn head_version(&mut self, obj: &HttpObject) -> Result<(u64, Option<String>), Fail> {
         let req = http::head_request(obj)?;
         let (s, h, _) = self.exchange(obj, &req)?;
         if h.status >= 300 {
@@ -285,6 +291,6 @@ impl HttpPool {
         if h.keep_alive {
             self.put_back(obj, s);
         }
-        Ok(size)
+        Ok((size, h.version))
     }
 }

@@ -201,6 +201,9 @@ pub struct ResponseHead {
     /// False when the server says `Connection: close` (or speaks HTTP/1.0).
     pub keep_alive: bool,
     pub chunked: bool,
+    /// The object's version: its `ETag`, else its `Last-Modified` (what
+    /// keys a cache entry).
+    pub version: Option<String>,
     /// The first 200 bytes of an error body are not here: see `error_code`.
     pub reason: String,
 }
@@ -237,8 +240,10 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<ResponseHead>, String> {
         unsatisfied_total: None,
         keep_alive: r.version == Some(1),
         chunked: false,
+        version: None,
         reason: r.reason.unwrap_or("").to_string(),
     };
+    let mut modified = None;
     for hd in r.headers.iter() {
         let v = std::str::from_utf8(hd.value).unwrap_or("").trim();
         if hd.name.eq_ignore_ascii_case("content-length") {
@@ -259,7 +264,14 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<ResponseHead>, String> {
             }
         } else if hd.name.eq_ignore_ascii_case("transfer-encoding") {
             h.chunked = v.to_ascii_lowercase().contains("chunked");
+        } else if hd.name.eq_ignore_ascii_case("etag") && !v.is_empty() {
+            h.version = Some(format!("etag {v}"));
+        } else if hd.name.eq_ignore_ascii_case("last-modified") && !v.is_empty() {
+            modified = Some(format!("modified {v}"));
         }
+    }
+    if h.version.is_none() {
+        h.version = modified;
     }
     Ok(Some(h))
 }

@@ -185,6 +185,18 @@ fn respond(conn: &mut TcpStream, shared: &Shared, req: &request::Request) -> io:
     };
     let size = meta.len();
     let ctype = request::content_type(&path);
+    // A version for caches: nginx's ETag (modification time and size),
+    // the time to the nanosecond so a rewrite within a second shows.
+    let mtime = meta
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .unwrap_or_default();
+    let version = format!(
+        "ETag: \"{:x}-{size:x}\"\r\nLast-Modified: {}\r\n",
+        mtime.as_nanos(),
+        request::http_date(mtime.as_secs())
+    );
     let (status, start, len, range_line) = match request::choose_range(req.range.as_deref(), size) {
         RangeChoice::Full => (200, 0, size, String::new()),
         RangeChoice::Part { start, end } => (
@@ -210,7 +222,7 @@ fn respond(conn: &mut TcpStream, shared: &Shared, req: &request::Request) -> io:
     let head = request::response_head(
         status,
         len,
-        &format!("{range_line}Accept-Ranges: bytes\r\nContent-Type: {ctype}\r\n"),
+        &format!("{range_line}{version}Accept-Ranges: bytes\r\nContent-Type: {ctype}\r\n"),
         req.keep_alive,
         now_unix(),
     );

@@ -112,6 +112,8 @@ pub struct Faults {
     pub ignore_range: AtomicBool,
     /// Leave the object's size out of `Content-Range` (`bytes a-b/*`).
     pub hide_total: AtomicBool,
+    /// Send no ETag with HEAD responses (all requests).
+    pub no_version: AtomicBool,
     /// GET requests seen.
     pub gets: AtomicUsize,
     /// HEAD requests seen.
@@ -351,9 +353,18 @@ fn serve(mut conn: impl Read + Write, fd: i32, root: &std::path::Path, f: &Fault
         };
         if method == "HEAD" {
             f.heads.fetch_add(1, Ordering::SeqCst);
+            // A strong ETag from the content, as S3 gives: a rewritten
+            // object has another.
+            let etag = match f.no_version.load(Ordering::SeqCst) {
+                true => String::new(),
+                false => format!(
+                    "ETag: \"{:08x}\"\r\n",
+                    crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, &data)
+                ),
+            };
             let _ = write!(
                 conn,
-                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n",
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n{etag}\r\n",
                 data.len()
             );
             continue;
