@@ -22,8 +22,10 @@
 #   fill      the same with --config {"cache_dir": CACHE_DIR, ...}, CACHE_DIR
 #             emptied first: epoch 1 with cache writing. The process's exit
 #             includes the cache writer finishing (close waits for pending
-#             writes). The report must say every shard missed and was
-#             written, and CACHE_DIR must then hold SHARDS entries. The
+#             writes). The report must say every shard missed and none
+#             went uncached, and CACHE_DIR must then hold SHARDS entries
+#             (the report's cache_written is counted before close waits
+#             for the writer, so it may say fewer; it is printed). The
 #             write-back of what it left dirty in the page cache (`sync`
 #             right after the run) is timed apart and printed, outside the
 #             figure.
@@ -38,10 +40,24 @@
 #             one process), each reading its files one after the other; once
 #             for every J in FIO_JOBS (1 and 2). The reference is the one
 #             with the higher median GB/s in the run: the harder bar of the
-#             two, both are printed.
+#             two, both are printed. fio's buffers are 4 KiB pages and
+#             ringfeed's arena huge pages where it gets them (the summary
+#             says which): on a virtual disk that takes at most 254 segments
+#             a request, that alone makes ringfeed's O_DIRECT requests larger
+#             (README, local_vs_fio.sh COLD=1).
 # After a drop, the ringfeed and fio binaries and their libraries are read
 # back into memory (not the data), so a cold run times the data's reads and
 # not the loading of a 50 MB executable.
+# Before nocache and fill alike, a scratch file as big as the shards plus
+# 512 MiB is written into the cache's file system and deleted at once (no
+# disk I/O: its pages are never written back), untimed (PRIME_MEMORY). On
+# a VM whose balloon reports free memory to its host (virtio-balloon free
+# page reporting, as on the Firecracker dev VM), page-cache writes into
+# pages freed more than ~2 s earlier fault them back from the host: fio
+# writing 512 MiB buffered ran at 0.45-0.7 GB/s that way and at 8.5-10.5
+# GB/s into pages freed just before. Without the priming, fill would time
+# the host's page faults, depending on how long ago the round's previous
+# drop was, not the cache's writer.
 #
 # One warm-up run of each, not counted, fills the cache for round 1 (every
 # cached and fio run reads the entries of the latest fill). GB/s counts the
@@ -79,6 +95,8 @@
 #   WORKERS, CHUNK_SIZE, READS_IN_FLIGHT, MEMORY_BUDGET, IO_BACKEND
 #                   ringfeed flags; empty = ringfeed's default
 #   RINGFEED_ARGS   more ringfeed bench flags, word-split
+#   PRIME_MEMORY    1: write and delete the scratch file before nocache
+#                   and fill (above)             [1]
 #   KEEP_CACHE      1: leave CACHE_DIR in place at the end [0]
 #   OUT_DIR         raw JSON and commands        [benches/out/cache/<time>]
 #   STRICT          1: exit 1 when a target is missed [0]
@@ -110,6 +128,7 @@ READS_IN_FLIGHT=${READS_IN_FLIGHT:-}
 MEMORY_BUDGET=${MEMORY_BUDGET:-}
 IO_BACKEND=${IO_BACKEND:-}
 RINGFEED_ARGS=${RINGFEED_ARGS:-}
+PRIME_MEMORY=${PRIME_MEMORY:-1}
 KEEP_CACHE=${KEEP_CACHE:-0}
 OUT_DIR=${OUT_DIR:-benches/out/cache/$(date +%Y%m%d-%H%M%S)}
 STRICT=${STRICT:-0}
@@ -218,7 +237,7 @@ cleanup_cache() {
     fi
 }
 empty_cache
-mapfile -t ENTRIES < <(find "$CACHE_DIR" -maxdepth 1 -name '*.rfc' | sort)
+mapfile -t ENTRIES < <(find "$CACHE_DIR" -maxdepth 1 -name '[!.]*.rfc' | sort)
 [ -n "$CACHE_SIZE" ] || CACHE_SIZE="$(((DATA_BYTES * 2 + (1 << 30) - 1) >> 30))GiB"
 
 # --- 4. nginx ---------------------------------------------------------------
@@ -380,6 +399,9 @@ d = json.load(open(sys.argv[1]))
 s = d.get("stats", {})
 cache = {k: v for k, v in {**d, **s}.items() if "cache" in k and k != "cuda_registered"}
 print("  the report's cache fields:", json.dumps(cache))
+for n in s.get("notes", []):
+    if "cache" in n.lower():
+        print("  note:", n)
 EOF
 [ "$h" = 1 ] && [ "$m" = 0 ] ||
     die "one shard written then read again was not a cache hit (hits $h, misses $m; fields $CACHE_HITS, $CACHE_MISSES: see probe-2.json)"
@@ -391,7 +413,7 @@ rm -rf "$PROBE_DIR"
 # (fixedbufs, as ringfeed registers its arena). Sets FIO_CMD.
 fio_cmd() { # $1: jobs
     local j i names
-    mapfile -t ENTRIES < <(find "$CACHE_DIR" -maxdepth 1 -name '*.rfc' | sort)
+    mapfile -t ENTRIES < <(find "$CACHE_DIR" -maxdepth 1 -name '[!.]*.rfc' | sort)
     [ "${#ENTRIES[@]}" -gt 0 ] || die "no cache entries in $CACHE_DIR for fio"
     FIO_CMD=("$FIO" --output-format=json --thread --direct=1 --ioengine=io_uring
              --rw=read --bs="$FIO_BS" --iodepth="$FIO_IODEPTH" --fixedbufs=1
@@ -438,23 +460,47 @@ EOF
         echo "  WARNING: $res of the entries' bytes still cached before $1"
 }
 
+# Writes and deletes the scratch file (PRIME_MEMORY, in the header).
+# Appends "LABEL NS" (the time it took) to primed.txt.
+prime_memory() {
+    [ "$PRIME_MEMORY" = 1 ] || return 0
+    local t0 t1
+    t0=$(now_ns)
+    python3 - "$CACHE_DIR/.prime" $((DATA_BYTES + (512 << 20))) <<'EOF'
+import os, sys
+path, n = sys.argv[1], int(sys.argv[2])
+buf = b"\x5a" * (8 << 20)
+fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+try:
+    while n > 0:
+        n -= os.write(fd, buf[:min(n, len(buf))])
+finally:
+    os.close(fd)
+    os.unlink(path)
+EOF
+    t1=$(now_ns)
+    echo "$1 $((t1 - t0))" >>"$OUT_DIR/primed.txt"
+}
 run_nocache() {
     ensure_hot "$2"
+    prime_memory "$2"
     run_json "$1" "${NOCACHE_CMD[@]}"
 }
 run_fill() {
-    local t0 t1 m w n
+    local t0 t1 m w u n
     ensure_hot "$2"
     empty_cache
+    prime_memory "$2"
     run_json "$1" "${CACHE_CMD[@]}"
     t0=$(now_ns)
     sync
     t1=$(now_ns)
     echo "$2 $((t1 - t0))" >>"$OUT_DIR/writeback.txt"
-    read -r m w < <(fields "$1" "$CACHE_MISSES" "$CACHE_WRITTEN")
-    n=$(find "$CACHE_DIR" -maxdepth 1 -name '*.rfc' | wc -l)
-    echo "  fill: misses $m, written $w, $n entries in the cache, write-back after exit $(((t1 - t0) / 1000000)) ms"
+    read -r m w u < <(fields "$1" "$CACHE_MISSES" "$CACHE_WRITTEN" cache_uncached)
+    n=$(find "$CACHE_DIR" -maxdepth 1 -name '[!.]*.rfc' | wc -l)
+    echo "  fill: misses $m, written $w (when the report was taken), uncached $u, $n entries in the cache, write-back after exit $(((t1 - t0) / 1000000)) ms"
     [ "$m" = "$SHARDS" ] || die "fill: $m cache misses reported, expected $SHARDS ($1)"
+    [ "$u" = 0 ] || die "fill: $u shards read uncached (the report's notes say why: $1)"
     # Too little free space (cache_min_free, 10% by default) is the likely
     # cause of entries missing: say how much there is.
     [ "$n" = "$SHARDS" ] || die "fill: $n entries in $CACHE_DIR, expected $SHARDS" \
@@ -488,6 +534,7 @@ say "warm-up (one run of each, not counted; the fill leaves the cache for round 
 : >"$OUT_DIR/residency.txt"
 : >"$OUT_DIR/dropped.txt"
 : >"$OUT_DIR/writeback.txt"
+: >"$OUT_DIR/primed.txt"
 for who in "${WHO[@]}"; do
     echo "$who"
     "run_$who" "$OUT_DIR/warmup-$who.json" "warmup-$who"
@@ -551,6 +598,7 @@ def load(path):
                  cache={k: s.get(v, d.get(v)) for k, v in F.items()},
                  cache_fields={k: v for k, v in {**d, **s}.items()
                                if "cache" in k and k != "cuda_registered"},
+                 cache_notes=[n for n in s.get("notes", []) if "cache" in n.lower()],
                  stats=s)
     return f
 
@@ -600,6 +648,9 @@ for w in who:
     g, c = stat(w, "gbs"), stat(w, "cpu")
     print(f"  {names[w]:<32} {g[0]:>6.3f} [{g[1]:.3f}-{g[2]:.3f}] {c[0]:>7.3f} [{c[1]:.3f}-{c[2]:.3f}]"
           f" {stat(w, 'own_gbs')[0]:>8.3f} {stat(w, 'own_cpu')[0]:>10.3f} {stat(w, 'wall')[0]:>7.3f}")
+primed = [int(line.split()[1]) / 1e9 for line in open(f"{out}/primed.txt")]
+if primed:
+    print(f"  memory primed before each nocache and fill (PRIME_MEMORY): {min(primed):.2f}-{max(primed):.2f} s a time, untimed")
 wb = [x["writeback_s"] for x in rows]
 print(f"  write-back (sync) right after each fill, outside its figure: median {med(wb):.2f} s "
       f"[{min(wb):.2f}-{max(wb):.2f}]")
@@ -607,11 +658,19 @@ fill_c, cached_c = rows[0]["fill"]["cache"], rows[0]["cached"]["cache"]
 print(f"  fill report (round 1): hits {fill_c['hits']}, misses {fill_c['misses']}, written {fill_c['written']}; "
       f"cached report: hits {cached_c['hits']}, misses {cached_c['misses']}, "
       f"bytes from the cache {cached_c['bytes']} (shards {data})")
-print(f"  cached run's cache fields: {json.dumps(rows[0]['cached']['cache_fields'])}")
+for w in ("fill", "cached"):
+    print(f"  {w} run's cache fields (round 1): {json.dumps(rows[0][w]['cache_fields'])}")
+notes = sorted({n for x in rows for w in ("fill", "cached") for n in x[w]["cache_notes"]})
+for n in notes:
+    print(f"  note from ringfeed: {n}")
 print(f"  http requests a run: nocache {rows[0]['nocache']['requests']}, fill {rows[0]['fill']['requests']}, "
       f"cached {rows[0]['cached']['requests']}")
 print(f"  fio reads {rows[0][ref]['read_bytes']} B of the {entry_bytes} B of entry files "
-      f"({rows[0][ref]['read_bytes'] / data:.4f} x the shards' bytes: whole {'blocks'} only)")
+      f"({rows[0][ref]['read_bytes'] / data:.4f} x the shards' bytes: whole blocks only)")
+st = rows[0]["cached"]["stats"]
+MiB = 1 << 20
+print(f"  ringfeed (cached run): {st['workers']} workers, {st['io_backend']}, chunk {st['chunk_size'] // MiB} MiB, "
+      f"arena {st['arena_bytes'] // MiB} MiB in {st['memory_kind']} memory, cache reads {st.get('cache_reads', '?')}")
 res = [v for x in rows for v in x["resident_after_drop"].values()]
 print(f"  page cache before each cold run ({drop_how}): entries resident at most {max(res):.4f}")
 print(f"  fio reference: {names[ref]} (the higher median of {', '.join(fios)})")
