@@ -20,17 +20,23 @@
 #             shards are kept hot in nginx's page cache (checked before the
 #             run), so the network path is what is timed.
 #   fill      the same with --config {"cache_dir": CACHE_DIR, ...}, CACHE_DIR
-#             emptied first: epoch 1 with cache writing. The process's exit
-#             includes the cache writer finishing (close waits for pending
-#             writes). The report must say every shard missed and none
-#             went uncached, and CACHE_DIR must then hold SHARDS entries
-#             (the report's cache_written is counted before close waits
-#             for the writer, so it may say fewer; it is printed). The
-#             write-back of what it left dirty in the page cache (`sync`
-#             right after the run) is timed apart and printed, outside the
-#             figure.
-#   cached    the page cache dropped (sync; echo 3 > /proc/sys/vm/drop_caches,
-#             checked with fincore on the entries), then the same command
+#             emptied first: epoch 1 with cache writing, as configured by
+#             default (`cache_fill` "spare": a shard whose pieces find the
+#             cache writer behind is left for a later epoch to fill, so the
+#             reads never wait for the disk). The process's exit includes
+#             the cache writer finishing (close waits for pending writes).
+#             The report must say every shard missed; how many entries it
+#             wrote is printed. The write-back of what it left dirty in the
+#             page cache (`sync` right after the run) is timed apart and
+#             printed, outside the figure.
+#   fillall   the same with `cache_fill` "always": every shard written, the
+#             reads waiting for the disk when it is slower than the network
+#             (CACHE_DIR must then hold SHARDS entries). No target: it shows
+#             what writing everything costs on this disk.
+#   cached    untimed, a run with `cache_fill` "always" completes the cache
+#             (only the shards a spare fill left out are fetched); then the
+#             page cache dropped (sync; echo 3 > /proc/sys/vm/drop_caches,
+#             checked with fincore on the entries), and the fill command
 #             again: every shard must be a cache hit (the run dies otherwise),
 #             its bytes read from the cache disk (after a HEAD each).
 #   fioJ      the page cache dropped the same way, then fio reading the entry
@@ -336,10 +342,12 @@ RF_FLAGS=(--json --epochs 1)
 [ -n "$RINGFEED_ARGS" ] && RF_FLAGS+=($RINGFEED_ARGS)
 # The cache's keys, as one JSON object (json.dumps quotes the path).
 cache_config() { # $1: the directory
-    python3 - "$1" "$CACHE_SIZE" "$CACHE_MIN_FREE" "$CACHE_DIRECT" <<'EOF'
+    python3 - "$1" "$CACHE_SIZE" "$CACHE_MIN_FREE" "$CACHE_DIRECT" ${2:+"$2"} <<'EOF'
 import json, sys
 d, size, min_free, direct = sys.argv[1:5]
 c = {"cache_dir": d, "cache_size": size}
+if len(sys.argv) > 5:
+    c["cache_fill"] = sys.argv[5]
 if min_free:
     c["cache_min_free"] = min_free
 if direct:
@@ -350,6 +358,7 @@ EOF
 CACHE_CONFIG=$(cache_config "$CACHE_DIR")
 NOCACHE_CMD=("$RF" bench "$HTTP_URL" "${RF_FLAGS[@]}")
 CACHE_CMD=("$RF" bench "$HTTP_URL" "${RF_FLAGS[@]}" --config "$CACHE_CONFIG")
+ALWAYS_CMD=("$RF" bench "$HTTP_URL" "${RF_FLAGS[@]}" --config "$(cache_config "$CACHE_DIR" always)")
 
 # The report's names for the cache's figures (in "stats", or at the top).
 CACHE_HITS=cache_hits
@@ -486,20 +495,26 @@ run_nocache() {
     prime_memory "$2"
     run_json "$1" "${NOCACHE_CMD[@]}"
 }
-run_fill() {
-    local t0 t1 m w u n
-    ensure_hot "$2"
+run_fill() { fill_with "$1" "$2" spare "${CACHE_CMD[@]}"; }
+run_fillall() { fill_with "$1" "$2" always "${ALWAYS_CMD[@]}"; }
+fill_with() { # $1 out, $2 label, $3 mode, the rest: the command
+    local out=$1 label=$2 mode=$3 t0 t1 m w u n
+    shift 3
+    ensure_hot "$label"
     empty_cache
-    prime_memory "$2"
-    run_json "$1" "${CACHE_CMD[@]}"
+    prime_memory "$label"
+    run_json "$out" "$@"
+    set -- "$out" "$label"
     t0=$(now_ns)
     sync
     t1=$(now_ns)
     echo "$2 $((t1 - t0))" >>"$OUT_DIR/writeback.txt"
     read -r m w u < <(fields "$1" "$CACHE_MISSES" "$CACHE_WRITTEN" cache_uncached)
     n=$(find "$CACHE_DIR" -maxdepth 1 -name '[!.]*.rfc' | wc -l)
-    echo "  fill: misses $m, written $w (when the report was taken), uncached $u, $n entries in the cache, write-back after exit $(((t1 - t0) / 1000000)) ms"
+    echo "  fill ($mode): misses $m, written $w (when the report was taken), uncached $u, $n entries in the cache, write-back after exit $(((t1 - t0) / 1000000)) ms"
+    echo "$2 $n" >>"$OUT_DIR/entries.txt"
     [ "$m" = "$SHARDS" ] || die "fill: $m cache misses reported, expected $SHARDS ($1)"
+    [ "$mode" = always ] || return 0
     [ "$u" = 0 ] || die "fill: $u shards read uncached (the report's notes say why: $1)"
     # Too little free space (cache_min_free, 10% by default) is the likely
     # cause of entries missing: say how much there is.
@@ -507,8 +522,14 @@ run_fill() {
         "(its file system has $(df --output=pcent "$CACHE_DIR" | tail -1 | tr -d ' ') used;" \
         "cache_min_free: ${CACHE_MIN_FREE:-default}; see $1 and $1.stderr)"
 }
+# Completes the cache a spare fill left partial (untimed): the cached and
+# fio runs read every shard's entry.
+complete_cache() {
+    "${ALWAYS_CMD[@]}" >"$1.complete" 2>&1 || die "completing the cache failed: $1.complete"
+}
 run_cached() {
     local h m b
+    complete_cache "$1"
     drop_cache "$2"
     run_json "$1" "${CACHE_CMD[@]}"
     read -r h m b < <(fields "$1" "$CACHE_HITS" "$CACHE_MISSES" "$CACHE_BYTES")
@@ -517,7 +538,7 @@ run_cached() {
         die "cached: every shard must be a cache hit: hits $h, misses $m, of $SHARDS ($1)"
 }
 for J in $FIO_JOBS; do
-    eval "run_fio$J() { drop_cache \"\$2\"; fio_cmd $J; run_json \"\$1\" \"\${FIO_CMD[@]}\"; }"
+    eval "run_fio$J() { complete_cache \"\$1\"; drop_cache \"\$2\"; fio_cmd $J; run_json \"\$1\" \"\${FIO_CMD[@]}\"; }"
 done
 
 {
@@ -527,13 +548,14 @@ done
     show "${CACHE_CMD[@]}"
 } >>"$CMDS"
 
-WHO=(nocache fill cached)
+WHO=(nocache fill fillall cached)
 for J in $FIO_JOBS; do WHO+=("fio$J"); done
 
 say "warm-up (one run of each, not counted; the fill leaves the cache for round 1)"
 : >"$OUT_DIR/residency.txt"
 : >"$OUT_DIR/dropped.txt"
 : >"$OUT_DIR/writeback.txt"
+: >"$OUT_DIR/entries.txt"
 : >"$OUT_DIR/primed.txt"
 for who in "${WHO[@]}"; do
     echo "$who"
@@ -637,6 +659,7 @@ for i, row in enumerate(rows, 1):
           f" {row['cached']['gbs'] / row[ref]['gbs']:>12.3f} {row['writeback_s']:>7.2f}")
 
 names = {"nocache": "ringfeed http, no cache", "fill": "ringfeed http, cache writing",
+         "fillall": "ringfeed http, cache writing all",
          "cached": "ringfeed from the cache, cold"}
 for w in fios:
     j = w[3:]
@@ -652,6 +675,10 @@ primed = [int(line.split()[1]) / 1e9 for line in open(f"{out}/primed.txt")]
 if primed:
     print(f"  memory primed before each nocache and fill (PRIME_MEMORY): {min(primed):.2f}-{max(primed):.2f} s a time, untimed")
 wb = [x["writeback_s"] for x in rows]
+ent = dict(line.split() for line in open(f"{out}/entries.txt"))
+spare_n = [int(ent[f"{r}-fill"]) for r in range(1, rounds + 1)]
+print(f"  entries written by the spare fill: {' '.join(map(str, spare_n))} of {rows[0]['fill']['cache']['misses']} "
+      f"(the rest is filled by a later epoch)")
 print(f"  write-back (sync) right after each fill, outside its figure: median {med(wb):.2f} s "
       f"[{min(wb):.2f}-{max(wb):.2f}]")
 fill_c, cached_c = rows[0]["fill"]["cache"], rows[0]["cached"]["cache"]
@@ -696,6 +723,7 @@ target("cached_vs_fio_gbs", "cached", ref, 0.9)
 for w in fios:
     if w != ref:
         info(f"cached_vs_{w}_gbs", "cached", w, "gbs")
+info("fillall_vs_nocache_gbs", "fillall", "nocache", "gbs")
 info("fill_vs_nocache_cpu", "fill", "nocache", "cpu")
 info("cached_vs_fio_cpu", "cached", ref, "cpu")
 # Own clocks leave out each process's start-up and exit (fio's is ~0.2 s

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use ringfeed::cache::{Cache, CacheOptions, Fill, Identity, MinFree, Spool};
+use ringfeed::cache::{Cache, CacheOptions, Fill, FillMode, Identity, MinFree, Spool};
 use ringfeed::synth::{self, GenOptions};
 use ringfeed::{Config, Loader, Stats};
 use support::{Server, stream};
@@ -46,6 +46,9 @@ fn config(urls: &[String], cache: &Path, extra: serde_json::Value) -> Config {
     m.insert("workers".into(), serde_json::json!(2));
     m.insert("cache_dir".into(), serde_json::json!(cache));
     m.insert("cache_min_free".into(), serde_json::json!(0));
+    // Every shard read whole is written (the default writes only with the
+    // disk's spare bandwidth, which a loaded machine may not have).
+    m.insert("cache_fill".into(), serde_json::json!("always"));
     if let serde_json::Value::Object(e) = extra {
         m.extend(e);
     }
@@ -499,11 +502,11 @@ fn a_disk_that_fills_stops_caching_and_the_job_goes_on() {
         panic!("the first fill was not given");
     };
     std::fs::write(fs.path().join("ballast"), vec![7u8; 700_000]).unwrap();
-    let spool = Spool::start(Arc::clone(&cache)).unwrap();
+    let spool = Spool::start(Arc::clone(&cache), FillMode::Always).unwrap();
     let mut fill = spool.take(filler, id.len).unwrap();
     let bytes = vec![1u8; 600_000];
     // SAFETY: `bytes` outlives the spool, which is dropped (joined) below.
-    unsafe { fill.append(bytes.as_ptr(), bytes.len(), Box::new(())) };
+    assert!(unsafe { fill.append(bytes.as_ptr(), bytes.len(), Box::new(())) });
     fill.finish(Some(1));
     drop(spool);
     let note = cache.note().expect("a note");
@@ -644,7 +647,10 @@ fn s3_shards_are_cached_by_their_etag() {
     };
     let first = run(cfg(), 52);
     assert_eq!(first.cache_misses, SHARDS as u64, "{:?}", first.notes);
-    assert_eq!(first.cache_written, SHARDS as u64, "close waits for the writes");
+    assert_eq!(
+        first.cache_written, SHARDS as u64,
+        "close waits for the writes"
+    );
     assert_eq!(first.cache_bytes_written, bytes);
     let gets = s3.requests(Op::GetObject);
     assert!(gets > 0);

@@ -424,7 +424,7 @@ fn a_cached_run_reads_from_disk_and_its_counts_become_a_manifest() {
     let urls = format!("{}shard-{{000000..000002}}.tar", url.trim());
     let cache = tempfile::tempdir().unwrap();
     let c = cache.path().to_str().unwrap();
-    let cfg = format!(r#"{{"cache_dir": "{c}", "cache_min_free": 0}}"#);
+    let cfg = format!(r#"{{"cache_dir": "{c}", "cache_min_free": 0, "cache_fill": "always"}}"#);
     let run = || -> serde_json::Value {
         let out = ok(&[
             "bench",

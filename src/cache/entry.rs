@@ -28,7 +28,7 @@
 //! ```
 
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use crc_fast::{CrcAlgorithm, Digest, checksum};
@@ -334,6 +334,11 @@ fn read_full_at(file: &File, buf: &mut [u8], at: u64) -> std::io::Result<usize> 
 /// [`finish`]: Writer::finish
 pub struct Writer {
     file: File,
+    /// The same file opened with O_DIRECT, where the file system takes
+    /// it: whole aligned pieces go there, from the caller's memory to the
+    /// disk without a copy into the page cache (which would cost the CPU
+    /// what receiving the bytes did, and evict what others cache).
+    direct: Option<File>,
     tmp: PathBuf,
     path: PathBuf,
     text: String,
@@ -356,8 +361,14 @@ impl Writer {
             .create(true)
             .truncate(true)
             .open(&tmp)?;
+        let direct = OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&tmp)
+            .ok();
         Ok(Writer {
             file,
+            direct,
             tmp,
             path: dir.join(id.file_name()),
             data_offset: data_offset(text.len()) as u64,
@@ -384,8 +395,24 @@ impl Writer {
                 self.len
             )));
         }
-        self.file
-            .write_all_at(bytes, self.data_offset + self.written)?;
+        let at = self.data_offset + self.written;
+        let aligned = |n: u64| n % DATA_ALIGN as u64 == 0;
+        match &self.direct {
+            Some(d)
+                if aligned(at) && aligned(bytes.len() as u64) && aligned(bytes.as_ptr() as u64) =>
+            {
+                if let Err(e) = d.write_all_at(bytes, at) {
+                    // Refused after all (an alignment past 4096): buffered
+                    // from here on.
+                    if e.raw_os_error() != Some(libc::EINVAL) {
+                        return Err(e);
+                    }
+                    self.direct = None;
+                    self.file.write_all_at(bytes, at)?;
+                }
+            }
+            _ => self.file.write_all_at(bytes, at)?,
+        }
         while !bytes.is_empty() {
             let in_block = (self.written % BLOCK as u64) as usize;
             let take = (BLOCK - in_block).min(bytes.len());

@@ -22,7 +22,7 @@ pub mod entry;
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -231,7 +231,7 @@ impl Cache {
     }
 
     /// Counts a shard read uncached for want of a version, a `HEAD` or an
-    /// entry that opens (`why`).
+    /// entry that opens, or because its fill was abandoned (`why`).
     pub fn not_cached(&self, why: &str) {
         self.skipped(why);
     }
@@ -517,18 +517,37 @@ enum Job {
 struct FillSlot {
     filler: Mutex<Option<Box<Filler>>>,
     len: u64,
+    /// The reader gave up on it (the spool was behind): its queued pieces
+    /// are skipped and its filler dropped.
+    abandoned: std::sync::atomic::AtomicBool,
+}
+
+/// Whether filling may hold the reads up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FillMode {
+    /// Only with the disk's spare bandwidth: a piece that finds the
+    /// spool's queue full abandons its shard's fill (a later read fills
+    /// it), so the reads never wait for the disk.
+    Spare,
+    /// Every shard read whole is written: a reader ahead of the disk waits
+    /// for it.
+    Always,
 }
 
 /// The background writer of a cache's fills: one thread, fed through a
-/// bounded queue (a reader that gets ahead of the disk by `DEPTH` pieces
-/// waits for it, so what it holds for the spool stays bounded).
+/// bounded queue of `DEPTH` pieces (what it holds of the readers' memory
+/// stays bounded).
 pub struct Spool {
     cache: Arc<Cache>,
+    mode: FillMode,
+    /// Fills under way, and how many may be (see [`Spool::admits`]).
+    fills: Arc<FillCount>,
     tx: Option<mpsc::SyncSender<Job>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-/// Pieces queued for the spool before an append waits.
+/// Pieces queued for the spool: 8 chunks of 8 MiB is 64 MiB, about 25 ms
+/// of a fast NVMe drive's writes.
 const DEPTH: usize = 8;
 
 /// A fill handed to the spool: append pieces in order, then finish;
@@ -536,11 +555,25 @@ const DEPTH: usize = 8;
 pub struct SpoolFill {
     slot: Arc<FillSlot>,
     tx: mpsc::SyncSender<Job>,
+    mode: FillMode,
+    fills: Arc<FillCount>,
     written: u64,
 }
 
+/// The spare fills' admission: how many are under way, and the limit,
+/// which grows by one with each fill completed and halves when one is
+/// given up (so it settles near what the disk keeps up with).
+#[derive(Debug)]
+struct FillCount {
+    under_way: AtomicUsize,
+    limit: AtomicUsize,
+}
+
+/// The most spare fills under way at once.
+const MAX_FILLS: usize = 16;
+
 impl Spool {
-    pub fn start(cache: Arc<Cache>) -> std::io::Result<Spool> {
+    pub fn start(cache: Arc<Cache>, mode: FillMode) -> std::io::Result<Spool> {
         let (tx, rx) = mpsc::sync_channel::<Job>(DEPTH);
         let c = Arc::clone(&cache);
         let thread = std::thread::Builder::new()
@@ -548,6 +581,11 @@ impl Spool {
             .spawn(move || spool_main(&c, rx))?;
         Ok(Spool {
             cache,
+            mode,
+            fills: Arc::new(FillCount {
+                under_way: AtomicUsize::new(0),
+                limit: AtomicUsize::new(1),
+            }),
             tx: Some(tx),
             thread: Some(thread),
         })
@@ -569,33 +607,70 @@ impl Spool {
         }
     }
 
+    /// Whether a new fill may start: always under [`FillMode::Always`];
+    /// under [`FillMode::Spare`] while fewer are under way than the limit,
+    /// which starts at one, grows by one with each fill completed and
+    /// halves when a fill is given up (its pieces found the queue full).
+    /// Readers each fill one shard at their own pace, so the limit settles
+    /// near the number of readers whose pace the disk keeps up with, and
+    /// few fills are given up midway (each wastes the writes made for it).
+    pub fn admits(&self) -> bool {
+        // Relaxed: a hint; the queue's own bound is what holds.
+        self.mode == FillMode::Always
+            || self.fills.under_way.load(Ordering::Relaxed)
+                < self.fills.limit.load(Ordering::Relaxed)
+    }
+
     /// Hands a fill to the spool.
     pub fn take(&self, filler: Box<Filler>, len: u64) -> Option<SpoolFill> {
+        let tx = self.tx.clone()?;
+        // Relaxed: admission counts, hints only.
+        self.fills.under_way.fetch_add(1, Ordering::Relaxed);
         Some(SpoolFill {
             slot: Arc::new(FillSlot {
                 filler: Mutex::new(Some(filler)),
                 len,
+                abandoned: std::sync::atomic::AtomicBool::new(false),
             }),
-            tx: self.tx.clone()?,
+            tx,
+            mode: self.mode,
+            fills: Arc::clone(&self.fills),
             written: 0,
         })
     }
 }
 
 impl SpoolFill {
-    /// Queues the next `len` bytes at `ptr`.
+    /// Queues the next `len` bytes at `ptr`. False when the fill is
+    /// abandoned: under [`FillMode::Spare`] the queue was full (the disk is
+    /// behind the reads), or the spool is gone; `hold` is dropped then.
     ///
     /// # Safety
     /// `hold` keeps `ptr..ptr + len` alive and unwritten until it is
     /// dropped.
-    pub unsafe fn append(&mut self, ptr: *const u8, len: usize, hold: Box<dyn Send>) {
-        self.written += len as u64;
+    pub unsafe fn append(&mut self, ptr: *const u8, len: usize, hold: Box<dyn Send>) -> bool {
         let piece = Piece {
             ptr,
             len,
             _hold: hold,
         };
-        let _ = self.tx.send(Job::Append(Arc::clone(&self.slot), piece));
+        let job = Job::Append(Arc::clone(&self.slot), piece);
+        let sent = match self.mode {
+            FillMode::Always => self.tx.send(job).is_ok(),
+            FillMode::Spare => self.tx.try_send(job).is_ok(),
+        };
+        if sent {
+            self.written += len as u64;
+        } else {
+            // Relaxed: admission hints.
+            let l = &self.fills.limit;
+            let _ = l.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                Some((n / 2).max(1))
+            });
+            // Relaxed: the spool only skips work by it.
+            self.slot.abandoned.store(true, Ordering::Relaxed);
+        }
+        sent
     }
 
     /// Bytes queued so far.
@@ -607,11 +682,18 @@ impl SpoolFill {
     /// written.
     pub fn finish(self, samples: Option<u64>) {
         let _ = self.tx.send(Job::Finish(Arc::clone(&self.slot), samples));
+        // Relaxed: admission hints.
+        let l = &self.fills.limit;
+        let _ = l.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+            Some((n + 1).min(MAX_FILLS))
+        });
     }
 }
 
 impl Drop for SpoolFill {
     fn drop(&mut self) {
+        // Relaxed: admission hints.
+        self.fills.under_way.fetch_sub(1, Ordering::Relaxed);
         // Finished or not, the slot's filler goes with the last job; an
         // unfinished one is dropped there (its temporary file removed).
         // Pieces already queued are skipped once the slot is empty.
@@ -630,6 +712,9 @@ fn spool_main(cache: &Cache, rx: mpsc::Receiver<Job>) {
         match job {
             Job::Append(slot, piece) => {
                 let mut f = slot.filler.lock().unwrap_or_else(|p| p.into_inner());
+                if slot.abandoned.load(Ordering::Relaxed) {
+                    f.take();
+                }
                 let Some(filler) = f.as_mut() else {
                     continue;
                 };
@@ -665,5 +750,101 @@ impl Drop for Spool {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cache(dir: &Path) -> Arc<Cache> {
+        Arc::new(Cache::open(CacheOptions {
+            dir: dir.to_path_buf(),
+            size: 1 << 30,
+            min_free: MinFree::Bytes(0),
+        }))
+    }
+
+    fn id(object: &str, len: u64) -> Identity {
+        Identity {
+            endpoint: "http://127.0.0.1:1".into(),
+            object: object.into(),
+            version: "etag \"v\"".into(),
+            offset: 0,
+            len,
+        }
+    }
+
+    #[test]
+    fn a_spare_fill_gives_up_when_the_writer_is_behind_and_leaves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = cache(dir.path());
+        let spool = Spool::start(Arc::clone(&c), FillMode::Spare).unwrap();
+        let piece = vec![5u8; 4096];
+        assert!(spool.admits());
+        let Fill::Write(f) = c.fill(&id("a", 4096 * 40), Duration::from_secs(1)) else {
+            panic!("no fill");
+        };
+        let mut fill = spool.take(f, 4096 * 40).unwrap();
+        // One fill at a time until one completes.
+        assert!(!spool.admits());
+        // The writer stalls on this fill's first piece (as on a slow disk):
+        // its lock is held here.
+        let slot = Arc::clone(&fill.slot);
+        let stall = slot.filler.lock().unwrap();
+        let mut queued = 0;
+        let gave_up = loop {
+            // SAFETY: `piece` outlives the spool (flushed below).
+            if !unsafe { fill.append(piece.as_ptr(), piece.len(), Box::new(())) } {
+                break queued;
+            }
+            queued += 1;
+            assert!(queued <= DEPTH + 1, "the queue never filled");
+        };
+        // The queue, and the piece the writer holds, and no more: the
+        // reader never waited.
+        assert!((DEPTH..=DEPTH + 1).contains(&gave_up), "{gave_up}");
+        drop(stall);
+        drop(slot);
+        drop(fill);
+        spool.flush();
+        assert!(spool.admits());
+        assert_eq!(spool.fills.limit.load(Ordering::Relaxed), 1);
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+            .filter(|n| !n.ends_with(".lock") && n != ".evict")
+            .collect();
+        assert!(names.is_empty(), "{names:?}");
+        // The next fill of the same shard is given again.
+        assert!(matches!(
+            c.fill(&id("a", 4096 * 40), Duration::from_secs(1)),
+            Fill::Write(_)
+        ));
+    }
+
+    #[test]
+    fn an_always_fill_waits_for_the_writer_and_completes() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = cache(dir.path());
+        let spool = Spool::start(Arc::clone(&c), FillMode::Always).unwrap();
+        let n = 4 * DEPTH;
+        let piece = vec![9u8; 4096];
+        let k = id("b", (4096 * n) as u64);
+        let Fill::Write(f) = c.fill(&k, Duration::from_secs(1)) else {
+            panic!("no fill");
+        };
+        let mut fill = spool.take(f, k.len).unwrap();
+        for _ in 0..n {
+            // SAFETY: `piece` outlives the spool (flushed below).
+            assert!(unsafe { fill.append(piece.as_ptr(), piece.len(), Box::new(())) });
+        }
+        fill.finish(Some(3));
+        spool.flush();
+        assert_eq!(spool.fills.limit.load(Ordering::Relaxed), 2);
+        assert_eq!(c.count(&k), Some(3));
+        assert_eq!(c.stats.snapshot().written, 1);
+        let e = c.lookup(&k).expect("the entry");
+        assert_eq!(e.read_all().unwrap().unwrap(), vec![9u8; 4096 * n]);
     }
 }

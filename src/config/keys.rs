@@ -10,12 +10,12 @@ use std::path::PathBuf;
 use serde_json::Value;
 
 use super::values::{
-    attempts, boolean, checksum, cpu_list, endpoint, file_path, integer, io_backend, memory_kind,
-    min_free, node_mode, numa_node, positive, positive_size, region, remainder, resume_states,
-    secret, size, text, toggle, urls,
+    attempts, boolean, checksum, cpu_list, endpoint, file_path, fill_mode, integer, io_backend,
+    memory_kind, min_free, node_mode, numa_node, positive, positive_size, region, remainder,
+    resume_states, secret, size, text, toggle, urls,
 };
 use super::{Checksum, IoBackend, NodeMode, Toggle};
-use crate::cache::MinFree;
+use crate::cache::{FillMode, MinFree};
 use crate::error::{Error, Result};
 use crate::memory::MemoryKind;
 use crate::net::s3::S3Config;
@@ -328,6 +328,14 @@ config_keys! {
     // JuiceFS's default free-space ratio: room for the job's own
     // checkpoints and logs on the same disk.
     cache_min_free: MinFree = MinFree::Fraction(0.1) => min_free(key, v)?;
+
+    /// When remote shards are written to the cache: `"spare"` only with
+    /// the disk's spare bandwidth (a shard whose pieces find the writer
+    /// behind is left for a later read to fill, so reads never wait for
+    /// the disk), `"always"` every shard read whole (reads wait for a disk
+    /// slower than the network).
+    // Spare: the cache must never slow the epoch that fills it.
+    cache_fill: FillMode = FillMode::Spare => fill_mode(key, v)?;
 
     /// Read cache entries with O_DIRECT: `On` wherever the file system
     /// takes it (others buffered, said in the notes), `Off` never, `Auto`

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
-use crate::cache::MinFree;
+use crate::cache::{FillMode, MinFree};
 use crate::error::{Error, Result};
 use crate::memory::MemoryKind;
 pub use crate::net::s3::upload::Checksum;
@@ -210,6 +210,13 @@ pub(super) fn size(key: &str, v: &Value) -> Result<u64> {
             other,
         )),
     }
+}
+
+pub(super) fn fill_mode(key: &str, v: &Value) -> Result<FillMode> {
+    Ok(match choice(key, v, &["spare", "always"])? {
+        "spare" => FillMode::Spare,
+        _ => FillMode::Always,
+    })
 }
 
 /// A size above 0.

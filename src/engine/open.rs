@@ -278,7 +278,7 @@ impl Loader {
                 None
             }
             Some(o) => Some(
-                Spool::start(Arc::new(Cache::open(o)))
+                Spool::start(Arc::new(Cache::open(o)), cfg.cache_fill)
                     .map_err(|e| Error::Internal(format!("cannot start the cache writer: {e}")))?,
             ),
             None => None,

@@ -437,8 +437,18 @@ impl<'a> Worker<'a> {
                 Tier::Fill(fill) => {
                     // SAFETY: the chunk's clone keeps the data region alive,
                     // and no one writes a data region once it is read.
-                    unsafe {
-                        fill.append(seg.as_ptr(), seg.len(), Box::new(read.chunk.clone()));
+                    let queued = unsafe {
+                        fill.append(seg.as_ptr(), seg.len(), Box::new(read.chunk.clone()))
+                    };
+                    if !queued {
+                        *tier = Tier::None;
+                        if let Some(spool) = &sh.cache {
+                            spool.cache().not_cached(&format!(
+                                "`{}`: the disk fell behind the reads (`cache_fill` \"spare\"); \
+                                 a later read fills it",
+                                shard.name
+                            ));
+                        }
                     }
                 }
                 _ => {}
@@ -523,6 +533,14 @@ impl<'a> Worker<'a> {
             // A segment that ends inside the shard reads part of it: it
             // fills nothing.
             None if seg.to.is_some() => return (Tier::None, None, Some(size)),
+            None if !spool.admits() => {
+                cache.not_cached(&format!(
+                    "`{}`: the disk was behind the reads when it started (`cache_fill` \
+                     \"spare\"); a later read fills it",
+                    shard.name
+                ));
+                return (Tier::None, None, Some(size));
+            }
             None => match cache.fill(&id, sh.net.stall) {
                 Fill::Hit(e) => e,
                 Fill::Write(filler) => {

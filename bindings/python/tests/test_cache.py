@@ -12,7 +12,8 @@ def test_a_second_loader_reads_s3_shards_from_the_cache(s3_server, tmp_path):
     paths = gen(s3_server.root / s3_server.bucket / "cached", shards=2, shard_size="1MiB")
     url = f"s3://{s3_server.bucket}/cached/shard-{{000000..000001}}.tar"
     cache = tmp_path / "cache"
-    kw = dict(batch_size=8, chunk_size="1MiB", cache_dir=str(cache), cache_min_free=0, **s3_server.config())
+    kw = dict(batch_size=8, chunk_size="1MiB", cache_dir=str(cache), cache_min_free=0,
+              cache_fill="always", **s3_server.config())
 
     with ringfeed.Loader(url, **kw) as loader:
         first = all_samples(loader)
