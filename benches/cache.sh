@@ -145,16 +145,7 @@ BENCH=cache
 
 # --- 1. tools and binary ----------------------------------------------------
 say "tools"
-missing=()
-command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing+=(nginx)
-command -v curl >/dev/null || missing+=(curl)
-command -v fio >/dev/null || missing+=(fio)
-command -v fincore >/dev/null || missing+=(util-linux)
-if [ "${#missing[@]}" -gt 0 ]; then
-    [ "$(id -u)" = 0 ] || die "${missing[*]} missing and we are not root to apt-get them"
-    # Installs only; no service is started (the script runs its own nginx).
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
-fi
+need_tools nginx:nginx curl:curl fio:fio fincore:util-linux
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 FIO=$(command -v fio)
 command -v python3 >/dev/null || die "python3 is needed (timing, JSON)"
@@ -251,16 +242,6 @@ say "page cache"
 cat "${FILES[@]}" >/dev/null
 echo "shards resident after one read: $(resident)"
 say "nginx"
-port_free() {
-    python3 - "$1" <<'EOF'
-import socket, sys
-s = socket.socket()
-try:
-    s.bind(("127.0.0.1", int(sys.argv[1])))
-except OSError:
-    sys.exit(1)
-EOF
-}
 port_free "$PORT" || die "port $PORT on 127.0.0.1 is taken (set PORT=)"
 NG=$OUT_DIR/nginx
 mkdir -p "$NG/tmp"
@@ -296,16 +277,6 @@ http {
     }
 }
 EOF
-stop_nginx() {
-    if [ -f "$NG/nginx.pid" ]; then
-        local pid
-        pid=$(cat "$NG/nginx.pid")
-        kill -QUIT "$pid" 2>/dev/null || true
-        for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-        if kill -0 "$pid" 2>/dev/null; then kill -TERM "$pid" 2>/dev/null || true; fi
-        echo "nginx stopped"
-    fi
-}
 on_exit() {
     stop_nginx
     cleanup_cache
@@ -315,13 +286,7 @@ NGINX_CMD=("$NGINX" -p "$NG" -e "$NG/error.log" -c "$NG/nginx.conf")
 show "${NGINX_CMD[@]}"
 "${NGINX_CMD[@]}"
 BASE=http://127.0.0.1:$PORT
-for _ in $(seq 50); do curl -sf -o /dev/null -I "$BASE/$BUCKET/${KEYS[0]}" && break; sleep 0.1; done
-# One ranged GET checked byte for byte: nginx must honour Range (206).
-curl -sf -r 1000-1999 -o "$NG/range-check" -w '%{http_code}\n' "$BASE/$BUCKET/${KEYS[0]}" |
-    grep -qx 206 || die "nginx did not answer a ranged GET with 206"
-cmp -s "$NG/range-check" <(tail -c +1001 "${FILES[0]}" | head -c 1000) ||
-    die "nginx's ranged GET returned other bytes than the file's"
-rm -f "$NG/range-check"
+check_ranged_get
 # The cache checks a shard's version with its ETag: nginx must send one.
 curl -sf -I "$BASE/$BUCKET/${KEYS[0]}" | grep -qi '^etag:' || die "nginx sent no ETag"
 echo "nginx $NGINX_WORKERS workers at $BASE/$BUCKET/ (root $SERVE_ROOT)"
@@ -511,7 +476,7 @@ fill_with() { # $1 out, $2 label, $3 mode, the rest: the command
     echo "$2 $((t1 - t0))" >>"$OUT_DIR/writeback.txt"
     read -r m w u < <(fields "$1" "$CACHE_MISSES" "$CACHE_WRITTEN" cache_uncached)
     n=$(find "$CACHE_DIR" -maxdepth 1 -name '[!.]*.rfc' | wc -l)
-    echo "  fill ($mode): misses $m, written $w (when the report was taken), uncached $u, $n entries in the cache, write-back after exit $(((t1 - t0) / 1000000)) ms"
+    echo "  fill ($mode): misses $m, written $w, uncached $u, $n entries in the cache, write-back after exit $(((t1 - t0) / 1000000)) ms"
     echo "$2 $n" >>"$OUT_DIR/entries.txt"
     [ "$m" = "$SHARDS" ] || die "fill: $m cache misses reported, expected $SHARDS ($1)"
     [ "$mode" = always ] || return 0

@@ -131,15 +131,7 @@ BENCH=http_vs_curl
 
 # --- 1. tools and binary ----------------------------------------------------
 say "tools"
-missing=()
-command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing+=(nginx)
-command -v curl >/dev/null || missing+=(curl)
-command -v fincore >/dev/null || missing+=(util-linux)
-if [ "${#missing[@]}" -gt 0 ]; then
-    [ "$(id -u)" = 0 ] || die "${missing[*]} missing and we are not root to apt-get them"
-    # Installs only; no service is started (the script runs its own nginx).
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
-fi
+need_tools nginx:nginx curl:curl fincore:util-linux
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 command -v python3 >/dev/null || die "python3 is needed (boto3 venv, JSON)"
 VENV=benches/out/venv
@@ -187,16 +179,6 @@ cat "${FILES[@]}" >/dev/null
 echo "resident after one read: $(resident)"
 # --- 4. nginx ---------------------------------------------------------------
 say "nginx"
-port_free() {
-    python3 - "$1" <<'EOF'
-import socket, sys
-s = socket.socket()
-try:
-    s.bind(("127.0.0.1", int(sys.argv[1])))
-except OSError:
-    sys.exit(1)
-EOF
-}
 port_free "$PORT" || die "port $PORT on 127.0.0.1 is taken (set PORT=)"
 NG=$OUT_DIR/nginx
 mkdir -p "$NG/tmp"
@@ -261,29 +243,13 @@ http {
     }
 }
 EOF
-stop_nginx() {
-    if [ -f "$NG/nginx.pid" ]; then
-        local pid
-        pid=$(cat "$NG/nginx.pid")
-        kill -QUIT "$pid" 2>/dev/null || true
-        for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-        if kill -0 "$pid" 2>/dev/null; then kill -TERM "$pid" 2>/dev/null || true; fi
-        echo "nginx stopped"
-    fi
-}
 trap stop_nginx EXIT
 NGINX_CMD=("$NGINX" -p "$NG" -e "$NG/error.log" -c "$NG/nginx.conf")
 show "${NGINX_CMD[@]}"
 "${NGINX_CMD[@]}"
 BASE=http://127.0.0.1:$PORT
 [ "$TLS" = 1 ] && BASE=https://localhost:$PORT
-for _ in $(seq 50); do curl "${CURL_TLS[@]}" -sf -o /dev/null -I "$BASE/$BUCKET/${KEYS[0]}" && break; sleep 0.1; done
-# One ranged GET checked byte for byte: nginx must honour Range (206).
-curl "${CURL_TLS[@]}" -sf -r 1000-1999 -o "$NG/range-check" -w '%{http_code}\n' "$BASE/$BUCKET/${KEYS[0]}" |
-    grep -qx 206 || die "nginx did not answer a ranged GET with 206"
-cmp -s "$NG/range-check" <(tail -c +1001 "${FILES[0]}" | head -c 1000) ||
-    die "nginx's ranged GET returned other bytes than the file's"
-rm -f "$NG/range-check"
+check_ranged_get "${CURL_TLS[@]}"
 echo "nginx $NGINX_WORKERS workers at $BASE/$BUCKET/ (root $SERVE_ROOT)"
 {
     echo "# nginx (config: nginx/nginx.conf)"

@@ -78,3 +78,54 @@ finish_run() {
     echo
     echo "raw JSON, commands and summary.json: $OUT_DIR"
 }
+
+# Installs, as root, the Debian packages of the commands missing; dies
+# otherwise. Args: COMMAND:PACKAGE pairs (nginx is also looked for in
+# /usr/sbin, off a normal user's PATH). Installs only: no service starts.
+need_tools() {
+    local missing=() pair cmd pkg
+    for pair in "$@"; do
+        cmd=${pair%%:*} pkg=${pair#*:}
+        command -v "$cmd" >/dev/null || [ -x "/usr/sbin/$cmd" ] || missing+=("$pkg")
+    done
+    [ "${#missing[@]}" -eq 0 ] && return 0
+    [ "$(id -u)" = 0 ] || die "${missing[*]} missing and we are not root to apt-get them"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+}
+
+# Succeeds when TCP port $1 on 127.0.0.1 is free.
+port_free() {
+    python3 - "$1" <<'PY'
+import socket, sys
+s = socket.socket()
+try:
+    s.bind(("127.0.0.1", int(sys.argv[1])))
+except OSError:
+    sys.exit(1)
+PY
+}
+
+# Stops the script's own nginx, whose pid file is in $NG: gracefully, then
+# by TERM after 5 s.
+stop_nginx() {
+    if [ -f "$NG/nginx.pid" ]; then
+        local pid
+        pid=$(cat "$NG/nginx.pid")
+        kill -QUIT "$pid" 2>/dev/null || true
+        for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        if kill -0 "$pid" 2>/dev/null; then kill -TERM "$pid" 2>/dev/null || true; fi
+        echo "nginx stopped"
+    fi
+}
+
+# Waits for nginx at $BASE to answer, then checks one ranged GET of
+# KEYS[0] byte for byte against FILES[0]: nginx must honour Range (206).
+# Extra curl arguments (TLS) may be given.
+check_ranged_get() {
+    for _ in $(seq 50); do curl "$@" -sf -o /dev/null -I "$BASE/$BUCKET/${KEYS[0]}" && break; sleep 0.1; done
+    curl "$@" -sf -r 1000-1999 -o "$NG/range-check" -w '%{http_code}\n' "$BASE/$BUCKET/${KEYS[0]}" |
+        grep -qx 206 || die "nginx did not answer a ranged GET with 206"
+    cmp -s "$NG/range-check" <(tail -c +1001 "${FILES[0]}" | head -c 1000) ||
+        die "nginx's ranged GET returned other bytes than the file's"
+    rm -f "$NG/range-check"
+}

@@ -64,3 +64,43 @@ fn resume_corpus() {
 fn s3_xml_corpus() {
     replay("s3_xml", checks::s3::check);
 }
+
+#[test]
+fn cache_entry_corpus() {
+    replay("cache_entry", checks::cache::check);
+}
+
+/// Writes the `cache_entry` seeds (whole entries of a few shapes) when
+/// `RINGFEED_BLESS` is set; they are committed, like the other corpora.
+#[test]
+fn cache_entry_seeds_are_entries_of_today() {
+    use ringfeed::cache::entry::{BLOCK, Identity, store};
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/cache_entry");
+    let tmp = tempfile::tempdir().unwrap();
+    let shapes: [(u64, Option<u64>); 4] = [
+        (0, None),
+        (1, Some(1)),
+        (4096, Some(2)),
+        (BLOCK as u64 + 7, Some(3)),
+    ];
+    for (i, (len, samples)) in shapes.into_iter().enumerate() {
+        let id = Identity {
+            endpoint: "http://127.0.0.1:9000".into(),
+            object: format!("s3://bucket/shard-{i:06}.tar"),
+            version: "etag \"abc\"".into(),
+            offset: 0,
+            len,
+        };
+        let data: Vec<u8> = (0..len).map(|b| (b * 7) as u8).collect();
+        let bytes = std::fs::read(store(tmp.path(), &id, &data, samples).unwrap()).unwrap();
+        let seed = dir.join(format!("entry-{i}"));
+        if std::env::var_os("RINGFEED_BLESS").is_some() {
+            std::fs::write(&seed, &bytes).unwrap();
+        }
+        assert!(
+            std::fs::read(&seed).is_ok_and(|s| s == bytes),
+            "{} is not today's entry format: run with RINGFEED_BLESS=1",
+            seed.display()
+        );
+    }
+}

@@ -138,6 +138,12 @@ pub(crate) fn bench(
     let wall = t0.elapsed();
     let (cpu1, rss) = rusage();
     bar.finish_and_clear();
+    // A loader in this process is closed first, so its stats include the
+    // cache writes its close waited for; a node engine's consumer asks the
+    // engine before it detaches.
+    if let Attached::Local(l) = &loader {
+        l.close();
+    }
     let (stats_text, s) = loader.stats()?;
     loader.close();
     let stats: Value = serde_json::from_str(&stats_text)?;

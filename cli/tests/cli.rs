@@ -158,12 +158,12 @@ impl Drop for Running {
     }
 }
 
-#[test]
-fn serve_prints_its_url_and_answers_ranged_gets() {
-    let (dir, samples) = dataset();
+/// `ringfeed serve DIR` on a free port: the running server (stopped when
+/// dropped) and the base URL it printed.
+fn serve(dir: &Path) -> (Running, String) {
     let mut child = Running(
         Command::new(BIN)
-            .args(["serve", dir.path().to_str().unwrap(), "--port", "0"])
+            .args(["serve", dir.to_str().unwrap(), "--port", "0"])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -173,7 +173,14 @@ fn serve_prints_its_url_and_answers_ranged_gets() {
     BufReader::new(child.0.stdout.take().unwrap())
         .read_line(&mut url)
         .unwrap();
-    let url = url.trim();
+    (child, url.trim().to_string())
+}
+
+#[test]
+fn serve_prints_its_url_and_answers_ranged_gets() {
+    let (dir, samples) = dataset();
+    let (_server, url) = serve(dir.path());
+    let url = url.as_str();
     assert!(
         url.starts_with("http://127.0.0.1:") && url.ends_with('/'),
         "{url}"
@@ -409,19 +416,8 @@ fn an_engine_in_another_process_avoids_claimed_cpus() {
 #[test]
 fn a_cached_run_reads_from_disk_and_its_counts_become_a_manifest() {
     let (dir, samples) = dataset();
-    let mut child = Running(
-        Command::new(BIN)
-            .args(["serve", dir.path().to_str().unwrap(), "--port", "0"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let mut url = String::new();
-    BufReader::new(child.0.stdout.take().unwrap())
-        .read_line(&mut url)
-        .unwrap();
-    let urls = format!("{}shard-{{000000..000002}}.tar", url.trim());
+    let (_server, url) = serve(dir.path());
+    let urls = format!("{url}shard-{{000000..000002}}.tar");
     let cache = tempfile::tempdir().unwrap();
     let c = cache.path().to_str().unwrap();
     let cfg = format!(r#"{{"cache_dir": "{c}", "cache_min_free": 0, "cache_fill": "always"}}"#);

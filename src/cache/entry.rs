@@ -218,6 +218,12 @@ pub fn parse_header(bytes: &[u8]) -> Result<Header, Bad> {
     }
     let identity = String::from_utf8(identity.to_vec())
         .map_err(|_| Bad::NotAnEntry("identity not UTF-8".into()))?;
+    // The padding up to the data is zeros: the format writes each entry
+    // one way, so no byte of a file that opens goes unchecked.
+    let padding = bytes.get(FIXED + ilen..data_offset(ilen)).unwrap_or(&[]);
+    if padding.iter().any(|&b| b != 0) {
+        return Err(Bad::NotAnEntry("bytes in the header's padding".into()));
+    }
     Ok(Header {
         identity,
         data_len: u64_at(16),
@@ -669,6 +675,21 @@ mod tests {
         assert!(matches!(
             load(dir.path(), &k).unwrap(),
             Err(Bad::Corrupt(_))
+        ));
+    }
+
+    #[test]
+    fn a_byte_in_the_header_padding_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let k = id("v", 0, 10);
+        let path = store(dir.path(), &k, &data(10), None).unwrap();
+        let mut raw = std::fs::read(&path).unwrap();
+        let end_of_identity = FIXED + k.text().unwrap().len();
+        raw[end_of_identity + 3] = b'A';
+        std::fs::write(&path, &raw).unwrap();
+        assert!(matches!(
+            load(dir.path(), &k).unwrap(),
+            Err(Bad::NotAnEntry(_))
         ));
     }
 

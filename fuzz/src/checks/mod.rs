@@ -8,6 +8,7 @@
 //! bytes of some are parameters (chunk splits, a range), read by [`Input`],
 //! so seeds stay plain files and every byte is the fuzzer's to change.
 
+pub mod cache;
 pub mod config;
 pub mod http;
 pub mod manifest;
