@@ -196,6 +196,7 @@ pub(crate) struct CatArgs {
 
 #[derive(Args)]
 pub(crate) struct GenArgs {
+    /// Directory to write the shards into (created).
     pub(crate) dir: PathBuf,
     /// Number of shards.
     #[arg(long, default_value_t = 8)]
@@ -231,16 +232,24 @@ pub(crate) struct BenchArgs {
 /// Configuration keys as flags.
 #[derive(Args, Clone)]
 pub(crate) struct LoaderArgs {
+    /// Samples per batch (`batch_size`; default 32).
     #[arg(long)]
     pub(crate) batch_size: Option<u64>,
+    /// Drop the short last batch of each epoch (`drop_last`).
     #[arg(long)]
     pub(crate) drop_last: bool,
+    /// Bytes of the arena, e.g. 512MiB (`memory_budget`; default: sized
+    /// from the workers).
     #[arg(long)]
     pub(crate) memory_budget: Option<String>,
+    /// Bytes per chunk, the unit of reads, e.g. 8MiB (`chunk_size`).
     #[arg(long)]
     pub(crate) chunk_size: Option<String>,
+    /// Reads each worker keeps in flight (`reads_in_flight`; default 4).
     #[arg(long)]
     pub(crate) reads_in_flight: Option<u64>,
+    /// Worker threads, each reading one stream of the plan (`workers`;
+    /// default: up to 4, one per shard).
     #[arg(long)]
     pub(crate) workers: Option<u64>,
     /// Do not pin workers to CPUs.
@@ -252,6 +261,7 @@ pub(crate) struct LoaderArgs {
     /// auto, hugetlb, thp or normal.
     #[arg(long)]
     pub(crate) memory_kind: Option<String>,
+    /// Epochs to run, 0 for ever (`epochs`; default 1).
     #[arg(long)]
     pub(crate) epochs: Option<u64>,
     /// More configuration keys as a JSON object (flags win); may be given
@@ -444,4 +454,38 @@ pub(crate) fn object_config(a: &ObjectArgs, more: &[(&str, Value)]) -> AnyResult
         set(k, v.clone());
     }
     Ok(Config::for_objects(&Value::Object(m).to_string())?)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    /// Every option and argument of every command, with the command's path.
+    fn all_args(cmd: &clap::Command, path: &str, out: &mut Vec<(String, String, bool)>) {
+        for a in cmd.get_arguments() {
+            let id = a.get_id().as_str();
+            if id == "help" || id == "version" {
+                continue;
+            }
+            out.push((path.to_string(), id.to_string(), a.get_help().is_some()));
+        }
+        for sub in cmd.get_subcommands() {
+            all_args(sub, &format!("{path} {}", sub.get_name()), out);
+        }
+    }
+
+    #[test]
+    fn every_option_of_every_command_has_a_help_line() {
+        let mut args = Vec::new();
+        all_args(&Cli::command(), "ringfeed", &mut args);
+        assert!(args.len() > 50, "{}", args.len());
+        let bare: Vec<String> = args
+            .iter()
+            .filter(|(_, _, help)| !help)
+            .map(|(path, id, _)| format!("{path} --{id}"))
+            .collect();
+        assert!(bare.is_empty(), "options without a help line: {bare:#?}");
+    }
 }

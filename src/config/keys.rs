@@ -102,10 +102,47 @@ macro_rules! config_keys {
 }
 
 fn unknown_key(key: &str) -> Error {
+    let hint = closest_key(key).map_or(String::new(), |k| format!("did you mean `{k}`? "));
     Error::config(format!(
-        "unknown key `{key}`; known keys: {}",
+        "unknown key `{key}`; {hint}known keys: {}",
         KEYS.join(", ")
     ))
+}
+
+/// The known key nearest to `key` by edit distance (insertions, deletions,
+/// substitutions, and swaps of neighbours, each 1), when it is near enough
+/// to be a slip: at most 2 edits, or 1 for keys of 4 letters or less.
+pub fn closest_key(key: &str) -> Option<&'static str> {
+    let limit = if key.chars().count() <= 4 { 1 } else { 2 };
+    KEYS.iter()
+        .map(|k| (edit_distance(&key.to_ascii_lowercase(), k), *k))
+        .filter(|&(d, _)| d <= limit)
+        .min_by_key(|&(d, _)| d)
+        .map(|(_, k)| k)
+}
+
+/// Optimal string alignment distance between `a` and `b`.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in d.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for j in 0..=b.len() {
+        d[0][j] = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            d[i][j] = (d[i - 1][j] + 1)
+                .min(d[i][j - 1] + 1)
+                .min(d[i - 1][j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                d[i][j] = d[i][j].min(d[i - 2][j - 2] + 1);
+            }
+        }
+    }
+    d[a.len()][b.len()]
 }
 
 config_keys! {
@@ -349,6 +386,38 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
+
+    #[test]
+    fn an_unknown_key_suggests_the_nearest_known_one() {
+        for (typo, want) in [
+            ("batch_sise", Some("batch_size")),
+            ("bach_size", Some("batch_size")),
+            ("BATCH_SIZE", Some("batch_size")),
+            ("shufle", Some("shuffle")),
+            ("chunksize", Some("chunk_size")),
+            ("epohcs", Some("epochs")),
+            ("cache-dir", Some("cache_dir")),
+            ("sed", Some("seed")),
+            ("colour", None),
+            ("zz", None),
+        ] {
+            assert_eq!(closest_key(typo), want, "{typo}");
+        }
+        let mut c = Config::default();
+        let e = c
+            .set("bach_size", &serde_json::json!(3))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("unknown key `bach_size`; did you mean `batch_size`?"),
+            "{e}"
+        );
+        let e = c
+            .set("colour", &serde_json::json!(3))
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("did you mean"), "{e}");
+    }
 
     /// The lines of the README's "Configuration reference" section, its
     /// subsections included, up to the next section of the same level.
