@@ -29,6 +29,23 @@
  * - Every entry point is thread-safe. No Rust panic crosses this boundary: an
  *   internal error returns RINGFEED_ERR_PANIC.
  * - Strings returned as `const char*` (status names, the version) are static.
+ * - Versions. RINGFEED_VERSION_* give the version of the library this
+ *   header comes with, ringfeed_version() the loaded one's. The ABI has its
+ *   own number: check ringfeed_abi_version() == RINGFEED_ABI_VERSION at
+ *   start-up. It changes only when an existing function, struct field or
+ *   constant changes meaning or place. New functions, new status codes and
+ *   new fields at the end of a sized struct keep it, so a program built
+ *   against an older header of the same ABI runs on a newer library.
+ * - Sized structs. A struct the library fills that may grow starts with a
+ *   `uint64_t size` (today: ringfeed_stats). Set it to sizeof the struct
+ *   before the call. The library writes at most that many bytes, then sets
+ *   `size` to the bytes it wrote. A program built against an older header
+ *   gets the fields it knows; one built against a newer header sees from
+ *   `size` which fields an older library filled (the rest stay as they
+ *   were). A size below 8 gives RINGFEED_ERR_INVALID_ARGUMENT. Fields are
+ *   only ever added at the end. ringfeed_batch, ringfeed_sample and
+ *   ringfeed_field are fixed for this ABI: what a batch gains comes through
+ *   new functions.
  * - Do not use a loader across fork(): open it in the process that uses it.
  *   In a child of fork(), every call on the parent's loaders and batches
  *   returns RINGFEED_ERR_INVALID_HANDLE (and touches nothing of them); the
@@ -40,6 +57,13 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+// The version of the library this header comes with; `ringfeed_version()`
+// gives the loaded library's.
+#define RINGFEED_VERSION_MAJOR 0
+#define RINGFEED_VERSION_MINOR 2
+#define RINGFEED_VERSION_PATCH 0
+#define RINGFEED_VERSION_STRING "0.2.0"
 
 // Success; for `ringfeed_loader_next`, a batch was written.
 #define RINGFEED_OK 0
@@ -108,6 +132,12 @@
 // `PreconditionFailed` to `If-None-Match: *`, or the local file exists)
 // and `overwrite` is false. Nothing was written.
 #define RINGFEED_ERR_EXISTS -15
+
+// The version of the C ABI this library implements. It changes only when
+// an existing function, struct field or constant changes meaning or place;
+// new functions, status codes and fields at the end of a sized struct
+// keep it. A program compares it with the header's `RINGFEED_ABI_VERSION`.
+#define RINGFEED_ABI_VERSION 1
 
 // The source of a placeholder sample, which comes from no shard.
 #define NO_SOURCE UINT32_MAX
@@ -183,7 +213,14 @@ typedef struct ringfeed_batch {
 } ringfeed_batch;
 
 // A snapshot of a loader's counters and setup.
+//
+// In C (`ringfeed_stats`) the struct may grow: set `size` to
+// `sizeof(ringfeed_stats)` before `ringfeed_loader_stats`, which writes at
+// most that many bytes and sets `size` to the bytes it wrote (see the
+// header's conventions). New fields are only ever added at the end.
 typedef struct ringfeed_stats {
+  // Bytes of this struct: set by the caller, then the bytes written.
+  uint64_t size;
   uint64_t bytes_delivered;
   uint64_t samples_delivered;
   uint64_t batches_delivered;
@@ -222,20 +259,6 @@ typedef struct ringfeed_stats {
   // Payload bytes the shuffle buffers copied out of sparse chunks (also in
   // `bytes_copied`).
   uint64_t shuffle_copied;
-  // The cache tier (`cache_dir`): remote shards read from an entry, and
-  // looked up without one; data bytes read from entries; entries written
-  // and their data bytes; entries evicted, dropped as corrupt, dropped
-  // as stale (the object changed); remote shards read uncached (no room,
-  // no version, writes stopped: the notes say why).
-  uint64_t cache_hits;
-  uint64_t cache_misses;
-  uint64_t cache_bytes;
-  uint64_t cache_written;
-  uint64_t cache_bytes_written;
-  uint64_t cache_evictions;
-  uint64_t cache_corrupt;
-  uint64_t cache_stale;
-  uint64_t cache_uncached;
   // The epoch `ringfeed_loader_next` is in.
   uint64_t epoch;
   // Consumers of the dataset (`world_size` × `loader_workers`), and this
@@ -256,6 +279,20 @@ typedef struct ringfeed_stats {
   // batch; at open with `register_buffers: "on"`), plain reads before;
   // 0 again once a ring is refused (the notes say why).
   uint32_t buffers_registered;
+  // The cache tier (`cache_dir`): remote shards read from an entry, and
+  // looked up without one; data bytes read from entries; entries written
+  // and their data bytes; entries evicted, dropped as corrupt, dropped
+  // as stale (the object changed); remote shards read uncached (no room,
+  // no version, writes stopped: the notes say why).
+  uint64_t cache_hits;
+  uint64_t cache_misses;
+  uint64_t cache_bytes;
+  uint64_t cache_written;
+  uint64_t cache_bytes_written;
+  uint64_t cache_evictions;
+  uint64_t cache_corrupt;
+  uint64_t cache_stale;
+  uint64_t cache_uncached;
 } ringfeed_stats;
 
 #ifdef __cplusplus
@@ -540,10 +577,14 @@ int32_t ringfeed_writer_finish(struct ringfeed_writer *writer);
 // removed); the handle is gone after this call.
 int32_t ringfeed_writer_abort(struct ringfeed_writer *writer);
 
-// Writes a snapshot of the loader's counters to `*out`.
+// Writes a snapshot of the loader's counters to `*out`. Set `out->size`
+// to `sizeof(ringfeed_stats)` first: at most that many bytes are written,
+// and `out->size` is then the bytes written (fewer when the library is
+// older than the header the caller was built with: the fields past it
+// are left as they were).
 //
 // # Safety
-// `out` must be NULL or point to a writable `ringfeed_stats`.
+// `out` must be NULL or point to `out->size` writable bytes, at least 8.
 int32_t ringfeed_loader_stats(struct ringfeed_loader *loader, struct ringfeed_stats *out);
 
 // Copies the calling thread's last error message into `buf` (truncated to
@@ -560,6 +601,10 @@ const char *ringfeed_status_name(int32_t status);
 
 // The library version, a static string such as `"0.1.0"`.
 const char *ringfeed_version(void);
+
+// The library's `RINGFEED_ABI_VERSION`: a program built against another
+// ABI's header must not use this library.
+uint32_t ringfeed_abi_version(void);
 
 #ifdef __cplusplus
 }  // extern "C"

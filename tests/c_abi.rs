@@ -8,6 +8,9 @@
 //! - `abi_layout.c`: the batch layout rules, sample sources, a shared arena
 //!   mapped twice, `ringfeed_gather`, and their misuse.
 //! - `abi_misuse.c`: each documented misuse gives its status and a message.
+//! - `abi_old_layout.c`: built against the previous header of the ABI
+//!   (`tests/c/abi1_previous/`), run against this library: the stats it
+//!   knows are filled, nothing past its struct is written.
 //! - `abi_races.c`: `next`, `release`, `close` and the stats racing from
 //!   several threads, double releases at once, two loaders' batches mixed,
 //!   and fork in the middle of a stream: statuses and clean wake-ups only.
@@ -353,6 +356,16 @@ fn c_layout_sources_shared_arena_and_gather() {
     let exe = build("tests/c/abi_layout.c", tmp.path(), false);
     let out = run_ok(&exe, &data.args());
     assert!(out.contains("abi_layout: all checks passed"), "{out}");
+}
+
+#[test]
+fn a_program_built_against_the_previous_header_runs_on_this_library() {
+    let data = shards();
+    let tmp = tempfile::tempdir().unwrap();
+    // Its own include line names the frozen header (tests/c/abi1_previous).
+    let exe = build("tests/c/abi_old_layout.c", tmp.path(), false);
+    let out = run_ok(&exe, &data.args());
+    assert!(out.contains("abi_old_layout: all checks passed"), "{out}");
 }
 
 #[test]

@@ -30,12 +30,31 @@ fn status_defines() -> String {
     out
 }
 
+/// The version of the library the header comes with, as macros: a program
+/// compares them with `ringfeed_version()` at run time.
+fn version_defines() -> String {
+    let v = env!("CARGO_PKG_VERSION");
+    let mut parts = v.split(['.', '-']);
+    let mut part = || parts.next().expect("a semantic version");
+    format!(
+        "\n// The version of the library this header comes with; `ringfeed_version()`\n\
+         // gives the loaded library's.\n\
+         #define RINGFEED_VERSION_MAJOR {}\n\
+         #define RINGFEED_VERSION_MINOR {}\n\
+         #define RINGFEED_VERSION_PATCH {}\n\
+         #define RINGFEED_VERSION_STRING \"{v}\"",
+        part(),
+        part(),
+        part()
+    )
+}
+
 #[test]
 fn committed_header_matches_a_fresh_generation() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut config =
         cbindgen::Config::from_file(root.join("cbindgen.toml")).expect("cbindgen.toml");
-    config.after_includes = Some(status_defines());
+    config.after_includes = Some(version_defines() + "\n" + &status_defines());
     let mut fresh = Vec::new();
     cbindgen::Builder::new()
         .with_config(config)

@@ -342,6 +342,7 @@ class Loader {
 
   Stats stats() const {
     Stats s{};
+    s.size = sizeof s;
     detail::check(ringfeed_loader_stats(handle_.get(), &s));
     return s;
   }

@@ -12,9 +12,17 @@ use serde::Serialize;
 // counter the threads bump is also a name in the `live!` list below (the
 // compiler checks that every name there is a field here).
 /// A snapshot of a loader's counters and setup.
+///
+/// In C (`ringfeed_stats`) the struct may grow: set `size` to
+/// `sizeof(ringfeed_stats)` before `ringfeed_loader_stats`, which writes at
+/// most that many bytes and sets `size` to the bytes it wrote (see the
+/// header's conventions). New fields are only ever added at the end.
 #[repr(C)]
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Counts {
+    /// Bytes of this struct: set by the caller, then the bytes written.
+    #[serde(skip)]
+    pub size: u64,
     pub bytes_delivered: u64,
     pub samples_delivered: u64,
     pub batches_delivered: u64,
@@ -54,20 +62,6 @@ pub struct Counts {
     /// Payload bytes the shuffle buffers copied out of sparse chunks (also in
     /// `bytes_copied`).
     pub shuffle_copied: u64,
-    /// The cache tier (`cache_dir`): remote shards read from an entry, and
-    /// looked up without one; data bytes read from entries; entries written
-    /// and their data bytes; entries evicted, dropped as corrupt, dropped
-    /// as stale (the object changed); remote shards read uncached (no room,
-    /// no version, writes stopped: the notes say why).
-    pub cache_hits: u64,
-    pub cache_misses: u64,
-    pub cache_bytes: u64,
-    pub cache_written: u64,
-    pub cache_bytes_written: u64,
-    pub cache_evictions: u64,
-    pub cache_corrupt: u64,
-    pub cache_stale: u64,
-    pub cache_uncached: u64,
     /// The epoch `ringfeed_loader_next` is in.
     pub epoch: u64,
     /// Consumers of the dataset (`world_size` × `loader_workers`), and this
@@ -92,6 +86,20 @@ pub struct Counts {
     /// 0 again once a ring is refused (the notes say why).
     #[serde(skip)]
     pub buffers_registered: u32,
+    /// The cache tier (`cache_dir`): remote shards read from an entry, and
+    /// looked up without one; data bytes read from entries; entries written
+    /// and their data bytes; entries evicted, dropped as corrupt, dropped
+    /// as stale (the object changed); remote shards read uncached (no room,
+    /// no version, writes stopped: the notes say why).
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    pub cache_bytes: u64,
+    pub cache_written: u64,
+    pub cache_bytes_written: u64,
+    pub cache_evictions: u64,
+    pub cache_corrupt: u64,
+    pub cache_stale: u64,
+    pub cache_uncached: u64,
 }
 
 /// `ringfeed_stats.memory_kind`: explicit huge pages (MAP_HUGETLB).

@@ -73,6 +73,7 @@ impl Loader {
         // use: its reads stay plain (the notes give the refusal).
         let registered = (self.setup.fixed.as_ref()).is_some_and(|f| f.refused().is_none());
         let mut c = Counts {
+            size: std::mem::size_of::<Counts>() as u64,
             bytes_copied: pool.copied(),
             shards_total: sh.shards.len() as u64,
             chunk_size: pool.chunk_size() as u64,

@@ -87,6 +87,7 @@ static void split_three_ways(void) {
         ringfeed_loader *l = open_or_die(config);
         lengths[r] = take(l, SIZE_MAX, &all);
         ringfeed_stats st;
+        st.size = sizeof st;
         EXPECT_STATUS(ringfeed_loader_stats(l, &st), RINGFEED_OK);
         CHECK(st.consumers == 3 && st.consumer == (uint64_t)r, "layout %" PRIu64 "/%" PRIu64,
               st.consumer, st.consumers);
@@ -133,6 +134,7 @@ static void resume_exactly(void) {
         l = open_or_die(resumed);
         take(l, SIZE_MAX, &again);
         ringfeed_stats st;
+        st.size = sizeof st;
         EXPECT_STATUS(ringfeed_loader_stats(l, &st), RINGFEED_OK);
         CHECK(st.batches_skipped == cuts[c], "skipped %" PRIu64 " batches, cut at %zu",
               st.batches_skipped, cuts[c]);

@@ -87,6 +87,7 @@ static ringfeed_stats stream_all(ringfeed_loader *l, char **json) {
     stream_epoch(l, 0, seed, n_shards, n_samples, n_bytes, NULL);
     expect_finished(l);
     ringfeed_stats s;
+    s.size = sizeof s;
     EXPECT_STATUS(ringfeed_loader_stats(l, &s), RINGFEED_OK);
     CHECK(s.samples_delivered == n_samples && s.bytes_delivered == n_bytes,
           "stats: samples_delivered %" PRIu64 ", bytes_delivered %" PRIu64, s.samples_delivered,

@@ -270,6 +270,7 @@ static void bad_handles(void) {
     printf("handles:\n");
     ringfeed_batch b;
     ringfeed_stats s;
+    s.size = sizeof s;
     char buf[256];
     size_t needed;
     int fd;
@@ -313,6 +314,25 @@ static void bad_handles(void) {
     EXPECT_ERROR(ringfeed_loader_stats(l, NULL), RINGFEED_ERR_INVALID_ARGUMENT, "out");
     EXPECT_ERROR(ringfeed_loader_stats(l, (ringfeed_stats *)(void *)(raw + 4)),
                  RINGFEED_ERR_INVALID_ARGUMENT, "aligned");
+    /* A stats struct whose size was not set, or set below its first field. */
+    ringfeed_stats unsized;
+    memset(&unsized, 0, sizeof unsized);
+    EXPECT_ERROR(ringfeed_loader_stats(l, &unsized), RINGFEED_ERR_INVALID_ARGUMENT, "size");
+    unsized.size = 4;
+    EXPECT_ERROR(ringfeed_loader_stats(l, &unsized), RINGFEED_ERR_INVALID_ARGUMENT, "size");
+    /* A program built against a newer header (a larger struct): the library
+     * writes what it has, says how much, and leaves the rest alone. */
+    struct {
+        ringfeed_stats known;
+        uint64_t newer[4];
+    } larger;
+    memset(&larger, 0xAB, sizeof larger);
+    larger.known.size = sizeof larger;
+    EXPECT_STATUS(ringfeed_loader_stats(l, &larger.known), RINGFEED_OK);
+    CHECK(larger.known.size == sizeof(ringfeed_stats), "size after the call: %" PRIu64,
+          larger.known.size);
+    CHECK(larger.newer[0] == 0xABABABABABABABABull && larger.newer[3] == 0xABABABABABABABABull,
+          "bytes past the library's struct were written");
     EXPECT_ERROR(ringfeed_loader_stats_json(l, NULL, 1 << 20, &needed),
                  RINGFEED_ERR_INVALID_ARGUMENT, "buf");
     EXPECT_ERROR(ringfeed_loader_stats_json(l, buf, 1, NULL), RINGFEED_ERR_BUFFER_TOO_SMALL,
@@ -397,6 +417,7 @@ static void bad_releases(void) {
     ringfeed_batch held_copy = held[0];
     EXPECT_STATUS(ringfeed_loader_close(l), RINGFEED_OK);
     ringfeed_stats s;
+    s.size = sizeof s;
     EXPECT_ERROR(ringfeed_loader_stats(l, &s), RINGFEED_ERR_INVALID_HANDLE, "loader handle");
     for (int i = 2; i >= 0; i--) {
         check_batch(&held[i], seed, NULL);

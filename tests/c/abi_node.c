@@ -167,6 +167,7 @@ static void stream(void) {
           " samples", batches, n_samples);
 
     ringfeed_stats s;
+    s.size = sizeof s;
     EXPECT_STATUS(ringfeed_loader_stats(loader, &s), RINGFEED_OK);
     CHECK(s.bytes_delivered == n_bytes && s.samples_delivered == n_samples &&
               s.batches_delivered == batches,

@@ -152,6 +152,7 @@ static void *watch(void *arg) {
     watcher *w = (watcher *)arg;
     while (!w->stop) {
         ringfeed_stats s;
+        s.size = sizeof s;
         EXPECT_STATUS(ringfeed_loader_stats(w->loader, &s), RINGFEED_OK);
         CHECK(s.samples_delivered <= n_samples, "stats: %" PRIu64 " samples of %" PRIu64,
               s.samples_delivered, n_samples);
@@ -205,6 +206,7 @@ static void consumers_race(void) {
     CHECK(taken == released, "%" PRIu64 " batches taken, %" PRIu64 " released", taken, released);
     key_list_check_exactly_once(&keys.keys, n_shards, n_samples, "(a)");
     ringfeed_stats s;
+    s.size = sizeof s;
     EXPECT_STATUS(ringfeed_loader_stats(l, &s), RINGFEED_OK);
     CHECK(s.samples_delivered == n_samples && s.batches_delivered == taken,
           "stats: %" PRIu64 " samples in %" PRIu64 " batches; %" PRIu64 " batches taken",
@@ -470,6 +472,7 @@ _Noreturn static void child_after_fork(ringfeed_loader *parents, ringfeed_batch 
     alarm(60);
     ringfeed_batch b;
     ringfeed_stats s;
+    s.size = sizeof s;
     char buf[4096];
     size_t needed;
     int fd;

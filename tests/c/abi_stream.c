@@ -94,6 +94,7 @@ static void stream_default(void) {
         if (batches++ == 0) {
             /* While the first batch is held, its chunks are in use. */
             ringfeed_stats s;
+            s.size = sizeof s;
             EXPECT_STATUS(ringfeed_loader_stats(loader, &s), RINGFEED_OK);
             CHECK(s.chunks_in_use >= 1, "a batch is held but no chunk is in use");
             CHECK(s.batches_delivered == 1, "batches_delivered %" PRIu64 " after one batch",
@@ -111,6 +112,7 @@ static void stream_default(void) {
     CHECK(bytes == n_bytes, "%" PRIu64 " bytes delivered, %" PRIu64 " generated", bytes, n_bytes);
 
     ringfeed_stats s;
+    s.size = sizeof s;
     EXPECT_STATUS(ringfeed_loader_stats(loader, &s), RINGFEED_OK);
     CHECK(s.bytes_delivered == n_bytes, "bytes_delivered %" PRIu64 ", expected %" PRIu64,
           s.bytes_delivered, n_bytes);
@@ -214,6 +216,7 @@ static void stream_two_epochs_threads(void) {
     expect_finished(loader);
     check_indices(&indices, "two epochs");
     ringfeed_stats s;
+    s.size = sizeof s;
     EXPECT_STATUS(ringfeed_loader_stats(loader, &s), RINGFEED_OK);
     CHECK(s.io_backend == RINGFEED_BACKEND_THREADS, "io_backend %s with \"threads\"",
           backend_name(s.io_backend));
@@ -248,6 +251,7 @@ static void stream_drop_last(void) {
     EXPECT_STATUS(st, RINGFEED_END_OF_EPOCH);
     expect_finished(loader);
     ringfeed_stats s;
+    s.size = sizeof s;
     EXPECT_STATUS(ringfeed_loader_stats(loader, &s), RINGFEED_OK);
     CHECK(s.samples_dropped == n_samples % bs,
           "samples_dropped %" PRIu64 "; %" PRIu64 " samples in batches of %" PRIu64

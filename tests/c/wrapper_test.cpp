@@ -276,6 +276,7 @@ void loaders_move() {
   ringfeed_loader* replaced = c.get();
   c = std::move(b);
   ringfeed_stats s;
+  s.size = sizeof s;
   CHECK(ringfeed_loader_stats(replaced, &s) == RINGFEED_ERR_INVALID_HANDLE,
         "move assignment did not close the loader it replaced");
   CHECK(c.get() == handle, "move assignment lost the loader");

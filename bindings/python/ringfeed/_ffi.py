@@ -16,6 +16,9 @@ from ._lib import load_library
 
 # #define constants of the header, name -> value.
 CONSTANTS = {
+    "RINGFEED_VERSION_MAJOR": 0,
+    "RINGFEED_VERSION_MINOR": 2,
+    "RINGFEED_VERSION_PATCH": 0,
     "RINGFEED_OK": 0,
     "RINGFEED_END_OF_EPOCH": 1,
     "RINGFEED_TIMEOUT": 2,
@@ -40,6 +43,7 @@ CONSTANTS = {
     "RINGFEED_MEMORY_NORMAL": 3,
     "RINGFEED_BACKEND_IO_URING": 1,
     "RINGFEED_BACKEND_THREADS": 2,
+    "RINGFEED_ABI_VERSION": 1,
 }
 globals().update(CONSTANTS)
 
@@ -66,6 +70,7 @@ STRUCTS = {
         ("const struct ringfeed_field *", "fields"),
     ],
     "ringfeed_stats": [
+        ("uint64_t", "size"),
         ("uint64_t", "bytes_delivered"),
         ("uint64_t", "samples_delivered"),
         ("uint64_t", "batches_delivered"),
@@ -93,6 +98,14 @@ STRUCTS = {
         ("uint64_t", "batches_skipped"),
         ("uint64_t", "samples_skipped"),
         ("uint64_t", "shuffle_copied"),
+        ("uint64_t", "epoch"),
+        ("uint64_t", "consumers"),
+        ("uint64_t", "consumer"),
+        ("uint32_t", "workers"),
+        ("int32_t", "memory_kind"),
+        ("int32_t", "io_backend"),
+        ("uint32_t", "memory_locked"),
+        ("uint32_t", "buffers_registered"),
         ("uint64_t", "cache_hits"),
         ("uint64_t", "cache_misses"),
         ("uint64_t", "cache_bytes"),
@@ -102,14 +115,6 @@ STRUCTS = {
         ("uint64_t", "cache_corrupt"),
         ("uint64_t", "cache_stale"),
         ("uint64_t", "cache_uncached"),
-        ("uint64_t", "epoch"),
-        ("uint64_t", "consumers"),
-        ("uint64_t", "consumer"),
-        ("uint32_t", "workers"),
-        ("int32_t", "memory_kind"),
-        ("int32_t", "io_backend"),
-        ("uint32_t", "memory_locked"),
-        ("uint32_t", "buffers_registered"),
     ],
 }
 
@@ -260,6 +265,7 @@ FUNCTIONS = {
     "ringfeed_last_error": ("size_t", [("char *", "buf"), ("size_t", "len")]),
     "ringfeed_status_name": ("const char *", [("int32_t", "status")]),
     "ringfeed_version": ("const char *", []),
+    "ringfeed_abi_version": ("uint32_t", []),
     "ringfeed_config_keys": ("const char *", []),
 }
 
