@@ -133,6 +133,22 @@
 // and `overwrite` is false. Nothing was written.
 #define RINGFEED_ERR_EXISTS -15
 
+// `ringfeed_set_log_callback`'s levels: an error the library could not
+// recover from for one caller.
+#define RINGFEED_LOG_ERROR 1
+
+// A fallback that costs speed or safety (io_uring refused, memory not
+// locked, direct reads refused, a cache that stopped writing), the first
+// network retry of each kind.
+#define RINGFEED_LOG_WARN 2
+
+// A setup choice worth knowing (no reserved huge pages, no CUDA runtime,
+// workers not pinned), a shard read uncached.
+#define RINGFEED_LOG_INFO 3
+
+// Every network retry.
+#define RINGFEED_LOG_DEBUG 4
+
 // The version of the C ABI this library implements. It changes only when
 // an existing function, struct field or constant changes meaning or place;
 // new functions, status codes and fields at the end of a sized struct
@@ -211,6 +227,11 @@ typedef struct ringfeed_batch {
   // points into this array).
   const struct ringfeed_field *fields;
 } ringfeed_batch;
+
+// A log callback: `user` as given to `ringfeed_set_log_callback`, the
+// level (`RINGFEED_LOG_*`), and the message (UTF-8, valid only during the
+// call).
+typedef void (*ringfeed_log_callback)(void *user, int32_t level, const char *message);
 
 // A snapshot of a loader's counters and setup.
 //
@@ -423,6 +444,18 @@ int32_t ringfeed_loader_stats_json(struct ringfeed_loader *loader,
                                    size_t len,
                                    size_t *needed);
 
+// Writes the loader's stats as metrics in the Prometheus text format
+// (version 0.0.4: counters named `ringfeed_*_total`, gauges, retries by
+// kind, `ringfeed_info`) into `buf`, NUL-terminated, for a scrape
+// endpoint of the program's own. Sizes as `ringfeed_loader_stats_json`.
+//
+// # Safety
+// `buf` must be NULL or point to `len` writable bytes; `needed` NULL or writable.
+int32_t ringfeed_loader_metrics(struct ringfeed_loader *loader,
+                                char *buf,
+                                size_t len,
+                                size_t *needed);
+
 // Writes the loader's resume state into `buf` as a NUL-terminated ASCII
 // string: the position after the batches handed out so far. Give it back
 // as the configuration's `"resume"` value (or one of an array of them, for
@@ -464,6 +497,18 @@ int32_t ringfeed_loader_arena(struct ringfeed_loader *loader,
 // # Safety
 // None beyond passing a handle value; it is looked up, never dereferenced.
 int32_t ringfeed_loader_close(struct ringfeed_loader *loader);
+
+// Sends the library's log messages up to `max_level` (`RINGFEED_LOG_*`) to
+// `callback`, with `user`; a NULL callback stops them. The callback may be
+// called from any thread, from several at once, and must return soon; it
+// must not call into the library. Once this function returns, the
+// previous callback is not called any more. Each fallback is logged once
+// per process, when it happens (a loader's setup notes at its open).
+//
+// # Safety
+// `callback`, if not NULL, must be callable as declared from any thread
+// until it is replaced, with `user`.
+int32_t ringfeed_set_log_callback(ringfeed_log_callback callback, void *user, int32_t max_level);
 
 // Reads the whole object at `url` (`s3://bucket/key`, `http(s)://...`, a
 // local path or `file://` URL) into memory of the library's, with

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 /// Rank of each part of the library: what a part may import ranks lower.
 const RANKS: &[(&str, u32)] = &[
     ("error", 0),
+    ("log", 0),
     ("queue", 0),
     ("topology", 0),
     ("net", 1),

@@ -193,6 +193,10 @@ impl Cache {
         let mut off = self.writes_off.lock().unwrap_or_else(|p| p.into_inner());
         if off.is_none() {
             *off = Some(why);
+            drop(off);
+            if let Some(n) = self.note() {
+                crate::log::log(crate::log::Level::Warn, || n);
+            }
         }
     }
 
@@ -327,6 +331,10 @@ impl Cache {
         bump(&self.stats.uncached, 1);
         let mut first = self.first_skip.lock().unwrap_or_else(|p| p.into_inner());
         first.get_or_insert_with(|| why.to_string());
+        let dir = self.opts.dir.display();
+        crate::log::log(crate::log::Level::Info, || {
+            format!("cache {dir}: a shard read uncached: {why}")
+        });
     }
 
     /// A write into the directory failed: a full disk or a read-only

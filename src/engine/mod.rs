@@ -40,4 +40,4 @@ pub use counters::{
 };
 pub use loader::{Loader, Next};
 pub(crate) use open::{EngineNet, engine_net_threads, resolve_counted};
-pub use stats::Stats;
+pub use stats::{Stats, prometheus};

@@ -403,6 +403,10 @@ impl Loader {
         }
         notes.sort();
         notes.dedup();
+        // Each fallback goes to the log once per process.
+        for n in &notes {
+            crate::log::once(n, crate::log::note_level(n), || n.clone());
+        }
         let loader = Loader {
             shared,
             setup: Setup {

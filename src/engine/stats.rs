@@ -149,3 +149,294 @@ impl Loader {
         }
     }
 }
+
+/// A counter of the stats: its JSON field, its metric name (Prometheus
+/// conventions: `ringfeed_` prefix, base units, `_total` for counters),
+/// what divides the field to reach the unit, and its help line.
+const COUNTERS: &[(&str, &str, f64, &str)] = &[
+    (
+        "bytes_delivered",
+        "ringfeed_delivered_bytes_total",
+        1.0,
+        "Payload bytes handed to consumers.",
+    ),
+    (
+        "samples_delivered",
+        "ringfeed_delivered_samples_total",
+        1.0,
+        "Samples handed to consumers.",
+    ),
+    (
+        "batches_delivered",
+        "ringfeed_delivered_batches_total",
+        1.0,
+        "Batches handed to consumers.",
+    ),
+    (
+        "bytes_read",
+        "ringfeed_read_bytes_total",
+        1.0,
+        "Bytes read from shards (files, network, cache).",
+    ),
+    (
+        "bytes_copied",
+        "ringfeed_copied_bytes_total",
+        1.0,
+        "Payload bytes the engine copied.",
+    ),
+    (
+        "reads",
+        "ringfeed_reads_total",
+        1.0,
+        "Reads submitted (file reads and ranged GETs).",
+    ),
+    (
+        "members",
+        "ringfeed_tar_members_total",
+        1.0,
+        "Tar members walked.",
+    ),
+    (
+        "members_skipped",
+        "ringfeed_tar_members_skipped_total",
+        1.0,
+        "Members skipped for a name without a field part.",
+    ),
+    (
+        "entries_skipped",
+        "ringfeed_tar_entries_skipped_total",
+        1.0,
+        "Tar entries that are not regular files.",
+    ),
+    (
+        "samples_dropped",
+        "ringfeed_dropped_samples_total",
+        1.0,
+        "Samples of short last batches dropped (drop_last).",
+    ),
+    (
+        "samples_padded",
+        "ringfeed_padded_samples_total",
+        1.0,
+        "Samples repeated to even out epochs.",
+    ),
+    (
+        "batches_skipped",
+        "ringfeed_resume_skipped_batches_total",
+        1.0,
+        "Batches replayed, not handed out, to resume.",
+    ),
+    (
+        "samples_skipped",
+        "ringfeed_resume_skipped_samples_total",
+        1.0,
+        "Samples replayed, not handed out, to resume.",
+    ),
+    (
+        "shuffle_copied",
+        "ringfeed_shuffle_copied_bytes_total",
+        1.0,
+        "Bytes the shuffle buffers copied out of sparse chunks.",
+    ),
+    (
+        "shards_done",
+        "ringfeed_shards_done_total",
+        1.0,
+        "Shards walked to their end, over all epochs.",
+    ),
+    (
+        "epochs_done",
+        "ringfeed_epochs_done_total",
+        1.0,
+        "Epochs finished.",
+    ),
+    (
+        "http_requests",
+        "ringfeed_http_requests_total",
+        1.0,
+        "Network requests sent (GETs and HEADs, retries included).",
+    ),
+    (
+        "consumer_wait_ns",
+        "ringfeed_consumer_wait_seconds_total",
+        1e9,
+        "Time consumers waited in next().",
+    ),
+    (
+        "cache_hits",
+        "ringfeed_cache_hits_total",
+        1.0,
+        "Remote shards read from the local cache.",
+    ),
+    (
+        "cache_misses",
+        "ringfeed_cache_misses_total",
+        1.0,
+        "Remote shards looked up in the cache and not found.",
+    ),
+    (
+        "cache_bytes",
+        "ringfeed_cache_read_bytes_total",
+        1.0,
+        "Data bytes read from cache entries.",
+    ),
+    (
+        "cache_written",
+        "ringfeed_cache_written_entries_total",
+        1.0,
+        "Cache entries written.",
+    ),
+    (
+        "cache_bytes_written",
+        "ringfeed_cache_written_bytes_total",
+        1.0,
+        "Data bytes written to cache entries.",
+    ),
+    (
+        "cache_evictions",
+        "ringfeed_cache_evictions_total",
+        1.0,
+        "Cache entries evicted (LRU).",
+    ),
+    (
+        "cache_corrupt",
+        "ringfeed_cache_corrupt_entries_total",
+        1.0,
+        "Cache entries dropped as corrupt.",
+    ),
+    (
+        "cache_stale",
+        "ringfeed_cache_stale_entries_total",
+        1.0,
+        "Cache entries dropped because the object changed.",
+    ),
+    (
+        "cache_uncached",
+        "ringfeed_cache_uncached_shards_total",
+        1.0,
+        "Remote shards read without caching them.",
+    ),
+];
+
+/// The gauges: JSON field, metric name, divisor, help.
+const GAUGES: &[(&str, &str, f64, &str)] = &[
+    (
+        "chunk_size",
+        "ringfeed_chunk_size_bytes",
+        1.0,
+        "Bytes per chunk.",
+    ),
+    (
+        "chunk_count",
+        "ringfeed_chunks",
+        1.0,
+        "Chunks in the arena.",
+    ),
+    (
+        "chunks_in_use",
+        "ringfeed_chunks_in_use",
+        1.0,
+        "Chunks holding data now.",
+    ),
+    (
+        "chunks_peak",
+        "ringfeed_chunks_in_use_peak",
+        1.0,
+        "Most chunks in use at once.",
+    ),
+    (
+        "arena_bytes",
+        "ringfeed_arena_bytes",
+        1.0,
+        "Bytes of the arena.",
+    ),
+    (
+        "shards_total",
+        "ringfeed_shards",
+        1.0,
+        "Shards in the dataset.",
+    ),
+    ("workers", "ringfeed_workers", 1.0, "Worker threads."),
+    (
+        "epoch",
+        "ringfeed_epoch",
+        1.0,
+        "The epoch consumers are in.",
+    ),
+    (
+        "time_to_first_batch_ns",
+        "ringfeed_first_batch_seconds",
+        1e9,
+        "Time from open to the first batch.",
+    ),
+    (
+        "elapsed_ns",
+        "ringfeed_uptime_seconds",
+        1e9,
+        "Time since the loader opened.",
+    ),
+];
+
+/// The stats JSON (`ringfeed_loader_stats_json`'s text) as metrics in the
+/// Prometheus text format (version 0.0.4): the counters, the gauges, the
+/// retries by kind, and an info metric with the setup.
+pub fn prometheus(stats_json: &str) -> crate::error::Result<String> {
+    use std::fmt::Write as _;
+    let v: serde_json::Value = serde_json::from_str(stats_json)
+        .map_err(|e| crate::error::Error::Internal(format!("stats JSON: {e}")))?;
+    let stats = v.get("stats").unwrap_or(&v);
+    let num = |k: &str| stats.get(k).and_then(serde_json::Value::as_f64);
+    let mut out = String::new();
+    for (kind, table) in [("counter", COUNTERS), ("gauge", GAUGES)] {
+        for &(field, name, div, help) in table {
+            let Some(x) = num(field) else {
+                continue;
+            };
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {}",
+                x / div
+            );
+        }
+    }
+    if let Some(r) = stats.get("retries").and_then(serde_json::Value::as_object) {
+        let name = "ringfeed_retries_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Network ranges retried, by failure kind.\n# TYPE {name} counter"
+        );
+        for (kind, n) in r {
+            let _ = writeln!(
+                out,
+                "{name}{{kind=\"{}\"}} {}",
+                label(kind),
+                n.as_f64().unwrap_or(0.0)
+            );
+        }
+    }
+    let text = |k: &str| {
+        stats
+            .get(k)
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or("")
+    };
+    let name = "ringfeed_info";
+    let _ = writeln!(
+        out,
+        "# HELP {name} The loader's setup.\n# TYPE {name} gauge\n\
+         {name}{{version=\"{}\",io_backend=\"{}\",memory_kind=\"{}\",local_reads=\"{}\",cache_reads=\"{}\"}} 1",
+        env!("CARGO_PKG_VERSION"),
+        label(text("io_backend")),
+        label(text("memory_kind")),
+        label(text("local_reads")),
+        label(text("cache_reads")),
+    );
+    Ok(out)
+}
+
+/// A label value escaped as the text format wants (`\`, `"`, line feeds).
+fn label(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}

@@ -216,6 +216,9 @@ impl DirectIo {
     fn refuse(&self, path: &Path, why: String) {
         let mut r = self.refused.lock().unwrap_or_else(|p| p.into_inner());
         r.get_or_insert_with(|| format!("{}: {why}", path.display()));
+        crate::log::once("direct refused", crate::log::Level::Warn, || {
+            format!("{}: read buffered, not direct: {why}", path.display())
+        });
     }
 
     /// Local files opened so far: (direct, buffered).

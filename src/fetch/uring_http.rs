@@ -821,7 +821,7 @@ impl HttpDriver {
             .next_delay(op.attempt, f.kind, self.jitter.draw())
         {
             Some(d) => {
-                self.net.stats.retries[f.kind.index()].fetch_add(1, Ordering::Relaxed);
+                self.net.stats.retried(&op.obj.url, &f);
                 op.attempt += 1;
                 op.step = Step::Backoff;
                 op.backoff = types::Timespec::from(d);

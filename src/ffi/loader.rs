@@ -130,6 +130,28 @@ pub unsafe extern "C" fn ringfeed_loader_stats_json(
     })
 }
 
+/// Writes the loader's stats as metrics in the Prometheus text format
+/// (version 0.0.4: counters named `ringfeed_*_total`, gauges, retries by
+/// kind, `ringfeed_info`) into `buf`, NUL-terminated, for a scrape
+/// endpoint of the program's own. Sizes as `ringfeed_loader_stats_json`.
+///
+/// # Safety
+/// `buf` must be NULL or point to `len` writable bytes; `needed` NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ringfeed_loader_metrics(
+    loader: *mut ringfeed_loader,
+    buf: *mut c_char,
+    len: usize,
+    needed: *mut usize,
+) -> i32 {
+    boundary(|| {
+        let (json, _) = lookup(loader)?.stats()?;
+        let text = crate::engine::prometheus(&json)?;
+        // SAFETY: forwarded from this function's contract.
+        unsafe { write_text(&text, "metrics", buf, len, needed) }
+    })
+}
+
 /// Writes the loader's resume state into `buf` as a NUL-terminated ASCII
 /// string: the position after the batches handed out so far. Give it back
 /// as the configuration's `"resume"` value (or one of an array of them, for

@@ -23,7 +23,7 @@
 //! - [`loader`], [`batch`], [`stats`], [`object`] (whole objects read and
 //!   written, and writer handles): the entry points, by the object they
 //!   act on; `config`: the keys a configuration may hold; [`version`]:
-//!   the library's version.
+//!   the library's version; [`log`]: the log callback.
 //!
 //! `include/ringfeed.h` is generated from this module tree by cbindgen (run
 //! by `tests/header.rs`, which starts at this file and follows the `mod`
@@ -38,6 +38,7 @@ mod boundary;
 mod config;
 mod fork;
 mod loader;
+mod log;
 mod object;
 mod stats;
 pub mod status;
@@ -47,6 +48,7 @@ mod version;
 pub use batch::*;
 pub use config::*;
 pub use loader::*;
+pub use log::*;
 pub use object::*;
 pub use stats::*;
 pub use status::*;

@@ -23,6 +23,16 @@ pub struct NetStats {
 }
 
 impl NetStats {
+    /// Counts a retry of `url` after `f`, and logs it: the first of each
+    /// kind in the process as a warning, the rest at debug level.
+    pub fn retried(&self, url: &str, f: &Fail) {
+        self.retries[f.kind.index()].fetch_add(1, Ordering::Relaxed);
+        let msg = || format!("retrying `{url}` ({}): {}", f.kind.name(), f.message);
+        if !crate::log::once(f.kind.name(), crate::log::Level::Warn, msg) {
+            crate::log::log(crate::log::Level::Debug, msg);
+        }
+    }
+
     pub fn retries_by_kind(&self) -> Vec<(&'static str, u64)> {
         FailKind::ALL
             .iter()
@@ -56,7 +66,7 @@ pub fn with_retries<T>(
             Ok(v) => return Ok(v),
             Err(f) => match net.retry.next_delay(attempt, f.kind, jitter.draw()) {
                 Some(d) => {
-                    net.stats.retries[f.kind.index()].fetch_add(1, Ordering::Relaxed);
+                    net.stats.retried(url, &f);
                     std::thread::sleep(d);
                     attempt += 1;
                 }

@@ -19,6 +19,7 @@ weights) are read and written with `ringfeed.objects`: `read_object`,
 """
 
 from . import _ffi
+from ._log import set_log_level
 from ._batch import Batch, FieldView
 from ._loader import Loader, config_keys
 from .errors import (
@@ -109,6 +110,7 @@ __all__ = [
     "read_object",
     "read_object_into",
     "read_objects",
+    "set_log_level",
     "write_object",
     "LIBRARY_PATH",
     "__version__",

@@ -44,6 +44,10 @@ CONSTANTS = {
     "RINGFEED_BACKEND_IO_URING": 1,
     "RINGFEED_BACKEND_THREADS": 2,
     "RINGFEED_ABI_VERSION": 1,
+    "RINGFEED_LOG_ERROR": 1,
+    "RINGFEED_LOG_WARN": 2,
+    "RINGFEED_LOG_INFO": 3,
+    "RINGFEED_LOG_DEBUG": 4,
 }
 globals().update(CONSTANTS)
 
@@ -136,6 +140,19 @@ FUNCTIONS = {
     "ringfeed_loader_stats": (
         "int32_t",
         [("struct ringfeed_loader *", "loader"), ("struct ringfeed_stats *", "out")],
+    ),
+    "ringfeed_loader_metrics": (
+        "int32_t",
+        [
+            ("struct ringfeed_loader *", "loader"),
+            ("char *", "buf"),
+            ("size_t", "len"),
+            ("size_t *", "needed"),
+        ],
+    ),
+    "ringfeed_set_log_callback": (
+        "int32_t",
+        [("ringfeed_log_callback", "callback"), ("void *", "user"), ("int32_t", "max_level")],
     ),
     "ringfeed_loader_stats_json": (
         "int32_t",
@@ -277,7 +294,12 @@ def _struct(name):
 # C spelling -> ctypes type. Pointers to library-owned arrays are plain
 # addresses (c_void_p): Python reads them with numpy, never through ctypes
 # pointer objects.
+# The log callback's type (ringfeed_log_callback).
+LOG_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int32, ctypes.c_char_p)
+
 C_TYPES = {
+    "ringfeed_log_callback": LOG_CALLBACK,
+    "void *": ctypes.c_void_p,
     "int32_t": ctypes.c_int32,
     "uint32_t": ctypes.c_uint32,
     "int64_t": ctypes.c_int64,

@@ -272,6 +272,14 @@ class Loader:
         text = text_out(lambda buf, size, needed: _lib.ringfeed_loader_stats_json(handle, buf, size, needed), 4096)
         return json.loads(text.decode())
 
+    def metrics(self):
+        """The stats as metrics in the Prometheus text format
+        (``ringfeed_loader_metrics``): counters ``ringfeed_*_total``, gauges,
+        retries by kind and ``ringfeed_info``, for a scrape endpoint."""
+        handle = self._check()
+        text = text_out(lambda buf, size, needed: _lib.ringfeed_loader_metrics(handle, buf, size, needed), 8192)
+        return text.decode()
+
     def state(self):
         """The resume state (``ringfeed_loader_state``): opaque ASCII bytes naming
         the position after the batches handed out so far. Pass it back as
