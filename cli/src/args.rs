@@ -279,6 +279,11 @@ pub(crate) struct ReportArgs {
     /// Print the report as JSON.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Serve the loader's metrics (Prometheus text) at
+    /// http://127.0.0.1:PORT/metrics while it runs (0: any free port; the
+    /// address is printed on stderr).
+    #[arg(long, value_name = "PORT")]
+    pub(crate) metrics_port: Option<u16>,
 }
 
 #[derive(Args)]

@@ -93,12 +93,23 @@ pub(crate) fn bench(
     let source = urls.join(" ");
     let map = config_map_for(urls, a)?;
     let epochs = Config::from_map(&map)?.epochs.max(1);
-    let loader = Attached::open_json(&Value::Object(map).to_string())?;
+    let loader = std::sync::Arc::new(Attached::open_json(&Value::Object(map).to_string())?);
     let budget = loader.stats()?.1.arena_bytes;
+    let _metrics = match out.metrics_port {
+        Some(port) => {
+            let l = std::sync::Arc::clone(&loader);
+            Some(crate::metrics::serve(port, move || {
+                l.stats()
+                    .and_then(|(json, _)| ringfeed::engine::prometheus(&json))
+                    .unwrap_or_else(|e| format!("# stats unavailable: {e}\n"))
+            })?)
+        }
+        None => None,
+    };
     // Remote shards are sized as they are read: with any unsized, or
     // attached to a node engine (whose shards are its own), the bar shows
     // bytes and rate without a total.
-    let sizes: Option<u64> = match &loader {
+    let sizes: Option<u64> = match &*loader {
         Attached::Local(l) => l.shards().iter().map(|s| s.size).sum(),
         Attached::Node(_) => None,
     };
@@ -141,7 +152,7 @@ pub(crate) fn bench(
     // A loader in this process is closed first, so its stats include the
     // cache writes its close waited for; a node engine's consumer asks the
     // engine before it detaches.
-    if let Attached::Local(l) = &loader {
+    if let Attached::Local(l) = &*loader {
         l.close();
     }
     let (stats_text, s) = loader.stats()?;

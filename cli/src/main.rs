@@ -24,6 +24,7 @@ mod demo;
 mod generate;
 mod get;
 mod inspect;
+mod metrics;
 mod node;
 mod put;
 mod serve;
@@ -33,6 +34,18 @@ mod transfer;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The library's warnings (each fallback once, the first retry of each
+    // kind) on stderr, beside the command's own output.
+    ringfeed::log::set(
+        Some(Box::new(|level, msg| {
+            let what = match level {
+                ringfeed::log::Level::Error => "error",
+                _ => "warning",
+            };
+            eprintln!("ringfeed: {what}: {msg}");
+        })),
+        ringfeed::log::Level::Warn,
+    );
     let result = match cli.command {
         Command::Gen(a) => generate::gen_cmd(a),
         Command::Bench(a) => bench::bench(a.urls, &a.opts, &a.report, None),

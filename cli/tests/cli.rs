@@ -455,3 +455,60 @@ fn a_cached_run_reads_from_disk_and_its_counts_become_a_manifest() {
     fails(&["cache", "ls", "/nonexistent/cache"], "not a directory");
     fails(&["cache", "manifest"], "<DIR>");
 }
+
+#[test]
+fn bench_serves_its_metrics_while_it_runs() {
+    let (dir, _) = dataset();
+    let mut child = Running(
+        Command::new(BIN)
+            .args([
+                "bench",
+                &pattern(dir.path()),
+                "--epochs",
+                "0",
+                "--metrics-port",
+                "0",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut err = BufReader::new(child.0.stderr.take().unwrap());
+    let mut line = String::new();
+    let url = loop {
+        line.clear();
+        assert!(
+            err.read_line(&mut line).unwrap() > 0,
+            "no metrics address printed"
+        );
+        if let Some(u) = line.trim().strip_prefix("metrics: ") {
+            break u.to_string();
+        }
+    };
+    let addr = url
+        .trim_start_matches("http://")
+        .trim_end_matches("/metrics")
+        .to_string();
+    let get = |path: &str| {
+        let mut s = TcpStream::connect(&addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        write!(s, "GET {path} HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).unwrap();
+        resp
+    };
+    let body = get("/metrics");
+    assert!(body.starts_with("HTTP/1.1 200 OK"), "{body}");
+    assert!(
+        body.contains("Content-Type: text/plain; version=0.0.4"),
+        "{body}"
+    );
+    assert!(
+        body.contains("# TYPE ringfeed_delivered_samples_total counter"),
+        "{body}"
+    );
+    assert!(body.contains("ringfeed_info{version=\""), "{body}");
+    assert!(get("/other").starts_with("HTTP/1.1 404"));
+    drop(child);
+}

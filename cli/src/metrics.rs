@@ -1,0 +1,87 @@
+//! `--metrics-port`: the running loader's metrics (Prometheus text, from
+//! `ringfeed_loader_metrics`'s code) served at
+//! `http://127.0.0.1:PORT/metrics` until the command ends.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::AnyResult;
+
+/// The scrape endpoint; stopped when dropped.
+pub(crate) struct MetricsServer {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Serves `text()` at `/metrics` on 127.0.0.1:`port` (0: any free port),
+/// and says where on stderr.
+pub(crate) fn serve(
+    port: u16,
+    text: impl Fn() -> String + Send + 'static,
+) -> AnyResult<MetricsServer> {
+    let listener = TcpListener::bind(("127.0.0.1", port))
+        .map_err(|e| format!("--metrics-port {port}: cannot listen on 127.0.0.1: {e}"))?;
+    let addr: SocketAddr = listener.local_addr()?;
+    listener.set_nonblocking(true)?;
+    eprintln!("metrics: http://{addr}/metrics");
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = Arc::clone(&stop);
+    let thread = std::thread::Builder::new()
+        .name("ringfeed-metrics".into())
+        .spawn(move || {
+            // Relaxed: a flag checked between accepts.
+            while !s.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((conn, _)) => answer(conn, &text),
+                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                }
+            }
+        })?;
+    Ok(MetricsServer {
+        stop,
+        thread: Some(thread),
+    })
+}
+
+/// One request: `GET /metrics` gets the text, anything else a 404.
+fn answer(mut conn: TcpStream, text: &impl Fn() -> String) {
+    let _ = conn.set_nonblocking(false);
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 8192 {
+        match conn.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+    }
+    let line = String::from_utf8_lossy(&head);
+    let target = line.split_whitespace().nth(1).unwrap_or("");
+    let (status, ctype, body) = if line.starts_with("GET ") && target == "/metrics" {
+        ("200 OK", "text/plain; version=0.0.4", text())
+    } else {
+        (
+            "404 Not Found",
+            "text/plain",
+            "only GET /metrics is served\n".to_string(),
+        )
+    };
+    let _ = write!(
+        conn,
+        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+}
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
