@@ -1,5 +1,6 @@
 //! STS AssumeRoleWithWebIdentity: the web identity token file of EKS IRSA
-//! traded for temporary credentials.
+//! traded for temporary credentials; and the answer of STS's AssumeRole
+//! calls (this one and `assume.rs`'s).
 
 use serde::Deserialize;
 
@@ -9,7 +10,7 @@ use crate::net::s3::Env;
 
 /// STS AssumeRoleWithWebIdentity, when `AWS_WEB_IDENTITY_TOKEN_FILE` and
 /// `AWS_ROLE_ARN` are set. The STS endpoint is `AWS_ENDPOINT_URL_STS`, else
-/// the regional one.
+/// `AWS_ENDPOINT_URL`, else the regional one.
 pub fn from_web_identity(env: &Env) -> Result<Option<Credentials>, String> {
     let (Some(token_file), Some(role)) = (
         env.get("AWS_WEB_IDENTITY_TOKEN_FILE"),
@@ -26,10 +27,7 @@ pub fn from_web_identity(env: &Env) -> Result<Option<Credentials>, String> {
         .get("AWS_REGION")
         .or_else(|| env.get("AWS_DEFAULT_REGION"))
         .unwrap_or(crate::net::s3::DEFAULT_REGION);
-    let endpoint = env
-        .get("AWS_ENDPOINT_URL_STS")
-        .map(|e| e.trim_end_matches('/').to_string())
-        .unwrap_or_else(|| format!("https://sts.{region}.amazonaws.com"));
+    let endpoint = super::assume::sts_endpoint(env, region);
     let enc = crate::net::s3::encode_query;
     let url = format!(
         "{endpoint}/?Action=AssumeRoleWithWebIdentity&Version=2011-06-15&RoleArn={}&RoleSessionName={}&WebIdentityToken={}",
@@ -44,11 +42,11 @@ pub fn from_web_identity(env: &Env) -> Result<Option<Credentials>, String> {
         .map_err(|e| format!("{what}: {e}"))
 }
 
-/// The `Credentials` of an AssumeRoleWithWebIdentity response.
+/// The `Credentials` of an AssumeRoleWithWebIdentity or AssumeRole response.
 pub fn parse_sts(xml: &str) -> Result<Credentials, String> {
     #[derive(Deserialize)]
     struct Response {
-        #[serde(rename = "AssumeRoleWithWebIdentityResult")]
+        #[serde(rename = "AssumeRoleWithWebIdentityResult", alias = "AssumeRoleResult")]
         result: Result_,
     }
     #[derive(Deserialize)]
@@ -65,7 +63,7 @@ pub fn parse_sts(xml: &str) -> Result<Credentials, String> {
         expiration: String,
     }
     let r: Response = quick_xml::de::from_str(xml)
-        .map_err(|_| "the response is not an AssumeRoleWithWebIdentity result".to_string())?;
+        .map_err(|_| "the response is not an AssumeRole(WithWebIdentity) result".to_string())?;
     let c = r.result.credentials;
     Ok(Credentials::new(
         &c.access_key_id,
