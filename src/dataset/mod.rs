@@ -17,7 +17,7 @@
 //! first remote shard of each; this file
 //! holds what they produce, the [`Shard`]s.
 
-mod glob;
+pub(crate) mod glob;
 pub(crate) mod parse;
 mod resolve;
 
