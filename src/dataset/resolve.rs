@@ -79,8 +79,9 @@ pub fn resolve_with(
 
 /// The whole objects `urls` name (`crate::object`), each sized: files,
 /// objects, every file of a directory or object directly under an S3
-/// prefix (one level, as a shard directory is listed), and every object a
-/// key pattern matches, whatever their names (unless `s3_suffix` is set).
+/// prefix (one level: they are written into one folder by their names),
+/// and every object a key pattern matches, whatever their names (unless
+/// `s3_suffix` is set).
 pub fn resolve_objects(
     urls: &[String],
     net: &NetOptions,
