@@ -441,6 +441,23 @@ echo '{{"Version": 1, "AccessKeyId": "ASIAPROC", "SecretAccessKey": "SECRET-PROC
 fn fake_sts() -> Tiny {
     let expires = SystemTime::now() + Duration::from_secs(3600);
     Tiny::start(Arc::new(move |r: &Seen| {
+        if r.method == "GET"
+            && r.path.contains("Action=AssumeRoleWithWebIdentity")
+            && r.path
+                .contains("RoleArn=arn%3Aaws%3Aiam%3A%3A123456789012%3Arole%2Fwebid")
+            && r.path.contains("WebIdentityToken=JWT.PROFILE")
+        {
+            return (
+                200,
+                format!(
+                    "<AssumeRoleWithWebIdentityResponse><AssumeRoleWithWebIdentityResult><Credentials>\
+                     <AccessKeyId>ASIAWEBID</AccessKeyId><SecretAccessKey>S</SecretAccessKey>\
+                     <SessionToken>T</SessionToken><Expiration>{}</Expiration>\
+                     </Credentials></AssumeRoleWithWebIdentityResult></AssumeRoleWithWebIdentityResponse>",
+                    iso(expires)
+                ),
+            );
+        }
         let auth = r.header("authorization").unwrap_or("");
         let form: Vec<(String, String)> = r
             .body
@@ -494,6 +511,15 @@ fn fake_sts() -> Tiny {
 #[test]
 fn role_arn_is_assumed_with_the_source_profiles_keys_through_sts() {
     let sts = fake_sts();
+    let container = Tiny::start(Arc::new(|_r: &Seen| {
+        (
+            200,
+            json_creds("AKIDSOURCE", SystemTime::now() + Duration::from_secs(3600)),
+        )
+    }));
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "JWT.PROFILE\n").unwrap();
     let config = "\
 [profile base]
 aws_access_key_id = AKIDSOURCE
@@ -523,9 +549,22 @@ source_profile = loop-a
 role_arn = arn:aws:iam::123456789012:role/first
 source_profile = base
 mfa_serial = arn:aws:iam::123456789012:mfa/me
-";
-    let (_home, env) = home_with_config(config);
-    let env = env.set("AWS_ENDPOINT_URL_STS", &sts.url);
+[profile ecs]
+role_arn = arn:aws:iam::123456789012:role/first
+credential_source = EcsContainer
+[profile badsource]
+role_arn = arn:aws:iam::123456789012:role/first
+credential_source = Laptop
+[profile webid]
+role_arn = arn:aws:iam::123456789012:role/webid
+web_identity_token_file = TOKEN_FILE
+"
+    .replace("TOKEN_FILE", token.to_str().unwrap());
+    let (_home, env) = home_with_config(&config);
+    let env = env.set("AWS_ENDPOINT_URL_STS", &sts.url).set(
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+        &format!("{}/creds", container.url),
+    );
     let cfg = |p: &str| S3Config {
         profile: Some(p.into()),
         ..Default::default()
@@ -547,6 +586,14 @@ mfa_serial = arn:aws:iam::123456789012:mfa/me
             "{r:?}"
         );
     }
+    // The role assumed with the container's credentials; a web identity
+    // token file named by the profile.
+    let (_, c) = creds::chain(&cfg("ecs"), &env).unwrap();
+    assert_eq!(c.access_key_id, "ASIAFIRST");
+    assert_eq!(container.requests.load(Ordering::SeqCst), 1);
+    let (_, c) = creds::chain(&cfg("webid"), &env).unwrap();
+    assert_eq!(c.access_key_id, "ASIAWEBID");
+    assert!(c.source.contains("web identity"), "{}", c.source);
     // A chain: `second`'s source is the role `first`, assumed first.
     let before = sts.requests.load(Ordering::SeqCst);
     let (_, c) = creds::chain(&cfg("second"), &env).unwrap();
@@ -572,13 +619,17 @@ mfa_serial = arn:aws:iam::123456789012:mfa/me
         ),
         ("loop-a", "loop-a → loop-b → loop-a"),
         ("mfa", "needs an MFA code"),
+        (
+            "badsource",
+            "credential_source `Laptop` is not Environment, Ec2InstanceMetadata or EcsContainer",
+        ),
     ] {
         let e = creds::chain(&cfg(profile), &env).unwrap_err();
         assert!(e.contains(want), "{profile}: {e}");
         assert!(!e.contains("SECRET-SOURCE-LEAK"), "{profile}: {e}");
     }
     // AWS_ENDPOINT_URL serves STS too when no STS endpoint is set, as in the SDKs.
-    let (_home2, env2) = home_with_config(config);
+    let (_home2, env2) = home_with_config(&config);
     let env2 = env2.set("AWS_ENDPOINT_URL", &sts.url);
     assert_eq!(
         creds::chain(&cfg("first"), &env2).unwrap().1.access_key_id,

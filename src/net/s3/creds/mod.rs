@@ -61,4 +61,4 @@ pub use provider::Provider;
 pub use sso::{
     cache_file as sso_cache_file, parse_role_credentials, parse_token as parse_sso_token,
 };
-pub use sts::{from_web_identity, parse_sts};
+pub use sts::{from_web_identity, parse_sts, web_identity};

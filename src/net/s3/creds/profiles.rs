@@ -1,14 +1,19 @@
 //! The profile source of the chain: what kind of profile `name` is, and
 //! its credentials. In the order the Rust SDK takes them: a `role_arn`
-//! (assumed with its `source_profile`'s credentials, which may be a role
-//! in turn), an SSO profile, a `credential_process`, static keys.
+//! (with a `web_identity_token_file`; or assumed with its
+//! `source_profile`'s credentials, which may be a role in turn, or with
+//! its `credential_source`), an SSO profile, a `credential_process`,
+//! static keys.
 
 use std::collections::BTreeMap;
 
-use super::assume::assume_role;
+use super::assume::{assume_role, sts_region};
 use super::process::from_process;
 use super::sso::{from_sso, is_sso};
-use super::{Credentials, config_sections, profile, static_keys};
+use super::{
+    Credentials, config_sections, from_container, from_env, from_imds, profile, static_keys,
+    web_identity,
+};
 use crate::net::s3::Env;
 
 /// Most profiles one `source_profile` chain may pass through: the SDKs
@@ -34,6 +39,21 @@ fn resolve(env: &Env, name: &str, seen: &mut Vec<String>) -> Result<Option<Crede
         ));
     }
     seen.push(name.to_string());
+    if let (Some(role), Some(token_file)) = (p.get("role_arn"), p.get("web_identity_token_file")) {
+        let session = p
+            .get("role_session_name")
+            .map_or("ringfeed-session", String::as_str);
+        let source = format!("profile `{name}` (web identity)");
+        return web_identity(
+            env,
+            token_file,
+            role,
+            session,
+            &sts_region(env, &p),
+            &source,
+        )
+        .map(Some);
+    }
     if p.contains_key("role_arn") {
         let source = role_source(env, name, &p, seen)?;
         return assume_role(env, name, &p, &source).map(Some);
@@ -72,11 +92,21 @@ fn role_source(
         });
     }
     if let Some(cs) = p.get("credential_source") {
-        return Err(format!(
-            "profile `{name}`: credential_source `{cs}` is not supported; name a source_profile"
-        ));
+        let found = match cs.as_str() {
+            "Environment" => from_env(env)?,
+            "Ec2InstanceMetadata" => from_imds(env)?,
+            "EcsContainer" => from_container(env)?,
+            _ => {
+                return Err(format!(
+                    "profile `{name}`: credential_source `{cs}` is not Environment, Ec2InstanceMetadata or EcsContainer"
+                ));
+            }
+        };
+        return found.ok_or_else(|| {
+            format!("profile `{name}`: credential_source `{cs}` gives no credentials")
+        });
     }
     Err(format!(
-        "profile `{name}` has role_arn but no source_profile to assume it with"
+        "profile `{name}` has role_arn but no source_profile, credential_source or web_identity_token_file to assume it with"
     ))
 }

@@ -18,8 +18,6 @@ pub fn from_web_identity(env: &Env) -> Result<Option<Credentials>, String> {
     ) else {
         return Ok(None);
     };
-    let token = std::fs::read_to_string(token_file)
-        .map_err(|e| format!("web identity token file `{token_file}`: {e}"))?;
     let session = env
         .get("AWS_ROLE_SESSION_NAME")
         .unwrap_or("ringfeed-session");
@@ -27,6 +25,21 @@ pub fn from_web_identity(env: &Env) -> Result<Option<Credentials>, String> {
         .get("AWS_REGION")
         .or_else(|| env.get("AWS_DEFAULT_REGION"))
         .unwrap_or(crate::net::s3::DEFAULT_REGION);
+    web_identity(env, token_file, role, session, region, "web identity").map(Some)
+}
+
+/// AssumeRoleWithWebIdentity of `role` with the token in `token_file`, at
+/// the STS endpoint of `region`; `source` names the credentials.
+pub fn web_identity(
+    env: &Env,
+    token_file: &str,
+    role: &str,
+    session: &str,
+    region: &str,
+    source: &str,
+) -> Result<Credentials, String> {
+    let token = std::fs::read_to_string(token_file)
+        .map_err(|e| format!("web identity token file `{token_file}`: {e}"))?;
     let endpoint = super::assume::sts_endpoint(env, region);
     let enc = crate::net::s3::encode_query;
     let url = format!(
@@ -37,9 +50,9 @@ pub fn from_web_identity(env: &Env) -> Result<Option<Credentials>, String> {
     );
     let what = format!("STS AssumeRoleWithWebIdentity at {endpoint}");
     let text = get_text(client(false)?.get(url), &what)?;
-    parse_sts(&text)
-        .map(Some)
-        .map_err(|e| format!("{what}: {e}"))
+    let mut c = parse_sts(&text).map_err(|e| format!("{what}: {e}"))?;
+    c.source = source.to_string();
+    Ok(c)
 }
 
 /// The `Credentials` of an AssumeRoleWithWebIdentity or AssumeRole response.
