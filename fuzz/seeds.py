@@ -224,6 +224,16 @@ def other_seeds():
     put("s3_xml", "ini", b"\x04[default]\naws_access_key_id = AKIA\nregion=us-west-2\n  s3 =\n    x = 1\n"
         b"[profile other]\n; comment\nendpoint_url = http://127.0.0.1:9000\n")
 
+    for name, (pattern, key) in {
+        "deep": ("train/**/shard-*.tar", "train/a/b/shard-000001.tar"),
+        "class": ("s-[!0-3][a-z].tar", "s-9x.tar"),
+        "escape": ("a\\*b/?.tar", "a*b/x.tar"),
+        "dirs-none": ("**/x", "x"),
+        "bad-class": ("a/[0-9", "a/1"),
+        "stars": ("*a*a*a*a*a*b", "a" * 64),
+    }.items():
+        put("key_glob", name, pattern.encode() + b"\x00" + key.encode())
+
 
 if __name__ == "__main__":
     tar_seeds()

@@ -4,6 +4,7 @@
 //! private to their folder, so the fuzzers reach exactly what the engine
 //! runs, and nothing else is opened up (see docs/decisions.md, "Fuzzing").
 
+pub use crate::dataset::glob::{Glob, is_glob};
 pub use crate::dataset::parse::{MAX_EXPANSION, expand_braces, expansion_count, parse_manifest};
 pub use crate::tar::count::count_samples;
 pub use crate::tar::sample::split_name;

@@ -66,6 +66,11 @@ fn s3_xml_corpus() {
 }
 
 #[test]
+fn key_glob_corpus() {
+    replay("key_glob", checks::glob::check);
+}
+
+#[test]
 fn cache_entry_corpus() {
     replay("cache_entry", checks::cache::check);
 }

@@ -169,7 +169,7 @@ fn listing_follows_continuation_tokens() {
         tls: Default::default(),
     };
     let listed = client
-        .list(BUCKET, "train/", 1, &net, &mut Jitter::new(1))
+        .list(BUCKET, "train/", false, 1, &net, &mut Jitter::new(1))
         .unwrap();
     let mut want: Vec<(String, u64)> = names
         .iter()
@@ -180,6 +180,127 @@ fn listing_follows_continuation_tokens() {
     assert_eq!(listed, want);
     // One key per page: four pages, three continuation tokens.
     assert_eq!(net.stats.requests.load(Ordering::Relaxed), 4);
+}
+
+/// Keys at several depths, and what each URL form takes of them.
+#[test]
+fn prefixes_list_every_depth_and_patterns_pick_keys_in_name_order() {
+    let root = tempfile::tempdir().unwrap();
+    let b = root.path().join(BUCKET);
+    for key in [
+        "train/s-3.tar",
+        "train/s-3.idx",
+        "train/a/s-0.tar",
+        "train/a/s-1.tar",
+        "train/a/b/s-2.tar",
+        "train/x/other.tar",
+        "val/s-9.tar",
+    ] {
+        let p = b.join(key);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, key.as_bytes()).unwrap();
+    }
+    let server = S3Server::start(root.path());
+    let resolve = |url: &str, suffix: Option<&str>| {
+        let cfg = S3Config {
+            endpoint: Some(server.endpoint()),
+            access_key_id: Some(ACCESS_KEY.into()),
+            secret_access_key: Some(SECRET_KEY.into()),
+            suffix: suffix.map(str::to_string),
+            ..Default::default()
+        };
+        let net = NetOptions {
+            stall: Duration::from_secs(5),
+            retry: Default::default(),
+            stats: Default::default(),
+            tls: Default::default(),
+        };
+        ringfeed::dataset::resolve_with(&[url.to_string()], None, &net, &cfg, &Env::default())
+    };
+    let keys = |url: &str, suffix: Option<&str>| -> Vec<String> {
+        let shards = resolve(url, suffix).unwrap_or_else(|e| panic!("{url}: {e}"));
+        let strip = format!("s3://{BUCKET}/");
+        shards
+            .iter()
+            .map(|s| s.name.strip_prefix(&strip).unwrap().to_string())
+            .collect()
+    };
+    let u = |k: &str| format!("s3://{BUCKET}/{k}");
+    // A prefix: every depth, `.tar` only, in key order (as S3 lists).
+    assert_eq!(
+        keys(&u("train/"), None),
+        [
+            "train/a/b/s-2.tar",
+            "train/a/s-0.tar",
+            "train/a/s-1.tar",
+            "train/s-3.tar",
+            "train/x/other.tar"
+        ]
+    );
+    // `*` stays in its directory; `**/` spans any number of them, none included.
+    assert_eq!(keys(&u("train/*.tar"), None), ["train/s-3.tar"]);
+    assert_eq!(
+        keys(&u("train/**/s-*.tar"), None),
+        [
+            "train/a/b/s-2.tar",
+            "train/a/s-0.tar",
+            "train/a/s-1.tar",
+            "train/s-3.tar"
+        ]
+    );
+    assert_eq!(keys(&u("train/a/s-[!0].tar"), None), ["train/a/s-1.tar"]);
+    assert_eq!(
+        keys(&u("{train,val}/**/s-?.tar"), None).len(),
+        5,
+        "braces expand first, each pattern is listed"
+    );
+    // The suffix filter: `.tar` by default, any key with "".
+    assert_eq!(keys(&u("train/s-3.*"), None), ["train/s-3.tar"]);
+    assert_eq!(
+        keys(&u("train/s-3.*"), Some("")),
+        ["train/s-3.idx", "train/s-3.tar"]
+    );
+    assert_eq!(keys(&u("train/"), Some(".idx")), ["train/s-3.idx"]);
+
+    // Nothing matches: the error names the URL, the pattern and what was listed.
+    let e = resolve(&u("train/**/shard-*.tar"), None).unwrap_err();
+    let text = e.to_string();
+    assert!(matches!(e, Error::Url { .. }), "{text}");
+    assert!(
+        text.contains("no key matches the pattern `train/**/shard-*.tar`")
+            && text.contains(&format!("6 keys listed under s3://{BUCKET}/train/")),
+        "{text}"
+    );
+    // Keys match but the suffix filter drops them: the message says so.
+    let text = resolve(&u("train/*.idx"), None).unwrap_err().to_string();
+    assert!(
+        text.contains("1 key(s) match the pattern `train/*.idx` but none ends in `.tar`")
+            && text.contains("s3_suffix"),
+        "{text}"
+    );
+    let text = resolve(&u("empty/"), None).unwrap_err().to_string();
+    assert!(
+        text.contains("the prefix holds no objects ending in `.tar`"),
+        "{text}"
+    );
+    // Bad patterns are refused before any request, naming the fault.
+    for (pattern, want) in [
+        ("train/[0-9", "`[` at position 7 is not closed by `]`"),
+        ("train/***.tar", "`***` at position 7"),
+        (
+            "train/[z-a].tar",
+            "the range `z-a` at position 8 is reversed",
+        ),
+    ] {
+        let e = resolve(&u(pattern), None).unwrap_err();
+        let text = e.to_string();
+        assert!(
+            matches!(e, Error::Url { .. })
+                && text.contains("bad key pattern")
+                && text.contains(want),
+            "{pattern}: {text}"
+        );
+    }
 }
 
 #[test]

@@ -1,7 +1,9 @@
 //! The credential sources that speak HTTP (instance metadata IMDSv2,
-//! container credentials, STS AssumeRoleWithWebIdentity) against a tiny
-//! server on 127.0.0.1 that checks what each protocol requires, the chain
-//! with a fake environment, and refresh before expiry. Nothing here may
+//! container credentials, STS AssumeRoleWithWebIdentity, a profile's
+//! `role_arn` through STS AssumeRole, SSO's GetRoleCredentials) against a
+//! tiny server on 127.0.0.1 that checks what each protocol requires, a
+//! profile's `credential_process` (a shell script), the chain with a fake
+//! environment, and refresh before expiry. Nothing here may
 //! reach 169.254.169.254: every environment sets the endpoint or
 //! `AWS_EC2_METADATA_DISABLED`.
 
@@ -20,6 +22,7 @@ struct Seen {
     method: String,
     path: String,
     headers: Vec<(String, String)>,
+    body: String,
 }
 
 impl Seen {
@@ -69,7 +72,22 @@ fn serve(mut conn: TcpStream, handler: &Handler, n: &AtomicUsize, log: &Mutex<Ve
         let mut headers = [httparse::EMPTY_HEADER; 32];
         let mut req = httparse::Request::new(&mut headers);
         if let Ok(httparse::Status::Complete(used)) = req.parse(&buf) {
+            let length: usize = req
+                .headers
+                .iter()
+                .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+                .and_then(|h| std::str::from_utf8(h.value).ok()?.trim().parse().ok())
+                .unwrap_or(0);
+            if buf.len() < used + length {
+                let mut tmp = [0u8; 4096];
+                match conn.read(&mut tmp) {
+                    Ok(0) | Err(_) => return,
+                    Ok(k) => buf.extend_from_slice(&tmp[..k]),
+                }
+                continue;
+            }
             let seen = Seen {
+                body: String::from_utf8_lossy(&buf[used..used + length]).to_string(),
                 method: req.method.unwrap_or("").to_string(),
                 path: req.path.unwrap_or("").to_string(),
                 headers: req
@@ -83,7 +101,7 @@ fn serve(mut conn: TcpStream, handler: &Handler, n: &AtomicUsize, log: &Mutex<Ve
                     })
                     .collect(),
             };
-            buf.drain(..used);
+            buf.drain(..used + length);
             n.fetch_add(1, Ordering::SeqCst);
             log.lock().unwrap().push(seen.clone());
             let (status, body) = handler(&seen);
@@ -327,4 +345,418 @@ fn temporary_credentials_are_refreshed_before_they_expire() {
             .iter()
             .all(|s| s.method == "GET")
     );
+}
+
+/// A home with `~/.aws/config` holding `config`, and no other source.
+fn home_with_config(config: &str) -> (tempfile::TempDir, Env) {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(d.path().join(".aws")).unwrap();
+    std::fs::write(d.path().join(".aws/config"), config).unwrap();
+    let env = Env::with_home(Some(d.path().to_path_buf())).set("AWS_EC2_METADATA_DISABLED", "true");
+    (d, env)
+}
+
+/// An executable shell script `name` in `dir` running `body`.
+fn script(dir: &std::path::Path, name: &str, body: &str) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let p = dir.join(name);
+    std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    p.display().to_string()
+}
+
+#[test]
+fn credential_process_output_becomes_credentials_and_failures_keep_the_secret() {
+    let d = tempfile::tempdir().unwrap();
+    let expires = iso(SystemTime::now() + Duration::from_secs(3600));
+    let good = script(
+        d.path(),
+        "good",
+        &format!(
+            r#"[ "$1" = "--role" ] || exit 9
+echo '{{"Version": 1, "AccessKeyId": "ASIAPROC", "SecretAccessKey": "SECRET-PROC-LEAK", "SessionToken": "TOKEN-PROC", "Expiration": "{expires}"}}'"#
+        ),
+    );
+    let failing = script(d.path(), "failing", "echo 'SECRET-PROC-LEAK' ; exit 3");
+    let v2 = script(
+        d.path(),
+        "v2",
+        r#"echo '{"Version": 2, "AccessKeyId": "A", "SecretAccessKey": "SECRET-PROC-LEAK"}'"#,
+    );
+    let garbage = script(
+        d.path(),
+        "garbage",
+        "echo 'SecretAccessKey=SECRET-PROC-LEAK'",
+    );
+    let nosecret = script(
+        d.path(),
+        "nosecret",
+        r#"echo '{"Version": 1, "AccessKeyId": "A"}'"#,
+    );
+    let config = format!(
+        "[profile proc]\ncredential_process = {good} --role \"train ing\"\nregion = eu-west-1\n\
+         [profile failing]\ncredential_process = {failing} --token SECRET-ARG\n\
+         [profile v2]\ncredential_process = {v2}\n\
+         [profile garbage]\ncredential_process = {garbage}\n\
+         [profile nosecret]\ncredential_process = {nosecret}\n"
+    );
+    let (_home, env) = home_with_config(&config);
+    let cfg = |p: &str| S3Config {
+        profile: Some(p.into()),
+        ..Default::default()
+    };
+    let (source, c) = creds::chain(&cfg("proc"), &env).unwrap();
+    assert_eq!(source, Source::Profile);
+    assert_eq!(
+        (
+            c.access_key_id.as_str(),
+            c.secret_access_key(),
+            c.session_token()
+        ),
+        ("ASIAPROC", "SECRET-PROC-LEAK", Some("TOKEN-PROC"))
+    );
+    assert!(c.expiry.is_some());
+    assert!(c.source.contains("credential_process"), "{}", c.source);
+    for (profile, want) in [
+        ("failing", "exited with status 3"),
+        ("v2", "`Version` is not 1"),
+        ("garbage", "not a JSON credentials document"),
+        ("nosecret", "no `SecretAccessKey`"),
+    ] {
+        let e = creds::chain(&cfg(profile), &env).unwrap_err();
+        assert!(
+            e.contains(want) && e.contains(&format!("profile `{profile}`")),
+            "{profile}: {e}"
+        );
+        assert!(
+            !e.contains("SECRET-PROC-LEAK") && !e.contains("SECRET-ARG"),
+            "{profile}: {e}"
+        );
+    }
+}
+
+/// A fake STS: AssumeRole of `arn:...:role/<name>` answered with keys
+/// `ASIA<NAME>` when signed with one of `keys` (key id → expected), else
+/// AccessDenied as STS words it.
+fn fake_sts() -> Tiny {
+    let expires = SystemTime::now() + Duration::from_secs(3600);
+    Tiny::start(Arc::new(move |r: &Seen| {
+        if r.method == "GET"
+            && r.path.contains("Action=AssumeRoleWithWebIdentity")
+            && r.path
+                .contains("RoleArn=arn%3Aaws%3Aiam%3A%3A123456789012%3Arole%2Fwebid")
+            && r.path.contains("WebIdentityToken=JWT.PROFILE")
+        {
+            return (
+                200,
+                format!(
+                    "<AssumeRoleWithWebIdentityResponse><AssumeRoleWithWebIdentityResult><Credentials>\
+                     <AccessKeyId>ASIAWEBID</AccessKeyId><SecretAccessKey>S</SecretAccessKey>\
+                     <SessionToken>T</SessionToken><Expiration>{}</Expiration>\
+                     </Credentials></AssumeRoleWithWebIdentityResult></AssumeRoleWithWebIdentityResponse>",
+                    iso(expires)
+                ),
+            );
+        }
+        let auth = r.header("authorization").unwrap_or("");
+        let form: Vec<(String, String)> = r
+            .body
+            .split('&')
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.replace("%3A", ":").replace("%2F", "/")))
+            .collect();
+        let get = |k: &str| {
+            form.iter()
+                .find(|(n, _)| n == k)
+                .map(|(_, v)| v.as_str())
+                .unwrap_or("")
+        };
+        let role = get("RoleArn").rsplit('/').next().unwrap_or("").to_string();
+        let signed_by = auth
+            .split("Credential=")
+            .nth(1)
+            .and_then(|c| c.split('/').next())
+            .unwrap_or("");
+        let allowed = match role.as_str() {
+            "first" => signed_by == "AKIDSOURCE",
+            "second" => signed_by == "ASIAFIRST",
+            _ => false,
+        };
+        if r.method != "POST"
+            || get("Action") != "AssumeRole"
+            || !auth.contains("/sts/aws4_request")
+            || !allowed
+        {
+            return (
+                403,
+                "<ErrorResponse><Error><Type>Sender</Type><Code>AccessDenied</Code><Message>no</Message></Error></ErrorResponse>".into(),
+            );
+        }
+        (
+            200,
+            format!(
+                "<AssumeRoleResponse><AssumeRoleResult><Credentials>\
+                 <AccessKeyId>ASIA{}</AccessKeyId><SecretAccessKey>SECRET{}</SecretAccessKey>\
+                 <SessionToken>TOKEN{}</SessionToken><Expiration>{}</Expiration>\
+                 </Credentials><AssumedRoleUser><Arn>x</Arn></AssumedRoleUser></AssumeRoleResult></AssumeRoleResponse>",
+                role.to_uppercase(),
+                role.to_uppercase(),
+                role.to_uppercase(),
+                iso(expires)
+            ),
+        )
+    }))
+}
+
+#[test]
+fn role_arn_is_assumed_with_the_source_profiles_keys_through_sts() {
+    let sts = fake_sts();
+    let container = Tiny::start(Arc::new(|_r: &Seen| {
+        (
+            200,
+            json_creds("AKIDSOURCE", SystemTime::now() + Duration::from_secs(3600)),
+        )
+    }));
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "JWT.PROFILE\n").unwrap();
+    let config = "\
+[profile base]
+aws_access_key_id = AKIDSOURCE
+aws_secret_access_key = SECRET-SOURCE-LEAK
+[profile first]
+role_arn = arn:aws:iam::123456789012:role/first
+source_profile = base
+role_session_name = my-session
+[profile second]
+role_arn = arn:aws:iam::123456789012:role/second
+source_profile = first
+[profile denied]
+role_arn = arn:aws:iam::123456789012:role/other
+source_profile = base
+[profile orphan]
+role_arn = arn:aws:iam::123456789012:role/first
+source_profile = nowhere
+[profile nosource]
+role_arn = arn:aws:iam::123456789012:role/first
+[profile loop-a]
+role_arn = arn:aws:iam::123456789012:role/first
+source_profile = loop-b
+[profile loop-b]
+role_arn = arn:aws:iam::123456789012:role/first
+source_profile = loop-a
+[profile mfa]
+role_arn = arn:aws:iam::123456789012:role/first
+source_profile = base
+mfa_serial = arn:aws:iam::123456789012:mfa/me
+[profile ecs]
+role_arn = arn:aws:iam::123456789012:role/first
+credential_source = EcsContainer
+[profile badsource]
+role_arn = arn:aws:iam::123456789012:role/first
+credential_source = Laptop
+[profile webid]
+role_arn = arn:aws:iam::123456789012:role/webid
+web_identity_token_file = TOKEN_FILE
+"
+    .replace("TOKEN_FILE", token.to_str().unwrap());
+    let (_home, env) = home_with_config(&config);
+    let env = env.set("AWS_ENDPOINT_URL_STS", &sts.url).set(
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+        &format!("{}/creds", container.url),
+    );
+    let cfg = |p: &str| S3Config {
+        profile: Some(p.into()),
+        ..Default::default()
+    };
+    let (source, c) = creds::chain(&cfg("first"), &env).unwrap();
+    assert_eq!(source, Source::Profile);
+    assert_eq!(
+        (c.access_key_id.as_str(), c.session_token()),
+        ("ASIAFIRST", Some("TOKENFIRST"))
+    );
+    assert!(c.expiry.is_some());
+    {
+        let seen = sts.seen.lock().unwrap();
+        let r = seen.last().unwrap();
+        assert!(r.body.contains("RoleSessionName=my-session"), "{}", r.body);
+        assert!(
+            r.header("content-type")
+                .is_some_and(|t| t.starts_with("application/x-www-form-urlencoded")),
+            "{r:?}"
+        );
+    }
+    // The role assumed with the container's credentials; a web identity
+    // token file named by the profile.
+    let (_, c) = creds::chain(&cfg("ecs"), &env).unwrap();
+    assert_eq!(c.access_key_id, "ASIAFIRST");
+    assert_eq!(container.requests.load(Ordering::SeqCst), 1);
+    let (_, c) = creds::chain(&cfg("webid"), &env).unwrap();
+    assert_eq!(c.access_key_id, "ASIAWEBID");
+    assert!(c.source.contains("web identity"), "{}", c.source);
+    // A chain: `second`'s source is the role `first`, assumed first.
+    let before = sts.requests.load(Ordering::SeqCst);
+    let (_, c) = creds::chain(&cfg("second"), &env).unwrap();
+    assert_eq!(c.access_key_id, "ASIASECOND");
+    assert_eq!(sts.requests.load(Ordering::SeqCst), before + 2);
+
+    // The provider fetches again through STS before expiry.
+    let p = Provider::new(&cfg("first"), &env).unwrap();
+    let before = sts.requests.load(Ordering::SeqCst);
+    p.get(SystemTime::now() + Duration::from_secs(3500))
+        .unwrap();
+    assert_eq!(sts.requests.load(Ordering::SeqCst), before + 1);
+
+    for (profile, want) in [
+        ("denied", "HTTP 403 Forbidden, error code AccessDenied"),
+        (
+            "orphan",
+            "source_profile `nowhere` of profile `orphan` is not in the shared files",
+        ),
+        (
+            "nosource",
+            "profile `nosource` has role_arn but no source_profile",
+        ),
+        ("loop-a", "loop-a → loop-b → loop-a"),
+        ("mfa", "needs an MFA code"),
+        (
+            "badsource",
+            "credential_source `Laptop` is not Environment, Ec2InstanceMetadata or EcsContainer",
+        ),
+    ] {
+        let e = creds::chain(&cfg(profile), &env).unwrap_err();
+        assert!(e.contains(want), "{profile}: {e}");
+        assert!(!e.contains("SECRET-SOURCE-LEAK"), "{profile}: {e}");
+    }
+    // AWS_ENDPOINT_URL serves STS too when no STS endpoint is set, as in the SDKs.
+    let (_home2, env2) = home_with_config(&config);
+    let env2 = env2.set("AWS_ENDPOINT_URL", &sts.url);
+    assert_eq!(
+        creds::chain(&cfg("first"), &env2).unwrap().1.access_key_id,
+        "ASIAFIRST"
+    );
+}
+
+/// A fake SSO portal: GetRoleCredentials of account 111122223333, role
+/// Trainer, with bearer token `good-token`.
+fn fake_portal() -> Tiny {
+    let expires_ms = (SystemTime::now() + Duration::from_secs(3600))
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    Tiny::start(Arc::new(move |r: &Seen| {
+        if r.method != "GET"
+            || r.path != "/federation/credentials?account_id=111122223333&role_name=Trainer"
+        {
+            return (400, "{}".into());
+        }
+        if r.header("x-amz-sso_bearer_token") != Some("good-token") {
+            return (
+                401,
+                r#"{"message":"Session token not found or invalid"}"#.into(),
+            );
+        }
+        (
+            200,
+            format!(
+                r#"{{"roleCredentials":{{"accessKeyId":"ASIASSO","secretAccessKey":"SECRET-SSO","sessionToken":"TOKEN-SSO","expiration":{expires_ms}}}}}"#
+            ),
+        )
+    }))
+}
+
+#[test]
+fn sso_profiles_trade_the_cached_token_for_role_credentials() {
+    let portal = fake_portal();
+    let config = "\
+[profile sso]
+sso_session = corp
+sso_account_id = 111122223333
+sso_role_name = Trainer
+region = eu-west-1
+[sso-session corp]
+sso_start_url = https://corp.awsapps.com/start
+sso_region = eu-west-1
+sso_registration_scopes = sso:account:access
+[profile legacy]
+sso_start_url = https://old.awsapps.com/start
+sso_region = us-east-2
+sso_account_id = 111122223333
+sso_role_name = Trainer
+[profile stale]
+sso_session = stale
+sso_account_id = 111122223333
+sso_role_name = Trainer
+[sso-session stale]
+sso_start_url = https://stale.awsapps.com/start
+sso_region = eu-west-1
+[profile nosession]
+sso_session = missing
+sso_account_id = 111122223333
+sso_role_name = Trainer
+[profile revoked]
+sso_session = revoked
+sso_account_id = 111122223333
+sso_role_name = Trainer
+[sso-session revoked]
+sso_start_url = https://revoked.awsapps.com/start
+sso_region = eu-west-1
+[profile notloggedin]
+sso_start_url = https://never.awsapps.com/start
+sso_region = eu-west-1
+sso_account_id = 111122223333
+sso_role_name = Trainer
+";
+    let (home, env) = home_with_config(config);
+    let env = env.set("AWS_ENDPOINT_URL_SSO", &portal.url);
+    let later = iso(SystemTime::now() + Duration::from_secs(3600));
+    let past = iso(SystemTime::now() - Duration::from_secs(60));
+    let cache = |key: &str, token: &str, expires: &str| {
+        let path = creds::sso_cache_file(&env, key).unwrap();
+        assert!(path.starts_with(home.path().join(".aws/sso/cache")));
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(
+            &path,
+            format!(r#"{{"startUrl":"x","region":"eu-west-1","accessToken":"{token}","expiresAt":"{expires}"}}"#),
+        )
+        .unwrap();
+    };
+    // The session's file is the SHA-1 of its name; the older form's, of the start URL.
+    cache("corp", "good-token", &later);
+    cache("https://old.awsapps.com/start", "good-token", &later);
+    cache("stale", "good-token", &past);
+    cache("revoked", "old-token", &later);
+    let cfg = |p: &str| S3Config {
+        profile: Some(p.into()),
+        ..Default::default()
+    };
+    for profile in ["sso", "legacy"] {
+        let (source, c) = creds::chain(&cfg(profile), &env).unwrap();
+        assert_eq!(source, Source::Profile);
+        assert_eq!(
+            (c.access_key_id.as_str(), c.session_token()),
+            ("ASIASSO", Some("TOKEN-SSO")),
+            "{profile}"
+        );
+        assert!(c.expiry.is_some_and(|e| e > SystemTime::now()));
+    }
+    for (profile, want) in [
+        ("stale", "expired at"),
+        ("notloggedin", "no SSO token cached"),
+        ("revoked", "HTTP 401"),
+        ("nosession", "no [sso-session missing] section"),
+    ] {
+        let e = creds::chain(&cfg(profile), &env).unwrap_err();
+        assert!(e.contains(want), "{profile}: {e}");
+        if profile != "nosession" {
+            assert!(
+                e.contains(&format!("run `aws sso login --profile {profile}`")),
+                "{profile}: {e}"
+            );
+        }
+        assert!(
+            !e.contains("good-token") && !e.contains("old-token"),
+            "{profile}: {e}"
+        );
+    }
 }

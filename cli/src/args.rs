@@ -264,6 +264,8 @@ pub(crate) struct LoaderArgs {
     /// Epochs to run, 0 for ever (`epochs`; default 1).
     #[arg(long)]
     pub(crate) epochs: Option<u64>,
+    #[command(flatten)]
+    pub(crate) s3: S3Args,
     /// More configuration keys as a JSON object (flags win); may be given
     /// several times, later objects' keys replacing earlier ones'.
     #[arg(long)]
@@ -345,11 +347,18 @@ pub(crate) struct ObjectArgs {
 
 /// S3 endpoint and addressing as flags; credentials come from the
 /// environment, the AWS profile files or `--config`, never the command line
-/// (where `ps` would show them).
+/// (where `ps` would show them). `--endpoint-url` and `--no-sign-request`
+/// are the AWS CLI's names; the `--s3-*` ones stay as aliases.
 #[derive(Args, Clone)]
 pub(crate) struct S3Args {
-    /// S3-compatible endpoint URL (default: AWS_ENDPOINT_URL, else AWS).
-    #[arg(long)]
+    /// S3-compatible endpoint URL, as the AWS CLI's option (key
+    /// `s3_endpoint`; default: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, the
+    /// profile's endpoint_url, else AWS).
+    #[arg(
+        long = "endpoint-url",
+        visible_alias = "s3-endpoint",
+        value_name = "URL"
+    )]
     pub(crate) s3_endpoint: Option<String>,
     /// S3 region (default: AWS_REGION, the profile's, else us-east-1).
     #[arg(long)]
@@ -357,8 +366,9 @@ pub(crate) struct S3Args {
     /// Address buckets as a path (endpoint/bucket/key), not a host name.
     #[arg(long)]
     pub(crate) s3_path_style: bool,
-    /// Send unsigned requests (public buckets).
-    #[arg(long)]
+    /// Send unsigned requests, no credentials looked up (public buckets), as
+    /// the AWS CLI's option (key `s3_unsigned`).
+    #[arg(long = "no-sign-request", visible_alias = "s3-unsigned")]
     pub(crate) s3_unsigned: bool,
     /// AWS profile to take credentials and region from.
     #[arg(long)]
@@ -416,7 +426,27 @@ pub(crate) fn config_map_for(urls: Vec<String>, a: &LoaderArgs) -> AnyResult<Map
     if let Some(v) = a.epochs {
         set("epochs", json!(v));
     }
+    s3_keys(&a.s3, &mut set);
     Ok(m)
+}
+
+/// The configuration keys of the S3 flags.
+fn s3_keys(s3: &S3Args, set: &mut impl FnMut(&str, Value)) {
+    if let Some(v) = &s3.s3_endpoint {
+        set("s3_endpoint", json!(v));
+    }
+    if let Some(v) = &s3.s3_region {
+        set("s3_region", json!(v));
+    }
+    if s3.s3_path_style {
+        set("s3_path_style", json!(true));
+    }
+    if s3.s3_unsigned {
+        set("s3_unsigned", json!(true));
+    }
+    if let Some(v) = &s3.aws_profile {
+        set("aws_profile", json!(v));
+    }
 }
 
 /// The configuration of `get` and `put`: `--config` objects, then the flags.
@@ -440,21 +470,7 @@ pub(crate) fn object_config(a: &ObjectArgs, more: &[(&str, Value)]) -> AnyResult
     if let Some(v) = &a.io_backend {
         set("io_backend", json!(v));
     }
-    if let Some(v) = &a.s3.s3_endpoint {
-        set("s3_endpoint", json!(v));
-    }
-    if let Some(v) = &a.s3.s3_region {
-        set("s3_region", json!(v));
-    }
-    if a.s3.s3_path_style {
-        set("s3_path_style", json!(true));
-    }
-    if a.s3.s3_unsigned {
-        set("s3_unsigned", json!(true));
-    }
-    if let Some(v) = &a.s3.aws_profile {
-        set("aws_profile", json!(v));
-    }
+    s3_keys(&a.s3, &mut set);
     for (k, v) in more {
         set(k, v.clone());
     }

@@ -36,10 +36,11 @@ fn net_options(cfg: &Config) -> NetOptions {
 
 /// The shards of `cfg`'s URLs, each with its size: a loader learns a remote
 /// shard's size when it reads it, a listing asks for every size at once
-/// (`HEAD`s in parallel).
+/// (`HEAD`s in parallel). The S3 keys (`--endpoint-url`, `--no-sign-request`,
+/// `s3_suffix` in `--config`) apply as they do for a loader.
 fn sized_shards(cfg: &Config) -> AnyResult<Vec<ringfeed::dataset::Shard>> {
     let net = net_options(cfg);
-    let mut shards = ringfeed::dataset::resolve(&cfg.urls, &net)?;
+    let mut shards = ringfeed::dataset::resolve_config(cfg, &net)?;
     ringfeed::dataset::head_sizes(&mut shards, &net)?;
     Ok(shards)
 }

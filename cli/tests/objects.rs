@@ -447,3 +447,70 @@ fn local_files_round_trip_and_are_never_replaced_unasked() {
     fails(&["get", &format!("{}/*.none", s(&src))], "*.none");
     assert_eq!(names(tmp.path()), ["copy.bin", "one", "out", "src"]);
 }
+
+/// The AWS CLI's `--endpoint-url` and `--no-sign-request` on every command
+/// that reads S3, the `--s3-*` names kept as aliases.
+#[test]
+fn aws_cli_flag_names_reach_every_s3_command() {
+    for cmd in ["bench", "ls", "index", "cat", "get", "put"] {
+        let help = text(&run(&[cmd, "--help"]).stdout);
+        for want in [
+            "--endpoint-url <URL>",
+            "--no-sign-request",
+            "`s3_endpoint`",
+            "`s3_unsigned`",
+            "--s3-endpoint",
+        ] {
+            assert!(help.contains(want), "{cmd} --help lacks {want}:\n{help}");
+        }
+    }
+    let s3 = S3::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("x.tar");
+    let data = bytes(3000, 5);
+    std::fs::write(&file, &data).unwrap();
+    let ep = s3.endpoint.as_str();
+    let url = format!("s3://{BUCKET}/data/a/x.tar");
+    ok(&["put", s(&file), &url, "--endpoint-url", ep]);
+    assert_eq!(s3.stored("data/a/x.tar"), data);
+    // A prefix lists every depth; a pattern picks keys.
+    for listed in [
+        format!("s3://{BUCKET}/data/"),
+        format!("s3://{BUCKET}/data/**/*.tar"),
+    ] {
+        let o = run(&["ls", &listed, "--endpoint-url", ep]);
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        assert!(
+            text(&o.stdout).contains(&url),
+            "{listed}: {}",
+            text(&o.stdout)
+        );
+    }
+    let out = tmp.path().join("back.tar");
+    ok(&["get", &url, "-o", s(&out), "--endpoint-url", ep]);
+    assert_eq!(std::fs::read(&out).unwrap(), data);
+    // Unsigned requests reach the server, which wants signatures.
+    fails(
+        &[
+            "ls",
+            &format!("s3://{BUCKET}/data/"),
+            "--endpoint-url",
+            ep,
+            "--no-sign-request",
+        ],
+        "403",
+    );
+    fails(
+        &[
+            "get",
+            &url,
+            "-o",
+            s(&out),
+            "--endpoint-url",
+            ep,
+            "--no-sign-request",
+            "--overwrite",
+        ],
+        "403",
+    );
+}

@@ -12,7 +12,7 @@ use serde_json::Value;
 use super::values::{
     attempts, boolean, checksum, cpu_list, endpoint, file_path, fill_mode, integer, io_backend,
     memory_kind, min_free, node_mode, numa_node, positive, positive_size, region, remainder,
-    resume_states, secret, size, text, toggle, urls,
+    resume_states, secret, size, suffix, text, toggle, urls,
 };
 use super::{Checksum, IoBackend, NodeMode, Toggle};
 use crate::cache::{FillMode, MinFree};
@@ -268,6 +268,7 @@ config_keys! {
         aws_secret_access_key => secret_access_key = Some(secret(key, v)?);
         aws_session_token => session_token = Some(secret(key, v)?);
         aws_profile => profile = Some(text(key, v)?);
+        s3_suffix => suffix = Some(suffix(key, v)?);
     };
 
     /// The epoch plan's seed.

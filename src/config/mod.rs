@@ -34,6 +34,7 @@ pub const NODE_SHARED: &[&str] = &[
     "urls",
     "manifest",
     "s3_endpoint",
+    "s3_suffix",
     "batch_size",
     "drop_last",
     "seed",
@@ -80,6 +81,7 @@ impl Config {
             "urls" => urls,
             "manifest" => manifest,
             "s3_endpoint" => s3.endpoint,
+            "s3_suffix" => s3.suffix,
             "batch_size" => batch_size,
             "drop_last" => drop_last,
             "seed" => seed,
@@ -422,5 +424,16 @@ mod tests {
                 .contains("`s3_unsigned`")
         );
         assert!(err(r#"{"urls":"a","aws_session_token":"T"}"#).contains("`aws_session_token`"));
+        // `s3_suffix`: unset (the default by kind), any ending, or "" for all.
+        assert_eq!(
+            Config::from_json(r#"{"urls":"a"}"#).unwrap().s3.suffix,
+            None
+        );
+        for v in ["", ".tar.gz"] {
+            let c = Config::from_json(&format!(r#"{{"urls":"a","s3_suffix":"{v}"}}"#)).unwrap();
+            assert_eq!(c.s3.suffix.as_deref(), Some(v));
+        }
+        assert!(err(r#"{"urls":"a","s3_suffix":"a\nb"}"#).contains("`s3_suffix`"));
+        assert!(err(r#"{"urls":"a","s3_suffix":1}"#).contains("`s3_suffix`"));
     }
 }

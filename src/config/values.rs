@@ -189,6 +189,18 @@ pub(super) fn text(key: &str, v: &Value) -> Result<String> {
     }
 }
 
+/// A key suffix (`s3_suffix`): any string, `""` included, on one line.
+pub(super) fn suffix(key: &str, v: &Value) -> Result<String> {
+    match v.as_str() {
+        Some(s) if !s.chars().any(char::is_control) => Ok(s.to_string()),
+        _ => Err(bad(
+            key,
+            "a string without control characters (\"\" for every key)",
+            v,
+        )),
+    }
+}
+
 /// A credential: like `text`, but the message never shows the value.
 pub(super) fn secret(key: &str, v: &Value) -> Result<String> {
     match v.as_str() {

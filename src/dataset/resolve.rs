@@ -20,6 +20,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use super::glob::{Glob, is_glob};
 use super::parse::{expand_braces, local_path, parse_manifest};
 use super::{Shard, Source};
 use crate::cache::{Cache, Identity};
@@ -77,8 +78,10 @@ pub fn resolve_with(
 }
 
 /// The whole objects `urls` name (`crate::object`), each sized: files,
-/// objects, and every file of a directory or object under an S3 prefix
-/// (one level, as a shard directory is listed), whatever their names.
+/// objects, every file of a directory or object directly under an S3
+/// prefix (one level: they are written into one folder by their names),
+/// and every object a key pattern matches, whatever their names (unless
+/// `s3_suffix` is set).
 pub fn resolve_objects(
     urls: &[String],
     net: &NetOptions,
@@ -376,49 +379,86 @@ impl Resolver<'_> {
         Ok(self.s3.as_ref().expect("set above"))
     }
 
-    /// An object (sized by the manifest, or later), or a prefix to list.
+    /// An object (sized by the manifest, or later), a prefix to list, or a
+    /// key pattern (its literal start listed, the keys matched).
     fn s3_url(&mut self, one: &str, size: Option<u64>) -> Result<()> {
-        let url = S3Url::parse(one).map_err(|reason| Error::Url {
+        let bad = |reason| Error::Url {
             url: one.to_string(),
             reason,
-        })?;
-        let (net, page) = (self.net, LIST_PAGE);
-        let mut jitter = Jitter::new(0x5eed ^ 3);
-        if url.is_prefix() {
-            let objects = self.objects;
-            let wanted = self.wanted();
-            let client = self.s3_client()?;
-            let listed = client.list(&url.bucket, &url.key, page, net, &mut jitter)?;
-            let mut found = Vec::new();
-            let keep = |k: &str| (objects && !k.ends_with('/')) || k.ends_with(".tar");
-            for (key, size) in listed.into_iter().filter(|(k, _)| keep(k)) {
-                let u = S3Url {
-                    bucket: url.bucket.clone(),
-                    key,
-                };
-                found.push(Shard {
-                    name: u.display(),
-                    source: Source::Http(Arc::new(client.object(&u)?)),
-                    size: Some(size),
-                    samples: None,
-                });
-            }
-            if found.is_empty() {
-                return Err(Error::Url {
-                    url: one.to_string(),
-                    reason: format!("the prefix holds no {}", wanted.replace("files", "objects")),
-                });
-            }
-            self.shards.extend(found);
+        };
+        let url = S3Url::parse(one).map_err(bad)?;
+        let pattern = if is_glob(&url.key) {
+            Some(Glob::parse(&url.key).map_err(|why| bad(format!("bad key pattern: {why}")))?)
+        } else {
+            None
+        };
+        if pattern.is_none() && !url.is_prefix() {
+            let obj = self.s3_client()?.object(&url)?;
+            self.shards.push(Shard {
+                name: url.display(),
+                source: Source::Http(Arc::new(obj)),
+                size,
+                samples: None,
+            });
             return Ok(());
         }
-        let obj = self.s3_client()?.object(&url)?;
-        self.shards.push(Shard {
-            name: url.display(),
-            source: Source::Http(Arc::new(obj)),
-            size,
-            samples: None,
-        });
+        // Shards: every depth under a prefix. Whole objects (`get`, `cat`)
+        // land in one directory by their last name, so a plain prefix gives
+        // its direct children there; a pattern says itself how deep it goes.
+        let recursive = !self.objects || pattern.is_some();
+        let suffix = match &self.s3_config.suffix {
+            Some(s) => s.clone(),
+            None if self.objects => String::new(),
+            None => ".tar".to_string(),
+        };
+        let prefix = pattern.as_ref().map_or(url.key.as_str(), Glob::prefix);
+        let (net, page) = (self.net, LIST_PAGE);
+        let mut jitter = Jitter::new(0x5eed ^ 3);
+        let client = self.s3_client()?;
+        let listed = client.list(&url.bucket, prefix, recursive, page, net, &mut jitter)?;
+        let total = listed.len();
+        let mut matched = 0;
+        let mut found = Vec::new();
+        for (key, size) in listed {
+            // A key ending in `/` is a folder marker made by consoles, not data.
+            if key.ends_with('/') || !pattern.as_ref().is_none_or(|p| p.matches(&key)) {
+                continue;
+            }
+            matched += 1;
+            if !key.ends_with(&suffix) {
+                continue;
+            }
+            let u = S3Url {
+                bucket: url.bucket.clone(),
+                key,
+            };
+            found.push(Shard {
+                name: u.display(),
+                source: Source::Http(Arc::new(client.object(&u)?)),
+                size: Some(size),
+                samples: None,
+            });
+        }
+        if found.is_empty() {
+            let listed = format!("s3://{}/{prefix}", url.bucket);
+            let ends = if suffix.is_empty() {
+                String::new()
+            } else {
+                format!(" ending in `{suffix}` (`s3_suffix`; \"\" takes every key)")
+            };
+            return Err(bad(match &pattern {
+                None => format!("the prefix holds no objects{ends}"),
+                Some(_) if matched > 0 => format!(
+                    "{matched} key(s) match the pattern `{}` but none ends in `{suffix}` (set `s3_suffix`; \"\" takes every key)",
+                    url.key
+                ),
+                Some(_) => format!(
+                    "no key matches the pattern `{}` ({total} keys listed under {listed})",
+                    url.key
+                ),
+            }));
+        }
+        self.shards.extend(found);
         Ok(())
     }
 

@@ -10,6 +10,7 @@
 
 pub mod cache;
 pub mod config;
+pub mod glob;
 pub mod http;
 pub mod manifest;
 pub mod resume;

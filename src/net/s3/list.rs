@@ -134,13 +134,16 @@ impl S3Client {
         })
     }
 
-    /// Every key under `prefix` (direct children: `/` is the delimiter, as
-    /// a local directory lists its files) with its size, following
-    /// continuation tokens; `page` keys per request.
+    /// Every key under `prefix` with its size, in key order, following
+    /// continuation tokens; `page` keys per request. `recursive`: every key
+    /// that starts with `prefix`, at any depth (no delimiter, as `aws s3 ls
+    /// --recursive` lists); else only direct children (`/` as the
+    /// delimiter, as a local directory lists its files).
     pub fn list(
         &self,
         bucket: &str,
         prefix: &str,
+        recursive: bool,
         page: u32,
         net: &NetOptions,
         jitter: &mut Jitter,
@@ -150,8 +153,9 @@ impl S3Client {
         let what = format!("s3://{bucket}/{prefix}");
         loop {
             let mut url = format!(
-                "{}?list-type=2&delimiter=%2F&max-keys={page}&prefix={}",
+                "{}?list-type=2{}&max-keys={page}&prefix={}",
                 self.addressing.bucket_url(bucket),
+                if recursive { "" } else { "&delimiter=%2F" },
                 encode_query(prefix)
             );
             if let Some(t) = &token {

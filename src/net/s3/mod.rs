@@ -5,8 +5,10 @@
 //! `https://bucket.s3.REGION.amazonaws.com/key`), read with the same ranged
 //! GETs as any HTTP shard; each request is signed by [`sign::SigV4Signer`]
 //! (smithy-rs's `aws-sigv4`) with credentials from the chain in [`creds`].
-//! `s3://bucket/prefix/` is listed with ListObjectsV2 ([`list`]); the sizes
-//! come from the listing, so no HEAD is needed.
+//! `s3://bucket/prefix/` is listed with ListObjectsV2 ([`list`]), at every
+//! depth, and so is the literal start of a key pattern
+//! (`s3://bucket/train/**/shard-*.tar`, matched by `crate::dataset`); the
+//! sizes come from the listing, so no HEAD is needed.
 //!
 //! Everything that reads the environment takes an [`Env`] value, so tests
 //! give a fake one and the pure parts never read the process's variables.
@@ -118,6 +120,9 @@ pub struct S3Config {
     pub session_token: Option<String>,
     /// `aws_profile`.
     pub profile: Option<String>,
+    /// `s3_suffix`: the ending a listed key must have to be taken; `None`:
+    /// `.tar` for shards, any key for whole objects; `""`: any key.
+    pub suffix: Option<String>,
 }
 
 impl fmt::Debug for S3Config {
@@ -132,6 +137,7 @@ impl fmt::Debug for S3Config {
             .field("secret_access_key", &given(&self.secret_access_key))
             .field("session_token", &given(&self.session_token))
             .field("profile", &self.profile)
+            .field("suffix", &self.suffix)
             .finish()
     }
 }

@@ -1,5 +1,6 @@
-//! What the sources over HTTP share: the client and its time-outs, a GET
-//! whose errors never show the URL (it may hold a token), the credentials
+//! What the sources over HTTP share: the client and its time-outs, the
+//! endpoint overrides, a request whose errors never show the URL (it may
+//! hold a token) nor the body (only an AWS error code), the credentials
 //! document of the container and instance metadata services, and ISO 8601
 //! expiry times.
 
@@ -8,6 +9,7 @@ use std::time::{Duration, SystemTime};
 use serde::Deserialize;
 
 use super::Credentials;
+use crate::net::s3::Env;
 
 /// Time-outs of the credential fetches. Connecting to the instance metadata
 /// address off EC2 hangs until the connect time-out (nothing answers), so it
@@ -45,15 +47,40 @@ pub(super) fn get_text(
         .map_err(|e| format!("{what}: {}", without_url(&e)))?;
     let status = resp.status();
     if !status.is_success() {
-        return Err(format!("{what}: HTTP {status}"));
+        // STS says why in an XML error (`<Code>AccessDenied</Code>`); the
+        // code is shown, the rest of the body is not.
+        let code = resp.text().ok().and_then(|b| error_code(&b));
+        return Err(match code {
+            Some(c) => format!("{what}: HTTP {status}, error code {c}"),
+            None => format!("{what}: HTTP {status}"),
+        });
     }
     resp.text()
         .map_err(|e| format!("{what}: {}", without_url(&e)))
 }
 
+/// The `<Code>` of an AWS XML error body, when it is a plain word.
+fn error_code(body: &str) -> Option<String> {
+    let start = body.find("<Code>")? + "<Code>".len();
+    let len = body[start..].find("</Code>")?;
+    let code = &body[start..start + len];
+    (!code.is_empty()
+        && code.len() <= 64
+        && code.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.'))
+    .then(|| code.to_string())
+}
+
+/// A service's endpoint override, as the SDKs read it: its own variable
+/// (`AWS_ENDPOINT_URL_STS`), else `AWS_ENDPOINT_URL`; without a trailing `/`.
+pub(super) fn service_endpoint(env: &Env, var: &str) -> Option<String> {
+    env.get(var)
+        .or_else(|| env.get("AWS_ENDPOINT_URL"))
+        .map(|e| e.trim_end_matches('/').to_string())
+}
+
 /// A reqwest error's text without the URL (which may hold a token in its
 /// query, as STS's does).
-fn without_url(e: &reqwest::Error) -> String {
+pub(super) fn without_url(e: &reqwest::Error) -> String {
     let kind = if e.is_timeout() {
         "timed out"
     } else if e.is_connect() {

@@ -1,7 +1,10 @@
 //! The static sources of the chain: long-lived keys from the configuration,
-//! the environment, or a profile of the shared files. Nothing is fetched.
+//! the environment, or a profile of the shared files (`profiles.rs` decides
+//! which kind a profile is). Nothing is fetched.
 
-use super::{Credentials, profile};
+use std::collections::BTreeMap;
+
+use super::Credentials;
 use crate::net::s3::{Env, S3Config};
 
 /// The configuration keys `aws_access_key_id` and `aws_secret_access_key`.
@@ -39,11 +42,11 @@ pub fn from_env(env: &Env) -> Result<Option<Credentials>, String> {
     }
 }
 
-/// The keys of profile `name` in the shared files.
-pub fn from_profile(env: &Env, name: &str) -> Result<Option<Credentials>, String> {
-    let Some(p) = profile(env, name) else {
-        return Ok(None);
-    };
+/// The static keys of profile `name` (keys `p`), if it has any.
+pub fn static_keys(
+    name: &str,
+    p: &BTreeMap<String, String>,
+) -> Result<Option<Credentials>, String> {
     match (p.get("aws_access_key_id"), p.get("aws_secret_access_key")) {
         (Some(id), Some(secret)) => Ok(Some(Credentials::new(
             id,

@@ -4,7 +4,8 @@
 //! credentials and fetches new ones before temporary credentials expire.
 //!
 //! Order: configuration keys, environment variables, the shared credentials
-//! and config files (profiles), the web identity token file (EKS IRSA, STS
+//! and config files (profiles: static keys, `credential_process`,
+//! `role_arn` with `source_profile`, SSO), the web identity token file (EKS IRSA, STS
 //! AssumeRoleWithWebIdentity), container credentials (ECS, EKS Pod
 //! Identity), instance metadata (IMDSv2). The first source that is
 //! configured wins; the sources over HTTP are only asked when their
@@ -18,31 +19,46 @@
 //! One file per part: `credentials.rs` (the key pair, its expiry),
 //! `profile.rs` (the shared config and credentials files), `keys.rs` (the
 //! static sources: configuration keys, environment, a profile's keys),
-//! `http.rs` (what the sources over HTTP share), `sts.rs` (web identity),
+//! `profiles.rs` (which kind a profile is: a role, SSO, a process, keys),
+//! `assume.rs` (a profile's `role_arn` through STS AssumeRole), `sso.rs`
+//! (SSO's cached token and GetRoleCredentials), `process.rs`
+//! (`credential_process`), `http.rs` (what the sources over HTTP share),
+//! `sts.rs` (web identity),
 //! `container.rs` (ECS, EKS Pod Identity), `imds.rs` (instance metadata),
 //! `chain.rs` (the order of the sources) and `provider.rs` (keeping and
 //! refreshing the chosen source's credentials).
 
+mod assume;
 mod chain;
 mod container;
 mod credentials;
 mod http;
 mod imds;
 mod keys;
+mod process;
 mod profile;
+mod profiles;
 mod provider;
+mod sso;
 mod sts;
 #[cfg(test)]
 mod tests;
 
+pub use assume::{assume_role, sign_sts, sts_endpoint};
 pub use chain::{Source, chain};
 pub use container::from_container;
 pub use credentials::{Credentials, REFRESH_MARGIN, expired, needs_refresh};
 pub use http::{CONNECT_TIMEOUT, REQUEST_TIMEOUT, client, parse_time};
 pub use imds::from_imds;
-pub use keys::{from_config, from_env, from_profile};
+pub use keys::{from_config, from_env, static_keys};
+pub use process::{from_process, parse_process_output};
 pub use profile::{
-    Ini, config_path, credentials_path, parse_ini, profile, profile_name, profile_value,
+    Ini, config_path, config_sections, credentials_path, parse_ini, profile, profile_name,
+    profile_value,
 };
+pub use profiles::from_profile;
 pub use provider::Provider;
-pub use sts::{from_web_identity, parse_sts};
+pub use sso::{
+    cache_file as sso_cache_file, parse_role_credentials, parse_token as parse_sso_token,
+};
+pub use sts::{from_web_identity, parse_sts, web_identity};

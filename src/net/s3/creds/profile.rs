@@ -70,6 +70,11 @@ fn read_ini(path: &Option<PathBuf>) -> Ini {
         .unwrap_or_default()
 }
 
+/// The config file's sections (`[sso-session NAME]` among them).
+pub fn config_sections(env: &Env) -> Ini {
+    read_ini(&config_path(env))
+}
+
 /// A profile's keys: the config file's `[profile NAME]` (or `[default]`),
 /// overridden by the credentials file's `[NAME]`.
 pub fn profile(env: &Env, name: &str) -> Option<BTreeMap<String, String>> {

@@ -1,5 +1,6 @@
 //! STS AssumeRoleWithWebIdentity: the web identity token file of EKS IRSA
-//! traded for temporary credentials.
+//! traded for temporary credentials; and the answer of STS's AssumeRole
+//! calls (this one and `assume.rs`'s).
 
 use serde::Deserialize;
 
@@ -9,7 +10,7 @@ use crate::net::s3::Env;
 
 /// STS AssumeRoleWithWebIdentity, when `AWS_WEB_IDENTITY_TOKEN_FILE` and
 /// `AWS_ROLE_ARN` are set. The STS endpoint is `AWS_ENDPOINT_URL_STS`, else
-/// the regional one.
+/// `AWS_ENDPOINT_URL`, else the regional one.
 pub fn from_web_identity(env: &Env) -> Result<Option<Credentials>, String> {
     let (Some(token_file), Some(role)) = (
         env.get("AWS_WEB_IDENTITY_TOKEN_FILE"),
@@ -17,8 +18,6 @@ pub fn from_web_identity(env: &Env) -> Result<Option<Credentials>, String> {
     ) else {
         return Ok(None);
     };
-    let token = std::fs::read_to_string(token_file)
-        .map_err(|e| format!("web identity token file `{token_file}`: {e}"))?;
     let session = env
         .get("AWS_ROLE_SESSION_NAME")
         .unwrap_or("ringfeed-session");
@@ -26,10 +25,22 @@ pub fn from_web_identity(env: &Env) -> Result<Option<Credentials>, String> {
         .get("AWS_REGION")
         .or_else(|| env.get("AWS_DEFAULT_REGION"))
         .unwrap_or(crate::net::s3::DEFAULT_REGION);
-    let endpoint = env
-        .get("AWS_ENDPOINT_URL_STS")
-        .map(|e| e.trim_end_matches('/').to_string())
-        .unwrap_or_else(|| format!("https://sts.{region}.amazonaws.com"));
+    web_identity(env, token_file, role, session, region, "web identity").map(Some)
+}
+
+/// AssumeRoleWithWebIdentity of `role` with the token in `token_file`, at
+/// the STS endpoint of `region`; `source` names the credentials.
+pub fn web_identity(
+    env: &Env,
+    token_file: &str,
+    role: &str,
+    session: &str,
+    region: &str,
+    source: &str,
+) -> Result<Credentials, String> {
+    let token = std::fs::read_to_string(token_file)
+        .map_err(|e| format!("web identity token file `{token_file}`: {e}"))?;
+    let endpoint = super::assume::sts_endpoint(env, region);
     let enc = crate::net::s3::encode_query;
     let url = format!(
         "{endpoint}/?Action=AssumeRoleWithWebIdentity&Version=2011-06-15&RoleArn={}&RoleSessionName={}&WebIdentityToken={}",
@@ -39,16 +50,16 @@ pub fn from_web_identity(env: &Env) -> Result<Option<Credentials>, String> {
     );
     let what = format!("STS AssumeRoleWithWebIdentity at {endpoint}");
     let text = get_text(client(false)?.get(url), &what)?;
-    parse_sts(&text)
-        .map(Some)
-        .map_err(|e| format!("{what}: {e}"))
+    let mut c = parse_sts(&text).map_err(|e| format!("{what}: {e}"))?;
+    c.source = source.to_string();
+    Ok(c)
 }
 
-/// The `Credentials` of an AssumeRoleWithWebIdentity response.
+/// The `Credentials` of an AssumeRoleWithWebIdentity or AssumeRole response.
 pub fn parse_sts(xml: &str) -> Result<Credentials, String> {
     #[derive(Deserialize)]
     struct Response {
-        #[serde(rename = "AssumeRoleWithWebIdentityResult")]
+        #[serde(rename = "AssumeRoleWithWebIdentityResult", alias = "AssumeRoleResult")]
         result: Result_,
     }
     #[derive(Deserialize)]
@@ -65,7 +76,7 @@ pub fn parse_sts(xml: &str) -> Result<Credentials, String> {
         expiration: String,
     }
     let r: Response = quick_xml::de::from_str(xml)
-        .map_err(|_| "the response is not an AssumeRoleWithWebIdentity result".to_string())?;
+        .map_err(|_| "the response is not an AssumeRole(WithWebIdentity) result".to_string())?;
     let c = r.result.credentials;
     Ok(Credentials::new(
         &c.access_key_id,

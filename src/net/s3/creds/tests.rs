@@ -241,7 +241,7 @@ fn sts_and_json_documents() {
     );
     assert!(c.expiry.is_some());
     let e = parse_sts("<Error><Code>AccessDenied</Code></Error>").unwrap_err();
-    assert!(e.contains("not an AssumeRoleWithWebIdentity"), "{e}");
+    assert!(e.contains("not an AssumeRole"), "{e}");
     let j = r#"{"Code":"Success","AccessKeyId":"ASIAJ","SecretAccessKey":"SJ","Token":"TJ","Expiration":"2026-11-30T09:00:00Z"}"#;
     assert_eq!(json_credentials(j, "x").unwrap().access_key_id, "ASIAJ");
     let e = json_credentials(r#"{"AccessKeyId":"SECRETISH"}"#, "x").unwrap_err();
@@ -269,4 +269,121 @@ fn debug_output_is_redacted() {
     );
     let env = Env::default().set("AWS_SECRET_ACCESS_KEY", "topsecret");
     assert!(!format!("{env:?}").contains("topsecret"));
+}
+
+#[test]
+fn credential_process_documents() {
+    let c = parse_process_output(
+        r#"{"Version": 1, "AccessKeyId": "A", "SecretAccessKey": "S", "SessionToken": "T", "Expiration": "2030-01-01T00:00:00Z"}"#,
+        "p",
+    )
+    .unwrap();
+    assert_eq!(
+        (c.access_key_id.as_str(), c.session_token()),
+        ("A", Some("T"))
+    );
+    assert!(c.expiry.is_some());
+    // Long-lived keys: no token, no expiry.
+    let c = parse_process_output(
+        r#"{"Version":1,"AccessKeyId":"A","SecretAccessKey":"S"}"#,
+        "p",
+    )
+    .unwrap();
+    assert_eq!((c.session_token(), c.expiry), (None, None));
+    for (text, want) in [
+        (
+            r#"{"AccessKeyId":"A","SecretAccessKey":"LEAK"}"#,
+            "no `Version`",
+        ),
+        (
+            r#"{"Version":"1","AccessKeyId":"A","SecretAccessKey":"LEAK"}"#,
+            "not 1",
+        ),
+        (
+            r#"{"Version":1,"SecretAccessKey":"LEAK"}"#,
+            "no `AccessKeyId`",
+        ),
+        ("LEAK", "not a JSON credentials document"),
+        (
+            r#"{"Version":1,"AccessKeyId":"A","SecretAccessKey":"LEAK","Expiration":"soon"}"#,
+            "bad expiration",
+        ),
+    ] {
+        let e = parse_process_output(text, "p").unwrap_err();
+        assert!(e.contains(want) && !e.contains("LEAK"), "{text}: {e}");
+    }
+}
+
+#[test]
+fn sso_tokens_and_role_credentials() {
+    let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_900_000_000);
+    let doc = |at: &str| format!(r#"{{"accessToken":"tok","expiresAt":"{at}"}}"#);
+    assert_eq!(
+        parse_sso_token(&doc("2030-06-01T00:00:00Z"), now).unwrap(),
+        "tok"
+    );
+    // The AWS CLI v1's `UTC` suffix.
+    assert_eq!(
+        parse_sso_token(&doc("2030-06-01T00:00:00UTC"), now).unwrap(),
+        "tok"
+    );
+    let e = parse_sso_token(&doc("2020-01-01T00:00:00Z"), now).unwrap_err();
+    assert!(e.contains("expired at 2020-01-01T00:00:00Z"), "{e}");
+    assert!(
+        parse_sso_token(r#"{"expiresAt":"2030-06-01T00:00:00Z"}"#, now)
+            .unwrap_err()
+            .contains("no accessToken")
+    );
+    assert!(
+        parse_sso_token("x", now)
+            .unwrap_err()
+            .contains("not a token")
+    );
+    let c = parse_role_credentials(
+        r#"{"roleCredentials":{"accessKeyId":"A","secretAccessKey":"S","sessionToken":"T","expiration":1900000000000}}"#,
+        "sso",
+    )
+    .unwrap();
+    assert_eq!(c.expiry, Some(now));
+    assert!(parse_role_credentials("{}", "sso").is_err());
+    // The cache file is named by the SHA-1 of the session (FIPS 180 "abc").
+    let env = Env::with_home(Some("/h".into()));
+    assert_eq!(
+        sso_cache_file(&env, "abc").unwrap(),
+        std::path::PathBuf::from("/h/.aws/sso/cache/a9993e364706816aba3e25717850c26c9cd0d89d.json")
+    );
+    assert_eq!(sso_cache_file(&Env::default(), "abc"), None);
+}
+
+#[test]
+fn sts_requests_are_signed_for_sts_with_the_body() {
+    let c = Credentials::new("AKIDEXAMPLE", "SECRETLEAK", Some("TOK"), None, "t");
+    let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_369_353_600);
+    let h = sign_sts(
+        &c,
+        "eu-west-1",
+        "https://sts.eu-west-1.amazonaws.com/",
+        &[("host", "sts.eu-west-1.amazonaws.com")],
+        b"Action=AssumeRole",
+        t,
+    )
+    .unwrap();
+    let auth = &h.iter().find(|(k, _)| k == "authorization").unwrap().1;
+    assert!(
+        auth.contains("Credential=AKIDEXAMPLE/20130524/eu-west-1/sts/aws4_request"),
+        "{auth}"
+    );
+    assert!(
+        h.iter()
+            .any(|(k, v)| k == "x-amz-security-token" && v == "TOK")
+    );
+    assert!(!format!("{h:?}").contains("SECRETLEAK"));
+    assert_eq!(
+        sts_endpoint(&Env::default(), "eu-west-1"),
+        "https://sts.eu-west-1.amazonaws.com"
+    );
+    let env = Env::default()
+        .set("AWS_ENDPOINT_URL", "http://all:1")
+        .set("AWS_ENDPOINT_URL_STS", "http://sts:2/");
+    assert_eq!(sts_endpoint(&env, "x"), "http://sts:2");
 }
