@@ -3,7 +3,8 @@
 # formatting, lints, the header drift check, unit and property tests, the
 # loom model of the ring, end-to-end loader tests on generated shards, and
 # the C and C++ programs built with -Werror and ASan/UBSan against the library
-# (and the misuse and race programs under valgrind),
+# (and the misuse and race programs under valgrind), the install
+# (scripts/install.sh) with a CMake and a pkg-config program built on it,
 # then the Python package: installed by pip into .venv (which builds and
 # bundles the release library) and tested with pytest, torch included; a
 # dependency that cannot be installed fails the run.
@@ -23,15 +24,22 @@ fi
 if ! command -v valgrind >/dev/null; then
     apt-get update -qq && apt-get install -y -qq valgrind >/dev/null
 fi
+# tests/install.rs builds the CMake example and a pkg-config program against
+# an install (scripts/install.sh).
+if ! command -v cmake >/dev/null || ! command -v pkg-config >/dev/null; then
+    apt-get update -qq && apt-get install -y -qq cmake pkg-config >/dev/null
+fi
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# The release build first: tests/install.rs runs scripts/install.sh, whose
+# `cargo build --release` then has nothing left to do. The Python package
+# below bundles it too (pip runs the same build),
+# and its tests generate shards with the release CLI and write to the
+# S3-compatible server of examples/s3_server.rs.
+cargo build --release --locked
 cargo test --workspace --all-targets --locked --no-fail-fast
 
-# The Python package. pip builds it with `cargo build --release --lib -p ringfeed` and
-# bundles the library; the tests generate shards with the release CLI and
-# write to the S3-compatible server of examples/s3_server.rs.
-cargo build --release --locked
 cargo build --release --locked --example s3_server
 if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
     apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null

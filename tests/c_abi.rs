@@ -169,6 +169,38 @@ fn lib_dir() -> &'static Path {
     })
 }
 
+/// A directory holding the library under the two names a program linked
+/// with `-lringfeed` needs: `libringfeed.so` to link, and the SONAME that
+/// build.rs gives it, `libringfeed.so.<MAJOR>`, to run; cargo makes only the
+/// first. Both are links to the library of [`lib_dir`], made in the test's
+/// temporary directory under target/, not in cargo's own directories.
+fn link_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let lib = lib_dir().join(LIB);
+        // One directory per profile: `cargo test` and `cargo test --release`
+        // share CARGO_TARGET_TMPDIR.
+        let profile = lib_dir()
+            .components()
+            .rev()
+            .map(|c| c.as_os_str().to_string_lossy())
+            .find(|c| c != "deps")
+            .expect("profile directory name");
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("c_abi-lib-{profile}"));
+        std::fs::create_dir_all(&dir).expect("create the library link directory");
+        let soname = format!("{LIB}.{}", env!("CARGO_PKG_VERSION_MAJOR"));
+        for name in [LIB, soname.as_str()] {
+            // Made aside and renamed over the old link: test processes
+            // running at once (nextest) each replace it atomically.
+            let tmp = dir.join(format!("{name}.{}", std::process::id()));
+            let _ = std::fs::remove_file(&tmp);
+            std::os::unix::fs::symlink(&lib, &tmp).expect("link the library");
+            std::fs::rename(&tmp, dir.join(name)).expect("put the library link in place");
+        }
+        dir
+    })
+}
+
 fn compiler(env_var: &str, default: &str) -> String {
     std::env::var(env_var).unwrap_or_else(|_| default.to_string())
 }
@@ -208,7 +240,7 @@ fn build_with(src: &str, out_dir: &Path, cxx: bool, sanitize: bool) -> PathBuf {
     } else {
         format!("{stem}-plain")
     });
-    let lib = lib_dir();
+    let lib = link_dir();
     let mut cmd = if cxx {
         let mut c = Command::new(compiler("CXX", "c++"));
         c.args(CXX_FLAGS);

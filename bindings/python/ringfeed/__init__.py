@@ -58,18 +58,14 @@ from .objects import (
 from ._safetensors import load_safetensors
 from .urls import expand_braces, expand_urls
 
-try:
-    from importlib.metadata import PackageNotFoundError, version as _dist_version
-
-    __version__ = _dist_version("ringfeed")
-except Exception:  # not installed (a source checkout): the library's version
-    __version__ = _ffi.lib.ringfeed_version().decode()
+from ._version import VERSION as __version__
 
 LIBRARY_PATH = _ffi.LIBRARY_PATH
 
 
 def library_version():
-    """The version of the loaded native library."""
+    """The version of the loaded native library: `__version__`, since the
+    package refuses to load a library of another release."""
     return _ffi.lib.ringfeed_version().decode()
 
 
