@@ -91,6 +91,11 @@ pub(crate) struct NodeArgs {
     /// standard input instead of the arguments.
     #[arg(long)]
     pub(crate) config_stdin: bool,
+    /// Serve the engine's metrics (Prometheus text: its consumers' loaders
+    /// summed, the shared arena, consumers attached) at
+    /// http://127.0.0.1:PORT/metrics (0: any free port; printed on stderr).
+    #[arg(long, value_name = "PORT")]
+    pub(crate) metrics_port: Option<u16>,
     #[command(flatten)]
     pub(crate) opts: LoaderArgs,
 }

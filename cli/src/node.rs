@@ -6,6 +6,7 @@
 //! demand (with `--config-stdin --linger-ms`).
 
 use std::io::Read;
+use std::sync::{Arc, OnceLock};
 
 use serde_json::{Map, Value};
 
@@ -64,7 +65,22 @@ pub(crate) fn node_cmd(a: NodeArgs) -> AnyResult<()> {
         linger: a.linger_ms.map(std::time::Duration::from_millis),
         status_of: ringfeed::ffi::status::status_of,
     };
-    node::serve(listener, opts)?;
+    // The endpoint listens before the engine starts (a taken port is an
+    // error now), and answers once the engine gives its metrics. After the
+    // fork above: a daemon's threads start in the child.
+    let source: Arc<OnceLock<node::MetricsSource>> = Arc::default();
+    let _metrics = match a.metrics_port {
+        Some(port) => {
+            let s = Arc::clone(&source);
+            Some(crate::metrics::serve(port, move || {
+                s.get().map(|f| f()).unwrap_or_default()
+            })?)
+        }
+        None => None,
+    };
+    node::serve_with_metrics(listener, opts, |m| {
+        let _ = source.set(m);
+    })?;
     eprintln!("ringfeed node: no consumer for a while; exiting");
     Ok(())
 }

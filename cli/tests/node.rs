@@ -159,3 +159,76 @@ fn bench_attached_to_a_node_engine_reads_every_byte_through_it() {
     // Without a node the report has no such member.
     assert!(alone["stats"].get("node").is_none(), "{alone}");
 }
+
+#[test]
+fn the_engine_serves_its_metrics_summed_over_its_consumers() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let paths = shards(dir.path());
+    let socket = dir.path().join("node.sock");
+    let mut engine = Command::new(BIN)
+        .arg("node")
+        .args(&paths)
+        .arg("--socket")
+        .arg(&socket)
+        .args([
+            "--linger-ms",
+            "2000",
+            "--metrics-port",
+            "0",
+            "--batch-size",
+            "4",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(engine.stderr.take().unwrap());
+    let mut line = String::new();
+    let url = loop {
+        line.clear();
+        assert!(
+            err.read_line(&mut line).unwrap() > 0,
+            "no metrics address printed"
+        );
+        if let Some(u) = line.trim().strip_prefix("metrics: ") {
+            break u.to_string();
+        }
+    };
+    wait_listening(&socket, &mut engine);
+    let addr = url
+        .trim_start_matches("http://")
+        .trim_end_matches("/metrics")
+        .to_string();
+    let scrape = || {
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        write!(s, "GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).unwrap();
+        resp
+    };
+    // A consumer attached and holding its first batch.
+    let cfg = json!({"urls": paths, "batch_size": 4, "node": socket});
+    let consumer = Attached::open_json(&cfg.to_string()).unwrap();
+    let first = match consumer.next(Some(Duration::from_secs(60))).unwrap() {
+        AnyNext::Batch(b) => b,
+        _ => panic!("no first batch"),
+    };
+    let body = scrape();
+    assert!(body.starts_with("HTTP/1.1 200 OK"), "{body}");
+    assert!(body.contains("\nringfeed_node_consumers 1\n"), "{body}");
+    assert!(
+        body.contains("\nringfeed_node_attached_total 1\n"),
+        "{body}"
+    );
+    assert!(
+        body.contains("# TYPE ringfeed_delivered_samples_total counter"),
+        "{body}"
+    );
+    assert!(body.contains("\nringfeed_arena_bytes "), "{body}");
+    drop(first);
+    drop(consumer);
+    engine.kill().unwrap();
+    engine.wait().unwrap();
+}

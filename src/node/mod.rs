@@ -29,7 +29,7 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 
 pub use client::{NodeBatch, NodeLoader, NodeNext, keep, release};
-pub use server::{NodeOptions, serve};
+pub use server::{MetricsSource, NodeOptions, serve, serve_with_metrics};
 
 use crate::config::{Config, NodeMode};
 use crate::engine::{Counts, Loader, Next};

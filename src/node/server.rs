@@ -86,11 +86,33 @@ struct Whole {
     sessions: AtomicU64,
 }
 
+/// The engine's metrics in the Prometheus text format, made when asked.
+pub type MetricsSource = Arc<dyn Fn() -> String + Send + Sync>;
+
 /// Serves consumers on `listener` until the engine lingers out.
 pub fn serve(listener: OwnedFd, opts: NodeOptions) -> Result<()> {
+    serve_with_metrics(listener, opts, |_| {})
+}
+
+/// As [`serve`]; `metrics` is given, once the engine is set up, what makes
+/// its metrics: every attached consumer's loader summed (counters, retries
+/// by kind), the shared arena's chunks, and the consumers attached and the
+/// batches they hold (`ringfeed_node_*`).
+pub fn serve_with_metrics(
+    listener: OwnedFd,
+    opts: NodeOptions,
+    metrics: impl FnOnce(MetricsSource),
+) -> Result<()> {
     let base = Config::from_map(&opts.config)?;
     let whole = Arc::new(Whole::default());
     let engine = Engine::new(&base, &whole)?;
+    {
+        let (e, w) = (Arc::downgrade(&engine), Arc::clone(&whole));
+        metrics(Arc::new(move || match e.upgrade() {
+            Some(engine) => engine_metrics(&engine, &w),
+            None => String::new(),
+        }));
+    }
     let opts = Arc::new(opts);
     let active = Arc::new(AtomicUsize::new(0));
     let mut idle_since = Instant::now();
@@ -166,6 +188,85 @@ struct Held {
 struct Dataset {
     shards: Vec<Shard>,
     net: Option<EngineNet>,
+}
+
+/// The engine's metrics (see [`serve_with_metrics`]).
+fn engine_metrics(engine: &Engine, whole: &Whole) -> String {
+    let feeds: Vec<Arc<Feed>> = engine
+        .feeds
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .values()
+        .filter_map(Weak::upgrade)
+        .collect();
+    // Counters and retries summed over the consumers' loaders; the setup
+    // (backend, memory) is the first one's, the same for all.
+    let mut sum = serde_json::Map::new();
+    for f in &feeds {
+        let Ok(Value::Object(one)) = serde_json::to_value(f.loader.stats()) else {
+            continue;
+        };
+        for (k, v) in one {
+            match (sum.get_mut(&k), &v) {
+                (Some(Value::Number(a)), Value::Number(b)) => {
+                    let total = a.as_f64().unwrap_or(0.0) + b.as_f64().unwrap_or(0.0);
+                    if let Some(n) = serde_json::Number::from_f64(total) {
+                        *a = n;
+                    }
+                }
+                (Some(Value::Object(a)), Value::Object(b)) if k == "retries" => {
+                    for (kind, n) in b {
+                        let total = a.get(kind).and_then(Value::as_f64).unwrap_or(0.0)
+                            + n.as_f64().unwrap_or(0.0);
+                        a.insert(kind.clone(), json!(total));
+                    }
+                }
+                (None, _) => {
+                    sum.insert(k, v);
+                }
+                _ => {}
+            }
+        }
+    }
+    // The arena is the engine's, not each loader's.
+    let usage = engine.pool.usage();
+    sum.insert("chunk_count".into(), json!(engine.pool.chunk_count()));
+    sum.insert("chunks_in_use".into(), json!(usage.in_use));
+    sum.insert("chunks_peak".into(), json!(usage.peak));
+    sum.insert("chunk_size".into(), json!(engine.pool.chunk_size()));
+    sum.insert("arena_bytes".into(), json!(engine.pool.arena().len()));
+    for k in [
+        "epoch",
+        "workers",
+        "shards_total",
+        "time_to_first_batch_ns",
+        "elapsed_ns",
+    ] {
+        sum.remove(k);
+    }
+    let mut text = crate::engine::prometheus(&Value::Object(sum).to_string()).unwrap_or_default();
+    for (name, help, v) in [
+        (
+            "ringfeed_node_consumers",
+            "Consumers attached now.",
+            whole.consumers.load(Ordering::Relaxed),
+        ),
+        (
+            "ringfeed_node_batches_held",
+            "Batches handed to consumers and not yet released.",
+            whole.held.load(Ordering::Relaxed),
+        ),
+    ] {
+        text.push_str(&format!(
+            "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}\n"
+        ));
+    }
+    let name = "ringfeed_node_attached_total";
+    text.push_str(&format!(
+        "# HELP {name} Consumers attached since the engine started.\n# TYPE {name} counter\n{name} {}\n",
+        whole.attached.load(Ordering::Relaxed)
+    ));
+    text
 }
 
 impl Engine {
