@@ -17,6 +17,8 @@ use clap::Parser;
 
 use args::{Cli, Command};
 
+use std::io::Write as _;
+
 mod args;
 mod bench;
 mod cache;
@@ -42,7 +44,8 @@ fn main() -> ExitCode {
                 ringfeed::log::Level::Error => "error",
                 _ => "warning",
             };
-            eprintln!("ringfeed: {what}: {msg}");
+            // Called on engine threads: a closed stderr must not panic one.
+            let _ = writeln!(std::io::stderr(), "ringfeed: {what}: {msg}");
         })),
         ringfeed::log::Level::Warn,
     );

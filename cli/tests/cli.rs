@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use ringfeed::synth;
 
+mod common;
+
 const BIN: &str = env!("CARGO_BIN_EXE_ringfeed");
 const SEED: u64 = 7;
 
@@ -474,30 +476,8 @@ fn bench_serves_its_metrics_while_it_runs() {
             .spawn()
             .unwrap(),
     );
-    let mut err = BufReader::new(child.0.stderr.take().unwrap());
-    let mut line = String::new();
-    let url = loop {
-        line.clear();
-        assert!(
-            err.read_line(&mut line).unwrap() > 0,
-            "no metrics address printed"
-        );
-        if let Some(u) = line.trim().strip_prefix("metrics: ") {
-            break u.to_string();
-        }
-    };
-    let addr = url
-        .trim_start_matches("http://")
-        .trim_end_matches("/metrics")
-        .to_string();
-    let get = |path: &str| {
-        let mut s = TcpStream::connect(&addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        write!(s, "GET {path} HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
-        let mut resp = String::new();
-        s.read_to_string(&mut resp).unwrap();
-        resp
-    };
+    let addr = common::metrics_address(child.0.stderr.take().unwrap());
+    let get = |path: &str| common::http_get(&addr, path);
     let body = get("/metrics");
     assert!(body.starts_with("HTTP/1.1 200 OK"), "{body}");
     assert!(

@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 use ringfeed::node::{AnyNext, Attached};
 use serde_json::json;
 
+mod common;
+
 const BIN: &str = env!("CARGO_BIN_EXE_ringfeed");
 
 /// Small shards in a temporary directory; returns it and their paths.
@@ -162,7 +164,6 @@ fn bench_attached_to_a_node_engine_reads_every_byte_through_it() {
 
 #[test]
 fn the_engine_serves_its_metrics_summed_over_its_consumers() {
-    use std::io::{BufRead, BufReader, Read, Write};
     let dir = tempfile::tempdir().unwrap();
     let paths = shards(dir.path());
     let socket = dir.path().join("node.sock");
@@ -183,31 +184,9 @@ fn the_engine_serves_its_metrics_summed_over_its_consumers() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut err = BufReader::new(engine.stderr.take().unwrap());
-    let mut line = String::new();
-    let url = loop {
-        line.clear();
-        assert!(
-            err.read_line(&mut line).unwrap() > 0,
-            "no metrics address printed"
-        );
-        if let Some(u) = line.trim().strip_prefix("metrics: ") {
-            break u.to_string();
-        }
-    };
+    let addr = common::metrics_address(engine.stderr.take().unwrap());
     wait_listening(&socket, &mut engine);
-    let addr = url
-        .trim_start_matches("http://")
-        .trim_end_matches("/metrics")
-        .to_string();
-    let scrape = || {
-        let mut s = std::net::TcpStream::connect(&addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        write!(s, "GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
-        let mut resp = String::new();
-        s.read_to_string(&mut resp).unwrap();
-        resp
-    };
+    let scrape = || common::http_get(&addr, "/metrics");
     // A consumer attached and holding its first batch.
     let cfg = json!({"urls": paths, "batch_size": 4, "node": socket});
     let consumer = Attached::open_json(&cfg.to_string()).unwrap();

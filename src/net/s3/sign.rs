@@ -11,7 +11,6 @@ use aws_sigv4::http_request::{
     PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest, SigningSettings,
     UriPathNormalizationMode, sign,
 };
-use aws_smithy_runtime_api::client::identity::Identity;
 
 use super::creds::Provider;
 use crate::net::http::{Fail, FailKind, HttpObject, RequestSigner};
@@ -42,14 +41,7 @@ impl SigV4Signer {
         now: SystemTime,
     ) -> Result<Vec<(String, String)>, String> {
         let c = self.provider.get(now)?;
-        let identity: Identity = aws_credential_types::Credentials::new(
-            c.access_key_id.clone(),
-            c.secret_access_key().to_string(),
-            c.session_token().map(str::to_string),
-            c.expiry,
-            "ringfeed",
-        )
-        .into();
+        let identity = c.sigv4_identity();
         // S3's rules: the path is signed as sent (single encoding, no
         // normalization) and the payload hash header is required.
         let mut settings = SigningSettings::default();

@@ -7,7 +7,6 @@ use std::collections::BTreeMap;
 use std::time::SystemTime;
 
 use aws_sigv4::http_request::{SignableBody, SignableRequest, SigningSettings, sign};
-use aws_smithy_runtime_api::client::identity::Identity;
 
 use super::http::{get_text, service_endpoint};
 use super::{Credentials, client, parse_sts};
@@ -112,14 +111,7 @@ pub fn sign_sts(
     body: &[u8],
     now: SystemTime,
 ) -> Result<Vec<(String, String)>, String> {
-    let identity: Identity = aws_credential_types::Credentials::new(
-        c.access_key_id.clone(),
-        c.secret_access_key().to_string(),
-        c.session_token().map(str::to_string),
-        c.expiry,
-        "ringfeed",
-    )
-    .into();
+    let identity = c.sigv4_identity();
     let params = aws_sigv4::sign::v4::SigningParams::builder()
         .identity(&identity)
         .region(region)

@@ -36,6 +36,19 @@ impl fmt::Debug for Credentials {
 }
 
 impl Credentials {
+    /// The key pair as the SigV4 signer takes it (the S3 requests' signer
+    /// and STS's).
+    pub fn sigv4_identity(&self) -> aws_smithy_runtime_api::client::identity::Identity {
+        aws_credential_types::Credentials::new(
+            self.access_key_id.clone(),
+            self.secret_access_key().to_string(),
+            self.session_token().map(str::to_string),
+            self.expiry,
+            "ringfeed",
+        )
+        .into()
+    }
+
     pub fn new(
         access_key_id: &str,
         secret_access_key: &str,
