@@ -41,9 +41,11 @@ workload. A workload whose script fails is reported as failed, with its log,
 and the others still run.
 
 --from DIR builds the report from outputs already there, running nothing:
-DIR/run.json when this script made DIR, else DIR/<workload>/summary.json,
-else the newest DIR/<workload>/<time>/summary.json (the scripts' own
-layout, so `--from benches/out` reports their latest runs).
+DIR/run.json when this script made DIR (the report is written there again),
+else DIR/<workload>/summary.json, else the newest
+DIR/<workload>/<time>/summary.json (the scripts' own layout, so `--from
+benches/out` reports their latest runs); DIR is then only read, the report
+going to benches/out/report/from-<time>/.
 
 The chart needs matplotlib: when this interpreter has none, the venv
 benches/out/venv is made (as benches/http_vs_curl.sh makes it), matplotlib
@@ -79,7 +81,11 @@ SCRIPTS = {
 # their own under benches/out/report/ (gen_shards would otherwise
 # regenerate a default run's shards). Each script takes a few tens of
 # seconds to a couple of minutes on the 2-CPU dev VM, plus the first
-# `cargo build --release`.
+# `cargo build --release`. The price: a run then lasts 0.2-0.8 s, so process
+# start-up (fio's is ~0.3 s) and a loaded machine's bursts weigh far more
+# than in the default profile (the first quick run's per-round ratios
+# spread 1.8-3.2x for local_vs_fio, 0.16-0.76 for shuffle). It shows that
+# everything runs and roughly where it stands; the default gives figures.
 QUICK_DATA = "benches/out/report/data"
 QUICK = {
     "local_vs_fio": {"ROUNDS": "3", "SHARDS": "8", "SHARD_SIZE": "32MiB",
@@ -111,6 +117,7 @@ class Contender:
     cpu: float | None = None   # median CPU-s per GB, whole process, where known
     ringfeed: bool = True      # ringfeed (any configuration), or a peer
     note: str = ""             # e.g. "one run", for a figure that is no median
+    per_round: list = None     # GB/s of each round, where the summary keeps them
 
 
 @dataclass
@@ -158,9 +165,12 @@ def read_local_vs_fio(s):
     best = s.get("best_fio")
     if s.get("cold"):
         m = s["median"]
-        cs = [Contender("ringfeed, O_DIRECT", m["ringfeed_direct_gb_per_s"]),
-              Contender("ringfeed, buffered", m["ringfeed_buffered_gb_per_s"]),
-              Contender("fio --direct=1, ringfeed's shape", m["fio_direct_gb_per_s"], ringfeed=False)]
+        cs = [Contender("ringfeed, O_DIRECT", m["ringfeed_direct_gb_per_s"],
+                        per_round=[r["ringfeed"]["gbs"] for r in rounds]),
+              Contender("ringfeed, buffered", m["ringfeed_buffered_gb_per_s"],
+                        per_round=[r["ringfeed_buffered"]["gbs"] for r in rounds]),
+              Contender("fio --direct=1, ringfeed's shape", m["fio_direct_gb_per_s"], ringfeed=False,
+                        per_round=[r["fio"]["gbs"] for r in rounds])]
         if best:
             cs.append(Contender(f"best fio --direct=1 ({best['config']})", best["gb_per_s"],
                                 ringfeed=False, note="one run"))
@@ -170,10 +180,11 @@ def read_local_vs_fio(s):
                                   s["targets"]["best_fio"]))
         return [Comparison("local shards, cold (COLD=1)", "fio --direct=1, ringfeed's shape", cs, targets,
                            ["CPU-s/GB: the cold run keeps no whole-process CPU figure"])]
-    cs = [Contender("ringfeed", med([r["ringfeed"]["e2e_gbs"] for r in rounds]),
-                    med([r["ringfeed"]["e2e_cpu"] for r in rounds])),
-          Contender("fio, ringfeed's shape", med([r["fio"]["e2e_gbs"] for r in rounds]),
-                    med([r["fio"]["e2e_cpu"] for r in rounds]), ringfeed=False)]
+    def c(w, name, ringfeed=True):
+        gbs = [r[w]["e2e_gbs"] for r in rounds]
+        return Contender(name, med(gbs), med([r[w]["e2e_cpu"] for r in rounds]), ringfeed, per_round=gbs)
+
+    cs = [c("ringfeed", "ringfeed"), c("fio", "fio, ringfeed's shape", ringfeed=False)]
     if best:
         cs.append(Contender(f"best fio ({best['config']})", best["e2e_gb_per_s"], ringfeed=False,
                             note="one run"))
@@ -199,7 +210,8 @@ def read_cache(s):
         return f"fio --direct=1, {j} job{'' if j == '1' else 's'}"
 
     def c(w, name, ringfeed=True):
-        return Contender(name, m[w]["gbs"], m[w]["cpu"], ringfeed)
+        return Contender(name, m[w]["gbs"], m[w]["cpu"], ringfeed,
+                         per_round=[r[w]["gbs"] for r in s["rounds"]])
 
     epoch1 = Comparison(
         "epoch 1 over HTTP", "ringfeed, no cache",
@@ -220,8 +232,8 @@ def read_shuffle(s):
     rounds = s["rounds"]
 
     def c(w, name):
-        return Contender(name, med([r[w]["whole_gbs"] for r in rounds]),
-                         med([r[w]["whole_cpu"] for r in rounds]))
+        gbs = [r[w]["whole_gbs"] for r in rounds]
+        return Contender(name, med(gbs), med([r[w]["whole_cpu"] for r in rounds]), per_round=gbs)
 
     budget = rounds[0]["plain"]["budget"]
     rss_mib = max(r["shuffled"]["rss"] for r in rounds) / (1 << 20)
@@ -246,7 +258,8 @@ def read_http_vs_curl(s):
              "threads": "ringfeed https:// threads"}
     if tls:
         names.update(http="ringfeed https:// io_uring", curl="curl x4 https")
-    cs = [Contender(names[w], v["gbs"], v["cpu"], ringfeed=w in ("http", "s3", "threads"))
+    cs = [Contender(names[w], v["gbs"], v["cpu"], ringfeed=w in ("http", "s3", "threads"),
+                    per_round=[r[w]["gbs"] for r in s["rounds"]])
           for w, v in m.items()]
     ref = names["floor" if "floor" in m else "curl"]
     # The bounds of http_vs_curl.sh's targets (its header), by the target's
@@ -276,7 +289,7 @@ def read_objects(s):
             continue
         part = s[key]["whole_process"]
         cs = [Contender(w, med(v["gbs"]), med(v["cpu_per_gb"]),
-                        ringfeed=w.startswith("ringfeed") or key == "safetensors")
+                        ringfeed=w.startswith("ringfeed") or key == "safetensors", per_round=v["gbs"])
               for w, v in part.items()]
         targets = [Target(target_label(n), v["ratio_of_medians"], v["bound"], verdict(v["met"]))
                    for n, v in s.get("targets", {}).items() if n.startswith(prefix)]
@@ -340,10 +353,16 @@ def run_workload(name, report_dir, quick):
             "exit_status": rc, "seconds": round(secs, 1)}
 
 
+def new_report_dir(prefix=""):
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    path = os.path.join(ROOT, "benches", "out", "report", prefix + stamp)
+    os.makedirs(path)
+    return path
+
+
 def run_all(workloads, quick, argv):
     stamp = datetime.datetime.now(datetime.timezone.utc)
-    report_dir = os.path.join(ROOT, "benches", "out", "report", stamp.strftime("%Y%m%d-%H%M%S"))
-    os.makedirs(report_dir)
+    report_dir = new_report_dir()
     run = {"command": command_line({}, argv), "profile": "quick" if quick else "default",
            "date": stamp.strftime("%Y-%m-%d %H:%M UTC"), **tree_state(),
            "cpus": os.cpu_count(), "load_before": open("/proc/loadavg").read().split()[:3],
@@ -412,6 +431,16 @@ def fmt(x, digits=2):
     return "-" if x is None else f"{x:.{digits}f}"
 
 
+def ratio_cell(x, ref):
+    """The ratio of the medians, with the lowest and highest per-round
+    ratio (rounds paired by index) where both kept their rounds."""
+    cell = f"{x.gbs / ref.gbs:.3f}"
+    if x is not ref and x.per_round and ref.per_round and 1 < len(x.per_round) == len(ref.per_round):
+        per = [a / b for a, b in zip(x.per_round, ref.per_round)]
+        cell += f" [{min(per):.2f}-{max(per):.2f}]"
+    return cell
+
+
 def markdown(run, results, report_cmd):
     state = run.get("commit") and (f"`{run['commit']}`" + (
         f", tree dirty ({run['changed_files']} files changed)" if run["changed_files"] else ", clean tree"))
@@ -425,10 +454,15 @@ def markdown(run, results, report_cmd):
     else:
         lines += ["- made from earlier outputs; the commit of each workload is the one its script "
                   "recorded (\"ringfeed built from\")"]
+    if run["profile"] == "quick":
+        lines.append("- quick profile: small data and 3 rounds, so each run lasts well under a second "
+                     "and start-up and the machine's load weigh heavily (see the per-round ranges); "
+                     "the default profile gives the figures to quote")
     lines += [f"- report written by: `{report_cmd}`", "",
               "GB/s and CPU-s/GB are medians over the rounds, each contender timed over its whole "
               "process (spawn to exit, CPU from wait4), all contenders of a table interleaved in the "
-              "same run. The ratio is a contender's median GB/s over the reference's. The absolute "
+              "same run. The ratio is a contender's median GB/s over the reference's, with the lowest "
+              "and highest per-round ratio in brackets. The absolute "
               "figures depend on the machine and its load; the ratios are the result.", ""]
     for res in results:
         lines += [f"## {res['workload']}", ""]
@@ -448,7 +482,7 @@ def markdown(run, results, report_cmd):
                     name += " (reference)"
                 if x.note:
                     name += f" ({x.note})"
-                lines.append(f"| {name} | {fmt(x.gbs)} | {fmt(x.cpu, 3)} | {x.gbs / ref.gbs:.3f} |")
+                lines.append(f"| {name} | {fmt(x.gbs)} | {fmt(x.cpu, 3)} | {ratio_cell(x, ref)} |")
             lines.append("")
             if c.targets:
                 lines += ["| target | value | bound | result |", "| --- | ---: | --- | --- |"]
@@ -548,10 +582,14 @@ def main():
     ensure_matplotlib()
     argv = ["benches/report.py", *sys.argv[1:]]
     if a.src:
-        report_dir = os.path.abspath(a.src)
-        run = find_outputs(report_dir, workloads)
+        src = os.path.abspath(a.src)
+        run = find_outputs(src, workloads)
         if not run["runs"]:
             sys.exit(f"report.py: no outputs of {', '.join(workloads)} in {a.src}")
+        # A run of this script gets its report back in place; anything else
+        # (the scripts' own folders) is only read, the report going to a
+        # folder of its own.
+        report_dir = src if os.path.exists(os.path.join(src, "run.json")) else new_report_dir("from-")
     else:
         report_dir, run = run_all(workloads, a.quick, argv)
     results = load_results(run)
