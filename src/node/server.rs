@@ -129,18 +129,25 @@ pub fn serve_with_metrics(
                     let t = std::thread::Builder::new()
                         .name("ringfeed-node-session".into())
                         .spawn(move || {
+                            // Counted out however the session ends, a
+                            // panic included: else the engine would never
+                            // linger out.
+                            let _out = CountOut(&a);
                             session(conn, &o, &b, &w, &e);
-                            a.fetch_sub(1, Ordering::AcqRel);
                         });
                     match t {
                         Ok(t) => sessions.push(t),
                         Err(e) => {
                             active.fetch_sub(1, Ordering::AcqRel);
-                            eprintln!("ringfeed node: cannot start a session thread: {e}");
+                            crate::log::log(crate::log::Level::Error, || {
+                                format!("ringfeed node: cannot start a session thread: {e}")
+                            });
                         }
                     }
                 }
-                Err(e) => eprintln!("ringfeed node: accept: {e}"),
+                Err(e) => crate::log::log(crate::log::Level::Error, || {
+                    format!("ringfeed node: accept: {e}")
+                }),
             }
         }
         sessions.retain(|t| !t.is_finished());
@@ -188,6 +195,15 @@ struct Held {
 struct Dataset {
     shards: Vec<Shard>,
     net: Option<EngineNet>,
+}
+
+/// Takes one off a count when dropped (on unwinding too).
+struct CountOut<'a>(&'a AtomicUsize);
+
+impl Drop for CountOut<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// The engine's metrics (see [`serve_with_metrics`]).
