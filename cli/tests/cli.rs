@@ -491,4 +491,11 @@ fn bench_serves_its_metrics_while_it_runs() {
     assert!(body.contains("ringfeed_info{version=\""), "{body}");
     assert!(get("/other").starts_with("HTTP/1.1 404"));
     drop(child);
+    // A port another program holds is an error before any work.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    fails(
+        &["bench", &pattern(dir.path()), "--metrics-port", &port],
+        "--metrics-port",
+    );
 }

@@ -436,4 +436,36 @@ mod tests {
         assert!(err(r#"{"urls":"a","s3_suffix":"a\nb"}"#).contains("`s3_suffix`"));
         assert!(err(r#"{"urls":"a","s3_suffix":1}"#).contains("`s3_suffix`"));
     }
+
+    #[test]
+    fn cache_keys_take_their_values_and_name_bad_ones() {
+        let c = Config::from_json(
+            r#"{"urls":"a","cache_dir":"/nvme/c","cache_size":"2GiB","cache_min_free":"5%",
+                "cache_fill":"always","cache_direct":"off"}"#,
+        )
+        .unwrap();
+        let o = c.cache_options().unwrap();
+        assert_eq!(
+            (o.size, o.min_free),
+            (2 << 30, crate::cache::MinFree::Fraction(0.05))
+        );
+        assert_eq!(c.cache_fill, crate::cache::FillMode::Always);
+        let c = Config::from_json(r#"{"urls":"a","cache_min_free":"1GiB"}"#).unwrap();
+        assert_eq!(c.cache_min_free, crate::cache::MinFree::Bytes(1 << 30));
+        assert!(c.cache_options().is_none(), "no cache_dir, no cache");
+        for (bad, key) in [
+            (r#""cache_dir":"""#, "cache_dir"),
+            (r#""cache_dir":5"#, "cache_dir"),
+            (r#""cache_size":0"#, "cache_size"),
+            (r#""cache_size":"lots""#, "cache_size"),
+            (r#""cache_min_free":"150%""#, "cache_min_free"),
+            (r#""cache_min_free":"x%""#, "cache_min_free"),
+            (r#""cache_min_free":-1"#, "cache_min_free"),
+            (r#""cache_fill":"sometimes""#, "cache_fill"),
+            (r#""cache_direct":"maybe""#, "cache_direct"),
+        ] {
+            let e = err(&format!(r#"{{"urls":"a",{bad}}}"#));
+            assert!(e.contains(&format!("`{key}`")), "{bad}: {e}");
+        }
+    }
 }

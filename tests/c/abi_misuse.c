@@ -266,6 +266,12 @@ static void corrupt_shards(void) {
 
 /* ---- handles ---- */
 
+static void ignore_log(void *user, int32_t level, const char *message) {
+    (void)user;
+    (void)level;
+    (void)message;
+}
+
 static void bad_handles(void) {
     printf("handles:\n");
     ringfeed_batch b;
@@ -288,6 +294,8 @@ static void bad_handles(void) {
         EXPECT_ERROR(ringfeed_loader_stats(g, &s), RINGFEED_ERR_INVALID_HANDLE, "loader handle");
         EXPECT_ERROR(ringfeed_loader_stats_json(g, buf, sizeof buf, &needed),
                      RINGFEED_ERR_INVALID_HANDLE, "loader handle");
+        EXPECT_ERROR(ringfeed_loader_metrics(g, buf, sizeof buf, &needed),
+                     RINGFEED_ERR_INVALID_HANDLE, "loader handle");
         EXPECT_ERROR(ringfeed_loader_state(g, buf, sizeof buf, &needed),
                      RINGFEED_ERR_INVALID_HANDLE, "loader handle");
         EXPECT_ERROR(ringfeed_loader_arena(g, &fd, &base, &arena_len), RINGFEED_ERR_INVALID_HANDLE,
@@ -297,6 +305,8 @@ static void bad_handles(void) {
     EXPECT_ERROR(ringfeed_loader_next(NULL, 0, &b), RINGFEED_ERR_INVALID_ARGUMENT, "loader");
     EXPECT_ERROR(ringfeed_loader_stats(NULL, &s), RINGFEED_ERR_INVALID_ARGUMENT, "loader");
     EXPECT_ERROR(ringfeed_loader_stats_json(NULL, buf, sizeof buf, &needed),
+                 RINGFEED_ERR_INVALID_ARGUMENT, "loader");
+    EXPECT_ERROR(ringfeed_loader_metrics(NULL, buf, sizeof buf, &needed),
                  RINGFEED_ERR_INVALID_ARGUMENT, "loader");
     EXPECT_ERROR(ringfeed_loader_state(NULL, buf, sizeof buf, &needed),
                  RINGFEED_ERR_INVALID_ARGUMENT, "loader");
@@ -337,6 +347,25 @@ static void bad_handles(void) {
                  RINGFEED_ERR_INVALID_ARGUMENT, "buf");
     EXPECT_ERROR(ringfeed_loader_stats_json(l, buf, 1, NULL), RINGFEED_ERR_BUFFER_TOO_SMALL,
                  "bytes");
+    /* The metrics: NULL or short buffers say how much is needed; then whole. */
+    EXPECT_ERROR(ringfeed_loader_metrics(l, NULL, 1 << 20, &needed),
+                 RINGFEED_ERR_INVALID_ARGUMENT, "buf");
+    needed = 0;
+    EXPECT_ERROR(ringfeed_loader_metrics(l, buf, 1, &needed), RINGFEED_ERR_BUFFER_TOO_SMALL,
+                 "bytes");
+    CHECK(needed > 100, "metrics need %zu bytes", needed);
+    char *metrics = malloc(needed + 1);
+    CHECK(metrics != NULL, "malloc");
+    EXPECT_STATUS(ringfeed_loader_metrics(l, metrics, needed + 1, NULL), RINGFEED_OK);
+    CHECK(strlen(metrics) == needed && strstr(metrics, "# TYPE ringfeed_delivered_samples_total counter"),
+          "metrics text: %.200s", metrics);
+    free(metrics);
+    /* The log callback: a level outside the four is refused; NULL unsets. */
+    EXPECT_ERROR(ringfeed_set_log_callback(ignore_log, NULL, 9), RINGFEED_ERR_INVALID_ARGUMENT,
+                 "max_level");
+    EXPECT_ERROR(ringfeed_set_log_callback(ignore_log, NULL, 0), RINGFEED_ERR_INVALID_ARGUMENT,
+                 "max_level");
+    EXPECT_STATUS(ringfeed_set_log_callback(NULL, NULL, 0), RINGFEED_OK);
 
     /* The loader still works after all that. */
     stream_epoch(l, 0, seed, n_shards, n_samples, n_bytes, NULL);

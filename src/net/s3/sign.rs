@@ -66,14 +66,23 @@ impl SigV4Signer {
             SignableBody::UnsignedPayload,
         )
         .map_err(|e| format!("SigV4: {e}"))?;
-        let (instructions, _) = sign(req, &params)
-            .map_err(|e| format!("SigV4: {e}"))?
-            .into_parts();
-        Ok(instructions
-            .headers()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect())
+        signed_headers(req, &params)
     }
+}
+
+/// The header lines SigV4 adds to `req` under `params` (S3's requests and
+/// STS's). Errors of the signer name the part that is wrong, never the key.
+pub(crate) fn signed_headers(
+    req: SignableRequest<'_>,
+    params: &aws_sigv4::http_request::SigningParams<'_>,
+) -> Result<Vec<(String, String)>, String> {
+    let (instructions, _) = sign(req, params)
+        .map_err(|e| format!("SigV4: {e}"))?
+        .into_parts();
+    Ok(instructions
+        .headers()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect())
 }
 
 impl RequestSigner for SigV4Signer {

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::SystemTime;
 
-use aws_sigv4::http_request::{SignableBody, SignableRequest, SigningSettings, sign};
+use aws_sigv4::http_request::{SignableBody, SignableRequest, SigningSettings};
 
 use super::http::{get_text, service_endpoint};
 use super::{Credentials, client, parse_sts};
@@ -128,11 +128,5 @@ pub fn sign_sts(
         SignableBody::Bytes(body),
     )
     .map_err(|e| format!("SigV4: {e}"))?;
-    let (instructions, _) = sign(req, &params)
-        .map_err(|e| format!("SigV4: {e}"))?
-        .into_parts();
-    Ok(instructions
-        .headers()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect())
+    crate::net::s3::sign::signed_headers(req, &params)
 }
