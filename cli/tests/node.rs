@@ -76,8 +76,10 @@ fn an_engine_that_dies_is_an_error_for_its_consumers_not_a_hang() {
     let dir = tempfile::tempdir().unwrap();
     let paths = shards(dir.path());
     let socket = dir.path().join("node.sock");
-    let mut engine = start_engine(&paths, &socket, &["--batch-size", "4"]);
-    let cfg = json!({"urls": paths, "batch_size": 4, "node": socket});
+    // Epochs for ever: the engine can never have handed out everything
+    // (the end included) before it is killed.
+    let mut engine = start_engine(&paths, &socket, &["--batch-size", "4", "--epochs", "0"]);
+    let cfg = json!({"urls": paths, "batch_size": 4, "epochs": 0, "node": socket});
     let l = Attached::open_json(&cfg.to_string()).unwrap();
     let AnyNext::Batch(first) = l.next(Some(Duration::from_secs(60))).unwrap() else {
         panic!("no batch");
