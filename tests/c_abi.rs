@@ -556,7 +556,6 @@ fn node_engine(data: &Shards) -> (tempfile::TempDir, PathBuf) {
         socket: socket.clone(),
         config: config.as_object().unwrap().clone(),
         linger: None,
-        status_of: ringfeed::ffi::status::status_of,
     };
     std::thread::spawn(move || node::serve(listener, opts).unwrap());
     (dir, socket)

@@ -411,7 +411,7 @@ fn open_report(cfg: &Value) -> Value {
             json!({ "status": "RINGFEED_OK", "message": "" })
         }
         Err(e) => {
-            let code = ringfeed::ffi::status::status_of(&e);
+            let code = e.status();
             let name = ringfeed::ffi::ringfeed_status_name(code);
             // SAFETY: status names are static NUL-terminated strings.
             let name = unsafe { std::ffi::CStr::from_ptr(name) };

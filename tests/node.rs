@@ -67,7 +67,6 @@ fn engine(config: Map<String, Value>) -> (tempfile::TempDir, PathBuf) {
         socket: socket.clone(),
         config,
         linger: None,
-        status_of: ringfeed::ffi::status::status_of,
     };
     std::thread::spawn(move || node::serve(listener, opts).unwrap());
     (dir, socket)
@@ -217,7 +216,7 @@ fn a_consumer_that_disagrees_on_a_shared_key_is_refused_naming_it() {
         let mut c = job();
         c.insert(key.into(), value);
         let e = open(c, Some(&socket)).err().expect("refused");
-        let status = ringfeed::ffi::status::status_of(&e);
+        let status = e.status();
         assert_eq!(status, ringfeed::ffi::status::RINGFEED_ERR_NODE, "{e}");
         assert!(e.to_string().contains(&format!("`{key}`")), "{e}");
     }

@@ -63,7 +63,6 @@ pub(crate) fn node_cmd(a: NodeArgs) -> AnyResult<()> {
         socket: socket.clone(),
         config,
         linger: a.linger_ms.map(std::time::Duration::from_millis),
-        status_of: ringfeed::ffi::status::status_of,
     };
     // The endpoint listens before the engine starts (a taken port is an
     // error now), and answers once the engine gives its metrics. After the

@@ -16,7 +16,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 use super::fork;
 use super::status::{
     RINGFEED_ERR_BUFFER_TOO_SMALL, RINGFEED_ERR_INVALID_ARGUMENT, RINGFEED_ERR_INVALID_HANDLE,
-    RINGFEED_ERR_PANIC, RINGFEED_OK, status_of,
+    RINGFEED_ERR_PANIC, RINGFEED_OK,
 };
 use super::types::ringfeed_loader;
 use crate::error::Error;
@@ -59,7 +59,7 @@ pub(super) struct Fail(pub(super) i32, pub(super) String);
 
 impl From<Error> for Fail {
     fn from(e: Error) -> Self {
-        Fail(status_of(&e), e.to_string())
+        Fail(e.status(), e.to_string())
     }
 }
 

@@ -60,8 +60,6 @@ pub struct NodeOptions {
     /// Exit once no consumer has been attached for this long (`None`: run
     /// until killed).
     pub linger: Option<Duration>,
-    /// The status a consumer's C caller sees for an engine error.
-    pub status_of: fn(&Error) -> i32,
 }
 
 /// The longest the engine's arena waits for a first batch before its pages
@@ -547,13 +545,13 @@ fn session(conn: OwnedFd, opts: &NodeOptions, base: &Config, whole: &Arc<Whole>,
         if sock::poll(&[(&conn, true)], Some(Duration::from_secs(2))).is_ok() {
             let _ = sock::recv(&conn);
         }
-        return refuse(&conn, (opts.status_of)(&Error::Node(String::new())), &why);
+        return refuse(&conn, Error::Node(String::new()).status(), &why);
     }
     let first = match sock::recv(&conn) {
         Ok(Some((msg, _))) => msg,
         _ => return,
     };
-    let node_err = |e: Error| refuse(&conn, (opts.status_of)(&e), &e.to_string());
+    let node_err = |e: Error| refuse(&conn, e.status(), &e.to_string());
     let attach: Value = match serde_json::from_slice(&first) {
         Ok(v) => v,
         Err(e) => return node_err(Error::Node(format!("not an attach request: {e}"))),
@@ -569,7 +567,7 @@ fn session(conn: OwnedFd, opts: &NodeOptions, base: &Config, whole: &Arc<Whole>,
     if attach.get("keep").is_some() || attach.get("release").is_some() {
         let reply = match hand_over(&attach, engine, whole) {
             Ok(v) => json!({ "ok": v }),
-            Err(e) => json!({"error": {"status": (opts.status_of)(&e), "message": e.to_string()}}),
+            Err(e) => json!({"error": {"status": e.status(), "message": e.to_string()}}),
         };
         let _ = sock::send(&conn, reply.to_string().as_bytes(), &[]);
         return;
@@ -635,10 +633,10 @@ fn session(conn: OwnedFd, opts: &NodeOptions, base: &Config, whole: &Arc<Whole>,
         room: (Mutex::new(()), Condvar::new()),
     });
     let feeder = {
-        let (feed, status_of) = (feed.clone(), opts.status_of);
+        let feed = feed.clone();
         std::thread::Builder::new()
             .name("ringfeed-node-feed".into())
-            .spawn(move || run_feed(&feed, status_of))
+            .spawn(move || run_feed(&feed))
     };
     lock(&engine.feeds).insert(number, Arc::downgrade(&feed));
     whole.consumers.fetch_add(1, Ordering::AcqRel);
@@ -691,7 +689,7 @@ fn push(feed: &Feed, rec: &[u8]) -> bool {
     }
 }
 
-fn run_feed(feed: &Feed, status_of: fn(&Error) -> i32) {
+fn run_feed(feed: &Feed) {
     let arena = feed.loader.arena();
     let (base, len) = (arena.base().cast_const(), arena.len());
     let mut buf = Vec::new();
@@ -707,7 +705,7 @@ fn run_feed(feed: &Feed, status_of: fn(&Error) -> i32) {
                 let state = feed.loader.state().to_hex();
                 if let Err(e) = wire::encode_batch(&b, id, &state, base, len, &mut buf) {
                     let e = Error::Internal(e);
-                    push(feed, &wire::encode_failed(status_of(&e), &e.to_string()));
+                    push(feed, &wire::encode_failed(e.status(), &e.to_string()));
                     return;
                 }
                 if buf.len() > feed.rings.max_record() {
@@ -717,7 +715,7 @@ fn run_feed(feed: &Feed, status_of: fn(&Error) -> i32) {
                         buf.len(),
                         feed.rings.max_record()
                     ));
-                    push(feed, &wire::encode_failed(status_of(&e), &e.to_string()));
+                    push(feed, &wire::encode_failed(e.status(), &e.to_string()));
                     return;
                 }
                 lock(&feed.held).insert(
@@ -743,7 +741,7 @@ fn run_feed(feed: &Feed, status_of: fn(&Error) -> i32) {
             }
             Err(Error::Closed) if feed.stop.load(Ordering::Acquire) => return,
             Err(e) => {
-                push(feed, &wire::encode_failed(status_of(&e), &e.to_string()));
+                push(feed, &wire::encode_failed(e.status(), &e.to_string()));
                 return;
             }
         };

@@ -1,9 +1,12 @@
 //! Errors of every subsystem, as values with the context a user needs (which
 //! shard, which byte offset, which configuration key), and their one mapping
-//! to the stable status codes of the C ABI (`crate::ffi::status`).
+//! to the stable status codes of the C ABI ([`status`]: the table of codes
+//! and [`Error::status`], which `crate::ffi::status` exports).
 //!
 //! `Error` is `Clone`: a worker's failure is reported to every consumer that
 //! calls `next` after it, so the value is shared, never consumed.
+
+pub mod status;
 
 use std::io;
 use std::path::PathBuf;
