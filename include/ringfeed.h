@@ -346,14 +346,18 @@ int32_t ringfeed_batch_sample_source(const struct ringfeed_batch *batch,
                                      size_t *needed);
 
 // Writes the key of a node engine's batch into `buf` (NUL-terminated
-// text; same buffer convention as `ringfeed_loader_state`), for a process
-// that reads the batch through the engine's arena after this consumer
-// handed it on — a PyTorch DataLoader's main process reading its worker's
-// batches. With the key, that process asks the engine to keep the batch
-// past this consumer's release or exit (`ringfeed_node_keep`) and frees it
-// (`ringfeed_node_release`). A batch of a loader in this process has no
-// key (`RINGFEED_ERR_INVALID_ARGUMENT`): its memory file outlives the
-// loader, and no engine reuses it once the loader is gone.
+// text; same buffer convention as `ringfeed_loader_state`): the engine's
+// socket and identity, the batch's number and its capability, a random
+// number drawn for it. Another process that reads the batch through the
+// engine's arena shows the key to keep the batch for itself
+// (`ringfeed_node_claim`, `ringfeed_node_keep`) and frees it
+// (`ringfeed_node_release`); a key of another engine, of a batch gone or
+// with another capability is refused by name. The batch stays this
+// consumer's: its own release frees it unless a process kept it by then.
+// To hand a batch to another process use `ringfeed_batch_ship`. A batch of
+// a loader in this process has no key (`RINGFEED_ERR_INVALID_ARGUMENT`):
+// its memory file outlives the loader, and no engine reuses it once the
+// loader is gone.
 //
 // # Safety
 // `batch` must be NULL or point to a readable `ringfeed_batch`; `buf` NULL
@@ -363,23 +367,51 @@ int32_t ringfeed_batch_node_key(const struct ringfeed_batch *batch,
                                 size_t len,
                                 size_t *needed);
 
-// Asks the node engine to keep the batch of `key` (from
-// `ringfeed_batch_node_key`) for process `pid` — one that maps the batch's
-// bytes, usually the caller — after its consumer releases it or exits:
-// until `ringfeed_node_release(key)` or `pid`'s exit. The batch must
-// still be held by its consumer (or kept already); otherwise, or when the
-// engine cannot be reached, returns `RINGFEED_ERR_NODE` and the batch's
-// bytes may be reused. Works in any process of the engine's user; waits
-// at most 10 s for the engine.
+// As `ringfeed_batch_node_key`, for a batch this consumer hands to another
+// process (a DataLoader worker's batch, pickled for the main process):
+// once this consumer releases it, the engine keeps it in transit — for a
+// receiver to keep with the key — until this consumer's process exits,
+// instead of freeing it. So the receiver may keep it after this process
+// let go of it; if this process exits first, a receiver that had not kept
+// it yet is refused, by name, and reads none of its bytes.
+//
+// # Safety
+// As `ringfeed_batch_node_key`.
+int32_t ringfeed_batch_ship(const struct ringfeed_batch *batch,
+                            char *buf,
+                            size_t len,
+                            size_t *needed);
+
+// Keeps the batch of `key` (from `ringfeed_batch_ship` or
+// `ringfeed_batch_node_key`) for this process, until it releases it
+// (`ringfeed_node_release`) or exits, and writes where this process maps
+// the engine's arena: `*base` its first byte, `*len` its length (either
+// may be NULL). The batch's bytes lie at the offsets they have in the
+// arena of the consumer that took it. Returns `RINGFEED_OK` once the
+// engine has it kept — only then may its bytes be read — or
+// `RINGFEED_ERR_NODE` naming why not: the engine cannot be reached, the
+// key is of another engine, the batch is gone (every process holding it
+// let go or exited: its memory may hold other batches), or the key's
+// capability is not the batch's. The first keep of an engine links this
+// process to it (one link per process and engine).
+//
+// # Safety
+// `key` must be NULL or a NUL-terminated string; `base` and `len` NULL
+// or writable.
+int32_t ringfeed_node_claim(const char *key, const uint8_t **base, uint64_t *len);
+
+// `ringfeed_node_claim` for a process that maps the arena itself. `pid`
+// must be this process's id (or 0): a batch is kept by the process that
+// reads it, never on another's behalf (`RINGFEED_ERR_NODE` otherwise).
 //
 // # Safety
 // `key` must be NULL or a NUL-terminated string.
 int32_t ringfeed_node_keep(const char *key, int32_t pid);
 
-// Frees a batch kept by `ringfeed_node_keep`. Returns `RINGFEED_OK` also
-// when the batch was not kept or is already free (a second release does
-// nothing), `RINGFEED_ERR_NODE` when the engine cannot be reached (an
-// engine gone has freed everything).
+// Releases one keep of the batch of `key` by this process (each keep is
+// released once; the batch is freed once nobody holds it). Returns
+// `RINGFEED_ERR_NODE` when this process keeps no such batch. Never waits
+// for the engine.
 //
 // # Safety
 // `key` must be NULL or a NUL-terminated string.

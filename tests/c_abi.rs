@@ -554,7 +554,7 @@ fn node_engine(data: &Shards) -> (tempfile::TempDir, PathBuf) {
     });
     let opts = NodeOptions {
         socket: socket.clone(),
-        config: config.as_object().unwrap().clone(),
+        config: ringfeed::Config::from_map(config.as_object().unwrap()).unwrap(),
         linger: None,
     };
     std::thread::spawn(move || node::serve(listener, opts).unwrap());

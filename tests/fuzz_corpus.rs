@@ -109,3 +109,8 @@ fn cache_entry_seeds_are_entries_of_today() {
         );
     }
 }
+
+#[test]
+fn node_proto_corpus() {
+    replay("node_proto", checks::node::check);
+}

@@ -98,11 +98,13 @@ pub(crate) fn bench(
     let _metrics = match out.metrics_port {
         Some(port) => {
             let l = std::sync::Arc::clone(&loader);
-            Some(crate::metrics::serve(port, move || {
+            let m = ringfeed::serve::metrics::serve(port, move || {
                 l.stats()
                     .and_then(|(json, _)| ringfeed::engine::prometheus(&json))
                     .unwrap_or_else(|e| format!("# stats unavailable: {e}\n"))
-            })?)
+            })?;
+            eprintln!("metrics: http://{}/metrics", m.addr());
+            Some(m)
         }
         None => None,
     };

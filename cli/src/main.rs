@@ -26,7 +26,6 @@ mod demo;
 mod generate;
 mod get;
 mod inspect;
-mod metrics;
 mod node;
 mod put;
 mod serve;

@@ -28,6 +28,38 @@ use crate::plan::Remainder;
 /// cover a 100 Gbit/s NIC's share of a node's ranks.
 pub const AUTO_WORKERS: usize = 4;
 
+/// Where a key belongs when consumers share a node engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// The job's: the dataset, the epoch settings and the layout of
+    /// consumers and streams, which together fix every consumer's samples
+    /// and their order. Every consumer of one engine gives them alike (the
+    /// engine refuses one that does not, naming the key), and they name
+    /// the engine's socket (`"node": "auto"`).
+    Job,
+    /// The consumer's own: which consumer it is and where it starts (a
+    /// consumer of an engine gives its own).
+    Consumer,
+    /// The engine's: memory, threads, I/O, the cache, how to reach S3. A
+    /// consumer of an engine does not send them: the engine has its own.
+    Engine,
+    /// Credentials: the engine's, never sent by a consumer.
+    Secret,
+    /// Not a key: a field filled by keys of their own (`s3`).
+    Parts,
+}
+
+/// Expands the block when the two scopes are the same ident.
+macro_rules! if_scope {
+    (Job, Job, $b:block) => {
+        $b
+    };
+    (Consumer, Consumer, $b:block) => {
+        $b
+    };
+    ($want:ident, $got:ident, $b:block) => {};
+}
+
 /// `stringify!($name)`, ignoring the rest: names a key in [`KEYS`] from an
 /// entry whose parser is not wanted there.
 macro_rules! key_name {
@@ -53,9 +85,9 @@ macro_rules! config_keys {
         |$key:ident, $v:ident|
         $(
             $(#[$attr:meta])*
-            $field:ident: $ty:ty = $default:expr
+            [$scope:ident] $field:ident: $ty:ty = $default:expr
             $(=> $parse:expr)?
-            $(, keys { $($sub_key:ident => $sub:ident = $sub_parse:expr;)+ })?
+            $(, keys { $([$sub_scope:ident] $sub_key:ident => $sub:ident = $sub_parse:expr;)+ })?
             ;
         )*
     ) => {
@@ -83,6 +115,47 @@ macro_rules! config_keys {
                 $($(stringify!($sub_key),)+)?
             )*
         ];
+
+        /// Every key with its [`Scope`], in the table's order.
+        pub const KEY_SCOPES: &[(&str, Scope)] = &[
+            $(
+                $((key_name!($field, $parse), Scope::$scope),)?
+                $($((stringify!($sub_key), Scope::$sub_scope),)+)?
+            )*
+        ];
+
+        impl Config {
+            /// Each key of the job's scope with its value as it reads, in
+            /// the table's order: what every consumer of one node engine
+            /// must give alike.
+            pub fn job_values(&self) -> Vec<(&'static str, String)> {
+                let mut out = Vec::new();
+                $(
+                    $(if_scope!(Job, $scope, {
+                        let _ = stringify!($parse);
+                        out.push((stringify!($field), format!("{:?}", self.$field)));
+                    });)?
+                    $($(if_scope!(Job, $sub_scope, {
+                        out.push((stringify!($sub_key), format!("{:?}", self.$field.$sub)));
+                    });)+)?
+                )*
+                out
+            }
+
+            /// Takes `from`'s keys of the consumer's scope: a node engine's
+            /// configuration made one consumer's.
+            pub fn take_consumer_keys(&mut self, from: &Config) {
+                $(
+                    $(if_scope!(Consumer, $scope, {
+                        let _ = stringify!($parse);
+                        self.$field = from.$field.clone();
+                    });)?
+                    $($(if_scope!(Consumer, $sub_scope, {
+                        self.$field.$sub = from.$field.$sub.clone();
+                    });)+)?
+                )*
+            }
+        }
 
         impl Config {
             /// Sets the field of `key` from its JSON value; an unknown key is
@@ -150,50 +223,50 @@ config_keys! {
 
     /// Dataset URLs: local paths, `file://` URLs, directories of `.tar`
     /// files, each with WebDataset brace expansion.
-    urls: Vec<String> = Vec::new() => urls(key, v)?;
+    [Job] urls: Vec<String> = Vec::new() => urls(key, v)?;
 
     /// Samples per batch.
     // A common per-GPU batch of image models; the trainer sets its own.
-    batch_size: usize = 32 => positive(key, v)? as usize;
+    [Job] batch_size: usize = 32 => positive(key, v)? as usize;
 
     /// Drop the last, short batch of an epoch instead of delivering it.
     // PyTorch DataLoader's default.
-    drop_last: bool = false => boolean(key, v)?;
+    [Job] drop_last: bool = false => boolean(key, v)?;
 
     /// Bytes of the arena; all payload bytes live in it. 0 sizes it from the
     /// worker layout at open (see [`Config::effective_budget`]).
     // Sized at open from the workers' read-ahead: see effective_budget.
-    memory_budget: u64 = 0 => size(key, v)?;
+    [Engine] memory_budget: u64 = 0 => size(key, v)?;
 
     /// Bytes per chunk: the unit of reads and of memory accounting.
     // 8 MiB: the S3 part size the AWS CRT uses to reach line rate, and
     // the receive size at which one io_uring thread reached ~4 GB/s at
     // half the CPU of 256 KiB receives (measured on the dev machine).
-    chunk_size: u64 = 8 << 20 => size(key, v)?;
+    [Engine] chunk_size: u64 = 8 << 20 => size(key, v)?;
 
     /// Reads each worker keeps in flight.
     // 4 in flight per worker: the CRT's ~4 requests per connection; for
     // page-cache reads 2 already overlap parse and copy.
-    reads_in_flight: usize = 4 => positive(key, v)? as usize;
+    [Engine] reads_in_flight: usize = 4 => positive(key, v)? as usize;
 
     /// Worker threads, each reading one stream of the plan; 0 picks
     /// `AUTO_WORKERS` (at most one per shard). Part of the layout that
     /// decides the sample order, so it does not depend on the machine.
-    workers: usize = 0 => integer(key, v)? as usize;
+    [Job] workers: usize = 0 => integer(key, v)? as usize;
 
     /// Pin each worker to one CPU of the process's allowed set (placed by
     /// NIC queue and NUMA node: `crate::topology`).
-    pin_cpus: bool = true => boolean(key, v)?;
+    [Engine] pin_cpus: bool = true => boolean(key, v)?;
 
     /// The CPUs the workers are pinned to instead of the placement's
     /// choice; each must be in the process's allowed set.
     // None: placed by NIC queue, NUMA node and other engines' claims.
-    cpus: Option<Vec<usize>> = None => Some(cpu_list(key, v)?);
+    [Engine] cpus: Option<Vec<usize>> = None => Some(cpu_list(key, v)?);
 
     /// The NUMA node of the workers and the arena instead of the NIC's;
     /// `None` is "auto".
     // Auto: the node of the NIC the data arrives on, where its DMA lands.
-    numa_node: Option<usize> = None => numa_node(key, v)?;
+    [Engine] numa_node: Option<usize> = None => numa_node(key, v)?;
 
     /// Threads that receive HTTP and S3 ranges for the workers (io_uring
     /// backend); 0 picks one per two allowed CPUs, at most one per worker.
@@ -201,16 +274,16 @@ config_keys! {
     // One thread receiving for 4 workers on the 2-CPU dev machine cost
     // 1.05-1.15x the CPU per GB of a bare recv loop; 4 workers receiving
     // for themselves, 1.3-1.5x (benches/http_vs_curl.sh).
-    net_threads: usize = 0 => integer(key, v)? as usize;
+    [Engine] net_threads: usize = 0 => integer(key, v)? as usize;
 
-    io_backend: IoBackend = IoBackend::Auto => io_backend(key, v)?;
+    [Engine] io_backend: IoBackend = IoBackend::Auto => io_backend(key, v)?;
 
     /// `None`: best available memory kind.
-    memory_kind: Option<MemoryKind> = None => memory_kind(key, v)?;
+    [Engine] memory_kind: Option<MemoryKind> = None => memory_kind(key, v)?;
 
-    lock_memory: Toggle = Toggle::Auto => toggle(key, v)?;
+    [Engine] lock_memory: Toggle = Toggle::Auto => toggle(key, v)?;
 
-    register_buffers: Toggle = Toggle::Auto => toggle(key, v)?;
+    [Engine] register_buffers: Toggle = Toggle::Auto => toggle(key, v)?;
 
     /// Read local shards with O_DIRECT, past the page cache: `On` wherever
     /// the file system takes it (others are read buffered, said in the
@@ -220,90 +293,90 @@ config_keys! {
     // second epoch on; data larger than memory is cold every epoch, and
     // direct reads skip the copy and leave the page cache to others
     // (docs/decisions.md).
-    direct_io: Toggle = Toggle::Auto => toggle(key, v)?;
+    [Engine] direct_io: Toggle = Toggle::Auto => toggle(key, v)?;
 
     /// Back the arena with a memory file another process may map (see
     /// `ringfeed_loader_arena`): for consumers in a child process.
     // Private memory unless a consumer elsewhere needs to map it.
-    shared_arena: bool = false => boolean(key, v)?;
+    [Engine] shared_arena: bool = false => boolean(key, v)?;
 
     /// Ready batches the ring holds ahead of the consumer.
     /// Also the depth of each worker's queue to the sequencer (what they
     /// hold counts against the worker's share of the budget).
     // Eight batches ahead hides a slow read without pinning much.
-    prefetch_batches: usize = 8 => positive(key, v)? as usize;
+    [Engine] prefetch_batches: usize = 8 => positive(key, v)? as usize;
 
     /// Passes over the dataset; 0 repeats forever.
-    epochs: u64 = 1 => integer(key, v)?;
+    [Consumer] epochs: u64 = 1 => integer(key, v)?;
 
     /// A network read that receives no byte for this long fails as stalled
     /// (and is retried).
     // S3 closes idle connections after 20 s; a range that sends
     // nothing for 10 s is better retried on a new connection.
-    stall_timeout_ms: u64 = 10_000 => positive(key, v)?;
+    [Engine] stall_timeout_ms: u64 = 10_000 => positive(key, v)?;
 
     /// Attempts per network range, the first included.
     // See retry::RetryPolicy: the SDKs' 3, raised for long jobs.
-    max_attempts: u32 = 5 => attempts(key, v)?;
+    [Engine] max_attempts: u32 = 5 => attempts(key, v)?;
 
     /// PEM file of CA certificates for https:// (default: `AWS_CA_BUNDLE`,
     /// else the system's roots).
-    ca_bundle: Option<PathBuf> = None => Some(file_path(key, v)?);
+    [Engine] ca_bundle: Option<PathBuf> = None => Some(file_path(key, v)?);
 
     /// A manifest of shards (`URL [size]` per line), read before `urls`.
     // No manifest: shards come from `urls`.
-    manifest: Option<String> = None => Some(text(key, v)?);
+    [Job] manifest: Option<String> = None => Some(text(key, v)?);
 
     /// S3 endpoint, region, addressing and credentials (`s3_*`, `aws_*`).
     /// Its `Debug` redacts the secrets.
     // No endpoint (AWS, or AWS_ENDPOINT_URL), region from the
     // environment or profile (else us-east-1), path-style only with
     // an endpoint, requests signed with the credential chain's keys.
-    s3: S3Config = S3Config::default(), keys {
-        s3_endpoint => endpoint = Some(endpoint(key, v)?);
-        s3_region => region = Some(region(key, v)?);
-        s3_path_style => path_style = Some(boolean(key, v)?);
-        s3_unsigned => unsigned = boolean(key, v)?;
-        aws_access_key_id => access_key_id = Some(secret(key, v)?);
-        aws_secret_access_key => secret_access_key = Some(secret(key, v)?);
-        aws_session_token => session_token = Some(secret(key, v)?);
-        aws_profile => profile = Some(text(key, v)?);
-        s3_suffix => suffix = Some(suffix(key, v)?);
+    [Parts] s3: S3Config = S3Config::default(), keys {
+        [Job] s3_endpoint => endpoint = Some(endpoint(key, v)?);
+        [Engine] s3_region => region = Some(region(key, v)?);
+        [Engine] s3_path_style => path_style = Some(boolean(key, v)?);
+        [Engine] s3_unsigned => unsigned = boolean(key, v)?;
+        [Secret] aws_access_key_id => access_key_id = Some(secret(key, v)?);
+        [Secret] aws_secret_access_key => secret_access_key = Some(secret(key, v)?);
+        [Secret] aws_session_token => session_token = Some(secret(key, v)?);
+        [Engine] aws_profile => profile = Some(text(key, v)?);
+        [Job] s3_suffix => suffix = Some(suffix(key, v)?);
     };
 
     /// The epoch plan's seed.
     // Seed 0, no shuffle: the shards in the order given, as a plain
     // streaming reader would.
-    seed: u64 = 0 => integer(key, v)?;
+    [Job] seed: u64 = 0 => integer(key, v)?;
 
     /// Permute the shards every epoch.
-    shuffle: bool = false => boolean(key, v)?;
+    [Job] shuffle: bool = false => boolean(key, v)?;
 
     /// Samples held by the shuffle buffers (0: no sample shuffle).
-    shuffle_buffer: usize = 0 => integer(key, v)? as usize;
+    [Job] shuffle_buffer: usize = 0 => integer(key, v)? as usize;
 
     /// Samples buffered before the first output; `None`: `shuffle_buffer`.
-    shuffle_initial: Option<usize> = None => Some(integer(key, v)? as usize);
+    [Job] shuffle_initial: Option<usize> = None => Some(integer(key, v)? as usize);
 
     /// Draw shards with replacement, for ever (epochs of `samples_per_epoch`).
-    resampled: bool = false => boolean(key, v)?;
+    [Job] resampled: bool = false => boolean(key, v)?;
 
     /// Samples per epoch over all ranks and loader workers (0: the data's).
-    samples_per_epoch: u64 = 0 => integer(key, v)?;
+    [Job] samples_per_epoch: u64 = 0 => integer(key, v)?;
 
     // PyTorch's DistributedSampler pads by default: no sample is lost.
-    remainder: Remainder = Remainder::Pad => remainder(key, v)?;
+    [Job] remainder: Remainder = Remainder::Pad => remainder(key, v)?;
 
     /// This process's rank and the number of ranks.
-    rank: u64 = 0 => integer(key, v)?;
+    [Consumer] rank: u64 = 0 => integer(key, v)?;
 
-    world_size: u64 = 1 => positive(key, v)?;
+    [Job] world_size: u64 = 1 => positive(key, v)?;
 
     /// This loader's index among the loader processes of one rank (PyTorch
     /// DataLoader workers), and their number.
-    loader_worker: u64 = 0 => integer(key, v)?;
+    [Consumer] loader_worker: u64 = 0 => integer(key, v)?;
 
-    loader_workers: u64 = 1 => positive(key, v)?;
+    [Job] loader_workers: u64 = 1 => positive(key, v)?;
 
     /// Take batches from a node engine instead of opening one in this
     /// process: `"auto"` attaches to this user's engine for the dataset
@@ -312,60 +385,60 @@ config_keys! {
     // An engine in the process, as a library is expected to behave; the
     // node engine is for many consumers on one node (ringfeed.torch turns
     // it on when a rank has DataLoader workers).
-    node: NodeMode = NodeMode::Off => node_mode(key, v)?;
+    [Consumer] node: NodeMode = NodeMode::Off => node_mode(key, v)?;
 
     /// Resume states (hex) saved by `state`: see `crate::plan::resume`.
-    resume: Vec<String> = Vec::new() => resume_states(key, v)?;
+    [Consumer] resume: Vec<String> = Vec::new() => resume_states(key, v)?;
 
     /// The epoch to start at (each epoch has its own shuffle); `epochs`
     /// still counts from 0, so the loader runs `epoch..epochs`. A resume
     /// state overrides it.
-    epoch: u64 = 0 => integer(key, v)?;
+    [Consumer] epoch: u64 = 0 => integer(key, v)?;
 
     /// Register the arena with the CUDA runtime (`cudaHostRegister`,
     /// loaded at run time) so host-to-device copies DMA from it: `On`
     /// registers or fails at open, `Off` never tries, `Auto` registers when
     /// a runtime loads and a device takes it, else says why in the notes.
     // Auto: free where CUDA is, and where it is not the loader runs the same.
-    cuda_register: Toggle = Toggle::Auto => toggle(key, v)?;
+    [Consumer] cuda_register: Toggle = Toggle::Auto => toggle(key, v)?;
 
     /// Whole objects (`crate::object`): bytes per ranged GET of a read and
     /// per part of a multipart upload.
     // 8 MiB: the part size of the AWS CRT and boto3's transfer manager,
     // above S3's 5 MiB minimum part.
-    part_size: u64 = 8 << 20 => size(key, v)?;
+    [Engine] part_size: u64 = 8 << 20 => size(key, v)?;
 
     /// Whole objects: ranged GETs or part uploads in flight at once.
     // 8: boto3's transfer manager's 10 threads, less the two CPUs such a
     // node spends on the rest; past 8 a 2-CPU host gains nothing.
-    parts_in_flight: usize = 8 => positive(key, v)? as usize;
+    [Engine] parts_in_flight: usize = 8 => positive(key, v)? as usize;
 
     /// Whole-object writes: the checksum each part carries, which S3
     /// verifies before it keeps the part.
     // CRC32C: what the AWS SDKs send by default, at memory speed.
-    checksum: Checksum = Checksum::Crc32c => checksum(key, v)?;
+    [Engine] checksum: Checksum = Checksum::Crc32c => checksum(key, v)?;
 
     /// Whole-object writes: replace an object that exists. Off: the write
     /// is conditional (`If-None-Match: *`) and fails when the key exists.
     // Write-once: a checkpoint never silently replaces another.
-    overwrite: bool = false => boolean(key, v)?;
+    [Engine] overwrite: bool = false => boolean(key, v)?;
 
     /// A local directory (NVMe) that keeps remote shards for later epochs
     /// and later runs, shared by every process on the node that names it
     /// (`crate::cache`). Unset: no cache.
     // Off unless asked: a cache takes disk space the user must grant.
-    cache_dir: Option<PathBuf> = None => Some(file_path(key, v)?);
+    [Engine] cache_dir: Option<PathBuf> = None => Some(file_path(key, v)?);
 
     /// The most bytes the cache's entries take; past it the least recently
     /// used are evicted.
     // JuiceFS's default cache size.
-    cache_size: u64 = 100 << 30 => positive_size(key, v)?;
+    [Engine] cache_size: u64 = 100 << 30 => positive_size(key, v)?;
 
     /// Free space the cache leaves on its file system: a size, or a
     /// percentage of the file system ("10%").
     // JuiceFS's default free-space ratio: room for the job's own
     // checkpoints and logs on the same disk.
-    cache_min_free: MinFree = MinFree::Fraction(0.1) => min_free(key, v)?;
+    [Engine] cache_min_free: MinFree = MinFree::Fraction(0.1) => min_free(key, v)?;
 
     /// When remote shards are written to the cache: `"spare"` only with
     /// the disk's spare bandwidth (a shard whose pieces find the writer
@@ -373,13 +446,13 @@ config_keys! {
     /// the disk), `"always"` every shard read whole (reads wait for a disk
     /// slower than the network).
     // Spare: the cache must never slow the epoch that fills it.
-    cache_fill: FillMode = FillMode::Spare => fill_mode(key, v)?;
+    [Engine] cache_fill: FillMode = FillMode::Spare => fill_mode(key, v)?;
 
     /// Read cache entries with O_DIRECT: `On` wherever the file system
     /// takes it (others buffered, said in the notes), `Off` never, `Auto`
     /// like `On`.
     // Auto = on: a cache is for data the page cache does not keep.
-    cache_direct: Toggle = Toggle::Auto => toggle(key, v)?;
+    [Engine] cache_direct: Toggle = Toggle::Auto => toggle(key, v)?;
 }
 
 #[cfg(test)]
@@ -479,6 +552,97 @@ mod tests {
             unknown.is_empty(),
             "in the README but not accepted: {unknown:?}"
         );
+    }
+
+    #[test]
+    fn every_key_has_one_scope_and_the_job_and_consumer_keys_are_what_they_were() {
+        assert_eq!(KEY_SCOPES.len(), KEYS.len());
+        let of = |scope| -> Vec<&str> {
+            KEY_SCOPES
+                .iter()
+                .filter(|(_, s)| *s == scope)
+                .map(|(k, _)| *k)
+                .collect()
+        };
+        let mut job = of(Scope::Job);
+        job.sort();
+        assert_eq!(
+            job,
+            [
+                "batch_size",
+                "drop_last",
+                "loader_workers",
+                "manifest",
+                "remainder",
+                "resampled",
+                "s3_endpoint",
+                "s3_suffix",
+                "samples_per_epoch",
+                "seed",
+                "shuffle",
+                "shuffle_buffer",
+                "shuffle_initial",
+                "urls",
+                "workers",
+                "world_size",
+            ]
+        );
+        let mut consumer = of(Scope::Consumer);
+        consumer.sort();
+        assert_eq!(
+            consumer,
+            [
+                "cuda_register",
+                "epoch",
+                "epochs",
+                "loader_worker",
+                "node",
+                "rank",
+                "resume"
+            ]
+        );
+        let mut secret = of(Scope::Secret);
+        secret.sort();
+        assert_eq!(
+            secret,
+            [
+                "aws_access_key_id",
+                "aws_secret_access_key",
+                "aws_session_token"
+            ]
+        );
+        // The job's values name every job key, and change with each.
+        let base = Config::default();
+        assert_eq!(base.job_values().len(), job.len());
+        for key in &job {
+            let mut other = Config::default();
+            let v = match *key {
+                "urls" => serde_json::json!(["x.tar"]),
+                "manifest" => serde_json::json!("m"),
+                "s3_endpoint" => serde_json::json!("http://127.0.0.1:1"),
+                "s3_suffix" => serde_json::json!(".x"),
+                "drop_last" | "shuffle" | "resampled" => serde_json::json!(true),
+                "remainder" => serde_json::json!("drop"),
+                _ => serde_json::json!(3),
+            };
+            other.set(key, &v).unwrap();
+            assert_ne!(base.job_identity(), other.job_identity(), "{key}");
+            assert_eq!(base.disagreement(&other).map(|d| d.0), Some(*key));
+        }
+        // A consumer's keys are taken over, and no other.
+        let mut from = Config::default();
+        for (k, v) in [
+            ("rank", serde_json::json!(1)),
+            ("world_size", serde_json::json!(2)),
+            ("epoch", serde_json::json!(4)),
+            ("seed", serde_json::json!(9)),
+        ] {
+            from.set(k, &v).unwrap();
+        }
+        let mut to = Config::default();
+        to.take_consumer_keys(&from);
+        assert_eq!((to.rank, to.epoch), (1, 4));
+        assert_eq!((to.world_size, to.seed), (1, 0));
     }
 
     #[test]

@@ -18,84 +18,47 @@ mod values;
 
 use serde_json::{Map, Value};
 
-pub use keys::{AUTO_WORKERS, Config, KEYS};
+pub use keys::{AUTO_WORKERS, Config, KEY_SCOPES, KEYS, Scope};
 pub use values::{Checksum, IoBackend, NodeMode, Toggle, parse_size};
 
 use crate::error::{Error, Result};
 use crate::plan::PlanOptions;
 use values::kind_of;
 
-/// The keys every consumer of one node engine must give alike: the dataset,
-/// the epoch settings and the layout of consumers and streams, which
-/// together fix every consumer's samples and their order. A consumer's own
-/// keys are [`PER_CONSUMER`]; the others (memory, threads, I/O) are the
-/// engine's, taken from the configuration it was started with.
-pub const NODE_SHARED: &[&str] = &[
-    "urls",
-    "manifest",
-    "s3_endpoint",
-    "s3_suffix",
-    "batch_size",
-    "drop_last",
-    "seed",
-    "shuffle",
-    "shuffle_buffer",
-    "shuffle_initial",
-    "resampled",
-    "samples_per_epoch",
-    "remainder",
-    "world_size",
-    "loader_workers",
-    "workers",
-];
-
-/// The keys that say which consumer a loader is and where it starts: each
-/// consumer of a node engine gives its own.
-/// (`epochs` only says when a consumer stops: each epoch's order depends on
-/// the seed and the epoch's number, not on how many follow.)
-pub const PER_CONSUMER: &[&str] = &[
-    "rank",
-    "loader_worker",
-    "resume",
-    "epoch",
-    "epochs",
-    "node",
-    "cuda_register",
-];
-
 impl Config {
-    /// The first key of [`NODE_SHARED`] on which `other` differs from this
-    /// configuration, with both values as they read.
+    /// The first key of the job's scope ([`Scope::Job`]) on which `other`
+    /// differs from this configuration, with both values as they read.
     pub fn disagreement(&self, other: &Config) -> Option<(&'static str, String, String)> {
-        macro_rules! first_differing {
-            ($($key:literal => $($f:ident).+),* $(,)?) => {
-                $(
-                    let (a, b) = (format!("{:?}", self.$($f).+), format!("{:?}", other.$($f).+));
-                    if a != b {
-                        return Some(($key, a, b));
-                    }
-                )*
-            };
-        }
-        first_differing!(
-            "urls" => urls,
-            "manifest" => manifest,
-            "s3_endpoint" => s3.endpoint,
-            "s3_suffix" => s3.suffix,
-            "batch_size" => batch_size,
-            "drop_last" => drop_last,
-            "seed" => seed,
-            "shuffle" => shuffle,
-            "shuffle_buffer" => shuffle_buffer,
-            "shuffle_initial" => shuffle_initial,
-            "resampled" => resampled,
-            "samples_per_epoch" => samples_per_epoch,
-            "remainder" => remainder,
-            "world_size" => world_size,
-            "loader_workers" => loader_workers,
-            "workers" => workers,
-        );
-        None
+        self.job_values()
+            .into_iter()
+            .zip(other.job_values())
+            .find(|((_, a), (_, b))| a != b)
+            .map(|((k, a), (_, b))| (k, a, b))
+    }
+
+    /// The job's keys and values as one line: what names a node engine's
+    /// socket (`"node": "auto"`).
+    pub fn job_identity(&self) -> String {
+        self.job_values()
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join("|")
+    }
+
+    /// The keys of `map` a consumer sends a node engine: the job's, for
+    /// the engine to check, and the consumer's own. Never the engine's
+    /// (memory, threads, I/O: it has its own) nor credentials (it reads
+    /// with its own).
+    pub fn for_node_engine(map: &Map<String, Value>) -> Map<String, Value> {
+        map.iter()
+            .filter(|(k, _)| {
+                KEY_SCOPES
+                    .iter()
+                    .any(|(key, s)| key == k && matches!(s, Scope::Job | Scope::Consumer))
+            })
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
     }
 
     /// Consumers of the dataset: ranks × loader workers.

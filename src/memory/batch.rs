@@ -131,6 +131,15 @@ impl Batch {
         self.sources.get(i).copied()
     }
 
+    /// Charges the chunks this batch holds to `owner`, a process keeping
+    /// it (`ChunkPool::join_holder`): the streams that read them may read
+    /// into others meanwhile.
+    pub fn charge_to(&self, owner: usize) {
+        for c in &self.chunks {
+            self.pool.recharge(c, owner);
+        }
+    }
+
     /// The samples, for Rust consumers.
     pub fn samples(&self) -> impl Iterator<Item = SampleView<'_>> {
         self.samples.iter().map(|s| SampleView {

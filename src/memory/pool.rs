@@ -47,6 +47,10 @@ struct PoolState {
     live: Vec<bool>,
     /// Owners whose loader is closing: their waits end with `Closed`.
     closing: Vec<bool>,
+    /// Owners that are processes keeping batches of a shared pool (see
+    /// [`ChunkPool::join_holder`]), with the name errors give them; `None`
+    /// for a stream.
+    holders: Vec<Option<String>>,
     /// A shared pool (`ChunkPool::new_shared`): owners come and go with
     /// their loaders, each with the same quota (its share).
     shared: bool,
@@ -70,6 +74,16 @@ pub const MAX_OWNERS: usize = 1024;
 /// long against any hand-over (the sequencer taking a batch and passing it
 /// on takes microseconds), short against a person waiting for an error.
 const STUCK_FOR: Duration = Duration::from_millis(250);
+
+/// How long a shared pool's arena must stay full, with part of it kept by
+/// processes outside the engine, before a waiting stream fails naming
+/// them: long against a receiver's turnover of its batches, short against
+/// a person waiting for a training job that will never go on.
+const HELD_FOR: Duration = if cfg!(test) {
+    Duration::from_millis(100)
+} else {
+    Duration::from_secs(5)
+};
 
 /// Reference-counted chunks over an [`Arena`].
 pub struct ChunkPool {
@@ -113,6 +127,7 @@ impl ChunkPool {
                 quota: 0,
                 live: Vec::new(),
                 closing: Vec::new(),
+                holders: Vec::new(),
                 shared: false,
                 preferred: 0,
                 next: vec![0],
@@ -168,7 +183,12 @@ impl ChunkPool {
 
     /// Owners of loaders using the pool now (a shared pool's streams).
     pub fn live_owners(&self) -> usize {
-        self.lock().live.iter().filter(|&&l| l).count()
+        let s = self.lock();
+        s.live
+            .iter()
+            .zip(&s.holders)
+            .filter(|(l, h)| **l && h.is_none())
+            .count()
     }
 
     /// Takes `owners` owner numbers of a shared pool for one loader (its
@@ -193,12 +213,24 @@ impl ChunkPool {
         }
         let live = s.live.iter().filter(|&&l| l).count();
         let held: usize = s.used.iter().sum();
+        let live = live
+            - s.holders
+                .iter()
+                .zip(&s.live)
+                .filter(|(h, l)| h.is_some() && **l)
+                .count();
         if (live + owners) * share > self.chunk_count()
             || held + owners * share > self.chunk_count()
         {
+            let kept = ChunkPool::held_by_holders(&s);
+            let by = if kept.is_empty() {
+                String::new()
+            } else {
+                format!("; {}", self.describe_held(&kept))
+            };
             return Err(Error::Memory(format!(
                 "the node engine is full: {live} streams attached, each with {share} chunks of \
-                 {} bytes, and its arena holds {} chunks: raise the engine's `memory_budget`",
+                 {} bytes, and its arena holds {} chunks{by}: raise the engine's `memory_budget`",
                 self.chunk_size,
                 self.chunk_count()
             )));
@@ -213,17 +245,65 @@ impl ChunkPool {
             )));
         };
         let end = base + owners;
-        if s.live.len() < end {
-            s.live.resize(end, false);
-            s.closing.resize(end, false);
-            s.used.resize(end, 0);
-        }
+        s.grow_owners(end);
         for i in base..end {
             s.live[i] = true;
             s.closing[i] = false;
+            s.holders[i] = None;
         }
         s.reserve += 2 * owners;
         Ok(base)
+    }
+
+    /// An owner number of a shared pool for a process that keeps batches
+    /// it did not read (a node engine's receiver: the main process of a
+    /// DataLoader): the chunks of the batches it keeps are charged to it
+    /// ([`ChunkPool::recharge`]) instead of to the streams that read them,
+    /// so what it keeps never holds up their reads. `name` says who it is
+    /// in errors. Given back with [`ChunkPool::leave`].
+    pub fn join_holder(&self, name: String) -> Result<usize> {
+        let mut s = self.lock();
+        let free_slot =
+            |s: &PoolState, i: usize| i >= s.live.len() || (!s.live[i] && s.used[i] == 0);
+        let Some(owner) = (0..MAX_OWNERS).find(|&i| free_slot(&s, i)) else {
+            return Err(Error::Memory(format!(
+                "the shared pool has no owner number left for a process keeping batches \
+                 ({MAX_OWNERS} at most)"
+            )));
+        };
+        s.grow_owners(owner + 1);
+        s.live[owner] = true;
+        s.closing[owner] = false;
+        s.holders[owner] = Some(name);
+        Ok(owner)
+    }
+
+    /// Charges `run` to `owner` (a holder) when a stream holds it: the
+    /// stream may then read into other chunks in its place. A run already
+    /// charged to a holder stays with it.
+    pub fn recharge(&self, run: &ChunkRef, owner: usize) {
+        let mut s = self.lock();
+        let start = run.start as usize;
+        let from = s.owner[start] as usize;
+        let stream = from < s.used.len() && s.holders.get(from).is_some_and(Option::is_none);
+        if !stream || owner >= s.used.len() || from == owner {
+            return;
+        }
+        let n = run.len as usize;
+        s.used[from] -= n;
+        s.used[owner] += n;
+        s.owner[start] = owner as u32;
+        self.freed.notify_all();
+    }
+
+    /// The chunks each holder keeps, with its name: what a full arena is
+    /// made of when streams wait on it.
+    fn held_by_holders(s: &PoolState) -> Vec<(String, usize)> {
+        s.holders
+            .iter()
+            .zip(&s.used)
+            .filter_map(|(h, &u)| h.as_ref().filter(|_| u > 0).map(|h| (h.clone(), u)))
+            .collect()
     }
 
     /// Ends the waits of owners `base..base + owners` with `Closed` (their
@@ -243,7 +323,7 @@ impl ChunkPool {
         let mut s = self.lock();
         let end = (base + owners).min(s.live.len());
         for i in base.min(end)..end {
-            if std::mem::replace(&mut s.live[i], false) {
+            if std::mem::replace(&mut s.live[i], false) && s.holders[i].is_none() {
                 s.reserve = s.reserve.saturating_sub(2);
             }
         }
@@ -370,6 +450,7 @@ impl ChunkPool {
         s.used = vec![0; owners];
         s.live = vec![true; owners];
         s.closing = vec![false; owners];
+        s.holders = vec![None; owners];
         s.quota = quota;
         // Owners start spread over the arena and walk it from there.
         let n = self.chunk_count();
@@ -474,6 +555,7 @@ impl ChunkPool {
         }
         let mut stuck_rounds = 0;
         let mut own_since: Option<(std::time::Instant, u32)> = None;
+        let mut full_since: Option<std::time::Instant> = None;
         loop {
             if owned && s.closing[owner] {
                 return Err(Error::Closed);
@@ -551,6 +633,31 @@ impl ChunkPool {
             } else {
                 own_since = None;
             }
+            // The whole arena is in use, and processes keeping batches hold
+            // part of it: they alone can free it. Said by name once it
+            // lasts (a receiver that takes a batch and lets go of an older
+            // one frees chunks every few milliseconds).
+            let kept = if s.shared && s.free_count < n {
+                ChunkPool::held_by_holders(&s)
+            } else {
+                Vec::new()
+            };
+            if kept.is_empty() {
+                full_since = None;
+            } else if full_since
+                .get_or_insert_with(std::time::Instant::now)
+                .elapsed()
+                >= HELD_FOR
+            {
+                return Err(Error::Memory(format!(
+                    "the node engine's arena ({} chunks of {} bytes) is full and no stream can \
+                     read: {}; release them (drop the tensors and arrays made from them), or \
+                     raise the engine's `memory_budget`",
+                    self.chunk_count(),
+                    self.chunk_size,
+                    self.describe_held(&kept)
+                )));
+            }
             s.waiting += 1;
             // The time-out only bounds how long a missed shutdown or a stuck
             // state goes unnoticed; wake-ups come from `release_run`.
@@ -561,6 +668,19 @@ impl ChunkPool {
             s = g;
             s.waiting -= 1;
         }
+    }
+
+    /// "process 12 keeps 30 chunks (240 MiB)", for each holder.
+    fn describe_held(&self, kept: &[(String, usize)]) -> String {
+        kept.iter()
+            .map(|(who, n)| {
+                format!(
+                    "{who} keeps {n} chunks ({} MiB)",
+                    (*n * self.chunk_size) >> 20
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     pub(super) fn release_run(&self, start: usize, n: usize) {
@@ -580,6 +700,16 @@ impl ChunkPool {
 }
 
 impl PoolState {
+    /// Makes room in the per-owner tables for owners below `end`.
+    fn grow_owners(&mut self, end: usize) {
+        if self.live.len() < end {
+            self.live.resize(end, false);
+            self.closing.resize(end, false);
+            self.used.resize(end, 0);
+            self.holders.resize(end, None);
+        }
+    }
+
     /// A free run of `n` for the owner whose hint is `from`: in a shared
     /// pool within the preferred chunks first (the budget, whose pages are
     /// in), from the hint on, then from their start; then anywhere.
@@ -799,6 +929,61 @@ mod tests {
             Err(Error::Memory(m)) => assert!(m.contains("memory_budget"), "{m}"),
             other => panic!("expected a memory error, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn chunks_a_holder_keeps_leave_the_streams_share_and_a_full_arena_names_it() {
+        let arena = Arena::new(
+            6 * 4096,
+            ArenaOptions {
+                kind: Some(MemoryKind::Normal),
+                lock: Some(false),
+                prefault: false,
+                shared: true,
+            },
+        )
+        .unwrap();
+        // A budget of 4 chunks for one stream of share 2; 6 in the arena.
+        let p = ChunkPool::new_shared(arena, 4096, 2, 4);
+        let stream = p.join(1, 1).unwrap();
+        let holder = p.join_holder("process 77".into()).unwrap();
+        assert_ne!(stream, holder);
+        let a = p.acquire_as(stream, 1, false).unwrap().unwrap();
+        let b = p.acquire_as(stream, 1, false).unwrap().unwrap();
+        assert!(
+            p.acquire_as(stream, 1, false).unwrap().is_none(),
+            "at the share"
+        );
+        // Kept by the holder: the stream reads into two more.
+        p.recharge(&a, holder);
+        p.recharge(&b, holder);
+        p.recharge(&b, holder); // charged once
+        let c = p.acquire_as(stream, 1, false).unwrap().unwrap();
+        let d = p.acquire_as(stream, 1, false).unwrap().unwrap();
+        // Charged to a holder, a run is not charged back to a stream.
+        p.recharge(&c, holder);
+        p.recharge(&c, stream);
+        let e = p.acquire_as(stream, 1, false).unwrap().unwrap();
+        assert!(p.acquire_as(stream, 1, false).unwrap().is_none());
+        // The holder keeps 5 chunks, the stream reads into the last one:
+        // the arena is full, and a waiting stream fails naming the holder
+        // once that lasts.
+        p.recharge(&d, holder);
+        p.recharge(&e, holder);
+        let f = p.acquire_as(stream, 1, false).unwrap().unwrap();
+        p.worker_running(true);
+        p.worker_running(true);
+        match p.acquire_as(stream, 1, true) {
+            Err(Error::Memory(m)) => {
+                assert!(m.contains("process 77 keeps 5 chunks"), "{m}")
+            }
+            other => panic!("expected the holder named, got {other:?}"),
+        }
+        // Its chunks come back as it lets go; its number is free again
+        // once they have.
+        drop((a, b, c, d, e, f));
+        p.leave(holder, 1);
+        assert_eq!(p.join_holder("process 78".into()).unwrap(), holder);
     }
 
     #[test]

@@ -9,8 +9,16 @@
 //! an error at once (after the batches it had already handed over), never a
 //! hang. A batch ([`NodeBatch`]) is rebuilt in this process's memory with
 //! pointers into its own mapping; dropping it writes its number into the
-//! release ring. The mapping lives as long as any batch of it, so batches
-//! stay valid after `close` or the engine's exit.
+//! release ring (with the shipped bit once [`NodeBatch::ship`] gave its key
+//! to another process). The mapping lives as long as any batch of it, and
+//! the engine frees none of this consumer's batches before it releases them
+//! or its process exits: batches stay valid after `close` or the engine's
+//! exit.
+//!
+//! Before anything is sent, the socket is checked (`sock::connect_checked`:
+//! this user's own socket, in a folder no other user may put one in, with
+//! an engine of this user listening), and what is sent is the keys that
+//! fix this consumer's batches, never credentials.
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -22,9 +30,10 @@ use std::time::{Duration, Instant};
 use memmap2::{Mmap, MmapOptions};
 use serde_json::{Map, Value, json};
 
+use super::proto::record::{self, Decoded, Record};
+use super::proto::{self, Cap, EngineId, Key, Reply, Request, Role, SHIPPED};
 use super::shm::Rings;
 use super::sock;
-use super::wire::{self, Decoded, Record};
 use crate::config::Toggle;
 use crate::engine::Counts;
 use crate::error::{Error, Result};
@@ -40,21 +49,30 @@ struct Link {
     arena: Mmap,
     /// Set once the engine is known gone: releases stop.
     gone: AtomicBool,
-    /// The engine's socket and this consumer's session there: with a
-    /// batch's number, the batch's key (`NodeBatch::key`).
+    /// The engine's socket and identity: with a batch's number and
+    /// capability, the batch's key (`NodeBatch::key`).
     socket: PathBuf,
-    session: u64,
+    engine: EngineId,
 }
 
+/// How long a release waits for room in a full ring before it gives up:
+/// the engine drains the ring at every wake-up, so a full ring means an
+/// engine that no longer reads it (then its batches are nobody's).
+const RELEASE_PATIENCE: Duration = Duration::from_millis(200);
+
 impl Link {
-    fn release(&self, id: u64) {
+    fn release(&self, entry: u64) {
         let _g = lock(&self.releasing);
-        for _ in 0..1000 {
+        let t0 = Instant::now();
+        loop {
             if self.gone.load(Ordering::Acquire) {
                 return;
             }
-            if self.rings.push_release(id) {
+            if self.rings.push_release(entry) {
                 sock::notify(&self.wake);
+                return;
+            }
+            if t0.elapsed() >= RELEASE_PATIENCE {
                 return;
             }
             // The engine is behind on releases: nudge it and give it time.
@@ -101,6 +119,8 @@ pub struct NodeLoader {
     arena_fd: File,
     socket: PathBuf,
     pid: u64,
+    /// The buffer replies are received into.
+    asking_buf: Mutex<Vec<u8>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -108,40 +128,52 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl NodeLoader {
-    /// Attaches to the engine at `socket` with the consumer's configuration
-    /// (its JSON keys).
+    /// Attaches to the engine at `socket` with the consumer's keys (the
+    /// job's and its own: see `Role::Consumer`).
     pub fn attach(
         socket: &Path,
         config: &Map<String, Value>,
         cuda_register: Toggle,
     ) -> Result<NodeLoader> {
-        let conn = sock::connect(socket).map_err(|e| {
-            Error::Node(format!(
-                "cannot connect to `{}`: {e} (is `ringfeed node` running there?)",
-                socket.display()
-            ))
-        })?;
-        let hello = json!({"version": env!("CARGO_PKG_VERSION"), "config": config});
-        sock::send(&conn, hello.to_string().as_bytes(), &[])
+        let conn = sock::connect_checked(socket)
+            .map_err(|e| Error::Node(format!("{e} (is `ringfeed node` running there?)")))?;
+        let hello = Request::hello(Role::Consumer {
+            config: config.clone(),
+        });
+        sock::send(&conn, &proto::encode(&hello), &[])
             .map_err(|e| Error::Node(format!("attach request: {e}")))?;
-        let (msg, fds) = sock::recv(&conn)
+        let mut msg = Vec::new();
+        let fds = sock::recv(&conn, &mut msg)
             .map_err(|e| Error::Node(format!("attach reply: {e}")))?
             .ok_or_else(|| Error::Node("the engine closed the connection at attach".into()))?;
-        let reply: Value = serde_json::from_slice(&msg)
-            .map_err(|e| Error::Node(format!("attach reply is not JSON: {e}")))?;
-        if let Some(e) = reply.get("error") {
-            let status = e.get("status").and_then(Value::as_i64).unwrap_or(0) as i32;
-            let message = e.get("message").and_then(Value::as_str).unwrap_or("");
-            return Err(Error::Remote {
-                status,
-                message: message.to_string(),
-            });
-        }
-        let ok = reply.get("ok").cloned().unwrap_or(Value::Null);
+        let reply: Reply = proto::decode(&msg, "the attach reply").map_err(|e| Error::Node(e.0))?;
+        let (session, engine, arena_len, budget_len, state, pid) = match reply {
+            Reply::Attached {
+                session,
+                engine,
+                arena_len,
+                budget_len,
+                state,
+                pid,
+            } => (
+                session,
+                engine,
+                arena_len as usize,
+                budget_len as usize,
+                state,
+                pid,
+            ),
+            Reply::Refused { status, message } => return Err(Error::Remote { status, message }),
+            other => {
+                return Err(Error::Node(format!(
+                    "the engine answered an attach with {other:?}"
+                )));
+            }
+        };
+        let _ = session;
         let [arena_fd, rings_fd, ready, wake]: [OwnedFd; 4] = fds
             .try_into()
             .map_err(|_| Error::Node("the attach reply lacks its descriptors".into()))?;
-        let arena_len = ok.get("arena_len").and_then(Value::as_u64).unwrap_or(0) as usize;
         let arena_fd = File::from(arena_fd);
         let have = arena_fd.metadata().map(|m| m.len()).unwrap_or(0);
         if arena_len == 0 || (arena_len as u64) > have {
@@ -156,10 +188,7 @@ impl NodeLoader {
             .map_err(|e| Error::Node(format!("mapping the arena: {e}")))?;
         let rings = Rings::attach(&File::from(rings_fd)).map_err(Error::Node)?;
         let (mut cuda, mut cuda_note) = (None, None);
-        let registered_len = ok
-            .get("budget_len")
-            .and_then(Value::as_u64)
-            .map_or(arena_len, |b| (b as usize).min(arena_len));
+        let registered_len = budget_len.min(arena_len);
         if cuda_register != Toggle::Off {
             // Read-only: the consumer's mapping is.
             let registered = cuda::runtime()
@@ -187,12 +216,12 @@ impl NodeLoader {
                 arena,
                 gone: AtomicBool::new(false),
                 socket: socket.to_path_buf(),
-                session: ok.get("session").and_then(Value::as_u64).unwrap_or(0),
+                engine,
             }),
             ready,
             taking: Mutex::new(Taking {
                 buf: Vec::new(),
-                state: ok.get("state").and_then(Value::as_str).unwrap_or("").into(),
+                state,
                 failure: None,
                 finished: false,
             }),
@@ -200,7 +229,8 @@ impl NodeLoader {
             wait_ns: AtomicU64::new(0),
             arena_fd,
             socket: socket.to_path_buf(),
-            pid: ok.get("pid").and_then(Value::as_u64).unwrap_or(0),
+            pid: pid as u64,
+            asking_buf: Mutex::new(Vec::new()),
         })
     }
 
@@ -244,7 +274,7 @@ impl NodeLoader {
                 Ok(true) => {
                     sock::notify(&link.wake);
                     let base = link.arena.as_ptr();
-                    Some(wire::decode(&buf, base, link.arena.len()))
+                    Some(record::decode(&buf, base, link.arena.len()))
                 }
                 Ok(false) => None,
                 Err(e) => Some(Err(e)),
@@ -252,11 +282,22 @@ impl NodeLoader {
             t.buf = buf;
             match rec {
                 Some(Ok(Record::Batch(d))) => {
-                    t.state = d.state.clone();
-                    return Ok(NodeNext::Batch(NodeBatch {
+                    let b = NodeBatch {
                         d,
                         link: link.clone(),
-                    }));
+                        shipped: AtomicBool::new(false),
+                    };
+                    // SeqCst, with the store in `close`: if this load sees
+                    // the loader open, the record's read (published above)
+                    // came before the close, hence before the engine counts
+                    // what this consumer took; else the batch is let go
+                    // here (dropping it releases it) and never handed out.
+                    if self.closed.load(Ordering::SeqCst) {
+                        drop(b);
+                        return Err(Error::Closed);
+                    }
+                    t.state = b.d.state.clone();
+                    return Ok(NodeNext::Batch(b));
                 }
                 Some(Ok(Record::EndOfEpoch(e, state))) => {
                     t.state = state;
@@ -304,24 +345,38 @@ impl NodeLoader {
         lock(&self.taking).state.clone()
     }
 
-    fn ask(&self, req: Value) -> Result<Value> {
+    fn ask(&self, req: &Request) -> Result<Reply> {
         let _g = lock(&self.asking);
-        sock::send(&self.conn, req.to_string().as_bytes(), &[]).map_err(|_| self.gone())?;
-        let (msg, _) = sock::recv(&self.conn)
+        let mut buf = lock(&self.asking_buf);
+        sock::send(&self.conn, &proto::encode(req), &[]).map_err(|_| self.gone())?;
+        sock::recv(&self.conn, &mut buf)
             .map_err(|_| self.gone())?
             .ok_or_else(|| self.gone())?;
-        serde_json::from_slice(&msg).map_err(|e| Error::Node(format!("a reply is not JSON: {e}")))
+        let reply: Reply = proto::decode(&buf, "a reply").map_err(|e| Error::Node(e.0))?;
+        match reply {
+            Reply::Refused { status, message } => Err(Error::Remote { status, message }),
+            r => Ok(r),
+        }
     }
 
     /// The engine's stats of this consumer's loader (JSON, with `node`
     /// added) and its counters; the consumer's own wait replaces the
     /// engine's.
     pub fn stats(&self) -> Result<(String, Counts)> {
-        let reply = self.ask(json!({"stats": true}))?;
+        let Reply::Stats {
+            stats,
+            counts: hex,
+            node,
+        } = self.ask(&Request::Stats)?
+        else {
+            return Err(Error::Node(
+                "the engine answered stats with something else".into(),
+            ));
+        };
         let mut counts = Counts::default();
-        let hex = reply.get("counts").and_then(Value::as_str).unwrap_or("");
+        let hex = hex.unwrap_or_default();
         let size = std::mem::size_of::<Counts>();
-        if hex.len() != size * 2 {
+        if hex.len() != size * 2 || !hex.is_ascii() {
             return Err(Error::Node("the engine's stats have another layout".into()));
         }
         let bytes: Vec<u8> = (0..size)
@@ -333,7 +388,7 @@ impl NodeLoader {
             std::ptr::copy_nonoverlapping(bytes.as_ptr(), (&raw mut counts).cast::<u8>(), size);
         }
         counts.consumer_wait_ns = self.wait_ns.load(Ordering::Relaxed);
-        let mut stats = reply.get("stats").cloned().unwrap_or(Value::Null);
+        let mut stats = stats;
         if let Some(m) = stats.as_object_mut() {
             m.insert("consumer_wait_ns".into(), json!(counts.consumer_wait_ns));
             let bytes = self.cuda.as_ref().map_or(0, |r| r.len());
@@ -341,7 +396,7 @@ impl NodeLoader {
             if let (Some(note), Some(Value::Array(notes))) = (&self.cuda_note, m.get_mut("notes")) {
                 notes.push(json!(note));
             }
-            let mut node = reply.get("node").cloned().unwrap_or(json!({}));
+            let mut node = serde_json::to_value(&node).unwrap_or(json!({}));
             if let Some(n) = node.as_object_mut() {
                 n.insert("socket".into(), json!(self.socket));
             }
@@ -355,11 +410,12 @@ impl NodeLoader {
         if index == NO_SOURCE {
             return Ok(None);
         }
-        let reply = self.ask(json!({"source": index}))?;
-        Ok(reply
-            .get("source")
-            .and_then(Value::as_str)
-            .map(str::to_string))
+        match self.ask(&Request::Source { shard: index })? {
+            Reply::Source { name } => Ok(name),
+            other => Err(Error::Node(format!(
+                "the engine answered a source request with {other:?}"
+            ))),
+        }
     }
 
     /// The arena as this process maps it: the read-only descriptor of its
@@ -373,15 +429,17 @@ impl NodeLoader {
     }
 
     /// Detaches: the engine closes this consumer's loader. Batches taken stay
-    /// valid until dropped. Threads waiting in `next` return `Closed`.
+    /// valid until dropped (the engine keeps taking their releases). Threads
+    /// waiting in `next` return `Closed`.
     pub fn close(&self) {
-        if self.closed.swap(true, Ordering::AcqRel) {
+        // SeqCst: see `take` — the engine frees the batches whose records
+        // this consumer had not read when it saw the close.
+        if self.closed.swap(true, Ordering::SeqCst) {
             return;
         }
         // SAFETY: shuts down a socket this value owns; the descriptor stays
         // open (and unique) until the value drops.
         unsafe { libc::shutdown(self.conn.as_raw_fd(), libc::SHUT_RDWR) };
-        self.link.gone.store(true, Ordering::Release);
     }
 }
 
@@ -397,6 +455,8 @@ impl Drop for NodeLoader {
 pub struct NodeBatch {
     d: Decoded,
     link: Arc<Link>,
+    /// Its key went to another process ([`NodeBatch::ship`]).
+    shipped: AtomicBool,
 }
 
 impl std::fmt::Debug for Link {
@@ -427,11 +487,25 @@ impl NodeBatch {
     pub fn raw_fields(&self) -> &[RawField] {
         &self.d.fields
     }
-    /// The batch's key for [`keep`] and [`release`]: the engine's socket,
-    /// this consumer's session, the batch's number (JSON).
+
+    /// The batch's key (`proto::Key`, as text): what another process shows
+    /// the engine to keep the batch for itself (`holder::claim`).
     pub fn key(&self) -> String {
-        json!({"socket": self.link.socket, "session": self.link.session, "id": self.d.id})
-            .to_string()
+        Key {
+            socket: self.link.socket.clone(),
+            engine: self.link.engine,
+            batch: self.d.id,
+            cap: Cap(self.d.cap),
+        }
+        .to_text()
+    }
+
+    /// The key, for a batch handed to another process: once this consumer
+    /// releases it, the engine keeps it in transit until a receiver keeps
+    /// it (or this process exits), instead of freeing it.
+    pub fn ship(&self) -> String {
+        self.shipped.store(true, Ordering::Release);
+        self.key()
     }
 
     /// The shard index of sample `i` (`NO_SOURCE` for a placeholder).
@@ -442,78 +516,11 @@ impl NodeBatch {
 
 impl Drop for NodeBatch {
     fn drop(&mut self) {
-        self.link.release(self.d.id);
+        let shipped = if self.shipped.load(Ordering::Acquire) {
+            SHIPPED
+        } else {
+            0
+        };
+        self.link.release(self.d.id | shipped);
     }
-}
-
-/// How long a one-off request waits for the engine's reply.
-const ONE_OFF_WAIT: Duration = Duration::from_secs(10);
-
-/// Sends one request about the batch of `key` on a connection of its own.
-fn one_off(key: &str, op: &str, extra: Option<(&str, Value)>) -> Result<Value> {
-    let k: Value = serde_json::from_str(key).map_err(|e| {
-        Error::Node(format!(
-            "not a batch key (from ringfeed_batch_node_key): {e}"
-        ))
-    })?;
-    let (Some(socket), Some(session), Some(id)) = (
-        k.get("socket").and_then(Value::as_str),
-        k.get("session").and_then(Value::as_u64),
-        k.get("id").and_then(Value::as_u64),
-    ) else {
-        return Err(Error::Node(
-            "not a batch key: it needs `socket`, `session` and `id` (from ringfeed_batch_node_key)"
-                .into(),
-        ));
-    };
-    let conn = sock::connect(Path::new(socket)).map_err(|e| {
-        Error::Node(format!(
-            "cannot reach the node engine at `{socket}` to {op} a batch: {e}"
-        ))
-    })?;
-    let mut body = json!({"session": session, "id": id});
-    if let Some((k, v)) = extra {
-        body[k] = v;
-    }
-    let req = json!({"version": env!("CARGO_PKG_VERSION"), op: body});
-    sock::send(&conn, req.to_string().as_bytes(), &[])
-        .map_err(|e| Error::Node(format!("{op} request: {e}")))?;
-    let ready = sock::poll(&[(&conn, true)], Some(ONE_OFF_WAIT))
-        .map_err(|e| Error::Node(format!("{op} request: {e}")))?;
-    if !ready[0].readable {
-        return Err(Error::Node(format!(
-            "the node engine at `{socket}` did not answer a {op} request in {} s",
-            ONE_OFF_WAIT.as_secs()
-        )));
-    }
-    let (msg, _) = sock::recv(&conn)
-        .map_err(|e| Error::Node(format!("{op} reply: {e}")))?
-        .ok_or_else(|| Error::Node(format!("the node engine closed the connection at {op}")))?;
-    let reply: Value = serde_json::from_slice(&msg)
-        .map_err(|e| Error::Node(format!("{op} reply is not JSON: {e}")))?;
-    if let Some(e) = reply.get("error") {
-        return Err(Error::Remote {
-            status: e.get("status").and_then(Value::as_i64).unwrap_or(0) as i32,
-            message: e
-                .get("message")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .into(),
-        });
-    }
-    Ok(reply.get("ok").cloned().unwrap_or(Value::Null))
-}
-
-/// Asks the engine to keep the batch of `key` for process `pid` after its
-/// consumer lets go of it or leaves: until `release(key)` or `pid`'s exit.
-/// The batch must still be held by its consumer (or kept already).
-pub fn keep(key: &str, pid: i32) -> Result<()> {
-    one_off(key, "keep", Some(("for", json!(pid)))).map(|_| ())
-}
-
-/// Frees a batch kept by [`keep`]. Returns false when it was not kept
-/// (released already, or never kept).
-pub fn release(key: &str) -> Result<bool> {
-    let ok = one_off(key, "release", None)?;
-    Ok(ok.get("released").and_then(Value::as_bool).unwrap_or(false))
 }

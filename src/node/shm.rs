@@ -10,7 +10,10 @@
 //!
 //! The counters count bytes (or entries) since the start and never wrap in
 //! practice (u64). Both sides check what the other wrote before using it: a
-//! broken peer is an error, never an out-of-bounds access.
+//! broken peer is an error, never an out-of-bounds access. The file is
+//! sealed against shrinking and growing (and its seals sealed): a consumer
+//! that may write every byte of it still cannot take the pages from under
+//! the engine's mapping. A holder's link uses the release ring alone.
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd};
@@ -82,7 +85,12 @@ impl Rings {
     /// what the consumer maps with [`Rings::attach`].
     pub fn create() -> std::io::Result<(Rings, File)> {
         // SAFETY: a static NUL-terminated name and plain flags.
-        let fd = unsafe { libc::memfd_create(c"ringfeed-node-rings".as_ptr(), libc::MFD_CLOEXEC) };
+        let fd = unsafe {
+            libc::memfd_create(
+                c"ringfeed-node-rings".as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+            )
+        };
         if fd < 0 {
             return Err(std::io::Error::last_os_error());
         }
@@ -90,6 +98,10 @@ impl Rings {
         let file = unsafe { File::from_raw_fd(fd) };
         let len = HEADER as u64 + RECORD_BYTES + RELEASE_SLOTS * 8;
         file.set_len(len)?;
+        super::sock::seal(
+            fd,
+            libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
+        )?;
         let map = MmapOptions::new().len(len as usize).map_raw(&file)?;
         // SAFETY: the mapping is at least HEADER bytes, page-aligned, and
         // zero-filled (a new file); nobody else maps it yet.
@@ -253,6 +265,18 @@ impl Rings {
         Ok(true)
     }
 
+    /// Record bytes written so far (engine side: its own counter).
+    pub fn written(&self) -> u64 {
+        self.header().rec_head.load(Ordering::Relaxed)
+    }
+
+    /// Record bytes the consumer says it has read (engine side): untrusted,
+    /// so a consumer that lies only misleads the engine about itself.
+    pub fn consumed(&self) -> u64 {
+        // Acquire: pairs with the consumer's publishing store of its tail.
+        self.header().rec_tail.load(Ordering::Acquire)
+    }
+
     /// Whether a record waits to be read (consumer side).
     pub fn pending(&self) -> bool {
         let h = self.header();
@@ -369,6 +393,11 @@ mod tests {
         // SAFETY: the test overwrites the record's length in place.
         unsafe { engine.records().cast::<u32>().write(1 << 30) };
         assert!(consumer.pop_record(&mut Vec::new()).is_err());
+        // The file cannot shrink or grow, nor be unsealed.
+        let (_, file) = Rings::create().unwrap();
+        assert!(file.set_len(4096).is_err());
+        assert!(file.set_len(64 << 20).is_err());
+        assert!(super::super::sock::seal(file.as_raw_fd(), 0).is_err());
         // A file that is not a ring.
         let other = tempfile::tempfile().unwrap();
         other.set_len(4096).unwrap();

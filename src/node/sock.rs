@@ -1,7 +1,9 @@
 //! The system calls of the node transport, each wrapped once: a Unix
 //! `SOCK_SEQPACKET` socket (messages keep their bounds, a closed peer shows
 //! as a hang-up), descriptors passed with `SCM_RIGHTS`, the peer's
-//! credentials (`SO_PEERCRED`), eventfds for wake-ups, and `poll`.
+//! credentials (`SO_PEERCRED`) and process (`SO_PEERPIDFD`, a pidfd that
+//! stays that process), the checks a consumer makes of a socket before it
+//! speaks to it, seals on memory files, eventfds for wake-ups, and `poll`.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -9,8 +11,9 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::time::Duration;
 
-/// Largest control message (stats JSON, attach replies).
-pub const MAX_MESSAGE: usize = 1 << 20;
+use std::os::unix::fs::MetadataExt;
+
+use super::proto::MAX_MESSAGE;
 
 fn cvt(rc: libc::c_int) -> io::Result<libc::c_int> {
     if rc < 0 {
@@ -64,12 +67,31 @@ pub fn listen(path: &Path) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
+/// Room for one message of [`MAX_MESSAGE`] in the socket's send buffer: a
+/// `SOCK_SEQPACKET` message must fit it whole, and the default (212 KiB on
+/// most systems) is less. The kernel caps it at `net.core.wmem_max`; past
+/// that a message fails to send with EMSGSIZE, which the caller reports.
+fn room_for_a_message(fd: &OwnedFd) {
+    let want = (MAX_MESSAGE + (64 << 10)) as libc::c_int;
+    // SAFETY: a valid int and its length; a refusal leaves the default.
+    unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUF,
+            (&raw const want).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+}
+
 /// Connects to the socket at `path`.
 pub fn connect(path: &Path) -> io::Result<OwnedFd> {
     let fd = socket()?;
     let (addr, len) = sockaddr(path)?;
     // SAFETY: a valid address of `len` bytes.
     cvt(unsafe { libc::connect(fd.as_raw_fd(), (&raw const addr).cast(), len) })?;
+    room_for_a_message(&fd);
     Ok(fd)
 }
 
@@ -85,7 +107,9 @@ pub fn accept(listener: &OwnedFd) -> io::Result<OwnedFd> {
         )
     })?;
     // SAFETY: a new descriptor owned by nothing else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    room_for_a_message(&fd);
+    Ok(fd)
 }
 
 /// The user and process at the other end of a Unix socket.
@@ -142,19 +166,34 @@ pub fn send(fd: &OwnedFd, bytes: &[u8], fds: &[RawFd]) -> io::Result<()> {
             return Ok(());
         }
         let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EMSGSIZE) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "a message of {} bytes is more than this system's socket buffers take \
+                     (net.core.wmem_max); list many shards in a manifest instead",
+                    bytes.len()
+                ),
+            ));
+        }
         if e.kind() != io::ErrorKind::Interrupted {
             return Err(e);
         }
     }
 }
 
-/// Receives one message (`None`: the peer closed) and the descriptors that
-/// came with it (at most 8; more are closed).
-pub fn recv(fd: &OwnedFd) -> io::Result<Option<(Vec<u8>, Vec<OwnedFd>)>> {
-    let mut buf = vec![0u8; MAX_MESSAGE];
+/// Receives one message into `buf` (`None`: the peer closed), with the
+/// descriptors that came with it (at most 8; more are closed). `buf` keeps
+/// its room from call to call: a message costs no allocation.
+pub fn recv(fd: &OwnedFd, buf: &mut Vec<u8>) -> io::Result<Option<Vec<OwnedFd>>> {
+    buf.clear();
+    // One byte more than a message may have: a longer one shows as
+    // truncated (MSG_TRUNC), whatever its length.
+    buf.reserve(MAX_MESSAGE + 1);
+    let spare = buf.spare_capacity_mut();
     let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
+        iov_base: spare.as_mut_ptr().cast(),
+        iov_len: spare.len(),
     };
     let mut control = [0u64; 16];
     // SAFETY: msghdr is plain data.
@@ -192,14 +231,137 @@ pub fn recv(fd: &OwnedFd) -> io::Result<Option<(Vec<u8>, Vec<OwnedFd>)>> {
     if n == 0 && fds.is_empty() {
         return Ok(None);
     }
-    if msg.msg_flags & libc::MSG_TRUNC != 0 {
+    if msg.msg_flags & libc::MSG_TRUNC != 0 || n > MAX_MESSAGE {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
-            "a message longer than the transport allows",
+            format!("a message longer than the protocol's {MAX_MESSAGE} bytes"),
         ));
     }
-    buf.truncate(n);
-    Ok(Some((buf, fds)))
+    // SAFETY: recvmsg wrote `n` bytes into the spare capacity.
+    unsafe { buf.set_len(n) };
+    Ok(Some(fds))
+}
+
+/// `SO_PEERPIDFD` (Linux 6.5): the value of asm-generic, which x86-64 and
+/// aarch64 use; where it differs or is missing the call fails and
+/// [`peer_pidfd`] falls back.
+const SO_PEERPIDFD: libc::c_int = 77;
+
+/// A pidfd for the process at the other end of a Unix socket: the one that
+/// connected (or listened), which stays that process even once its number
+/// is reused. Through `SO_PEERPIDFD` where the kernel has it; else opened
+/// from the peer's process number, which is that process as long as the
+/// connection it made is open and the number was not reused before
+/// (checked: the peer is still there after the pidfd is made).
+pub fn peer_pidfd(fd: &OwnedFd) -> io::Result<OwnedFd> {
+    let mut got: libc::c_int = -1;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: a valid int buffer and its length.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_PEERPIDFD,
+            (&raw mut got).cast(),
+            &mut len,
+        )
+    };
+    if rc == 0 && got >= 0 {
+        // SAFETY: a new descriptor the kernel gave us.
+        return Ok(unsafe { OwnedFd::from_raw_fd(got) });
+    }
+    let (_, pid) = peer(fd)?;
+    let made = pidfd(pid)?;
+    // The peer's socket is still open (it is ours to poll): had its
+    // process exited before `pidfd`, the connection would show a hang-up.
+    let ready = poll(&[(fd, false)], Some(Duration::ZERO))?;
+    if ready[0].hangup && exited(&made) {
+        return Err(io::Error::from_raw_os_error(libc::ESRCH));
+    }
+    Ok(made)
+}
+
+/// Why the socket at `path` may not be spoken to, if it may not: a
+/// consumer sends its configuration, and a holder takes batches from it,
+/// so the socket must be this user's own, where no other user can have put
+/// it. It must be a socket owned by this user (root's for root) that no
+/// other user may open, in a folder of this user or root that no other
+/// user may write unless it is sticky (as /tmp: there others cannot
+/// replace an entry they do not own). [`connect_checked`] then checks the
+/// process that listens.
+pub fn check_socket(path: &Path) -> Result<(), String> {
+    // SAFETY: geteuid cannot fail.
+    let me = unsafe { libc::geteuid() };
+    let meta = std::fs::symlink_metadata(path).map_err(|e| format!("`{}`: {e}", path.display()))?;
+    use std::os::unix::fs::FileTypeExt;
+    if !meta.file_type().is_socket() {
+        return Err(format!("`{}` is not a socket", path.display()));
+    }
+    if meta.uid() != me {
+        return Err(format!(
+            "`{}` belongs to user {}, not to this user ({me}): refusing to send it anything",
+            path.display(),
+            meta.uid()
+        ));
+    }
+    if meta.mode() & 0o077 != 0 {
+        return Err(format!(
+            "`{}` may be opened by other users (mode {:o}): refusing to send it anything; \
+             `ringfeed node` makes its socket 0600",
+            path.display(),
+            meta.mode() & 0o777
+        ));
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let d = std::fs::metadata(dir).map_err(|e| format!("`{}`: {e}", dir.display()))?;
+    if d.uid() != me && d.uid() != 0 {
+        return Err(format!(
+            "the socket's folder `{}` belongs to user {}: another user could have put the \
+             socket there; use a folder of your own",
+            dir.display(),
+            d.uid()
+        ));
+    }
+    if d.mode() & 0o022 != 0 && d.mode() & 0o1000 == 0 {
+        return Err(format!(
+            "the socket's folder `{}` may be written by other users (mode {:o}) and is not \
+             sticky: another user could have put the socket there; use a folder only you may \
+             write",
+            dir.display(),
+            d.mode() & 0o7777
+        ));
+    }
+    Ok(())
+}
+
+/// Connects to the socket at `path` after [`check_socket`], and checks that
+/// the process listening runs as this user: only then may anything be sent.
+pub fn connect_checked(path: &Path) -> Result<OwnedFd, String> {
+    check_socket(path)?;
+    let conn = connect(path).map_err(|e| format!("cannot connect to `{}`: {e}", path.display()))?;
+    // SAFETY: geteuid cannot fail.
+    let me = unsafe { libc::geteuid() };
+    match peer(&conn) {
+        Ok((uid, _)) if uid == me => Ok(conn),
+        Ok((uid, pid)) => Err(format!(
+            "the process listening at `{}` (pid {pid}) runs as user {uid}, not as this user \
+             ({me}): refusing to send it anything",
+            path.display()
+        )),
+        Err(e) => Err(format!(
+            "the credentials of the process at `{}` cannot be read ({e})",
+            path.display()
+        )),
+    }
+}
+
+/// Adds `seals` to a memory file.
+pub fn seal(fd: RawFd, seals: libc::c_int) -> io::Result<()> {
+    // SAFETY: fcntl on a descriptor the caller owns; plain arguments.
+    cvt(unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, seals) }).map(|_| ())
 }
 
 /// A new eventfd (non-blocking).
@@ -303,7 +465,8 @@ mod tests {
         assert_eq!(peer(&s).unwrap().0, unsafe { libc::geteuid() });
         let e = eventfd().unwrap();
         send(&c, b"hello", &[e.as_raw_fd()]).unwrap();
-        let (msg, fds) = recv(&s).unwrap().unwrap();
+        let mut msg = Vec::new();
+        let fds = recv(&s, &mut msg).unwrap().unwrap();
         assert_eq!(msg, b"hello");
         assert_eq!(fds.len(), 1);
         // The passed eventfd is the same object: a notify on one is seen on
@@ -314,7 +477,7 @@ mod tests {
         assert!(!poll(&[(&e, true)], Some(Duration::ZERO)).unwrap()[0].readable);
         drop(c);
         assert!(poll(&[(&s, false)], Some(Duration::from_secs(5))).unwrap()[0].hangup);
-        assert!(recv(&s).unwrap().is_none());
+        assert!(recv(&s, &mut msg).unwrap().is_none());
         // A pidfd follows its process until it exits.
         let mut child = std::process::Command::new("sleep")
             .arg("30")
@@ -333,5 +496,49 @@ mod tests {
                 .to_string()
                 .contains("longer than")
         );
+    }
+
+    #[test]
+    fn a_message_too_long_is_an_error_and_the_next_one_crosses() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s");
+        let l = listen(&path).unwrap();
+        let c = connect(&path).unwrap();
+        let s = accept(&l).unwrap();
+        send(&c, &vec![b'x'; MAX_MESSAGE + 5], &[]).unwrap();
+        send(&c, b"after", &[]).unwrap();
+        let mut buf = Vec::new();
+        let e = recv(&s, &mut buf).unwrap_err();
+        assert!(e.to_string().contains("longer than"), "{e}");
+        recv(&s, &mut buf).unwrap().unwrap();
+        assert_eq!(buf, b"after");
+        // The peer's process, as a pidfd: this one, running.
+        let pf = peer_pidfd(&s).unwrap();
+        assert!(!exited(&pf));
+    }
+
+    #[test]
+    fn a_socket_that_is_not_this_users_own_is_not_spoken_to() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s");
+        let _l = listen(&path).unwrap();
+        assert!(check_socket(&path).is_ok());
+        assert!(connect_checked(&path).is_ok());
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let e = check_socket(&path).unwrap_err();
+        assert!(e.contains("may be opened by other users"), "{e}");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = check_socket(&path).unwrap_err();
+        assert!(e.contains("may be written by other users"), "{e}");
+        // Sticky, as /tmp: others cannot replace the socket.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+        assert!(check_socket(&path).is_ok());
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        let file = dir.path().join("f");
+        std::fs::write(&file, b"").unwrap();
+        assert!(check_socket(&file).unwrap_err().contains("not a socket"));
+        assert!(check_socket(&dir.path().join("none")).is_err());
     }
 }

@@ -22,9 +22,13 @@
 //! `connection.rs` (one connection: reading request heads and writing
 //! responses), `request.rs` and `body.rs` as above. Only the server and
 //! its options are public.
+//!
+//! Beside it, `metrics.rs`: the scrape endpoint (`/metrics` on loopback)
+//! of a running loader or node engine.
 
 mod body;
 mod connection;
+pub mod metrics;
 mod options;
 mod request;
 mod server;

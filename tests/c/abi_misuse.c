@@ -428,12 +428,22 @@ static void bad_releases(void) {
     EXPECT_ERROR(ringfeed_node_release(NULL), RINGFEED_ERR_INVALID_ARGUMENT, "key");
     EXPECT_ERROR(ringfeed_node_keep("{\"socket\": 7", getpid()), RINGFEED_ERR_NODE,
                  "not a batch key");
-    EXPECT_ERROR(ringfeed_node_release("{}"), RINGFEED_ERR_NODE, "needs `socket`");
+    EXPECT_ERROR(ringfeed_node_release("{}"), RINGFEED_ERR_NODE, "not a batch key");
     EXPECT_ERROR(ringfeed_node_release("\xff\xfe"), RINGFEED_ERR_INVALID_ARGUMENT, "UTF-8");
     EXPECT_ERROR(ringfeed_node_keep("{\"socket\": \"/nonexistent/n.sock\", \"session\": 1, "
                                     "\"id\": 2}",
                                     getpid()),
-                 RINGFEED_ERR_NODE, "cannot reach");
+                 RINGFEED_ERR_NODE, "not a batch key");
+    /* A key of the right shape for an engine that is not there. */
+    const char *nowhere = "{\"socket\": \"/nonexistent/n.sock\", \"engine\": "
+                          "\"0123456789abcdef0123456789abcdef\", \"batch\": 2, "
+                          "\"cap\": \"0123456789abcdef\"}";
+    EXPECT_ERROR(ringfeed_node_keep(nowhere, getpid()), RINGFEED_ERR_NODE, "cannot reach");
+    EXPECT_ERROR(ringfeed_node_claim(nowhere, NULL, NULL), RINGFEED_ERR_NODE, "cannot reach");
+    EXPECT_ERROR(ringfeed_node_claim(NULL, NULL, NULL), RINGFEED_ERR_INVALID_ARGUMENT, "key");
+    EXPECT_ERROR(ringfeed_node_release(nowhere), RINGFEED_ERR_NODE, "keeps no batch");
+    EXPECT_ERROR(ringfeed_batch_ship(&b, key, sizeof key, &needed),
+                 RINGFEED_ERR_INVALID_ARGUMENT, "not from a node engine");
     ringfeed_batch copy = b;
     EXPECT_STATUS(ringfeed_batch_release(&b), RINGFEED_OK);
     check_zeroed(&b, "ringfeed_batch_release");

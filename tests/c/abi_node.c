@@ -88,21 +88,39 @@ static char *state_of(ringfeed_loader *loader) {
     return buf;
 }
 
-/* The batch's key, kept for this process and released, twice (the second
- * does nothing); the buffer convention of the key. */
-static void check_keep(const ringfeed_batch *b) {
+/* The batch's key, kept for this process and released; a second release
+ * of the one keep is refused by name; the buffer convention of the key;
+ * the claim's view of the batch's bytes is the consumer's. */
+static void check_keep(ringfeed_loader *loader, const ringfeed_batch *b) {
     size_t needed = 0;
     EXPECT_STATUS(ringfeed_batch_node_key(b, NULL, 0, &needed), RINGFEED_ERR_BUFFER_TOO_SMALL);
     CHECK(needed > 0 && needed < 4096, "a key of %zu bytes", needed);
     char key[4096];
     EXPECT_STATUS(ringfeed_batch_node_key(b, key, needed + 1, NULL), RINGFEED_OK);
     CHECK(strlen(key) == needed, "the key is %zu bytes, said %zu", strlen(key), needed);
-    CHECK(strstr(key, "\"session\"") && strstr(key, "\"id\""), "the key is %s", key);
+    CHECK(strstr(key, "\"engine\"") && strstr(key, "\"cap\""), "the key is %s", key);
     EXPECT_STATUS(ringfeed_node_keep(key, getpid()), RINGFEED_OK);
     EXPECT_STATUS(ringfeed_node_release(key), RINGFEED_OK);
+    EXPECT_STATUS(ringfeed_node_release(key), RINGFEED_ERR_NODE);
+    CHECK(contains(last_error(), "keeps no batch"), "a second release: %s", last_error());
+    const uint8_t *base = NULL;
+    uint64_t len = 0;
+    EXPECT_STATUS(ringfeed_node_claim(key, &base, &len), RINGFEED_OK);
+    int32_t fd = -1;
+    const uint8_t *mine = NULL;
+    uint64_t mine_len = 0;
+    EXPECT_STATUS(ringfeed_loader_arena(loader, &fd, &mine, &mine_len), RINGFEED_OK);
+    CHECK(base != NULL && len == mine_len, "the claim mapped %llu bytes of %llu",
+          (unsigned long long)len, (unsigned long long)mine_len);
+    const ringfeed_field *f = &b->samples[0].fields[0];
+    size_t at = (size_t)(f->data - mine);
+    CHECK(at + f->len <= len && memcmp(base + at, f->data, f->len) == 0,
+          "the holder's mapping shows other bytes than the consumer's");
     EXPECT_STATUS(ringfeed_node_release(key), RINGFEED_OK);
-    /* Kept for a process that is not running: refused. */
-    EXPECT_STATUS(ringfeed_node_keep(key, 0x7fffffff), RINGFEED_ERR_NODE);
+    /* Kept for another process: refused, naming why. */
+    EXPECT_STATUS(ringfeed_node_keep(key, 1), RINGFEED_ERR_NODE);
+    CHECK(contains(last_error(), "kept by the process that reads it"), "a keep for pid 1: %s",
+          last_error());
 }
 
 /* Releases the window's batches in an order other than they came (the
@@ -140,7 +158,7 @@ static void stream(void) {
         bytes += check_batch(&b, seed, &keys);
         if (batches == 0) {
             check_sources(&b);
-            check_keep(&b);
+            check_keep(loader, &b);
             char *state1 = state_of(loader);
             CHECK(strcmp(state0, state1) != 0, "the resume state did not move after a batch: %s",
                   state1);

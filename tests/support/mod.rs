@@ -6,6 +6,7 @@
 
 #![allow(dead_code)]
 
+pub mod node;
 pub mod s3;
 
 use std::io::{Read, Write};

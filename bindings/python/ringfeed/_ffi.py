@@ -191,6 +191,19 @@ FUNCTIONS = {
             ("size_t *", "needed"),
         ],
     ),
+    "ringfeed_batch_ship": (
+        "int32_t",
+        [
+            ("const struct ringfeed_batch *", "batch"),
+            ("char *", "buf"),
+            ("size_t", "len"),
+            ("size_t *", "needed"),
+        ],
+    ),
+    "ringfeed_node_claim": (
+        "int32_t",
+        [("const char *", "key"), ("const uint8_t **", "base"), ("uint64_t *", "len")],
+    ),
     "ringfeed_node_keep": ("int32_t", [("const char *", "key"), ("int32_t", "pid")]),
     "ringfeed_node_release": ("int32_t", [("const char *", "key")]),
     "ringfeed_loader_arena": (

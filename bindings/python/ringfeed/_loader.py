@@ -175,10 +175,6 @@ class Loader:
             handle = self._handle
         if self._generation != fork_generation():
             return  # the child must not touch the parent's engine
-        if self._arena is not None:
-            # A node engine takes back the batches of a consumer that
-            # leaves: first those another process holds are kept for it.
-            _transport.hand_over(self._arena)
         _lib.ringfeed_loader_close(handle)
 
     def __enter__(self):
@@ -203,9 +199,11 @@ class Loader:
         seconds passed); StopIteration when every epoch is over."""
         deadline_ms = None if timeout is None else max(0, int(timeout * 1000))
         waited_ms = 0
-        # Batches shipped to another process come back through its outbox:
-        # drain it before asking, and wait in short slices while some are out.
-        shipping = self._arena is not None
+        # Batches of its own arena shipped to another process come back
+        # through this process's outbox: drain it before asking, and wait in
+        # short slices while some are out. (A node engine's batches shipped
+        # are the engine's to keep: nothing comes back here.)
+        shipping = self._arena is not None and self._arena.node is not True
         while True:
             handle = self._check()
             raw = _ffi.RawBatch()

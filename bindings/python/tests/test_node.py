@@ -141,6 +141,19 @@ except ringfeed.Error as e:
 """
 
 
+# Run as the other user: a raw client of the protocol (not the library,
+# which would not speak to another user's socket): connect to argv[1], send
+# a hello, print the engine's answer as JSON.
+RAW_HELLO = """
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+s.connect(sys.argv[1])
+s.send(json.dumps({"type": "hello", "protocol": 2, "library": sys.argv[2],
+                   "role": {"kind": "holder"}}).encode())
+print(s.recv(1 << 20).decode())
+"""
+
+
 def world_readable(root):
     """Makes everything under `root` readable (and its folders searchable) by all."""
     for d, _, files in os.walk(root):
@@ -250,11 +263,21 @@ def other_user_attaches():
         closed = attach_as_other_user(base, socket, shards)
         os.chmod(run_dir, 0o755)
         os.chmod(socket, 0o666)
-        opened = attach_as_other_user(base, socket, shards)
+        # The library of the other user will not speak to this user's
+        # socket; a raw client does, and the engine refuses it.
+        lib_opened = attach_as_other_user(base, socket, shards)
+        out = as_other_user(base, RAW_HELLO, [str(socket), ringfeed.__version__])
+        assert out.returncode == 0, f"as uid {OTHER_UID}: {out.stdout}{out.stderr}"
+        opened = json.loads(out.stdout.strip().splitlines()[-1])
         assert engine.poll() is None, "the engine exited after refusing a consumer"
+        # This user's consumers do not speak to a socket others may open.
+        with pytest.raises(ringfeed.NodeError, match="may be opened by other users"):
+            ringfeed.Loader(shards, node=str(socket))
+        os.chmod(run_dir, 0o700)
+        os.chmod(socket, 0o600)
         with ringfeed.Loader(shards, node=str(socket)) as again:
             attached = again.stats()["node"]["consumers_attached"]
-        yield closed, opened, attached
+        yield closed, (lib_opened, opened), attached
     finally:
         if engine is not None:
             engine.kill()
@@ -263,17 +286,20 @@ def other_user_attaches():
 
 
 def test_a_process_of_another_user_cannot_attach(other_user_attaches):
-    closed, opened, attached = other_user_attaches
-    # As made: the other user cannot even connect.
+    closed, (lib_opened, opened), attached = other_user_attaches
+    # As made: the other user cannot even reach the socket.
     assert closed["type"] == "NodeError", closed
     assert "Permission denied" in closed["message"], closed
-    # Let through to the socket: the engine refuses it.
-    assert opened["type"] == "NodeError", opened
+    # Let through to the socket: the other user's library will not speak to
+    # a socket of another user, and the engine refuses a raw client.
+    assert lib_opened["type"] == "NodeError", lib_opened
+    assert f"belongs to user {os.geteuid()}" in lib_opened["message"], lib_opened
+    assert opened["type"] == "refused", opened
     # This user's two consumers, and no other.
     assert attached == 2
 
 
 def test_the_engine_tells_another_user_why_it_is_refused(other_user_attaches):
-    _, opened, _ = other_user_attaches
+    _, (_, opened), _ = other_user_attaches
     want = f"of user {OTHER_UID} may not attach to the engine of user {os.geteuid()}"
     assert want in opened["message"], opened

@@ -167,7 +167,7 @@ def test_pickled_items_travel_as_tickets_with_a_shared_arena(shards, truth):
 
 def test_a_missing_worker_is_a_clear_error():
     with pytest.raises(_transport.TransportError, match="/proc/999999999/fd"):
-        _transport._receive_batch((12345, 999999999, 5, (0, 0), 6, (0, 0), 1, 7, 4096, (0, 0)), 1)
+        _transport._receive_batch((12345, 999999999, 5, (0, 0), 1, 7, 4096, (0, 0)), 1)
 
 
 def test_a_reused_descriptor_is_not_taken_for_the_arena(shards):
@@ -176,14 +176,12 @@ def test_a_reused_descriptor_is_not_taken_for_the_arena(shards):
     with ringfeed.Loader(shards, batch_size=8, shared_arena=True) as loader:
         arena = loader._arena
         box = _transport.outbox()
-        token, pid, pipe, pipe_inode, flag, flag_inode, serial, fd, length, inode = box.address(arena)
+        token, pid, pipe, pipe_inode, serial, fd, length, inode = box.address(arena)
         other = (inode[0], inode[1] + 1)
         with pytest.raises(_transport.TransportError, match="not the arena"):
-            _transport._receive_batch((token + 1, pid, pipe, pipe_inode, flag, flag_inode, serial, fd, length, other), 1)
+            _transport._receive_batch((token + 1, pid, pipe, pipe_inode, serial, fd, length, other), 1)
         with pytest.raises(_transport.TransportError, match="not the pipe"):
-            _transport._releaser(token + 2, pid, pipe, (pipe_inode[0], pipe_inode[1] + 1), flag, flag_inode)
-        with pytest.raises(_transport.TransportError, match="not the worker's flag"):
-            _transport._releaser(token + 3, pid, pipe, pipe_inode, flag, (flag_inode[0], flag_inode[1] + 1))
+            _transport._releaser(token + 2, pid, pipe, (pipe_inode[0], pipe_inode[1] + 1))
 
 
 def test_a_release_inside_a_release_does_not_deadlock(shards):

@@ -13,6 +13,7 @@ pub mod config;
 pub mod glob;
 pub mod http;
 pub mod manifest;
+pub mod node;
 pub mod resume;
 pub mod s3;
 pub mod tar;

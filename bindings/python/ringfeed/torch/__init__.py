@@ -27,11 +27,12 @@ the job run on this node (``LOCAL_WORLD_SIZE`` > 1 as torchrun sets it), they
 attach to one node engine (``node="auto"``: the first starts ``ringfeed
 node``, which stops a few seconds after the last leaves) instead of opening
 one engine each; pass ``node="off"`` for an engine each. A batch the main
-process still holds when its worker shuts down (the iterator ended, or was
-dropped) stays intact: the worker has the engine keep it for the main
-process until released (see ``ringfeed._transport``). Each consumer still
-gets exactly the batches its own engine would give it, and its resume
-states are the same.
+process holds stays intact whatever happens to the worker it came through
+(shut down, SIGTERM, SIGKILL, out of descriptors): the main process keeps
+it with the engine when it unpickles it, until it lets go of it, and what
+it keeps is charged to it, not to the workers (see ``ringfeed._transport``).
+Each consumer still gets exactly the batches its own engine would give it,
+and its resume states are the same.
 Each consumer's stream count is ``4 // num_workers`` (at least 1) unless
 ``workers`` is given: it is part of the layout that fixes the order. A
 worker's batches reach the main process without a copy: they live in an arena

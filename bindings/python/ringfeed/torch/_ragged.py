@@ -11,9 +11,10 @@ which DataLoader calls with ``pin_memory=True``) or another device (`to`).
 Where the bytes live (a `Span`):
 
 - in this process's engine (`LocalSpan`, holding the batch's lease);
-- in a DataLoader worker's engine, mapped here (`MappedSpan`, holding the
-  `_transport.RemoteBatch`): a `Ragged` pickled in a worker whose loader has
-  a shared arena travels as a ticket, not as bytes;
+- in a DataLoader worker's engine or its node engine, mapped here
+  (`MappedSpan`, holding the `_transport.RemoteBatch` or
+  `_transport.NodeHeld`): a `Ragged` pickled in a worker whose loader has a
+  shared arena travels as a ticket, not as bytes;
 - in memory of its own (`OwnedSpan`): packed copies, or the copy a `Ragged`
   travels as when its engine's memory cannot be shared.
 
@@ -68,12 +69,13 @@ class LocalSpan(_View):
 
 class MappedSpan(_View):
     """Bytes of a worker's batch, through this process's mapping of its
-    arena, kept by the `_transport.RemoteBatch`."""
+    arena (or of its node engine's), kept by the `_transport.RemoteBatch`
+    (or `_transport.NodeHeld`)."""
 
     __slots__ = ()
 
     def __init__(self, batch, offset, nbytes):
-        super().__init__(batch, batch.mapping.address + offset, nbytes)
+        super().__init__(batch, batch.address + offset, nbytes)
 
     @property
     def batch(self):

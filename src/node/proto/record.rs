@@ -1,7 +1,7 @@
 //! The records a node engine writes into a consumer's ring, as bytes: a
-//! batch descriptor (its samples' keys and fields as offsets into the arena,
-//! and the resume state after it), an epoch's end, the end of every epoch,
-//! or an error. Encoding is the engine's, decoding the consumer's; the
+//! batch descriptor (its number and capability, its samples' keys and
+//! fields as offsets into the arena, and the resume state after it), an
+//! epoch's end, the end of every epoch, or an error. Encoding is the engine's, decoding the consumer's; the
 //! decoder checks every length and offset, so a broken record is an error
 //! and never a pointer outside the consumer's mapping.
 
@@ -29,6 +29,8 @@ pub enum Record {
 #[derive(Debug)]
 pub struct Decoded {
     pub id: u64,
+    /// The batch's capability (its key's: `super::Key`).
+    pub cap: u64,
     pub epoch: u64,
     pub index: u64,
     pub bytes: u64,
@@ -69,6 +71,7 @@ impl Out {
 pub fn encode_batch(
     b: &Batch,
     id: u64,
+    cap: u64,
     state: &str,
     base: *const u8,
     len: usize,
@@ -77,7 +80,7 @@ pub fn encode_batch(
     out.clear();
     let mut o = Out(std::mem::take(out));
     o.u8(BATCH);
-    for v in [id, b.epoch(), b.index(), b.bytes()] {
+    for v in [id, cap, b.epoch(), b.index(), b.bytes()] {
         o.u64(v);
     }
     o.bytes(state.as_bytes());
@@ -182,7 +185,8 @@ pub fn decode(rec: &[u8], base: *const u8, len: usize) -> Result<Record, String>
         FAILED => return Ok(Record::Failed(r.u32()? as i32, r.text()?)),
         t => return Err(format!("unknown record type {t}")),
     }
-    let (id, epoch, index, bytes) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?);
+    let (id, cap) = (r.u64()?, r.u64()?);
+    let (epoch, index, bytes) = (r.u64()?, r.u64()?, r.u64()?);
     let state = r.text()?;
     let name_count = r.u32()? as usize;
     let mut names = Vec::new();
@@ -239,10 +243,11 @@ pub fn decode(rec: &[u8], base: *const u8, len: usize) -> Result<Record, String>
     let fields: Vec<RawField> = raw
         .iter()
         .map(|&(n, off, flen)| {
-            // SAFETY: the name's offset is inside `names` and the data's
-            // inside the mapping (both checked above); `names` is not
-            // resized after this.
-            let (name, data) = unsafe { (names.as_ptr().add(name_at[n]), base.add(off as usize)) };
+            // The name's offset is inside `names` and the data's inside the
+            // mapping (both checked above); `names` is not resized after
+            // this. Offsets only: nothing is read through them here.
+            let name = names.as_ptr().wrapping_add(name_at[n]);
+            let data = base.wrapping_add(off as usize);
             RawField {
                 name: name.cast(),
                 data,
@@ -268,6 +273,7 @@ pub fn decode(rec: &[u8], base: *const u8, len: usize) -> Result<Record, String>
         .collect();
     Ok(Record::Batch(Decoded {
         id,
+        cap,
         epoch,
         index,
         bytes,
@@ -299,7 +305,7 @@ mod tests {
         // A well-formed batch record whose field lies past the arena.
         let mut o = Out(Vec::new());
         o.u8(BATCH);
-        for v in [1u64, 0, 0, 10] {
+        for v in [1u64, 77, 0, 0, 10] {
             o.u64(v);
         }
         o.bytes(b"state");
@@ -322,6 +328,7 @@ mod tests {
             panic!("not a batch");
         };
         assert_eq!(d.fields[0].data, base[50..].as_ptr());
+        assert_eq!((d.id, d.cap), (1, 77));
         assert_eq!(d.samples[0].field_count, 1);
         // Every truncation of a good record is an error, not a panic.
         for n in 0..ok.0.len() {

@@ -1,6 +1,7 @@
-//! `--metrics-port`: the running loader's metrics (Prometheus text, from
-//! `ringfeed_loader_metrics`'s code) served at
-//! `http://127.0.0.1:PORT/metrics` until the command ends.
+//! A scrape endpoint: metrics (Prometheus text, made when asked) served at
+//! `http://127.0.0.1:PORT/metrics` until the [`MetricsServer`] is dropped
+//! — the CLI's `--metrics-port` for a running loader, and the node
+//! engine's.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -9,25 +10,27 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::AnyResult;
-
 /// The scrape endpoint; stopped when dropped.
-pub(crate) struct MetricsServer {
+pub struct MetricsServer {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+    addr: SocketAddr,
 }
 
-/// Serves `text()` at `/metrics` on 127.0.0.1:`port` (0: any free port),
-/// and says where on stderr.
-pub(crate) fn serve(
+/// Serves `text()` at `/metrics` on 127.0.0.1:`port` (0: any free port);
+/// the error names the port.
+pub fn serve(
     port: u16,
     text: impl Fn() -> String + Send + 'static,
-) -> AnyResult<MetricsServer> {
-    let listener = TcpListener::bind(("127.0.0.1", port))
-        .map_err(|e| format!("--metrics-port {port}: cannot listen on 127.0.0.1: {e}"))?;
-    let addr: SocketAddr = listener.local_addr()?;
+) -> std::io::Result<MetricsServer> {
+    let listener = TcpListener::bind(("127.0.0.1", port)).map_err(|e| {
+        std::io::Error::new(
+            e.kind(),
+            format!("--metrics-port {port}: cannot listen on 127.0.0.1: {e}"),
+        )
+    })?;
     listener.set_nonblocking(true)?;
-    eprintln!("metrics: http://{addr}/metrics");
+    let addr: SocketAddr = listener.local_addr()?;
     let stop = Arc::new(AtomicBool::new(false));
     let s = Arc::clone(&stop);
     let thread = std::thread::Builder::new()
@@ -44,7 +47,15 @@ pub(crate) fn serve(
     Ok(MetricsServer {
         stop,
         thread: Some(thread),
+        addr,
     })
+}
+
+impl MetricsServer {
+    /// Where it listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
 }
 
 /// One request: `GET /metrics` gets the text, anything else a 404.
