@@ -209,6 +209,42 @@ impl Arena {
         &self.report
     }
 
+    /// Locks the first `len` bytes (as they fault in) of an arena made with
+    /// `lock: Some(false)`: a node engine's, whose pages past its budget are
+    /// address space for consumers beyond those expected and batches kept
+    /// outside, and locked would count against `RLIMIT_MEMLOCK` for nothing.
+    /// `want` as `ArenaOptions::lock`; a refusal under `None` is a note.
+    pub fn lock_prefix(&mut self, len: usize, want: Option<bool>) -> Result<()> {
+        if want == Some(false) || len == 0 {
+            return Ok(());
+        }
+        let len = len.min(self.len);
+        // SAFETY: the range is the start of this mapping; mlock2 changes no
+        // byte of it.
+        let r = unsafe { libc::mlock2(self.base.cast(), len, MLOCK_ONFAULT) };
+        let r = if r != 0 && matches!(errno(), libc::EINVAL | libc::ENOSYS) {
+            // SAFETY: as above (kernels without MLOCK_ONFAULT).
+            unsafe { libc::mlock(self.base.cast(), len) }
+        } else {
+            r
+        };
+        if r == 0 {
+            self.report.locked = true;
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if want == Some(true) {
+            return Err(Error::Memory(format!(
+                "mlock of {len} bytes failed ({e}); `lock_memory` is \"on\". \
+                 Raise `ulimit -l`, grant CAP_IPC_LOCK, or set it to \"auto\""
+            )));
+        }
+        self.report.notes.push(format!(
+            "mlock refused ({e}): memory is not locked (ulimit -l or CAP_IPC_LOCK)"
+        ));
+        Ok(())
+    }
+
     pub fn base(&self) -> *mut u8 {
         self.base
     }
@@ -227,6 +263,10 @@ impl Arena {
         use std::os::fd::AsRawFd;
         self.file.as_ref().map(|f| f.as_raw_fd())
     }
+}
+
+fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
 
 /// `MLOCK_ONFAULT` (Linux 4.4, include/uapi/asm-generic/mman-common.h); the
@@ -390,6 +430,60 @@ fn map_region(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The `VmFlags` of the mapping that starts at `addr`, and its size.
+    fn vma(addr: usize) -> Option<(usize, String)> {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+        let mut lines = smaps.lines();
+        while let Some(l) = lines.next() {
+            let Some((range, _)) = l.split_once(' ') else {
+                continue;
+            };
+            let Some((a, b)) = range.split_once('-') else {
+                continue;
+            };
+            let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+            else {
+                continue;
+            };
+            if a != addr {
+                continue;
+            }
+            for l in lines.by_ref() {
+                if let Some(flags) = l.strip_prefix("VmFlags:") {
+                    return Some((b - a, flags.to_string()));
+                }
+            }
+        }
+        None
+    }
+
+    #[test]
+    fn a_prefix_is_locked_and_the_rest_is_not() {
+        let mut a = Arena::new(
+            8 << 20,
+            ArenaOptions {
+                kind: Some(MemoryKind::Normal),
+                lock: Some(false),
+                prefault: false,
+                shared: true,
+            },
+        )
+        .unwrap();
+        a.lock_prefix(2 << 20, None).unwrap();
+        let base = a.base() as usize;
+        if !a.report().locked {
+            // Not permitted here (no CAP_IPC_LOCK, a small ulimit -l): said.
+            assert!(a.report().notes.iter().any(|n| n.contains("mlock refused")));
+            return;
+        }
+        let (len, flags) = vma(base).expect("the arena's mapping");
+        assert_eq!(len, 2 << 20, "the locked part is its own mapping");
+        assert!(flags.split_whitespace().any(|f| f == "lo"), "{flags}");
+        let (rest, flags) = vma(base + (2 << 20)).expect("the rest");
+        assert_eq!(rest, 6 << 20);
+        assert!(!flags.split_whitespace().any(|f| f == "lo"), "{flags}");
+    }
 
     #[test]
     fn each_memory_kind_can_be_forced_or_reports_why_not() {

@@ -182,16 +182,18 @@ fn engine_pool(cfg: &Config) -> Result<Arc<ChunkPool>> {
     };
     let node = topology::worker_cpus(&topo, &req).numa_node;
     let chunks = (cfg.node_budget() / cfg.chunk_size).max(1) as usize;
-    let arena = Arena::new_on_node(
+    let mut arena = Arena::new_on_node(
         chunks * OVERSUBSCRIBE * cfg.chunk_size as usize,
         ArenaOptions {
             kind: cfg.memory_kind,
-            lock: cfg.lock_memory.required(),
+            lock: Some(false),
             prefault: false,
             shared: true,
         },
         node,
     )?;
+    // The budget is locked, not the address space past it.
+    arena.lock_prefix(chunks * cfg.chunk_size as usize, cfg.lock_memory.required())?;
     let fd = arena
         .shared_fd()
         .ok_or_else(|| Error::Internal("the node engine's arena is not in a memory file".into()))?;
