@@ -49,6 +49,9 @@ struct Entry<B> {
     in_transit: bool,
     /// Holders keeping it, with how many times.
     holders: Vec<(Party, u32)>,
+    /// Some holder kept it once: it reached its receiver, so the consumer's
+    /// shipped release leaves nothing in transit.
+    kept_once: bool,
 }
 
 impl<B> Entry<B> {
@@ -124,6 +127,7 @@ impl<B: Kept> Holds<B> {
                 by_consumer: true,
                 in_transit: false,
                 holders: Vec::new(),
+                kept_once: false,
             },
         );
         id
@@ -143,8 +147,9 @@ impl<B: Kept> Holds<B> {
         match self.entries.get_mut(&id) {
             Some(e) if e.consumer == consumer && e.by_consumer => {
                 e.by_consumer = false;
-                // Kept already: the holder's hold is what remains.
-                e.in_transit = shipped && e.holders.is_empty();
+                // Kept already (and perhaps let go of since): it reached
+                // its receiver, whose hold is what remains, if any.
+                e.in_transit = shipped && !e.kept_once;
             }
             _ => {
                 self.ignored += 1;
@@ -172,6 +177,7 @@ impl<B: Kept> Holds<B> {
             e.batch.charge_to(holder_owner);
         }
         e.in_transit = false;
+        e.kept_once = true;
         match e.holders.iter_mut().find(|(h, _)| *h == holder) {
             Some((_, n)) => *n += 1,
             None => e.holders.push((holder, 1)),
@@ -399,6 +405,15 @@ mod tests {
         assert_eq!(h.tally().in_transit, 0);
         drop(h.holder_release(MAIN, id).unwrap());
         assert_eq!(freed.get(), 1);
+        // Kept and let go of before the consumer's shipped release comes:
+        // freed by that release, not left in transit.
+        let (b, (freed, _)) = probe();
+        let id = h.insert(WORKER, 7, b);
+        h.claim(MAIN, 9, id, 7).unwrap();
+        assert!(h.holder_release(MAIN, id).unwrap().is_none());
+        drop(h.consumer_release(WORKER, id, true));
+        assert_eq!(freed.get(), 1);
+        assert_eq!(h.tally(), Tally::default());
         // A plain release of a batch never shipped frees it at once.
         let (b, (freed, _)) = probe();
         let id = h.insert(WORKER, 6, b);

@@ -195,3 +195,31 @@ def test_what_the_main_process_keeps_never_stalls_the_workers(shards, runtime):
         ds.set_epoch(epoch)
         assert sum(1 for _ in dl) > len(kept)
     assert [item_bytes(i) for i in kept] == before
+
+
+def test_nothing_stays_kept_or_in_transit_once_the_main_process_lets_go(shards, runtime):
+    """Every item of four epochs taken and dropped, the workers still alive
+    (persistent): the engine holds none of their batches for the main
+    process, and none in transit (a batch the main process kept and let go
+    of before its worker's release came must not be left in transit)."""
+    import glob
+
+    import ringfeed
+
+    ds = RingfeedDataset(shards, batch_size=8, memory_budget="2MiB", chunk_size="64KiB", remainder="drop")
+    dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True, timeout=120)
+    for epoch in range(4):
+        ds.set_epoch(epoch)
+        for item in dl:
+            del item
+    socket = glob.glob(str(runtime / "node-*.sock"))[0]
+    with ringfeed.Loader(shards, batch_size=8, node=socket, loader_workers=2, workers=2,
+                         memory_budget="2MiB", chunk_size="64KiB", remainder="drop") as watcher:
+        deadline = time.monotonic() + 60
+        while True:
+            node = watcher.stats()["node"]
+            if node["batches_kept"] == 0 and node["batches_in_transit"] == 0:
+                break
+            assert time.monotonic() < deadline, node
+            time.sleep(0.05)
+    del dl
