@@ -14,6 +14,7 @@ summed locked memory (VmLck). Prints the medians and the ratios of the
 medians against (c), with per-round ranges.
 
 usage: [EPOCHS=1] [BATCH=256] [STREAMS=1] [NODE_BUDGET=bytes] [SOURCE=http]
+       [NODE_CONFIG='{"net_threads": 2}'] (more keys of the engine's own)
        python3 benches/node_share.py RINGFEED_PROGRAM ROUNDS SHARD...
 SOURCE=http serves the shards' folder with `ringfeed serve` and reads them
 over http://127.0.0.1. Then it measures a consumer attaching to a running
@@ -93,7 +94,8 @@ def start_engine(program, shards, batch_size, streams, node_budget, linger_ms):
     engine = subprocess.Popen(
         [program, "node", *shards, "--socket", socket, "--linger-ms", str(linger_ms),
          "--batch-size", str(batch_size), "--workers", str(streams),
-         "--config", json.dumps({"world_size": 2, "loader_workers": 2}),
+         "--config", json.dumps({"world_size": 2, "loader_workers": 2,
+                                 **json.loads(os.environ.get("NODE_CONFIG", "{}"))}),
          *(["--memory-budget", node_budget] if node_budget else [])],
         stderr=subprocess.DEVNULL,
     )

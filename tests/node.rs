@@ -40,6 +40,11 @@ fn each_consumer_gets_exactly_what_its_own_engine_gives() {
         let (json, counts) = attached.stats().unwrap();
         let stats: Value = serde_json::from_str(&json).unwrap();
         assert_eq!(stats["node"]["pid"], json!(std::process::id()));
+        // Local shards too are read by the engine's one I/O thread (as
+        // its configuration asks), not by each consumer's streams.
+        if stats["io_backend"] == json!("io_uring") {
+            assert_eq!(stats["net_threads"], json!(1), "{json}");
+        }
         // No CUDA runtime on the test machines: said, not an error.
         if stats["cuda_registered"] == json!(0) {
             let notes = stats["notes"].to_string();

@@ -84,6 +84,7 @@ impl Loader {
                 pool: Arc::clone(pool),
                 base,
                 net_links: engine_net.map(|e| e.links.clone()).unwrap_or_default(),
+                spool: engine_net.and_then(|e| e.spool.clone()),
             }),
         );
         if opened.is_err() {
@@ -171,16 +172,16 @@ impl Loader {
                 allowed.len()
             ));
         }
-        let (pool, owner_base, engine_net, mut notes, cuda_later) = match joined {
+        let (pool, owner_base, engine_net, engine_spool, mut notes, cuda_later) = match joined {
             Some(j) => {
                 let mut notes = j.pool.arena().report().notes.clone();
                 notes.extend(placement_notes);
-                (j.pool, j.base, j.net_links, notes, None)
+                (j.pool, j.base, j.net_links, j.spool, notes, None)
             }
             None => {
                 let (pool, notes, cuda_later) =
                     own_pool(&cfg, chunks, workers, placement.numa_node, placement_notes)?;
-                (pool, 0, Vec::new(), notes, cuda_later)
+                (pool, 0, Vec::new(), None, notes, cuda_later)
             }
         };
         let (backend, uring_flags) = match cfg.io_backend {
@@ -233,9 +234,12 @@ impl Loader {
         let cpus = placement.cpus.clone().unwrap_or_default();
         // Network threads receive the workers' HTTP ranges (io_uring only;
         // the thread backend receives on each worker).
+        // A node engine's I/O threads take every read, local files too: the
+        // engine's one set of I/O threads for all its consumers.
         let remote = shards.iter().any(|s| matches!(s.source, Source::Http(_)));
-        let receives = remote && backend == BackendKind::IoUring && make.is_none();
         let own_net_links = engine_net.is_empty();
+        let receives =
+            (remote || !own_net_links) && backend == BackendKind::IoUring && make.is_none();
         let net_threads = match cfg.net_threads {
             _ if !receives => 0,
             _ if !own_net_links => engine_net.len(),
@@ -277,10 +281,12 @@ impl Loader {
                 ));
                 None
             }
-            Some(o) => Some(
+            // A node engine's one writer, for all its consumers.
+            Some(_) if engine_spool.is_some() => engine_spool,
+            Some(o) => Some(Arc::new(
                 Spool::start(Arc::new(Cache::open(o)), cfg.cache_fill)
                     .map_err(|e| Error::Internal(format!("cannot start the cache writer: {e}")))?,
-            ),
+            )),
             None => None,
         };
         // Auto reads entries direct: a cache holds what the page cache
@@ -378,7 +384,10 @@ impl Loader {
         keep_started(spawned, &mut threads, &shared, || {
             "the sequencer thread".into()
         })?;
-        if shared.cfg.register_buffers != Toggle::On {
+        // A shared pool's arena is its engine's to fault in; without fixed
+        // buffers or CUDA to register there is nothing left for the thread.
+        let prefault_work = !shared.pool.is_shared() || fixed.is_some() || cuda_later.is_some();
+        if shared.cfg.register_buffers != Toggle::On && prefault_work {
             let pre_shared = Arc::clone(&shared);
             let pre_fixed = fixed.clone();
             let spawned = std::thread::Builder::new()
@@ -436,6 +445,8 @@ struct Joined {
     pool: Arc<ChunkPool>,
     base: usize,
     net_links: Vec<Arc<NetLink>>,
+    /// The engine's cache writer, when it caches.
+    spool: Option<Arc<Spool>>,
 }
 
 /// A node engine's network threads and the options (with the request
@@ -443,6 +454,9 @@ struct Joined {
 pub(crate) struct EngineNet {
     pub net: NetOptions,
     pub links: Vec<Arc<NetLink>>,
+    /// The cache's writer, one for every consumer (`cache_dir` with remote
+    /// shards).
+    pub spool: Option<Arc<Spool>>,
 }
 
 impl Drop for EngineNet {
@@ -453,18 +467,40 @@ impl Drop for EngineNet {
     }
 }
 
-/// The network threads a node engine runs for all its loaders: with
-/// remote shards and io_uring, `net_threads` of them (auto: one per two
-/// usable CPUs), each sized for its share of the streams the engine
-/// expects. None otherwise (the loaders then run as they would alone).
+/// The parts a node engine runs for all its loaders: its I/O threads, which
+/// take every read of every consumer's streams (local files and HTTP
+/// ranges) — with io_uring, `net_threads` of them (auto: one per usable
+/// CPU), each sized for its share of the streams the engine expects; none
+/// on the thread backend, where each stream reads on its own thread — and
+/// its cache writer.
 pub(crate) fn engine_net_threads(cfg: &Config, shards: &[Shard]) -> Result<Option<EngineNet>> {
     let remote = shards.iter().any(|s| matches!(s.source, Source::Http(_)));
-    if !remote || cfg.io_backend == IoBackend::Threads || uring::probe().is_err() {
-        return Ok(None);
+    let spool = match cfg.cache_options() {
+        Some(o) if remote => Some(Arc::new(
+            Spool::start(Arc::new(Cache::open(o)), cfg.cache_fill)
+                .map_err(|e| Error::Internal(format!("cannot start the cache writer: {e}")))?,
+        )),
+        _ => None,
+    };
+    if cfg.io_backend == IoBackend::Threads || uring::probe().is_err() {
+        // No I/O threads: each stream reads on its own thread; the cache
+        // writer is still the engine's one.
+        let net = NetOptions::for_config(cfg);
+        return Ok(Some(EngineNet {
+            net,
+            links: Vec::new(),
+            spool,
+        }));
     }
+    // Auto: one per usable CPU, at most one per stream the engine expects.
+    // They carry the kernel's copies of every read, local files included,
+    // which one thread on a 2-CPU machine could not keep up with: 4
+    // one-stream consumers of page-cache shards took 4.1 GB/s through one,
+    // 6.1 through two, as many with four (`benches/node_share.py`,
+    // `NODE_CONFIG='{"net_threads": N}'`).
     let streams = cfg.node_streams().max(1);
     let n = match cfg.net_threads {
-        0 => (topology::discover().allowed().len() / 2).clamp(1, streams),
+        0 => topology::discover().allowed().len().clamp(1, streams),
         n => n,
     };
     let entries = (streams.div_ceil(n) * cfg.reads_in_flight * 2 + 2)
@@ -490,7 +526,7 @@ pub(crate) fn engine_net_threads(cfg: &Config, shards: &[Shard]) -> Result<Optio
         }
         links.push(link);
     }
-    Ok(Some(EngineNet { net, links }))
+    Ok(Some(EngineNet { net, links, spool }))
 }
 
 /// The dataset of `cfg`, each local shard's samples counted when the

@@ -67,7 +67,7 @@ pub(crate) struct Shared {
     /// Whether local shards are opened with O_DIRECT, and which were.
     pub direct: DirectIo,
     /// The cache tier's writer, and through it the cache (`cache_dir`).
-    pub cache: Option<Spool>,
+    pub cache: Option<Arc<Spool>>,
     /// The same for cache entries (`cache_direct`).
     pub cache_direct: DirectIo,
     pub net: NetOptions,

@@ -82,7 +82,11 @@ pub(super) fn worker_main(
             } => match UringReader::new(entries, fixed.clone(), shared.net.clone(), seed).and_then(
                 |r| match shared.net_links.len() {
                     0 => Ok(r),
-                    n => r.with_net_thread(Arc::clone(&shared.net_links[shared.owner(stream) % n])),
+                    // A node engine's links take the file reads too.
+                    n => r.with_net_thread(
+                        Arc::clone(&shared.net_links[shared.owner(stream) % n]),
+                        !shared.own_net_links,
+                    ),
                 },
             ) {
                 Ok(r) => Box::new(r),

@@ -25,6 +25,10 @@
 //! A link that is stopped finishes the reads it has, then its thread exits;
 //! a read handed to a link whose thread is gone (stopped, or it panicked)
 //! fails at once, so no worker ever waits on a thread that is not there.
+//!
+//! A node engine's threads read local files too ([`NetLink::hand_file`]):
+//! there every consumer's streams hand all their reads to the engine's one
+//! set of I/O threads, and parse what comes back.
 
 use std::collections::HashMap;
 use std::io;
@@ -34,14 +38,19 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use io_uring::{opcode, types};
 
+use super::direct::KernelRead;
 use super::uring::new_ring;
 use super::uring_http::{HttpDriver, TAG};
-use super::{Completion, NetOptions, ReadFail, ReadRequest};
+use super::{Completion, NetOptions, ReadFail, ReadRequest, Target};
 use crate::error::Error;
 use crate::net::http::HttpObject;
 
 /// The `user_data` of the network thread's read of its link's eventfd.
 const WAKE: u64 = 1;
+
+/// The bit of a file read's `user_data` (the thread's read number below it;
+/// HTTP steps carry `TAG`, the top bit).
+const FILE: u64 = 1 << 62;
 
 /// An eventfd, made non-blocking so a write never blocks (the counter would
 /// have to reach 2^64 - 2 first).
@@ -101,10 +110,11 @@ impl Inbox {
     }
 }
 
-/// A read handed to a network thread.
+/// A read handed to a network thread: of an HTTP object, or (`obj` is
+/// `None`) of the local file `req.target` names.
 struct Handed {
     req: ReadRequest,
-    obj: Arc<HttpObject>,
+    obj: Option<Arc<HttpObject>>,
     inbox: Arc<Inbox>,
 }
 
@@ -143,9 +153,20 @@ impl NetLink {
     /// Hands a read to the thread. When the thread is gone, the read fails
     /// at once (its completion is in the inbox).
     pub fn hand(&self, req: ReadRequest, obj: Arc<HttpObject>, inbox: &Arc<Inbox>) {
+        self.hand_any(req, Some(obj), inbox);
+    }
+
+    /// Hands a read of a local file (`req.target` is `Target::File`), under
+    /// the same contract as [`crate::fetch::Reader::submit`]: its buffer and
+    /// descriptor stay valid until its completion is in the inbox.
+    pub fn hand_file(&self, req: ReadRequest, inbox: &Arc<Inbox>) {
+        self.hand_any(req, None, inbox);
+    }
+
+    fn hand_any(&self, req: ReadRequest, obj: Option<Arc<HttpObject>>, inbox: &Arc<Inbox>) {
         let mut s = lock(&self.state);
         if let Some(why) = &s.gone {
-            let c = failed(req.id, &obj, why);
+            let c = failed(req.id, obj.as_deref(), why);
             drop(s);
             inbox.deliver(c);
             return;
@@ -190,7 +211,7 @@ impl NetLink {
             std::mem::take(&mut s.queue)
         };
         for h in queued {
-            h.inbox.deliver(failed(h.req.id, &h.obj, &why));
+            h.inbox.deliver(failed(h.req.id, h.obj.as_deref(), &why));
         }
         for (_, (id, inbox)) in owners {
             inbox.deliver(Completion {
@@ -218,6 +239,8 @@ impl NetLink {
         let mut armed = false;
         let mut stopping = false;
         let mut cqes: Vec<(u64, i32)> = Vec::new();
+        // File reads widened to whole blocks (direct files), by read number.
+        let mut widened: HashMap<u64, KernelRead> = HashMap::new();
         loop {
             if !armed {
                 let e = opcode::Read::new(
@@ -250,10 +273,28 @@ impl NetLink {
                     woken = true;
                     continue;
                 }
-                if ud & TAG != 0
-                    && let Some(c) = http.complete(&mut ring, ud, res)
-                {
-                    route(owners, c);
+                if ud & TAG != 0 {
+                    if let Some(c) = http.complete(&mut ring, ud, res) {
+                        route(owners, c);
+                    }
+                    continue;
+                }
+                if ud & FILE != 0 {
+                    let id = ud & !FILE;
+                    let result = match (res, widened.remove(&id)) {
+                        (r, _) if r < 0 => Err(ReadFail::Io(io::Error::from_raw_os_error(-r))),
+                        (r, Some(k)) => Ok(k.delivered(r as usize)),
+                        (r, None) => Ok(r as usize),
+                    };
+                    route(
+                        owners,
+                        Completion {
+                            id,
+                            result,
+                            copied: 0,
+                            total: None,
+                        },
+                    );
                 }
             }
             if woken {
@@ -269,7 +310,11 @@ impl NetLink {
                         id: next_id,
                         ..h.req
                     };
-                    if let Some(c) = http.start(&mut ring, &req, h.obj) {
+                    let c = match h.obj {
+                        Some(obj) => http.start(&mut ring, &req, obj),
+                        None => start_file(&mut ring, &req, &mut widened)?,
+                    };
+                    if let Some(c) = c {
                         route(owners, c);
                     }
                 }
@@ -292,12 +337,62 @@ fn route(owners: &mut HashMap<u64, (u64, Arc<Inbox>)>, mut c: Completion) {
     }
 }
 
-fn failed(id: u64, obj: &HttpObject, why: &str) -> Completion {
+/// Puts a file read on the ring (widened to whole blocks for a direct
+/// file); a read that cannot be made is its completion, failed.
+fn start_file(
+    ring: &mut io_uring::IoUring,
+    req: &ReadRequest,
+    widened: &mut HashMap<u64, KernelRead>,
+) -> io::Result<Option<Completion>> {
+    let Target::File(file) = &req.target else {
+        return Ok(Some(Completion {
+            id: req.id,
+            result: Err(ReadFail::Io(io::Error::other("not a file read"))),
+            copied: 0,
+            total: None,
+        }));
+    };
+    let k = match KernelRead::new(req.offset, req.buf, req.len, file.align) {
+        Ok(k) => k,
+        Err(e) => {
+            return Ok(Some(Completion {
+                id: req.id,
+                result: Err(ReadFail::Io(e)),
+                copied: 0,
+                total: None,
+            }));
+        }
+    };
+    let Ok(len) = u32::try_from(k.len) else {
+        return Ok(Some(Completion {
+            id: req.id,
+            result: Err(ReadFail::Io(io::Error::from(io::ErrorKind::InvalidInput))),
+            copied: 0,
+            total: None,
+        }));
+    };
+    let entry = opcode::Read::new(types::Fd(file.fd), k.buf, len)
+        .offset(k.offset)
+        .build()
+        .user_data(FILE | req.id);
+    if k.widened() {
+        widened.insert(req.id, k);
+    }
+    // SAFETY: the worker that handed the read keeps its buffer and
+    // descriptor valid until the completion is in its inbox
+    // (`NetLink::hand_file`).
+    while unsafe { ring.submission().push(&entry) }.is_err() {
+        ring.submit()?;
+    }
+    Ok(None)
+}
+
+fn failed(id: u64, obj: Option<&HttpObject>, why: &str) -> Completion {
+    let what = obj.map_or("a file read".to_string(), |o| o.url.clone());
     Completion {
         id,
         result: Err(ReadFail::Net(Error::Internal(format!(
-            "{}: no network thread to read it: {why}",
-            obj.url
+            "{what}: no I/O thread to read it: {why}"
         )))),
         copied: 0,
         total: None,

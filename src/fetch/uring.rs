@@ -119,6 +119,8 @@ struct Remote {
     /// Where that read lands; boxed so its address stays put, and leaked
     /// if the reader goes while the read is armed (see `Drop`).
     counter: Box<u64>,
+    /// File reads go to the link too.
+    files: bool,
 }
 
 /// Creates a ring with `entries` slots, with the best flags the kernel takes.
@@ -206,14 +208,17 @@ impl UringReader {
     }
 
     /// Hands this reader's HTTP(S) ranges to the network thread behind
-    /// `link`; its completions come back through an inbox of its own.
-    pub fn with_net_thread(mut self, link: Arc<NetLink>) -> io::Result<UringReader> {
+    /// `link` (and its file reads too, with `files`: a node engine's one
+    /// set of I/O threads); its completions come back through an inbox of
+    /// its own.
+    pub fn with_net_thread(mut self, link: Arc<NetLink>, files: bool) -> io::Result<UringReader> {
         self.remote = Some(Remote {
             link,
             inbox: Inbox::new()?,
             out: 0,
             armed: false,
             counter: Box::new(0),
+            files,
         });
         Ok(self)
     }
@@ -276,6 +281,12 @@ impl Reader for UringReader {
     unsafe fn submit(&mut self, req: ReadRequest) -> io::Result<()> {
         self.register_when_ready();
         let file = match &req.target {
+            Target::File(_) if self.remote.as_ref().is_some_and(|r| r.files) => {
+                let r = self.remote.as_mut().expect("checked above");
+                r.out += 1;
+                r.link.hand_file(req, &r.inbox);
+                return self.arm_inbox();
+            }
             Target::File(f) => *f,
             Target::Http(obj) if self.remote.is_some() => {
                 let obj = Arc::clone(obj);
