@@ -259,7 +259,7 @@ def main():
     ap.add_argument("--raw-shards", type=int, default=32)
     ap.add_argument("--raw-shard-size", default="64MiB")
     ap.add_argument("--jpeg-shards", type=int, default=8)
-    ap.add_argument("--jpeg-per-shard", type=int, default=250)
+    ap.add_argument("--jpeg-per-shard", type=int, default=1000)
     ap.add_argument("--only", choices=["raw", "jpeg"])
     ap.add_argument("--out", default=str(REPO / "benches" / "out" / "torch"))
     ap.add_argument("--json", help="write every measurement here")
