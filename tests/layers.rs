@@ -42,10 +42,12 @@ const ENGINE: &[(&str, u32)] = &[
     ("sequencer", 5),
     ("threads", 6),
     ("loader", 7),
-    ("open", 8),
+    ("setup", 8),
+    ("planning", 8),
     ("stats", 8),
     ("script", 8),
-    ("tests", 9),
+    ("open", 9),
+    ("tests", 10),
 ];
 
 fn rs_files(dir: &Path, out: &mut Vec<PathBuf>) {

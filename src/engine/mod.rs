@@ -9,7 +9,9 @@
 //! delivered, and feeds the ring that `next` pops.
 
 //!
-//! The files, in the order a batch passes them: `open` (start-up),
+//! The files, in the order a batch passes them: `open` (start-up, with
+//! `planning`: the counts and the plan's start, and `setup`: the arena,
+//! placement, fixed buffers, CUDA and a node engine's shared parts),
 //! `threads` (the thread mains), `worker` (the read loop), `assemble`
 //! (members into samples and batches), `shuffler` (the shuffle buffer within
 //! the worker's share of memory), `sequencer` (streams into the ring in the
@@ -17,15 +19,18 @@
 //! the threads share), `counters` and `stats` (what they count). `script` and
 //! `tests` are the unit tests over scripted readers. No file imports one
 //! that comes after it in this list: `counters` ← `shared` ← `shuffler` ←
-//! `assemble` ← `worker` ← `sequencer`/`threads` ← `loader` ← `open`/`stats`.
+//! `assemble` ← `worker` ← `sequencer`/`threads` ← `loader` ←
+//! `setup`/`planning`/`stats` ← `open`.
 
 mod assemble;
 mod counters;
 mod loader;
 mod open;
+mod planning;
 #[cfg(test)]
 mod script;
 mod sequencer;
+mod setup;
 mod shared;
 mod shuffler;
 mod stats;
@@ -39,5 +44,6 @@ pub use counters::{
     RINGFEED_MEMORY_NORMAL, RINGFEED_MEMORY_THP,
 };
 pub use loader::{Loader, Next};
-pub(crate) use open::{EngineNet, engine_net_threads, resolve_counted};
+pub(crate) use planning::resolve_counted;
+pub(crate) use setup::{EngineNet, engine_net_threads};
 pub use stats::{Stats, prometheus};

@@ -1,0 +1,166 @@
+//! The dataset and the plan at start-up: each shard's sample count where
+//! the plan needs it (counted from local headers, or learned from the
+//! cache), the streams' number, and where the epoch starts from the resume
+//! states (the plan's options, the fingerprint states are checked against,
+//! what an elastic resume delivered already, the batches a resume replays).
+
+use crate::cache::Cache;
+use crate::config::{AUTO_WORKERS, Config};
+use crate::dataset::{self, Shard, Source};
+use crate::error::{Error, Result};
+use crate::fetch::NetOptions;
+use crate::plan::resume::{self, Start, State};
+use crate::plan::{Delivered, PlanOptions, plan_epoch};
+
+/// The dataset of `cfg`, each local shard's samples counted when the
+/// plan's split needs them: what a node engine resolves once for all its
+/// consumers' loaders (each would count every shard again).
+pub(crate) fn resolve_counted(cfg: &Config) -> Result<Vec<Shard>> {
+    let net = NetOptions::for_config(cfg);
+    let mut shards = dataset::resolve_config(cfg, &net)?;
+    let workers = worker_count(cfg, &shards);
+    learn_cached_counts(cfg, &mut shards, &net, workers)?;
+    if cfg.plan_options(workers).needs_counts() {
+        for s in shards.iter_mut() {
+            s.samples = counted(s)?;
+        }
+    }
+    Ok(shards)
+}
+
+/// Remote shards' sample counts from the cache, when the plan needs
+/// counts (a split among consumers, a resume) and a cache is configured:
+/// what an earlier run learned reading them whole, for the current
+/// versions of the objects.
+pub(super) fn learn_cached_counts(
+    cfg: &Config,
+    shards: &mut [Shard],
+    net: &NetOptions,
+    workers: usize,
+) -> Result<()> {
+    let Some(o) = cfg.cache_options() else {
+        return Ok(());
+    };
+    if !cfg.plan_options(workers).needs_counts() && cfg.resume.is_empty() {
+        return Ok(());
+    }
+    if shards.iter().all(|s| s.samples.is_some()) {
+        return Ok(());
+    }
+    dataset::learn_counts(shards, &Cache::open(o), net)
+}
+
+/// A shard's sample count: known, or counted from a local file's headers
+/// (`None` for a remote shard without one).
+pub(super) fn counted(s: &Shard) -> Result<Option<u64>> {
+    match (&s.source, s.samples) {
+        (_, Some(n)) => Ok(Some(n)),
+        (Source::File(path), None) => crate::tar::count_file_samples(path).map(Some),
+        _ => Ok(None),
+    }
+}
+
+/// Streams of a loader: `workers`, or one per shard up to `AUTO_WORKERS`.
+pub(super) fn worker_count(cfg: &Config, shards: &[Shard]) -> usize {
+    match cfg.workers {
+        0 => AUTO_WORKERS.min(shards.len()),
+        n => n,
+    }
+}
+
+/// The fingerprint to check `states` against: the dataset's, or, for
+/// states that do not match it while some shards are unsized, the one with
+/// every size (states saved when open sized each remote shard with a `HEAD`
+/// carry their sizes): then the sizes are asked for, in parallel, so those
+/// states still resume. The loader's own states carry the dataset's.
+fn sized_fingerprint(
+    states: &[State],
+    fingerprint: u64,
+    shards: &[Shard],
+    net: &NetOptions,
+    opts: &PlanOptions,
+) -> Result<u64> {
+    if states.iter().all(|s| s.fingerprint == fingerprint)
+        || shards.iter().all(|s| s.size.is_some())
+    {
+        return Ok(fingerprint);
+    }
+    let mut sized = shards.to_vec();
+    dataset::head_sizes(&mut sized, net)?;
+    let ids: Vec<(&str, Option<u64>)> = sized.iter().map(|s| (s.name.as_str(), s.size)).collect();
+    let full = resume::fingerprint(&ids, opts);
+    Ok(if states.iter().all(|s| s.fingerprint == full) {
+        full
+    } else {
+        fingerprint
+    })
+}
+
+pub(super) type Replay = Vec<Vec<Vec<u64>>>;
+pub(super) type PlanSetup = (
+    PlanOptions,
+    Vec<Option<u64>>,
+    Start,
+    Option<Delivered>,
+    Option<Replay>,
+    u64,
+);
+
+/// The plan's options, each shard's count where known (local shards are
+/// counted from their headers when the plan needs counts), where to start
+/// (from the resume states), and the dataset's fingerprint.
+pub(super) fn plan_setup(
+    cfg: &Config,
+    net: &NetOptions,
+    shards: &[Shard],
+    workers: usize,
+) -> Result<PlanSetup> {
+    let opts = cfg.plan_options(workers);
+    let ids: Vec<(&str, Option<u64>)> = shards.iter().map(|s| (s.name.as_str(), s.size)).collect();
+    let fingerprint = resume::fingerprint(&ids, &opts);
+    let states = cfg
+        .resume
+        .iter()
+        .map(|h| State::from_hex(h))
+        .collect::<Result<Vec<_>>>()?;
+    let checked = sized_fingerprint(&states, fingerprint, shards, net, &opts)?;
+    let mut start = resume::start_from(&states, checked, &opts)?;
+    if states.is_empty() {
+        start.epoch = cfg.epoch;
+    }
+    let counts = if opts.needs_counts() || start.needs_counts() || start.skip_batches > 0 {
+        shards.iter().map(counted).collect::<Result<Vec<_>>>()?
+    } else {
+        shards.iter().map(|s| s.samples).collect()
+    };
+    let base = if start.needs_counts() {
+        let known: Option<Vec<u64>> = counts.iter().copied().collect();
+        match known {
+            Some(k) => start.delivered(&opts, &k)?,
+            None => {
+                let missing = counts.iter().filter(|c| c.is_none()).count();
+                return Err(Error::config(format!(
+                    "resuming on another layout needs every shard's sample count and {missing} \
+                     of {} shards have none: list them in a manifest with their counts \
+                     (`ringfeed index URL... -o set.manifest`), or read them whole once with a \
+                     `cache_dir`, which keeps the counts",
+                    counts.len()
+                )));
+            }
+        }
+    } else {
+        None
+    };
+    // Surface plan errors (missing counts, bad layout) at open.
+    let plan = plan_epoch(&opts, &counts, start.epoch, base.as_ref())?;
+    // A resume with every count known replays the cut's batches without
+    // reading them; with unknown counts it reads and skips them.
+    let known: Option<Vec<u64>> = counts.iter().copied().collect();
+    let replay = match known {
+        Some(k) if start.skip_batches > 0 => {
+            Some(crate::plan::replayed(&opts, &k, &plan, start.skip_batches))
+        }
+        _ => None,
+    };
+    Ok((opts, counts, start, base, replay, fingerprint))
+}

@@ -1,0 +1,254 @@
+//! The chunk pool's unit tests (`super`).
+
+use super::*;
+use crate::memory::{ArenaOptions, MemoryKind};
+
+fn pool(chunks: usize) -> Arc<ChunkPool> {
+    let opts = ArenaOptions {
+        kind: Some(MemoryKind::Normal),
+        lock: Some(false),
+        prefault: false,
+        shared: false,
+    };
+    ChunkPool::new(Arena::new(chunks * 4096, opts).unwrap(), 4096)
+}
+
+#[test]
+fn chunks_return_when_the_last_reference_drops() {
+    let p = pool(4);
+    let a = p.acquire(1, false).unwrap().unwrap();
+    let b = a.clone();
+    assert_eq!(p.usage().in_use, 1);
+    drop(a);
+    assert_eq!(p.usage().in_use, 1);
+    drop(b);
+    assert_eq!(p.usage().in_use, 0);
+    assert_eq!(p.usage().peak, 1);
+}
+
+#[test]
+fn an_owners_runs_follow_each_other_while_the_next_chunk_is_free() {
+    let p = pool(8);
+    p.set_owners(2, 4);
+    // Owner 0 starts at chunk 0, owner 1 at chunk 8 * 1 / 3 = 2.
+    let a0 = p.acquire_as(0, 1, false).unwrap().unwrap();
+    let b0 = p.acquire_as(1, 1, false).unwrap().unwrap();
+    let a1 = p.acquire_as(0, 1, false).unwrap().unwrap();
+    let b1 = p.acquire_as(1, 1, false).unwrap().unwrap();
+    assert_eq!((a0.index(), a1.index()), (0, 1));
+    assert_eq!((b0.index(), b1.index()), (2, 3));
+    // Owner 0's next chunk (2) is taken: it goes on after owner 1's.
+    let a2 = p.acquire_as(0, 1, false).unwrap().unwrap();
+    assert_eq!(a2.index(), 4);
+    // Freed chunks behind the hint are found when nothing is ahead.
+    drop((a0, a1));
+    let rest: Vec<_> = (0..3).map(|_| p.acquire_as(1, 1, false).unwrap()).collect();
+    let got: Vec<_> = rest.iter().map(|r| r.as_ref().map(|c| c.index())).collect();
+    assert_eq!(got, vec![Some(5), Some(6), None], "owner 1's quota is 4");
+    let a3 = p.acquire_as(0, 1, false).unwrap().unwrap();
+    assert_eq!(a3.index(), 7);
+    let a4 = p.acquire_as(0, 1, false).unwrap().unwrap();
+    assert_eq!(a4.index(), 0, "wraps to the first free chunk");
+}
+
+#[test]
+fn runs_are_contiguous_and_never_exceed_the_pool() {
+    let p = pool(4);
+    let a = p.acquire(1, false).unwrap().unwrap();
+    let _b = p.acquire(1, false).unwrap().unwrap();
+    let c = p.acquire(2, false).unwrap().unwrap();
+    assert_eq!(c.index(), 2);
+    assert_eq!(c.len(), 8192);
+    assert!(p.acquire(1, false).unwrap().is_none());
+    drop(a);
+    assert!(
+        p.acquire(2, false).unwrap().is_none(),
+        "no two adjacent chunks free"
+    );
+    assert!(p.acquire(5, true).is_err());
+}
+
+#[test]
+fn read_ahead_leaves_the_reserve_alone() {
+    let p = pool(3);
+    p.set_reserve(2);
+    let a = p.acquire_spare().unwrap().expect("3 free > 2 reserved");
+    assert!(p.acquire_spare().unwrap().is_none());
+    assert!(
+        p.acquire(1, false).unwrap().is_some(),
+        "the reserve serves plain acquires"
+    );
+    drop(a);
+}
+
+#[test]
+fn a_stuck_waiter_reports_the_budget_instead_of_hanging() {
+    let p = pool(2);
+    p.worker_running(true);
+    let _a = p.acquire(2, false).unwrap().unwrap();
+    match p.acquire(1, true) {
+        Err(Error::BudgetTooSmall { .. }) => {}
+        other => panic!("expected BudgetTooSmall, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_waiter_wakes_when_a_chunk_comes_back() {
+    let p = pool(1);
+    p.worker_running(true);
+    p.worker_running(true);
+    let a = p.acquire(1, false).unwrap().unwrap();
+    let p2 = Arc::clone(&p);
+    let t = std::thread::spawn(move || p2.acquire(1, true).map(|c| c.is_some()));
+    std::thread::sleep(Duration::from_millis(20));
+    drop(a);
+    assert!(t.join().unwrap().unwrap());
+}
+
+#[test]
+fn loaders_sharing_a_pool_each_get_their_share_budget_first() {
+    let shared = |chunks: usize, share: usize, preferred: usize| {
+        let arena = Arena::new(
+            chunks * 4096,
+            ArenaOptions {
+                kind: Some(MemoryKind::Normal),
+                lock: Some(false),
+                prefault: false,
+                shared: true,
+            },
+        )
+        .unwrap();
+        ChunkPool::new_shared(arena, 4096, share, preferred)
+    };
+    // 12 chunks, a budget of 6, shares of 3.
+    let p = shared(12, 3, 6);
+    let a = p.join(2, 3).unwrap();
+    let b = p.join(1, 3).unwrap();
+    assert_eq!(
+        (a, b),
+        (0, 2),
+        "owner numbers of different loaders never overlap"
+    );
+    let mut held = Vec::new();
+    for owner in [a, a + 1, b] {
+        for _ in 0..3 {
+            held.push(
+                p.acquire_as(owner, 1, false)
+                    .unwrap()
+                    .expect("within the share"),
+            );
+        }
+        assert!(
+            p.acquire_as(owner, 1, false).unwrap().is_none(),
+            "past the share"
+        );
+    }
+    // The budget is used first; b, the third stream, spills past it.
+    assert!(
+        held[..6].iter().all(|c| c.index() < 6),
+        "a's chunks lie in the budget"
+    );
+    assert!(held[6..].iter().all(|c| c.index() >= 6), "b's lie past it");
+    // A fourth stream still fits (4 x 3 = 12); a fifth does not.
+    let c = p.join(1, 3).unwrap();
+    match p.join(1, 3) {
+        Err(Error::Memory(m)) => {
+            assert!(m.contains("full") && m.contains("memory_budget"), "{m}")
+        }
+        other => panic!("expected a memory error, got {other:?}"),
+    }
+    // b leaves (twice: idempotent) and its chunks come back: its number
+    // is taken again.
+    p.leave(b, 1);
+    p.leave(b, 1);
+    held.truncate(6);
+    assert_eq!(p.join(1, 3).unwrap(), b);
+    // Closing a loader ends its streams' waits and no other's.
+    for _ in 0..3 {
+        held.push(p.acquire_as(c, 1, false).unwrap().expect("c's share"));
+    }
+    p.worker_running(true);
+    p.worker_running(true);
+    let p2 = Arc::clone(&p);
+    let waiter = std::thread::spawn(move || p2.acquire_as(c, 1, true).map(|_| ()));
+    std::thread::sleep(Duration::from_millis(20));
+    p.close_owners(c, 1);
+    assert!(matches!(waiter.join().unwrap(), Err(Error::Closed)));
+    assert!(
+        p.acquire_as(b, 1, false).unwrap().is_some(),
+        "b's new owner goes on"
+    );
+    // A share under what a stream needs is refused, naming the key.
+    match shared(4, 2, 4).join(1, 3) {
+        Err(Error::Memory(m)) => assert!(m.contains("memory_budget"), "{m}"),
+        other => panic!("expected a memory error, got {other:?}"),
+    }
+}
+
+#[test]
+fn chunks_a_holder_keeps_leave_the_streams_share_and_a_full_arena_names_it() {
+    let arena = Arena::new(
+        6 * 4096,
+        ArenaOptions {
+            kind: Some(MemoryKind::Normal),
+            lock: Some(false),
+            prefault: false,
+            shared: true,
+        },
+    )
+    .unwrap();
+    // A budget of 4 chunks for one stream of share 2; 6 in the arena.
+    let p = ChunkPool::new_shared(arena, 4096, 2, 4);
+    let stream = p.join(1, 1).unwrap();
+    let holder = p.join_holder("process 77".into()).unwrap();
+    assert_ne!(stream, holder);
+    let a = p.acquire_as(stream, 1, false).unwrap().unwrap();
+    let b = p.acquire_as(stream, 1, false).unwrap().unwrap();
+    assert!(
+        p.acquire_as(stream, 1, false).unwrap().is_none(),
+        "at the share"
+    );
+    // Kept by the holder: the stream reads into two more.
+    p.recharge(&a, holder);
+    p.recharge(&b, holder);
+    p.recharge(&b, holder); // charged once
+    let c = p.acquire_as(stream, 1, false).unwrap().unwrap();
+    let d = p.acquire_as(stream, 1, false).unwrap().unwrap();
+    // Charged to a holder, a run is not charged back to a stream.
+    p.recharge(&c, holder);
+    p.recharge(&c, stream);
+    let e = p.acquire_as(stream, 1, false).unwrap().unwrap();
+    assert!(p.acquire_as(stream, 1, false).unwrap().is_none());
+    // The holder keeps 5 chunks, the stream reads into the last one:
+    // the arena is full, and a waiting stream fails naming the holder
+    // once that lasts.
+    p.recharge(&d, holder);
+    p.recharge(&e, holder);
+    let f = p.acquire_as(stream, 1, false).unwrap().unwrap();
+    p.worker_running(true);
+    p.worker_running(true);
+    match p.acquire_as(stream, 1, true) {
+        Err(Error::Memory(m)) => {
+            assert!(m.contains("process 77 keeps 5 chunks"), "{m}")
+        }
+        other => panic!("expected the holder named, got {other:?}"),
+    }
+    // Its chunks come back as it lets go; its number is free again
+    // once they have.
+    drop((a, b, c, d, e, f));
+    p.leave(holder, 1);
+    assert_eq!(p.join_holder("process 78".into()).unwrap(), holder);
+}
+
+#[test]
+fn shut_down_wakes_waiters_with_closed() {
+    let p = pool(1);
+    p.worker_running(true);
+    p.worker_running(true);
+    let _a = p.acquire(1, false).unwrap().unwrap();
+    let p2 = Arc::clone(&p);
+    let t = std::thread::spawn(move || p2.acquire(1, true).map(|_| ()));
+    std::thread::sleep(Duration::from_millis(20));
+    p.shut_down();
+    assert!(matches!(t.join().unwrap(), Err(Error::Closed)));
+}

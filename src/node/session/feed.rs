@@ -1,0 +1,149 @@
+//! A consumer's feeder thread: takes its loader's batches, enters each in
+//! the engine's table of holds with a fresh capability, and writes its
+//! record into the consumer's ring (waiting while the ring is full).
+
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::Duration;
+
+use super::node;
+use crate::engine::{Loader, Next};
+use crate::error::{Error, Result};
+use crate::node::engine::{Engine, lock};
+use crate::node::proto::{Cap, record};
+use crate::node::shm::Rings;
+use crate::node::sock;
+
+/// What the feeder and the session share for one consumer.
+pub(in crate::node) struct Feed {
+    pub loader: Loader,
+    pub(super) rings: Rings,
+    pub(super) ready: OwnedFd,
+    pub(super) party: u64,
+    pub(super) stop: AtomicBool,
+    /// The consumer read records (room in the ring) or released batches.
+    pub(super) room: (Mutex<()>, Condvar),
+    /// The batches written into the ring and not yet read, each with the
+    /// ring position its record ends at: what the consumer never took when
+    /// it leaves.
+    pub(super) unread: Mutex<std::collections::VecDeque<(u64, u64)>>,
+}
+
+impl Feed {
+    /// Forgets the records the consumer has read.
+    pub(super) fn prune_unread(&self) {
+        let tail = self.rings.consumed();
+        let mut u = lock(&self.unread);
+        while u.front().is_some_and(|&(end, _)| end <= tail) {
+            u.pop_front();
+        }
+    }
+}
+
+/// Pushes one record (of batch `id`, if it is one), waiting while the ring
+/// is full; `false` once stopped.
+fn push(feed: &Feed, rec: &[u8], id: Option<u64>) -> bool {
+    loop {
+        if feed.rings.push_record(rec) {
+            if let Some(id) = id {
+                lock(&feed.unread).push_back((feed.rings.written(), id));
+            }
+            sock::notify(&feed.ready);
+            return true;
+        }
+        if feed.stop.load(Ordering::Acquire) {
+            return false;
+        }
+        let g = lock(&feed.room.0);
+        let _ = feed.room.1.wait_timeout(g, Duration::from_millis(50));
+    }
+}
+
+fn failed(feed: &Feed, e: &Error) {
+    push(
+        feed,
+        &record::encode_failed(e.status(), &e.to_string()),
+        None,
+    );
+}
+
+pub(super) fn run_feed(feed: &Feed, engine: &Engine) {
+    let arena = feed.loader.arena();
+    let (base, len) = (arena.base().cast_const(), arena.len());
+    let mut buf = Vec::new();
+    loop {
+        if feed.stop.load(Ordering::Acquire) {
+            return;
+        }
+        let rec = match feed.loader.next(Some(Duration::from_millis(200))) {
+            Ok(Next::Batch(b)) => {
+                let cap = match Cap::random() {
+                    Ok(c) => c,
+                    Err(e) => return failed(feed, &node(format!("a batch's capability: {e}"))),
+                };
+                let state = feed.loader.state().to_hex();
+                // The number is the table's; the record is written with it
+                // once the batch is in, so a release can never precede it.
+                let id = lock(&engine.holds).insert(feed.party, cap.0, b);
+                let encoded = encode_held(engine, id, cap.0, &state, base, len, &mut buf);
+                let fits = || buf.len() <= feed.rings.max_record();
+                if encoded.is_err() || !fits() {
+                    let freed = lock(&engine.holds).consumer_release(feed.party, id, false);
+                    engine.free(freed.into_iter().collect());
+                }
+                if let Err(e) = encoded {
+                    return failed(feed, &e);
+                }
+                if !fits() {
+                    let e = node(format!(
+                        "a batch's descriptor takes {} bytes, over the ring's {}: lower \
+                         `batch_size`",
+                        buf.len(),
+                        feed.rings.max_record()
+                    ));
+                    return failed(feed, &e);
+                }
+                engine.whole.first_out.store(true, Ordering::Release);
+                if !push(feed, &buf, Some(id)) {
+                    // Stopped before its record went out: never the
+                    // consumer's.
+                    let freed = lock(&engine.holds).consumer_release(feed.party, id, false);
+                    engine.free(freed.into_iter().collect());
+                    return;
+                }
+                continue;
+            }
+            Ok(Next::EndOfEpoch(e)) => {
+                record::encode_end_of_epoch(e, &feed.loader.state().to_hex())
+            }
+            Ok(Next::Timeout) => continue,
+            Ok(Next::Finished) => {
+                push(feed, &record::encode_finished(), None);
+                return;
+            }
+            Err(Error::Closed) if feed.stop.load(Ordering::Acquire) => return,
+            Err(e) => return failed(feed, &e),
+        };
+        if !push(feed, &rec, None) {
+            return;
+        }
+    }
+}
+
+/// Encodes batch `id` of the table into `out`.
+fn encode_held(
+    engine: &Engine,
+    id: u64,
+    cap: u64,
+    state: &str,
+    base: *const u8,
+    len: usize,
+    out: &mut Vec<u8>,
+) -> Result<()> {
+    let holds = lock(&engine.holds);
+    let b = holds
+        .get(id)
+        .ok_or_else(|| Error::Internal(format!("batch {id} left the table before it was sent")))?;
+    record::encode_batch(b, id, cap, state, base, len, out).map_err(Error::Internal)
+}

@@ -1,0 +1,184 @@
+//! A holder's session: the arena's memory file and a release ring handed
+//! over, then its keeps (each answered) and releases until its process
+//! exits (see the module's doc).
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::{IDLE_WAKES, node, refuse, refused, request_name, transport};
+use crate::node::engine::{Engine, lock};
+use crate::node::proto::{self, Reply, Request};
+use crate::node::shm::Rings;
+use crate::node::sock;
+
+pub(super) fn serve(conn: OwnedFd, pidfd: Option<OwnedFd>, engine: &Arc<Engine>, mut buf: Vec<u8>) {
+    let pid = sock::peer(&conn).map(|(_, p)| p).unwrap_or(0);
+    let owner = match engine.pool.join_holder(format!("process {pid}")) {
+        Ok(o) => o,
+        Err(e) => return refuse(&conn, &e),
+    };
+    let t = match transport(engine) {
+        Ok(t) => t,
+        Err(e) => {
+            engine.pool.leave(owner, 1);
+            return refuse(&conn, &node(format!("setting up the transport: {e}")));
+        }
+    };
+    let party = engine.party();
+    let reply = Reply::Linked {
+        engine: engine.id,
+        arena_len: engine.pool.arena().len() as u64,
+        pid: std::process::id(),
+    };
+    let fds = [
+        t.arena_ro.as_raw_fd(),
+        t.rings_file.as_raw_fd(),
+        t.wake.as_raw_fd(),
+    ];
+    if sock::send(&conn, &proto::encode(&reply), &fds).is_ok() {
+        drop((t.arena_ro, t.rings_file));
+        engine.whole.holders.fetch_add(1, Ordering::AcqRel);
+        holder_loop(
+            &conn,
+            &t.wake,
+            pidfd.as_ref(),
+            &t.rings,
+            party,
+            owner,
+            engine,
+            &mut buf,
+        );
+        engine.whole.holders.fetch_sub(1, Ordering::AcqRel);
+    }
+    let freed = lock(&engine.holds).holder_exited(party);
+    engine.free(freed);
+    engine.pool.leave(owner, 1);
+}
+
+/// A holder's keeps and releases, until its process exits (or, without a
+/// pidfd, it hangs up). After a hang-up it keeps what it kept until then.
+#[allow(clippy::too_many_arguments)]
+fn holder_loop(
+    conn: &OwnedFd,
+    wake: &OwnedFd,
+    pidfd: Option<&OwnedFd>,
+    rings: &Rings,
+    party: u64,
+    owner: usize,
+    engine: &Engine,
+    buf: &mut Vec<u8>,
+) {
+    let mut open = true;
+    let mut idle = 0u32;
+    let mut released = Vec::new();
+    loop {
+        if !open && (pidfd.is_none() || lock(&engine.holds).kept_by(party) == 0) {
+            return;
+        }
+        let mut fds = vec![(wake, true)];
+        if let Some(p) = pidfd {
+            fds.push((p, true));
+        }
+        if open {
+            fds.push((conn, true));
+        }
+        let Ok(ready) = sock::poll(&fds, None) else {
+            return;
+        };
+        if pidfd.is_some() && (ready[1].readable || ready[1].hangup) {
+            return;
+        }
+        if ready[0].readable {
+            sock::drain(wake);
+            released.clear();
+            if rings.drain_releases(&mut released).is_err() {
+                open = false;
+                continue;
+            }
+            if released.is_empty() {
+                idle += 1;
+                if idle >= IDLE_WAKES {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            } else {
+                idle = 0;
+                let mut freed = Vec::new();
+                {
+                    let mut holds = lock(&engine.holds);
+                    for &id in &released {
+                        if let Ok(Some(b)) = holds.holder_release(party, id) {
+                            freed.push(b);
+                        }
+                    }
+                }
+                engine.free(freed);
+            }
+        }
+        if !open {
+            continue;
+        }
+        let c = ready[ready.len() - 1];
+        if c.readable {
+            let reply = match sock::recv(conn, buf) {
+                Ok(Some(_)) => match proto::decode::<Request>(buf, "a request") {
+                    Ok(req) => answer_holder(&req, party, owner, engine),
+                    Err(e) => {
+                        refuse(conn, &node(e.0));
+                        open = false;
+                        continue;
+                    }
+                },
+                Ok(None) => {
+                    open = false;
+                    continue;
+                }
+                Err(e) => {
+                    refuse(conn, &node(format!("a request: {e}")));
+                    open = false;
+                    continue;
+                }
+            };
+            if sock::send(conn, &proto::encode(&reply), &[]).is_err() {
+                open = false;
+            }
+        } else if c.hangup {
+            open = false;
+        }
+    }
+}
+
+fn answer_holder(req: &Request, party: u64, owner: usize, engine: &Engine) -> Reply {
+    match req {
+        Request::Claim {
+            engine: id,
+            batch,
+            cap,
+        } => {
+            if *id != engine.id {
+                return refused(node(format!(
+                    "the key is of engine {id}, not of the one at `{}` now ({}): an earlier \
+                     engine's batches are gone with it",
+                    engine.socket.display(),
+                    engine.id
+                )));
+            }
+            match lock(&engine.holds).claim(party, owner, *batch, cap.0) {
+                Ok(()) => Reply::Claimed,
+                Err(r) => refused(node(r.explain(*batch))),
+            }
+        }
+        Request::Stats => Reply::Stats {
+            stats: json!({}),
+            counts: None,
+            node: engine.node_stats(None),
+        },
+        other => refused(node(format!(
+            "{} on a holder's link: a holder keeps batches (claim) and asks for stats",
+            request_name(other)
+        ))),
+    }
+}
