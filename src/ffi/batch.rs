@@ -131,18 +131,39 @@ pub unsafe extern "C" fn ringfeed_batch_node_key(
     len: usize,
     needed: *mut usize,
 ) -> i32 {
-    boundary(|| {
-        let batches = lock(&BATCHES);
-        // SAFETY: forwarded from this function's contract.
-        let held = unsafe { held_batch(&batches, batch) }?;
-        let key = held.batch.node_key().ok_or_else(not_from_a_node)?;
-        // SAFETY: forwarded from this function's contract.
-        unsafe { write_text(&key, "key", buf, len, needed) }
-    })
+    // SAFETY: forwarded from this function's contract.
+    unsafe { write_key(batch, false, buf, len, needed) }
 }
 
-fn not_from_a_node() -> Fail {
-    invalid("the batch is not from a node engine: its memory outlives its loader, and needs no key")
+/// The key of `batch` into `buf`, marking the batch shipped with `ship`.
+///
+/// # Safety
+/// As `ringfeed_batch_node_key`.
+unsafe fn write_key(
+    batch: *const ringfeed_batch,
+    ship: bool,
+    buf: *mut c_char,
+    len: usize,
+    needed: *mut usize,
+) -> i32 {
+    boundary(|| {
+        let batches = lock(&BATCHES);
+        // SAFETY: forwarded from the caller's contract.
+        let held = unsafe { held_batch(&batches, batch) }?;
+        let key = if ship {
+            held.batch.ship()
+        } else {
+            held.batch.node_key()
+        };
+        let key = key.ok_or_else(|| {
+            invalid(
+                "the batch is not from a node engine: its memory outlives its loader, and needs \
+                 no key",
+            )
+        })?;
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { write_text(&key, "key", buf, len, needed) }
+    })
 }
 
 /// As `ringfeed_batch_node_key`, for a batch this consumer hands to another
@@ -162,14 +183,8 @@ pub unsafe extern "C" fn ringfeed_batch_ship(
     len: usize,
     needed: *mut usize,
 ) -> i32 {
-    boundary(|| {
-        let batches = lock(&BATCHES);
-        // SAFETY: forwarded from this function's contract.
-        let held = unsafe { held_batch(&batches, batch) }?;
-        let key = held.batch.ship().ok_or_else(not_from_a_node)?;
-        // SAFETY: forwarded from this function's contract.
-        unsafe { write_text(&key, "key", buf, len, needed) }
-    })
+    // SAFETY: forwarded from this function's contract.
+    unsafe { write_key(batch, true, buf, len, needed) }
 }
 
 /// The key passed to the `ringfeed_node_*` calls, as text.

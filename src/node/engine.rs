@@ -12,11 +12,10 @@ use std::time::{Duration, Instant};
 
 use super::holds::{Holds, Kept};
 use super::proto::{EngineId, NodeStats};
-use super::session::Feed;
 use super::sock;
 use crate::config::Config;
 use crate::dataset::Shard;
-use crate::engine::EngineNet;
+use crate::engine::{EngineNet, Loader};
 use crate::error::{Error, Result};
 use crate::memory::{Arena, ArenaOptions, Batch, ChunkPool};
 use crate::topology::{self, Request};
@@ -67,8 +66,8 @@ pub(super) struct Engine {
     dataset: Mutex<Option<Arc<Dataset>>>,
     pub holds: Mutex<Holds<Batch>>,
     pub whole: Whole,
-    /// The consumers attached, by party number (metrics, stats).
-    pub feeds: Mutex<HashMap<u64, Weak<Feed>>>,
+    /// The loaders of the consumers attached, by party number (metrics).
+    pub loaders: Mutex<HashMap<u64, Weak<Loader>>>,
     parties: AtomicU64,
 }
 
@@ -88,7 +87,7 @@ impl Engine {
             dataset: Mutex::new(None),
             holds: Mutex::new(Holds::default()),
             whole: Whole::default(),
-            feeds: Mutex::new(HashMap::new()),
+            loaders: Mutex::new(HashMap::new()),
             parties: AtomicU64::new(0),
         });
         // The arena's pages fault in off the consumers' path (the loaders

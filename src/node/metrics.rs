@@ -9,18 +9,18 @@ use std::sync::atomic::Ordering;
 use serde_json::{Value, json};
 
 use super::engine::{Engine, lock};
-use super::session::Feed;
+use crate::engine::Loader;
 
 pub(super) fn text(engine: &Engine) -> String {
-    let feeds: Vec<Arc<Feed>> = lock(&engine.feeds)
+    let loaders: Vec<Arc<Loader>> = lock(&engine.loaders)
         .values()
         .filter_map(Weak::upgrade)
         .collect();
     // Counters and retries summed over the consumers' loaders; the setup
     // (backend, memory) is the first one's, the same for all.
     let mut sum = serde_json::Map::new();
-    for f in &feeds {
-        let Ok(Value::Object(one)) = serde_json::to_value(f.loader.stats()) else {
+    for l in &loaders {
+        let Ok(Value::Object(one)) = serde_json::to_value(l.stats()) else {
             continue;
         };
         for (k, v) in one {

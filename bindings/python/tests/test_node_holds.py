@@ -92,6 +92,16 @@ def later_epochs(ds, epochs=(1, 2)):
     return n
 
 
+def hold_six(shards):
+    """Six items of a DataLoader with two node-engine workers, held: the
+    dataset, the iterator, the items, their bytes, the workers' pids."""
+    ds = dataset(shards)
+    dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
+    it = iter(dl)
+    held = list(itertools.islice(it, 6))
+    return ds, it, held, [item_bytes(i) for i in held], [w.pid for w in it._workers]
+
+
 def judge(before, held, protected):
     # Through the node engine, kept by this process.
     assert all(isinstance(i["jpg"]._span.batch, _transport.NodeHeld) for i in held)
@@ -108,12 +118,7 @@ def test_items_held_from_islice_keep_their_bytes_past_the_dataloaders_shutdown(s
                                                                                 protected):
     if not protected:
         let_go_at_once(monkeypatch)
-    ds = dataset(shards)
-    dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
-    it = iter(dl)
-    held = list(itertools.islice(it, 6))
-    before = [item_bytes(i) for i in held]
-    pids = [w.pid for w in it._workers]
+    ds, it, held, before, pids = hold_six(shards)
     del it  # the DataLoader shuts its workers down (SIGTERM for one that lingers)
     wait_gone(pids)
     assert later_epochs(ds) > 2 * len(held)
@@ -124,12 +129,7 @@ def test_items_held_from_islice_keep_their_bytes_past_the_dataloaders_shutdown(s
 def test_items_held_keep_their_bytes_when_their_workers_are_killed(shards, runtime, monkeypatch, protected):
     if not protected:
         let_go_at_once(monkeypatch)
-    ds = dataset(shards)
-    dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
-    it = iter(dl)
-    held = list(itertools.islice(it, 6))
-    before = [item_bytes(i) for i in held]
-    pids = [w.pid for w in it._workers]
+    ds, it, held, before, pids = hold_six(shards)
     try:
         for p in pids:
             os.kill(p, signal.SIGKILL)
@@ -223,3 +223,14 @@ def test_nothing_stays_kept_or_in_transit_once_the_main_process_lets_go(shards, 
             assert time.monotonic() < deadline, node
             time.sleep(0.05)
     del dl
+
+
+def test_a_ticket_whose_key_is_not_one_is_a_named_error_and_maps_nothing():
+    """What a pickled node ticket carries is the batch's key; one that is
+    garbage, or names no engine, is refused before any byte is read."""
+    nowhere = (b'{"socket": "/nonexistent/n.sock", "engine": "0123456789abcdef0123456789abcdef", '
+               b'"batch": 2, "cap": "0123456789abcdef"}')
+    for key, says in [(b"garbage", "not a batch key"), (b"{}", "not a batch key"),
+                      (nowhere, "cannot reach")]:
+        with pytest.raises(_transport.TransportError, match=says):
+            _transport._receive_node(key)

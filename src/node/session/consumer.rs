@@ -6,12 +6,11 @@
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
 
 use serde_json::{Map, Value};
 
 use super::feed::{Feed, run_feed};
-use super::{IDLE_WAKES, node, refuse, refused, request_name, transport};
+use super::{node, refuse, refused, request_name, take_ring, transport};
 use crate::config::Config;
 use crate::engine::Loader;
 use crate::error::Result;
@@ -83,7 +82,7 @@ pub(super) fn serve(
     drop((t.arena_ro, t.rings_file));
     let wake = t.wake;
     let feed = Arc::new(Feed {
-        loader,
+        loader: Arc::new(loader),
         rings: t.rings,
         ready: t.ready,
         party,
@@ -97,7 +96,7 @@ pub(super) fn serve(
             .name("ringfeed-node-feed".into())
             .spawn(move || run_feed(&feed, &engine))
     };
-    lock(&engine.feeds).insert(party, Arc::downgrade(&feed));
+    lock(&engine.loaders).insert(party, Arc::downgrade(&feed.loader));
     engine.whole.consumers.fetch_add(1, Ordering::AcqRel);
     engine.whole.attached.fetch_add(1, Ordering::AcqRel);
     let mut exited = false;
@@ -127,7 +126,7 @@ pub(super) fn serve(
     // The consumer sees its end now, whether it hung up or was refused.
     // SAFETY: shuts down a socket this function owns.
     unsafe { libc::shutdown(conn.as_raw_fd(), libc::SHUT_RDWR) };
-    lock(&engine.feeds).remove(&party);
+    lock(&engine.loaders).remove(&party);
     engine.whole.consumers.fetch_sub(1, Ordering::AcqRel);
     // The consumer left; its batches stay held until it releases them or
     // its process exits. Without a pidfd, its leaving is all there is.
@@ -158,21 +157,10 @@ fn take_releases(
     engine: &Engine,
     idle: &mut u32,
 ) -> bool {
-    sock::drain(wake);
     let mut released = Vec::new();
-    if rings.drain_releases(&mut released).is_err() {
+    if take_ring(wake, rings, idle, &mut released).is_err() {
         return false;
     }
-    if released.is_empty() {
-        *idle += 1;
-        if *idle >= IDLE_WAKES {
-            // Woken for nothing, again and again: a flood. Slow down; real
-            // releases wait at most this long.
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        return true;
-    }
-    *idle = 0;
     let mut freed = Vec::new();
     {
         let mut holds = lock(&engine.holds);

@@ -4,20 +4,21 @@
 
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use super::node;
 use crate::engine::{Loader, Next};
-use crate::error::{Error, Result};
+use crate::error::Error;
 use crate::node::engine::{Engine, lock};
 use crate::node::proto::{Cap, record};
 use crate::node::shm::Rings;
 use crate::node::sock;
 
 /// What the feeder and the session share for one consumer.
-pub(in crate::node) struct Feed {
-    pub loader: Loader,
+pub(super) struct Feed {
+    /// Shared with the engine's table of loaders (its metrics).
+    pub(super) loader: Arc<Loader>,
     pub(super) rings: Rings,
     pub(super) ready: OwnedFd,
     pub(super) party: u64,
@@ -85,8 +86,16 @@ pub(super) fn run_feed(feed: &Feed, engine: &Engine) {
                 let state = feed.loader.state().to_hex();
                 // The number is the table's; the record is written with it
                 // once the batch is in, so a release can never precede it.
-                let id = lock(&engine.holds).insert(feed.party, cap.0, b);
-                let encoded = encode_held(engine, id, cap.0, &state, base, len, &mut buf);
+                // Encoded under the table's lock taken for the insert: the
+                // batch lives in the table from here on.
+                let (id, encoded) = {
+                    let mut holds = lock(&engine.holds);
+                    let id = holds.insert(feed.party, cap.0, b);
+                    let b = holds.get(id).expect("just inserted");
+                    let encoded = record::encode_batch(b, id, cap.0, &state, base, len, &mut buf)
+                        .map_err(Error::Internal);
+                    (id, encoded)
+                };
                 let fits = || buf.len() <= feed.rings.max_record();
                 if encoded.is_err() || !fits() {
                     let freed = lock(&engine.holds).consumer_release(feed.party, id, false);
@@ -129,21 +138,4 @@ pub(super) fn run_feed(feed: &Feed, engine: &Engine) {
             return;
         }
     }
-}
-
-/// Encodes batch `id` of the table into `out`.
-fn encode_held(
-    engine: &Engine,
-    id: u64,
-    cap: u64,
-    state: &str,
-    base: *const u8,
-    len: usize,
-    out: &mut Vec<u8>,
-) -> Result<()> {
-    let holds = lock(&engine.holds);
-    let b = holds
-        .get(id)
-        .ok_or_else(|| Error::Internal(format!("batch {id} left the table before it was sent")))?;
-    record::encode_batch(b, id, cap, state, base, len, out).map_err(Error::Internal)
 }

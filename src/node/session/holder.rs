@@ -5,11 +5,10 @@
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use serde_json::json;
 
-use super::{IDLE_WAKES, node, refuse, refused, request_name, transport};
+use super::{node, refuse, refused, request_name, take_ring, transport};
 use crate::node::engine::{Engine, lock};
 use crate::node::proto::{self, Reply, Request};
 use crate::node::shm::Rings;
@@ -73,13 +72,16 @@ fn holder_loop(
     buf: &mut Vec<u8>,
 ) {
     let mut open = true;
+    // A ring the holder broke is read no more: what it keeps stays kept
+    // until its process exits.
+    let mut ring_ok = true;
     let mut idle = 0u32;
     let mut released = Vec::new();
     loop {
         if !open && (pidfd.is_none() || lock(&engine.holds).kept_by(party) == 0) {
             return;
         }
-        let mut fds = vec![(wake, true)];
+        let mut fds = vec![(wake, ring_ok)];
         if let Some(p) = pidfd {
             fds.push((p, true));
         }
@@ -93,19 +95,9 @@ fn holder_loop(
             return;
         }
         if ready[0].readable {
-            sock::drain(wake);
-            released.clear();
-            if rings.drain_releases(&mut released).is_err() {
-                open = false;
-                continue;
-            }
-            if released.is_empty() {
-                idle += 1;
-                if idle >= IDLE_WAKES {
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-            } else {
-                idle = 0;
+            if take_ring(wake, rings, &mut idle, &mut released).is_err() {
+                ring_ok = false;
+            } else if !released.is_empty() {
                 let mut freed = Vec::new();
                 {
                     let mut holds = lock(&engine.holds);

@@ -35,8 +35,6 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub(super) use feed::Feed;
-
 use super::engine::Engine;
 use super::proto::{self, Reply, Request, Role};
 use super::shm::Rings;
@@ -48,7 +46,32 @@ const HELLO_WAIT: Duration = Duration::from_secs(10);
 
 /// Wake-ups in a row that bring nothing to do before the session slows
 /// its polling: a consumer flooding its eventfd costs the engine little.
-pub(super) const IDLE_WAKES: u32 = 1000;
+const IDLE_WAKES: u32 = 1000;
+
+/// Takes every release a party's ring holds into `out`, after its wake-up
+/// (`wake` drained). `Err` when the ring is broken (the party is then
+/// treated as gone). A party that wakes the engine again and again with
+/// nothing in its ring (a flood) gets its session slowed: real releases
+/// then wait at most a millisecond.
+pub(super) fn take_ring(
+    wake: &OwnedFd,
+    rings: &Rings,
+    idle: &mut u32,
+    out: &mut Vec<u64>,
+) -> Result<(), ()> {
+    sock::drain(wake);
+    out.clear();
+    rings.drain_releases(out).map_err(|_| ())?;
+    if out.is_empty() {
+        *idle += 1;
+        if *idle >= IDLE_WAKES {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    } else {
+        *idle = 0;
+    }
+    Ok(())
+}
 
 pub(super) fn refuse(conn: &OwnedFd, e: &Error) {
     let reply = Reply::Refused {
