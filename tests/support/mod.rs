@@ -8,6 +8,7 @@
 
 pub mod node;
 pub mod s3;
+pub mod skip;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -721,9 +722,47 @@ pub struct VirtualShards {
     stop: Arc<AtomicBool>,
 }
 
-/// The pattern of the `bin` members' bytes past their first 8.
+/// The pattern of the `bin` members' bytes past their first 8: each sample
+/// starts it at its own offset (`pattern_start`), so bytes of one sample
+/// found in another's place, or a piece of a shard read at the wrong offset,
+/// do not match.
 static PATTERN: std::sync::LazyLock<Vec<u8>> =
     std::sync::LazyLock::new(|| (0..1u32 << 16).map(|i| (i * 131 + 7) as u8).collect());
+
+/// Where sample `n`'s `bin` bytes past the first 8 start in `PATTERN`; 8191
+/// is odd and prime to the pattern's length, so consecutive samples start
+/// far apart and all 65,536 starts are used.
+fn pattern_start(n: u64) -> usize {
+    (n.wrapping_mul(8191) % PATTERN.len() as u64) as usize
+}
+
+/// Calls `f` with the pieces of `PATTERN` that make `len` bytes of sample
+/// `n`'s `bin` past its first 8, in order.
+fn pattern_pieces(n: u64, len: usize, mut f: impl FnMut(&[u8])) {
+    let (mut p, mut left) = (pattern_start(n), len);
+    while left > 0 {
+        let m = left.min(PATTERN.len() - p);
+        f(&PATTERN[p..p + m]);
+        left -= m;
+        p = 0;
+    }
+}
+
+/// Whether `bin` is exactly the `bin` member of sample `n` of a
+/// `VirtualLayout` with samples of `sample_bytes`: its number, then every
+/// byte of its pattern.
+pub fn virtual_bin_is(n: u64, sample_bytes: u64, bin: &[u8]) -> bool {
+    if bin.len() as u64 != sample_bytes || bin[..8] != n.to_le_bytes() {
+        return false;
+    }
+    let mut at = 8;
+    let mut same = true;
+    pattern_pieces(n, bin.len() - 8, |piece| {
+        same &= bin[at..at + piece.len()] == *piece;
+        at += piece.len();
+    });
+    same
+}
 
 #[derive(Clone, Copy)]
 pub struct VirtualLayout {
@@ -771,12 +810,9 @@ impl VirtualLayout {
                 let key = format!("{shard:06}-{j:07}");
                 sample.extend_from_slice(&ustar(&format!("{key}.bin"), self.sample_bytes));
                 sample.extend_from_slice(&n.to_le_bytes());
-                let mut left = self.sample_bytes as usize - 8;
-                while left > 0 {
-                    let m = left.min(PATTERN.len());
-                    sample.extend_from_slice(&PATTERN[..m]);
-                    left -= m;
-                }
+                pattern_pieces(n, self.sample_bytes as usize - 8, |piece| {
+                    sample.extend_from_slice(piece)
+                });
                 sample.resize(512 + bin_pad, 0);
                 sample.extend_from_slice(&ustar(&format!("{key}.cls"), 16));
                 sample.extend_from_slice(&n.to_le_bytes());
