@@ -307,7 +307,9 @@ impl Resolver<'_> {
         if one.starts_with("http://") || one.starts_with("https://") {
             let obj = self.http_object(one)?;
             self.shards.push(Shard {
-                name: one.to_string(),
+                // Errors, stats and the cache's headers name the shard by
+                // this: a presigned URL's credentials stay out of them.
+                name: crate::redact::url(one).into_owned(),
                 source: Source::Http(Arc::new(obj)),
                 size,
                 samples: None,

@@ -21,7 +21,7 @@ pub enum Error {
     #[error("configuration: {0}")]
     Config(String),
     /// A dataset URL could not be parsed or expanded.
-    #[error("dataset URL `{url}`: {reason}")]
+    #[error("dataset URL `{}`: {reason}", crate::redact::url(url))]
     Url { url: String, reason: String },
     /// A shard could not be opened or read.
     #[error("{op} `{path}`: {message}")]
@@ -32,14 +32,17 @@ pub enum Error {
         errno: i32,
     },
     /// The bytes of a shard are not a valid tar archive.
-    #[error("shard `{shard}`: {source}")]
+    #[error("shard `{}`: {source}", crate::redact::url(shard))]
     Tar {
         shard: String,
         #[source]
         source: TarError,
     },
     /// Two members of one sample have the same field name.
-    #[error("shard `{shard}` at byte {offset}: duplicate field `{field}` in sample `{key}`")]
+    #[error(
+        "shard `{}` at byte {offset}: duplicate field `{field}` in sample `{key}`",
+        crate::redact::url(shard)
+    )]
     DuplicateField {
         shard: String,
         offset: u64,
@@ -60,7 +63,7 @@ pub enum Error {
     IoUring(String),
     /// A network read failed for good (after its retries, or at once for
     /// errors that retrying cannot fix, such as 403 and 404).
-    #[error("`{url}`: {message} ({} after {attempts} attempt{})", kind.name(), if *attempts == 1 { "" } else { "s" })]
+    #[error("`{}`: {} ({} after {attempts} attempt{})", crate::redact::url(url), crate::redact::text(message), kind.name(), if *attempts == 1 { "" } else { "s" })]
     Http {
         url: String,
         kind: FailKind,
@@ -89,7 +92,7 @@ pub enum Error {
     State(String),
     /// A shard's samples are not what the plan was made from (a manifest's
     /// sample count is wrong, or the shard changed).
-    #[error("shard `{shard}`: {message}")]
+    #[error("shard `{}`: {message}", crate::redact::url(shard))]
     Plan { shard: String, message: String },
     /// A fault inside ringfeed, not caused by the input: a worker or the
     /// sequencer panicked, a thread could not be started, or an invariant
@@ -110,12 +113,13 @@ pub enum Error {
     /// A whole-object write found its target there already, and
     /// `overwrite` is false: nothing was written.
     #[error(
-        "`{url}` already exists ({how}); writes never replace an object unless `overwrite` is true"
+        "`{}` already exists ({how}); writes never replace an object unless `overwrite` is true",
+        crate::redact::url(url)
     )]
     Exists { url: String, how: String },
     /// One part of a whole-object read or write failed for good; the
     /// upload, if any, was aborted.
-    #[error("`{url}` part {part}: {source}")]
+    #[error("`{}` part {part}: {source}", crate::redact::url(url))]
     Part {
         url: String,
         /// From 1, as S3 numbers parts.

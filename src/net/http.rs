@@ -19,7 +19,8 @@ pub trait RequestSigner: Send + Sync + fmt::Debug {
 /// An object on an HTTP server, read by byte ranges.
 #[derive(Debug)]
 pub struct HttpObject {
-    /// The URL as given, for messages.
+    /// The URL as given, for messages, its credentials redacted
+    /// (`crate::redact`): requests are made from `target`, never from it.
     pub url: String,
     pub host: String,
     pub port: u16,
@@ -37,7 +38,7 @@ impl HttpObject {
     pub fn new(url: &str, addrs: Vec<SocketAddr>) -> Result<HttpObject, String> {
         let p = parse_url(url)?;
         Ok(HttpObject {
-            url: url.to_string(),
+            url: crate::redact::url(url).into_owned(),
             host: p.host,
             port: p.port,
             tls: p.tls,

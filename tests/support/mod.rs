@@ -334,7 +334,8 @@ fn serve(mut conn: impl Read + Write, fd: i32, root: &std::path::Path, f: &Fault
             let _ = conn.write_all(b"SSH-2.0-OpenSSH_9.2\r\n\r\n\r\n");
             return;
         }
-        let file = root.join(path.trim_start_matches('/'));
+        // The query (a presigned URL's) names no file.
+        let file = root.join(path.split('?').next().unwrap_or("").trim_start_matches('/'));
         let data = if path.contains("forbidden") {
             let _ = conn.write_all(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n");
             continue;

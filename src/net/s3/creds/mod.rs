@@ -23,7 +23,8 @@
 //! `assume.rs` (a profile's `role_arn` through STS AssumeRole), `sso.rs`
 //! (SSO's cached token and GetRoleCredentials), `process.rs`
 //! (`credential_process`), `http.rs` (what the sources over HTTP share),
-//! `sts.rs` (web identity),
+//! `sts.rs` (web identity), `secret.rs` (secrets in pages kept out of core
+//! dumps),
 //! `container.rs` (ECS, EKS Pod Identity), `imds.rs` (instance metadata),
 //! `chain.rs` (the order of the sources) and `provider.rs` (keeping and
 //! refreshing the chosen source's credentials).
@@ -39,6 +40,7 @@ mod process;
 mod profile;
 mod profiles;
 mod provider;
+mod secret;
 mod sso;
 mod sts;
 #[cfg(test)]
@@ -58,6 +60,7 @@ pub use profile::{
 };
 pub use profiles::from_profile;
 pub use provider::Provider;
+pub use secret::SecretText;
 pub use sso::{
     cache_file as sso_cache_file, parse_role_credentials, parse_token as parse_sso_token,
 };
