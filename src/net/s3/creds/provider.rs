@@ -28,8 +28,9 @@ pub const REFRESH_BACKOFF: Backoff = Backoff {
 /// What the provider keeps, under its lock.
 struct State {
     current: Credentials,
-    /// When `current` was fetched: its lifetime sets when it is due.
-    fetched: SystemTime,
+    /// When `current` was fetched, when known: its lifetime sets when it
+    /// is due.
+    fetched: Option<SystemTime>,
     /// A caller is fetching new credentials (outside the lock).
     refreshing: bool,
     /// Failed refreshes in a row, and the earliest time of the next try.
@@ -63,21 +64,28 @@ impl fmt::Debug for Provider {
 /// When credentials fetched at `fetched` are due for a refresh: the
 /// margin before their expiry ([`REFRESH_MARGIN`]), or half their lifetime
 /// for credentials that live less than twice the margin (else every
-/// request would fetch again).
-pub fn refresh_due(c: &Credentials, fetched: SystemTime) -> Option<SystemTime> {
+/// request would fetch again). With no fetch time (or one past the
+/// expiry), the margin.
+pub fn refresh_due(c: &Credentials, fetched: Option<SystemTime>) -> Option<SystemTime> {
     let e = c.expiry?;
-    let life = e.duration_since(fetched).unwrap_or_default();
-    Some(e - REFRESH_MARGIN.min(life / 2))
+    let margin = match fetched.and_then(|f| e.duration_since(f).ok()) {
+        Some(life) if !life.is_zero() => REFRESH_MARGIN.min(life / 2),
+        _ => REFRESH_MARGIN,
+    };
+    Some(e.checked_sub(margin).unwrap_or(SystemTime::UNIX_EPOCH))
 }
 
 impl Provider {
     /// Runs the chain once.
     pub fn new(cfg: &S3Config, env: &Env) -> Result<Provider, String> {
         let (source, c) = chain(cfg, env)?;
-        Ok(Provider::with(source, c, cfg, env))
+        let p = Provider::with(source, c, cfg, env);
+        p.lock().fetched = Some(SystemTime::now());
+        Ok(p)
     }
 
-    /// A provider that starts from `c`, fetched from `source` now.
+    /// A provider that starts from `c`, fetched from `source` at a time
+    /// not known (so due [`REFRESH_MARGIN`] before their expiry).
     pub fn with(source: Source, c: Credentials, cfg: &S3Config, env: &Env) -> Provider {
         Provider {
             source,
@@ -85,7 +93,7 @@ impl Provider {
             env: env.clone(),
             state: Mutex::new(State {
                 current: c,
-                fetched: SystemTime::now(),
+                fetched: None,
                 refreshing: false,
                 failures: 0,
                 next_try: None,
@@ -159,7 +167,7 @@ impl Provider {
             match got {
                 Ok(Some(c)) => {
                     st.current = c;
-                    st.fetched = now;
+                    st.fetched = Some(now);
                     st.failures = 0;
                     st.next_try = None;
                     st.last_error = None;
