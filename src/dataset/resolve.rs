@@ -595,6 +595,7 @@ mod tests {
             retry: Default::default(),
             stats: Default::default(),
             tls: Default::default(),
+            pace: Default::default(),
         };
         let e = resolve(&["/nonexistent/shard-{0..1}.tar".into()], &net).unwrap_err();
         assert!(e.to_string().contains("/nonexistent/shard-0.tar"), "{e}");
@@ -614,6 +615,7 @@ mod tests {
             retry: Default::default(),
             stats: Default::default(),
             tls: Default::default(),
+            pace: Default::default(),
         };
         let shards = resolve(&[mp.display().to_string()], &net).unwrap();
         assert_eq!((shards.len(), shards[0].size), (1, Some(4)));

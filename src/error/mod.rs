@@ -70,6 +70,21 @@ pub enum Error {
         message: String,
         attempts: u32,
     },
+    /// A request was throttled (503 SlowDown, 429, an S3 throttling code)
+    /// for the whole retry deadline (`retry_deadline_s`), its rate cut and
+    /// its attempts backed off all along.
+    #[error(
+        "`{url}`: still throttled after {:.1} s and {attempts} attempts, past `retry_deadline_s` ({} s): {message}",
+        *waited_ms as f64 / 1000.0,
+        deadline_ms / 1000
+    )]
+    Throttled {
+        url: String,
+        attempts: u32,
+        waited_ms: u64,
+        deadline_ms: u64,
+        message: String,
+    },
     /// S3 refused a request for good: the bucket and key (or prefix), the
     /// HTTP status and S3's error code from the XML body. Never holds a
     /// credential: the body's other fields (which may echo the access key

@@ -127,7 +127,7 @@ impl Error {
             Error::Http { kind, .. } if !kind.retryable() && *kind != super::FailKind::Protocol => {
                 RINGFEED_ERR_DATASET
             }
-            Error::Http { .. } => RINGFEED_ERR_NETWORK,
+            Error::Http { .. } | Error::Throttled { .. } => RINGFEED_ERR_NETWORK,
             // Missing or denied objects and buckets are the dataset's fault;
             // S3's 5xx codes (InternalError, SlowDown) are the network's.
             Error::S3 { status, .. } if *status < 500 => RINGFEED_ERR_DATASET,
@@ -304,6 +304,16 @@ mod tests {
             };
             cases.push((http(kind), want));
         }
+        cases.push((
+            Error::Throttled {
+                url: "u".into(),
+                attempts: 40,
+                waited_ms: 600_000,
+                deadline_ms: 600_000,
+                message: "HTTP 503 Slow Down".into(),
+            },
+            RINGFEED_ERR_NETWORK,
+        ));
         for (e, want) in &cases {
             // Every variant is listed (no wildcard).
             match e {
@@ -316,6 +326,7 @@ mod tests {
                 | Error::BudgetTooSmall { .. }
                 | Error::IoUring(_)
                 | Error::Http { .. }
+                | Error::Throttled { .. }
                 | Error::S3 { .. }
                 | Error::Credentials(_)
                 | Error::State(_)

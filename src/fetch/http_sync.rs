@@ -182,6 +182,9 @@ impl HttpPool {
                     && let Some(code) = self.error_code(obj, s, &h, extra)
                 {
                     f.message = format!("{}, S3 error code {code}", f.message);
+                    if crate::net::retry::is_throttling_code(&code) {
+                        f.kind = FailKind::Throttled;
+                    }
                     f.code = Some(code);
                 }
                 f.message = format!("{}: {}", obj.url, f.message);

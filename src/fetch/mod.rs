@@ -114,9 +114,11 @@ impl NetOptions {
             stall: Duration::from_millis(cfg.stall_timeout_ms),
             retry: RetryPolicy {
                 max_attempts: cfg.max_attempts,
+                deadline: Duration::from_secs(cfg.retry_deadline_s),
                 ..RetryPolicy::default()
             },
             stats: Arc::new(NetStats::default()),
+            pace: Arc::default(),
             tls: Arc::new(crate::net::tls::TlsSetup::new(
                 cfg.ca_bundle
                     .clone()

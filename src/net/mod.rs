@@ -1,8 +1,8 @@
 //! The network protocols the readers and the dataset resolver speak: HTTP/1.1
 //! ranged GETs ([`http`]), TLS set-up ([`tls`]), the retry policy
 //! ([`retry`]), S3 (signing, credentials, listing: [`s3`]), and the
-//! settings and counters every network read shares ([`NetOptions`],
-//! [`with_retries`]).
+//! settings, counters and request rates every network read shares
+//! ([`NetOptions`], [`Pacer`], [`with_retries`]).
 
 pub mod http;
 mod options;
@@ -10,4 +10,4 @@ pub mod retry;
 pub mod s3;
 pub mod tls;
 
-pub use options::{NetOptions, NetStats, with_retries};
+pub use options::{NetOptions, NetStats, Pacer, gave_up, with_retries};

@@ -24,8 +24,10 @@
 //!   PreconditionFailed (s3s-fs checks and writes with no lock between).
 //!
 //! For the tests it also injects S3 errors by operation (and by part
-//! number for UploadPart), counts requests by operation, and tracks the
-//! multipart uploads left open. The state is shared through an `Arc`
+//! number for UploadPart), counts requests by operation, tracks the
+//! multipart uploads left open, and takes keys a test issues with a
+//! lifetime (as STS's temporary credentials): a request signed with one
+//! past its expiry is refused with `ExpiredToken`, as S3 does. The state is shared through an `Arc`
 //! between the server's handlers and the `S3Server` the test holds.
 //!
 //! `checksum` holds S3's checksum rules, `multipart` what completing an
@@ -44,6 +46,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use s3s::{S3Error, S3ErrorCode, S3Result, s3_error};
 
@@ -107,6 +110,36 @@ struct State {
     /// of preconditions and its write. Never pruned: one entry per key
     /// written, a few thousand at most in a test or benchmark.
     key_locks: Mutex<HashMap<(String, String), KeyLock>>,
+    /// The keys requests may be signed with: access key id → secret and
+    /// expiry (`None`: never expires).
+    keys: Mutex<HashMap<String, (String, Option<Instant>)>>,
+    /// Requests refused because their key had expired. Relaxed: a counter.
+    expired: AtomicU64,
+    /// The issued keys requests were signed with.
+    used: Mutex<std::collections::BTreeSet<String>>,
+}
+
+/// The server's key check: the issued keys, each until its expiry.
+struct Keys(Arc<State>);
+
+#[async_trait::async_trait]
+impl s3s::auth::S3Auth for Keys {
+    async fn get_secret_key(&self, access_key: &str) -> S3Result<s3s::auth::SecretKey> {
+        let keys = self.0.keys.lock().unwrap();
+        match keys.get(access_key) {
+            None => Err(s3_error!(InvalidAccessKeyId)),
+            Some((_, Some(until))) if Instant::now() >= *until => {
+                self.0.expired.fetch_add(1, Ordering::Relaxed);
+                Err(s3_error!(ExpiredToken, "The provided token has expired."))
+            }
+            Some((secret, until)) => {
+                if until.is_some() {
+                    self.0.used.lock().unwrap().insert(access_key.to_string());
+                }
+                Ok(secret.as_str().into())
+            }
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -195,7 +228,6 @@ impl S3Server {
     pub fn start_on(root: &Path, port: u16, threads: usize) -> std::io::Result<S3Server> {
         use hyper_util::rt::{TokioExecutor, TokioIo};
         use hyper_util::server::conn::auto::Builder as ConnBuilder;
-        use s3s::auth::SimpleAuth;
         use s3s::service::S3ServiceBuilder;
 
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -203,6 +235,11 @@ impl S3Server {
             .enable_all()
             .build()?;
         let state = Arc::new(State::default());
+        state
+            .keys
+            .lock()
+            .unwrap()
+            .insert(ACCESS_KEY.into(), (SECRET_KEY.into(), None));
         let fs = fs::Fs {
             inner: s3s_fs::FileSystem::new(root)
                 .map_err(|e| std::io::Error::other(format!("s3s-fs: {e:?}")))?,
@@ -210,7 +247,7 @@ impl S3Server {
             state: state.clone(),
         };
         let mut b = S3ServiceBuilder::new(fs);
-        b.set_auth(SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
+        b.set_auth(Keys(state.clone()));
         let service = b.build();
         let listener = runtime.block_on(tokio::net::TcpListener::bind(("127.0.0.1", port)))?;
         let addr = listener.local_addr()?;
@@ -266,6 +303,27 @@ impl S3Server {
     /// with an error in the body, as S3 may; the upload stays open.
     pub fn fail_complete_in_body(&self, code: S3ErrorCode, times: Option<u32>) {
         self.add_fault(Op::CompleteMultipartUpload, None, code, times, true);
+    }
+
+    /// A new key pair requests may be signed with for `lifetime` from now
+    /// (`n` makes it unique): `(access key id, secret)`.
+    pub fn issue_key(&self, n: u64, lifetime: Duration) -> (String, String) {
+        let (id, secret) = (format!("ASIATEMP{n:08}"), format!("temp-secret-{n}"));
+        self.state.keys.lock().unwrap().insert(
+            id.clone(),
+            (secret.clone(), Some(Instant::now() + lifetime)),
+        );
+        (id, secret)
+    }
+
+    /// The issued keys (`issue_key`) requests were signed with.
+    pub fn keys_used(&self) -> usize {
+        self.state.used.lock().unwrap().len()
+    }
+
+    /// Requests refused with `ExpiredToken`.
+    pub fn expired_refusals(&self) -> u64 {
+        self.state.expired.load(Ordering::Relaxed)
     }
 
     pub fn clear_faults(&self) {

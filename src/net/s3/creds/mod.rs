@@ -53,7 +53,9 @@ pub use credentials::{Credentials, REFRESH_MARGIN, expired, needs_refresh};
 pub use http::{CONNECT_TIMEOUT, REQUEST_TIMEOUT, client, parse_time};
 pub use imds::from_imds;
 pub use keys::{from_config, from_env, static_keys};
-pub use process::{from_process, parse_process_output};
+pub use process::{
+    PROCESS_TIMEOUT, ProcessError, from_process, from_process_within, parse_process_output,
+};
 pub use profile::{
     Ini, config_path, config_sections, credentials_path, parse_ini, profile, profile_name,
     profile_value,
