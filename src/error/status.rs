@@ -137,6 +137,9 @@ impl Error {
             Error::Node(_) => RINGFEED_ERR_NODE,
             Error::Remote { status, .. } => *status,
             Error::Exists { .. } => RINGFEED_ERR_EXISTS,
+            // The data is not one object any more: the dataset's, as a
+            // 412 to `If-Match` is a refusal for good.
+            Error::Changed { .. } => RINGFEED_ERR_DATASET,
             Error::Part { source, .. } => source.status(),
         }
     }
@@ -275,6 +278,14 @@ mod tests {
                 RINGFEED_ERR_EXISTS,
             ),
             (
+                Error::Changed {
+                    url: "s3://b/k".into(),
+                    expected: "ETag \"1\"".into(),
+                    seen: "ETag \"2\"".into(),
+                },
+                RINGFEED_ERR_DATASET,
+            ),
+            (
                 // A part's failure has its cause's status.
                 Error::Part {
                     url: "s3://b/k".into(),
@@ -325,6 +336,7 @@ mod tests {
                 | Error::Node(_)
                 | Error::Remote { .. }
                 | Error::Exists { .. }
+                | Error::Changed { .. }
                 | Error::Part { .. } => {}
             }
             let code = e.status();

@@ -26,8 +26,7 @@ use io_uring::{IoUring, opcode, squeue, types};
 
 use super::uring_tls::{self, Next, Opened, TlsConn};
 use super::{Completion, NetOptions, ReadFail, ReadRequest};
-use crate::error::Error;
-use crate::net::http::{self, Fail, FailKind, HttpObject};
+use crate::net::http::{self, Fail, FailKind, HttpObject, VersionPin};
 use crate::net::retry::Jitter;
 
 /// Marks a `user_data` as belonging to the HTTP path (file reads use the
@@ -85,6 +84,8 @@ struct Op {
     open_end: bool,
     /// The object's size, once a response said it.
     total: Option<u64>,
+    /// The version the read is pinned to (`ReadRequest::pin`).
+    pin: Option<Arc<VersionPin>>,
     copied: usize,
     attempt: u32,
     step: Step,
@@ -192,6 +193,7 @@ impl HttpDriver {
             got: 0,
             open_end: req.open_end,
             total: None,
+            pin: req.pin.clone(),
             copied: 0,
             attempt: 0,
             step: Step::Connect,
@@ -220,7 +222,9 @@ impl HttpDriver {
         op.sent = 0;
         op.pend = 0;
         self.net.stats.requests.fetch_add(1, Ordering::Relaxed);
-        match http::range_request(&op.obj, op.start + op.got as u64, (op.len - op.got) as u64) {
+        let if_match = op.pin.as_deref().and_then(VersionPin::if_match);
+        let (at, rest) = (op.start + op.got as u64, (op.len - op.got) as u64);
+        match http::range_request(&op.obj, at, rest, if_match) {
             Ok(r) => op.request = r,
             Err(f) => return self.fail(ring, slot, f),
         }
@@ -577,6 +581,11 @@ impl HttpDriver {
                     Err(e) => return self.fail(ring, slot, Fail::new(FailKind::Protocol, e)),
                 };
                 op.conn.as_mut().expect("connected").reused = false;
+                // Another version's answer is never taken (its body is not
+                // read, so the connection goes).
+                if let Some(Err(f)) = op.pin.as_deref().map(|p| p.check(&op.obj.url, &h)) {
+                    return self.fail(ring, slot, f);
+                }
                 let at = op.start + op.got as u64;
                 let want = (op.len - op.got) as u64;
                 let body = match http::check_range_response(&h, at, want, op.open_end) {
@@ -841,12 +850,7 @@ impl HttpDriver {
         let op = self.free_slot(slot);
         Some(Completion {
             id: op.req_id,
-            result: Err(ReadFail::Net(Error::Http {
-                url: op.obj.url.clone(),
-                kind: f.kind,
-                message: f.message,
-                attempts: op.attempt + 1,
-            })),
+            result: Err(ReadFail::Net(f.into_error(&op.obj.url, op.attempt + 1))),
             copied: op.copied,
             total: op.total,
         })

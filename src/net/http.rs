@@ -161,12 +161,28 @@ pub fn parse_url(url: &str) -> Result<ParsedUrl, String> {
 }
 
 /// The request for bytes `start..start + len` of `obj`, signed when the
-/// object has a signer.
-pub fn range_request(obj: &HttpObject, start: u64, len: u64) -> Result<Vec<u8>, Fail> {
+/// object has a signer; with `If-Match` when the read is pinned to a
+/// strong ETag (`VersionPin::if_match`), so that a server that changed the
+/// object answers 412 instead of another version's bytes. The header is
+/// not signed: SigV4 signs the headers it lists, and S3 takes others.
+pub fn range_request(
+    obj: &HttpObject,
+    start: u64,
+    len: u64,
+    if_match: Option<&str>,
+) -> Result<Vec<u8>, Fail> {
     let range = format!("bytes={}-{}", start, start + len - 1);
     let extra = obj.signed("GET", Some(&range))?;
+    let pinned = match if_match {
+        // An ETag is a quoted string without control characters (RFC 9110
+        // §8.8.3); one that holds a line break would add headers.
+        Some(tag) if !tag.bytes().any(|b| b < b' ' || b == 0x7f) => {
+            format!("If-Match: {tag}\r\n")
+        }
+        _ => String::new(),
+    };
     Ok(format!(
-        "GET {} HTTP/1.1\r\nHost: {}\r\nRange: {range}\r\nUser-Agent: ringfeed/{}\r\n{extra}\r\n",
+        "GET {} HTTP/1.1\r\nHost: {}\r\nRange: {range}\r\n{pinned}User-Agent: ringfeed/{}\r\n{extra}\r\n",
         obj.target,
         obj.host_header(),
         env!("CARGO_PKG_VERSION"),
@@ -201,9 +217,8 @@ pub struct ResponseHead {
     /// False when the server says `Connection: close` (or speaks HTTP/1.0).
     pub keep_alive: bool,
     pub chunked: bool,
-    /// The object's version: its `ETag`, else its `Last-Modified` (what
-    /// keys a cache entry).
-    pub version: Option<String>,
+    /// The `ETag` as sent (`"abc"`, or a weak `W/"abc"`).
+    pub etag: Option<String>,
     /// The first 200 bytes of an error body are not here: see `error_code`.
     pub reason: String,
 }
@@ -240,10 +255,9 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<ResponseHead>, String> {
         unsatisfied_total: None,
         keep_alive: r.version == Some(1),
         chunked: false,
-        version: None,
+        etag: None,
         reason: r.reason.unwrap_or("").to_string(),
     };
-    let mut modified = None;
     for hd in r.headers.iter() {
         let v = std::str::from_utf8(hd.value).unwrap_or("").trim();
         if hd.name.eq_ignore_ascii_case("content-length") {
@@ -265,13 +279,8 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<ResponseHead>, String> {
         } else if hd.name.eq_ignore_ascii_case("transfer-encoding") {
             h.chunked = v.to_ascii_lowercase().contains("chunked");
         } else if hd.name.eq_ignore_ascii_case("etag") && !v.is_empty() {
-            h.version = Some(format!("etag {v}"));
-        } else if hd.name.eq_ignore_ascii_case("last-modified") && !v.is_empty() {
-            modified = Some(format!("modified {v}"));
+            h.etag = Some(v.to_string());
         }
-    }
-    if h.version.is_none() {
-        h.version = modified;
     }
     Ok(Some(h))
 }
@@ -332,6 +341,9 @@ pub struct Fail {
     pub message: String,
     /// S3's error code from the XML error body (`NoSuchKey`), when there was one.
     pub code: Option<String>,
+    /// `FailKind::Changed`: the version the read was pinned to, and what
+    /// the answer said instead.
+    pub changed: Option<Box<(String, String)>>,
 }
 
 impl fmt::Display for Fail {
@@ -346,7 +358,170 @@ impl Fail {
             kind,
             message: message.into(),
             code: None,
+            changed: None,
         }
+    }
+
+    /// The object changed under a pinned read: `expected` the pinned
+    /// version, `seen` the answer's.
+    pub fn changed(url: &str, expected: String, seen: String) -> Fail {
+        Fail {
+            kind: FailKind::Changed,
+            message: format!(
+                "{url}: the object changed while it was read (pinned to {expected}, an answer was {seen})"
+            ),
+            code: None,
+            changed: Some(Box::new((expected, seen))),
+        }
+    }
+
+    /// The error of a read that failed for good after `attempts` attempts:
+    /// [`Error::Changed`] when the object changed, else [`Error::Http`].
+    pub fn into_error(self, url: &str, attempts: u32) -> crate::error::Error {
+        match self.changed {
+            Some(versions) if self.kind == FailKind::Changed => {
+                let (expected, seen) = *versions;
+                crate::error::Error::Changed {
+                    url: url.to_string(),
+                    expected,
+                    seen,
+                }
+            }
+            _ => crate::error::Error::Http {
+                url: url.to_string(),
+                kind: self.kind,
+                message: self.message,
+                attempts,
+            },
+        }
+    }
+}
+
+/// Whether reads check their answers against their [`VersionPin`]: always,
+/// except in the test that shows what the check prevents
+/// (`tests/versions_unpinned.rs`). Relaxed: a flag set once before the
+/// reads it governs start.
+static VERSION_CHECKS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Turns the version checks of every read in the process off (no
+/// `If-Match` sent, answers' ETags and sizes not compared, fills cached
+/// whatever their pieces were). Only for the test that shows the splice
+/// the checks prevent; never in a program.
+#[doc(hidden)]
+pub fn set_version_checks(on: bool) {
+    VERSION_CHECKS.store(on, Ordering::Relaxed);
+}
+
+fn version_checks() -> bool {
+    VERSION_CHECKS.load(Ordering::Relaxed)
+}
+
+/// Whether an `ETag` is a strong validator: not `W/` (RFC 9110 §8.8.1: a
+/// weak tag may stay the same when the bytes change, and `If-Match` never
+/// matches one).
+pub fn is_strong(etag: &str) -> bool {
+    !etag.starts_with("W/") && etag.len() >= 2 && etag.starts_with('"') && etag.ends_with('"')
+}
+
+/// The one version a read that spans several requests is pinned to (a
+/// shard's ranged GETs, a whole object's parts, a cache fill): set by what
+/// planned the read (a `HEAD`'s ETag and size, a listing's or manifest's
+/// size) or else by the first answer, and checked against every answer.
+/// Every GET carries `If-Match` with the pinned ETag when it is strong, so
+/// a server that changed the object answers 412; an answer with another
+/// ETag, or another object size in `Content-Range`, is
+/// [`FailKind::Changed`] all the same (a server that ignores `If-Match`).
+/// Shared by the reads of one object in flight at once, so the first
+/// answer of several sets it and the others compare.
+#[derive(Debug, Default)]
+pub struct VersionPin {
+    /// The pinned ETag as sent; `None` inside when the first answer had
+    /// none (the server gives none: nothing to compare, and not cached).
+    etag: std::sync::OnceLock<Option<String>>,
+    /// The object's size the read was planned for, or the first answer's.
+    size: std::sync::OnceLock<u64>,
+}
+
+impl VersionPin {
+    /// Pinned by what planned the read: the ETag a `HEAD` gave (strong or
+    /// not) and the size, where known; the rest by the first answer.
+    pub fn planned(etag: Option<String>, size: Option<u64>) -> VersionPin {
+        let pin = VersionPin::default();
+        if let Some(tag) = etag {
+            let _ = pin.etag.set(Some(tag));
+        }
+        if let Some(n) = size {
+            let _ = pin.size.set(n);
+        }
+        pin
+    }
+
+    /// The `If-Match` value for the next request: the pinned ETag when it
+    /// is strong.
+    pub fn if_match(&self) -> Option<&str> {
+        if !version_checks() {
+            return None;
+        }
+        match self.etag.get() {
+            Some(Some(tag)) if is_strong(tag) => Some(tag),
+            _ => None,
+        }
+    }
+
+    /// The strong ETag every answer so far carried: what may key a cache
+    /// entry. `None` when the server gave none, or a weak one.
+    pub fn strong(&self) -> Option<&str> {
+        match self.etag.get() {
+            Some(Some(tag)) if is_strong(tag) => Some(tag),
+            _ => None,
+        }
+    }
+
+    /// Checks the answer `h` to a request of this read (the first answer
+    /// sets what is not pinned yet); a change is [`FailKind::Changed`],
+    /// which is never retried.
+    pub fn check(&self, url: &str, h: &ResponseHead) -> Result<(), Fail> {
+        if !version_checks() {
+            return Ok(());
+        }
+        let named = |tag: &Option<String>| match tag {
+            Some(t) => format!("ETag {t}"),
+            None => "no ETag".to_string(),
+        };
+        if h.status == 412 {
+            let pinned = self.etag.get().cloned().flatten();
+            return Err(Fail::changed(
+                url,
+                named(&pinned),
+                "412 Precondition Failed to If-Match".into(),
+            ));
+        }
+        // The object's size as the answer gives it: a `Content-Range`
+        // total, a 416's size, or a whole object's length.
+        let total = match h.status {
+            206 => h.content_range.and_then(|(_, _, t)| t),
+            416 => h.unsatisfied_total,
+            200 if !h.chunked => h.content_length,
+            _ => return Ok(()),
+        };
+        if let Some(t) = total {
+            let planned = *self.size.get_or_init(|| t);
+            if planned != t {
+                return Err(Fail::changed(
+                    url,
+                    format!("{planned} bytes"),
+                    format!("{t} bytes"),
+                ));
+            }
+        }
+        // A 416 sends no representation, so no validator to compare.
+        if h.status != 416 {
+            let pinned = self.etag.get_or_init(|| h.etag.clone());
+            if *pinned != h.etag {
+                return Err(Fail::changed(url, named(pinned), named(&h.etag)));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -485,6 +660,7 @@ pub fn check_range_response(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Error;
 
     #[test]
     fn urls() {
@@ -628,6 +804,84 @@ mod tests {
         let h = head("HTTP/1.1 206 P\r\nContent-Range: bytes 0-9/*\r\n\r\n");
         assert!(body(&h, 0, 10).unwrap_err().message.contains("manifest"));
         assert!(parse_head(b"HTTP/1.1 416 R\r\nContent-Range: bytes */x\r\n\r\n").is_err());
+    }
+
+    /// One read, one version: the first answer (or the plan) pins the
+    /// ETag and size, every later answer is compared, a 412 is a change,
+    /// and only a strong ETag goes into `If-Match` or keys a cache entry.
+    #[test]
+    fn a_pin_takes_one_version_and_names_any_other() {
+        let head = |s: &str| parse_head(s.as_bytes()).unwrap().unwrap();
+        let a = head("HTTP/1.1 206 P\r\nETag: \"a\"\r\nContent-Range: bytes 0-9/100\r\n\r\n");
+        let pin = VersionPin::default();
+        assert_eq!(pin.if_match(), None);
+        pin.check("u", &a).unwrap();
+        assert_eq!(
+            (pin.if_match(), pin.strong()),
+            (Some("\"a\""), Some("\"a\""))
+        );
+        pin.check("u", &a).unwrap();
+        let b = head("HTTP/1.1 206 P\r\nETag: \"b\"\r\nContent-Range: bytes 10-19/100\r\n\r\n");
+        let f = pin.check("u", &b).unwrap_err();
+        assert_eq!(f.kind, FailKind::Changed);
+        assert!(!f.kind.retryable());
+        assert_eq!(
+            f.changed.as_deref(),
+            Some(&("ETag \"a\"".to_string(), "ETag \"b\"".to_string()))
+        );
+        match f.into_error("s3://b/k", 1) {
+            Error::Changed {
+                url,
+                expected,
+                seen,
+            } => assert_eq!(
+                (url.as_str(), expected.as_str(), seen.as_str()),
+                ("s3://b/k", "ETag \"a\"", "ETag \"b\"")
+            ),
+            e => panic!("{e}"),
+        }
+        // The same ETag with another size is another version too.
+        let longer = head("HTTP/1.1 206 P\r\nETag: \"a\"\r\nContent-Range: bytes 0-9/101\r\n\r\n");
+        assert_eq!(pin.check("u", &longer).unwrap_err().kind, FailKind::Changed);
+        let gone = head("HTTP/1.1 412 Precondition Failed\r\nContent-Length: 0\r\n\r\n");
+        let f = pin.check("u", &gone).unwrap_err();
+        assert!(f.message.contains("412"), "{f}");
+        // Planned by a HEAD: the first GET is already held to it.
+        let planned = VersionPin::planned(Some("\"b\"".into()), Some(100));
+        assert_eq!(planned.if_match(), Some("\"b\""));
+        assert_eq!(planned.check("u", &a).unwrap_err().kind, FailKind::Changed);
+        // A 416 carries no representation: only its size is compared.
+        let past = head("HTTP/1.1 416 R\r\nContent-Range: bytes */100\r\n\r\n");
+        planned.check("u", &past).unwrap();
+        let shrunk = head("HTTP/1.1 416 R\r\nContent-Range: bytes */50\r\n\r\n");
+        assert_eq!(
+            planned.check("u", &shrunk).unwrap_err().kind,
+            FailKind::Changed
+        );
+        // Weak or absent: compared, but never sent nor cached by.
+        let weak = head("HTTP/1.1 206 P\r\nETag: W/\"w\"\r\nContent-Range: bytes 0-9/100\r\n\r\n");
+        let pin = VersionPin::default();
+        pin.check("u", &weak).unwrap();
+        assert_eq!((pin.if_match(), pin.strong()), (None, None));
+        assert_eq!(pin.check("u", &a).unwrap_err().kind, FailKind::Changed);
+        let bare = head("HTTP/1.1 206 P\r\nContent-Range: bytes 0-9/100\r\n\r\n");
+        let pin = VersionPin::default();
+        pin.check("u", &bare).unwrap();
+        pin.check("u", &bare).unwrap();
+        assert_eq!((pin.if_match(), pin.strong()), (None, None));
+        assert_eq!(pin.check("u", &a).unwrap_err().kind, FailKind::Changed);
+    }
+
+    #[test]
+    fn if_match_goes_out_only_as_a_clean_header() {
+        let obj = HttpObject::new("http://h/k", Vec::new()).unwrap();
+        let req = String::from_utf8(range_request(&obj, 0, 10, Some("\"a\"")).unwrap()).unwrap();
+        assert!(req.contains("\r\nIf-Match: \"a\"\r\n"), "{req}");
+        let req = String::from_utf8(range_request(&obj, 0, 10, None).unwrap()).unwrap();
+        assert!(!req.contains("If-Match"), "{req}");
+        let req = String::from_utf8(range_request(&obj, 0, 10, Some("\"a\"\r\nX-Y: 1")).unwrap())
+            .unwrap();
+        assert!(!req.contains("X-Y"), "{req}");
     }
 
     /// Found by the `http_response` property that a head is at most

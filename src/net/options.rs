@@ -70,14 +70,7 @@ pub fn with_retries<T>(
                     std::thread::sleep(d);
                     attempt += 1;
                 }
-                None => {
-                    return Err(Error::Http {
-                        url: url.to_string(),
-                        kind: f.kind,
-                        message: f.message,
-                        attempts: attempt + 1,
-                    });
-                }
+                None => return Err(f.into_error(url, attempt + 1)),
             },
         }
     }
