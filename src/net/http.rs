@@ -509,7 +509,7 @@ impl VersionPin {
             if planned != t {
                 return Err(Fail::changed(
                     url,
-                    format!("{planned} bytes"),
+                    format!("{planned} bytes (the size the read was planned for)"),
                     format!("{t} bytes"),
                 ));
             }

@@ -192,7 +192,14 @@ fn respond(conn: &mut TcpStream, shared: &Shared, req: &request::Request) -> io:
         .ok()
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .unwrap_or_default();
-    let etag = format!("\"{:x}-{size:x}\"", mtime.as_nanos());
+    // The inode too: a file replaced by a rename (how a rewrite is made
+    // atomic) has another even when the clock's tick gave both writes one
+    // modification time.
+    let etag = format!(
+        "\"{:x}-{:x}-{size:x}\"",
+        std::os::unix::fs::MetadataExt::ino(&meta),
+        mtime.as_nanos()
+    );
     let version = format!(
         "ETag: {etag}\r\nLast-Modified: {}\r\n",
         request::http_date(mtime.as_secs())
