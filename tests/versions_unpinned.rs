@@ -17,7 +17,7 @@ use support::s3::S3Server;
 use support::{Replace, Server, pattern};
 
 fn unpinned() {
-    ringfeed::net::http::set_version_checks(false);
+    ringfeed::net::version::set_version_checks(false);
 }
 
 fn replace(server: &Server, path: &str, after: usize, with: Vec<u8>) {

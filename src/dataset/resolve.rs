@@ -143,7 +143,7 @@ pub fn learn_counts(shards: &mut [Shard], cache: &Cache, net: &NetOptions) -> Re
 /// a strong tag). `Last-Modified` is no version either: one second of
 /// resolution, and a rollback brings an old one back.
 pub fn cache_version(etag: &str) -> Option<String> {
-    crate::net::http::is_strong(etag).then(|| format!("etag {etag}"))
+    crate::net::version::is_strong(etag).then(|| format!("etag {etag}"))
 }
 
 /// What keys a remote shard's cache entry: the server (scheme, host,

@@ -22,8 +22,9 @@ use crate::fetch::http_sync::HttpPool;
 use crate::fetch::{Completion, ReadFail, ReadRequest, Reader, Target, with_retries};
 use crate::memory::BatchBuilder;
 use crate::memory::ChunkRef;
-use crate::net::http::{HttpObject, VersionPin};
+use crate::net::http::HttpObject;
 use crate::net::retry::Jitter;
+use crate::net::version::VersionPin;
 use crate::plan::{Segment, ShuffleBuffer};
 use crate::tar::TarWalk;
 

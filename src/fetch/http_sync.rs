@@ -12,8 +12,9 @@ use std::time::Duration;
 
 use rustls::pki_types::ServerName;
 
-use crate::net::http::{self, Fail, FailKind, HttpObject, MAX_HEAD, VersionPin};
+use crate::net::http::{self, Fail, FailKind, HttpObject, MAX_HEAD};
 use crate::net::tls::TlsSetup;
+use crate::net::version::VersionPin;
 
 /// A connection, plain or TLS (decrypted in user space by rustls).
 enum Stream {

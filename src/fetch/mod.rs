@@ -30,8 +30,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::Error;
-use crate::net::http::{HttpObject, VersionPin};
+use crate::net::http::HttpObject;
 use crate::net::retry::{Jitter, RetryPolicy};
+use crate::net::version::VersionPin;
 
 // The network settings, counters and blocking retry loop live in `net`
 // (the S3 listing and the dataset resolver use them too); named here as

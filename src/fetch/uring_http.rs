@@ -26,8 +26,9 @@ use io_uring::{IoUring, opcode, squeue, types};
 
 use super::uring_tls::{self, Next, Opened, TlsConn};
 use super::{Completion, NetOptions, ReadFail, ReadRequest};
-use crate::net::http::{self, Fail, FailKind, HttpObject, VersionPin};
+use crate::net::http::{self, Fail, FailKind, HttpObject};
 use crate::net::retry::Jitter;
+use crate::net::version::VersionPin;
 
 /// Marks a `user_data` as belonging to the HTTP path (file reads use the
 /// worker's read ids, which are small).

@@ -1,6 +1,7 @@
 //! The network protocols the readers and the dataset resolver speak: HTTP/1.1
 //! ranged GETs ([`http`]), TLS set-up ([`tls`]), the retry policy
-//! ([`retry`]), S3 (signing, credentials, listing: [`s3`]), and the
+//! ([`retry`]), one version per read ([`version`]), S3 (signing,
+//! credentials, listing: [`s3`]), and the
 //! settings and counters every network read shares ([`NetOptions`],
 //! [`with_retries`]).
 
@@ -9,5 +10,6 @@ mod options;
 pub mod retry;
 pub mod s3;
 pub mod tls;
+pub mod version;
 
 pub use options::{NetOptions, NetStats, with_retries};

@@ -36,8 +36,8 @@ use crate::fetch::threads::run_blocking;
 use crate::fetch::uring::UringReader;
 use crate::fetch::{BackendKind, Completion, NetOptions, ReadFail, ReadRequest, Reader, Target};
 use crate::memory::{Arena, ArenaOptions, MemoryKind};
-use crate::net::http::VersionPin;
 use crate::net::retry::Jitter;
+use crate::net::version::VersionPin;
 
 /// How a read went, for messages and the CLI.
 #[derive(Debug, Clone)]
