@@ -123,9 +123,8 @@ pub fn learn_counts(shards: &mut [Shard], cache: &Cache, net: &NetOptions) -> Re
         };
         let head = with_retries(net, jitter, &obj.url, || pool.head_version(obj));
         Ok(match head {
-            Ok((size, Some(version))) => {
-                cache.count(&cache_identity(&shards[i], obj, version, size))
-            }
+            Ok((size, Some(etag))) => cache_version(&etag)
+                .and_then(|v| cache.count(&cache_identity(&shards[i], obj, v, size))),
             _ => None,
         })
     })?;
@@ -135,6 +134,16 @@ pub fn learn_counts(shards: &mut [Shard], cache: &Cache, net: &NetOptions) -> Re
         }
     }
     Ok(())
+}
+
+/// The version a cache entry of an object is keyed by: its strong ETag.
+/// `None` for a weak one (`W/"..."`, which may stay the same when the bytes
+/// change) or one that is not a quoted string: such an object is never
+/// cached, as no read of it can be pinned to one version (`If-Match` needs
+/// a strong tag). `Last-Modified` is no version either: one second of
+/// resolution, and a rollback brings an old one back.
+pub fn cache_version(etag: &str) -> Option<String> {
+    crate::net::version::is_strong(etag).then(|| format!("etag {etag}"))
 }
 
 /// What keys a remote shard's cache entry: the server (scheme, host,
@@ -530,7 +539,7 @@ fn s3_size(
             },
         ) => {
             let mut one = [0u8; 1];
-            match pool.fetch(obj, 0, &mut one, false) {
+            match pool.fetch(obj, 0, &mut one, false, None) {
                 Err(f) if f.code.is_some() => Err(s3_error(
                     Error::Http {
                         url: obj.url.clone(),

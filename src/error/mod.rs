@@ -132,6 +132,22 @@ pub enum Error {
         crate::redact::url(url)
     )]
     Exists { url: String, how: String },
+    /// An object read in several requests (a shard's ranges, a whole
+    /// object's parts, a cache fill) changed between them: an answer had
+    /// another ETag or size than the version the read was pinned to, or
+    /// the server refused `If-Match` with 412. Nothing of the read is
+    /// returned, so no bytes of two versions are ever spliced.
+    #[error(
+        "`{url}` changed while it was read: the read is pinned to {expected}, an answer was \
+         {seen}; no bytes of two versions are returned (read it again for the new version)"
+    )]
+    Changed {
+        url: String,
+        /// The version the read was pinned to (`ETag "..."`, `N bytes`).
+        expected: String,
+        /// What the answer said (another ETag or size, or `412 Precondition Failed`).
+        seen: String,
+    },
     /// One part of a whole-object read or write failed for good; the
     /// upload, if any, was aborted.
     #[error("`{}` part {part}: {source}", crate::redact::url(url))]
@@ -298,4 +314,7 @@ fail_kinds! {
     Protocol = "protocol", retry: false;
     /// The TLS handshake failed: untrusted certificate, wrong name, ...
     Tls = "tls", retry: false;
+    /// The object changed during a read pinned to one version (another
+    /// ETag or size, or 412 to `If-Match`): another attempt would splice.
+    Changed = "changed", retry: false;
 }

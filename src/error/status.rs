@@ -72,7 +72,9 @@ statuses! {
     /// or no AWS credentials could be found for `s3://` URLs.
     RINGFEED_ERR_CONFIG = -3;
     /// A dataset URL is malformed, unsupported, or names nothing, or the server
-    /// refused it for good (HTTP 4xx; S3 NoSuchKey, NoSuchBucket, AccessDenied).
+    /// refused it for good (HTTP 4xx; S3 NoSuchKey, NoSuchBucket, AccessDenied),
+    /// or an object changed while it was read (another ETag or size, or 412 to
+    /// `If-Match`): no bytes of two versions are returned.
     RINGFEED_ERR_DATASET = -4;
     /// Reading a shard failed.
     RINGFEED_ERR_IO = -5;
@@ -137,6 +139,9 @@ impl Error {
             Error::Node(_) => RINGFEED_ERR_NODE,
             Error::Remote { status, .. } => *status,
             Error::Exists { .. } => RINGFEED_ERR_EXISTS,
+            // The data is not one object any more: the dataset's, as a
+            // 412 to `If-Match` is a refusal for good.
+            Error::Changed { .. } => RINGFEED_ERR_DATASET,
             Error::Part { source, .. } => source.status(),
         }
     }
@@ -275,6 +280,14 @@ mod tests {
                 RINGFEED_ERR_EXISTS,
             ),
             (
+                Error::Changed {
+                    url: "s3://b/k".into(),
+                    expected: "ETag \"1\"".into(),
+                    seen: "ETag \"2\"".into(),
+                },
+                RINGFEED_ERR_DATASET,
+            ),
+            (
                 // A part's failure has its cause's status.
                 Error::Part {
                     url: "s3://b/k".into(),
@@ -336,6 +349,7 @@ mod tests {
                 | Error::Node(_)
                 | Error::Remote { .. }
                 | Error::Exists { .. }
+                | Error::Changed { .. }
                 | Error::Part { .. } => {}
             }
             let code = e.status();

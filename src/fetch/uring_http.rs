@@ -29,6 +29,7 @@ use super::uring_tls::{self, Next, Opened, TlsConn};
 use super::{Completion, NetOptions, ReadFail, ReadRequest};
 use crate::net::http::{self, Fail, FailKind, HttpObject};
 use crate::net::retry::{GiveUp, Jitter, Tries};
+use crate::net::version::VersionPin;
 
 /// Marks a `user_data` as belonging to the HTTP path (file reads use the
 /// worker's read ids, which are small).
@@ -85,6 +86,8 @@ struct Op {
     open_end: bool,
     /// The object's size, once a response said it.
     total: Option<u64>,
+    /// The version the read is pinned to (`ReadRequest::pin`).
+    pin: Option<Arc<VersionPin>>,
     copied: usize,
     /// The failures so far, and when the first came (the deadline's start).
     tries: Tries,
@@ -199,6 +202,7 @@ impl HttpDriver {
             got: 0,
             open_end: req.open_end,
             total: None,
+            pin: req.pin.clone(),
             copied: 0,
             tries: Tries::default(),
             first_failure: None,
@@ -240,7 +244,9 @@ impl HttpDriver {
         op.sent = 0;
         op.pend = 0;
         self.net.stats.requests.fetch_add(1, Ordering::Relaxed);
-        match http::range_request(&op.obj, op.start + op.got as u64, (op.len - op.got) as u64) {
+        let if_match = op.pin.as_deref().and_then(VersionPin::if_match);
+        let (at, rest) = (op.start + op.got as u64, (op.len - op.got) as u64);
+        match http::range_request(&op.obj, at, rest, if_match) {
             Ok(r) => op.request = r,
             Err(f) => return self.fail(ring, slot, f),
         }
@@ -597,6 +603,11 @@ impl HttpDriver {
                     Err(e) => return self.fail(ring, slot, Fail::new(FailKind::Protocol, e)),
                 };
                 op.conn.as_mut().expect("connected").reused = false;
+                // Another version's answer is never taken (its body is not
+                // read, so the connection goes).
+                if let Some(Err(f)) = op.pin.as_deref().map(|p| p.check(&op.obj.url, &h)) {
+                    return self.fail(ring, slot, f);
+                }
                 let at = op.start + op.got as u64;
                 let want = (op.len - op.got) as u64;
                 let body = match http::check_range_response(&h, at, want, op.open_end) {

@@ -186,11 +186,7 @@ pub fn gave_up(
             ),
             attempts,
         },
-        GiveUp::Final | GiveUp::Attempts => Error::Http {
-            url: url.to_string(),
-            kind: f.kind,
-            message: f.message,
-            attempts,
-        },
+        // A changed object is its own error (`Error::Changed`).
+        GiveUp::Final | GiveUp::Attempts => f.into_error(url, attempts),
     }
 }

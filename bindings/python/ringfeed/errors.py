@@ -65,7 +65,9 @@ class ConfigError(Error, ValueError):
 
 @_raised_for(_ffi.RINGFEED_ERR_DATASET)
 class DatasetError(Error):
-    """A dataset URL is malformed, unsupported, or names nothing (a missing file)."""
+    """A dataset URL is malformed, unsupported, or names nothing (a missing file),
+    or an object changed while it was read (no bytes of two versions are returned:
+    read it again for the new version)."""
 
 
 @_raised_for(_ffi.RINGFEED_ERR_IO)

@@ -23,11 +23,19 @@
 //!   racing for a new key exactly one succeeds and the other gets 412
 //!   PreconditionFailed (s3s-fs checks and writes with no lock between).
 //!
+//! - GetObject honours `If-Match` (s3s-fs ignores it): a GET whose
+//!   condition names another ETag than the object's now gets 412
+//!   PreconditionFailed, as S3 answers.
+//!
 //! For the tests it also injects S3 errors by operation (and by part
 //! number for UploadPart), counts requests by operation, tracks the
-//! multipart uploads left open, and takes keys a test issues with a
+//! multipart uploads left open, takes keys a test issues with a
 //! lifetime (as STS's temporary credentials): a request signed with one
-//! past its expiry is refused with `ExpiredToken`, as S3 does. The state is shared through an `Arc`
+//! past its expiry is refused with `ExpiredToken`, as S3 does; and
+//! replaces an object between the GETs of one read (`replace_after`;
+//! `ignore_if_match` makes it serve the new bytes to a GET pinned to the
+//! old ones, as a store without conditional GETs would). The state is
+//! shared through an `Arc`
 //! between the server's handlers and the `S3Server` the test holds.
 //!
 //! `checksum` holds S3's checksum rules, `multipart` what completing an
@@ -110,6 +118,14 @@ struct State {
     /// of preconditions and its write. Never pruned: one entry per key
     /// written, a few thousand at most in a test or benchmark.
     key_locks: Mutex<HashMap<(String, String), KeyLock>>,
+    /// The object replaced under its readers, if any.
+    replace: Mutex<Option<Replace>>,
+    /// GetObject serves whatever the object holds, `If-Match` or not.
+    ignore_if_match: std::sync::atomic::AtomicBool,
+    /// GetObjects answered 412 PreconditionFailed.
+    precondition_failed: AtomicU64,
+    /// The ETag of every GetObject answered with bytes, in order.
+    served: Mutex<Vec<String>>,
     /// The keys requests may be signed with: access key id → secret and
     /// expiry (`None`: never expires).
     keys: Mutex<HashMap<String, (String, Option<Instant>)>>,
@@ -140,6 +156,15 @@ impl s3s::auth::S3Auth for Keys {
             }
         }
     }
+}
+
+/// An object rewritten once `after` GetObjects of it were answered.
+struct Replace {
+    bucket: String,
+    key: String,
+    after: u64,
+    with: Vec<u8>,
+    seen: u64,
 }
 
 #[derive(Clone)]
@@ -197,6 +222,37 @@ impl State {
                 "The specified upload does not exist. The upload ID may be invalid, or the upload may have been aborted or completed."
             )),
         }
+    }
+
+    /// Counts a GetObject of `bucket`/`key` answered with bytes, and
+    /// replaces the object when it is the one `replace_after` names.
+    fn served(&self, root: &Path, bucket: &str, key: &str, etag: String) {
+        self.served.lock().unwrap().push(etag);
+        let mut replace = self.replace.lock().unwrap();
+        let Some(r) = replace.as_mut() else { return };
+        if r.bucket != bucket || r.key != key {
+            return;
+        }
+        r.seen += 1;
+        if r.seen != r.after {
+            return;
+        }
+        // Whole, as S3 replaces an object: a new file renamed over the old
+        // (a GET streaming the old one keeps its bytes), and the ETag that
+        // s3s-fs saved for a PutObject dropped, so the new one is the new
+        // bytes' MD5.
+        let path = root.join(bucket).join(key);
+        let tmp = path.with_extension("replacing");
+        std::fs::write(&tmp, &r.with).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+        use base64::Engine as _;
+        let b64 = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+        let info = root.join(format!(
+            ".bucket-{}.object-{}.internal.json",
+            b64(bucket),
+            b64(key)
+        ));
+        let _ = std::fs::remove_file(info);
     }
 
     fn key_lock(&self, bucket: &str, key: &str) -> KeyLock {
@@ -324,6 +380,34 @@ impl S3Server {
     /// Requests refused with `ExpiredToken`.
     pub fn expired_refusals(&self) -> u64 {
         self.state.expired.load(Ordering::Relaxed)
+    }
+
+    /// Once `after` GetObjects of `bucket`/`key` were answered, the object
+    /// holds `with` (before the body of the last of them is sent): a
+    /// rewrite between the parts of one read.
+    pub fn replace_after(&self, bucket: &str, key: &str, after: u64, with: Vec<u8>) {
+        *self.state.replace.lock().unwrap() = Some(Replace {
+            bucket: bucket.into(),
+            key: key.into(),
+            after,
+            with,
+            seen: 0,
+        });
+    }
+
+    /// GetObject ignores `If-Match` (`true`) or honours it (the default).
+    pub fn ignore_if_match(&self, ignore: bool) {
+        self.state.ignore_if_match.store(ignore, Ordering::SeqCst);
+    }
+
+    /// GetObjects answered 412 PreconditionFailed so far.
+    pub fn precondition_failed(&self) -> u64 {
+        self.state.precondition_failed.load(Ordering::SeqCst)
+    }
+
+    /// The ETag each GetObject answered with bytes carried, in order.
+    pub fn served_etags(&self) -> Vec<String> {
+        self.state.served.lock().unwrap().clone()
     }
 
     pub fn clear_faults(&self) {
