@@ -4,6 +4,10 @@
 //!
 //! - [`entry`]: one entry on disk (identity, checksums, the atomic store,
 //!   the checked read).
+//! - [`private`]: what keeps the directory this user's alone (made 0700,
+//!   owner and mode checked at open, files 0600 made without following
+//!   links, temporary files of dead fills removed), and why that, not a
+//!   MAC, is what keeps entries from being forged.
 //! - [`Cache`]: the directory. Looks entries up (a stale or corrupt one is
 //!   dropped and counted), decides who fills a missing one (one process per
 //!   entry, by a file lock; the others wait for it while it makes
@@ -18,8 +22,9 @@
 //! read from their start to their end) and reads hits like local files.
 
 pub mod entry;
+pub mod private;
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -27,6 +32,21 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant, SystemTime};
 
 pub use entry::{Bad, Entry, Identity};
+
+use crate::error::Result;
+
+/// How a fill's temporary file is named: `.{entry}.tmp`.
+const TMP_SUFFIX: &str = ".tmp";
+
+/// The temporary file of the entry named `entry`.
+fn tmp_name(entry: &str) -> String {
+    format!(".{entry}{TMP_SUFFIX}")
+}
+
+/// The fill lock of the entry named `entry`.
+fn lock_name(entry: &str) -> String {
+    format!(".{entry}.lock")
+}
 
 /// The free space to keep on the cache's file system.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -140,22 +160,40 @@ pub struct Cache {
 }
 
 impl Cache {
-    /// Opens (and creates) the directory. Never fails: a directory that
+    /// Opens (and creates, mode 0700) the directory, and removes the
+    /// temporary files of fills that died there. Fails only for a
+    /// directory that is not this user's alone ([`private::check_dir`]:
+    /// another user's, or one others may write into): a directory that
     /// cannot be made or written is used for reading what it holds, and
     /// [`Cache::note`] says why nothing is written.
-    pub fn open(opts: CacheOptions) -> Cache {
-        let off = match std::fs::create_dir_all(&opts.dir) {
+    pub fn open(opts: CacheOptions) -> Result<Cache> {
+        let made = private::create_dir(&opts.dir);
+        private::check_dir(&opts.dir)?;
+        let off = match made {
             Err(e) => Some(format!("cannot create it ({e})")),
             Ok(()) => probe_write(&opts.dir)
                 .err()
                 .map(|e| format!("not writable ({e})")),
         };
-        Cache {
+        if off.is_none() {
+            let c = private::clean_stale(&opts.dir);
+            if c != private::Cleaned::default() {
+                let dir = opts.dir.display();
+                crate::log::log(crate::log::Level::Info, || {
+                    format!(
+                        "cache {dir}: removed {} temporary file(s) of fills that died; made {} \
+                         entries readable by this user only",
+                        c.temps, c.modes
+                    )
+                });
+            }
+        }
+        Ok(Cache {
             opts,
             stats: CacheStats::default(),
             writes_off: Mutex::new(off),
             first_skip: Mutex::new(None),
-        }
+        })
     }
 
     pub fn dir(&self) -> &Path {
@@ -271,21 +309,25 @@ impl Cache {
             return self.uncached(why);
         }
         let name = id.file_name();
-        let lock_path = self.opts.dir.join(format!(".{name}.lock"));
-        let lock = match OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&lock_path)
-        {
-            Ok(f) => f,
-            Err(e) => return self.write_failed(&e),
-        };
-        let tmp = format!(".{name}.tmp");
+        let lock_path = self.opts.dir.join(lock_name(&name));
+        let tmp = tmp_name(&name);
         let (mut seen, mut since, mut waited) = (None, Instant::now(), false);
+        let mut lock = match private::open_lock(&lock_path) {
+            Ok(f) => f,
+            Err(e) => return self.lock_failed(&name, &e),
+        };
         loop {
             match flock(&lock, libc::LOCK_EX | libc::LOCK_NB) {
-                Ok(true) => break,
+                // The lock file may have been removed (an eviction) while
+                // this waited for it: the lock is the file at the name now.
+                Ok(true) if private::same_file(&lock, &lock_path) => break,
+                Ok(true) => {
+                    lock = match private::open_lock(&lock_path) {
+                        Ok(f) => f,
+                        Err(e) => return self.lock_failed(&name, &e),
+                    };
+                    continue;
+                }
                 Ok(false) => {}
                 Err(e) => return self.uncached(format!("cannot lock {name} ({e})")),
             }
@@ -319,6 +361,18 @@ impl Cache {
                 _lock: lock,
             })),
             Err(e) => self.write_failed(&e),
+        }
+    }
+
+    /// The fill lock could not be opened: an I/O failure as any write's,
+    /// or a file there that is not this user's (a link, another's file),
+    /// which costs that entry only.
+    fn lock_failed(&self, name: &str, e: &std::io::Error) -> Fill {
+        match e.raw_os_error() {
+            Some(libc::ELOOP) | None => self.uncached(format!(
+                "the fill lock of {name} is not this user's file ({e})"
+            )),
+            _ => self.write_failed(e),
         }
     }
 
@@ -363,11 +417,7 @@ impl Cache {
                 self.opts.size
             ));
         }
-        let lock = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(self.opts.dir.join(".evict"))
+        let lock = private::open_lock(&self.opts.dir.join(".evict"))
             .map_err(|e| format!("cannot open the eviction lock ({e})"))?;
         flock(&lock, libc::LOCK_EX).map_err(|e| format!("cannot lock for eviction ({e})"))?;
         let mut entries = self.entries();
@@ -393,12 +443,21 @@ impl Cache {
             };
             if std::fs::remove_file(&victim.path).is_ok() {
                 bump(&self.stats.evictions, 1);
-                // Its fill lock goes too (a fill racing this eviction
-                // under the old lock file costs at most a second fetch).
-                let _ = std::fs::remove_file(self.opts.dir.join(format!(
-                    ".{}.lock",
-                    victim.path.file_name().unwrap_or_default().to_string_lossy()
-                )));
+                // Its fill lock goes too, when no one holds it, and while
+                // this holds it: a fill that waited for the old file sees
+                // it gone and takes the new one.
+                let lock_path = self.opts.dir.join(lock_name(
+                    &victim
+                        .path
+                        .file_name()
+                        .unwrap_or_default()
+                        .to_string_lossy(),
+                ));
+                if let Ok(l) = private::open_lock(&lock_path)
+                    && flock(&l, libc::LOCK_EX | libc::LOCK_NB).unwrap_or(false)
+                {
+                    let _ = std::fs::remove_file(&lock_path);
+                }
             }
             total -= victim.size;
         }
@@ -498,7 +557,14 @@ fn free_space(dir: &Path) -> std::io::Result<(u64, u64)> {
 
 fn probe_write(dir: &Path) -> std::io::Result<()> {
     let p = dir.join(format!(".probe-{}", std::process::id()));
-    File::create(&p)?;
+    if let Err(e) = private::create_new(&p) {
+        if e.kind() != std::io::ErrorKind::AlreadyExists {
+            return Err(e);
+        }
+        // A process of this pid died probing: its file goes.
+        std::fs::remove_file(&p)?;
+        private::create_new(&p)?;
+    }
     std::fs::remove_file(&p)
 }
 
@@ -569,15 +635,21 @@ pub struct SpoolFill {
 }
 
 /// The spare fills' admission: how many are under way, and the limit,
-/// which grows by one with each fill completed and halves when one is
-/// given up (so it settles near what the disk keeps up with).
+/// which starts at [`MAX_FILLS`], grows by one with each fill completed
+/// and halves when one is given up (so it settles near what the disk
+/// keeps up with).
 #[derive(Debug)]
 struct FillCount {
     under_way: AtomicUsize,
     limit: AtomicUsize,
 }
 
-/// The most spare fills under way at once.
+/// The most spare fills under way at once, and the first limit: more than
+/// the streams of a loader or two (4 each by default), so on a disk that
+/// keeps up every shard read whole is filled, the first ones too. (A limit
+/// that started at one admitted the first stream's shard alone: the other
+/// streams start their first reads just after it, while that fill is still
+/// under way, and their shards were left uncached, for a later run.)
 const MAX_FILLS: usize = 16;
 
 impl Spool {
@@ -592,7 +664,7 @@ impl Spool {
             mode,
             fills: Arc::new(FillCount {
                 under_way: AtomicUsize::new(0),
-                limit: AtomicUsize::new(1),
+                limit: AtomicUsize::new(MAX_FILLS),
             }),
             tx: Some(tx),
             thread: Some(thread),
@@ -617,11 +689,13 @@ impl Spool {
 
     /// Whether a new fill may start: always under [`FillMode::Always`];
     /// under [`FillMode::Spare`] while fewer are under way than the limit,
-    /// which starts at one, grows by one with each fill completed and
+    /// which starts at [`MAX_FILLS`] (a disk is taken to keep up until it
+    /// first falls behind), grows by one with each fill completed and
     /// halves when a fill is given up (its pieces found the queue full).
-    /// Readers each fill one shard at their own pace, so the limit settles
-    /// near the number of readers whose pace the disk keeps up with, and
-    /// few fills are given up midway (each wastes the writes made for it).
+    /// Readers each fill one shard at their own pace, so on a disk slower
+    /// than the reads the limit soon settles near the number of readers
+    /// whose pace it keeps up with, and few fills are given up midway
+    /// (each wastes the writes made for it); the reads never wait.
     pub fn admits(&self) -> bool {
         // Relaxed: a hint; the queue's own bound is what holds.
         self.mode == FillMode::Always
@@ -766,11 +840,14 @@ mod tests {
     use super::*;
 
     fn cache(dir: &Path) -> Arc<Cache> {
-        Arc::new(Cache::open(CacheOptions {
-            dir: dir.to_path_buf(),
-            size: 1 << 30,
-            min_free: MinFree::Bytes(0),
-        }))
+        Arc::new(
+            Cache::open(CacheOptions {
+                dir: dir.to_path_buf(),
+                size: 1 << 30,
+                min_free: MinFree::Bytes(0),
+            })
+            .unwrap(),
+        )
     }
 
     fn id(object: &str, len: u64) -> Identity {
@@ -794,8 +871,8 @@ mod tests {
             panic!("no fill");
         };
         let mut fill = spool.take(f, 4096 * 40).unwrap();
-        // One fill at a time until one completes.
-        assert!(!spool.admits());
+        // Every fill is admitted until the disk first falls behind.
+        assert!(spool.admits());
         // The writer stalls on this fill's first piece (as on a slow disk):
         // its lock is held here.
         let slot = Arc::clone(&fill.slot);
@@ -817,7 +894,7 @@ mod tests {
         drop(fill);
         spool.flush();
         assert!(spool.admits());
-        assert_eq!(spool.fills.limit.load(Ordering::Relaxed), 1);
+        assert_eq!(spool.fills.limit.load(Ordering::Relaxed), MAX_FILLS / 2);
         let names: Vec<_> = std::fs::read_dir(dir.path())
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
@@ -849,10 +926,64 @@ mod tests {
         }
         fill.finish(Some(3));
         spool.flush();
-        assert_eq!(spool.fills.limit.load(Ordering::Relaxed), 2);
+        assert_eq!(spool.fills.limit.load(Ordering::Relaxed), MAX_FILLS);
         assert_eq!(c.count(&k), Some(3));
         assert_eq!(c.stats.snapshot().written, 1);
         let e = c.lookup(&k).expect("the entry");
         assert_eq!(e.read_all().unwrap().unwrap(), vec![9u8; 4096 * n]);
+    }
+
+    /// Streams that start their shards one just after another, each
+    /// while the fills before it are under way (as a loader's streams
+    /// do), all fill on a writer that keeps up: the second run finds
+    /// every shard. The control is the first limit of one this replaced:
+    /// the second stream's shard is not admitted.
+    #[test]
+    fn streams_starting_together_all_fill_on_a_disk_that_keeps_up() {
+        for first_limit in [MAX_FILLS, 1] {
+            let dir = tempfile::tempdir().unwrap();
+            let c = cache(dir.path());
+            let spool = Spool::start(Arc::clone(&c), FillMode::Spare).unwrap();
+            spool.fills.limit.store(first_limit, Ordering::Relaxed);
+            let piece = vec![3u8; 4096];
+            let mut fills = Vec::new();
+            for s in 0..4 {
+                let k = id(&format!("s{s}"), 4096 * 4);
+                if !spool.admits() {
+                    continue;
+                }
+                let Fill::Write(f) = c.fill(&k, Duration::from_secs(1)) else {
+                    panic!("no fill");
+                };
+                let mut fill = spool.take(f, k.len).unwrap();
+                // SAFETY: `piece` outlives the spool (flushed below).
+                assert!(unsafe { fill.append(piece.as_ptr(), piece.len(), Box::new(())) });
+                fills.push((k, fill));
+            }
+            let admitted = fills.len();
+            for _ in 1..4 {
+                // A writer that keeps up: the queue is empty before each
+                // round of one piece a stream (fewer than `DEPTH`).
+                spool.flush();
+                for (_, fill) in &mut fills {
+                    // SAFETY: as above.
+                    assert!(unsafe { fill.append(piece.as_ptr(), piece.len(), Box::new(())) });
+                }
+            }
+            let keys: Vec<_> = fills.iter().map(|(k, _)| k.clone()).collect();
+            for (_, fill) in fills {
+                fill.finish(Some(1));
+            }
+            spool.flush();
+            for k in &keys {
+                assert_eq!(c.count(k), Some(1), "{k:?} not stored");
+            }
+            if first_limit == 1 {
+                assert_eq!(admitted, 1, "the control admitted more than one");
+            } else {
+                assert_eq!(admitted, 4, "a stream's shard was not admitted");
+                assert_eq!(c.stats.snapshot().written, 4);
+            }
+        }
     }
 }
