@@ -148,8 +148,6 @@ pub enum CacheDirRefusal {
         "it is named by a symbolic link of uid {owner}, neither this user (uid {uid}) nor root"
     )]
     LinkNotOwned { owner: u32, uid: u32 },
-    #[error("it is not a directory")]
-    NotADirectory,
 }
 
 impl Error {
