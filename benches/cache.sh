@@ -73,9 +73,28 @@
 # next to the shards' bytes. Each contender's own clock is printed beside
 # (ringfeed's counts payload from open to the end, fio's its bytes over its
 # runtime).
+#   second    untimed, right after each fill (and its sync): the fill
+#             command again, on the cache that fill left. It prints the
+#             fraction of the shards it read from the cache: what a
+#             restarted job gets from the default fill.
 # Targets, ratios of the medians (whole process, GB/s):
 #   fill / nocache                 >= 0.9   (cache writing costs epoch 1 little)
 #   cached / fio (the reference)   >= 0.9   (the cache reads at the disk's speed)
+#   second: shards from the cache  >= 0.9   (the default fill caches what an
+#                                            idle disk can take; median of the
+#                                            rounds; no target with SLOW_DISK)
+#
+# A network slower than the disk, and a disk slower than the network: this
+# machine's loopback and disk are what they are, so two knobs change one
+# side. NET_RATE caps each of nginx's connections (`limit_rate`: ringfeed
+# keeps about workers x reads_in_flight of them busy), for a network slower
+# than the disk. SLOW_DISK caps the writes to the cache's disk of every
+# ringfeed contender (not of the untimed runs that complete the cache): each
+# runs in a block-I/O cgroup of its own with a write limit on the disk under
+# CACHE_DIR (cgroup v1 blkio.throttle.write_bps_device, or v2 io.max wbps).
+# The cache writer writes O_DIRECT, which the limit charges to the process
+# at once (cgroup v1 does not charge buffered write-back to it: the fillall
+# figure shows whether the limit bit).
 #
 # Usage: benches/cache.sh        (from anywhere; runs in the repo root)
 # Knobs (environment):
@@ -106,6 +125,10 @@
 #   KEEP_CACHE      1: leave CACHE_DIR in place at the end [0]
 #   OUT_DIR         raw JSON and commands        [benches/out/cache/<time>]
 #   STRICT          1: exit 1 when a target is missed [0]
+#   NET_RATE        nginx limit_rate per connection (e.g. 40m); empty = none []
+#   SLOW_DISK       write limit on the cache's disk, bytes/s (e.g. 200000000);
+#                   empty = none (needs root and a blkio/io cgroup) []
+#   RF_BIN          a ringfeed binary to measure instead of building this tree
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -138,6 +161,8 @@ PRIME_MEMORY=${PRIME_MEMORY:-1}
 KEEP_CACHE=${KEEP_CACHE:-0}
 OUT_DIR=${OUT_DIR:-benches/out/cache/$(date +%Y%m%d-%H%M%S)}
 STRICT=${STRICT:-0}
+NET_RATE=${NET_RATE:-}
+SLOW_DISK=${SLOW_DISK:-}
 
 BENCH=cache
 # shellcheck source=benches/lib.sh
@@ -273,13 +298,14 @@ http {
     server {
         listen 127.0.0.1:$PORT;
         root $SERVE_ROOT;
-        location / { }
+        location / { ${NET_RATE:+limit_rate $NET_RATE;} }
     }
 }
 EOF
 on_exit() {
     stop_nginx
     cleanup_cache
+    [ -z "${CGROUP:-}" ] || rmdir "$CGROUP" 2>/dev/null || true
 }
 trap on_exit EXIT
 NGINX_CMD=("$NGINX" -p "$NG" -e "$NG/error.log" -c "$NG/nginx.conf")
@@ -289,7 +315,34 @@ BASE=http://127.0.0.1:$PORT
 check_ranged_get
 # The cache checks a shard's version with its ETag: nginx must send one.
 curl -sf -I "$BASE/$BUCKET/${KEYS[0]}" | grep -qi '^etag:' || die "nginx sent no ETag"
-echo "nginx $NGINX_WORKERS workers at $BASE/$BUCKET/ (root $SERVE_ROOT)"
+echo "nginx $NGINX_WORKERS workers at $BASE/$BUCKET/ (root $SERVE_ROOT)${NET_RATE:+, limit_rate $NET_RATE per connection}"
+
+# The slow disk (SLOW_DISK, in the header): a cgroup whose processes write
+# to the disk under CACHE_DIR at most SLOW_DISK bytes/s. THROTTLED runs a
+# command in it.
+THROTTLED=()
+CGROUP=
+if [ -n "$SLOW_DISK" ]; then
+    src=$(df --output=source "$CACHE_DIR" | tail -1)
+    disk=$(lsblk -no PKNAME "$src" 2>/dev/null | head -1)
+    disk=/dev/${disk:-${src#/dev/}}
+    majmin=$(lsblk -ndo MAJ:MIN "$disk" | tr -d ' ')
+    [ -n "$majmin" ] || die "SLOW_DISK: no block device under $CACHE_DIR ($src)"
+    if [ -d /sys/fs/cgroup/blkio ]; then
+        CGROUP=/sys/fs/cgroup/blkio/ringfeed-bench-cache-$$
+        mkdir "$CGROUP" || die "SLOW_DISK: cannot make $CGROUP (root is needed)"
+        echo "$majmin $SLOW_DISK" >"$CGROUP/blkio.throttle.write_bps_device"
+    elif grep -qw io /sys/fs/cgroup/cgroup.controllers 2>/dev/null; then
+        CGROUP=/sys/fs/cgroup/ringfeed-bench-cache-$$
+        echo +io >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || true
+        mkdir "$CGROUP" || die "SLOW_DISK: cannot make $CGROUP (root is needed)"
+        echo "$majmin wbps=$SLOW_DISK" >"$CGROUP/io.max"
+    else
+        die "SLOW_DISK: neither a cgroup v1 blkio hierarchy nor a v2 io controller here"
+    fi
+    THROTTLED=(sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$CGROUP")
+    echo "slow disk: writes to $disk ($majmin) at most $SLOW_DISK B/s for the timed ringfeed runs ($CGROUP)"
+fi
 {
     echo "# nginx (config: nginx/nginx.conf)"
     show "${NGINX_CMD[@]}"
@@ -321,9 +374,12 @@ print(json.dumps(c))
 EOF
 }
 CACHE_CONFIG=$(cache_config "$CACHE_DIR")
-NOCACHE_CMD=("$RF" bench "$HTTP_URL" "${RF_FLAGS[@]}")
-CACHE_CMD=("$RF" bench "$HTTP_URL" "${RF_FLAGS[@]}" --config "$CACHE_CONFIG")
-ALWAYS_CMD=("$RF" bench "$HTTP_URL" "${RF_FLAGS[@]}" --config "$(cache_config "$CACHE_DIR" always)")
+NOCACHE_CMD=("${THROTTLED[@]}" "$RF" bench "$HTTP_URL" "${RF_FLAGS[@]}")
+CACHE_CMD=("${THROTTLED[@]}" "$RF" bench "$HTTP_URL" "${RF_FLAGS[@]}" --config "$CACHE_CONFIG")
+# Untimed: completes the cache for the cached and fio runs, at the disk's
+# own speed.
+ALWAYS_UNTIMED=("$RF" bench "$HTTP_URL" "${RF_FLAGS[@]}" --config "$(cache_config "$CACHE_DIR" always)")
+ALWAYS_CMD=("${THROTTLED[@]}" "${ALWAYS_UNTIMED[@]}")
 
 # The report's names for the cache's figures (in "stats", or at the top).
 CACHE_HITS=cache_hits
@@ -463,7 +519,7 @@ run_nocache() {
 run_fill() { fill_with "$1" "$2" spare "${CACHE_CMD[@]}"; }
 run_fillall() { fill_with "$1" "$2" always "${ALWAYS_CMD[@]}"; }
 fill_with() { # $1 out, $2 label, $3 mode, the rest: the command
-    local out=$1 label=$2 mode=$3 t0 t1 m w u n
+    local out=$1 label=$2 mode=$3 t0 t1 m w u n h
     shift 3
     ensure_hot "$label"
     empty_cache
@@ -479,7 +535,14 @@ fill_with() { # $1 out, $2 label, $3 mode, the rest: the command
     echo "  fill ($mode): misses $m, written $w, uncached $u, $n entries in the cache, write-back after exit $(((t1 - t0) / 1000000)) ms"
     echo "$2 $n" >>"$OUT_DIR/entries.txt"
     [ "$m" = "$SHARDS" ] || die "fill: $m cache misses reported, expected $SHARDS ($1)"
-    [ "$mode" = always ] || return 0
+    if [ "$mode" = spare ]; then
+        # The second run, on what this fill left (untimed).
+        "${CACHE_CMD[@]}" >"$1.second" 2>"$1.second.stderr" || die "the second run failed: $1.second.stderr"
+        read -r h m < <(fields "$1.second" "$CACHE_HITS" "$CACHE_MISSES")
+        echo "  second run: $h of $SHARDS shards from the cache (misses $m)"
+        echo "$2 $h" >>"$OUT_DIR/second.txt"
+        return 0
+    fi
     [ "$u" = 0 ] || die "fill: $u shards read uncached (the report's notes say why: $1)"
     # Too little free space (cache_min_free, 10% by default) is the likely
     # cause of entries missing: say how much there is.
@@ -490,7 +553,7 @@ fill_with() { # $1 out, $2 label, $3 mode, the rest: the command
 # Completes the cache a spare fill left partial (untimed): the cached and
 # fio runs read every shard's entry.
 complete_cache() {
-    "${ALWAYS_CMD[@]}" >"$1.complete" 2>&1 || die "completing the cache failed: $1.complete"
+    "${ALWAYS_UNTIMED[@]}" >"$1.complete" 2>&1 || die "completing the cache failed: $1.complete"
 }
 run_cached() {
     local h m b
@@ -522,6 +585,7 @@ say "warm-up (one run of each, not counted; the fill leaves the cache for round 
 : >"$OUT_DIR/writeback.txt"
 : >"$OUT_DIR/entries.txt"
 : >"$OUT_DIR/primed.txt"
+: >"$OUT_DIR/second.txt"
 for who in "${WHO[@]}"; do
     echo "$who"
     "run_$who" "$OUT_DIR/warmup-$who.json" "warmup-$who"
@@ -555,12 +619,14 @@ echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 # --- 7. tables and summary --------------------------------------------------
 python3 - "$OUT_DIR" "$ROUNDS" "$STRICT" "${WHO[*]}" "$DATA_BYTES" "$ENTRY_BYTES" "$SOURCE" \
-    "$CACHE_HITS" "$CACHE_MISSES" "$CACHE_BYTES" "$CACHE_WRITTEN" "$DROP_HOW" <<'EOF'
+    "$CACHE_HITS" "$CACHE_MISSES" "$CACHE_BYTES" "$CACHE_WRITTEN" "$DROP_HOW" "$SHARDS" \
+    "net ${NET_RATE:-unlimited} a connection, disk writes ${SLOW_DISK:-unlimited} B/s" "$SLOW_DISK" <<'EOF'
 import json, statistics, sys
 out, rounds, strict = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
 who, data, entry_bytes, source = sys.argv[4].split(), int(sys.argv[5]), int(sys.argv[6]), sys.argv[7]
 F = dict(zip(("hits", "misses", "bytes", "written"), sys.argv[8:12]))
 drop_how = sys.argv[12]
+shards, setting, slow_disk = int(sys.argv[13]), sys.argv[14], sys.argv[15] != ""
 med = statistics.median
 mark = lambda ok: "PASS" if ok else "MISS"
 GB = data / 1e9
@@ -644,6 +710,10 @@ ent = dict(line.split() for line in open(f"{out}/entries.txt"))
 spare_n = [int(ent[f"{r}-fill"]) for r in range(1, rounds + 1)]
 print(f"  entries written by the spare fill: {' '.join(map(str, spare_n))} of {rows[0]['fill']['cache']['misses']} "
       f"(the rest is filled by a later epoch)")
+sec = dict(line.split() for line in open(f"{out}/second.txt"))
+second = [int(sec[f"{r}-fill"]) / shards for r in range(1, rounds + 1)]
+print(f"  second run after each spare fill: " + " ".join(f"{x:.2f}" for x in second) +
+      f" of the shards from the cache ({setting})")
 print(f"  write-back (sync) right after each fill, outside its figure: median {med(wb):.2f} s "
       f"[{min(wb):.2f}-{max(wb):.2f}]")
 fill_c, cached_c = rows[0]["fill"]["cache"], rows[0]["cached"]["cache"]
@@ -685,6 +755,13 @@ print()
 print("ratios of the whole-process medians [per-round min-max]")
 target("fill_vs_nocache_gbs", "fill", "nocache", 0.9)
 target("cached_vs_fio_gbs", "cached", ref, 0.9)
+ratios["second_run_from_cache"] = {"median": med(second), "per_round": second}
+if slow_disk:
+    print(f"  {'second run: the fraction of shards from the cache (slow disk: no target)':<72} {med(second):6.3f} [{min(second):.3f}-{max(second):.3f}]")
+else:
+    checks["second_run_from_cache"] = med(second) >= 0.9
+    print(f"  {'second run: the fraction of shards from the cache':<72} {med(second):6.3f} [{min(second):.3f}-{max(second):.3f}]"
+          f"  target >= 0.9  {mark(checks['second_run_from_cache'])}")
 for w in fios:
     if w != ref:
         info(f"cached_vs_{w}_gbs", "cached", w, "gbs")
@@ -699,7 +776,7 @@ info("cached_vs_fio_own_gbs", "cached", ref, "own_gbs")
 print("per-round ratios: fill/nocache " + " ".join(f"{x:.3f}" for x in ratios["fill_vs_nocache_gbs"]["per_round"]) +
       "; cached/" + ref + " " + " ".join(f"{x:.3f}" for x in ratios["cached_vs_fio_gbs"]["per_round"]))
 
-summary = {"source": source, "shard_bytes_per_run": data, "entry_bytes": entry_bytes,
+summary = {"source": source, "setting": setting, "shard_bytes_per_run": data, "entry_bytes": entry_bytes,
            "fio_reference": ref, "drop": drop_how,
            "rounds": [{**{w: {k: v for k, v in x[w].items() if k != "stats"} for w in who},
                        "writeback_s": x["writeback_s"], "resident_after_drop": x["resident_after_drop"]}

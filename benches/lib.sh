@@ -12,6 +12,14 @@ now_ns() { date +%s%N; }
 # how many files under src/ or Cargo.* differ from it: figures from a dirty
 # tree are not a commit's). Needs ROOT.
 build_ringfeed() {
+    # RF_BIN: a ringfeed binary built elsewhere (another commit, to measure
+    # before and after a change), used as it is.
+    if [ -n "${RF_BIN:-}" ]; then
+        RF=$(realpath "$RF_BIN")
+        SOURCE="the binary $RF (RF_BIN)"
+        echo "ringfeed: $SOURCE"
+        return
+    fi
     show cargo build --release
     cargo build --release
     RF=$ROOT/target/release/ringfeed

@@ -84,7 +84,8 @@
 #define RINGFEED_ERR_INVALID_HANDLE -2
 
 // The configuration is malformed, or a key is unknown or has a bad value,
-// or no AWS credentials could be found for `s3://` URLs.
+// or no AWS credentials could be found for `s3://` URLs, or the cache
+// directory (`cache_dir`) is not private to this user.
 #define RINGFEED_ERR_CONFIG -3
 
 // A dataset URL is malformed, unsupported, or names nothing, or the server

@@ -3,12 +3,16 @@
 //! corrupt entry is never served, the least recently used entry goes first,
 //! processes sharing the directory fetch each shard once, and a full disk
 //! or a read-only directory leaves the job running uncached, saying so.
+//! Every run checks that every sample of what it reads arrived, once, with
+//! all its fields, every byte against the generator; the default fill
+//! (`cache_fill` "spare") runs end to end too.
 //!
 //! The disk-full and read-only tests mount small tmpfs file systems, which
 //! needs root (CAP_SYS_ADMIN), as CI runs.
 
 mod support;
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
@@ -18,26 +22,77 @@ use std::time::Duration;
 use ringfeed::cache::{Cache, CacheOptions, Fill, FillMode, Identity, MinFree, Spool};
 use ringfeed::synth::{self, GenOptions};
 use ringfeed::{Config, Loader, Stats};
-use support::{Server, stream};
+use support::Server;
 
 const SHARDS: usize = 3;
 
-/// `SHARDS` shards of about 2 MiB with fields `jpg` and `cls`; their
-/// total bytes.
-fn dataset(dir: &Path, seed: u64) -> u64 {
+/// A generated dataset: its seed, its bytes, and each shard's sample keys.
+struct Data {
+    seed: u64,
+    bytes: u64,
+    shards: Vec<BTreeSet<Vec<u8>>>,
+}
+
+impl Data {
+    fn all(&self) -> BTreeSet<Vec<u8>> {
+        self.shards.iter().flatten().cloned().collect()
+    }
+}
+
+/// `SHARDS` shards of about 2 MiB with fields `jpg` and `cls`.
+fn dataset(dir: &Path, seed: u64) -> Data {
+    dataset_of(dir, seed, 2 << 20)
+}
+
+/// `SHARDS` shards of about `shard_bytes` each.
+fn dataset_of(dir: &Path, seed: u64, shard_bytes: u64) -> Data {
     let o = GenOptions {
         shards: SHARDS,
-        shard_bytes: 2 << 20,
+        shard_bytes,
         sample_bytes: 60_000,
         spread: 0.9,
         fields: vec!["jpg".into(), "cls".into()],
         seed,
     };
     let r = synth::generate(dir, &o, |_| {}).unwrap();
-    r.paths.iter().map(|p| p.metadata().unwrap().len()).sum()
+    Data {
+        seed,
+        bytes: r.paths.iter().map(|p| p.metadata().unwrap().len()).sum(),
+        shards: r
+            .shard_samples
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                (0..n)
+                    .map(|j| synth::sample_key(i, j).into_bytes())
+                    .collect()
+            })
+            .collect(),
+    }
 }
 
+/// The test configuration, with every shard read whole written (the
+/// default writes only with the disk's spare bandwidth, which a loaded
+/// machine may not have; `default_fill_config` leaves it).
 fn config(urls: &[String], cache: &Path, extra: serde_json::Value) -> Config {
+    let mut m = base_config(urls, cache);
+    m.insert("cache_fill".into(), serde_json::json!("always"));
+    with(m, extra)
+}
+
+/// The test configuration with `cache_fill` at its default.
+fn default_fill_config(urls: &[String], cache: &Path) -> Config {
+    with(base_config(urls, cache), serde_json::json!({}))
+}
+
+fn with(mut m: serde_json::Map<String, serde_json::Value>, extra: serde_json::Value) -> Config {
+    if let serde_json::Value::Object(e) = extra {
+        m.extend(e);
+    }
+    Config::from_map(&m).unwrap()
+}
+
+fn base_config(urls: &[String], cache: &Path) -> serde_json::Map<String, serde_json::Value> {
     let mut m = serde_json::Map::new();
     m.insert("urls".into(), serde_json::json!(urls));
     m.insert("memory_budget".into(), serde_json::json!("16MiB"));
@@ -46,28 +101,61 @@ fn config(urls: &[String], cache: &Path, extra: serde_json::Value) -> Config {
     m.insert("workers".into(), serde_json::json!(2));
     m.insert("cache_dir".into(), serde_json::json!(cache));
     m.insert("cache_min_free".into(), serde_json::json!(0));
-    // Every shard read whole is written (the default writes only with the
-    // disk's spare bandwidth, which a loaded machine may not have).
-    m.insert("cache_fill".into(), serde_json::json!("always"));
-    if let serde_json::Value::Object(e) = extra {
-        m.extend(e);
-    }
-    Config::from_map(&m).unwrap()
+    m
 }
 
 fn urls(server: &Server) -> Vec<String> {
     vec![server.url("shard-{000000..000002}.tar")]
 }
 
-/// Streams one epoch (every sample checked against `seed`), closes the
-/// loader (which waits for the cache's writes) and gives its stats.
-fn run(cfg: Config, seed: u64) -> Stats {
+/// Streams one epoch of the whole dataset (every sample, see `run_some`),
+/// closes the loader (which waits for the cache's writes) and gives its
+/// stats.
+fn run(cfg: Config, d: &Data) -> Stats {
+    run_some(cfg, d.seed, &d.all())
+}
+
+/// Streams one epoch that must deliver exactly the samples `keys`, each
+/// once, with both fields, every byte checked against `seed`.
+fn run_some(cfg: Config, seed: u64, keys: &BTreeSet<Vec<u8>>) -> Stats {
     let loader = Loader::open(cfg).unwrap();
-    let n = stream(&loader, seed);
+    let seen = every_sample(&loader, seed);
     loader.close();
     let stats = loader.stats();
-    assert_eq!(n as u64, stats.samples_delivered);
+    assert_eq!(seen.len() as u64, stats.samples_delivered);
+    let missing = keys.difference(&seen).count();
+    let extra = seen.difference(keys).count();
+    assert!(
+        missing == 0 && extra == 0,
+        "{missing} samples missing, {extra} not asked for ({} expected)",
+        keys.len()
+    );
     stats
+}
+
+/// Every sample of the loader's epochs: checked against `seed` (both
+/// fields there, every byte), none twice.
+fn every_sample(loader: &Loader, seed: u64) -> BTreeSet<Vec<u8>> {
+    let mut seen = BTreeSet::new();
+    loop {
+        match loader.next(Some(Duration::from_secs(60))).unwrap() {
+            ringfeed::Next::Batch(b) => {
+                for s in b.samples() {
+                    let mut names = Vec::new();
+                    for (name, data) in s.fields() {
+                        assert!(synth::verify(seed, s.key(), name, data), "bad bytes");
+                        names.push(name.to_vec());
+                    }
+                    names.sort();
+                    assert_eq!(names, [b"cls".to_vec(), b"jpg".to_vec()], "fields");
+                    assert!(seen.insert(s.key().to_vec()), "a sample twice");
+                }
+            }
+            ringfeed::Next::EndOfEpoch(_) => {}
+            ringfeed::Next::Finished => return seen,
+            ringfeed::Next::Timeout => panic!("stalled"),
+        }
+    }
 }
 
 /// The entries in `dir`.
@@ -93,12 +181,13 @@ fn gets(server: &Server) -> usize {
 fn a_restart_reads_every_shard_from_the_cache_and_not_the_network() {
     let data = tempfile::tempdir().unwrap();
     let cache = tempfile::tempdir().unwrap();
-    let bytes = dataset(data.path(), 41);
+    let d = dataset(data.path(), 41);
+    let bytes = d.bytes;
     let server = Server::start(data.path().to_path_buf());
 
     let first = run(
         config(&urls(&server), cache.path(), serde_json::json!({})),
-        41,
+        &d,
     );
     assert_eq!(first.cache_misses, SHARDS as u64);
     assert_eq!(first.cache_hits, 0);
@@ -109,7 +198,7 @@ fn a_restart_reads_every_shard_from_the_cache_and_not_the_network() {
     let gets_before = gets(&server);
     let second = run(
         config(&urls(&server), cache.path(), serde_json::json!({})),
-        41,
+        &d,
     );
     assert_eq!(second.cache_hits, SHARDS as u64, "{:?}", second.notes);
     assert_eq!(second.cache_misses, 0);
@@ -123,7 +212,7 @@ fn a_restart_reads_every_shard_from_the_cache_and_not_the_network() {
         serde_json::json!({"io_backend": "threads"}),
         serde_json::json!({"cache_direct": "off"}),
     ] {
-        let s = run(config(&urls(&server), cache.path(), extra.clone()), 41);
+        let s = run(config(&urls(&server), cache.path(), extra.clone()), &d);
         assert_eq!(s.cache_hits, SHARDS as u64, "{extra}");
         assert_eq!(gets(&server), gets_before, "{extra}");
     }
@@ -133,16 +222,44 @@ fn a_restart_reads_every_shard_from_the_cache_and_not_the_network() {
             cache.path(),
             serde_json::json!({"cache_direct": "off"}),
         ),
-        41,
+        &d,
     );
     assert_eq!(off.cache_reads, "buffered");
+}
+
+/// The default fill (`cache_fill` "spare") end to end: a first run on a
+/// disk that keeps up fills every shard, those of streams that start
+/// together too; a second run reads every shard from the cache and sends
+/// no GET, every sample checked. Shards of about 1 MiB read in 1 MiB
+/// chunks make 2 pieces each, 6 in all: fewer than the writer's queue
+/// holds (8), so even a writer kept off the CPU for the whole run never
+/// finds it full, and the machine's load cannot make a fill give up.
+#[test]
+fn the_default_fill_caches_every_shard_for_the_next_run() {
+    let data = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let d = dataset_of(data.path(), 53, 1 << 20);
+    let server = Server::start(data.path().to_path_buf());
+    let first = run(default_fill_config(&urls(&server), cache.path()), &d);
+    assert_eq!(first.cache_misses, SHARDS as u64);
+    assert_eq!(first.cache_uncached, 0, "{:?}", first.notes);
+    assert_eq!(first.cache_written, SHARDS as u64, "{:?}", first.notes);
+    assert_eq!(first.cache_bytes_written, d.bytes);
+    assert_eq!(entries(cache.path()).len(), SHARDS);
+
+    let gets_before = gets(&server);
+    let second = run(default_fill_config(&urls(&server), cache.path()), &d);
+    assert_eq!(second.cache_hits, SHARDS as u64, "{:?}", second.notes);
+    assert_eq!(second.cache_misses, 0);
+    assert_eq!(second.cache_bytes, d.bytes);
+    assert_eq!(gets(&server), gets_before, "a hit sent a GET");
 }
 
 #[test]
 fn a_second_epoch_of_one_loader_reads_from_the_cache() {
     let data = tempfile::tempdir().unwrap();
     let cache = tempfile::tempdir().unwrap();
-    dataset(data.path(), 42);
+    let d = dataset(data.path(), 42);
     let server = Server::start(data.path().to_path_buf());
     let loader = Loader::open(config(
         &urls(&server),
@@ -150,7 +267,7 @@ fn a_second_epoch_of_one_loader_reads_from_the_cache() {
         serde_json::json!({"epochs": 2}),
     ))
     .unwrap();
-    let mut per_epoch = std::collections::BTreeMap::<u64, usize>::new();
+    let mut per_epoch = std::collections::BTreeMap::<u64, BTreeSet<Vec<u8>>>::new();
     loop {
         match loader.next(Some(Duration::from_secs(60))).unwrap() {
             ringfeed::Next::Batch(b) => {
@@ -158,8 +275,13 @@ fn a_second_epoch_of_one_loader_reads_from_the_cache() {
                     for (name, data) in s.fields() {
                         assert!(synth::verify(42, s.key(), name, data), "bad bytes");
                     }
+                    assert_eq!(s.fields().count(), 2, "a field missing");
+                    let fresh = per_epoch
+                        .entry(b.epoch())
+                        .or_default()
+                        .insert(s.key().to_vec());
+                    assert!(fresh, "a sample twice in an epoch");
                 }
-                *per_epoch.entry(b.epoch()).or_default() += b.samples().count();
             }
             ringfeed::Next::EndOfEpoch(_) => {}
             ringfeed::Next::Finished => break,
@@ -168,7 +290,8 @@ fn a_second_epoch_of_one_loader_reads_from_the_cache() {
     }
     let s = loader.stats();
     assert_eq!(per_epoch.len(), 2);
-    assert_eq!(per_epoch[&0], per_epoch[&1]);
+    // Every sample in each epoch, the second (from the cache) too.
+    assert!(per_epoch[&0] == d.all() && per_epoch[&1] == d.all());
     // Epoch 1 waited for the background writes of epoch 0's fills (same
     // process, same lock) and read the entries.
     assert_eq!(s.cache_misses, SHARDS as u64);
@@ -180,12 +303,12 @@ fn a_changed_object_is_fetched_again_and_never_served_stale() {
     let data = tempfile::tempdir().unwrap();
     let other = tempfile::tempdir().unwrap();
     let cache = tempfile::tempdir().unwrap();
-    dataset(data.path(), 43);
-    dataset(other.path(), 44);
+    let d43 = dataset(data.path(), 43);
+    let d44 = dataset(other.path(), 44);
     let server = Server::start(data.path().to_path_buf());
     run(
         config(&urls(&server), cache.path(), serde_json::json!({})),
-        43,
+        &d43,
     );
     assert_eq!(entries(cache.path()).len(), SHARDS);
     // Every object is replaced under the same name (new bytes, new ETag).
@@ -197,7 +320,7 @@ fn a_changed_object_is_fetched_again_and_never_served_stale() {
     // Checked against the new objects' seed: an old entry's bytes would fail.
     let s = run(
         config(&urls(&server), cache.path(), serde_json::json!({})),
-        44,
+        &d44,
     );
     assert_eq!(s.cache_stale, SHARDS as u64);
     assert_eq!(s.cache_hits, 0);
@@ -205,7 +328,7 @@ fn a_changed_object_is_fetched_again_and_never_served_stale() {
     // The new versions replaced the old entries.
     let again = run(
         config(&urls(&server), cache.path(), serde_json::json!({})),
-        44,
+        &d44,
     );
     assert_eq!(again.cache_hits, SHARDS as u64);
     assert_eq!(entries(cache.path()).len(), SHARDS);
@@ -223,11 +346,11 @@ fn data_offset(entry: &Path) -> usize {
 fn a_corrupt_or_truncated_entry_is_dropped_and_fetched_again() {
     let data = tempfile::tempdir().unwrap();
     let cache = tempfile::tempdir().unwrap();
-    dataset(data.path(), 45);
+    let d = dataset(data.path(), 45);
     let server = Server::start(data.path().to_path_buf());
     run(
         config(&urls(&server), cache.path(), serde_json::json!({})),
-        45,
+        &d,
     );
     let files = entries(cache.path());
     assert_eq!(files.len(), SHARDS);
@@ -248,7 +371,7 @@ fn a_corrupt_or_truncated_entry_is_dropped_and_fetched_again() {
     let before = gets(&server);
     let s = run(
         config(&urls(&server), cache.path(), serde_json::json!({})),
-        45,
+        &d,
     );
     assert_eq!(s.cache_corrupt, 2, "{:?}", s.notes);
     assert!(gets(&server) > before);
@@ -262,13 +385,13 @@ fn a_corrupt_or_truncated_entry_is_dropped_and_fetched_again() {
     // The next run fills the dropped one and reads the rest from disk.
     let next = run(
         config(&urls(&server), cache.path(), serde_json::json!({})),
-        45,
+        &d,
     );
     assert_eq!(next.cache_corrupt, 0);
     assert_eq!((next.cache_hits, next.cache_misses), (2, 1));
     let last = run(
         config(&urls(&server), cache.path(), serde_json::json!({})),
-        45,
+        &d,
     );
     assert_eq!(last.cache_hits, SHARDS as u64);
 }
@@ -277,7 +400,7 @@ fn a_corrupt_or_truncated_entry_is_dropped_and_fetched_again() {
 fn eviction_removes_the_least_recently_used_entry() {
     let data = tempfile::tempdir().unwrap();
     let cache = tempfile::tempdir().unwrap();
-    dataset(data.path(), 46);
+    let d = dataset(data.path(), 46);
     let server = Server::start(data.path().to_path_buf());
     let one = |i: usize| vec![server.url(&format!("shard-{i:06}.tar"))];
     let sizes: Vec<u64> = (0..SHARDS)
@@ -299,12 +422,8 @@ fn eviction_removes_the_least_recently_used_entry() {
         )
     };
     let read = |i: usize| {
-        let loader = Loader::open(cfg(i)).unwrap();
-        while let ringfeed::Next::Batch(_) | ringfeed::Next::EndOfEpoch(_) =
-            loader.next(Some(Duration::from_secs(60))).unwrap()
-        {}
-        let s = loader.stats();
-        drop(loader);
+        // Every sample of shard `i`.
+        let s = run_some(cfg(i), d.seed, &d.shards[i]);
         // Uses must differ in time for the order to be seen.
         std::thread::sleep(Duration::from_millis(20));
         s
@@ -340,7 +459,7 @@ fn eviction_removes_the_least_recently_used_entry() {
             fresh.path(),
             serde_json::json!({"cache_size": "1MiB"}),
         ),
-        46,
+        &d,
     );
     assert_eq!(s.cache_uncached, SHARDS as u64);
     assert!(
@@ -361,21 +480,39 @@ fn eviction_removes_the_least_recently_used_entry() {
 fn cache_child() {
     let spec = std::env::var("RINGFEED_CACHE_CHILD").expect("run by the parent test");
     let (url, dir) = spec.split_once(' ').unwrap();
-    let s = run(
-        config(&[url.to_string()], Path::new(dir), serde_json::json!({})),
-        47,
-    );
+    let loader = Loader::open(config(
+        &[url.to_string()],
+        Path::new(dir),
+        serde_json::json!({}),
+    ))
+    .unwrap();
+    let seen = every_sample(&loader, 47);
+    loader.close();
+    let s = loader.stats();
     println!(
-        "CHILD {} {} {}",
-        s.cache_hits, s.cache_misses, s.samples_delivered
+        "CHILD {} {} {} {}",
+        s.cache_hits,
+        s.cache_misses,
+        s.samples_delivered,
+        digest(&seen)
     );
+}
+
+/// A digest of a set of sample keys, for a child to report its own.
+fn digest(keys: &BTreeSet<Vec<u8>>) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for b in keys.iter().flat_map(|k| k.iter().chain(b"\n")) {
+        h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    h
 }
 
 #[test]
 fn processes_sharing_a_cache_fetch_each_shard_once() {
     let data = tempfile::tempdir().unwrap();
     let cache = tempfile::tempdir().unwrap();
-    let bytes = dataset(data.path(), 47);
+    let d = dataset(data.path(), 47);
+    let bytes = d.bytes;
     let server = Server::start(data.path().to_path_buf());
     let url = urls(&server).remove(0);
     let exe = std::env::current_exe().unwrap();
@@ -402,10 +539,17 @@ fn processes_sharing_a_cache_fetch_each_shard_once() {
             .find_map(|l| l.strip_prefix("CHILD "))
             .unwrap_or_else(|| panic!("no report from a child: {text}"));
         let f: Vec<u64> = line.split(' ').map(|x| x.parse().unwrap()).collect();
-        samples.push(f[2]);
+        samples.push((f[2], f[3]));
     }
-    // Everyone got every sample; the network gave each byte once.
-    assert!(samples.iter().all(|&n| n == samples[0]));
+    // Everyone got every sample (the whole set: its size and digest); the
+    // network gave each byte once.
+    let all = d.all();
+    assert!(
+        samples
+            .iter()
+            .all(|&s| s == (all.len() as u64, digest(&all))),
+        "{samples:?}"
+    );
     let ranged: u64 = server
         .faults
         .ranges
@@ -422,12 +566,12 @@ fn processes_sharing_a_cache_fetch_each_shard_once() {
 fn an_object_without_a_version_is_read_uncached() {
     let data = tempfile::tempdir().unwrap();
     let cache = tempfile::tempdir().unwrap();
-    dataset(data.path(), 48);
+    let d = dataset(data.path(), 48);
     let server = Server::start(data.path().to_path_buf());
     server.faults.no_version.store(true, Ordering::SeqCst);
     let s = run(
         config(&urls(&server), cache.path(), serde_json::json!({})),
-        48,
+        &d,
     );
     assert_eq!(s.cache_uncached, SHARDS as u64);
     assert!(
@@ -484,11 +628,14 @@ fn a_disk_that_fills_stops_caching_and_the_job_goes_on() {
     // The cache's own writer, on a file system another writer fills
     // between the room check and the write.
     let fs = Tmpfs::mount("1m");
-    let cache = Arc::new(Cache::open(CacheOptions {
-        dir: fs.path().join("c"),
-        size: 1 << 30,
-        min_free: MinFree::Bytes(0),
-    }));
+    let cache = Arc::new(
+        Cache::open(CacheOptions {
+            dir: fs.path().join("c"),
+            size: 1 << 30,
+            min_free: MinFree::Bytes(0),
+        })
+        .unwrap(),
+    );
     let id = Identity {
         endpoint: "http://127.0.0.1:1".into(),
         object: "s3://b/k".into(),
@@ -524,11 +671,11 @@ fn a_disk_that_fills_stops_caching_and_the_job_goes_on() {
 
     // A loader on a disk with no room: every sample, nothing cached, said.
     let data = tempfile::tempdir().unwrap();
-    dataset(data.path(), 49);
+    let d = dataset(data.path(), 49);
     let server = Server::start(data.path().to_path_buf());
     let s = run(
         config(&urls(&server), &fs.path().join("c2"), serde_json::json!({})),
-        49,
+        &d,
     );
     assert_eq!(s.cache_uncached, SHARDS as u64);
     assert_eq!(s.cache_written, 0);
@@ -544,13 +691,14 @@ fn a_read_only_cache_serves_what_it_holds_and_writes_nothing() {
     let fs = Tmpfs::mount("32m");
     let dir = fs.path().join("c");
     let data = tempfile::tempdir().unwrap();
-    let bytes = dataset(data.path(), 50);
+    let d = dataset(data.path(), 50);
+    let bytes = d.bytes;
     let server = Server::start(data.path().to_path_buf());
     let one = vec![server.url("shard-000000.tar")];
-    run(config(&one, &dir, serde_json::json!({})), 50);
+    run_some(config(&one, &dir, serde_json::json!({})), 50, &d.shards[0]);
     assert_eq!(entries(&dir).len(), 1);
     fs.remount("ro");
-    let s = run(config(&urls(&server), &dir, serde_json::json!({})), 50);
+    let s = run(config(&urls(&server), &dir, serde_json::json!({})), &d);
     // The entry it holds is read; the others are fetched and not written.
     assert_eq!(s.cache_hits, 1);
     assert_eq!(s.cache_written, 0);
@@ -568,29 +716,14 @@ fn a_read_only_cache_serves_what_it_holds_and_writes_nothing() {
 /// Every sample key of one epoch of `cfg`, checked against `seed`.
 fn keys(cfg: Config, seed: u64) -> Vec<Vec<u8>> {
     let loader = Loader::open(cfg).unwrap();
-    let mut out = Vec::new();
-    loop {
-        match loader.next(Some(Duration::from_secs(60))).unwrap() {
-            ringfeed::Next::Batch(b) => {
-                for s in b.samples() {
-                    for (name, data) in s.fields() {
-                        assert!(synth::verify(seed, s.key(), name, data), "bad bytes");
-                    }
-                    out.push(s.key().to_vec());
-                }
-            }
-            ringfeed::Next::EndOfEpoch(_) => {}
-            ringfeed::Next::Finished => return out,
-            ringfeed::Next::Timeout => panic!("stalled"),
-        }
-    }
+    every_sample(&loader, seed).into_iter().collect()
 }
 
 #[test]
 fn counts_learned_in_one_epoch_split_remote_data_exactly_among_ranks() {
     let data = tempfile::tempdir().unwrap();
     let cache = tempfile::tempdir().unwrap();
-    dataset(data.path(), 51);
+    let d = dataset(data.path(), 51);
     let server = Server::start(data.path().to_path_buf());
     let ranks = |rank: u64| {
         config(
@@ -609,6 +742,7 @@ fn counts_learned_in_one_epoch_split_remote_data_exactly_among_ranks() {
         config(&urls(&server), cache.path(), serde_json::json!({})),
         51,
     );
+    assert!(all.iter().cloned().collect::<BTreeSet<_>>() == d.all());
     let mut split = keys(ranks(0), 51);
     let one = keys(ranks(1), 51);
     // Equal shares, disjoint, and together all but the dropped remainder.
@@ -628,7 +762,8 @@ fn s3_shards_are_cached_by_their_etag() {
     let root = tempfile::tempdir().unwrap();
     let bucket = root.path().join("cached");
     std::fs::create_dir(&bucket).unwrap();
-    let bytes = dataset(&bucket, 52);
+    let d = dataset(&bucket, 52);
+    let bytes = d.bytes;
     let s3 = S3Server::start(root.path());
     let cache = tempfile::tempdir().unwrap();
     let cfg = || {
@@ -643,7 +778,7 @@ fn s3_shards_are_cached_by_their_etag() {
             }),
         )
     };
-    let first = run(cfg(), 52);
+    let first = run(cfg(), &d);
     assert_eq!(first.cache_misses, SHARDS as u64, "{:?}", first.notes);
     assert_eq!(
         first.cache_written, SHARDS as u64,
@@ -652,7 +787,7 @@ fn s3_shards_are_cached_by_their_etag() {
     assert_eq!(first.cache_bytes_written, bytes);
     let gets = s3.requests(Op::GetObject);
     assert!(gets > 0);
-    let second = run(cfg(), 52);
+    let second = run(cfg(), &d);
     assert_eq!(second.cache_hits, SHARDS as u64, "{:?}", second.notes);
     assert_eq!(second.cache_bytes, bytes);
     assert_eq!(s3.requests(Op::GetObject), gets, "a hit sent a GetObject");

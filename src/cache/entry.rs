@@ -11,6 +11,9 @@
 //! data in pieces (a loader, a chunk at a time) check each piece as it
 //! lands, before any of it is parsed.
 //!
+//! Files are made 0600 without following a link (`super::private`); an
+//! entry is opened only when it is this user's regular file.
+//!
 //! Layout (little-endian):
 //!
 //! ```text
@@ -259,7 +262,7 @@ impl Entry {
     /// Opens the entry at `path`: `Ok(Err(bad))` when the file is not a
     /// whole entry (the caller drops it), `Err` when it cannot be read.
     pub fn open(path: &Path) -> std::io::Result<Result<Entry, Bad>> {
-        let file = File::open(path)?;
+        let file = super::private::open_owned(path)?;
         let mut head = vec![0u8; DATA_ALIGN];
         let n = read_full_at(&file, &mut head, 0)?;
         head.truncate(n);
@@ -369,20 +372,27 @@ pub struct Writer {
 
 impl Writer {
     /// Starts the entry for `id` in `dir`, through the temporary file
-    /// `tmp` (in `dir`; the caller makes sure no one else writes it).
+    /// `tmp` (in `dir`; the caller makes sure no one else writes it, so a
+    /// file found there is a dead fill's, and is replaced). The file is
+    /// made anew, 0600, never through a link planted at its name.
     pub fn create(dir: &Path, id: &Identity, tmp: &str) -> std::io::Result<Writer> {
         let text = id.text().map_err(std::io::Error::other)?;
         let tmp = dir.join(tmp);
-        let file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)?;
+        let file = match super::private::create_new(&tmp) {
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                // Removes a link itself, not what it points to.
+                std::fs::remove_file(&tmp)?;
+                super::private::create_new(&tmp)?
+            }
+            made => made?,
+        };
+        // The same file, by its name again: only if the name still is it.
         let direct = OpenOptions::new()
             .write(true)
-            .custom_flags(libc::O_DIRECT)
+            .custom_flags(libc::O_DIRECT | libc::O_NOFOLLOW)
             .open(&tmp)
-            .ok();
+            .ok()
+            .filter(|d| super::private::same_inode(d, &file));
         Ok(Writer {
             file,
             direct,

@@ -4,6 +4,10 @@
 //!
 //! - [`entry`]: one entry on disk (identity, checksums, the atomic store,
 //!   the checked read).
+//! - [`private`]: what keeps the directory this user's alone (made 0700,
+//!   owner and mode checked at open, files 0600 made without following
+//!   links, temporary files of dead fills removed), and why that, not a
+//!   MAC, is what keeps entries from being forged.
 //! - [`Cache`]: the directory. Looks entries up (a stale or corrupt one is
 //!   dropped and counted), decides who fills a missing one (one process per
 //!   entry, by a file lock; the others wait for it while it makes
@@ -11,22 +15,41 @@
 //!   free-space floor by evicting the least recently used entries, and
 //!   stops writing — the job goes on uncached, and says so — when the
 //!   directory is read-only or the disk fills.
-//! - [`Spool`]: the thread that writes fills in the background, off the
-//!   reading thread's path, from memory the caller keeps alive until then.
+//! - [`Spool`] (`spool.rs`): the thread that writes fills in the
+//!   background, off the reading thread's path, from memory the caller
+//!   keeps alive until then, and the spare fills' admission.
 //!
 //! The engine (`engine::worker`) decides what to cache (whole remote shards
 //! read from their start to their end) and reads hits like local files.
 
 pub mod entry;
+pub mod private;
+mod spool;
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 pub use entry::{Bad, Entry, Identity};
+pub use spool::{FillMode, Spool, SpoolFill};
+
+use crate::error::Result;
+
+/// How a fill's temporary file is named: `.{entry}.tmp`.
+const TMP_SUFFIX: &str = ".tmp";
+
+/// The temporary file of the entry named `entry`.
+fn tmp_name(entry: &str) -> String {
+    format!(".{entry}{TMP_SUFFIX}")
+}
+
+/// The fill lock of the entry named `entry`.
+fn lock_name(entry: &str) -> String {
+    format!(".{entry}.lock")
+}
 
 /// The free space to keep on the cache's file system.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -140,22 +163,40 @@ pub struct Cache {
 }
 
 impl Cache {
-    /// Opens (and creates) the directory. Never fails: a directory that
+    /// Opens (and creates, mode 0700) the directory, and removes the
+    /// temporary files of fills that died there. Fails only for a
+    /// directory that is not this user's alone ([`private::check_dir`]:
+    /// another user's, or one others may write into): a directory that
     /// cannot be made or written is used for reading what it holds, and
     /// [`Cache::note`] says why nothing is written.
-    pub fn open(opts: CacheOptions) -> Cache {
-        let off = match std::fs::create_dir_all(&opts.dir) {
+    pub fn open(opts: CacheOptions) -> Result<Cache> {
+        let made = private::create_dir(&opts.dir);
+        private::check_dir(&opts.dir)?;
+        let off = match made {
             Err(e) => Some(format!("cannot create it ({e})")),
             Ok(()) => probe_write(&opts.dir)
                 .err()
                 .map(|e| format!("not writable ({e})")),
         };
-        Cache {
+        if off.is_none() {
+            let c = private::clean_stale(&opts.dir);
+            if c != private::Cleaned::default() {
+                let dir = opts.dir.display();
+                crate::log::log(crate::log::Level::Info, || {
+                    format!(
+                        "cache {dir}: removed {} temporary file(s) of fills that died; made {} \
+                         entries readable by this user only",
+                        c.temps, c.modes
+                    )
+                });
+            }
+        }
+        Ok(Cache {
             opts,
             stats: CacheStats::default(),
             writes_off: Mutex::new(off),
             first_skip: Mutex::new(None),
-        }
+        })
     }
 
     pub fn dir(&self) -> &Path {
@@ -271,21 +312,25 @@ impl Cache {
             return self.uncached(why);
         }
         let name = id.file_name();
-        let lock_path = self.opts.dir.join(format!(".{name}.lock"));
-        let lock = match OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&lock_path)
-        {
-            Ok(f) => f,
-            Err(e) => return self.write_failed(&e),
-        };
-        let tmp = format!(".{name}.tmp");
+        let lock_path = self.opts.dir.join(lock_name(&name));
+        let tmp = tmp_name(&name);
         let (mut seen, mut since, mut waited) = (None, Instant::now(), false);
+        let mut lock = match private::open_lock(&lock_path) {
+            Ok(f) => f,
+            Err(e) => return self.lock_failed(&name, &e),
+        };
         loop {
             match flock(&lock, libc::LOCK_EX | libc::LOCK_NB) {
-                Ok(true) => break,
+                // The lock file may have been removed (an eviction) while
+                // this waited for it: the lock is the file at the name now.
+                Ok(true) if private::same_file(&lock, &lock_path) => break,
+                Ok(true) => {
+                    lock = match private::open_lock(&lock_path) {
+                        Ok(f) => f,
+                        Err(e) => return self.lock_failed(&name, &e),
+                    };
+                    continue;
+                }
                 Ok(false) => {}
                 Err(e) => return self.uncached(format!("cannot lock {name} ({e})")),
             }
@@ -319,6 +364,18 @@ impl Cache {
                 _lock: lock,
             })),
             Err(e) => self.write_failed(&e),
+        }
+    }
+
+    /// The fill lock could not be opened: an I/O failure as any write's,
+    /// or a file there that is not this user's (a link, another's file),
+    /// which costs that entry only.
+    fn lock_failed(&self, name: &str, e: &std::io::Error) -> Fill {
+        match e.raw_os_error() {
+            Some(libc::ELOOP) | None => self.uncached(format!(
+                "the fill lock of {name} is not this user's file ({e})"
+            )),
+            _ => self.write_failed(e),
         }
     }
 
@@ -363,11 +420,7 @@ impl Cache {
                 self.opts.size
             ));
         }
-        let lock = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(self.opts.dir.join(".evict"))
+        let lock = private::open_lock(&self.opts.dir.join(".evict"))
             .map_err(|e| format!("cannot open the eviction lock ({e})"))?;
         flock(&lock, libc::LOCK_EX).map_err(|e| format!("cannot lock for eviction ({e})"))?;
         let mut entries = self.entries();
@@ -393,12 +446,21 @@ impl Cache {
             };
             if std::fs::remove_file(&victim.path).is_ok() {
                 bump(&self.stats.evictions, 1);
-                // Its fill lock goes too (a fill racing this eviction
-                // under the old lock file costs at most a second fetch).
-                let _ = std::fs::remove_file(self.opts.dir.join(format!(
-                    ".{}.lock",
-                    victim.path.file_name().unwrap_or_default().to_string_lossy()
-                )));
+                // Its fill lock goes too, when no one holds it, and while
+                // this holds it: a fill that waited for the old file sees
+                // it gone and takes the new one.
+                let lock_path = self.opts.dir.join(lock_name(
+                    &victim
+                        .path
+                        .file_name()
+                        .unwrap_or_default()
+                        .to_string_lossy(),
+                ));
+                if let Ok(l) = private::open_lock(&lock_path)
+                    && flock(&l, libc::LOCK_EX | libc::LOCK_NB).unwrap_or(false)
+                {
+                    let _ = std::fs::remove_file(&lock_path);
+                }
             }
             total -= victim.size;
         }
@@ -498,361 +560,13 @@ fn free_space(dir: &Path) -> std::io::Result<(u64, u64)> {
 
 fn probe_write(dir: &Path) -> std::io::Result<()> {
     let p = dir.join(format!(".probe-{}", std::process::id()));
-    File::create(&p)?;
+    if let Err(e) = private::create_new(&p) {
+        if e.kind() != std::io::ErrorKind::AlreadyExists {
+            return Err(e);
+        }
+        // A process of this pid died probing: its file goes.
+        std::fs::remove_file(&p)?;
+        private::create_new(&p)?;
+    }
     std::fs::remove_file(&p)
-}
-
-/// Bytes the spool is to write, kept alive (and unchanged) by `hold`
-/// until written.
-struct Piece {
-    ptr: *const u8,
-    len: usize,
-    _hold: Box<dyn Send>,
-}
-
-// SAFETY: the bytes are only read, and `_hold` keeps them alive and
-// unwritten (the caller's promise in `Spool::append`).
-unsafe impl Send for Piece {}
-
-enum Job {
-    Append(Arc<FillSlot>, Piece),
-    Finish(Arc<FillSlot>, Option<u64>),
-    /// Answered once every job before it is done.
-    Flush(mpsc::SyncSender<()>),
-}
-
-/// One fill as the spool sees it: its filler until finished or failed.
-struct FillSlot {
-    filler: Mutex<Option<Box<Filler>>>,
-    len: u64,
-    /// The reader gave up on it (the spool was behind): its queued pieces
-    /// are skipped and its filler dropped.
-    abandoned: std::sync::atomic::AtomicBool,
-}
-
-/// Whether filling may hold the reads up.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FillMode {
-    /// Only with the disk's spare bandwidth: a piece that finds the
-    /// spool's queue full abandons its shard's fill (a later read fills
-    /// it), so the reads never wait for the disk.
-    Spare,
-    /// Every shard read whole is written: a reader ahead of the disk waits
-    /// for it.
-    Always,
-}
-
-/// The background writer of a cache's fills: one thread, fed through a
-/// bounded queue of `DEPTH` pieces (what it holds of the readers' memory
-/// stays bounded).
-pub struct Spool {
-    cache: Arc<Cache>,
-    mode: FillMode,
-    /// Fills under way, and how many may be (see [`Spool::admits`]).
-    fills: Arc<FillCount>,
-    tx: Option<mpsc::SyncSender<Job>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-/// Pieces queued for the spool: 8 chunks of 8 MiB is 64 MiB, about 25 ms
-/// of a fast NVMe drive's writes.
-const DEPTH: usize = 8;
-
-/// A fill handed to the spool: append pieces in order, then finish;
-/// dropped unfinished, the entry is abandoned (nothing is left behind).
-pub struct SpoolFill {
-    slot: Arc<FillSlot>,
-    tx: mpsc::SyncSender<Job>,
-    mode: FillMode,
-    fills: Arc<FillCount>,
-    written: u64,
-}
-
-/// The spare fills' admission: how many are under way, and the limit,
-/// which grows by one with each fill completed and halves when one is
-/// given up (so it settles near what the disk keeps up with).
-#[derive(Debug)]
-struct FillCount {
-    under_way: AtomicUsize,
-    limit: AtomicUsize,
-}
-
-/// The most spare fills under way at once.
-const MAX_FILLS: usize = 16;
-
-impl Spool {
-    pub fn start(cache: Arc<Cache>, mode: FillMode) -> std::io::Result<Spool> {
-        let (tx, rx) = mpsc::sync_channel::<Job>(DEPTH);
-        let c = Arc::clone(&cache);
-        let thread = std::thread::Builder::new()
-            .name("ringfeed-cache".into())
-            .spawn(move || spool_main(&c, rx))?;
-        Ok(Spool {
-            cache,
-            mode,
-            fills: Arc::new(FillCount {
-                under_way: AtomicUsize::new(0),
-                limit: AtomicUsize::new(1),
-            }),
-            tx: Some(tx),
-            thread: Some(thread),
-        })
-    }
-
-    pub fn cache(&self) -> &Arc<Cache> {
-        &self.cache
-    }
-
-    /// Waits until everything queued so far is written (and the memory it
-    /// held let go).
-    pub fn flush(&self) {
-        let Some(tx) = &self.tx else {
-            return;
-        };
-        let (done, wait) = mpsc::sync_channel(1);
-        if tx.send(Job::Flush(done)).is_ok() {
-            let _ = wait.recv();
-        }
-    }
-
-    /// Whether a new fill may start: always under [`FillMode::Always`];
-    /// under [`FillMode::Spare`] while fewer are under way than the limit,
-    /// which starts at one, grows by one with each fill completed and
-    /// halves when a fill is given up (its pieces found the queue full).
-    /// Readers each fill one shard at their own pace, so the limit settles
-    /// near the number of readers whose pace the disk keeps up with, and
-    /// few fills are given up midway (each wastes the writes made for it).
-    pub fn admits(&self) -> bool {
-        // Relaxed: a hint; the queue's own bound is what holds.
-        self.mode == FillMode::Always
-            || self.fills.under_way.load(Ordering::Relaxed)
-                < self.fills.limit.load(Ordering::Relaxed)
-    }
-
-    /// Hands a fill to the spool.
-    pub fn take(&self, filler: Box<Filler>, len: u64) -> Option<SpoolFill> {
-        let tx = self.tx.clone()?;
-        // Relaxed: admission counts, hints only.
-        self.fills.under_way.fetch_add(1, Ordering::Relaxed);
-        Some(SpoolFill {
-            slot: Arc::new(FillSlot {
-                filler: Mutex::new(Some(filler)),
-                len,
-                abandoned: std::sync::atomic::AtomicBool::new(false),
-            }),
-            tx,
-            mode: self.mode,
-            fills: Arc::clone(&self.fills),
-            written: 0,
-        })
-    }
-}
-
-impl SpoolFill {
-    /// Queues the next `len` bytes at `ptr`. False when the fill is
-    /// abandoned: under [`FillMode::Spare`] the queue was full (the disk is
-    /// behind the reads), or the spool is gone; `hold` is dropped then.
-    ///
-    /// # Safety
-    /// `hold` keeps `ptr..ptr + len` alive and unwritten until it is
-    /// dropped.
-    pub unsafe fn append(&mut self, ptr: *const u8, len: usize, hold: Box<dyn Send>) -> bool {
-        let piece = Piece {
-            ptr,
-            len,
-            _hold: hold,
-        };
-        let job = Job::Append(Arc::clone(&self.slot), piece);
-        let sent = match self.mode {
-            FillMode::Always => self.tx.send(job).is_ok(),
-            FillMode::Spare => self.tx.try_send(job).is_ok(),
-        };
-        if sent {
-            self.written += len as u64;
-        } else {
-            // Relaxed: admission hints.
-            let l = &self.fills.limit;
-            let _ = l.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                Some((n / 2).max(1))
-            });
-            // Relaxed: the spool only skips work by it.
-            self.slot.abandoned.store(true, Ordering::Relaxed);
-        }
-        sent
-    }
-
-    /// Bytes queued so far.
-    pub fn queued(&self) -> u64 {
-        self.written
-    }
-
-    /// Completes the entry with its sample count, once its pieces are
-    /// written.
-    pub fn finish(self, samples: Option<u64>) {
-        let _ = self.tx.send(Job::Finish(Arc::clone(&self.slot), samples));
-        // Relaxed: admission hints.
-        let l = &self.fills.limit;
-        let _ = l.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-            Some((n + 1).min(MAX_FILLS))
-        });
-    }
-}
-
-impl Drop for SpoolFill {
-    fn drop(&mut self) {
-        // Relaxed: admission hints.
-        self.fills.under_way.fetch_sub(1, Ordering::Relaxed);
-        // Finished or not, the slot's filler goes with the last job; an
-        // unfinished one is dropped there (its temporary file removed).
-        // Pieces already queued are skipped once the slot is empty.
-        if Arc::strong_count(&self.slot) == 1 {
-            self.slot
-                .filler
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .take();
-        }
-    }
-}
-
-fn spool_main(cache: &Cache, rx: mpsc::Receiver<Job>) {
-    for job in rx {
-        match job {
-            Job::Append(slot, piece) => {
-                let mut f = slot.filler.lock().unwrap_or_else(|p| p.into_inner());
-                if slot.abandoned.load(Ordering::Relaxed) {
-                    f.take();
-                }
-                let Some(filler) = f.as_mut() else {
-                    continue;
-                };
-                // SAFETY: `piece._hold` keeps the bytes alive and unwritten.
-                let bytes = unsafe { std::slice::from_raw_parts(piece.ptr, piece.len) };
-                if let Err(e) = filler.writer.append(bytes) {
-                    f.take();
-                    cache.write_failed(&e);
-                }
-            }
-            Job::Flush(done) => {
-                let _ = done.send(());
-            }
-            Job::Finish(slot, samples) => {
-                let taken = slot.filler.lock().unwrap_or_else(|p| p.into_inner()).take();
-                if let Some(filler) = taken {
-                    let Filler { writer, _lock } = *filler;
-                    cache.filled(writer.finish(samples), slot.len);
-                    // The lock goes after the rename: a reader waiting for
-                    // it finds the entry.
-                    drop(_lock);
-                }
-            }
-        }
-    }
-}
-
-impl Drop for Spool {
-    /// Waits until every queued piece is written (fills still open when
-    /// their readers drop them are abandoned).
-    fn drop(&mut self) {
-        self.tx.take();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn cache(dir: &Path) -> Arc<Cache> {
-        Arc::new(Cache::open(CacheOptions {
-            dir: dir.to_path_buf(),
-            size: 1 << 30,
-            min_free: MinFree::Bytes(0),
-        }))
-    }
-
-    fn id(object: &str, len: u64) -> Identity {
-        Identity {
-            endpoint: "http://127.0.0.1:1".into(),
-            object: object.into(),
-            version: "etag \"v\"".into(),
-            offset: 0,
-            len,
-        }
-    }
-
-    #[test]
-    fn a_spare_fill_gives_up_when_the_writer_is_behind_and_leaves_nothing() {
-        let dir = tempfile::tempdir().unwrap();
-        let c = cache(dir.path());
-        let spool = Spool::start(Arc::clone(&c), FillMode::Spare).unwrap();
-        let piece = vec![5u8; 4096];
-        assert!(spool.admits());
-        let Fill::Write(f) = c.fill(&id("a", 4096 * 40), Duration::from_secs(1)) else {
-            panic!("no fill");
-        };
-        let mut fill = spool.take(f, 4096 * 40).unwrap();
-        // One fill at a time until one completes.
-        assert!(!spool.admits());
-        // The writer stalls on this fill's first piece (as on a slow disk):
-        // its lock is held here.
-        let slot = Arc::clone(&fill.slot);
-        let stall = slot.filler.lock().unwrap();
-        let mut queued = 0;
-        let gave_up = loop {
-            // SAFETY: `piece` outlives the spool (flushed below).
-            if !unsafe { fill.append(piece.as_ptr(), piece.len(), Box::new(())) } {
-                break queued;
-            }
-            queued += 1;
-            assert!(queued <= DEPTH + 1, "the queue never filled");
-        };
-        // The queue, and the piece the writer holds, and no more: the
-        // reader never waited.
-        assert!((DEPTH..=DEPTH + 1).contains(&gave_up), "{gave_up}");
-        drop(stall);
-        drop(slot);
-        drop(fill);
-        spool.flush();
-        assert!(spool.admits());
-        assert_eq!(spool.fills.limit.load(Ordering::Relaxed), 1);
-        let names: Vec<_> = std::fs::read_dir(dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
-            .filter(|n| !n.ends_with(".lock") && n != ".evict")
-            .collect();
-        assert!(names.is_empty(), "{names:?}");
-        // The next fill of the same shard is given again.
-        assert!(matches!(
-            c.fill(&id("a", 4096 * 40), Duration::from_secs(1)),
-            Fill::Write(_)
-        ));
-    }
-
-    #[test]
-    fn an_always_fill_waits_for_the_writer_and_completes() {
-        let dir = tempfile::tempdir().unwrap();
-        let c = cache(dir.path());
-        let spool = Spool::start(Arc::clone(&c), FillMode::Always).unwrap();
-        let n = 4 * DEPTH;
-        let piece = vec![9u8; 4096];
-        let k = id("b", (4096 * n) as u64);
-        let Fill::Write(f) = c.fill(&k, Duration::from_secs(1)) else {
-            panic!("no fill");
-        };
-        let mut fill = spool.take(f, k.len).unwrap();
-        for _ in 0..n {
-            // SAFETY: `piece` outlives the spool (flushed below).
-            assert!(unsafe { fill.append(piece.as_ptr(), piece.len(), Box::new(())) });
-        }
-        fill.finish(Some(3));
-        spool.flush();
-        assert_eq!(spool.fills.limit.load(Ordering::Relaxed), 2);
-        assert_eq!(c.count(&k), Some(3));
-        assert_eq!(c.stats.snapshot().written, 1);
-        let e = c.lookup(&k).expect("the entry");
-        assert_eq!(e.read_all().unwrap().unwrap(), vec![9u8; 4096 * n]);
-    }
 }

@@ -284,7 +284,7 @@ impl Loader {
             // A node engine's one writer, for all its consumers.
             Some(_) if engine_spool.is_some() => engine_spool,
             Some(o) => Some(Arc::new(
-                Spool::start(Arc::new(Cache::open(o)), cfg.cache_fill)
+                Spool::start(Arc::new(Cache::open(o)?), cfg.cache_fill)
                     .map_err(|e| Error::Internal(format!("cannot start the cache writer: {e}")))?,
             )),
             None => None,

@@ -47,7 +47,7 @@ pub(super) fn learn_cached_counts(
     if shards.iter().all(|s| s.samples.is_some()) {
         return Ok(());
     }
-    dataset::learn_counts(shards, &Cache::open(o), net)
+    dataset::learn_counts(shards, &Cache::open(o)?, net)
 }
 
 /// A shard's sample count: known, or counted from a local file's headers

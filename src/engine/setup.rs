@@ -47,7 +47,7 @@ pub(crate) fn engine_net_threads(cfg: &Config, shards: &[Shard]) -> Result<Optio
     let remote = shards.iter().any(|s| matches!(s.source, Source::Http(_)));
     let spool = match cfg.cache_options() {
         Some(o) if remote => Some(Arc::new(
-            Spool::start(Arc::new(Cache::open(o)), cfg.cache_fill)
+            Spool::start(Arc::new(Cache::open(o)?), cfg.cache_fill)
                 .map_err(|e| Error::Internal(format!("cannot start the cache writer: {e}")))?,
         )),
         _ => None,

@@ -157,6 +157,32 @@ pub enum Error {
         part: u32,
         source: Box<Error>,
     },
+    /// The cache directory (`cache_dir`) is not private to this user:
+    /// another user owns it (or the link naming it), or others may write
+    /// into it. Its entries could be another user's forgeries, and what
+    /// this loader wrote there would be theirs to read or replace: it is
+    /// neither read nor written.
+    #[error(
+        "cache directory `{dir}`: {why}; a cache must be a directory of this user's that no \
+         one else may write into (give `cache_dir` a new path, which is made with mode 0700)"
+    )]
+    CacheDir { dir: PathBuf, why: CacheDirRefusal },
+}
+
+/// Why a cache directory is refused ([`Error::CacheDir`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CacheDirRefusal {
+    #[error("it belongs to uid {owner}, not to this user (uid {uid})")]
+    NotOwned { owner: u32, uid: u32 },
+    #[error(
+        "its mode {mode:04o} lets others write into it, without the sticky bit that keeps them \
+         from replacing this user's files"
+    )]
+    OpenToOthers { mode: u32 },
+    #[error(
+        "it is named by a symbolic link of uid {owner}, neither this user (uid {uid}) nor root"
+    )]
+    LinkNotOwned { owner: u32, uid: u32 },
 }
 
 impl Error {

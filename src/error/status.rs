@@ -69,7 +69,8 @@ statuses! {
     /// The loader handle is unknown or closed, or the batch was already released.
     RINGFEED_ERR_INVALID_HANDLE = -2;
     /// The configuration is malformed, or a key is unknown or has a bad value,
-    /// or no AWS credentials could be found for `s3://` URLs.
+    /// or no AWS credentials could be found for `s3://` URLs, or the cache
+    /// directory (`cache_dir`) is not private to this user.
     RINGFEED_ERR_CONFIG = -3;
     /// A dataset URL is malformed, unsupported, or names nothing, or the server
     /// refused it for good (HTTP 4xx; S3 NoSuchKey, NoSuchBucket, AccessDenied),
@@ -143,6 +144,8 @@ impl Error {
             // 412 to `If-Match` is a refusal for good.
             Error::Changed { .. } => RINGFEED_ERR_DATASET,
             Error::Part { source, .. } => source.status(),
+            // The configuration names a directory that cannot be used.
+            Error::CacheDir { .. } => RINGFEED_ERR_CONFIG,
         }
     }
 }
@@ -296,6 +299,13 @@ mod tests {
                 },
                 RINGFEED_ERR_DATASET,
             ),
+            (
+                Error::CacheDir {
+                    dir: "/c".into(),
+                    why: crate::error::CacheDirRefusal::OpenToOthers { mode: 0o777 },
+                },
+                RINGFEED_ERR_CONFIG,
+            ),
         ];
         for (op, want) in [
             (IoOp::Open, RINGFEED_ERR_DATASET),
@@ -350,7 +360,8 @@ mod tests {
                 | Error::Remote { .. }
                 | Error::Exists { .. }
                 | Error::Changed { .. }
-                | Error::Part { .. } => {}
+                | Error::Part { .. }
+                | Error::CacheDir { .. } => {}
             }
             let code = e.status();
             assert_eq!(code, *want, "{e}");
