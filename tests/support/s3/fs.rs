@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use s3s::dto::{
     AbortMultipartUploadInput, AbortMultipartUploadOutput, ChecksumAlgorithm, ChecksumType,
@@ -19,7 +20,7 @@ use super::checksum::{
     Algorithm, sent_checksums, set_checksum, single, type_mismatch, verify_body,
 };
 use super::multipart::{check_parts, object_checksum};
-use super::{Op, OpenUpload, PartRecord, State};
+use super::{Completion, DropAnswer, OTHER_WRITER_BYTES, Op, OpenUpload, PartRecord, State};
 
 /// A PutObject or UploadPart body is held in memory to be verified before
 /// s3s-fs stores it: up to this many bytes, more than the tests and the
@@ -106,6 +107,37 @@ impl Fs {
     }
 }
 
+impl Fs {
+    /// Puts `OTHER_WRITER_BYTES` at the key of `req`, as another writer
+    /// whose object lands there first.
+    async fn other_writer(&self, req: &S3Request<CompleteMultipartUploadInput>) -> S3Result<()> {
+        let (bucket, key) = (req.input.bucket.clone(), req.input.key.clone());
+        let input = PutObjectInput {
+            body: Some(StreamingBlob::from(s3s::Body::from(
+                OTHER_WRITER_BYTES.to_vec(),
+            ))),
+            content_length: Some(OTHER_WRITER_BYTES.len() as i64),
+            bucket: bucket.clone(),
+            key: key.clone(),
+            ..Default::default()
+        };
+        let put = S3Request {
+            input,
+            method: hyper::Method::PUT,
+            uri: req.uri.clone(),
+            headers: Default::default(),
+            extensions: Default::default(),
+            credentials: req.credentials.clone(),
+            region: req.region.clone(),
+            service: req.service.clone(),
+            trailing_headers: None,
+        };
+        let lock = self.state.key_lock(&bucket, &key);
+        let _held = lock.lock().await;
+        s3s::S3::put_object(&self.inner, put).await.map(drop)
+    }
+}
+
 fn checksum_type(full_object: bool) -> ChecksumType {
     ChecksumType::from_static(if full_object {
         ChecksumType::FULL_OBJECT
@@ -131,6 +163,7 @@ impl s3s::S3 for Fs {
         req: S3Request<GetObjectInput>,
     ) -> S3Result<S3Response<GetObjectOutput>> {
         self.enter(Op::GetObject, None)?;
+        self.state.denied(&req.input.bucket, &req.input.key)?;
         self.bucket_exists(&req.input.bucket)?;
         self.inner.get_object(req).await
     }
@@ -140,6 +173,7 @@ impl s3s::S3 for Fs {
         req: S3Request<HeadObjectInput>,
     ) -> S3Result<S3Response<HeadObjectOutput>> {
         self.enter(Op::HeadObject, None)?;
+        self.state.denied(&req.input.bucket, &req.input.key)?;
         self.inner.head_object(req).await
     }
 
@@ -148,6 +182,8 @@ impl s3s::S3 for Fs {
         req: S3Request<ListObjectsV2Input>,
     ) -> S3Result<S3Response<ListObjectsV2Output>> {
         self.enter(Op::ListObjectsV2, None)?;
+        let prefix = req.input.prefix.clone().unwrap_or_default();
+        self.state.denied(&req.input.bucket, &prefix)?;
         self.inner.list_objects_v2(req).await
     }
 
@@ -164,6 +200,7 @@ impl s3s::S3 for Fs {
             return Err(e);
         }
         self.bucket_exists(&input.bucket)?;
+        self.state.denied(&input.bucket, &input.key)?;
         let sent = sent_with_trailers!(req);
         let input = &mut req.input;
         let data = body.bytes().unwrap_or_default();
@@ -191,6 +228,7 @@ impl s3s::S3 for Fs {
         self.enter(Op::CreateMultipartUpload, None)?;
         let input = &req.input;
         self.bucket_exists(&input.bucket)?;
+        self.state.denied(&input.bucket, &input.key)?;
         let algorithm = match &input.checksum_algorithm {
             Some(a) => Some(Algorithm::parse(a.as_str())?),
             None => None,
@@ -324,9 +362,24 @@ impl s3s::S3 for Fs {
             }));
         }
         let input = &req.input;
+        let mode = self.state.completion();
+        if mode == Some(Completion::Hold) {
+            self.state.held.fetch_add(1, Ordering::Relaxed);
+            eprintln!(
+                "s3_server: holding CompleteMultipartUpload of {}/{}",
+                input.bucket, input.key
+            );
+            return std::future::pending().await;
+        }
         let upload = self
             .state
             .open_upload(&input.upload_id, &input.bucket, &input.key)?;
+        if mode == Some(Completion::OtherWriterFirst) {
+            self.other_writer(&req).await?;
+            let mut resp = S3Response::new(CompleteMultipartUploadOutput::default());
+            resp.extensions.insert(DropAnswer);
+            return Ok(resp);
+        }
         let parts = check_parts(input, &upload)?;
         let checksum = object_checksum(&upload, &parts);
         let sent = sent_checksums!(input);
@@ -369,6 +422,9 @@ impl s3s::S3 for Fs {
                 }
                 Ok(out)
             }));
+        }
+        if mode == Some(Completion::LoseAnswer) {
+            resp.extensions.insert(DropAnswer);
         }
         Ok(resp)
     }

@@ -24,8 +24,12 @@
 //!   PreconditionFailed (s3s-fs checks and writes with no lock between).
 //!
 //! For the tests it also injects S3 errors by operation (and by part
-//! number for UploadPart), counts requests by operation, and tracks the
-//! multipart uploads left open. The state is shared through an `Arc`
+//! number for UploadPart) and by key (every request on a bucket's keys
+//! under a prefix, as a policy that denies them), counts requests by
+//! operation, and tracks the multipart uploads left open. A completion
+//! can be made to go wrong the ways a network does (`Completion`): done,
+//! with its answer lost; another writer's object landing first, the answer
+//! lost; held, never answered. The state is shared through an `Arc`
 //! between the server's handlers and the `S3Server` the test holds.
 //!
 //! `checksum` holds S3's checksum rules, `multipart` what completing an
@@ -91,6 +95,30 @@ struct Fault {
     in_body: bool,
 }
 
+/// What the next CompleteMultipartUploads do instead of answering.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Completion {
+    /// Complete the upload, then drop the connection before the answer
+    /// (the client's retry meets the object, or no upload).
+    LoseAnswer,
+    /// Another writer's object ([`OTHER_WRITER_BYTES`]) lands at the key;
+    /// the upload stays open and the connection drops before any answer.
+    OtherWriterFirst,
+    /// Wait without answering until the server stops; the upload stays
+    /// open. Each one held is counted (`held_completions`) and printed on
+    /// stderr.
+    Hold,
+}
+
+/// The object another writer puts at the key under
+/// `Completion::OtherWriterFirst`.
+pub const OTHER_WRITER_BYTES: &[u8] = b"another writer's object";
+
+/// Marks an answer that the connection drops instead of sending (see
+/// `Answering`).
+#[derive(Clone, Copy, Debug)]
+struct DropAnswer;
+
 /// Held by a write to one key, across awaits.
 type KeyLock = Arc<tokio::sync::Mutex<()>>;
 
@@ -101,6 +129,13 @@ struct State {
     /// plain counters, read after the requests they count were answered.
     requests: [AtomicU64; Op::COUNT],
     faults: Mutex<Vec<Fault>>,
+    /// (bucket, key prefix, code): every request on a matching key fails.
+    denials: Mutex<Vec<(String, String, S3ErrorCode)>>,
+    /// What the next CompleteMultipartUploads do, and for how many more
+    /// (`None`: all).
+    completion: Mutex<Option<(Completion, Option<u32>)>>,
+    /// Completions held so far. Relaxed: a counter a test polls.
+    held: AtomicU64,
     /// Open uploads by upload id.
     uploads: Mutex<HashMap<String, OpenUpload>>,
     /// One lock per (bucket, key) that writes take around s3s-fs's check
@@ -154,6 +189,31 @@ impl State {
             }
         }
         Some(hit)
+    }
+
+    /// The denial a request on `bucket/key` gets, if one matches.
+    fn denied(&self, bucket: &str, key: &str) -> S3Result<()> {
+        let denials = self.denials.lock().unwrap();
+        match denials
+            .iter()
+            .find(|(b, prefix, _)| b == bucket && key.starts_with(prefix.as_str()))
+        {
+            Some((_, _, code)) => Err(S3Error::with_message(
+                code.clone(),
+                "denied by the test server for this key",
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// What this CompleteMultipartUpload does, if a `Completion` is set.
+    fn completion(&self) -> Option<Completion> {
+        let mut slot = self.completion.lock().unwrap();
+        let (mode, remaining) = (*slot)?;
+        if let Some(n) = remaining {
+            *slot = (n > 1).then_some((mode, Some(n - 1)));
+        }
+        Some(mode)
     }
 
     fn open_upload(&self, upload_id: &str, bucket: &str, key: &str) -> S3Result<OpenUpload> {
@@ -211,7 +271,7 @@ impl S3Server {
         };
         let mut b = S3ServiceBuilder::new(fs);
         b.set_auth(SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
-        let service = b.build();
+        let service = Answering(b.build());
         let listener = runtime.block_on(tokio::net::TcpListener::bind(("127.0.0.1", port)))?;
         let addr = listener.local_addr()?;
         runtime.spawn(async move {
@@ -262,6 +322,31 @@ impl S3Server {
         self.add_fault(op, None, code, times, false);
     }
 
+    /// Every request on a key of `bucket` under `prefix` ("" for all)
+    /// fails with `code` (`AccessDenied`, 403; `ExpiredToken`, 400), as a
+    /// bucket policy that denies them, until `clear_faults`.
+    pub fn deny(&self, bucket: &str, prefix: &str, code: S3ErrorCode) {
+        self.state
+            .denials
+            .lock()
+            .unwrap()
+            .push((bucket.to_string(), prefix.to_string(), code));
+    }
+
+    /// The next `times` CompleteMultipartUploads (`None`: all) do what
+    /// `mode` says instead of answering.
+    pub fn complete_as(&self, mode: Completion, times: Option<u32>) {
+        if times == Some(0) {
+            return;
+        }
+        *self.state.completion.lock().unwrap() = Some((mode, times));
+    }
+
+    /// CompleteMultipartUploads held so far (`Completion::Hold`).
+    pub fn held_completions(&self) -> u64 {
+        self.state.held.load(Ordering::Relaxed)
+    }
+
     /// The next `times` CompleteMultipartUploads (`None`: all) answer 200
     /// with an error in the body, as S3 may; the upload stays open.
     pub fn fail_complete_in_body(&self, code: S3ErrorCode, times: Option<u32>) {
@@ -270,6 +355,8 @@ impl S3Server {
 
     pub fn clear_faults(&self) {
         self.state.faults.lock().unwrap().clear();
+        self.state.denials.lock().unwrap().clear();
+        *self.state.completion.lock().unwrap() = None;
     }
 
     fn add_fault(
@@ -341,5 +428,33 @@ impl S3Server {
             open.is_empty() && files.is_empty(),
             "uploads left open: {open:?}; upload files left: {files:?}"
         );
+    }
+}
+
+/// The S3 service, with the answers marked `DropAnswer` not sent: the
+/// service fails the request instead, and hyper closes the connection
+/// without writing a response, as a network that drops it after the server
+/// acted.
+#[derive(Clone)]
+struct Answering(s3s::service::S3Service);
+
+impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for Answering {
+    type Response = s3s::HttpResponse;
+    type Error = s3s::HttpError;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>,
+    >;
+
+    fn call(&self, req: hyper::Request<hyper::body::Incoming>) -> Self::Future {
+        let answer = hyper::service::Service::call(&self.0, req);
+        Box::pin(async move {
+            let resp = answer.await?;
+            if resp.extensions().get::<DropAnswer>().is_some() {
+                return Err(s3s::HttpError::new(Box::new(std::io::Error::other(
+                    "the test server drops this answer",
+                ))));
+            }
+            Ok(resp)
+        })
     }
 }
