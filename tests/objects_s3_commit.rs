@@ -6,10 +6,11 @@
 //!   missing bucket and a 5xx past its retries are errors naming S3's code;
 //! - a multipart completion that S3 did while the connection dropped its
 //!   answer is reported done (the object there is this upload's, by its
-//!   ETag and size); the control: at the lower layer the retried completion
-//!   fails (`NoSuchUpload`) though the object is there, and when another
-//!   writer's object is what stands at the key the write is still
-//!   `Error::Exists`, nothing of this upload left.
+//!   ETag and size), whether the retry meets `PreconditionFailed`
+//!   (`If-None-Match: *`) or `NoSuchUpload` (`overwrite`); the controls:
+//!   at the lower layer the retried completion fails so though the object
+//!   is there, and when another writer's object is what stands at the key
+//!   the write is still `Error::Exists`, nothing of this upload left.
 
 mod support;
 
@@ -143,7 +144,19 @@ fn control_the_retried_completion_itself_fails_though_the_object_is_there() {
     let retry = client
         .complete_upload(BUCKET, key, &id, &parts, Checksum::None, false)
         .unwrap_err();
-    assert_eq!(retry.code.as_deref(), Some("NoSuchUpload"), "{retry:?}");
+    assert_eq!(
+        retry.code.as_deref(),
+        Some("PreconditionFailed"),
+        "{retry:?}"
+    );
+    let unconditional = client
+        .complete_upload(BUCKET, key, &id, &parts, Checksum::None, true)
+        .unwrap_err();
+    assert_eq!(
+        unconditional.code.as_deref(),
+        Some("NoSuchUpload"),
+        "{unconditional:?}"
+    );
     // Yet the object is there, and its ETag is the one the parts make:
     // what the writer compares.
     let head = client

@@ -371,6 +371,17 @@ impl s3s::S3 for Fs {
             );
             return std::future::pending().await;
         }
+        let completed = self
+            .state
+            .completed
+            .lock()
+            .unwrap()
+            .contains(&input.upload_id);
+        if completed && input.if_none_match.is_some() {
+            // A retry of a completion that succeeded: the object it made
+            // is there, so the condition fails, as in S3.
+            return Err(s3_error!(PreconditionFailed, "Object already exists"));
+        }
         let upload = self
             .state
             .open_upload(&input.upload_id, &input.bucket, &input.key)?;
@@ -410,6 +421,13 @@ impl s3s::S3 for Fs {
         if result.is_ok() || !upload_record.exists() {
             self.state.uploads.lock().unwrap().remove(&upload_id);
             self.free_parts(&upload_id);
+        }
+        if result.is_ok() {
+            self.state
+                .completed
+                .lock()
+                .unwrap()
+                .insert(upload_id.clone());
         }
         let mut resp = result?;
         let (algorithm, full_object) = (upload.algorithm, upload.full_object);

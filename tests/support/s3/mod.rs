@@ -15,7 +15,9 @@
 //!   5 MiB, `x-amz-mp-object-size`) and the whole-object checksum before
 //!   s3s-fs consumes the upload: s3s-fs deletes the upload first and then
 //!   fails, leaving parts no one can abort. Parts not listed are freed.
-//! - An upload id that is not open is NoSuchUpload (s3s-fs: AccessDenied);
+//! - An upload id that is not open is NoSuchUpload (s3s-fs: AccessDenied),
+//!   but a completion retried with `If-None-Match: *` after it succeeded is
+//!   PreconditionFailed: the object it made is there;
 //!   PutObject and CreateMultipartUpload to a missing bucket are
 //!   NoSuchBucket (s3s-fs creates the folder); GetObject on a missing
 //!   bucket is NoSuchBucket (s3s-fs: NoSuchKey).
@@ -136,6 +138,10 @@ struct State {
     completion: Mutex<Option<(Completion, Option<u32>)>>,
     /// Completions held so far. Relaxed: a counter a test polls.
     held: AtomicU64,
+    /// Upload ids completed: a retried completion with `If-None-Match`
+    /// meets PreconditionFailed (the object is there), without it
+    /// NoSuchUpload. One entry per upload of a test.
+    completed: Mutex<std::collections::HashSet<String>>,
     /// Open uploads by upload id.
     uploads: Mutex<HashMap<String, OpenUpload>>,
     /// One lock per (bucket, key) that writes take around s3s-fs's check
