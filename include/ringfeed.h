@@ -88,7 +88,9 @@
 #define RINGFEED_ERR_CONFIG -3
 
 // A dataset URL is malformed, unsupported, or names nothing, or the server
-// refused it for good (HTTP 4xx; S3 NoSuchKey, NoSuchBucket, AccessDenied).
+// refused it for good (HTTP 4xx; S3 NoSuchKey, NoSuchBucket, AccessDenied),
+// or an object changed while it was read (another ETag or size, or 412 to
+// `If-Match`): no bytes of two versions are returned.
 #define RINGFEED_ERR_DATASET -4
 
 // Reading a shard failed.
@@ -683,6 +685,19 @@ int32_t ringfeed_loader_stats(struct ringfeed_loader *loader, struct ringfeed_st
 // # Safety
 // `buf` must be NULL or point to `len` writable bytes.
 size_t ringfeed_last_error(char *buf, size_t len);
+
+// Copies `text` into `buf` with every credential a URL in it carries (the
+// signature, key id and token of a presigned URL, a SAS `sig`, a password
+// before the host) replaced by `REDACTED`, as the library's own messages
+// are: for a binding's messages that quote a URL its caller gave.
+// Truncated and NUL-terminated as `ringfeed_last_error`; returns the full
+// length without the NUL. A NULL `text`, or one that is not UTF-8, gives
+// `""` (the latter: nothing of it can be shown safely).
+//
+// # Safety
+// `text` must be NULL or a NUL-terminated string; `buf` must be NULL or
+// point to `len` writable bytes.
+size_t ringfeed_redact(const char *text, char *buf, size_t len);
 
 // The name of a status code (`"RINGFEED_ERR_CONFIG"`), a static string.
 const char *ringfeed_status_name(int32_t status);

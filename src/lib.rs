@@ -26,6 +26,7 @@ pub mod node; // one engine per node: consumers attach over shared memory
 pub mod object; // whole objects: parallel ranged reads, multipart writes
 pub mod plan; // epoch plans, shuffle order, resume states (pure)
 pub(crate) mod queue; // the lock-free ring and the blocking channel
+pub mod redact; // credentials in URLs taken out of what is printed or stored
 pub mod serve; // a small HTTP file server (CLI `serve`, demo, tests)
 pub mod synth; // deterministic shard generator and checker (CLI `gen`, tests)
 pub mod tar; // the tar walk over chunks, header parsing, counting

@@ -4,7 +4,7 @@
 //! huge pages missing, memory not locked, a cache that stopped writing)
 //! once, at the level it deserves, and network retries (the first of each
 //! kind at `Warn`, the rest at `Debug`). Without a sink nothing is
-//! formatted.
+//! formatted. Every message passes `crate::redact::text` on its way out.
 
 use std::collections::HashSet;
 use std::sync::{Mutex, RwLock};
@@ -62,7 +62,9 @@ pub fn enabled(level: Level) -> bool {
 pub fn log(level: Level, msg: impl FnOnce() -> String) {
     let l = LOGGER.read().unwrap_or_else(|p| p.into_inner());
     if let Some(l) = l.as_ref().filter(|l| level <= l.max) {
-        (l.sink)(level, &msg());
+        // The last guard: whatever a message was built from, no credential
+        // of a presigned URL leaves through it.
+        (l.sink)(level, &crate::redact::text(&msg()));
     }
 }
 

@@ -431,9 +431,7 @@ fn an_object_without_a_version_is_read_uncached() {
     );
     assert_eq!(s.cache_uncached, SHARDS as u64);
     assert!(
-        s.notes
-            .iter()
-            .any(|n| n.contains("no ETag or Last-Modified")),
+        s.notes.iter().any(|n| n.contains("has no ETag")),
         "{:?}",
         s.notes
     );

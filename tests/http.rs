@@ -183,19 +183,24 @@ fn persistent_faults_exhaust_the_attempts_and_name_the_kind() {
     let dir = tempfile::tempdir().unwrap();
     dataset(dir.path(), 25);
     let server = Server::start(dir.path().to_path_buf());
+    // Throttling is not bounded by `max_attempts`, only by the deadline:
+    // with one attempt allowed, a throttled request is still retried, and
+    // fails by name once it has been throttled for `retry_deadline_s`.
     server.faults.throttle.store(1000, Ordering::SeqCst);
     let e = open_err(
-        serde_json::json!({"max_attempts": 3}),
+        serde_json::json!({"max_attempts": 1, "retry_deadline_s": 3}),
         vec![server.url("shard-000000.tar")],
     );
     match &e {
-        Error::Http {
-            kind: FailKind::Throttled,
-            attempts: 3,
+        Error::Throttled {
+            attempts,
+            waited_ms,
+            deadline_ms: 3000,
             ..
-        } => {}
+        } if *attempts >= 2 && *waited_ms >= 3000 => {}
         other => panic!("{other}"),
     }
+    assert!(e.to_string().contains("retry_deadline_s"), "{e}");
     // Nobody listens on this port (bound, then closed).
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

@@ -3,7 +3,8 @@
 //! an engine with the smallest `memory_budget` it accepts, while the
 //! process's resident memory, sampled throughout, stays within the budget
 //! plus 64 MiB; once in order, once through a shuffle buffer. Every sample
-//! arrives exactly once (its first 8 bytes are its number).
+//! arrives exactly once, every byte of it checked (its number, its key, its
+//! `cls` and its own stretch of the pattern).
 //!
 //! `RINGFEED_BOUND_GB` sets the volume (default 20).
 
@@ -14,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use ringfeed::{Config, Loader, Next};
-use support::{VirtualLayout, VirtualShards};
+use support::{VirtualLayout, VirtualShards, virtual_bin_is};
 
 /// The process's resident bytes (`/proc/self/statm`).
 fn rss() -> u64 {
@@ -109,8 +110,20 @@ fn bounded(shuffle_buffer: u64) {
             Next::Batch(b) => {
                 for s in b.samples() {
                     let (_, bin) = s.fields().find(|(name, _)| *name == b"bin").unwrap();
+                    let (_, cls) = s.fields().find(|(name, _)| *name == b"cls").unwrap();
                     assert_eq!(bin.len() as u64, sample_bytes);
                     let id = u64::from_le_bytes(bin[..8].try_into().unwrap());
+                    assert!(id < total, "sample number {id} of {total}");
+                    // Every byte: the number in `cls` and the key too, so a
+                    // member of another sample in this one's place shows.
+                    assert!(
+                        virtual_bin_is(id, sample_bytes, bin),
+                        "sample {id}: its bin bytes are not its own"
+                    );
+                    assert_eq!(cls[..8], id.to_le_bytes(), "sample {id}: cls");
+                    let spl = layout.samples_per_shard;
+                    let key = format!("{:06}-{:07}", id / spl, id % spl);
+                    assert_eq!(s.key(), key.as_bytes(), "sample {id}: key");
                     assert!(
                         !std::mem::replace(&mut seen[id as usize], true),
                         "sample {id} twice"
@@ -199,12 +212,24 @@ fn the_virtual_shards_answer_any_range_with_the_bytes_of_the_whole() {
     let Next::Batch(b) = loader.next(Some(Duration::from_secs(60))).unwrap() else {
         panic!("no batch");
     };
-    let ids: Vec<u64> = b
+    let bins: Vec<&[u8]> = b
         .samples()
-        .map(|s| {
-            let (_, bin) = s.fields().find(|(n, _)| *n == b"bin").unwrap();
-            u64::from_le_bytes(bin[..8].try_into().unwrap())
-        })
+        .map(|s| s.fields().find(|(n, _)| *n == b"bin").unwrap().1)
+        .collect();
+    let ids: Vec<u64> = bins
+        .iter()
+        .map(|bin| u64::from_le_bytes(bin[..8].try_into().unwrap()))
         .collect();
     assert_eq!(ids, vec![5, 6, 7, 8, 9]);
+    for (bin, id) in bins.iter().zip(&ids) {
+        assert!(virtual_bin_is(*id, layout.sample_bytes, bin), "sample {id}");
+    }
+    // The check's control: a sample's number on another's bytes, and one
+    // byte changed anywhere, are caught.
+    let mut other = bins[1].to_vec();
+    other[..8].copy_from_slice(&5u64.to_le_bytes());
+    assert!(!virtual_bin_is(5, layout.sample_bytes, &other));
+    let mut flipped = bins[0].to_vec();
+    flipped[60_000] ^= 1;
+    assert!(!virtual_bin_is(5, layout.sample_bytes, &flipped));
 }

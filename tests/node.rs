@@ -33,7 +33,15 @@ fn each_consumer_gets_exactly_what_its_own_engine_gives() {
         assert!(alone.len() > 4, "too few batches to compare");
         assert_eq!(alone, via_node, "consumer {rank}/{worker}");
         for (seen, _) in &alone {
-            for (key, _) in seen.iter().flat_map(|s| &s.2) {
+            for (key, fields) in seen.iter().flat_map(|s| &s.2) {
+                for (name, data) in fields {
+                    assert!(
+                        ringfeed::synth::verify(DATASET_SEED, key, name, data),
+                        "consumer {rank}/{worker}: sample {} field {} is not the generator's",
+                        String::from_utf8_lossy(key),
+                        String::from_utf8_lossy(name)
+                    );
+                }
                 all_keys.push(key.clone());
             }
         }
@@ -55,11 +63,15 @@ fn each_consumer_gets_exactly_what_its_own_engine_gives() {
             alone.iter().filter(|b| b.0.is_some()).count() as u64
         );
     }
-    // The four consumers together saw every sample of both epochs (padding
-    // may repeat a few).
+    // The four consumers together saw every sample of the dataset (padding
+    // may repeat a few), and nothing else.
     all_keys.sort();
     all_keys.dedup();
-    assert!(all_keys.len() > 100);
+    assert_eq!(
+        all_keys,
+        dataset().keys,
+        "the consumers' samples, against the dataset's"
+    );
 }
 
 #[test]
@@ -208,6 +220,30 @@ fn batches_a_consumer_holds_stay_its_own_after_it_closes_until_it_releases_them(
             kept.push(b);
         }
     }
+    // The control: a later batch in a chunk none of the kept ones share
+    // (more than two chunks away from each), released at once. Its memory
+    // is in the same arena, which the kept batches keep mapped in this
+    // process, so its bytes can still be read after the release: reading
+    // the whole job again through the 8 chunks must write over them. Were
+    // it not so, the kept batches' unchanged bytes below would prove nothing.
+    let kept_at: Vec<usize> = kept
+        .iter()
+        .map(|b| b.raw_fields()[0].data as usize)
+        .collect();
+    let apart = |at: usize| kept_at.iter().all(|&k| at.abs_diff(k) > 2 << 20);
+    let released = loop {
+        if let AnyNext::Batch(b) = leaver.next(Some(Duration::from_secs(60))).unwrap() {
+            if apart(b.raw_fields()[0].data as usize) {
+                break b;
+            }
+        }
+    };
+    let (released_at, released_len) = {
+        let f = &released.raw_fields()[0];
+        (f.data as usize, f.len)
+    };
+    let released_bytes = view(&released).2[0].1[0].1.clone();
+    drop(released);
     let before: Vec<Seen> = kept.iter().map(view).collect();
     leaver.close();
     drop(leaver);
@@ -217,6 +253,17 @@ fn batches_a_consumer_holds_stay_its_own_after_it_closes_until_it_releases_them(
     let (all, own, consumers) = held_by(&watcher);
     assert_eq!(consumers, 2);
     assert!(all >= own + 3, "held {all}, the watcher's {own}");
+    // SAFETY: the address is inside the arena's one mapping in this
+    // process, which the kept batches hold; reading it races no write of
+    // ours (the engine's writes to it are the point of the control).
+    let now: Vec<u8> = (0..released_len)
+        .map(|i| unsafe { std::ptr::read_volatile((released_at + i) as *const u8) })
+        .collect();
+    assert!(
+        now != released_bytes,
+        "control: a released batch's bytes were not written over by a whole job through the \
+         arena, so the kept batches' unchanged bytes would show nothing"
+    );
     assert_eq!(
         kept.iter().map(view).collect::<Vec<_>>(),
         before,

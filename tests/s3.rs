@@ -167,6 +167,7 @@ fn listing_follows_continuation_tokens() {
         retry: Default::default(),
         stats: Default::default(),
         tls: Default::default(),
+        pace: Default::default(),
     };
     let listed = client
         .list(BUCKET, "train/", false, 1, &net, &mut Jitter::new(1))
@@ -214,6 +215,7 @@ fn prefixes_list_every_depth_and_patterns_pick_keys_in_name_order() {
             retry: Default::default(),
             stats: Default::default(),
             tls: Default::default(),
+            pace: Default::default(),
         };
         ringfeed::dataset::resolve_with(&[url.to_string()], None, &net, &cfg, &Env::default())
     };

@@ -292,8 +292,9 @@ fn web_identity_assumes_the_role_with_the_token_file() {
 
 #[test]
 fn temporary_credentials_are_refreshed_before_they_expire() {
-    // Each fetch hands out credentials that expire in 4 minutes: inside
-    // the 5-minute margin, so every `get` fetches again.
+    // Each fetch hands out credentials that expire in 4 minutes: shorter
+    // than twice the 5-minute margin, so they are due at half their life,
+    // not at once (which would fetch again at every request).
     let fetches = Arc::new(AtomicUsize::new(0));
     let f = Arc::clone(&fetches);
     let server = Tiny::start(Arc::new(move |_r: &Seen| {
@@ -315,9 +316,13 @@ fn temporary_credentials_are_refreshed_before_they_expire() {
     let p = Provider::new(&S3Config::default(), &env).unwrap();
     assert_eq!(p.source(), Source::Container);
     let a = p.get(SystemTime::now()).unwrap();
-    let b = p.get(SystemTime::now()).unwrap();
+    assert_eq!(fetches.load(Ordering::SeqCst), 1);
+    let b = p.get(SystemTime::now() + Duration::from_secs(125)).unwrap();
     assert_ne!(a.access_key_id, b.access_key_id);
-    assert_eq!(fetches.load(Ordering::SeqCst), 3);
+    assert_eq!(fetches.load(Ordering::SeqCst), 2);
+    let c = p.get(SystemTime::now() + Duration::from_secs(130)).unwrap();
+    assert_eq!(b.access_key_id, c.access_key_id);
+    assert_eq!(fetches.load(Ordering::SeqCst), 2);
     // Long-lived ones are not fetched again within the margin.
     let server2 = Tiny::start(Arc::new(move |_r: &Seen| {
         (
@@ -758,5 +763,161 @@ sso_role_name = Trainer
             !e.contains("good-token") && !e.contains("old-token"),
             "{profile}: {e}"
         );
+    }
+}
+
+/// A source that gave credentials once and fails from then on.
+fn failing_after_first() -> (Tiny, Env) {
+    let served = Arc::new(AtomicUsize::new(0));
+    let n = Arc::clone(&served);
+    let server = Tiny::start(Arc::new(move |_r: &Seen| {
+        if n.fetch_add(1, Ordering::SeqCst) == 0 {
+            (
+                200,
+                json_creds("ASIAONCE", SystemTime::now() + Duration::from_secs(1200)),
+            )
+        } else {
+            (500, "down".into())
+        }
+    }));
+    let env = Env::with_home(None)
+        .set("AWS_EC2_METADATA_DISABLED", "true")
+        .set(
+            "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+            &format!("{}/c", server.url),
+        );
+    (server, env)
+}
+
+#[test]
+fn a_failing_refresh_backs_off_instead_of_trying_at_every_request() {
+    // Credentials good for 20 minutes are due 5 minutes before; from then
+    // on the source fails. A request every 10 ms for a minute past the
+    // due time: the refresh is tried after 0, 1, 3, 7, 15 and 31 s (the
+    // backoff doubling from 1 s), and every request still gets the old
+    // credentials.
+    let (server, env) = failing_after_first();
+    let p = Provider::new(&S3Config::default(), &env).unwrap();
+    let due = SystemTime::now() + Duration::from_secs(15 * 60 + 1);
+    for i in 0..6000u64 {
+        let c = p.get(due + Duration::from_millis(10 * i)).unwrap();
+        assert_eq!(c.access_key_id, "ASIAONCE");
+    }
+    let tries = server.requests.load(Ordering::SeqCst) - 1;
+    assert_eq!(tries, 6, "refreshes tried in a minute");
+    assert_eq!(p.fetches(), 6);
+    // Once they expire, the error names the failure and what comes next,
+    // without asking the source again before the backoff ends.
+    let late = due + Duration::from_secs(5 * 60 + 1);
+    let e = p.get(late).unwrap_err();
+    assert!(e.contains("expired") && e.contains("HTTP 500"), "{e}");
+    let e = p.get(late + Duration::from_millis(10)).unwrap_err();
+    assert!(e.contains("the next in"), "{e}");
+    assert_eq!(server.requests.load(Ordering::SeqCst) - 1, 7);
+
+    // Control: with no backoff, the same minute of requests asks the
+    // failing source at every one of them (200 requests here).
+    let (server, env) = failing_after_first();
+    let mut p = Provider::new(&S3Config::default(), &env).unwrap();
+    p.set_backoff(ringfeed::net::retry::Backoff {
+        base: Duration::ZERO,
+        cap: Duration::ZERO,
+    });
+    for i in 0..200u64 {
+        p.get(due + Duration::from_millis(300 * i)).unwrap();
+    }
+    assert_eq!(server.requests.load(Ordering::SeqCst) - 1, 200);
+}
+
+/// Whether process `pid` is gone (or a zombie no one reaped yet: it runs
+/// no more), waiting up to 10 s for a killed one to die.
+fn gone(pid: &str) -> bool {
+    for _ in 0..1000 {
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Err(_) => return true,
+            // The state follows the command name in parentheses.
+            Ok(s)
+                if s.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('Z') =>
+            {
+                return true;
+            }
+            Ok(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+    false
+}
+
+#[test]
+fn a_hanging_credential_process_times_out_by_name_with_its_processes_killed() {
+    let d = tempfile::tempdir().unwrap();
+    let pids = d.path().join("pids");
+    // The helper and a child of its own, both waiting for ever.
+    let hang = script(
+        d.path(),
+        "hang",
+        &format!(
+            "echo $$ > {p}; sleep 300 & echo $! >> {p}; wait",
+            p = pids.display()
+        ),
+    );
+    let read_pids = || -> Vec<String> {
+        let text = std::fs::read_to_string(&pids).unwrap_or_default();
+        text.split_whitespace().map(str::to_string).collect()
+    };
+
+    // Control: left alone, both are still there after the time-out the
+    // test gives (so `gone` below sees a kill, not a helper that ended).
+    let mut alone = std::process::Command::new(&hang).spawn().unwrap();
+    while read_pids().len() < 2 {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let left = read_pids();
+    assert!(left.iter().all(|p| !gone_now(p)), "{left:?}");
+    for p in &left {
+        let _ = std::process::Command::new("kill").args(["-9", p]).status();
+    }
+    let _ = alone.wait();
+    std::fs::remove_file(&pids).unwrap();
+
+    let e = creds::from_process_within(
+        "hang",
+        &format!("{hang} --token SECRET-ARG"),
+        Duration::from_secs(1),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&e, creds::ProcessError::TimedOut { timeout, .. } if *timeout == Duration::from_secs(1)),
+        "{e}"
+    );
+    let text = e.to_string();
+    assert!(
+        text.contains("did not finish within 1 s") && text.contains("profile `hang`"),
+        "{text}"
+    );
+    assert!(!text.contains("SECRET-ARG"), "{text}");
+    let killed = read_pids();
+    assert_eq!(killed.len(), 2, "{killed:?}");
+    for p in &killed {
+        assert!(gone(p), "process {p} of the helper is still running");
+    }
+    // The documented default is the Go SDK's minute.
+    assert_eq!(creds::PROCESS_TIMEOUT, Duration::from_secs(60));
+}
+
+/// Whether `pid` is gone or a zombie, now.
+fn gone_now(pid: &str) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(s) => s
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z'),
     }
 }

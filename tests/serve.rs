@@ -1,5 +1,6 @@
 //! The static-file server (`ringfeed::serve`) against real sockets: whole
-//! files and byte ranges, HEAD, 404 and 416, traversal attempts (plain and
+//! files and byte ranges, `If-Match` (412 once a file changed), HEAD, 404
+//! and 416, traversal attempts (plain and
 //! percent-encoded), garbage and oversized heads, keep-alive and pipelining,
 //! the connection limit, time-outs, shutdown on drop, and ringfeed's own
 //! HTTP client streaming a dataset from it.
@@ -215,6 +216,35 @@ fn whole_files_and_byte_ranges() {
     let r = c.get("/empty.bin", "");
     assert_eq!((r.status, r.body.len()), (200, 0));
     assert_eq!(server.stats().connections, 1);
+}
+
+/// A client reading a file in several ranges pins them to its ETag: a
+/// rewrite of the same size between two ranges gets 412, not the new bytes.
+#[test]
+fn if_match_answers_412_once_the_file_changed() {
+    let (_top, root) = fixture();
+    let server = start(&root, ServeOptions::default());
+    let mut c = Client::connect(&server);
+    let r = c.get("/data.bin", "Range: bytes=0-9\r\n");
+    let etag = r.header("etag").unwrap().to_string();
+    assert!(etag.starts_with('"') && etag.ends_with('"'), "{etag}");
+    let pinned = format!("Range: bytes=10-19\r\nIf-Match: {etag}\r\n");
+    let r = c.get("/data.bin", &pinned);
+    assert_eq!((r.status, &r.body[..]), (206, &content(100_000)[10..20]));
+    let r = c.get("/data.bin", "Range: bytes=10-19\r\nIf-Match: *\r\n");
+    assert_eq!(r.status, 206);
+    // Rewritten whole, as a store replaces an object: same size, new bytes.
+    let tmp = root.join("data.bin.new");
+    std::fs::write(&tmp, vec![7u8; 100_000]).unwrap();
+    std::fs::rename(&tmp, root.join("data.bin")).unwrap();
+    let r = c.get("/data.bin", &pinned);
+    assert_eq!(r.status, 412);
+    assert!(!r.body.contains(&7), "bytes of the new version");
+    let weak = format!("Range: bytes=10-19\r\nIf-Match: W/{etag}\r\n");
+    assert_eq!(c.get("/data.bin", &weak).status, 412);
+    let r = c.get("/data.bin", "Range: bytes=10-19\r\n");
+    assert_eq!((r.status, &r.body[..]), (206, &[7u8; 10][..]));
+    assert_ne!(r.header("etag").unwrap(), etag);
 }
 
 #[test]

@@ -82,7 +82,9 @@ fn main() -> ExitCode {
             ExitCode::from(transfer::INTERRUPTED_EXIT)
         }
         Err(e) => {
-            eprintln!("ringfeed: error: {e}");
+            // The context may quote a URL as the user typed it.
+            let msg = e.to_string();
+            eprintln!("ringfeed: error: {}", ringfeed::redact::text(&msg));
             ExitCode::FAILURE
         }
     }

@@ -13,6 +13,8 @@ use std::time::Duration;
 use ringfeed::synth;
 
 mod common;
+#[path = "../../tests/support/skip.rs"]
+mod skip;
 
 const BIN: &str = env!("CARGO_BIN_EXE_ringfeed");
 const SEED: u64 = 7;
@@ -380,7 +382,7 @@ fn an_engine_in_another_process_avoids_claimed_cpus() {
     let topo = topology::discover();
     let allowed = topo.allowed();
     if allowed.len() < 2 {
-        eprintln!("skipped: fewer than 2 allowed CPUs");
+        skip::skip("fewer than 2 allowed CPUs");
         return;
     }
     let run = tempfile::tempdir().unwrap();

@@ -157,6 +157,11 @@ pub struct Header {
     table_crc: u32,
 }
 
+/// The largest data an entry may hold: 2^62 bytes, far past any file
+/// system's file size limit, and small enough that the data offset plus the
+/// data plus its block table never wraps a `u64`.
+const MAX_DATA_LEN: u64 = 1 << 62;
+
 impl Header {
     /// Where the block table starts, and the length of the whole file.
     fn table_at(&self) -> u64 {
@@ -224,9 +229,15 @@ pub fn parse_header(bytes: &[u8]) -> Result<Header, Bad> {
     if padding.iter().any(|&b| b != 0) {
         return Err(Bad::NotAnEntry("bytes in the header's padding".into()));
     }
+    // The file's length is computed from this one (data, then 4 bytes of
+    // table per block): a length no file can have would wrap that sum.
+    let data_len = u64_at(16);
+    if data_len > MAX_DATA_LEN {
+        return Err(Bad::NotAnEntry(format!("data of {data_len} bytes")));
+    }
     Ok(Header {
         identity,
-        data_len: u64_at(16),
+        data_len,
         data_offset: data_offset(ilen),
         samples: u64_at(24).checked_sub(1),
         block: BLOCK,

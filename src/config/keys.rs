@@ -315,9 +315,17 @@ config_keys! {
     // nothing for 10 s is better retried on a new connection.
     [Engine] stall_timeout_ms: u64 = 10_000 => positive(key, v)?;
 
-    /// Attempts per network range, the first included.
+    /// Attempts per network request, the first included, for failures
+    /// other than throttling (resets, time-outs, 5xx); throttled requests
+    /// are retried until `retry_deadline_s`.
     // See retry::RetryPolicy: the SDKs' 3, raised for long jobs.
     [Engine] max_attempts: u32 = 5 => attempts(key, v)?;
+
+    /// Seconds a network request may keep failing, from its first
+    /// failure, before it fails for good: throttled (503 SlowDown, 429)
+    /// until then, other failures until then or `max_attempts`.
+    // See retry::DEFAULT_DEADLINE: S3 repartitions over minutes.
+    [Engine] retry_deadline_s: u64 = 600 => positive(key, v)?;
 
     /// PEM file of CA certificates for https:// (default: `AWS_CA_BUNDLE`,
     /// else the system's roots).

@@ -27,8 +27,8 @@ use std::sync::Arc;
 use crate::net::http::HttpObject;
 
 pub use resolve::{
-    cache_identity, head_sizes, learn_counts, resolve, resolve_config, resolve_objects,
-    resolve_with,
+    cache_identity, cache_version, head_sizes, learn_counts, resolve, resolve_config,
+    resolve_objects, resolve_with,
 };
 
 /// Where a shard's bytes come from.

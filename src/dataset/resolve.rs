@@ -123,9 +123,8 @@ pub fn learn_counts(shards: &mut [Shard], cache: &Cache, net: &NetOptions) -> Re
         };
         let head = with_retries(net, jitter, &obj.url, || pool.head_version(obj));
         Ok(match head {
-            Ok((size, Some(version))) => {
-                cache.count(&cache_identity(&shards[i], obj, version, size))
-            }
+            Ok((size, Some(etag))) => cache_version(&etag)
+                .and_then(|v| cache.count(&cache_identity(&shards[i], obj, v, size))),
             _ => None,
         })
     })?;
@@ -135,6 +134,16 @@ pub fn learn_counts(shards: &mut [Shard], cache: &Cache, net: &NetOptions) -> Re
         }
     }
     Ok(())
+}
+
+/// The version a cache entry of an object is keyed by: its strong ETag.
+/// `None` for a weak one (`W/"..."`, which may stay the same when the bytes
+/// change) or one that is not a quoted string: such an object is never
+/// cached, as no read of it can be pinned to one version (`If-Match` needs
+/// a strong tag). `Last-Modified` is no version either: one second of
+/// resolution, and a rollback brings an old one back.
+pub fn cache_version(etag: &str) -> Option<String> {
+    crate::net::version::is_strong(etag).then(|| format!("etag {etag}"))
 }
 
 /// What keys a remote shard's cache entry: the server (scheme, host,
@@ -307,7 +316,9 @@ impl Resolver<'_> {
         if one.starts_with("http://") || one.starts_with("https://") {
             let obj = self.http_object(one)?;
             self.shards.push(Shard {
-                name: one.to_string(),
+                // Errors, stats and the cache's headers name the shard by
+                // this: a presigned URL's credentials stay out of them.
+                name: crate::redact::url(one).into_owned(),
                 source: Source::Http(Arc::new(obj)),
                 size,
                 samples: None,
@@ -528,7 +539,7 @@ fn s3_size(
             },
         ) => {
             let mut one = [0u8; 1];
-            match pool.fetch(obj, 0, &mut one, false) {
+            match pool.fetch(obj, 0, &mut one, false, None) {
                 Err(f) if f.code.is_some() => Err(s3_error(
                     Error::Http {
                         url: obj.url.clone(),
@@ -593,6 +604,7 @@ mod tests {
             retry: Default::default(),
             stats: Default::default(),
             tls: Default::default(),
+            pace: Default::default(),
         };
         let e = resolve(&["/nonexistent/shard-{0..1}.tar".into()], &net).unwrap_err();
         assert!(e.to_string().contains("/nonexistent/shard-0.tar"), "{e}");
@@ -612,6 +624,7 @@ mod tests {
             retry: Default::default(),
             stats: Default::default(),
             tls: Default::default(),
+            pace: Default::default(),
         };
         let shards = resolve(&[mp.display().to_string()], &net).unwrap();
         assert_eq!((shards.len(), shards[0].size), (1, Some(4)));

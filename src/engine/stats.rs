@@ -143,7 +143,11 @@ impl Loader {
                 // CUDA refused the arena after open (`cuda_register` auto).
                 let refused = pool.arena().cuda_refused();
                 notes.extend(refused.map(crate::memory::cuda::not_registered));
+                // The notes quote errors and URLs: no credential through them.
                 notes
+                    .into_iter()
+                    .map(|n| crate::redact::text(&n).into_owned())
+                    .collect()
             },
             cuda_registered: pool.arena().cuda_registered() as u64,
         }

@@ -24,6 +24,7 @@ use crate::memory::BatchBuilder;
 use crate::memory::ChunkRef;
 use crate::net::http::HttpObject;
 use crate::net::retry::Jitter;
+use crate::net::version::VersionPin;
 use crate::plan::{Segment, ShuffleBuffer};
 use crate::tar::TarWalk;
 
@@ -65,6 +66,11 @@ pub(crate) struct Worker<'a> {
     /// Connections for the `HEAD`s that check a remote shard's version
     /// against the cache (made at the first).
     heads: Option<(HttpPool, Jitter)>,
+    /// The version the remote shard being read is pinned to: every GET of
+    /// it carries the pin (`If-Match`, answers checked), so one read of a
+    /// shard is one version or fails with `Error::Changed` (never a
+    /// restart: samples of it may be out already).
+    pin: Option<Arc<VersionPin>>,
 }
 
 /// What the cache tier does for one remote shard's read.
@@ -93,8 +99,14 @@ impl Tier {
 }
 
 /// A cache consultation's outcome: the tier, the entry's file when it is
-/// read, and the shard's size where known.
-type Consulted = (Tier, Option<(std::fs::File, LocalFd)>, Option<u64>);
+/// read, the shard's size where known, and the ETag its `HEAD` gave (what
+/// the read is pinned to, so a fill holds the version its entry is keyed by).
+type Consulted = (
+    Tier,
+    Option<(std::fs::File, LocalFd)>,
+    Option<u64>,
+    Option<String>,
+);
 
 struct PendingRead {
     id: u64,
@@ -128,6 +140,7 @@ impl<'a> Worker<'a> {
             bytes_in: false,
             last_size: 0,
             heads: None,
+            pin: None,
         }
     }
 
@@ -234,12 +247,14 @@ impl<'a> Worker<'a> {
         let mut tier = Tier::None;
         let (_file, target, size) = match &shard.source {
             Source::File(path) => {
+                self.pin = None;
                 let (file, fd, size) = self.shared.direct.open(path, self.shared.layout())?;
                 (Some(file), Target::File(fd), Some(size))
             }
             Source::Http(obj) => {
-                let (tier_now, file, size) = self.consult_cache(shard, obj, seg);
+                let (tier_now, file, size, etag) = self.consult_cache(shard, obj, seg);
                 tier = tier_now;
+                self.pin = Some(Arc::new(VersionPin::planned(etag, size)));
                 match file {
                     Some((file, fd)) => (Some(file), Target::File(fd), size),
                     // Unknown (`None`) for a remote shard the resolver did
@@ -481,8 +496,11 @@ impl<'a> Worker<'a> {
             .fetch_add(counts.skipped, Ordering::Relaxed);
         if let Tier::Fill(fill) = std::mem::replace(tier, Tier::None)
             && size.is_some_and(|s| s == fill.queued())
+            && self.pin.as_ref().is_some_and(|p| p.strong().is_some())
         {
-            // Read whole: the entry is complete, with the count learned.
+            // Read whole, every piece of the one version the entry is keyed
+            // by (each answer had the pinned strong ETag, or the read
+            // failed): the entry is complete, with the count learned.
             fill.finish(Some(found));
         }
         Ok(())
@@ -498,7 +516,7 @@ impl<'a> Worker<'a> {
     fn consult_cache(&mut self, shard: &Shard, obj: &Arc<HttpObject>, seg: &Segment) -> Consulted {
         let sh = self.shared;
         let Some(spool) = &sh.cache else {
-            return (Tier::None, None, shard.size);
+            return (Tier::None, None, shard.size, None);
         };
         let cache = spool.cache();
         let stream = self.stream;
@@ -510,44 +528,56 @@ impl<'a> Worker<'a> {
             )
         });
         let head = with_retries(&sh.net, jitter, &obj.url, || pool.head_version(obj));
-        let (size, version) = match head {
-            Ok((size, Some(v))) => (size, v),
+        let (size, etag, version) = match head {
+            Ok((size, Some(etag))) => match crate::dataset::cache_version(&etag) {
+                Some(v) => (size, etag, v),
+                None => {
+                    cache.not_cached(&format!(
+                        "`{}` has only a weak ETag ({etag}), which cannot pin a read to \
+                         one version: not cached",
+                        shard.name
+                    ));
+                    return (Tier::None, None, Some(size), Some(etag));
+                }
+            },
             // No version to key an entry by, or no `HEAD` (a URL signed
             // for GET only): the reads themselves say what is wrong, if
             // anything.
             Ok((size, None)) => {
                 cache.not_cached(&format!(
-                    "`{}` has no ETag or Last-Modified to key an entry by",
+                    "`{}` has no ETag, so a read of it cannot be pinned to one version: not \
+                     cached",
                     shard.name
                 ));
-                return (Tier::None, None, Some(size));
+                return (Tier::None, None, Some(size), None);
             }
             Err(e) => {
                 cache.not_cached(&format!("no HEAD for `{}`: {e}", shard.name));
-                return (Tier::None, None, shard.size);
+                return (Tier::None, None, shard.size, None);
             }
         };
         let id = crate::dataset::cache_identity(shard, obj, version, size);
+        let etag = Some(etag);
         let entry = match cache.lookup(&id) {
             Some(e) => e,
             // A segment that ends inside the shard reads part of it: it
             // fills nothing.
-            None if seg.to.is_some() => return (Tier::None, None, Some(size)),
+            None if seg.to.is_some() => return (Tier::None, None, Some(size), etag),
             None if !spool.admits() => {
                 cache.not_cached(&format!(
                     "`{}`: the disk was behind the reads when it started (`cache_fill` \
                      \"spare\"); a later read fills it",
                     shard.name
                 ));
-                return (Tier::None, None, Some(size));
+                return (Tier::None, None, Some(size), etag);
             }
             None => match cache.fill(&id, sh.net.stall) {
                 Fill::Hit(e) => e,
                 Fill::Write(filler) => {
                     let tier = spool.take(filler, size).map_or(Tier::None, Tier::Fill);
-                    return (tier, None, Some(size));
+                    return (tier, None, Some(size), etag);
                 }
-                Fill::Uncached(_) => return (Tier::None, None, Some(size)),
+                Fill::Uncached(_) => return (Tier::None, None, Some(size), etag),
             },
         };
         let path = cache.dir().join(id.file_name());
@@ -560,7 +590,7 @@ impl<'a> Worker<'a> {
             Ok((file, fd, _)) => (file, fd),
             Err(e) => {
                 cache.not_cached(&e.to_string());
-                return (Tier::None, None, Some(size));
+                return (Tier::None, None, Some(size), etag);
             }
         };
         let base = entry.header.data_offset as u64;
@@ -571,7 +601,7 @@ impl<'a> Worker<'a> {
             net: Target::Http(Arc::clone(obj)),
             dropped: false,
         };
-        (tier, Some((file, fd)), Some(size))
+        (tier, Some((file, fd)), Some(size), etag)
     }
 
     fn start_read(
@@ -598,6 +628,10 @@ impl<'a> Worker<'a> {
             len: r.len - r.done,
             buf_index: r.chunk.index(),
             open_end: r.open_end,
+            pin: match target {
+                Target::Http(_) => self.pin.clone(),
+                Target::File(_) => None,
+            },
         };
         r.submitting = true;
         // SAFETY: the chunk stays referenced by `r` until the completion is

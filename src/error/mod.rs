@@ -21,7 +21,7 @@ pub enum Error {
     #[error("configuration: {0}")]
     Config(String),
     /// A dataset URL could not be parsed or expanded.
-    #[error("dataset URL `{url}`: {reason}")]
+    #[error("dataset URL `{}`: {reason}", crate::redact::url(url))]
     Url { url: String, reason: String },
     /// A shard could not be opened or read.
     #[error("{op} `{path}`: {message}")]
@@ -32,14 +32,17 @@ pub enum Error {
         errno: i32,
     },
     /// The bytes of a shard are not a valid tar archive.
-    #[error("shard `{shard}`: {source}")]
+    #[error("shard `{}`: {source}", crate::redact::url(shard))]
     Tar {
         shard: String,
         #[source]
         source: TarError,
     },
     /// Two members of one sample have the same field name.
-    #[error("shard `{shard}` at byte {offset}: duplicate field `{field}` in sample `{key}`")]
+    #[error(
+        "shard `{}` at byte {offset}: duplicate field `{field}` in sample `{key}`",
+        crate::redact::url(shard)
+    )]
     DuplicateField {
         shard: String,
         offset: u64,
@@ -60,12 +63,27 @@ pub enum Error {
     IoUring(String),
     /// A network read failed for good (after its retries, or at once for
     /// errors that retrying cannot fix, such as 403 and 404).
-    #[error("`{url}`: {message} ({} after {attempts} attempt{})", kind.name(), if *attempts == 1 { "" } else { "s" })]
+    #[error("`{}`: {} ({} after {attempts} attempt{})", crate::redact::url(url), crate::redact::text(message), kind.name(), if *attempts == 1 { "" } else { "s" })]
     Http {
         url: String,
         kind: FailKind,
         message: String,
         attempts: u32,
+    },
+    /// A request was throttled (503 SlowDown, 429, an S3 throttling code)
+    /// for the whole retry deadline (`retry_deadline_s`), its rate cut and
+    /// its attempts backed off all along.
+    #[error(
+        "`{url}`: still throttled after {:.1} s and {attempts} attempts, past `retry_deadline_s` ({} s): {message}",
+        *waited_ms as f64 / 1000.0,
+        deadline_ms / 1000
+    )]
+    Throttled {
+        url: String,
+        attempts: u32,
+        waited_ms: u64,
+        deadline_ms: u64,
+        message: String,
     },
     /// S3 refused a request for good: the bucket and key (or prefix), the
     /// HTTP status and S3's error code from the XML body. Never holds a
@@ -89,7 +107,7 @@ pub enum Error {
     State(String),
     /// A shard's samples are not what the plan was made from (a manifest's
     /// sample count is wrong, or the shard changed).
-    #[error("shard `{shard}`: {message}")]
+    #[error("shard `{}`: {message}", crate::redact::url(shard))]
     Plan { shard: String, message: String },
     /// A fault inside ringfeed, not caused by the input: a worker or the
     /// sequencer panicked, a thread could not be started, or an invariant
@@ -110,12 +128,29 @@ pub enum Error {
     /// A whole-object write found its target there already, and
     /// `overwrite` is false: nothing was written.
     #[error(
-        "`{url}` already exists ({how}); writes never replace an object unless `overwrite` is true"
+        "`{}` already exists ({how}); writes never replace an object unless `overwrite` is true",
+        crate::redact::url(url)
     )]
     Exists { url: String, how: String },
+    /// An object read in several requests (a shard's ranges, a whole
+    /// object's parts, a cache fill) changed between them: an answer had
+    /// another ETag or size than the version the read was pinned to, or
+    /// the server refused `If-Match` with 412. Nothing of the read is
+    /// returned, so no bytes of two versions are ever spliced.
+    #[error(
+        "`{url}` changed while it was read: the read is pinned to {expected}, an answer was \
+         {seen}; no bytes of two versions are returned (read it again for the new version)"
+    )]
+    Changed {
+        url: String,
+        /// The version the read was pinned to (`ETag "..."`, `N bytes`).
+        expected: String,
+        /// What the answer said (another ETag or size, or `412 Precondition Failed`).
+        seen: String,
+    },
     /// One part of a whole-object read or write failed for good; the
     /// upload, if any, was aborted.
-    #[error("`{url}` part {part}: {source}")]
+    #[error("`{}` part {part}: {source}", crate::redact::url(url))]
     Part {
         url: String,
         /// From 1, as S3 numbers parts.
@@ -279,4 +314,7 @@ fail_kinds! {
     Protocol = "protocol", retry: false;
     /// The TLS handshake failed: untrusted certificate, wrong name, ...
     Tls = "tls", retry: false;
+    /// The object changed during a read pinned to one version (another
+    /// ETag or size, or 412 to `If-Match`): another attempt would splice.
+    Changed = "changed", retry: false;
 }

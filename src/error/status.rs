@@ -72,7 +72,9 @@ statuses! {
     /// or no AWS credentials could be found for `s3://` URLs.
     RINGFEED_ERR_CONFIG = -3;
     /// A dataset URL is malformed, unsupported, or names nothing, or the server
-    /// refused it for good (HTTP 4xx; S3 NoSuchKey, NoSuchBucket, AccessDenied).
+    /// refused it for good (HTTP 4xx; S3 NoSuchKey, NoSuchBucket, AccessDenied),
+    /// or an object changed while it was read (another ETag or size, or 412 to
+    /// `If-Match`): no bytes of two versions are returned.
     RINGFEED_ERR_DATASET = -4;
     /// Reading a shard failed.
     RINGFEED_ERR_IO = -5;
@@ -127,7 +129,7 @@ impl Error {
             Error::Http { kind, .. } if !kind.retryable() && *kind != super::FailKind::Protocol => {
                 RINGFEED_ERR_DATASET
             }
-            Error::Http { .. } => RINGFEED_ERR_NETWORK,
+            Error::Http { .. } | Error::Throttled { .. } => RINGFEED_ERR_NETWORK,
             // Missing or denied objects and buckets are the dataset's fault;
             // S3's 5xx codes (InternalError, SlowDown) are the network's.
             Error::S3 { status, .. } if *status < 500 => RINGFEED_ERR_DATASET,
@@ -137,6 +139,9 @@ impl Error {
             Error::Node(_) => RINGFEED_ERR_NODE,
             Error::Remote { status, .. } => *status,
             Error::Exists { .. } => RINGFEED_ERR_EXISTS,
+            // The data is not one object any more: the dataset's, as a
+            // 412 to `If-Match` is a refusal for good.
+            Error::Changed { .. } => RINGFEED_ERR_DATASET,
             Error::Part { source, .. } => source.status(),
         }
     }
@@ -275,6 +280,14 @@ mod tests {
                 RINGFEED_ERR_EXISTS,
             ),
             (
+                Error::Changed {
+                    url: "s3://b/k".into(),
+                    expected: "ETag \"1\"".into(),
+                    seen: "ETag \"2\"".into(),
+                },
+                RINGFEED_ERR_DATASET,
+            ),
+            (
                 // A part's failure has its cause's status.
                 Error::Part {
                     url: "s3://b/k".into(),
@@ -304,6 +317,16 @@ mod tests {
             };
             cases.push((http(kind), want));
         }
+        cases.push((
+            Error::Throttled {
+                url: "u".into(),
+                attempts: 40,
+                waited_ms: 600_000,
+                deadline_ms: 600_000,
+                message: "HTTP 503 Slow Down".into(),
+            },
+            RINGFEED_ERR_NETWORK,
+        ));
         for (e, want) in &cases {
             // Every variant is listed (no wildcard).
             match e {
@@ -316,6 +339,7 @@ mod tests {
                 | Error::BudgetTooSmall { .. }
                 | Error::IoUring(_)
                 | Error::Http { .. }
+                | Error::Throttled { .. }
                 | Error::S3 { .. }
                 | Error::Credentials(_)
                 | Error::State(_)
@@ -325,6 +349,7 @@ mod tests {
                 | Error::Node(_)
                 | Error::Remote { .. }
                 | Error::Exists { .. }
+                | Error::Changed { .. }
                 | Error::Part { .. } => {}
             }
             let code = e.status();

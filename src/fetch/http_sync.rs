@@ -14,6 +14,7 @@ use rustls::pki_types::ServerName;
 
 use crate::net::http::{self, Fail, FailKind, HttpObject, MAX_HEAD};
 use crate::net::tls::TlsSetup;
+use crate::net::version::VersionPin;
 
 /// A connection, plain or TLS (decrypted in user space by rustls).
 enum Stream {
@@ -164,17 +165,25 @@ impl HttpPool {
 
     /// Reads bytes `start..start + buf.len()` of `obj` into `buf`, once;
     /// with `open_end` (the object's size not known yet) up to the object's
-    /// end when that comes first (see `http::check_range_response`).
+    /// end when that comes first (see `http::check_range_response`). With
+    /// a `pin`, the request carries its `If-Match` and the answer is checked
+    /// against it before any body byte is taken.
     pub fn fetch(
         &mut self,
         obj: &HttpObject,
         start: u64,
         buf: &mut [u8],
         open_end: bool,
+        pin: Option<&VersionPin>,
     ) -> Result<Fetched, Fail> {
         let len = buf.len() as u64;
-        let req = http::range_request(obj, start, len)?;
+        let req = http::range_request(obj, start, len, pin.and_then(VersionPin::if_match))?;
         let (mut s, h, extra) = self.exchange(obj, &req)?;
+        // The connection is not reused after a changed answer: its body
+        // was not read.
+        if let Some(p) = pin {
+            p.check(&obj.url, &h)?;
+        }
         let body = match http::check_range_response(&h, start, len, open_end) {
             Ok(b) => b,
             Err(mut f) => {
@@ -182,6 +191,9 @@ impl HttpPool {
                     && let Some(code) = self.error_code(obj, s, &h, extra)
                 {
                     f.message = format!("{}, S3 error code {code}", f.message);
+                    if crate::net::retry::is_throttling_code(&code) {
+                        f.kind = FailKind::Throttled;
+                    }
                     f.code = Some(code);
                 }
                 f.message = format!("{}: {}", obj.url, f.message);
@@ -271,8 +283,8 @@ impl HttpPool {
         self.head_version(obj).map(|(size, _)| size)
     }
 
-    /// `HEAD`: the object's size and version (ETag, else Last-Modified;
-    /// `None` when the server gives neither).
+    /// `HEAD`: the object's size and its `ETag` as sent (`None` when the
+    /// server gives none).
     pub fn head_version(&mut self, obj: &HttpObject) -> Result<(u64, Option<String>), Fail> {
         let req = http::head_request(obj)?;
         let (s, h, _) = self.exchange(obj, &req)?;
@@ -291,6 +303,6 @@ impl HttpPool {
         if h.keep_alive {
             self.put_back(obj, s);
         }
-        Ok((size, h.version))
+        Ok((size, h.etag))
     }
 }

@@ -32,6 +32,7 @@ use std::time::Duration;
 use crate::error::Error;
 use crate::net::http::HttpObject;
 use crate::net::retry::{Jitter, RetryPolicy};
+use crate::net::version::VersionPin;
 
 // The network settings, counters and blocking retry loop live in `net`
 // (the S3 listing and the dataset resolver use them too); named here as
@@ -79,6 +80,9 @@ pub struct ReadRequest {
     /// what there is (0 bytes for an empty object) with the size in
     /// [`Completion::total`]. Only for `Target::Http`.
     pub open_end: bool,
+    /// The version the read is pinned to, shared by every read of one
+    /// object's read (`Target::Http`; `None`: unchecked, as a file read).
+    pub pin: Option<Arc<VersionPin>>,
 }
 
 /// Why a read failed.
@@ -114,9 +118,11 @@ impl NetOptions {
             stall: Duration::from_millis(cfg.stall_timeout_ms),
             retry: RetryPolicy {
                 max_attempts: cfg.max_attempts,
+                deadline: Duration::from_secs(cfg.retry_deadline_s),
                 ..RetryPolicy::default()
             },
             stats: Arc::new(NetStats::default()),
+            pace: Arc::default(),
             tls: Arc::new(crate::net::tls::TlsSetup::new(
                 cfg.ca_bundle
                     .clone()
@@ -127,18 +133,20 @@ impl NetOptions {
 }
 
 /// One ranged HTTP read with retries, on blocking sockets (`open_end`: see
-/// [`ReadRequest::open_end`]).
+/// [`ReadRequest::open_end`]), checked against `pin`.
+#[allow(clippy::too_many_arguments)]
 pub fn fetch_retrying(
     pool: &mut http_sync::HttpPool,
     obj: &HttpObject,
     start: u64,
     buf: &mut [u8],
     open_end: bool,
+    pin: Option<&VersionPin>,
     net: &NetOptions,
     jitter: &mut Jitter,
 ) -> Result<http_sync::Fetched, Error> {
     with_retries(net, jitter, &obj.url, || {
-        pool.fetch(obj, start, buf, open_end)
+        pool.fetch(obj, start, buf, open_end, pin)
     })
 }
 

@@ -60,7 +60,8 @@ pub(crate) fn run_blocking(
         Target::Http(obj) => {
             // SAFETY: as above: `len` writable bytes at `buf`, ours until completion.
             let buf = unsafe { std::slice::from_raw_parts_mut(req.buf, req.len) };
-            let r = fetch_retrying(http, obj, req.offset, buf, req.open_end, net, jitter);
+            let pin = req.pin.as_deref();
+            let r = fetch_retrying(http, obj, req.offset, buf, req.open_end, pin, net, jitter);
             Some(match r {
                 Ok(f) => Completion {
                     id: req.id,

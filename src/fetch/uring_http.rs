@@ -21,14 +21,15 @@ use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 use io_uring::{IoUring, opcode, squeue, types};
 
 use super::uring_tls::{self, Next, Opened, TlsConn};
 use super::{Completion, NetOptions, ReadFail, ReadRequest};
-use crate::error::Error;
 use crate::net::http::{self, Fail, FailKind, HttpObject};
-use crate::net::retry::Jitter;
+use crate::net::retry::{GiveUp, Jitter, Tries};
+use crate::net::version::VersionPin;
 
 /// Marks a `user_data` as belonging to the HTTP path (file reads use the
 /// worker's read ids, which are small).
@@ -85,8 +86,17 @@ struct Op {
     open_end: bool,
     /// The object's size, once a response said it.
     total: Option<u64>,
+    /// The version the read is pinned to (`ReadRequest::pin`).
+    pin: Option<Arc<VersionPin>>,
     copied: usize,
-    attempt: u32,
+    /// The failures so far, and when the first came (the deadline's start).
+    tries: Tries,
+    first_failure: Option<Instant>,
+    /// When the current attempt was sent, on the host's pacer's clock.
+    sent_at: f64,
+    /// The backoff timer running is the wait for the host's rate: the
+    /// attempt has its token and goes when it fires.
+    paced: bool,
     step: Step,
     conn: Option<Conn>,
     addr: libc::sockaddr_storage,
@@ -192,8 +202,12 @@ impl HttpDriver {
             got: 0,
             open_end: req.open_end,
             total: None,
+            pin: req.pin.clone(),
             copied: 0,
-            attempt: 0,
+            tries: Tries::default(),
+            first_failure: None,
+            sent_at: 0.0,
+            paced: false,
             step: Step::Connect,
             conn: None,
             addr,
@@ -213,14 +227,26 @@ impl HttpDriver {
         self.begin(ring, slot)
     }
 
-    /// (Re)starts the request of `slot` for the bytes not yet received.
+    /// (Re)starts the request of `slot` for the bytes not yet received,
+    /// once the host's rate admits it.
     fn begin(&mut self, ring: &mut IoUring, slot: usize) -> Option<Completion> {
         let op = self.slots[slot].as_mut().expect("live slot");
+        if !op.paced {
+            let (sent, wait) = self.net.pace.admit(&op.obj.url);
+            op.sent_at = sent;
+            if !wait.is_zero() {
+                op.paced = true;
+                return self.sleep_then_begin(ring, slot, wait);
+            }
+        }
+        op.paced = false;
         op.head_got = 0;
         op.sent = 0;
         op.pend = 0;
         self.net.stats.requests.fetch_add(1, Ordering::Relaxed);
-        match http::range_request(&op.obj, op.start + op.got as u64, (op.len - op.got) as u64) {
+        let if_match = op.pin.as_deref().and_then(VersionPin::if_match);
+        let (at, rest) = (op.start + op.got as u64, (op.len - op.got) as u64);
+        match http::range_request(&op.obj, at, rest, if_match) {
             Ok(r) => op.request = r,
             Err(f) => return self.fail(ring, slot, f),
         }
@@ -577,10 +603,18 @@ impl HttpDriver {
                     Err(e) => return self.fail(ring, slot, Fail::new(FailKind::Protocol, e)),
                 };
                 op.conn.as_mut().expect("connected").reused = false;
+                // Another version's answer is never taken (its body is not
+                // read, so the connection goes).
+                if let Some(Err(f)) = op.pin.as_deref().map(|p| p.check(&op.obj.url, &h)) {
+                    return self.fail(ring, slot, f);
+                }
                 let at = op.start + op.got as u64;
                 let want = (op.len - op.got) as u64;
                 let body = match http::check_range_response(&h, at, want, op.open_end) {
-                    Ok(b) => b,
+                    Ok(b) => {
+                        self.net.pace.answered(&op.obj.url, op.sent_at, false);
+                        b
+                    }
                     Err(mut f) => {
                         f.message = format!("{}: {}", op.obj.url, f.message);
                         return self.retry_or_fail(ring, slot, f);
@@ -815,38 +849,56 @@ impl HttpDriver {
     fn fail(&mut self, ring: &mut IoUring, slot: usize, f: Fail) -> Option<Completion> {
         let op = self.slots[slot].as_mut().expect("live slot");
         op.conn = None;
+        if f.kind == FailKind::Throttled {
+            self.net.pace.answered(&op.obj.url, op.sent_at, true);
+        }
+        op.tries.record(f.kind);
+        let failing_for = op.first_failure.get_or_insert_with(Instant::now).elapsed();
         match self
             .net
             .retry
-            .next_delay(op.attempt, f.kind, self.jitter.draw())
+            .decide(&op.tries, f.kind, failing_for, self.jitter.draw())
         {
-            Some(d) => {
+            Ok(d) => {
                 self.net.stats.retried(&op.obj.url, &f);
-                op.attempt += 1;
-                op.step = Step::Backoff;
-                op.backoff = types::Timespec::from(d);
-                let e = opcode::Timeout::new(&op.backoff)
-                    .build()
-                    .user_data(user_data(slot, op.generation, Step::Backoff));
-                match push(ring, &e) {
-                    Ok(()) => None,
-                    Err(f2) => self.give_up(slot, f2),
-                }
+                self.sleep_then_begin(ring, slot, d)
             }
-            None => self.give_up(slot, f),
+            Err(why) => self.give_up(slot, f, why),
         }
     }
 
-    fn give_up(&mut self, slot: usize, f: Fail) -> Option<Completion> {
+    /// Starts the request of `slot` again after `d`, on an io_uring timer.
+    fn sleep_then_begin(
+        &mut self,
+        ring: &mut IoUring,
+        slot: usize,
+        d: std::time::Duration,
+    ) -> Option<Completion> {
+        let op = self.slots[slot].as_mut().expect("live slot");
+        op.step = Step::Backoff;
+        op.backoff = types::Timespec::from(d);
+        let e = opcode::Timeout::new(&op.backoff)
+            .build()
+            .user_data(user_data(slot, op.generation, Step::Backoff));
+        match push(ring, &e) {
+            Ok(()) => None,
+            Err(f2) => self.give_up(slot, f2, GiveUp::Final),
+        }
+    }
+
+    fn give_up(&mut self, slot: usize, f: Fail, why: GiveUp) -> Option<Completion> {
         let op = self.free_slot(slot);
+        let failing_for = op.first_failure.map(|t| t.elapsed()).unwrap_or_default();
         Some(Completion {
             id: op.req_id,
-            result: Err(ReadFail::Net(Error::Http {
-                url: op.obj.url.clone(),
-                kind: f.kind,
-                message: f.message,
-                attempts: op.attempt + 1,
-            })),
+            result: Err(ReadFail::Net(crate::net::gave_up(
+                &op.obj.url,
+                f,
+                &op.tries,
+                failing_for,
+                why,
+                &self.net.retry,
+            ))),
             copied: op.copied,
             total: op.total,
         })

@@ -80,6 +80,9 @@ pub(super) fn boundary(f: impl FnOnce() -> Result<i32, Fail>) -> i32 {
     match result {
         Ok(code) => code,
         Err(Fail(code, msg)) => {
+            // Every message the C ABI gives out, a configuration's or a
+            // panic's too: no credential of a presigned URL in it.
+            let msg = crate::redact::text(&msg).into_owned();
             LAST_ERROR.with(|e| *e.borrow_mut() = msg);
             code
         }

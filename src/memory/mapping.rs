@@ -111,6 +111,14 @@ impl Arena {
                 None
             }
         });
+        // Training data, and a node engine's consumers' batches, stay out of
+        // core dumps: a dump of a crashed trainer is often copied off the
+        // machine, and gigabytes of arena would also make it useless.
+        if let Err(e) = map.advise(Advice::DontDump) {
+            notes.push(format!(
+                "madvise(MADV_DONTDUMP) refused ({e}): the arena would be in core dumps"
+            ));
+        }
         let locked = match opts.lock {
             Some(false) => false,
             want => match lock(&map, opts.prefault) {

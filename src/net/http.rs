@@ -19,7 +19,8 @@ pub trait RequestSigner: Send + Sync + fmt::Debug {
 /// An object on an HTTP server, read by byte ranges.
 #[derive(Debug)]
 pub struct HttpObject {
-    /// The URL as given, for messages.
+    /// The URL as given, for messages, its credentials redacted
+    /// (`crate::redact`): requests are made from `target`, never from it.
     pub url: String,
     pub host: String,
     pub port: u16,
@@ -37,7 +38,7 @@ impl HttpObject {
     pub fn new(url: &str, addrs: Vec<SocketAddr>) -> Result<HttpObject, String> {
         let p = parse_url(url)?;
         Ok(HttpObject {
-            url: url.to_string(),
+            url: crate::redact::url(url).into_owned(),
             host: p.host,
             port: p.port,
             tls: p.tls,
@@ -161,12 +162,29 @@ pub fn parse_url(url: &str) -> Result<ParsedUrl, String> {
 }
 
 /// The request for bytes `start..start + len` of `obj`, signed when the
-/// object has a signer.
-pub fn range_request(obj: &HttpObject, start: u64, len: u64) -> Result<Vec<u8>, Fail> {
+/// object has a signer; with `If-Match` when the read is pinned to a
+/// strong ETag (`VersionPin::if_match` in `crate::net::version`), so that
+/// a server that changed the object answers 412 instead of another
+/// version's bytes. The header is not signed: SigV4 signs the headers it
+/// lists, and S3 takes others.
+pub fn range_request(
+    obj: &HttpObject,
+    start: u64,
+    len: u64,
+    if_match: Option<&str>,
+) -> Result<Vec<u8>, Fail> {
     let range = format!("bytes={}-{}", start, start + len - 1);
     let extra = obj.signed("GET", Some(&range))?;
+    let pinned = match if_match {
+        // An ETag is a quoted string without control characters (RFC 9110
+        // §8.8.3); one that holds a line break would add headers.
+        Some(tag) if !tag.bytes().any(|b| b < b' ' || b == 0x7f) => {
+            format!("If-Match: {tag}\r\n")
+        }
+        _ => String::new(),
+    };
     Ok(format!(
-        "GET {} HTTP/1.1\r\nHost: {}\r\nRange: {range}\r\nUser-Agent: ringfeed/{}\r\n{extra}\r\n",
+        "GET {} HTTP/1.1\r\nHost: {}\r\nRange: {range}\r\n{pinned}User-Agent: ringfeed/{}\r\n{extra}\r\n",
         obj.target,
         obj.host_header(),
         env!("CARGO_PKG_VERSION"),
@@ -201,9 +219,8 @@ pub struct ResponseHead {
     /// False when the server says `Connection: close` (or speaks HTTP/1.0).
     pub keep_alive: bool,
     pub chunked: bool,
-    /// The object's version: its `ETag`, else its `Last-Modified` (what
-    /// keys a cache entry).
-    pub version: Option<String>,
+    /// The `ETag` as sent (`"abc"`, or a weak `W/"abc"`).
+    pub etag: Option<String>,
     /// The first 200 bytes of an error body are not here: see `error_code`.
     pub reason: String,
 }
@@ -240,10 +257,9 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<ResponseHead>, String> {
         unsatisfied_total: None,
         keep_alive: r.version == Some(1),
         chunked: false,
-        version: None,
+        etag: None,
         reason: r.reason.unwrap_or("").to_string(),
     };
-    let mut modified = None;
     for hd in r.headers.iter() {
         let v = std::str::from_utf8(hd.value).unwrap_or("").trim();
         if hd.name.eq_ignore_ascii_case("content-length") {
@@ -265,13 +281,8 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<ResponseHead>, String> {
         } else if hd.name.eq_ignore_ascii_case("transfer-encoding") {
             h.chunked = v.to_ascii_lowercase().contains("chunked");
         } else if hd.name.eq_ignore_ascii_case("etag") && !v.is_empty() {
-            h.version = Some(format!("etag {v}"));
-        } else if hd.name.eq_ignore_ascii_case("last-modified") && !v.is_empty() {
-            modified = Some(format!("modified {v}"));
+            h.etag = Some(v.to_string());
         }
-    }
-    if h.version.is_none() {
-        h.version = modified;
     }
     Ok(Some(h))
 }
@@ -332,6 +343,9 @@ pub struct Fail {
     pub message: String,
     /// S3's error code from the XML error body (`NoSuchKey`), when there was one.
     pub code: Option<String>,
+    /// `FailKind::Changed`: the version the read was pinned to, and what
+    /// the answer said instead.
+    pub changed: Option<Box<(String, String)>>,
 }
 
 impl fmt::Display for Fail {
@@ -346,6 +360,41 @@ impl Fail {
             kind,
             message: message.into(),
             code: None,
+            changed: None,
+        }
+    }
+
+    /// The object changed under a pinned read: `expected` the pinned
+    /// version, `seen` the answer's.
+    pub fn changed(url: &str, expected: String, seen: String) -> Fail {
+        Fail {
+            kind: FailKind::Changed,
+            message: format!(
+                "{url}: the object changed while it was read (pinned to {expected}, an answer was {seen})"
+            ),
+            code: None,
+            changed: Some(Box::new((expected, seen))),
+        }
+    }
+
+    /// The error of a read that failed for good after `attempts` attempts:
+    /// [`Error::Changed`] when the object changed, else [`Error::Http`].
+    pub fn into_error(self, url: &str, attempts: u32) -> crate::error::Error {
+        match self.changed {
+            Some(versions) if self.kind == FailKind::Changed => {
+                let (expected, seen) = *versions;
+                crate::error::Error::Changed {
+                    url: url.to_string(),
+                    expected,
+                    seen,
+                }
+            }
+            _ => crate::error::Error::Http {
+                url: url.to_string(),
+                kind: self.kind,
+                message: self.message,
+                attempts,
+            },
         }
     }
 }
@@ -628,6 +677,18 @@ mod tests {
         let h = head("HTTP/1.1 206 P\r\nContent-Range: bytes 0-9/*\r\n\r\n");
         assert!(body(&h, 0, 10).unwrap_err().message.contains("manifest"));
         assert!(parse_head(b"HTTP/1.1 416 R\r\nContent-Range: bytes */x\r\n\r\n").is_err());
+    }
+
+    #[test]
+    fn if_match_goes_out_only_as_a_clean_header() {
+        let obj = HttpObject::new("http://h/k", Vec::new()).unwrap();
+        let req = String::from_utf8(range_request(&obj, 0, 10, Some("\"a\"")).unwrap()).unwrap();
+        assert!(req.contains("\r\nIf-Match: \"a\"\r\n"), "{req}");
+        let req = String::from_utf8(range_request(&obj, 0, 10, None).unwrap()).unwrap();
+        assert!(!req.contains("If-Match"), "{req}");
+        let req = String::from_utf8(range_request(&obj, 0, 10, Some("\"a\"\r\nX-Y: 1")).unwrap())
+            .unwrap();
+        assert!(!req.contains("X-Y"), "{req}");
     }
 
     /// Found by the `http_response` property that a head is at most

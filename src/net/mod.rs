@@ -1,7 +1,8 @@
 //! The network protocols the readers and the dataset resolver speak: HTTP/1.1
 //! ranged GETs ([`http`]), TLS set-up ([`tls`]), the retry policy
-//! ([`retry`]), S3 (signing, credentials, listing: [`s3`]), and the
-//! settings and counters every network read shares ([`NetOptions`],
+//! ([`retry`]), one version per read ([`version`]), S3 (signing,
+//! credentials, listing: [`s3`]), and the settings, counters and request
+//! rates every network read shares ([`NetOptions`], [`Pacer`],
 //! [`with_retries`]).
 
 pub mod http;
@@ -9,5 +10,6 @@ mod options;
 pub mod retry;
 pub mod s3;
 pub mod tls;
+pub mod version;
 
-pub use options::{NetOptions, NetStats, with_retries};
+pub use options::{NetOptions, NetStats, Pacer, gave_up, with_retries};

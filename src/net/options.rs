@@ -1,17 +1,19 @@
 //! What a reader needs for network reads, whatever its backend: the stall
-//! time-out, the retry policy, the TLS set-up and the counters shared by a
-//! loader's readers ([`NetOptions`], [`NetStats`]); and [`with_retries`],
-//! the retry loop of blocking requests (HTTP reads on threads, `HEAD` at
-//! open, S3 listing). The configuration's defaults are applied by
-//! `NetOptions::for_config` in `crate::fetch`.
+//! time-out, the retry policy, the TLS set-up, the counters and the request
+//! rates shared by a loader's readers ([`NetOptions`], [`NetStats`],
+//! [`Pacer`]); [`with_retries`], the retry loop of blocking requests (HTTP
+//! reads on threads, `HEAD` at open, S3 listing and writes); and
+//! [`gave_up`], the error of a request the policy ends. The
+//! configuration's defaults are applied by `NetOptions::for_config` in
+//! `crate::fetch`.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::error::Error;
 use crate::net::http::{Fail, FailKind};
-use crate::net::retry::{Jitter, RetryPolicy};
+use crate::net::retry::{GiveUp, Jitter, RateLimiter, RetryPolicy, Tries, authority};
 use crate::net::tls::TlsSetup;
 
 /// Network counters shared by a loader's readers. Relaxed: statistics.
@@ -41,6 +43,67 @@ impl NetStats {
     }
 }
 
+/// The request rates of a loader's hosts, shared by all its readers and
+/// requests: one [`RateLimiter`] per host (a URL's authority), and the
+/// clock they read.
+#[derive(Debug)]
+pub struct Pacer {
+    origin: Instant,
+    /// A handful of hosts per loader: a list is quicker than a map.
+    hosts: Mutex<Vec<(String, RateLimiter)>>,
+}
+
+impl Default for Pacer {
+    fn default() -> Self {
+        Pacer {
+            origin: Instant::now(),
+            hosts: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl Pacer {
+    fn with<R>(&self, url: &str, f: impl FnOnce(&mut RateLimiter, f64) -> R) -> R {
+        let now = self.origin.elapsed().as_secs_f64();
+        let host = authority(url);
+        let mut hosts = self.hosts.lock().unwrap_or_else(|p| p.into_inner());
+        let i = match hosts.iter().position(|(h, _)| h == host) {
+            Some(i) => i,
+            None => {
+                hosts.push((host.to_string(), RateLimiter::new()));
+                hosts.len() - 1
+            }
+        };
+        f(&mut hosts[i].1, now)
+    }
+
+    /// A request to `url` is about to go: how long it must wait for its
+    /// host's rate first, and the time it will be sent at (for
+    /// [`Pacer::answered`]).
+    pub fn admit(&self, url: &str) -> (f64, Duration) {
+        self.with(url, |r, now| {
+            let wait = r.admit(now);
+            (now + wait.as_secs_f64(), wait)
+        })
+    }
+
+    /// The request sent at `sent` was answered: throttled or not.
+    pub fn answered(&self, url: &str, sent: f64, throttled: bool) {
+        self.with(url, |r, now| {
+            if throttled {
+                r.throttled(sent, now);
+            } else {
+                r.succeeded(now);
+            }
+        })
+    }
+
+    /// The rate `url`'s host is held to, requests per second (0: none).
+    pub fn rate(&self, url: &str) -> f64 {
+        self.with(url, |r, _| r.rate())
+    }
+}
+
 /// What a reader needs for network reads.
 #[derive(Debug, Clone)]
 pub struct NetOptions {
@@ -48,10 +111,12 @@ pub struct NetOptions {
     pub retry: RetryPolicy,
     pub stats: Arc<NetStats>,
     pub tls: Arc<TlsSetup>,
+    pub pace: Arc<Pacer>,
 }
 
 /// Runs `op` until it succeeds, fails with an error retrying cannot fix, or
-/// runs out of attempts; sleeps the policy's backoff between attempts and
+/// the policy ends it (attempts, deadline); waits for the host's rate
+/// before each attempt, sleeps the policy's backoff between attempts and
 /// counts each retry by kind.
 pub fn with_retries<T>(
     net: &NetOptions,
@@ -59,26 +124,69 @@ pub fn with_retries<T>(
     url: &str,
     mut op: impl FnMut() -> Result<T, Fail>,
 ) -> Result<T, Error> {
-    let mut attempt = 0;
+    let mut tries = Tries::default();
+    let mut first_failure = None;
     loop {
+        let (sent, wait) = net.pace.admit(url);
+        if !wait.is_zero() {
+            std::thread::sleep(wait);
+        }
         net.stats.requests.fetch_add(1, Ordering::Relaxed);
         match op() {
-            Ok(v) => return Ok(v),
-            Err(f) => match net.retry.next_delay(attempt, f.kind, jitter.draw()) {
-                Some(d) => {
-                    net.stats.retried(url, &f);
-                    std::thread::sleep(d);
-                    attempt += 1;
+            Ok(v) => {
+                net.pace.answered(url, sent, false);
+                return Ok(v);
+            }
+            Err(f) => {
+                if f.kind == FailKind::Throttled {
+                    net.pace.answered(url, sent, true);
                 }
-                None => {
-                    return Err(Error::Http {
-                        url: url.to_string(),
-                        kind: f.kind,
-                        message: f.message,
-                        attempts: attempt + 1,
-                    });
+                tries.record(f.kind);
+                let failing_for = first_failure.get_or_insert_with(Instant::now).elapsed();
+                match net.retry.decide(&tries, f.kind, failing_for, jitter.draw()) {
+                    Ok(d) => {
+                        net.stats.retried(url, &f);
+                        std::thread::sleep(d);
+                    }
+                    Err(why) => return Err(gave_up(url, f, &tries, failing_for, why, &net.retry)),
                 }
-            },
+            }
         }
+    }
+}
+
+/// The error of a request to `url` that the policy ended after `f`:
+/// throttled up to the deadline is [`Error::Throttled`]; anything else an
+/// [`Error::Http`] (saying so when it was the deadline that ended it).
+pub fn gave_up(
+    url: &str,
+    f: Fail,
+    tries: &Tries,
+    failing_for: Duration,
+    why: GiveUp,
+    policy: &RetryPolicy,
+) -> Error {
+    let attempts = tries.failures.max(1);
+    match why {
+        GiveUp::Deadline if f.kind == FailKind::Throttled => Error::Throttled {
+            url: url.to_string(),
+            attempts,
+            waited_ms: failing_for.as_millis() as u64,
+            deadline_ms: policy.deadline.as_millis() as u64,
+            message: f.message,
+        },
+        GiveUp::Deadline => Error::Http {
+            url: url.to_string(),
+            kind: f.kind,
+            message: format!(
+                "{}; failing for {:.1} s, past `retry_deadline_s` ({} s)",
+                f.message,
+                failing_for.as_secs_f64(),
+                policy.deadline.as_secs()
+            ),
+            attempts,
+        },
+        // A changed object is its own error (`Error::Changed`).
+        GiveUp::Final | GiveUp::Attempts => f.into_error(url, attempts),
     }
 }

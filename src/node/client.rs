@@ -186,6 +186,12 @@ impl NodeLoader {
         // the engine handed over and has not taken back.
         let arena = unsafe { MmapOptions::new().len(arena_len).map(&arena_fd) }
             .map_err(|e| Error::Node(format!("mapping the arena: {e}")))?;
+        // The engine's arena stays out of this process's core dumps too.
+        if let Err(e) = arena.advise(memmap2::Advice::DontDump) {
+            crate::log::once("node-arena-dontdump", crate::log::Level::Warn, || {
+                format!("madvise(MADV_DONTDUMP) of the node engine's arena refused ({e})")
+            });
+        }
         let rings = Rings::attach(&File::from(rings_fd)).map_err(Error::Node)?;
         let (mut cuda, mut cuda_note) = (None, None);
         let registered_len = budget_len.min(arena_len);

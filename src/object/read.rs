@@ -11,6 +11,14 @@
 //! retried by the network layer's policy, and a failure for good stops new
 //! parts, waits for those in flight (their memory must not go while the
 //! kernel writes it), and names the part.
+//!
+//! One read is one version: every part of a remote object is pinned to the
+//! size the read was planned for and to the ETag of the first answer
+//! (`If-Match` on every later GET, every answer's ETag and `Content-Range`
+//! total compared: `VersionPin`). An object rewritten during the read is
+//! `Error::Changed` (inside `Error::Part`), never a buffer of two versions;
+//! the read is not restarted on its own, since the caller's buffer was
+//! sized for the old version: reading again gets the new one whole.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -29,6 +37,7 @@ use crate::fetch::uring::UringReader;
 use crate::fetch::{BackendKind, Completion, NetOptions, ReadFail, ReadRequest, Reader, Target};
 use crate::memory::{Arena, ArenaOptions, MemoryKind};
 use crate::net::retry::Jitter;
+use crate::net::version::VersionPin;
 
 /// How a read went, for messages and the CLI.
 #[derive(Debug, Clone)]
@@ -199,12 +208,17 @@ fn read_to(
         }
         Source::Http(obj) => (Target::Http(Arc::clone(obj)), None),
     };
+    let pin = match &target {
+        Target::Http(_) => Some(Arc::new(VersionPin::planned(None, Some(size)))),
+        Target::File(_) => None,
+    };
     let list: Vec<(u64, usize)> = parts(size, cfg.part_size).collect();
     let job = Job {
         shard,
         size,
         dst,
         target,
+        pin,
         parts: &list,
         in_flight: cfg.parts_in_flight.max(1),
         progress,
@@ -253,6 +267,8 @@ struct Job<'a> {
     size: u64,
     dst: *mut u8,
     target: Target,
+    /// What every part of a remote object is checked against.
+    pin: Option<Arc<VersionPin>>,
     parts: &'a [(u64, usize)],
     in_flight: usize,
     progress: Option<&'a Progress>,
@@ -274,6 +290,7 @@ impl Job<'_> {
             len,
             buf_index: 0,
             open_end: false,
+            pin: self.pin.clone(),
         }
     }
 
@@ -288,17 +305,15 @@ impl Job<'_> {
             source: Box::new(source),
         };
         let changed = |now: String| {
-            part(Error::Plan {
-                shard: self.shard.name.clone(),
-                message: format!(
-                    "the object changed while it was read: it was {} bytes, {now}",
-                    self.size
-                ),
+            part(Error::Changed {
+                url: self.shard.name.clone(),
+                expected: format!("{} bytes", self.size),
+                seen: now,
             })
         };
         match c.result {
             Ok(_) if c.total.is_some_and(|t| t != self.size) => {
-                Err(changed(format!("now {}", c.total.unwrap_or(0))))
+                Err(changed(format!("{} bytes", c.total.unwrap_or(0))))
             }
             Ok(n) if n == len => {
                 if let Some(p) = self.progress {
@@ -307,7 +322,7 @@ impl Job<'_> {
                 Ok(())
             }
             Ok(n) => Err(changed(format!(
-                "and a read at byte {offset} gave {n} of {len} bytes"
+                "a read at byte {offset} that gave {n} of {len} bytes"
             ))),
             Err(ReadFail::Io(e)) => {
                 let path = match &self.shard.source {

@@ -192,11 +192,30 @@ fn respond(conn: &mut TcpStream, shared: &Shared, req: &request::Request) -> io:
         .ok()
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .unwrap_or_default();
+    // The inode too: a file replaced by a rename (how a rewrite is made
+    // atomic) has another even when the clock's tick gave both writes one
+    // modification time.
+    let etag = format!(
+        "\"{:x}-{:x}-{size:x}\"",
+        std::os::unix::fs::MetadataExt::ino(&meta),
+        mtime.as_nanos()
+    );
     let version = format!(
-        "ETag: \"{:x}-{size:x}\"\r\nLast-Modified: {}\r\n",
-        mtime.as_nanos(),
+        "ETag: {etag}\r\nLast-Modified: {}\r\n",
         request::http_date(mtime.as_secs())
     );
+    // A client reading the file in several requests pins them to its ETag:
+    // once the file changed, 412 rather than another version's bytes.
+    if let Some(want) = &req.if_match
+        && !request::if_match_holds(want, &etag)
+    {
+        return fail(
+            conn,
+            412,
+            "the file changed: its ETag is not the one If-Match names",
+            req.keep_alive,
+        );
+    }
     let (status, start, len, range_line) = match request::choose_range(req.range.as_deref(), size) {
         RangeChoice::Full => (200, 0, size, String::new()),
         RangeChoice::Part { start, end } => (

@@ -3,7 +3,10 @@
 //! the demo exercises the network path.
 //!
 //! It serves the files under one root with `GET` and `HEAD`, single byte
-//! ranges (`206`, `416`), keep-alive and pipelining. The decisions (request
+//! ranges (`206`, `416`), keep-alive and pipelining, and an `ETag` (inode,
+//! modification time, size) that `If-Match` is compared with: a client
+//! reading a file in several ranges gets `412` once the file changed, as
+//! from nginx, instead of the new version's bytes. The decisions (request
 //! head, target to path, range) are pure functions in `request.rs`; bodies
 //! go out with `sendfile` (`body.rs`). The shell is one accept thread and
 //! one thread per connection, at most `max_connections` of them (a client

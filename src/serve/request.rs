@@ -14,6 +14,8 @@ pub struct Request {
     pub target: String,
     /// The `Range` header value, when there is one.
     pub range: Option<String>,
+    /// The `If-Match` header value, when there is one.
+    pub if_match: Option<String>,
     /// Whether the client wants the connection kept open after the response.
     pub keep_alive: bool,
     /// Bytes of the head, blank line included.
@@ -86,6 +88,7 @@ pub fn parse_request(buf: &[u8], max_head: usize) -> Result<Option<Request>, Hea
     // HTTP/1.1 keeps the connection by default, HTTP/1.0 only when asked.
     let mut keep_alive = version == 1;
     let mut range = None;
+    let mut if_match = None;
     for h in r.headers.iter() {
         let value = std::str::from_utf8(h.value)
             .map_err(|_| HeadError::Malformed(format!("header `{}` is not UTF-8", h.name)))?
@@ -101,6 +104,8 @@ pub fn parse_request(buf: &[u8], max_head: usize) -> Result<Option<Request>, Hea
             }
         } else if name.eq_ignore_ascii_case("range") {
             range = Some(value.to_string());
+        } else if name.eq_ignore_ascii_case("if-match") {
+            if_match = Some(value.to_string());
         } else if name.eq_ignore_ascii_case("transfer-encoding")
             || (name.eq_ignore_ascii_case("content-length") && value != "0")
         {
@@ -111,6 +116,7 @@ pub fn parse_request(buf: &[u8], max_head: usize) -> Result<Option<Request>, Hea
         method,
         target: r.path.unwrap_or("").to_string(),
         range,
+        if_match,
         keep_alive,
         head_len,
     }))
@@ -259,6 +265,20 @@ pub fn choose_range(header: Option<&str>, size: u64) -> RangeChoice {
     }
 }
 
+/// Whether an `If-Match` header value holds for a file whose current ETag
+/// is `etag` (RFC 9110 §13.1.1): `*`, or a list holding that ETag, compared
+/// strongly (a weak `W/` tag in the list never matches). A client that
+/// read part of a file pinned to its ETag is answered 412 once the file
+/// changed, instead of bytes of the new version.
+pub fn if_match_holds(header: &str, etag: &str) -> bool {
+    let header = header.trim();
+    header == "*"
+        || header
+            .split(',')
+            .map(str::trim)
+            .any(|t| !t.starts_with("W/") && t == etag)
+}
+
 /// The reason phrase of the statuses this server sends.
 pub fn reason(status: u16) -> &'static str {
     match status {
@@ -268,6 +288,7 @@ pub fn reason(status: u16) -> &'static str {
         403 => "Forbidden",
         404 => "Not Found",
         405 => "Method Not Allowed",
+        412 => "Precondition Failed",
         416 => "Range Not Satisfiable",
         431 => "Request Header Fields Too Large",
         500 => "Internal Server Error",
@@ -367,6 +388,20 @@ mod tests {
             .unwrap();
         assert_eq!(r.method, Method::Other);
         assert_eq!(parse_request(b"GET / HTTP/1.1\r\nHost:", 8192), Ok(None));
+        let r = parse_request(b"GET / HTTP/1.1\r\nIf-Match: \"a-1\"\r\n\r\n", 8192)
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.if_match.as_deref(), Some("\"a-1\""));
+    }
+
+    #[test]
+    fn if_match_compares_strongly() {
+        assert!(if_match_holds("\"a-1\"", "\"a-1\""));
+        assert!(if_match_holds("*", "\"a-1\""));
+        assert!(if_match_holds("\"x\", \"a-1\"", "\"a-1\""));
+        assert!(!if_match_holds("\"a-2\"", "\"a-1\""));
+        assert!(!if_match_holds("W/\"a-1\"", "\"a-1\""));
+        assert!(!if_match_holds("", "\"a-1\""));
     }
 
     #[test]

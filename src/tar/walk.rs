@@ -441,9 +441,15 @@ impl TarWalk {
             // vendor types: their data is not a sample member; pass over it.
             _ => {
                 self.skip_entry();
-                self.state = State::Skip {
-                    remaining: size + pad(size),
-                };
+                // A base-256 size can be up to 2^64 - 1: with its padding
+                // it would wrap, and the walk would skip a few bytes and
+                // read the entry's data as headers. No shard holds such an
+                // entry; the size is what is wrong.
+                let remaining = size.checked_add(pad(size)).ok_or(TarError::BadNumber {
+                    offset,
+                    field: "size",
+                })?;
+                self.state = State::Skip { remaining };
             }
         }
         Ok(())
@@ -777,5 +783,34 @@ mod tests {
                 field: "size"
             }
         ));
+    }
+
+    /// A vendor entry whose base-256 size is 2^64 - 1: its size plus its
+    /// padding would wrap to 0, and the walk would read its data as the
+    /// next header. It is a bad size, named.
+    #[test]
+    fn a_size_that_would_wrap_with_its_padding_is_a_bad_number() {
+        let mut h = [0u8; 512];
+        h[..4].copy_from_slice(b"vend");
+        h[100..108].copy_from_slice(b"0000644\0");
+        h[124] = 0x80;
+        for b in &mut h[128..136] {
+            *b = 0xff;
+        }
+        h[156] = b'V'; // a volume label: data that is no member
+        h[257..263].copy_from_slice(b"ustar\0");
+        h[263..265].copy_from_slice(b"00");
+        h[148..156].copy_from_slice(b"        ");
+        let sum: u64 = h.iter().map(|&b| u64::from(b)).sum();
+        h[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+        let mut bytes = h.to_vec();
+        bytes.extend_from_slice(&[0u8; 2048]);
+        assert_eq!(
+            tar_err(&bytes, u64::MAX),
+            TarError::BadNumber {
+                offset: 0,
+                field: "size"
+            }
+        );
     }
 }

@@ -524,6 +524,22 @@ static void last_error_buffers(void) {
     CHECK(strcmp(last_error(), full) == 0, "another thread's error changed this thread's: %s",
           last_error());
 
+    printf("redaction:\n");
+    const char *presigned =
+        "GET `https://b.s3.amazonaws.com/k.tar?X-Amz-Credential=AKIDSECRET&X-Amz-Signature=SIGSECRET`";
+    char red[256];
+    size_t rn = ringfeed_redact(presigned, red, sizeof red);
+    CHECK(rn == strlen(red) && !contains(red, "AKIDSECRET") && !contains(red, "SIGSECRET") &&
+              contains(red, "X-Amz-Signature=REDACTED`"),
+          "redacted: %s", red);
+    CHECK(ringfeed_redact(presigned, NULL, 0) == rn, "length with (NULL, 0)");
+    memset(red, 'X', sizeof red);
+    CHECK(ringfeed_redact(presigned, red, 8) == rn && red[7] == '\0' && red[8] == 'X',
+          "truncated to 7 bytes and a NUL");
+    CHECK(ringfeed_redact(NULL, red, sizeof red) == 0 && red[0] == '\0', "NULL text: \"\"");
+    CHECK(ringfeed_redact("\xff\xfe?sig=SECRET", red, sizeof red) == 0 && red[0] == '\0',
+          "text that is not UTF-8 gives \"\": %s", red);
+
     printf("status names:\n");
     struct {
         int32_t code;

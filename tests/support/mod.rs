@@ -8,6 +8,7 @@
 
 pub mod node;
 pub mod s3;
+pub mod skip;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -113,8 +114,21 @@ pub struct Faults {
     pub ignore_range: AtomicBool,
     /// Leave the object's size out of `Content-Range` (`bytes a-b/*`).
     pub hide_total: AtomicBool,
-    /// Send no ETag with HEAD responses (all requests).
+    /// Send no ETag (all requests, HEAD and GET).
     pub no_version: AtomicBool,
+    /// Send the ETag weak (`W/"..."`), as servers that compress do.
+    pub weak_version: AtomicBool,
+    /// Ignore `If-Match` (serve whatever the file holds now), as a server
+    /// without conditional requests does.
+    pub ignore_if_match: AtomicBool,
+    /// GETs answered 412 because `If-Match` named another version.
+    pub precondition_failed: AtomicUsize,
+    /// Replace a file between the GETs of one read (see [`Replace`]).
+    pub replace: std::sync::Mutex<Option<Replace>>,
+    /// The ETag of the object each GET answered with bytes (206 or 200)
+    /// carried, in the order they were answered: which versions a read
+    /// really got.
+    pub served: std::sync::Mutex<Vec<String>>,
     /// GET requests seen.
     pub gets: AtomicUsize,
     /// HEAD requests seen.
@@ -125,6 +139,19 @@ pub struct Faults {
     pub ranges: std::sync::Mutex<Vec<(u64, u64)>>,
     /// The proxy's faults drawn at random (`Proxy` only).
     pub random: std::sync::Mutex<Option<RandomFaults>>,
+}
+
+/// A file rewritten under its readers: once `after` GETs of `path` were
+/// answered with bytes, its content becomes `with` (written to a temporary
+/// file and renamed over it, as an object store replaces an object whole),
+/// before the body of the last of them is sent.
+pub struct Replace {
+    /// The request path, `/shard-000001.tar`.
+    pub path: String,
+    pub after: usize,
+    pub with: Vec<u8>,
+    /// GETs of `path` answered so far.
+    pub seen: usize,
 }
 
 /// The faults a `Proxy` injects at random, from a seed: each GET draws one
@@ -303,10 +330,16 @@ fn serve(mut conn: impl Read + Write, fd: i32, root: &std::path::Path, f: &Fault
     let mut buf = Vec::new();
     loop {
         // Read one request head.
-        let (method, path, range, head_len) = loop {
+        let (method, path, range, if_match, head_len) = loop {
             let mut headers = [httparse::EMPTY_HEADER; 32];
             let mut req = httparse::Request::new(&mut headers);
             if let Ok(httparse::Status::Complete(n)) = req.parse(&buf) {
+                let if_match = req
+                    .headers
+                    .iter()
+                    .find(|h| h.name.eq_ignore_ascii_case("if-match"))
+                    .and_then(|h| std::str::from_utf8(h.value).ok())
+                    .map(|v| v.trim().to_string());
                 let range = req
                     .headers
                     .iter()
@@ -319,6 +352,7 @@ fn serve(mut conn: impl Read + Write, fd: i32, root: &std::path::Path, f: &Fault
                     req.method.unwrap_or("").to_string(),
                     req.path.unwrap_or("").to_string(),
                     range,
+                    if_match,
                     n,
                 );
             }
@@ -333,7 +367,8 @@ fn serve(mut conn: impl Read + Write, fd: i32, root: &std::path::Path, f: &Fault
             let _ = conn.write_all(b"SSH-2.0-OpenSSH_9.2\r\n\r\n\r\n");
             return;
         }
-        let file = root.join(path.trim_start_matches('/'));
+        // The query (a presigned URL's) names no file.
+        let file = root.join(path.split('?').next().unwrap_or("").trim_start_matches('/'));
         let data = if path.contains("forbidden") {
             let _ = conn.write_all(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n");
             continue;
@@ -352,17 +387,21 @@ fn serve(mut conn: impl Read + Write, fd: i32, root: &std::path::Path, f: &Fault
                 }
             }
         };
+        // A strong ETag from the content, as S3 gives: a rewritten object
+        // has another.
+        let tag = (!f.no_version.load(Ordering::SeqCst)).then(|| {
+            let crc = crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, &data);
+            match f.weak_version.load(Ordering::SeqCst) {
+                true => format!("W/\"{crc:08x}\""),
+                false => format!("\"{crc:08x}\""),
+            }
+        });
+        let etag = match &tag {
+            Some(t) => format!("ETag: {t}\r\n"),
+            None => String::new(),
+        };
         if method == "HEAD" {
             f.heads.fetch_add(1, Ordering::SeqCst);
-            // A strong ETag from the content, as S3 gives: a rewritten
-            // object has another.
-            let etag = match f.no_version.load(Ordering::SeqCst) {
-                true => String::new(),
-                false => format!(
-                    "ETag: \"{:08x}\"\r\n",
-                    crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, &data)
-                ),
-            };
             let _ = write!(
                 conn,
                 "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n{etag}\r\n",
@@ -387,6 +426,23 @@ fn serve(mut conn: impl Read + Write, fd: i32, root: &std::path::Path, f: &Fault
         if take(&f.server_error) {
             let _ = conn.write_all(b"HTTP/1.1 500 Internal Error\r\nContent-Length: 0\r\n\r\n");
             continue;
+        }
+        // RFC 9110 §13.1.1: `If-Match` holds when the current version's
+        // strong ETag is one of those listed (or `*`); a weak one never
+        // matches.
+        if let Some(want) = &if_match
+            && !f.ignore_if_match.load(Ordering::SeqCst)
+        {
+            let holds = want.trim() == "*"
+                || tag.as_ref().is_some_and(|t| {
+                    !t.starts_with("W/") && want.split(',').any(|w| w.trim() == t)
+                });
+            if !holds {
+                f.precondition_failed.fetch_add(1, Ordering::SeqCst);
+                let _ = conn
+                    .write_all(b"HTTP/1.1 412 Precondition Failed\r\nContent-Length: 0\r\n\r\n");
+                continue;
+            }
         }
         // As RFC 9110 says: an end past the object is clamped to it, a
         // start at or past it is unsatisfiable (416 with the size).
@@ -418,8 +474,22 @@ fn serve(mut conn: impl Read + Write, fd: i32, root: &std::path::Path, f: &Fault
             }
             _ => ("200 OK".to_string(), &data[..]),
         };
+        f.served
+            .lock()
+            .unwrap()
+            .push(tag.clone().unwrap_or_default());
+        if let Some(r) = f.replace.lock().unwrap().as_mut()
+            && r.path == path
+        {
+            r.seen += 1;
+            if r.seen == r.after {
+                let tmp = file.with_extension("replacing");
+                std::fs::write(&tmp, &r.with).unwrap();
+                std::fs::rename(&tmp, &file).unwrap();
+            }
+        }
         let head = format!(
-            "HTTP/1.1 {status}\r\nContent-Length: {}\r\n\r\n",
+            "HTTP/1.1 {status}\r\nContent-Length: {}\r\n{etag}\r\n",
             body.len()
         );
         if conn.write_all(head.as_bytes()).is_err() {
@@ -721,9 +791,47 @@ pub struct VirtualShards {
     stop: Arc<AtomicBool>,
 }
 
-/// The pattern of the `bin` members' bytes past their first 8.
+/// The pattern of the `bin` members' bytes past their first 8: each sample
+/// starts it at its own offset (`pattern_start`), so bytes of one sample
+/// found in another's place, or a piece of a shard read at the wrong offset,
+/// do not match.
 static PATTERN: std::sync::LazyLock<Vec<u8>> =
     std::sync::LazyLock::new(|| (0..1u32 << 16).map(|i| (i * 131 + 7) as u8).collect());
+
+/// Where sample `n`'s `bin` bytes past the first 8 start in `PATTERN`; 8191
+/// is odd and prime to the pattern's length, so consecutive samples start
+/// far apart and all 65,536 starts are used.
+fn pattern_start(n: u64) -> usize {
+    (n.wrapping_mul(8191) % PATTERN.len() as u64) as usize
+}
+
+/// Calls `f` with the pieces of `PATTERN` that make `len` bytes of sample
+/// `n`'s `bin` past its first 8, in order.
+fn pattern_pieces(n: u64, len: usize, mut f: impl FnMut(&[u8])) {
+    let (mut p, mut left) = (pattern_start(n), len);
+    while left > 0 {
+        let m = left.min(PATTERN.len() - p);
+        f(&PATTERN[p..p + m]);
+        left -= m;
+        p = 0;
+    }
+}
+
+/// Whether `bin` is exactly the `bin` member of sample `n` of a
+/// `VirtualLayout` with samples of `sample_bytes`: its number, then every
+/// byte of its pattern.
+pub fn virtual_bin_is(n: u64, sample_bytes: u64, bin: &[u8]) -> bool {
+    if bin.len() as u64 != sample_bytes || bin[..8] != n.to_le_bytes() {
+        return false;
+    }
+    let mut at = 8;
+    let mut same = true;
+    pattern_pieces(n, bin.len() - 8, |piece| {
+        same &= bin[at..at + piece.len()] == *piece;
+        at += piece.len();
+    });
+    same
+}
 
 #[derive(Clone, Copy)]
 pub struct VirtualLayout {
@@ -771,12 +879,9 @@ impl VirtualLayout {
                 let key = format!("{shard:06}-{j:07}");
                 sample.extend_from_slice(&ustar(&format!("{key}.bin"), self.sample_bytes));
                 sample.extend_from_slice(&n.to_le_bytes());
-                let mut left = self.sample_bytes as usize - 8;
-                while left > 0 {
-                    let m = left.min(PATTERN.len());
-                    sample.extend_from_slice(&PATTERN[..m]);
-                    left -= m;
-                }
+                pattern_pieces(n, self.sample_bytes as usize - 8, |piece| {
+                    sample.extend_from_slice(piece)
+                });
                 sample.resize(512 + bin_pad, 0);
                 sample.extend_from_slice(&ustar(&format!("{key}.cls"), 16));
                 sample.extend_from_slice(&n.to_le_bytes());

@@ -14,7 +14,13 @@ use serde_json::{Map, Value, json};
 pub struct Dataset {
     pub dir: tempfile::TempDir,
     pub shards: Vec<String>,
+    /// Every sample's key, sorted.
+    pub keys: Vec<Vec<u8>>,
 }
+
+/// The generator's seed for `dataset()`: `synth::verify` checks a field's
+/// bytes with it.
+pub const DATASET_SEED: u64 = 11;
 
 pub fn dataset() -> &'static Dataset {
     static D: OnceLock<Dataset> = OnceLock::new();
@@ -26,11 +32,15 @@ pub fn dataset() -> &'static Dataset {
             sample_bytes: 9000,
             spread: 0.5,
             fields: vec!["bin".into(), "cls".into()],
-            seed: 11,
+            seed: DATASET_SEED,
         };
         let r = generate(dir.path(), &o, |_| {}).unwrap();
         let shards = r.paths.iter().map(|p| p.display().to_string()).collect();
-        Dataset { dir, shards }
+        let mut keys: Vec<Vec<u8>> = (r.shard_samples.iter().enumerate())
+            .flat_map(|(i, &n)| (0..n).map(move |j| ringfeed::synth::sample_key(i, j).into_bytes()))
+            .collect();
+        keys.sort();
+        Dataset { dir, shards, keys }
     })
 }
 

@@ -301,6 +301,7 @@ FUNCTIONS = {
     "ringfeed_writer_finish": ("int32_t", [("struct ringfeed_writer *", "writer")]),
     "ringfeed_writer_abort": ("int32_t", [("struct ringfeed_writer *", "writer")]),
     "ringfeed_last_error": ("size_t", [("char *", "buf"), ("size_t", "len")]),
+    "ringfeed_redact": ("size_t", [("const char *", "text"), ("char *", "buf"), ("size_t", "len")]),
     "ringfeed_status_name": ("const char *", [("int32_t", "status")]),
     "ringfeed_version": ("const char *", []),
     "ringfeed_abi_version": ("uint32_t", []),

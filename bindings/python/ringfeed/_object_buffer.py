@@ -22,7 +22,7 @@ import numpy as np
 from . import _ffi
 from ._lease import _Exported, fork_generation
 from ._loader import json_value
-from .errors import ReleasedError, from_status
+from .errors import ReleasedError, from_status, redact
 
 _lib = _ffi.lib
 
@@ -107,7 +107,7 @@ class ObjectBuffer:
     def _live(self):
         lease = self._lease
         if lease is None:
-            raise ReleasedError(f"this ObjectBuffer ({self.url}) was closed")
+            raise ReleasedError(f"this ObjectBuffer ({redact(self.url)}) was closed")
         return lease
 
     @property
@@ -183,5 +183,5 @@ class ObjectBuffer:
 
     def __repr__(self):
         if self._lease is None:
-            return f"<ringfeed.ObjectBuffer {self.url!r} closed>"
-        return f"<ringfeed.ObjectBuffer {self.url!r} {self._lease.length} bytes>"
+            return f"<ringfeed.ObjectBuffer {redact(self.url)!r} closed>"
+        return f"<ringfeed.ObjectBuffer {redact(self.url)!r} {self._lease.length} bytes>"

@@ -65,7 +65,9 @@ class ConfigError(Error, ValueError):
 
 @_raised_for(_ffi.RINGFEED_ERR_DATASET)
 class DatasetError(Error):
-    """A dataset URL is malformed, unsupported, or names nothing (a missing file)."""
+    """A dataset URL is malformed, unsupported, or names nothing (a missing file),
+    or an object changed while it was read (no bytes of two versions are returned:
+    read it again for the new version)."""
 
 
 @_raised_for(_ffi.RINGFEED_ERR_IO)
@@ -163,10 +165,23 @@ def last_error_message():
     return buf.value.decode("utf-8", "replace")
 
 
+def redact(text):
+    """`text` with the credentials of any URL in it (a presigned URL's
+    signature, key id and token; a SAS `sig`; a password before the host)
+    replaced by ``REDACTED``, as the library's own messages are."""
+    raw = str(text).encode("utf-8", "replace")
+    n = _ffi.lib.ringfeed_redact(raw, None, 0)
+    buf = ctypes.create_string_buffer(n + 1)
+    _ffi.lib.ringfeed_redact(raw, buf, n + 1)
+    return buf.value.decode("utf-8", "replace")
+
+
 def from_status(status, context=None):
-    """The exception for a negative status, with this thread's last message."""
+    """The exception for a negative status, with this thread's last message
+    (the library redacts it; `context`, which may quote a URL the caller
+    gave, is redacted here)."""
     msg = last_error_message()
     if context:
-        msg = f"{context}: {msg}"
+        msg = f"{redact(context)}: {msg}"
     cls = BY_STATUS.get(status, Error)
     return cls(msg, status)

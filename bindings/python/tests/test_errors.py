@@ -75,3 +75,37 @@ def test_from_status_raises_the_registered_class():
         e = errors.from_status(code, context="ctx")
         assert type(e) is cls and e.status == code and e.message.startswith("ctx")
     assert type(errors.from_status(-999)) is errors.Error
+
+
+SECRETS = ("AKIAPYSECRETID", "PYSESSIONTOKEN", "PYSIGNATURE0123")
+PRESIGNED = (
+    "http://127.0.0.1:9/no-such.tar?X-Amz-Algorithm=AWS4-HMAC-SHA256"
+    f"&X-Amz-Credential={SECRETS[0]}%2F20261201&X-Amz-Security-Token={SECRETS[1]}"
+    f"&X-Amz-Signature={SECRETS[2]}"
+)
+
+
+def test_redact_takes_the_credentials_out_of_a_presigned_url():
+    out = errors.redact(f"reading `{PRESIGNED}` failed")
+    for s in SECRETS:
+        assert s not in out, out
+    assert "X-Amz-Signature=REDACTED`" in out and "no-such.tar?" in out, out
+    assert errors.redact("s3://bucket/plain/key.tar") == "s3://bucket/plain/key.tar"
+
+
+def test_errors_quoting_a_presigned_url_hold_none_of_its_secrets():
+    # Nothing listens on port 9: the open fails naming the URL, which the
+    # message does quote (the control), its secrets replaced.
+    try:
+        ringfeed.Loader([PRESIGNED], batch_size=4, max_attempts=1)
+    except ringfeed.Error as e:
+        message = str(e)
+    else:
+        raise AssertionError("a loader opened on a port nothing listens on")
+    assert "no-such.tar?" in message and "REDACTED" in message, message
+    for s in SECRETS:
+        assert s not in message, message
+    # The context a binding adds (a URL its caller gave) is redacted too.
+    e = errors.from_status(_ffi.RINGFEED_ERR_IO, f"write {PRESIGNED}")
+    for s in SECRETS:
+        assert s not in str(e), str(e)

@@ -116,7 +116,7 @@ pub fn request(data: &[u8]) {
     );
 
     let obj = HttpObject::new(url, Vec::new()).expect("parse_url accepted it");
-    let get = range_request(&obj, start, len).expect("no signer");
+    let get = range_request(&obj, start, len, None).expect("no signer");
     let range = format!("bytes={}-{}", start, start + len - 1);
     well_formed(&get, "GET", &obj, Some(&range));
     let head = head_request(&obj).expect("no signer");

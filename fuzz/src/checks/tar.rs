@@ -142,6 +142,57 @@ fn samples(members: &[Member]) -> u64 {
     n
 }
 
+/// The figures an error reports, against the shard of `len` bytes walked
+/// (whatever the member limit): impossible ones (a truncation that misses no
+/// byte, a checksum error whose sums agree, an offset past the end) mean an
+/// arithmetic slip on hostile sizes.
+fn figures_hold(e: &TarError, len: u64) {
+    let block = |offset: u64, what: &str| {
+        assert!(
+            offset % 512 == 0,
+            "{what} at byte {offset}, not a block boundary: {e}"
+        );
+        assert!(
+            offset < len,
+            "{what} at byte {offset} of a {len}-byte shard: {e}"
+        );
+    };
+    match e {
+        TarError::NotTar | TarError::Empty | TarError::Compressed { .. } => {}
+        TarError::BadChecksum {
+            offset,
+            stored,
+            computed,
+        } => {
+            block(*offset, "a bad checksum");
+            assert_ne!(stored, computed, "{e}");
+        }
+        TarError::BadNumber { offset, .. } | TarError::BadPax { offset, .. } => {
+            assert!(*offset < len, "{e}");
+        }
+        TarError::Sparse { offset, .. } => block(*offset, "a sparse member"),
+        TarError::TooLarge {
+            offset,
+            size,
+            limit: l,
+            ..
+        } => {
+            assert!(size > l, "over the limit but not over it: {e}");
+            assert!(*offset < len, "{e}");
+        }
+        TarError::Truncated {
+            offset, missing, ..
+        } => {
+            assert!(*missing > 0, "a truncation that misses no byte: {e}");
+            assert!(*offset <= len, "{e}");
+            assert!(
+                offset.checked_add(*missing).is_some_and(|end| end > len),
+                "a truncation that the shard's bytes would have covered: {e}"
+            );
+        }
+    }
+}
+
 pub fn check(data: &[u8]) {
     let mut input = Input::new(data);
     // Member-size limits: none, a chunk-like one, and one small enough to
@@ -155,6 +206,9 @@ pub fn check(data: &[u8]) {
     let shard = input.rest();
 
     let whole = walk(shard, &[shard.len()], limit);
+    if let Err(e) = &whole {
+        figures_hold(e, shard.len() as u64);
+    }
     let split = walk(shard, &segment_ends(&cuts, shard.len()), limit);
     assert_eq!(whole, split, "the cuts {cuts:?} changed the walk");
 
@@ -167,6 +221,9 @@ pub fn check(data: &[u8]) {
         shard.len() as u64,
         limit,
     );
+    if let Err(e) = &counted {
+        figures_hold(e, shard.len() as u64);
+    }
     assert_eq!(
         counted,
         whole.map(|w| samples(&w.members)),

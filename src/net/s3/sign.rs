@@ -167,7 +167,8 @@ mod tests {
         let obj = HttpObject::new("http://127.0.0.1:9000/b/k%20x.tar", vec![])
             .unwrap()
             .with_signer(Arc::new(signer(None)));
-        let req = String::from_utf8(crate::net::http::range_request(&obj, 0, 10).unwrap()).unwrap();
+        let req =
+            String::from_utf8(crate::net::http::range_request(&obj, 0, 10, None).unwrap()).unwrap();
         assert!(req.starts_with("GET /b/k%20x.tar HTTP/1.1\r\n"), "{req}");
         assert!(
             req.contains("\r\nauthorization: AWS4-HMAC-SHA256 "),

@@ -215,6 +215,12 @@ impl S3Client {
             {
                 f.code = error_code(&b);
             }
+            if f.code
+                .as_deref()
+                .is_some_and(crate::net::retry::is_throttling_code)
+            {
+                f.kind = FailKind::Throttled;
+            }
             return Err(f);
         }
         let body = resp
@@ -226,7 +232,7 @@ impl S3Client {
             // InternalError; others are final.
             let kind = match code.as_str() {
                 "InternalError" | "ServiceUnavailable" => FailKind::ServerError,
-                "SlowDown" => FailKind::Throttled,
+                c if crate::net::retry::is_throttling_code(c) => FailKind::Throttled,
                 _ => FailKind::Client,
             };
             let mut f = Fail::new(kind, format!("HTTP {status} with an error body"));

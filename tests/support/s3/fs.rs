@@ -165,7 +165,33 @@ impl s3s::S3 for Fs {
         self.enter(Op::GetObject, None)?;
         self.state.denied(&req.input.bucket, &req.input.key)?;
         self.bucket_exists(&req.input.bucket)?;
-        self.inner.get_object(req).await
+        let (bucket, key) = (req.input.bucket.clone(), req.input.key.clone());
+        let condition = req.input.if_match.clone();
+        // The condition is checked against the answer s3s-fs made (its
+        // ETag and its open file go together), so no rewrite falls between.
+        let answer = self.inner.get_object(req).await?;
+        let etag = answer.output.e_tag.clone();
+        let ignore = self.state.ignore_if_match.load(Ordering::SeqCst);
+        if let Some(c) = condition
+            && !ignore
+        {
+            use s3s::dto::{ETag, ETagCondition};
+            // RFC 9110 §13.1.1: strong comparison; a weak tag never matches.
+            let holds = match (&c, &etag) {
+                (ETagCondition::Any, Some(_)) => true,
+                (ETagCondition::ETag(ETag::Strong(want)), Some(ETag::Strong(have))) => want == have,
+                _ => false,
+            };
+            if !holds {
+                self.state
+                    .precondition_failed
+                    .fetch_add(1, Ordering::SeqCst);
+                return Err(s3_error!(PreconditionFailed));
+            }
+        }
+        let tag = etag.map(|t| t.value().to_string()).unwrap_or_default();
+        self.state.served(&self.root, &bucket, &key, tag);
+        Ok(answer)
     }
 
     async fn head_object(

@@ -25,13 +25,23 @@
 //!   racing for a new key exactly one succeeds and the other gets 412
 //!   PreconditionFailed (s3s-fs checks and writes with no lock between).
 //!
+//! - GetObject honours `If-Match` (s3s-fs ignores it): a GET whose
+//!   condition names another ETag than the object's now gets 412
+//!   PreconditionFailed, as S3 answers.
+//!
 //! For the tests it also injects S3 errors by operation (and by part
 //! number for UploadPart) and by key (every request on a bucket's keys
 //! under a prefix, as a policy that denies them), counts requests by
-//! operation, and tracks the multipart uploads left open. A completion
-//! can be made to go wrong the ways a network does (`Completion`): done,
-//! with its answer lost; another writer's object landing first, the answer
-//! lost; held, never answered. The state is shared through an `Arc`
+//! operation, tracks the multipart uploads left open, takes keys a test
+//! issues with a lifetime (as STS's temporary credentials): a request
+//! signed with one past its expiry is refused with `ExpiredToken`, as S3
+//! does; and replaces an object between the GETs of one read
+//! (`replace_after`; `ignore_if_match` makes it serve the new bytes to a
+//! GET pinned to the old ones, as a store without conditional GETs would).
+//! A completion can be made to go wrong the ways a network does
+//! (`Completion`): done, with its answer lost; another writer's object
+//! landing first, the answer lost; held, never answered. The state is
+//! shared through an `Arc`
 //! between the server's handlers and the `S3Server` the test holds.
 //!
 //! `checksum` holds S3's checksum rules, `multipart` what completing an
@@ -50,6 +60,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use s3s::{S3Error, S3ErrorCode, S3Result, s3_error};
 
@@ -148,6 +159,53 @@ struct State {
     /// of preconditions and its write. Never pruned: one entry per key
     /// written, a few thousand at most in a test or benchmark.
     key_locks: Mutex<HashMap<(String, String), KeyLock>>,
+    /// The object replaced under its readers, if any.
+    replace: Mutex<Option<Replace>>,
+    /// GetObject serves whatever the object holds, `If-Match` or not.
+    ignore_if_match: std::sync::atomic::AtomicBool,
+    /// GetObjects answered 412 PreconditionFailed.
+    precondition_failed: AtomicU64,
+    /// The ETag of every GetObject answered with bytes, in order.
+    served: Mutex<Vec<String>>,
+    /// The keys requests may be signed with: access key id → secret and
+    /// expiry (`None`: never expires).
+    keys: Mutex<HashMap<String, (String, Option<Instant>)>>,
+    /// Requests refused because their key had expired. Relaxed: a counter.
+    expired: AtomicU64,
+    /// The issued keys requests were signed with.
+    used: Mutex<std::collections::BTreeSet<String>>,
+}
+
+/// The server's key check: the issued keys, each until its expiry.
+struct Keys(Arc<State>);
+
+#[async_trait::async_trait]
+impl s3s::auth::S3Auth for Keys {
+    async fn get_secret_key(&self, access_key: &str) -> S3Result<s3s::auth::SecretKey> {
+        let keys = self.0.keys.lock().unwrap();
+        match keys.get(access_key) {
+            None => Err(s3_error!(InvalidAccessKeyId)),
+            Some((_, Some(until))) if Instant::now() >= *until => {
+                self.0.expired.fetch_add(1, Ordering::Relaxed);
+                Err(s3_error!(ExpiredToken, "The provided token has expired."))
+            }
+            Some((secret, until)) => {
+                if until.is_some() {
+                    self.0.used.lock().unwrap().insert(access_key.to_string());
+                }
+                Ok(secret.as_str().into())
+            }
+        }
+    }
+}
+
+/// An object rewritten once `after` GetObjects of it were answered.
+struct Replace {
+    bucket: String,
+    key: String,
+    after: u64,
+    with: Vec<u8>,
+    seen: u64,
 }
 
 #[derive(Clone)]
@@ -232,6 +290,37 @@ impl State {
         }
     }
 
+    /// Counts a GetObject of `bucket`/`key` answered with bytes, and
+    /// replaces the object when it is the one `replace_after` names.
+    fn served(&self, root: &Path, bucket: &str, key: &str, etag: String) {
+        self.served.lock().unwrap().push(etag);
+        let mut replace = self.replace.lock().unwrap();
+        let Some(r) = replace.as_mut() else { return };
+        if r.bucket != bucket || r.key != key {
+            return;
+        }
+        r.seen += 1;
+        if r.seen != r.after {
+            return;
+        }
+        // Whole, as S3 replaces an object: a new file renamed over the old
+        // (a GET streaming the old one keeps its bytes), and the ETag that
+        // s3s-fs saved for a PutObject dropped, so the new one is the new
+        // bytes' MD5.
+        let path = root.join(bucket).join(key);
+        let tmp = path.with_extension("replacing");
+        std::fs::write(&tmp, &r.with).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+        use base64::Engine as _;
+        let b64 = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+        let info = root.join(format!(
+            ".bucket-{}.object-{}.internal.json",
+            b64(bucket),
+            b64(key)
+        ));
+        let _ = std::fs::remove_file(info);
+    }
+
     fn key_lock(&self, bucket: &str, key: &str) -> KeyLock {
         let mut locks = self.key_locks.lock().unwrap();
         locks
@@ -261,7 +350,6 @@ impl S3Server {
     pub fn start_on(root: &Path, port: u16, threads: usize) -> std::io::Result<S3Server> {
         use hyper_util::rt::{TokioExecutor, TokioIo};
         use hyper_util::server::conn::auto::Builder as ConnBuilder;
-        use s3s::auth::SimpleAuth;
         use s3s::service::S3ServiceBuilder;
 
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -269,6 +357,11 @@ impl S3Server {
             .enable_all()
             .build()?;
         let state = Arc::new(State::default());
+        state
+            .keys
+            .lock()
+            .unwrap()
+            .insert(ACCESS_KEY.into(), (SECRET_KEY.into(), None));
         let fs = fs::Fs {
             inner: s3s_fs::FileSystem::new(root)
                 .map_err(|e| std::io::Error::other(format!("s3s-fs: {e:?}")))?,
@@ -276,7 +369,7 @@ impl S3Server {
             state: state.clone(),
         };
         let mut b = S3ServiceBuilder::new(fs);
-        b.set_auth(SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
+        b.set_auth(Keys(state.clone()));
         let service = Answering(b.build());
         let listener = runtime.block_on(tokio::net::TcpListener::bind(("127.0.0.1", port)))?;
         let addr = listener.local_addr()?;
@@ -357,6 +450,55 @@ impl S3Server {
     /// with an error in the body, as S3 may; the upload stays open.
     pub fn fail_complete_in_body(&self, code: S3ErrorCode, times: Option<u32>) {
         self.add_fault(Op::CompleteMultipartUpload, None, code, times, true);
+    }
+
+    /// A new key pair requests may be signed with for `lifetime` from now
+    /// (`n` makes it unique): `(access key id, secret)`.
+    pub fn issue_key(&self, n: u64, lifetime: Duration) -> (String, String) {
+        let (id, secret) = (format!("ASIATEMP{n:08}"), format!("temp-secret-{n}"));
+        self.state.keys.lock().unwrap().insert(
+            id.clone(),
+            (secret.clone(), Some(Instant::now() + lifetime)),
+        );
+        (id, secret)
+    }
+
+    /// The issued keys (`issue_key`) requests were signed with.
+    pub fn keys_used(&self) -> usize {
+        self.state.used.lock().unwrap().len()
+    }
+
+    /// Requests refused with `ExpiredToken`.
+    pub fn expired_refusals(&self) -> u64 {
+        self.state.expired.load(Ordering::Relaxed)
+    }
+
+    /// Once `after` GetObjects of `bucket`/`key` were answered, the object
+    /// holds `with` (before the body of the last of them is sent): a
+    /// rewrite between the parts of one read.
+    pub fn replace_after(&self, bucket: &str, key: &str, after: u64, with: Vec<u8>) {
+        *self.state.replace.lock().unwrap() = Some(Replace {
+            bucket: bucket.into(),
+            key: key.into(),
+            after,
+            with,
+            seen: 0,
+        });
+    }
+
+    /// GetObject ignores `If-Match` (`true`) or honours it (the default).
+    pub fn ignore_if_match(&self, ignore: bool) {
+        self.state.ignore_if_match.store(ignore, Ordering::SeqCst);
+    }
+
+    /// GetObjects answered 412 PreconditionFailed so far.
+    pub fn precondition_failed(&self) -> u64 {
+        self.state.precondition_failed.load(Ordering::SeqCst)
+    }
+
+    /// The ETag each GetObject answered with bytes carried, in order.
+    pub fn served_etags(&self) -> Vec<String> {
+        self.state.served.lock().unwrap().clone()
     }
 
     pub fn clear_faults(&self) {

@@ -1,16 +1,19 @@
 //! The credentials themselves: a key pair, with a session token and expiry
 //! for temporary ones, and when they must be fetched again. `Debug` redacts
-//! the secrets.
+//! the secrets, and they are kept in pages excluded from core dumps
+//! (`SecretText`).
 
 use std::fmt;
 use std::time::{Duration, SystemTime};
+
+use super::secret::SecretText;
 
 /// A key pair, with a session token and expiry for temporary credentials.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Credentials {
     pub access_key_id: String,
-    secret_access_key: String,
-    session_token: Option<String>,
+    secret_access_key: SecretText,
+    session_token: Option<SecretText>,
     /// `None`: long-lived keys that never need refreshing.
     pub expiry: Option<SystemTime>,
     /// Which source gave them, for messages (`"environment"`, ...).
@@ -58,19 +61,25 @@ impl Credentials {
     ) -> Credentials {
         Credentials {
             access_key_id: access_key_id.to_string(),
-            secret_access_key: secret_access_key.to_string(),
-            session_token: session_token.map(str::to_string),
+            secret_access_key: SecretText::new(secret_access_key),
+            session_token: session_token.map(SecretText::new),
             expiry,
             source: source.to_string(),
         }
     }
 
     pub fn secret_access_key(&self) -> &str {
-        &self.secret_access_key
+        self.secret_access_key.as_str()
     }
 
     pub fn session_token(&self) -> Option<&str> {
-        self.session_token.as_deref()
+        self.session_token.as_ref().map(SecretText::as_str)
+    }
+
+    /// The secret key's text, for the test that checks its pages stay out
+    /// of core dumps.
+    pub fn secret_storage(&self) -> &SecretText {
+        &self.secret_access_key
     }
 }
 

@@ -23,7 +23,8 @@
 //! `assume.rs` (a profile's `role_arn` through STS AssumeRole), `sso.rs`
 //! (SSO's cached token and GetRoleCredentials), `process.rs`
 //! (`credential_process`), `http.rs` (what the sources over HTTP share),
-//! `sts.rs` (web identity),
+//! `sts.rs` (web identity), `secret.rs` (secrets in pages kept out of core
+//! dumps),
 //! `container.rs` (ECS, EKS Pod Identity), `imds.rs` (instance metadata),
 //! `chain.rs` (the order of the sources) and `provider.rs` (keeping and
 //! refreshing the chosen source's credentials).
@@ -39,6 +40,7 @@ mod process;
 mod profile;
 mod profiles;
 mod provider;
+mod secret;
 mod sso;
 mod sts;
 #[cfg(test)]
@@ -51,13 +53,16 @@ pub use credentials::{Credentials, REFRESH_MARGIN, expired, needs_refresh};
 pub use http::{CONNECT_TIMEOUT, REQUEST_TIMEOUT, client, parse_time};
 pub use imds::from_imds;
 pub use keys::{from_config, from_env, static_keys};
-pub use process::{from_process, parse_process_output};
+pub use process::{
+    PROCESS_TIMEOUT, ProcessError, from_process, from_process_within, parse_process_output,
+};
 pub use profile::{
     Ini, config_path, config_sections, credentials_path, parse_ini, profile, profile_name,
     profile_value,
 };
 pub use profiles::from_profile;
 pub use provider::Provider;
+pub use secret::SecretText;
 pub use sso::{
     cache_file as sso_cache_file, parse_role_credentials, parse_token as parse_sso_token,
 };

@@ -62,7 +62,7 @@ fn resolve(env: &Env, name: &str, seen: &mut Vec<String>) -> Result<Option<Crede
         return from_sso(env, name, &p, &config_sections(env)).map(Some);
     }
     if let Some(cmd) = p.get("credential_process").filter(|c| !c.trim().is_empty()) {
-        return from_process(name, cmd).map(Some);
+        return from_process(name, cmd).map(Some).map_err(|e| e.to_string());
     }
     static_keys(name, &p)
 }

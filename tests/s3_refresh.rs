@@ -1,0 +1,209 @@
+//! Credentials that expire every few seconds, over a minute of streaming:
+//! a container credentials endpoint (as ECS and EKS Pod Identity serve)
+//! hands out keys that the S3 test server takes for 6 s each and then
+//! refuses with `ExpiredToken`; a loader reading slowly for a minute
+//! refreshes them many times and delivers every sample once, every byte
+//! checked, with no request refused. The control: the first key, given as
+//! fixed credentials once it has expired, is refused by name.
+//!
+//! The loader finds its credentials through the process environment, so
+//! this binary holds this one test, which sets the environment before any
+//! other thread starts.
+
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+mod support;
+
+use support::s3::S3Server;
+
+use ringfeed::synth::{self, GenOptions};
+use ringfeed::{Config, Error, Loader, Next};
+
+const BUCKET: &str = "ringfeed-data";
+const SEED: u64 = 61;
+/// Each key's life on the server: a few seconds, so a minute of streaming
+/// needs about twenty refreshes (each due at half the life).
+const LIFETIME: Duration = Duration::from_secs(6);
+/// The consumer's pause per batch: ~80 batches take about a minute.
+const PAUSE: Duration = Duration::from_millis(700);
+
+/// `YYYY-MM-DDTHH:MM:SSZ` of a time (civil-from-days, Howard Hinnant's).
+fn iso(t: SystemTime) -> String {
+    let secs = t.duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs() as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+/// The keys an endpoint issued, in order: (access key id, secret).
+type Issued = Arc<std::sync::Mutex<Vec<(String, String)>>>;
+
+/// A container credentials endpoint: each request gets a new key from
+/// `s3`, living `LIFETIME` (its `Expiration` rounded down to the second,
+/// so the loader never thinks a key lives longer than the server does).
+/// Returns its URL and the keys issued, in order.
+fn credentials_endpoint(s3: Arc<S3Server>) -> (String, Issued) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/creds", listener.local_addr().unwrap());
+    let issued = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = Arc::clone(&issued);
+    let n = AtomicU64::new(0);
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let mut head = Vec::new();
+            let mut b = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                match conn.read(&mut b) {
+                    Ok(0) | Err(_) => break,
+                    Ok(k) => head.extend_from_slice(&b[..k]),
+                }
+            }
+            let i = n.fetch_add(1, Ordering::Relaxed);
+            let expires = SystemTime::now() + LIFETIME;
+            let (id, secret) = s3.issue_key(i, LIFETIME);
+            log.lock().unwrap().push((id.clone(), secret.clone()));
+            let body = format!(
+                r#"{{"AccessKeyId":"{id}","SecretAccessKey":"{secret}","Token":"token-{i}","Expiration":"{}"}}"#,
+                iso(expires)
+            );
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    (url, issued)
+}
+
+/// Four shards of about 2 MiB, samples of about 20 KB; returns the samples.
+fn dataset(root: &Path) -> usize {
+    let o = GenOptions {
+        shards: 4,
+        shard_bytes: 2 << 20,
+        sample_bytes: 20_000,
+        spread: 0.5,
+        fields: vec!["bin".into(), "cls".into()],
+        seed: SEED,
+    };
+    synth::generate(&root.join(BUCKET), &o, |_| {})
+        .unwrap()
+        .samples as usize
+}
+
+fn config(s3: &S3Server, extra: serde_json::Value) -> Config {
+    // A budget of 2 MiB for 8 MiB of shards: reads go on for as long as
+    // the consumer takes, not all at open.
+    let mut m = serde_json::json!({
+        "urls": [format!("s3://{BUCKET}/shard-{{000000..000003}}.tar")],
+        "memory_budget": "2MiB",
+        "chunk_size": "64KiB",
+        "reads_in_flight": 2,
+        "prefetch_batches": 2,
+        "batch_size": 5,
+        "workers": 2,
+        "s3_endpoint": s3.endpoint(),
+    });
+    if let (Some(m), serde_json::Value::Object(e)) = (m.as_object_mut(), extra) {
+        m.extend(e);
+    }
+    Config::from_map(m.as_object().unwrap()).unwrap()
+}
+
+#[test]
+fn credentials_expiring_every_few_seconds_are_refreshed_over_a_minute_of_streaming() {
+    let home = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let samples = dataset(root.path());
+    let s3 = Arc::new(S3Server::start(root.path()));
+    let (url, issued) = credentials_endpoint(Arc::clone(&s3));
+    // Only the container source is configured: no keys, profile or web
+    // identity from the machine running the test.
+    // SAFETY: the only test of this binary, before any thread of its own
+    // reads the environment (the servers' threads never do).
+    unsafe {
+        for k in [
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_SESSION_TOKEN",
+            "AWS_PROFILE",
+            "AWS_CONFIG_FILE",
+            "AWS_SHARED_CREDENTIALS_FILE",
+            "AWS_WEB_IDENTITY_TOKEN_FILE",
+            "AWS_ROLE_ARN",
+            "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+            "AWS_CONTAINER_AUTHORIZATION_TOKEN",
+            "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
+        ] {
+            std::env::remove_var(k);
+        }
+        std::env::set_var("HOME", home.path());
+        std::env::set_var("AWS_EC2_METADATA_DISABLED", "true");
+        std::env::set_var("AWS_CONTAINER_CREDENTIALS_FULL_URI", &url);
+    }
+
+    let loader = Loader::open(config(&s3, serde_json::json!({}))).unwrap();
+    let mut seen = std::collections::BTreeSet::new();
+    loop {
+        match loader.next(Some(Duration::from_secs(60))).unwrap() {
+            Next::Batch(b) => {
+                for s in b.samples() {
+                    for (name, data) in s.fields() {
+                        assert!(synth::verify(SEED, s.key(), name, data), "bad bytes");
+                    }
+                    assert!(seen.insert(s.key().to_vec()), "sample twice");
+                }
+                drop(b);
+                std::thread::sleep(PAUSE);
+            }
+            Next::EndOfEpoch(_) => {}
+            Next::Finished => break,
+            Next::Timeout => panic!("stalled"),
+        }
+    }
+    assert_eq!(seen.len(), samples);
+    let keys = issued.lock().unwrap().clone();
+    eprintln!(
+        "{} samples; {} keys issued, {} used",
+        seen.len(),
+        keys.len(),
+        s3.keys_used()
+    );
+    // Refreshed all along, each key used, none used past its life.
+    assert!(keys.len() >= 10, "{} keys issued", keys.len());
+    assert!(s3.keys_used() >= 10, "{} keys used", s3.keys_used());
+    assert_eq!(s3.expired_refusals(), 0);
+
+    // Control: the first key, long expired, as fixed credentials: the
+    // server refuses it, by name.
+    let (id, secret) = keys[0].clone();
+    let e = support::first_error(config(
+        &s3,
+        serde_json::json!({"aws_access_key_id": id, "aws_secret_access_key": secret,
+                           "aws_session_token": "token-0"}),
+    ));
+    assert!(
+        matches!(&e, Error::S3 { code, .. } if code == "ExpiredToken"),
+        "{e}"
+    );
+    assert!(s3.expired_refusals() > 0);
+}
