@@ -4,6 +4,7 @@
 //!
 //! ```text
 //! s3_server ROOT [--port N] [--bucket NAME]... [--fail-part N:CODE]...
+//!                [--deny BUCKET/PREFIX:CODE]... [--hold-complete]
 //!                [--threads N] [--ignore-stdin]
 //! ```
 //!
@@ -14,7 +15,12 @@
 //! process that started it with a pipe dies (`--ignore-stdin`: until
 //! killed only). `--fail-part 2:InternalError` makes every UploadPart of
 //! part 2 fail with that S3 error code (e.g. `InternalError`, 500;
-//! `AccessDenied`, 403; `SlowDown`, 503).
+//! `AccessDenied`, 403; `SlowDown`, 503). `--deny ckpt/denied/:AccessDenied`
+//! makes every request on a key of bucket `ckpt` under `denied/` fail so,
+//! as a bucket policy would (an empty prefix: every key). `--hold-complete`
+//! makes every CompleteMultipartUpload wait, never answered, and print
+//! `s3_server: holding CompleteMultipartUpload of BUCKET/KEY` on stderr: a
+//! test kills its writer there, after every part is uploaded.
 //!
 //! Requests must be signed (SigV4, any region) with the test credentials:
 //! access key `AKIARINGFEEDTEST`, secret key
@@ -41,12 +47,15 @@ struct Args {
     port: u16,
     buckets: Vec<String>,
     fail_parts: Vec<(i32, s3s::S3ErrorCode)>,
+    denials: Vec<(String, String, s3s::S3ErrorCode)>,
+    hold_complete: bool,
     threads: usize,
     ignore_stdin: bool,
 }
 
 const USAGE: &str = "usage: s3_server ROOT [--port N] [--bucket NAME]... \
-                     [--fail-part N:CODE]... [--threads N] [--ignore-stdin]";
+                     [--fail-part N:CODE]... [--deny BUCKET/PREFIX:CODE]... \
+                     [--hold-complete] [--threads N] [--ignore-stdin]";
 
 fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut root = None;
@@ -55,6 +64,8 @@ fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
         port: 0,
         buckets: Vec::new(),
         fail_parts: Vec::new(),
+        denials: Vec::new(),
+        hold_complete: false,
         threads: DEFAULT_THREADS,
         ignore_stdin: false,
     };
@@ -67,6 +78,8 @@ fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
             }
             "--bucket" => args.buckets.push(value()?),
             "--fail-part" => args.fail_parts.push(fail_part(&value()?)?),
+            "--deny" => args.denials.push(deny(&value()?)?),
+            "--hold-complete" => args.hold_complete = true,
             "--threads" => {
                 let v = value()?;
                 args.threads = v
@@ -102,6 +115,22 @@ fn fail_part(v: &str) -> Result<(i32, s3s::S3ErrorCode), String> {
     Ok((n, code))
 }
 
+/// `BUCKET/PREFIX:CODE` (the prefix may be empty), CODE one of S3's error
+/// codes that has an HTTP status.
+fn deny(v: &str) -> Result<(String, String, s3s::S3ErrorCode), String> {
+    let (place, code) = v
+        .rsplit_once(':')
+        .ok_or_else(|| format!("--deny {v}: not BUCKET/PREFIX:CODE"))?;
+    let (bucket, prefix) = place.split_once('/').unwrap_or((place, ""));
+    if bucket.is_empty() {
+        return Err(format!("--deny {v}: no bucket"));
+    }
+    let code = s3s::S3ErrorCode::from_bytes(code.as_bytes())
+        .filter(|c| c.status_code().is_some())
+        .ok_or_else(|| format!("--deny {v}: {code} is not an S3 error code"))?;
+    Ok((bucket.to_string(), prefix.to_string(), code))
+}
+
 fn run(args: Args) -> Result<(), String> {
     let root = &args.root;
     let dirs = std::iter::once(root.clone()).chain(args.buckets.iter().map(|b| root.join(b)));
@@ -112,6 +141,12 @@ fn run(args: Args) -> Result<(), String> {
         .map_err(|e| format!("listen on 127.0.0.1:{}: {e}", args.port))?;
     for (n, code) in args.fail_parts {
         server.fail_upload_part(n, code);
+    }
+    for (bucket, prefix, code) in args.denials {
+        server.deny(&bucket, &prefix, code);
+    }
+    if args.hold_complete {
+        server.complete_as(s3::Completion::Hold, None);
     }
     let mut out = std::io::stdout().lock();
     writeln!(out, "{}", server.endpoint())

@@ -609,6 +609,17 @@ int32_t ringfeed_object_list(const char *url,
                              size_t len,
                              size_t *needed);
 
+// Whether the object at `url` (`s3://bucket/key`, a local path or
+// `file://` URL) exists: `*exists` gets 1 or 0. Absent (0) only when S3
+// answers 404 `NoSuchKey` or the file is not there; any other answer
+// (`AccessDenied`, `ExpiredToken`, `NoSuchBucket`, a 5xx past its
+// retries) is an error status whose message names S3's code.
+//
+// # Safety
+// `url` must be NUL-terminated; `config_json` NULL or NUL-terminated;
+// `exists` writable.
+int32_t ringfeed_object_exists(const char *url, const char *config_json, int32_t *exists);
+
 // Writes `data` (`len` bytes) as the object at `url` (`s3://bucket/key`,
 // a local path or `file://` URL), visible only once whole: to S3 with one
 // conditional `PutObject`, or a multipart upload of `part_size` parts,

@@ -253,6 +253,32 @@ pub unsafe extern "C" fn ringfeed_object_list(
     })
 }
 
+/// Whether the object at `url` (`s3://bucket/key`, a local path or
+/// `file://` URL) exists: `*exists` gets 1 or 0. Absent (0) only when S3
+/// answers 404 `NoSuchKey` or the file is not there; any other answer
+/// (`AccessDenied`, `ExpiredToken`, `NoSuchBucket`, a 5xx past its
+/// retries) is an error status whose message names S3's code.
+///
+/// # Safety
+/// `url` must be NUL-terminated; `config_json` NULL or NUL-terminated;
+/// `exists` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ringfeed_object_exists(
+    url: *const c_char,
+    config_json: *const c_char,
+    exists: *mut i32,
+) -> i32 {
+    boundary(|| {
+        check(exists, "exists")?;
+        // SAFETY: the caller passes NUL-terminated strings or NULL.
+        let (url, cfg) = unsafe { (text(url, "url")?, config(config_json)?) };
+        let there = object::exists(url, &cfg)?;
+        // SAFETY: checked above; the caller says it is writable.
+        unsafe { exists.write(i32::from(there)) };
+        Ok(RINGFEED_OK)
+    })
+}
+
 /// Writes `data` (`len` bytes) as the object at `url` (`s3://bucket/key`,
 /// a local path or `file://` URL), visible only once whole: to S3 with one
 /// conditional `PutObject`, or a multipart upload of `part_size` parts,

@@ -13,7 +13,10 @@
 //!   local path through a temporary file renamed into place. Neither
 //!   replaces an existing object unless `overwrite` is set.
 //!
-//! Both take a [`Config`] (`Config::for_objects`): the loader's keys for
+//! - [`exists`]: whether an object is there, absent only on S3's
+//!   `NoSuchKey`.
+//!
+//! All take a [`Config`] (`Config::for_objects`): the loader's keys for
 //! S3, retries, I/O backend and memory, and `part_size`, `parts_in_flight`,
 //! `checksum`, `overwrite`.
 
@@ -28,8 +31,10 @@ pub use write::{Writer, write};
 use crate::config::Config;
 use crate::dataset::Shard;
 use crate::error::Result;
-use crate::fetch::NetOptions;
-use crate::net::s3::Env;
+use crate::fetch::{NetOptions, with_retries};
+use crate::net::retry::Jitter;
+use crate::net::s3::list::{S3Client, s3_error};
+use crate::net::s3::{Env, S3Url};
 
 /// Bytes done so far, for a progress line; shared with the thread that
 /// draws it.
@@ -55,6 +60,50 @@ impl Progress {
 pub fn list(urls: &[String], cfg: &Config) -> Result<Vec<Shard>> {
     let net = NetOptions::for_config(cfg);
     crate::dataset::resolve_objects(urls, &net, &cfg.s3, &Env::process())
+}
+
+/// Whether the object at `url` (`s3://bucket/key`, a local path or
+/// `file://` URL) exists. Absent only when S3 answers 404 `NoSuchKey` (or
+/// the file is not there): `AccessDenied`, `ExpiredToken`, `NoSuchBucket`
+/// and a 5xx past its retries are errors naming S3's code, never "absent"
+/// (a checkpoint reader that took them for "no checkpoint" would start a
+/// job over).
+pub fn exists(url: &str, cfg: &Config) -> Result<bool> {
+    if url.starts_with("http://") || url.starts_with("https://") {
+        return Err(crate::Error::Url {
+            url: url.to_string(),
+            reason: "existence is asked of s3:// URLs and local paths".into(),
+        });
+    }
+    if !url.starts_with("s3://") {
+        let path = crate::dataset::parse::local_path(url)?;
+        return match path.symlink_metadata() {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(crate::Error::io(crate::error::IoOp::Open, &path, &e)),
+        };
+    }
+    let u = S3Url::parse(url).map_err(|reason| crate::Error::Url {
+        url: url.to_string(),
+        reason,
+    })?;
+    if u.is_prefix() || u.key.is_empty() {
+        return Err(crate::Error::Url {
+            url: url.to_string(),
+            reason: "names a prefix; give the object's key".into(),
+        });
+    }
+    let client = S3Client::new(&cfg.s3, &Env::process())?;
+    let net = NetOptions::for_config(cfg);
+    // A fixed seed: the jitter only spreads this call's retries.
+    let mut jitter = Jitter::new(0xe7157);
+    let mut code = None;
+    with_retries(&net, &mut jitter, &u.display(), || {
+        client
+            .present(&u.bucket, &u.key)
+            .inspect_err(|f| code.clone_from(&f.code))
+    })
+    .map_err(|e| s3_error(e, &u.bucket, &u.key, code))
 }
 
 /// One object, sized (see [`list`]); a URL that names several is an error.

@@ -382,6 +382,17 @@ int main(int argc, char **argv) {
     expect_object(file_url, "{}", bytes, n);
     printf("reads: ok\n");
 
+    /* Is it there: 1 for the file, 0 for a missing one, a NULL answer refused. */
+    int32_t there = -1;
+    EXPECT_STATUS(ringfeed_object_exists(file, NULL, &there), RINGFEED_OK);
+    CHECK(there == 1, "exists(%s) gave %d", file, there);
+    char *missing = join(scratch, "no-such-file");
+    EXPECT_STATUS(ringfeed_object_exists(missing, NULL, &there), RINGFEED_OK);
+    CHECK(there == 0, "exists(%s) gave %d", missing, there);
+    EXPECT_ERROR(ringfeed_object_exists(file, NULL, NULL), RINGFEED_ERR_INVALID_ARGUMENT, "exists");
+    free(missing);
+    printf("exists: ok\n");
+
     char *local = join(scratch, "out");
     CHECK(mkdir(local, 0755) == 0, "mkdir %s: %s", local, strerror(errno));
     writes_and_reads(local, small_parts,
@@ -417,6 +428,12 @@ int main(int argc, char **argv) {
         snprintf(key, sizeof key, "s3://%s/no-such-key", argv[5]);
         ringfeed_object *o = NULL;
         EXPECT_ERROR(ringfeed_object_read(key, config, &o), RINGFEED_ERR_DATASET, "no-such-key");
+        int32_t there = -1;
+        EXPECT_STATUS(ringfeed_object_exists(key, config, &there), RINGFEED_OK);
+        CHECK(there == 0, "exists(%s) gave %d", key, there);
+        snprintf(key, sizeof key, "s3://%s/model.bin", argv[5]);
+        EXPECT_STATUS(ringfeed_object_exists(key, config, &there), RINGFEED_OK);
+        CHECK(there == 1, "exists(%s) gave %d", key, there);
         CHECK(!contains(last_error(), argv[4]), "a message shows the secret key");
         printf("s3: ok\n");
     }

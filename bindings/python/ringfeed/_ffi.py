@@ -265,6 +265,14 @@ FUNCTIONS = {
             ("size_t *", "needed"),
         ],
     ),
+    "ringfeed_object_exists": (
+        "int32_t",
+        [
+            ("const char *", "url"),
+            ("const char *", "config_json"),
+            ("int32_t *", "exists"),
+        ],
+    ),
     "ringfeed_object_write": (
         "int32_t",
         [

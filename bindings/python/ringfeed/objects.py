@@ -77,6 +77,20 @@ def list_objects(url, **config):
     return [(o["url"], o["size"]) for o in json.loads(text.decode())]
 
 
+def object_exists(url, **config):
+    """Whether the object at `url` (``s3://bucket/key`` or a local path)
+    exists. False only when S3 answers 404 ``NoSuchKey`` (or the file is
+    not there); any other answer raises its error naming S3's code:
+    ``AccessDenied`` (S3's answer for a missing key without
+    ``s3:ListBucket``) and ``ExpiredToken`` as `DatasetError`, a 5xx past
+    its retries as `NetworkError`."""
+    there = ctypes.c_int32(0)
+    st = _lib.ringfeed_object_exists(url_arg(url), config_json(config), ctypes.byref(there))
+    if st != _ffi.RINGFEED_OK:
+        raise from_status(st, f"does {url} exist")
+    return bool(there.value)
+
+
 def read_objects(urls, **config):
     """Reads several objects whole: `urls` is a str (a directory, an
     ``s3://bucket/prefix/``, a brace pattern: each object `list_objects`
@@ -138,6 +152,7 @@ __all__ = [
     "ObjectReader",
     "ObjectWriter",
     "list_objects",
+    "object_exists",
     "open_object",
     "read_object",
     "read_object_into",

@@ -9,6 +9,7 @@ import os
 import select
 import subprocess
 import tarfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -239,6 +240,8 @@ class S3Server:
     endpoint: str
     root: Path
     bucket: str
+    # Where its stderr goes.
+    log: Path = None
     # ACCESS_KEY and SECRET_KEY of tests/support/s3/mod.rs.
     access_key: str = "AKIARINGFEEDTEST"
     secret_key: str = "ringfeed-test-secret-0123456789abcdef"
@@ -258,11 +261,20 @@ def s3_server(tmp_path_factory):
     """The S3-compatible server on a fresh root with bucket `ringfeed-test`,
     for the session. It stops when its stdin closes: at the end of the
     session, or when this process dies."""
+    with run_s3_server(tmp_path_factory.mktemp("s3")) as server:
+        yield server
+
+
+@contextmanager
+def run_s3_server(tmp, *args):
+    """The S3-compatible server on a fresh root under `tmp` with bucket
+    `ringfeed-test` and the options `args` (examples/s3_server.rs: `--deny`,
+    `--hold-complete`, ...), until the block ends; its stderr goes to
+    `tmp / "s3_server.log"` (the `log` of what it yields)."""
     binary = s3_server_binary()
-    tmp = tmp_path_factory.mktemp("s3")
     root, bucket, log_path = tmp / "root", "ringfeed-test", tmp / "s3_server.log"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([str(binary), str(root), "--bucket", bucket],
+        proc = subprocess.Popen([str(binary), str(root), "--bucket", bucket, *args],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
     try:
         # It prints its endpoint once it listens; 60 s covers a loaded machine.
@@ -273,7 +285,7 @@ def s3_server(tmp_path_factory):
             proc.wait()
             pytest.fail(f"{binary} did not start (first line {line!r}): {log_path.read_text()}",
                         pytrace=False)
-        yield S3Server(endpoint=line, root=root, bucket=bucket)
+        yield S3Server(endpoint=line, root=root, bucket=bucket, log=log_path)
     finally:
         proc.stdin.close()
         try:

@@ -1,18 +1,24 @@
 """ringfeed.torch.checkpoint: torch.distributed.checkpoint saved to and
 loaded from the S3 test server by a real process group (2 ranks, gloo);
-a save that fails or is killed part way leaves no `.metadata`, and loading
-it is refused; an existing checkpoint is not overwritten unless asked."""
+a save that fails, or is killed after its parts were uploaded and before
+their completion, leaves no object and no `.metadata`, and loading it is
+refused; a checkpoint the server refuses to show (AccessDenied,
+ExpiredToken) raises that error, never "no checkpoint"; an existing
+checkpoint is not overwritten unless asked."""
 
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from contextlib import contextmanager
 
 import pytest
 import ringfeed
 
-from conftest import require, skip_for_environment
+from conftest import require, run_s3_server, skip_for_environment
 
 torch = require("torch", "torch.distributed.checkpoint over ringfeed objects")
 if not torch.distributed.is_available():
@@ -107,33 +113,114 @@ def test_two_ranks_save_and_load_a_sharded_state_dict(s3_server, tmp_path):
     assert all(torch.equal(back[k], both[k]) for k in both)
 
 
+# A rank's save, in a process the test kills: one data object of 12 MiB in
+# parts of 5 MiB (S3's smallest), so its upload has parts before its
+# completion, which the server holds.
 KILLED_SAVE = textwrap.dedent("""
-    import os, sys, json, torch
+    import sys, json, torch
     import torch.distributed.checkpoint as dcp
-    from ringfeed.objects import ObjectWriter
     from ringfeed.torch.checkpoint import StorageWriter
 
-    def die(self, b):
-        os._exit(17)  # killed mid-write: no commit, no metadata
-
-    ObjectWriter.write = die
     config = json.loads(sys.argv[2])
-    dcp.save({"w": torch.ones(1000)}, storage_writer=StorageWriter(sys.argv[1], **config))
+    dcp.save({"w": torch.ones(3 << 20)}, storage_writer=StorageWriter(sys.argv[1], **config))
 """)
 
 
-def test_a_killed_save_leaves_no_metadata_and_load_refuses(s3_server):
+def wait_for(what, condition, proc, seconds=120):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if proc.poll() is not None:
+            raise AssertionError(f"the save exited ({proc.returncode}) before {what}: "
+                                 f"{proc.stderr.read().decode()}")
+        assert time.monotonic() < deadline, f"no {what} in {seconds} s"
+        time.sleep(0.05)
+
+
+def test_a_save_killed_after_its_parts_and_before_their_completion_leaves_no_object(tmp_path):
+    """The kill lands after every part of the data object is uploaded and
+    while its completion is held by the server: no object, no `.metadata`,
+    the upload left open for the bucket's lifecycle rule (a killed process
+    cannot abort it), and loading refuses the checkpoint."""
     import json
 
-    config = s3_server.config()
-    url = f"s3://{s3_server.bucket}/ckpt-killed"
-    run = subprocess.run([sys.executable, "-c", KILLED_SAVE, url, json.dumps(config)],
-                         env=dict(os.environ), capture_output=True, timeout=120)
-    assert run.returncode == 17, run.stderr.decode()
-    with pytest.raises(ringfeed.DatasetError):
-        ringfeed.list_objects(url + "/.metadata", **config)
-    with pytest.raises(CheckpointException, match="did not finish"):
-        dcp.load({"w": torch.zeros(1000)}, storage_reader=StorageReader(url, **config))
+    with run_s3_server(tmp_path, "--hold-complete") as server:
+        config = dict(server.config(), part_size=5 << 20)
+        url = f"s3://{server.bucket}/ckpt-killed"
+        saver = subprocess.Popen([sys.executable, "-c", KILLED_SAVE, url, json.dumps(config)],
+                                 env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            held = f"holding CompleteMultipartUpload of {server.bucket}/ckpt-killed/__0_0.distcp"
+            wait_for("held completion", lambda: held in server.log.read_text(), saver)
+            # Every part is on the server: 5 + 5 MiB, and the rest of the
+            # tensor's 12 MiB with torch's framing.
+            sizes = [p.stat().st_size for p in sorted(server.root.glob(".upload_id-*.part-*"))]
+            assert sizes[:2] == [5 << 20, 5 << 20] and len(sizes) == 3 and sizes[2] >= 2 << 20, sizes
+            saver.send_signal(signal.SIGKILL)
+        finally:
+            saver.kill()
+            saver.wait()
+        assert saver.returncode == -signal.SIGKILL
+        with pytest.raises(ringfeed.DatasetError, match="holds no objects"):
+            ringfeed.list_objects(url + "/", **config)
+        assert not ringfeed.object_exists(url + "/__0_0.distcp", **config)
+        assert not ringfeed.object_exists(url + "/.metadata", **config)
+        # The upload is left open with its parts (the lifecycle rule's to
+        # remove): its record and parts are still on the server.
+        assert len(list(server.root.glob(".upload-*.json"))) == 1
+        assert len(list(server.root.glob(".upload_id-*.part-*"))) == 3
+        with pytest.raises(CheckpointException, match="did not finish"):
+            dcp.load({"w": torch.zeros(3 << 20)}, storage_reader=StorageReader(url, **config))
+
+
+def _old_exists(path, config):
+    """What ObjectFileSystem.exists did: a listing, any error taken for "absent"."""
+    try:
+        return any(u == path for u, _ in ringfeed.list_objects(path, **config))
+    except ringfeed.DatasetError:
+        return False
+
+
+def test_a_checkpoint_the_credentials_may_not_read_is_not_taken_for_a_missing_one(tmp_path):
+    bucket = "ringfeed-test"
+    denials = ["--deny", f"{bucket}/ckpt-denied/:AccessDenied", "--deny", f"{bucket}/ckpt-expired/:ExpiredToken"]
+    state = {"w": torch.arange(100, dtype=torch.float32)}
+    saved = tmp_path / "saved"
+    dcp.save(state, storage_writer=StorageWriter(str(saved)))
+    with run_s3_server(tmp_path, *denials) as server:
+        config = server.config()
+        # The same checkpoint under three prefixes (s3s-fs keeps objects as
+        # files): one readable, two the server refuses.
+        for prefix in ("ckpt-open", "ckpt-denied", "ckpt-expired"):
+            shutil.copytree(saved, server.root / bucket / prefix)
+        back = {"w": torch.zeros(100)}
+        dcp.load(back, storage_reader=StorageReader(f"s3://{bucket}/ckpt-open", **config))
+        assert torch.equal(back["w"], state["w"])
+
+        for prefix, code in (("ckpt-denied", "AccessDenied"), ("ckpt-expired", "ExpiredToken")):
+            url = f"s3://{bucket}/{prefix}"
+            with pytest.raises(ringfeed.DatasetError, match=code) as e:
+                ObjectFileSystem(config).exists(url + "/.metadata")
+            assert not isinstance(e.value, FileNotFoundError)
+            with pytest.raises(ringfeed.DatasetError, match=code) as e:
+                StorageReader(url, **config).read_metadata()
+            assert not isinstance(e.value, FileNotFoundError)
+            # dcp.load (torch 2.15 puts the reader's errors in the text of
+            # its own) names the refusal, not a save that did not finish.
+            with pytest.raises(CheckpointException) as e:
+                dcp.load({"w": torch.zeros(100)}, storage_reader=StorageReader(url, **config))
+            (failure, _), = e.value.failures.values()
+            assert not isinstance(failure, FileNotFoundError), failure
+            assert code in str(failure) and "did not finish" not in str(failure), failure
+            # Control: the old check took the refusal for "no checkpoint".
+            assert _old_exists(url + "/.metadata", config) is False
+
+        # A checkpoint that is not there is still "did not finish".
+        missing = f"s3://{bucket}/ckpt-missing"
+        assert ObjectFileSystem(config).exists(missing + "/.metadata") is False
+        with pytest.raises(IncompleteCheckpointError, match="did not finish"):
+            StorageReader(missing, **config).read_metadata()
+        with pytest.raises(CheckpointException, match="did not finish"):
+            dcp.load({"w": torch.zeros(100)}, storage_reader=StorageReader(missing, **config))
 
 
 def test_an_existing_checkpoint_is_kept_unless_overwrite(s3_server):

@@ -21,7 +21,7 @@ import pytest
 
 import ringfeed
 
-from conftest import cli, gen, require, skip_for_environment
+from conftest import cli, gen, require, skip_for_environment, synth_content
 
 
 @pytest.fixture()
@@ -66,21 +66,37 @@ def test_a_consumer_with_other_dataset_keys_is_refused_by_name(shards, runtime):
             ringfeed.Loader(shards, rank=1, node=socket, **other)
 
 
+def item_samples(item):
+    """[(key, jpg bytes, cls bytes)] of a default item, in order, read
+    through its views (through the node engine's mapping when it came from
+    one)."""
+    keys = [k.decode() for k in item["__key__"].tolist()]
+    return list(zip(keys, item["jpg"].tolist(), item["cls"].tolist()))
+
+
 def test_dataloader_workers_share_one_engine_by_default(shards, runtime):
     torch = require("torch", "this torch test")
     from ringfeed.torch import RingfeedDataset
 
-    def keys(**kw):
+    def samples(**kw):
         ds = RingfeedDataset(shards, batch_size=8, seed=2, shuffle=True, shuffle_buffer=16, **kw)
         dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork")
-        return [k for item in dl for k in item["__key__"].tolist()]
+        return [s for item in dl for s in item_samples(item)]
 
-    alone = keys(node="off")
+    alone = samples(node="off")
     assert not glob.glob(str(runtime / "node-*.log")), "node=\"off\" started a node engine"
-    shared = keys()
+    shared = samples()
     logs = glob.glob(str(runtime / "node-*.log"))
     assert logs, "no node engine was started"
     assert "listening on" in open(logs[0]).read()
+    # Every sample once, each field the generator's bytes, in the same
+    # order through one engine as through an engine each.
+    with ringfeed.Loader(shards, batch_size=64) as loader:
+        every_key = sorted(k for b in loader for k in b.keys)
+    assert sorted(k for k, _, _ in shared) == every_key
+    for key, jpg, cls in shared:
+        assert jpg == synth_content(0, key, "jpg", len(jpg)) and len(jpg) > 0, key
+        assert cls == synth_content(0, key, "cls", len(cls)), key
     assert shared == alone
 
 

@@ -128,6 +128,35 @@ pub fn parse_upload_id(xml: &str) -> Result<String, String> {
     Ok(id)
 }
 
+/// The ETag S3 gives the object a multipart upload of `parts` makes: the
+/// MD5 of the parts' MD5 digests, then `-` and the number of parts. None
+/// when a part's ETag is not its MD5 in hex (with server-side encryption
+/// by KMS or a customer's key it is not), so nothing can be compared.
+pub fn multipart_etag(parts: &[DonePart]) -> Option<String> {
+    let mut all = md5::Md5::new();
+    for p in parts {
+        let hex = p.etag.trim_matches('"');
+        // An MD5 digest in hex: 16 bytes, 32 digits.
+        if hex.len() != 32 {
+            return None;
+        }
+        let mut digest = [0u8; 16];
+        for (i, byte) in digest.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+        }
+        all.update(digest);
+    }
+    let hex: String = all.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    Some(format!("{hex}-{}", parts.len()))
+}
+
+/// What a `HEAD` of an object found: its ETag (quotes removed) and size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Head {
+    pub etag: Option<String>,
+    pub size: Option<u64>,
+}
+
 /// An answer S3 gave: status, the headers a writer reads, the body.
 #[derive(Debug)]
 pub struct Reply {
@@ -251,6 +280,12 @@ impl S3Client {
     /// a refused write costs one round trip, not the upload (the
     /// conditional completion still decides a race).
     pub fn exists(&self, bucket: &str, key: &str) -> Result<bool, Fail> {
+        self.head(bucket, key).map(|h| h.is_some())
+    }
+
+    /// `HEAD` of `bucket/key`: its ETag and size, None on 404; any other
+    /// answer is a `Fail` of its kind.
+    pub fn head(&self, bucket: &str, key: &str) -> Result<Option<Head>, Fail> {
         let url = self.write_url(bucket, key, "");
         let resp = self
             .signed("HEAD", &url, &[])?
@@ -258,8 +293,14 @@ impl S3Client {
             .send()
             .map_err(|e| request_failed("HEAD", &e))?;
         match resp.status().as_u16() {
-            200..=299 => Ok(true),
-            404 => Ok(false),
+            200..=299 => {
+                let header = |name| resp.headers().get(name).and_then(|v| v.to_str().ok());
+                Ok(Some(Head {
+                    etag: header("etag").map(|e| e.trim_matches('"').to_string()),
+                    size: header("content-length").and_then(|n| n.parse().ok()),
+                }))
+            }
+            404 => Ok(None),
             status => Err(Fail::new(
                 FailKind::of_status(status),
                 format!(
@@ -268,6 +309,46 @@ impl S3Client {
                 ),
             )),
         }
+    }
+
+    /// Whether `bucket/key` is there, by a `GET` of its first byte, whose
+    /// error answers carry S3's code (a `HEAD`'s carry none): absent only
+    /// on 404 `NoSuchKey` (or a 404 without a code); `NoSuchBucket`,
+    /// `AccessDenied` (S3's answer for a missing key without
+    /// `s3:ListBucket`), `ExpiredToken` and every other answer are a
+    /// `Fail` with the code, never "absent". A 416 is an empty object.
+    pub fn present(&self, bucket: &str, key: &str) -> Result<bool, Fail> {
+        let url = self.write_url(bucket, key, "");
+        let resp = self
+            .signed("GET", &url, &[("range", "bytes=0-0")])?
+            .timeout(Duration::from_secs(60))
+            .send()
+            .map_err(|e| request_failed("GET", &e))?;
+        let status = resp.status().as_u16();
+        if (200..300).contains(&status) || status == 416 {
+            // Its body (one byte, or the whole object from a server that
+            // ignores ranges) is not read: dropping the answer closes the
+            // connection.
+            return Ok(true);
+        }
+        let reason = resp.status().canonical_reason().unwrap_or("");
+        let mut b = Vec::new();
+        let code = match std::io::Read::read_to_end(
+            &mut std::io::Read::take(resp, MAX_ERROR_BODY),
+            &mut b,
+        ) {
+            Ok(_) => error_code(&b),
+            Err(_) => None,
+        };
+        if status == 404 && matches!(code.as_deref(), None | Some("NoSuchKey")) {
+            return Ok(false);
+        }
+        let mut f = Fail::new(
+            FailKind::of_status(status),
+            format!("HTTP {status} {reason}"),
+        );
+        f.code = code;
+        Err(f)
     }
 
     /// `PutObject` of `body` whole; conditional unless `overwrite`.
@@ -411,6 +492,31 @@ mod tests {
         ), "{xml}");
         assert!(xml.contains("<ETag>&quot;b&lt;&quot;</ETag>"), "{xml}");
         assert!(!complete_body(&parts, Checksum::Md5).contains("Checksum"));
+    }
+
+    #[test]
+    fn a_multipart_etag_is_the_md5_of_the_parts_md5s() {
+        let part = |number, etag: &str| DonePart {
+            number,
+            etag: etag.into(),
+            checksum: None,
+        };
+        // MD5("a") and MD5("b"); the MD5 of their 32 digest bytes is
+        // 96e024ba2074fe77e8e965ba43a704be (Python's hashlib).
+        let parts = [
+            part(1, "\"0cc175b9c0f1b6a831c399e269772661\""),
+            part(2, "92eb5ffee6ae2fec3ad71c777531578f"),
+        ];
+        assert_eq!(
+            multipart_etag(&parts).as_deref(),
+            Some("96e024ba2074fe77e8e965ba43a704be-2")
+        );
+        // Not an MD5: nothing to compare.
+        assert_eq!(multipart_etag(&[part(1, "\"kms-opaque\"")]), None);
+        assert_eq!(
+            multipart_etag(&[part(1, "zz175b9c0f1b6a831c399e269772661z")]),
+            None
+        );
     }
 
     #[test]

@@ -20,7 +20,7 @@ use super::checksum::{
     Algorithm, sent_checksums, set_checksum, single, type_mismatch, verify_body,
 };
 use super::multipart::{check_parts, object_checksum};
-use super::{Op, OpenUpload, PartRecord, State};
+use super::{Completion, DropAnswer, OTHER_WRITER_BYTES, Op, OpenUpload, PartRecord, State};
 
 /// A PutObject or UploadPart body is held in memory to be verified before
 /// s3s-fs stores it: up to this many bytes, more than the tests and the
@@ -107,6 +107,37 @@ impl Fs {
     }
 }
 
+impl Fs {
+    /// Puts `OTHER_WRITER_BYTES` at the key of `req`, as another writer
+    /// whose object lands there first.
+    async fn other_writer(&self, req: &S3Request<CompleteMultipartUploadInput>) -> S3Result<()> {
+        let (bucket, key) = (req.input.bucket.clone(), req.input.key.clone());
+        let input = PutObjectInput {
+            body: Some(StreamingBlob::from(s3s::Body::from(
+                OTHER_WRITER_BYTES.to_vec(),
+            ))),
+            content_length: Some(OTHER_WRITER_BYTES.len() as i64),
+            bucket: bucket.clone(),
+            key: key.clone(),
+            ..Default::default()
+        };
+        let put = S3Request {
+            input,
+            method: hyper::Method::PUT,
+            uri: req.uri.clone(),
+            headers: Default::default(),
+            extensions: Default::default(),
+            credentials: req.credentials.clone(),
+            region: req.region.clone(),
+            service: req.service.clone(),
+            trailing_headers: None,
+        };
+        let lock = self.state.key_lock(&bucket, &key);
+        let _held = lock.lock().await;
+        s3s::S3::put_object(&self.inner, put).await.map(drop)
+    }
+}
+
 fn checksum_type(full_object: bool) -> ChecksumType {
     ChecksumType::from_static(if full_object {
         ChecksumType::FULL_OBJECT
@@ -132,6 +163,7 @@ impl s3s::S3 for Fs {
         req: S3Request<GetObjectInput>,
     ) -> S3Result<S3Response<GetObjectOutput>> {
         self.enter(Op::GetObject, None)?;
+        self.state.denied(&req.input.bucket, &req.input.key)?;
         self.bucket_exists(&req.input.bucket)?;
         let (bucket, key) = (req.input.bucket.clone(), req.input.key.clone());
         let condition = req.input.if_match.clone();
@@ -167,6 +199,7 @@ impl s3s::S3 for Fs {
         req: S3Request<HeadObjectInput>,
     ) -> S3Result<S3Response<HeadObjectOutput>> {
         self.enter(Op::HeadObject, None)?;
+        self.state.denied(&req.input.bucket, &req.input.key)?;
         self.inner.head_object(req).await
     }
 
@@ -175,6 +208,8 @@ impl s3s::S3 for Fs {
         req: S3Request<ListObjectsV2Input>,
     ) -> S3Result<S3Response<ListObjectsV2Output>> {
         self.enter(Op::ListObjectsV2, None)?;
+        let prefix = req.input.prefix.clone().unwrap_or_default();
+        self.state.denied(&req.input.bucket, &prefix)?;
         self.inner.list_objects_v2(req).await
     }
 
@@ -191,6 +226,7 @@ impl s3s::S3 for Fs {
             return Err(e);
         }
         self.bucket_exists(&input.bucket)?;
+        self.state.denied(&input.bucket, &input.key)?;
         let sent = sent_with_trailers!(req);
         let input = &mut req.input;
         let data = body.bytes().unwrap_or_default();
@@ -218,6 +254,7 @@ impl s3s::S3 for Fs {
         self.enter(Op::CreateMultipartUpload, None)?;
         let input = &req.input;
         self.bucket_exists(&input.bucket)?;
+        self.state.denied(&input.bucket, &input.key)?;
         let algorithm = match &input.checksum_algorithm {
             Some(a) => Some(Algorithm::parse(a.as_str())?),
             None => None,
@@ -351,9 +388,35 @@ impl s3s::S3 for Fs {
             }));
         }
         let input = &req.input;
+        let mode = self.state.completion();
+        if mode == Some(Completion::Hold) {
+            self.state.held.fetch_add(1, Ordering::Relaxed);
+            eprintln!(
+                "s3_server: holding CompleteMultipartUpload of {}/{}",
+                input.bucket, input.key
+            );
+            return std::future::pending().await;
+        }
+        let completed = self
+            .state
+            .completed
+            .lock()
+            .unwrap()
+            .contains(&input.upload_id);
+        if completed && input.if_none_match.is_some() {
+            // A retry of a completion that succeeded: the object it made
+            // is there, so the condition fails, as in S3.
+            return Err(s3_error!(PreconditionFailed, "Object already exists"));
+        }
         let upload = self
             .state
             .open_upload(&input.upload_id, &input.bucket, &input.key)?;
+        if mode == Some(Completion::OtherWriterFirst) {
+            self.other_writer(&req).await?;
+            let mut resp = S3Response::new(CompleteMultipartUploadOutput::default());
+            resp.extensions.insert(DropAnswer);
+            return Ok(resp);
+        }
         let parts = check_parts(input, &upload)?;
         let checksum = object_checksum(&upload, &parts);
         let sent = sent_checksums!(input);
@@ -385,6 +448,13 @@ impl s3s::S3 for Fs {
             self.state.uploads.lock().unwrap().remove(&upload_id);
             self.free_parts(&upload_id);
         }
+        if result.is_ok() {
+            self.state
+                .completed
+                .lock()
+                .unwrap()
+                .insert(upload_id.clone());
+        }
         let mut resp = result?;
         let (algorithm, full_object) = (upload.algorithm, upload.full_object);
         if let Some(future) = resp.output.future.take() {
@@ -396,6 +466,9 @@ impl s3s::S3 for Fs {
                 }
                 Ok(out)
             }));
+        }
+        if mode == Some(Completion::LoseAnswer) {
+            resp.extensions.insert(DropAnswer);
         }
         Ok(resp)
     }

@@ -15,7 +15,9 @@
 //!   5 MiB, `x-amz-mp-object-size`) and the whole-object checksum before
 //!   s3s-fs consumes the upload: s3s-fs deletes the upload first and then
 //!   fails, leaving parts no one can abort. Parts not listed are freed.
-//! - An upload id that is not open is NoSuchUpload (s3s-fs: AccessDenied);
+//! - An upload id that is not open is NoSuchUpload (s3s-fs: AccessDenied),
+//!   but a completion retried with `If-None-Match: *` after it succeeded is
+//!   PreconditionFailed: the object it made is there;
 //!   PutObject and CreateMultipartUpload to a missing bucket are
 //!   NoSuchBucket (s3s-fs creates the folder); GetObject on a missing
 //!   bucket is NoSuchBucket (s3s-fs: NoSuchKey).
@@ -28,13 +30,17 @@
 //!   PreconditionFailed, as S3 answers.
 //!
 //! For the tests it also injects S3 errors by operation (and by part
-//! number for UploadPart), counts requests by operation, tracks the
-//! multipart uploads left open, takes keys a test issues with a
-//! lifetime (as STS's temporary credentials): a request signed with one
-//! past its expiry is refused with `ExpiredToken`, as S3 does; and
-//! replaces an object between the GETs of one read (`replace_after`;
-//! `ignore_if_match` makes it serve the new bytes to a GET pinned to the
-//! old ones, as a store without conditional GETs would). The state is
+//! number for UploadPart) and by key (every request on a bucket's keys
+//! under a prefix, as a policy that denies them), counts requests by
+//! operation, tracks the multipart uploads left open, takes keys a test
+//! issues with a lifetime (as STS's temporary credentials): a request
+//! signed with one past its expiry is refused with `ExpiredToken`, as S3
+//! does; and replaces an object between the GETs of one read
+//! (`replace_after`; `ignore_if_match` makes it serve the new bytes to a
+//! GET pinned to the old ones, as a store without conditional GETs would).
+//! A completion can be made to go wrong the ways a network does
+//! (`Completion`): done, with its answer lost; another writer's object
+//! landing first, the answer lost; held, never answered. The state is
 //! shared through an `Arc`
 //! between the server's handlers and the `S3Server` the test holds.
 //!
@@ -102,6 +108,30 @@ struct Fault {
     in_body: bool,
 }
 
+/// What the next CompleteMultipartUploads do instead of answering.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Completion {
+    /// Complete the upload, then drop the connection before the answer
+    /// (the client's retry meets the object, or no upload).
+    LoseAnswer,
+    /// Another writer's object ([`OTHER_WRITER_BYTES`]) lands at the key;
+    /// the upload stays open and the connection drops before any answer.
+    OtherWriterFirst,
+    /// Wait without answering until the server stops; the upload stays
+    /// open. Each one held is counted (`held_completions`) and printed on
+    /// stderr.
+    Hold,
+}
+
+/// The object another writer puts at the key under
+/// `Completion::OtherWriterFirst`.
+pub const OTHER_WRITER_BYTES: &[u8] = b"another writer's object";
+
+/// Marks an answer that the connection drops instead of sending (see
+/// `Answering`).
+#[derive(Clone, Copy, Debug)]
+struct DropAnswer;
+
 /// Held by a write to one key, across awaits.
 type KeyLock = Arc<tokio::sync::Mutex<()>>;
 
@@ -112,6 +142,17 @@ struct State {
     /// plain counters, read after the requests they count were answered.
     requests: [AtomicU64; Op::COUNT],
     faults: Mutex<Vec<Fault>>,
+    /// (bucket, key prefix, code): every request on a matching key fails.
+    denials: Mutex<Vec<(String, String, S3ErrorCode)>>,
+    /// What the next CompleteMultipartUploads do, and for how many more
+    /// (`None`: all).
+    completion: Mutex<Option<(Completion, Option<u32>)>>,
+    /// Completions held so far. Relaxed: a counter a test polls.
+    held: AtomicU64,
+    /// Upload ids completed: a retried completion with `If-None-Match`
+    /// meets PreconditionFailed (the object is there), without it
+    /// NoSuchUpload. One entry per upload of a test.
+    completed: Mutex<std::collections::HashSet<String>>,
     /// Open uploads by upload id.
     uploads: Mutex<HashMap<String, OpenUpload>>,
     /// One lock per (bucket, key) that writes take around s3s-fs's check
@@ -214,6 +255,31 @@ impl State {
         Some(hit)
     }
 
+    /// The denial a request on `bucket/key` gets, if one matches.
+    fn denied(&self, bucket: &str, key: &str) -> S3Result<()> {
+        let denials = self.denials.lock().unwrap();
+        match denials
+            .iter()
+            .find(|(b, prefix, _)| b == bucket && key.starts_with(prefix.as_str()))
+        {
+            Some((_, _, code)) => Err(S3Error::with_message(
+                code.clone(),
+                "denied by the test server for this key",
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// What this CompleteMultipartUpload does, if a `Completion` is set.
+    fn completion(&self) -> Option<Completion> {
+        let mut slot = self.completion.lock().unwrap();
+        let (mode, remaining) = (*slot)?;
+        if let Some(n) = remaining {
+            *slot = (n > 1).then_some((mode, Some(n - 1)));
+        }
+        Some(mode)
+    }
+
     fn open_upload(&self, upload_id: &str, bucket: &str, key: &str) -> S3Result<OpenUpload> {
         match self.uploads.lock().unwrap().get(upload_id) {
             Some(u) if u.bucket == bucket && u.key == key => Ok(u.clone()),
@@ -304,7 +370,7 @@ impl S3Server {
         };
         let mut b = S3ServiceBuilder::new(fs);
         b.set_auth(Keys(state.clone()));
-        let service = b.build();
+        let service = Answering(b.build());
         let listener = runtime.block_on(tokio::net::TcpListener::bind(("127.0.0.1", port)))?;
         let addr = listener.local_addr()?;
         runtime.spawn(async move {
@@ -353,6 +419,31 @@ impl S3Server {
     /// `code`.
     pub fn fail(&self, op: Op, code: S3ErrorCode, times: Option<u32>) {
         self.add_fault(op, None, code, times, false);
+    }
+
+    /// Every request on a key of `bucket` under `prefix` ("" for all)
+    /// fails with `code` (`AccessDenied`, 403; `ExpiredToken`, 400), as a
+    /// bucket policy that denies them, until `clear_faults`.
+    pub fn deny(&self, bucket: &str, prefix: &str, code: S3ErrorCode) {
+        self.state
+            .denials
+            .lock()
+            .unwrap()
+            .push((bucket.to_string(), prefix.to_string(), code));
+    }
+
+    /// The next `times` CompleteMultipartUploads (`None`: all) do what
+    /// `mode` says instead of answering.
+    pub fn complete_as(&self, mode: Completion, times: Option<u32>) {
+        if times == Some(0) {
+            return;
+        }
+        *self.state.completion.lock().unwrap() = Some((mode, times));
+    }
+
+    /// CompleteMultipartUploads held so far (`Completion::Hold`).
+    pub fn held_completions(&self) -> u64 {
+        self.state.held.load(Ordering::Relaxed)
     }
 
     /// The next `times` CompleteMultipartUploads (`None`: all) answer 200
@@ -412,6 +503,8 @@ impl S3Server {
 
     pub fn clear_faults(&self) {
         self.state.faults.lock().unwrap().clear();
+        self.state.denials.lock().unwrap().clear();
+        *self.state.completion.lock().unwrap() = None;
     }
 
     fn add_fault(
@@ -483,5 +576,33 @@ impl S3Server {
             open.is_empty() && files.is_empty(),
             "uploads left open: {open:?}; upload files left: {files:?}"
         );
+    }
+}
+
+/// The S3 service, with the answers marked `DropAnswer` not sent: the
+/// service fails the request instead, and hyper closes the connection
+/// without writing a response, as a network that drops it after the server
+/// acted.
+#[derive(Clone)]
+struct Answering(s3s::service::S3Service);
+
+impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for Answering {
+    type Response = s3s::HttpResponse;
+    type Error = s3s::HttpError;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>,
+    >;
+
+    fn call(&self, req: hyper::Request<hyper::body::Incoming>) -> Self::Future {
+        let answer = hyper::service::Service::call(&self.0, req);
+        Box::pin(async move {
+            let resp = answer.await?;
+            if resp.extensions().get::<DropAnswer>().is_some() {
+                return Err(s3s::HttpError::new(Box::new(std::io::Error::other(
+                    "the test server drops this answer",
+                ))));
+            }
+            Ok(resp)
+        })
     }
 }

@@ -58,9 +58,20 @@ epoch exactly, in the order the uninterrupted run would have used, provided
 the dataset, the epoch settings and the layout are the same. To resume in
 another layout (elastic), give each new consumer the states of *all* the old
 consumers: ``load_state_dict({"epoch": e, "state": [s0, s1, ...]})``.
+
+A loaded state belongs to its epoch: ``set_epoch(e)`` keeps it when ``e`` is
+that epoch, so the usual loop ``load_state_dict(ckpt); for epoch in
+range(start, n): ds.set_epoch(epoch); ...`` continues the interrupted epoch,
+and drops it (saying so on the ``"ringfeed"`` logger) for any other epoch.
+Where the position is not in this process — the main process of a
+DataLoader with workers, which iterate copies of the dataset —
+``state_dict()`` raises `StateUnknownError` rather than answer "the start of
+the epoch": take the state of a torchdata StatefulDataLoader there
+(``dl.state_dict()``), which asks its workers.
 """
 
 import copy
+import gc
 import os
 
 import torch
@@ -68,10 +79,17 @@ import torch.utils.data
 
 from .._lease import fork_generation
 from .._loader import Loader, _resume_value
+from .._log import logger
 from ..decode import DecodeError, Decoder
 from ._ragged import Ragged
 
-__all__ = ["DecodeError", "Ragged", "RingfeedDataset", "rank_and_world", "to_tensors"]
+__all__ = ["DecodeError", "Ragged", "RingfeedDataset", "StateUnknownError", "rank_and_world", "to_tensors"]
+
+
+class StateUnknownError(RuntimeError):
+    """`RingfeedDataset.state_dict()` was asked where the position is not
+    known: in the main process of a DataLoader whose workers iterate copies
+    of the dataset. A StatefulDataLoader's ``state_dict()`` asks them."""
 
 # I/O threads a loader opens by default (the engine's own auto value),
 # shared out among a rank's DataLoader workers.
@@ -176,6 +194,8 @@ class RingfeedDataset(torch.utils.data.IterableDataset):
         self.transform = transform
         self.keep_open = keep_open
         self._resume = _resume_value(config.pop("resume", None))
+        # The epoch the loaded state belongs to (`resume=` is the first one's).
+        self._resume_epoch = 0
         self.config = config
         self._stages = []
         self._collate = None
@@ -237,9 +257,20 @@ class RingfeedDataset(torch.utils.data.IterableDataset):
     # -- layout and engine ---------------------------------------------------
 
     def set_epoch(self, epoch):
-        """The epoch the next ``iter()`` runs, from its start."""
-        self._epoch = int(epoch)
-        self._resume = None
+        """The epoch the next ``iter()`` runs: from where a loaded state of
+        that epoch left it, else from its start (a loaded state of another
+        epoch is dropped, with a warning on the ``"ringfeed"`` logger)."""
+        epoch = int(epoch)
+        if self._resume is not None and self._resume_epoch != epoch:
+            logger.warning(
+                "RingfeedDataset.set_epoch(%d): dropping the resume state loaded for epoch %d; "
+                "epoch %d starts from its beginning",
+                epoch,
+                self._resume_epoch,
+                epoch,
+            )
+            self._resume = None
+        self._epoch = epoch
 
     def consumer(self):
         """This consumer's layout keys: rank, world_size, loader_worker, loader_workers."""
@@ -360,11 +391,46 @@ class RingfeedDataset(torch.utils.data.IterableDataset):
     # -- state ---------------------------------------------------------------
 
     def state_dict(self):
-        state = self._resume
+        """``{"epoch": e, "state": s}``: where this consumer is (see the
+        module's doc). Raises `StateUnknownError` in the main process of a
+        DataLoader with workers: they iterate copies, and the position is
+        theirs."""
         loader = self._open_loader()
         if self._in_epoch and loader is not None:
-            state = loader.state().decode("ascii")
-        return {"epoch": self._epoch, "state": state}
+            return {"epoch": self._epoch, "state": loader.state().decode("ascii")}
+        if torch.utils.data.get_worker_info() is None:
+            reader = self._worker_reader()
+            if reader is not None:
+                owner, workers = reader
+                raise StateUnknownError(
+                    f"RingfeedDataset.state_dict(): this dataset is read by the {workers} "
+                    f"workers of a {type(owner).__name__}, which iterate their own copies; this "
+                    "process does not know their position. Use torchdata's StatefulDataLoader "
+                    "(torchdata.stateful_dataloader) and take its state_dict(), which asks the "
+                    "workers, or num_workers=0"
+                )
+        return {"epoch": self._epoch, "state": self._resume}
+
+    def _worker_reader(self):
+        """(a DataLoader or one of its iterators, its worker count) when
+        one that reads this dataset in worker processes refers to it, else
+        None. A walk over the objects that refer to this one (and to the
+        attribute dicts that do), so it runs only when a state is taken
+        outside an epoch of this process."""
+        loaders = (torch.utils.data.DataLoader, torch.utils.data.dataloader._BaseDataLoaderIter)
+        referrers = gc.get_referrers(self)
+        for ref in referrers:
+            owners = gc.get_referrers(ref) if isinstance(ref, dict) else [ref]
+            for owner in owners:
+                if not isinstance(owner, loaders):
+                    continue
+                if isinstance(owner, torch.utils.data.DataLoader):
+                    dataset, workers = owner.dataset, owner.num_workers
+                else:
+                    dataset, workers = owner._dataset, owner._num_workers
+                if dataset is self and workers > 0:
+                    return owner, workers
+        return None
 
     def load_state_dict(self, state):
         if not isinstance(state, dict) or set(state) != {"epoch", "state"}:
@@ -372,7 +438,7 @@ class RingfeedDataset(torch.utils.data.IterableDataset):
                 'RingfeedDataset.load_state_dict: expected {"epoch": e, "state": str, list of str, or None} '
                 f"(from state_dict()), got {state!r:.200}"
             )
-        self._epoch = int(state["epoch"])
+        self._epoch = self._resume_epoch = int(state["epoch"])
         self._resume = _resume_value(state["state"])
         self._in_epoch = False
 

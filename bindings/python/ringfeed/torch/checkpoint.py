@@ -20,7 +20,15 @@ stream stays in memory, and the rename writes those bytes to
 ``.metadata`` in one conditional PUT: never a copy of a partial object, and
 never before the data. A save that stops anywhere before leaves no
 ``.metadata``, and `StorageReader` refuses a checkpoint without one
-(`IncompleteCheckpointError`).
+(`IncompleteCheckpointError`). "Without one" means S3 answered
+``NoSuchKey``: a checkpoint the credentials may not read (AccessDenied,
+ExpiredToken) or a store that keeps failing raises that error instead, so
+a handler that starts training over on FileNotFoundError does not throw
+away a checkpoint that exists.
+
+A save killed after its parts were uploaded and before their completion
+leaves no object; its multipart upload stays open, for the bucket's
+lifecycle rule (``AbortIncompleteMultipartUpload``) to remove.
 
 Checkpoint objects are written once: saving into a checkpoint id that
 holds a checkpoint (its ``.metadata``, or data objects of an interrupted
@@ -34,8 +42,7 @@ from contextlib import contextmanager
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystemBase
 
-from ..errors import DatasetError
-from ..objects import ObjectReader, ObjectWriter, list_objects, write_object
+from ..objects import ObjectReader, ObjectWriter, object_exists, write_object
 
 __all__ = ["IncompleteCheckpointError", "ObjectFileSystem", "StorageReader", "StorageWriter"]
 
@@ -109,11 +116,12 @@ class ObjectFileSystem(FileSystemBase):
         return _is_s3(os.fspath(checkpoint_id))
 
     def exists(self, path):
-        path = os.fspath(path)
-        try:
-            return any(url == path for url, _ in list_objects(path, **self.config))
-        except DatasetError:
-            return False
+        """Whether the object at `path` is there: False only when S3 says
+        ``NoSuchKey`` (or the file is missing). Any other answer raises as
+        itself — AccessDenied, ExpiredToken (`DatasetError`), a 5xx past
+        its retries (`NetworkError`) — so that a checkpoint that cannot be
+        read is never taken for one that was not saved."""
+        return object_exists(os.fspath(path), **self.config)
 
     def rm_file(self, path):
         """torch removes an old ``.metadata`` before its rename; with

@@ -1,25 +1,11 @@
-//! Writing a whole object, visible only once complete, never replacing one
-//! unless asked.
-//!
-//! To S3: bytes fill a part of `part_size`; the first full part starts a
-//! multipart upload, and each part goes to one of `parts_in_flight` upload
-//! threads through a bounded queue (so a fast producer waits, and at most
-//! `2 × parts_in_flight + 1` parts are in memory). Each part carries the
-//! configured checksum, which S3 verifies before it keeps the part, and is
-//! retried by the network policy. `finish` sends the last part and
-//! completes the upload with `If-None-Match: *` (unless `overwrite`); an
-//! object smaller than one part is a single conditional `PutObject`. Any
-//! failure, a refused completion, or a writer dropped unfinished aborts the
-//! upload, so S3 keeps neither an object nor parts.
-//!
-//! To a local path: a temporary file beside it, synced, then renamed into
-//! place (`RENAME_NOREPLACE` unless `overwrite`), the directory synced; a
-//! writer dropped unfinished removes its temporary file.
+//! An S3 object: one conditional `PutObject` below a part, else a
+//! multipart upload whose parts go to upload threads through a bounded
+//! queue, each retried by the network policy, and whose completion is
+//! conditional; a completion whose answer was lost is checked against the
+//! object then at the key (see the module above). Any failure, or a drop
+//! unfinished, aborts the upload.
 
-use std::fs::File;
-use std::io::Write as _;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -28,280 +14,16 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::Progress;
+use super::{S3_MAX_PARTS, S3_MIN_PART};
 use crate::config::{Checksum, Config};
-use crate::error::{Error, IoOp, Result};
+use crate::error::{Error, Result};
 use crate::fetch::{NetOptions, with_retries};
-use crate::net::http::Fail;
+use crate::log::Level;
+use crate::net::http::{Fail, FailKind};
 use crate::net::retry::Jitter;
 use crate::net::s3::list::{S3Client, s3_error};
-use crate::net::s3::upload::DonePart;
+use crate::net::s3::upload::{DonePart, multipart_etag};
 use crate::net::s3::{Env, S3Url};
-
-/// S3's smallest part (all but the last), and most parts per upload.
-pub const S3_MIN_PART: u64 = 5 << 20;
-pub const S3_MAX_PARTS: u32 = 10_000;
-
-/// Writes `data` to `url` as one object (see [`Writer`]).
-pub fn write(url: &str, data: &[u8], cfg: &Config, progress: Option<Arc<Progress>>) -> Result<()> {
-    let mut w = Writer::open(url, cfg, progress)?;
-    w.write(data)?;
-    w.finish()
-}
-
-/// An object being written. Bytes go in with [`Writer::write`]; the object
-/// appears with [`Writer::finish`]. Dropped before that, or after any
-/// error, nothing of it remains.
-pub struct Writer {
-    name: String,
-    dest: Dest,
-    written: u64,
-    /// A failure already returned: later calls repeat it.
-    failed: Option<Error>,
-}
-
-enum Dest {
-    Local(Local),
-    S3(Box<Upload>),
-    /// Finished or aborted.
-    Done,
-}
-
-impl std::fmt::Debug for Writer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Writer")
-            .field("name", &self.name)
-            .field("written", &self.written)
-            .finish()
-    }
-}
-
-impl Writer {
-    /// Starts an object at `url` (`s3://bucket/key`, a local path or
-    /// `file://` URL). Fails at once when the object exists and
-    /// `overwrite` is false (checked again when it is committed).
-    pub fn open(url: &str, cfg: &Config, progress: Option<Arc<Progress>>) -> Result<Writer> {
-        let progress = progress.unwrap_or_default();
-        let dest = if url.starts_with("s3://") {
-            Dest::S3(Box::new(Upload::open(url, cfg, progress)?))
-        } else if url.starts_with("http://") || url.starts_with("https://") {
-            return Err(Error::Url {
-                url: url.to_string(),
-                reason:
-                    "writes go to s3:// URLs or local paths; an http(s):// server takes no uploads"
-                        .into(),
-            });
-        } else {
-            let path = crate::dataset::parse::local_path(url)?;
-            Dest::Local(Local::open(&path, cfg.overwrite, progress)?)
-        };
-        Ok(Writer {
-            name: url.to_string(),
-            dest,
-            written: 0,
-            failed: None,
-        })
-    }
-
-    /// Bytes taken so far.
-    pub fn written(&self) -> u64 {
-        self.written
-    }
-
-    /// Appends `data`. An error aborts the write: nothing is kept, and
-    /// every later call returns the same error.
-    pub fn write(&mut self, data: &[u8]) -> Result<()> {
-        if let Some(e) = &self.failed {
-            return Err(e.clone());
-        }
-        let r = match &mut self.dest {
-            Dest::Local(l) => l.write(data),
-            Dest::S3(u) => u.write(data),
-            Dest::Done => Err(Error::Closed),
-        };
-        match r {
-            Ok(()) => {
-                self.written += data.len() as u64;
-                Ok(())
-            }
-            Err(e) => Err(self.fail(e)),
-        }
-    }
-
-    /// Makes the object visible, whole. On error nothing is kept.
-    pub fn finish(&mut self) -> Result<()> {
-        if let Some(e) = &self.failed {
-            return Err(e.clone());
-        }
-        let r = match std::mem::replace(&mut self.dest, Dest::Done) {
-            Dest::Local(mut l) => l.finish(),
-            Dest::S3(mut u) => u.finish(),
-            Dest::Done => Err(Error::Closed),
-        };
-        r.map_err(|e| self.fail(e))
-    }
-
-    /// Drops what was written: no object, no parts left behind.
-    pub fn abort(&mut self) -> Result<()> {
-        match std::mem::replace(&mut self.dest, Dest::Done) {
-            Dest::Local(l) => drop(l),
-            Dest::S3(mut u) => u.abort()?,
-            Dest::Done => {}
-        }
-        Ok(())
-    }
-
-    fn fail(&mut self, e: Error) -> Error {
-        // Aborting is best effort here: the write's own error is the one
-        // to report (an S3 upload left behind by a failed abort is also
-        // removed by a bucket's lifecycle rule, which S3 recommends).
-        let _ = self.abort();
-        self.failed = Some(e.clone());
-        e
-    }
-}
-
-/// A local file written beside its final path and renamed into place.
-struct Local {
-    path: PathBuf,
-    tmp: PathBuf,
-    file: Option<File>,
-    overwrite: bool,
-    progress: Arc<Progress>,
-}
-
-impl Local {
-    fn open(path: &Path, overwrite: bool, progress: Arc<Progress>) -> Result<Local> {
-        let name = path.file_name().ok_or_else(|| Error::Url {
-            url: path.display().to_string(),
-            reason: "names a directory, not a file".into(),
-        })?;
-        if !overwrite && path.symlink_metadata().is_ok() {
-            return Err(exists_local(path));
-        }
-        // A rename would put a file where a device or pipe was
-        // (`/dev/null`): refused, overwrite or not.
-        if let Ok(m) = std::fs::metadata(path)
-            && !m.is_file()
-        {
-            return Err(Error::Url {
-                url: path.display().to_string(),
-                reason: "is not a regular file (a directory, device, pipe or socket);                          an object is written as a file renamed into place"
-                    .into(),
-            });
-        }
-        let dir = match path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        static SEQ: AtomicU64 = AtomicU64::new(0);
-        let tmp = dir.join(format!(
-            ".{}.ringfeed-{}-{}.tmp",
-            name.to_string_lossy(),
-            std::process::id(),
-            // Relaxed: only makes names unique within the process.
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        ));
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)
-            .map_err(|e| Error::io(IoOp::Open, &tmp, &e))?;
-        Ok(Local {
-            path: path.to_path_buf(),
-            tmp,
-            file: Some(file),
-            overwrite,
-            progress,
-        })
-    }
-
-    fn write(&mut self, data: &[u8]) -> Result<()> {
-        let f = self.file.as_mut().ok_or(Error::Closed)?;
-        f.write_all(data)
-            .map_err(|e| Error::io(IoOp::Write, &self.tmp, &e))?;
-        self.progress.add(data.len() as u64);
-        Ok(())
-    }
-
-    fn finish(&mut self) -> Result<()> {
-        let f = self.file.take().ok_or(Error::Closed)?;
-        f.sync_all()
-            .map_err(|e| Error::io(IoOp::Write, &self.tmp, &e))?;
-        drop(f);
-        if self.overwrite {
-            std::fs::rename(&self.tmp, &self.path)
-                .map_err(|e| Error::io(IoOp::Write, &self.path, &e))?;
-        } else {
-            rename_new(&self.tmp, &self.path)?;
-        }
-        // Renamed: nothing to remove on drop.
-        self.tmp = PathBuf::new();
-        if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty())
-            && let Ok(d) = File::open(dir)
-        {
-            // The rename itself durable; a refusal (some file systems do
-            // not sync directories) leaves the file in place all the same.
-            let _ = d.sync_all();
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Local {
-    fn drop(&mut self) {
-        if !self.tmp.as_os_str().is_empty() {
-            let _ = std::fs::remove_file(&self.tmp);
-        }
-    }
-}
-
-fn exists_local(path: &Path) -> Error {
-    Error::Exists {
-        url: path.display().to_string(),
-        how: "the file exists".into(),
-    }
-}
-
-/// Renames `from` to `to` unless `to` exists, atomically: `renameat2`
-/// with `RENAME_NOREPLACE`, or a hard link and an unlink where the file
-/// system does not take that flag.
-fn rename_new(from: &Path, to: &Path) -> Result<()> {
-    use std::ffi::CString;
-    use std::os::unix::ffi::OsStrExt as _;
-    let c = |p: &Path| {
-        CString::new(p.as_os_str().as_bytes()).map_err(|_| Error::Url {
-            url: p.display().to_string(),
-            reason: "the path holds a NUL byte".into(),
-        })
-    };
-    let (cf, ct) = (c(from)?, c(to)?);
-    // SAFETY: two NUL-terminated paths; the call reads them only.
-    let r = unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            cf.as_ptr(),
-            libc::AT_FDCWD,
-            ct.as_ptr(),
-            libc::RENAME_NOREPLACE,
-        )
-    };
-    if r == 0 {
-        return Ok(());
-    }
-    let e = std::io::Error::last_os_error();
-    match e.raw_os_error() {
-        Some(libc::EEXIST) => Err(exists_local(to)),
-        Some(libc::EINVAL | libc::ENOSYS) => match std::fs::hard_link(from, to) {
-            Ok(()) => {
-                let _ = std::fs::remove_file(from);
-                Ok(())
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Err(exists_local(to)),
-            Err(e) => Err(Error::io(IoOp::Write, to, &e)),
-        },
-        _ => Err(Error::io(IoOp::Write, to, &e)),
-    }
-}
 
 /// What an S3 upload's threads share with the writer.
 struct Shared {
@@ -376,22 +98,23 @@ struct Pool {
 }
 
 /// An S3 object being written.
-struct Upload {
+pub(super) struct Upload {
     shared: Arc<Shared>,
     overwrite: bool,
     part_size: usize,
     in_flight: usize,
     /// The part being filled.
     buf: Vec<u8>,
-    /// Parts handed to the threads so far.
+    /// Parts handed to the threads so far, and their bytes.
     parts: u32,
+    shipped: u64,
     upload: Option<Arc<str>>,
     pool: Option<Pool>,
     jitter: Jitter,
 }
 
 impl Upload {
-    fn open(url: &str, cfg: &Config, progress: Arc<Progress>) -> Result<Upload> {
+    pub(super) fn open(url: &str, cfg: &Config, progress: Arc<Progress>) -> Result<Upload> {
         let bad = |reason: String| Error::Url {
             url: url.to_string(),
             reason,
@@ -442,13 +165,14 @@ impl Upload {
             in_flight: cfg.parts_in_flight.max(1),
             buf: Vec::new(),
             parts: 0,
+            shipped: 0,
             upload: None,
             pool: None,
             jitter: Jitter::new(0x0b1ec7 ^ 0x77),
         })
     }
 
-    fn write(&mut self, mut data: &[u8]) -> Result<()> {
+    pub(super) fn write(&mut self, mut data: &[u8]) -> Result<()> {
         while !data.is_empty() {
             if let Some(e) = self.shared.failure() {
                 return Err(e);
@@ -485,6 +209,7 @@ impl Upload {
             self.pool = Some(self.start_pool()?);
         }
         self.parts += 1;
+        self.shipped += part.len() as u64;
         let queue = self
             .pool
             .as_ref()
@@ -540,7 +265,7 @@ impl Upload {
         }
     }
 
-    fn finish(&mut self) -> Result<()> {
+    pub(super) fn finish(&mut self) -> Result<()> {
         let s = Arc::clone(&self.shared);
         let Some(upload) = self.upload.clone() else {
             // Smaller than a part: one conditional PutObject.
@@ -574,18 +299,74 @@ impl Upload {
             )));
         }
         let overwrite = self.overwrite;
-        let done = s.call(&mut self.jitter, None, || {
+        // Whether an attempt went out and got no answer: S3 may have
+        // completed it, and the retry then meets the object (or no upload).
+        let mut unanswered = false;
+        let mut code = None;
+        let done = with_retries(&s.net, &mut self.jitter, &s.name, || {
             s.client
                 .complete_upload(&s.bucket, &s.key, &upload, &parts, s.checksum, overwrite)
+                .inspect_err(|f| {
+                    // No answer, or one cut short: the request may have
+                    // reached S3 (a refused connection or a name that did
+                    // not resolve sent nothing).
+                    unanswered |= matches!(
+                        f.kind,
+                        FailKind::Reset | FailKind::Stalled | FailKind::Truncated
+                    );
+                    code.clone_from(&f.code);
+                })
         });
+        let done = match done {
+            Ok(_) => Ok(()),
+            Err(_)
+                if unanswered
+                    && is_completed_answer(code.as_deref())
+                    && self.completed_by_us(&parts) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(s.named(e, code, None)),
+        };
         if done.is_ok() {
             // Completed: nothing to abort.
             self.upload = None;
         }
-        done.map(|_| ())
+        done
     }
 
-    fn abort(&mut self) -> Result<()> {
+    /// Whether the object now at the key is the one `parts` make: after a
+    /// completion whose answer was lost, the retry meets it
+    /// (`PreconditionFailed`) or no upload (`NoSuchUpload`), and only its
+    /// ETag (S3's MD5 of the parts' MD5s, `-N`) and size tell whether this
+    /// upload made it or another writer did. Parts whose ETags are not
+    /// MD5s (server-side encryption with KMS) leave it unknown: not ours.
+    fn completed_by_us(&mut self, parts: &[DonePart]) -> bool {
+        let s = Arc::clone(&self.shared);
+        let Some(want) = multipart_etag(parts) else {
+            return false;
+        };
+        let head = s.call(&mut self.jitter, None, || s.client.head(&s.bucket, &s.key));
+        match head {
+            Ok(Some(h)) => {
+                let ours = h.etag.as_deref() == Some(want.as_str())
+                    && h.size.is_none_or(|n| n == self.shipped);
+                if ours {
+                    crate::log::log(Level::Info, || {
+                        format!(
+                            "{}: the completion's answer was lost; the object there is this \
+                             upload's (ETag {want}, {} bytes), so the write is done",
+                            s.name, self.shipped
+                        )
+                    });
+                }
+                ours
+            }
+            Ok(None) | Err(_) => false,
+        }
+    }
+
+    pub(super) fn abort(&mut self) -> Result<()> {
         self.shared.fail(Error::Closed);
         let _ = self.drain();
         let Some(upload) = self.upload.take() else {
@@ -604,6 +385,13 @@ impl Drop for Upload {
             let _ = self.abort();
         }
     }
+}
+
+/// The codes a retried completion meets when its first attempt completed
+/// the upload: the object is there (`If-None-Match: *`), or the upload is
+/// gone.
+fn is_completed_answer(code: Option<&str>) -> bool {
+    matches!(code, Some("PreconditionFailed" | "NoSuchUpload"))
 }
 
 /// An upload thread: takes parts off the queue until it closes; after a
