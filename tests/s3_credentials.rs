@@ -7,6 +7,8 @@
 //! reach 169.254.169.254: every environment sets the endpoint or
 //! `AWS_EC2_METADATA_DISABLED`.
 
+mod support;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -120,31 +122,10 @@ fn serve(mut conn: TcpStream, handler: &Handler, n: &AtomicUsize, log: &Mutex<Ve
     }
 }
 
-/// `YYYY-MM-DDTHH:MM:SSZ` of a time (civil-from-days, Howard Hinnant's).
-fn iso(t: SystemTime) -> String {
-    let secs = t.duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs() as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    )
-}
-
 fn json_creds(id: &str, expires: SystemTime) -> String {
     format!(
         r#"{{"Code":"Success","AccessKeyId":"{id}","SecretAccessKey":"SECRET-{id}","Token":"TOKEN-{id}","Expiration":"{}"}}"#,
-        iso(expires)
+        support::iso(expires)
     )
 }
 
@@ -265,7 +246,7 @@ fn web_identity_assumes_the_role_with_the_token_file() {
                  <AccessKeyId>ASIAWEB</AccessKeyId><SecretAccessKey>SECRETWEB</SecretAccessKey>\
                  <SessionToken>TOKENWEB</SessionToken><Expiration>{}</Expiration>\
                  </Credentials></AssumeRoleWithWebIdentityResult></AssumeRoleWithWebIdentityResponse>",
-                iso(expires)
+                support::iso(expires)
             ),
         )
     }));
@@ -373,7 +354,7 @@ fn script(dir: &std::path::Path, name: &str, body: &str) -> String {
 #[test]
 fn credential_process_output_becomes_credentials_and_failures_keep_the_secret() {
     let d = tempfile::tempdir().unwrap();
-    let expires = iso(SystemTime::now() + Duration::from_secs(3600));
+    let expires = support::iso(SystemTime::now() + Duration::from_secs(3600));
     let good = script(
         d.path(),
         "good",
@@ -459,7 +440,7 @@ fn fake_sts() -> Tiny {
                      <AccessKeyId>ASIAWEBID</AccessKeyId><SecretAccessKey>S</SecretAccessKey>\
                      <SessionToken>T</SessionToken><Expiration>{}</Expiration>\
                      </Credentials></AssumeRoleWithWebIdentityResult></AssumeRoleWithWebIdentityResponse>",
-                    iso(expires)
+                    support::iso(expires)
                 ),
             );
         }
@@ -507,7 +488,7 @@ fn fake_sts() -> Tiny {
                 role.to_uppercase(),
                 role.to_uppercase(),
                 role.to_uppercase(),
-                iso(expires)
+                support::iso(expires)
             ),
         )
     }))
@@ -714,8 +695,8 @@ sso_role_name = Trainer
 ";
     let (home, env) = home_with_config(config);
     let env = env.set("AWS_ENDPOINT_URL_SSO", &portal.url);
-    let later = iso(SystemTime::now() + Duration::from_secs(3600));
-    let past = iso(SystemTime::now() - Duration::from_secs(60));
+    let later = support::iso(SystemTime::now() + Duration::from_secs(3600));
+    let past = support::iso(SystemTime::now() - Duration::from_secs(60));
     let cache = |key: &str, token: &str, expires: &str| {
         let path = creds::sso_cache_file(&env, key).unwrap();
         assert!(path.starts_with(home.path().join(".aws/sso/cache")));

@@ -32,27 +32,6 @@ const LIFETIME: Duration = Duration::from_secs(6);
 /// The consumer's pause per batch: ~80 batches take about a minute.
 const PAUSE: Duration = Duration::from_millis(700);
 
-/// `YYYY-MM-DDTHH:MM:SSZ` of a time (civil-from-days, Howard Hinnant's).
-fn iso(t: SystemTime) -> String {
-    let secs = t.duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs() as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    )
-}
-
 /// The keys an endpoint issued, in order: (access key id, secret).
 type Issued = Arc<std::sync::Mutex<Vec<(String, String)>>>;
 
@@ -83,7 +62,7 @@ fn credentials_endpoint(s3: Arc<S3Server>) -> (String, Issued) {
             log.lock().unwrap().push((id.clone(), secret.clone()));
             let body = format!(
                 r#"{{"AccessKeyId":"{id}","SecretAccessKey":"{secret}","Token":"token-{i}","Expiration":"{}"}}"#,
-                iso(expires)
+                support::iso(expires)
             );
             let _ = write!(
                 conn,

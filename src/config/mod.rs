@@ -298,6 +298,10 @@ mod tests {
         assert!(err(r#"{"urls":"a","stall_timeout_ms":0}"#).contains("`stall_timeout_ms`"));
         assert!(err(r#"{"urls":"a","max_attempts":0}"#).contains("`max_attempts`"));
         assert!(err(r#"{"urls":"a","max_attempts":1000}"#).contains("from 1 to 100"));
+        for bad in ["0", "-5", "1.5", "\"10m\"", "null"] {
+            let e = err(&format!(r#"{{"urls":"a","retry_deadline_s":{bad}}}"#));
+            assert!(e.contains("`retry_deadline_s`"), "{bad}: {e}");
+        }
         assert!(err(r#"{"urls":"a","ca_bundle":""}"#).contains("`ca_bundle`"));
         assert!(err(r#"{"urls":"a","ca_bundle":7}"#).contains("`ca_bundle`"));
         assert!(
