@@ -317,6 +317,18 @@ typedef struct ringfeed_stats {
   uint64_t cache_corrupt;
   uint64_t cache_stale;
   uint64_t cache_uncached;
+  // Network reads the workers keep in flight now (found as the reads go
+  // when `reads_in_flight` is auto).
+  uint64_t net_reads_in_flight;
+  // The median time of a network read, request to last byte, over the
+  // last window of reads (0: not measured yet).
+  uint64_t net_read_time_us;
+  // The bandwidth-delay product measured: the bytes in flight that the
+  // last window's rate and read time make.
+  uint64_t net_bdp_bytes;
+  // Reads of a stream's next remote shard begun before the shard being
+  // read was done.
+  uint64_t reads_ahead;
 } ringfeed_stats;
 
 #ifdef __cplusplus

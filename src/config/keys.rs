@@ -28,6 +28,28 @@ use crate::plan::Remainder;
 /// cover a 100 Gbit/s NIC's share of a node's ranks.
 pub const AUTO_WORKERS: usize = 4;
 
+/// Reads a worker keeps in flight on local files when `reads_in_flight` is
+/// auto: for page-cache reads 2 already overlap parse and copy, and 4
+/// keep an NVMe drive's queue busy from each of the 4 workers.
+pub const LOCAL_READS: usize = 4;
+
+/// The most network reads a worker keeps in flight when `reads_in_flight`
+/// is auto: 4 workers x 64 reads of 8 MiB is 2 GiB in flight, 17 GB/s at
+/// S3's ~115 ms per 8 MiB read, past a 100 Gbit/s NIC; the memory budget
+/// bounds it first.
+pub const AUTO_READS_MAX: usize = 64;
+
+/// The most the default memory budget grows to for remote shards (the
+/// measured bandwidth-delay product of a far object store is what it is
+/// for): 2 GiB holds 4 workers x 64 reads of 8 MiB; 12.5 GB/s at ~115 ms
+/// per read needs 1.4 GB in flight. Never more than a sixteenth of the
+/// machine's memory (`REMOTE_BUDGET_SHARE`), never less than 256 MiB.
+pub const REMOTE_BUDGET_MAX: u64 = 2 << 30;
+
+/// The share of the machine's memory the default budget may take for
+/// remote shards: a node of 8 ranks then keeps half its memory for them.
+pub const REMOTE_BUDGET_SHARE: u64 = 16;
+
 /// Where a key belongs when consumers share a node engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope {
@@ -244,10 +266,19 @@ config_keys! {
     // half the CPU of 256 KiB receives (measured on the dev machine).
     [Engine] chunk_size: u64 = 8 << 20 => size(key, v)?;
 
-    /// Reads each worker keeps in flight.
-    // 4 in flight per worker: the CRT's ~4 requests per connection; for
-    // page-cache reads 2 already overlap parse and copy.
-    [Engine] reads_in_flight: usize = 4 => positive(key, v)? as usize;
+    /// Reads each worker keeps in flight; 0 (auto): `LOCAL_READS` for
+    /// local files, and for network reads as many as the link needs,
+    /// found as the reads go (`crate::net::inflight`).
+    // Auto: a fixed count is either too few for a far object store (S3
+    // needs ~40 reads of 8 MiB in flight for 3 GB/s) or memory held for
+    // nothing on loopback.
+    [Engine] reads_in_flight: usize = 0 => integer(key, v)? as usize;
+
+    /// Bytes per second the network reads aim for; 0: as fast as the link
+    /// allows. Caps the reads in flight at what the target needs.
+    // 0: a loader's job is to keep the consumer fed; a target is for
+    // leaving the link to others.
+    [Engine] target_throughput: u64 = 0 => size(key, v)?;
 
     /// Worker threads, each reading one stream of the plan; 0 picks
     /// `AUTO_WORKERS` (at most one per shard). Part of the layout that

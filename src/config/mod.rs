@@ -18,7 +18,10 @@ mod values;
 
 use serde_json::{Map, Value};
 
-pub use keys::{AUTO_WORKERS, Config, KEY_SCOPES, KEYS, Scope};
+pub use keys::{
+    AUTO_READS_MAX, AUTO_WORKERS, Config, KEY_SCOPES, KEYS, LOCAL_READS, REMOTE_BUDGET_MAX,
+    REMOTE_BUDGET_SHARE, Scope,
+};
 pub use values::{Checksum, IoBackend, NodeMode, Toggle, parse_size};
 
 use crate::error::{Error, Result};
@@ -88,19 +91,39 @@ impl Config {
     /// worker's reads in flight plus two chunks each (the one being parsed
     /// and a spill), plus 64 MiB for batches in the ring and with the
     /// consumer; at least 256 MiB, shared out among a rank's
-    /// `loader_workers` (each a process with its own engine). The whole
-    /// arena is locked and faulted in at open, so a budget far above the
-    /// working set costs start-up time (about 2 s per GiB measured on the
-    /// dev machine; 15-600 ms for 256 MiB of transparent huge pages,
-    /// depending on how much the kernel must compact) for nothing: two
-    /// DataLoader workers decoding JPEGs each opened 256 MiB and lost to
-    /// WebDataset by that time alone (0.95x), and were ahead with 160 MiB.
-    pub fn effective_budget(&self, workers: usize) -> u64 {
+    /// `loader_workers` (each a process with its own engine). With remote
+    /// shards, at least `remote` (the caller's bound for the bandwidth-delay
+    /// product of a far object store, see `REMOTE_BUDGET_MAX`), shared out
+    /// alike. The arena is locked as it faults in, and faulted in by a
+    /// background thread after the first batch, so a large budget costs no
+    /// start-up time; two DataLoader workers decoding JPEGs that each
+    /// faulted in 256 MiB at open lost to WebDataset by that time alone
+    /// (0.95x), which is why the faulting moved off the start.
+    pub fn effective_budget(&self, workers: usize, remote: Option<u64>) -> u64 {
         if self.memory_budget != 0 {
             return self.memory_budget;
         }
-        let reads = workers as u64 * (self.reads_in_flight as u64 + 2) * self.chunk_size;
-        (reads + (64 << 20)).max((256 << 20) / self.loader_workers.max(1))
+        let reads = workers as u64 * (self.local_reads() as u64 + 2) * self.chunk_size;
+        let floor = (256 << 20).max(remote.unwrap_or(0)) / self.loader_workers.max(1);
+        (reads + (64 << 20)).max(floor)
+    }
+
+    /// Reads a worker keeps in flight on local files: `reads_in_flight`,
+    /// or [`LOCAL_READS`] when it is auto.
+    pub fn local_reads(&self) -> usize {
+        match self.reads_in_flight {
+            0 => LOCAL_READS,
+            n => n,
+        }
+    }
+
+    /// The most reads a worker keeps in flight: `reads_in_flight`, or
+    /// [`AUTO_READS_MAX`] when it is auto (what the rings are sized for).
+    pub fn max_reads(&self) -> usize {
+        match self.reads_in_flight {
+            0 => AUTO_READS_MAX,
+            n => n,
+        }
     }
 
     /// A node engine's arena: `memory_budget`, or by default what a
@@ -113,7 +136,7 @@ impl Config {
         if self.memory_budget != 0 {
             return self.memory_budget;
         }
-        self.node_consumers() * self.effective_budget(self.workers_or_auto())
+        self.node_consumers() * self.effective_budget(self.workers_or_auto(), None)
     }
 
     /// The consumers a node engine expects (see [`Config::node_budget`]).
@@ -251,17 +274,25 @@ mod tests {
         let c = |json: &str| Config::from_json(json).unwrap();
         const MIB: u64 = 1 << 20;
         // 4 workers x (4 reads + 2) x 8 MiB + 64 MiB = 256 MiB.
-        assert_eq!(c(r#"{"urls": "a"}"#).effective_budget(4), 256 * MIB);
-        assert_eq!(c(r#"{"urls": "a"}"#).effective_budget(1), 256 * MIB);
-        assert_eq!(c(r#"{"urls": "a"}"#).effective_budget(6), 352 * MIB);
+        assert_eq!(c(r#"{"urls": "a"}"#).effective_budget(4, None), 256 * MIB);
+        assert_eq!(c(r#"{"urls": "a"}"#).effective_budget(1, None), 256 * MIB);
+        assert_eq!(c(r#"{"urls": "a"}"#).effective_budget(6, None), 352 * MIB);
         // A rank's DataLoader workers share the floor, never below their reads.
         let two = c(r#"{"urls": "a", "loader_workers": 2}"#);
-        assert_eq!(two.effective_budget(2), 160 * MIB);
-        assert_eq!(two.effective_budget(1), 128 * MIB);
+        assert_eq!(two.effective_budget(2, None), 160 * MIB);
+        assert_eq!(two.effective_budget(1, None), 128 * MIB);
         let eight = c(r#"{"urls": "a", "loader_workers": 8}"#);
-        assert_eq!(eight.effective_budget(1), 112 * MIB);
+        assert_eq!(eight.effective_budget(1, None), 112 * MIB);
         let set = c(r#"{"urls": "a", "loader_workers": 8, "memory_budget": "1GiB"}"#);
-        assert_eq!(set.effective_budget(1), 1024 * MIB);
+        assert_eq!(set.effective_budget(1, None), 1024 * MIB);
+        // Remote shards: the caller's bound, shared among the DataLoader
+        // workers; a budget given is kept.
+        assert_eq!(
+            c(r#"{"urls": "a"}"#).effective_budget(4, Some(1536 * MIB)),
+            1536 * MIB
+        );
+        assert_eq!(two.effective_budget(2, Some(1536 * MIB)), 768 * MIB);
+        assert_eq!(set.effective_budget(1, Some(1536 * MIB)), 1024 * MIB);
     }
 
     #[test]

@@ -79,10 +79,8 @@ impl Config {
                 self.memory_budget, self.chunk_size
             )));
         }
-        if self.reads_in_flight == 0 || self.prefetch_batches == 0 {
-            return Err(Error::config(
-                "`reads_in_flight` and `prefetch_batches` must be at least 1",
-            ));
+        if self.prefetch_batches == 0 {
+            return Err(Error::config("`prefetch_batches` must be at least 1"));
         }
         if self.reads_in_flight > 256 {
             return Err(Error::config(format!(

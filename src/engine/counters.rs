@@ -100,6 +100,18 @@ pub struct Counts {
     pub cache_corrupt: u64,
     pub cache_stale: u64,
     pub cache_uncached: u64,
+    /// Network reads the workers keep in flight now (found as the reads go
+    /// when `reads_in_flight` is auto).
+    pub net_reads_in_flight: u64,
+    /// The median time of a network read, request to last byte, over the
+    /// last window of reads (0: not measured yet).
+    pub net_read_time_us: u64,
+    /// The bandwidth-delay product measured: the bytes in flight that the
+    /// last window's rate and read time make.
+    pub net_bdp_bytes: u64,
+    /// Reads of a stream's next remote shard begun before the shard being
+    /// read was done.
+    pub reads_ahead: u64,
 }
 
 /// `ringfeed_stats.memory_kind`: explicit huge pages (MAP_HUGETLB).
@@ -150,4 +162,5 @@ live!(
     batches_skipped,
     samples_skipped,
     shuffle_copied,
+    reads_ahead,
 );

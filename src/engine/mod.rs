@@ -12,21 +12,25 @@
 //! The files, in the order a batch passes them: `open` (start-up, with
 //! `planning`: the counts and the plan's start, and `setup`: the arena,
 //! placement, fixed buffers, CUDA and a node engine's shared parts),
-//! `threads` (the thread mains), `worker` (the read loop), `assemble`
+//! `threads` (the thread mains), `worker` (the read loop over a stream's
+//! shards), `reading` (its reads in flight, a next shard's begun early,
+//! completions applied, every read drained), `tier` (what the cache does
+//! for a remote shard's read), `assemble`
 //! (members into samples and batches), `shuffler` (the shuffle buffer within
 //! the worker's share of memory), `sequencer` (streams into the ring in the
 //! plan's order), `loader` (the handle consumers hold), with `shared` (what
 //! the threads share), `counters` and `stats` (what they count). `script` and
 //! `tests` are the unit tests over scripted readers. No file imports one
 //! that comes after it in this list: `counters` ← `shared` ← `shuffler` ←
-//! `assemble` ← `worker` ← `sequencer`/`threads` ← `loader` ←
-//! `setup`/`planning`/`stats` ← `open`.
+//! `assemble`/`tier` ← `reading` ← `worker` ← `sequencer`/`threads` ←
+//! `loader` ← `setup`/`planning`/`stats` ← `open`.
 
 mod assemble;
 mod counters;
 mod loader;
 mod open;
 mod planning;
+mod reading;
 #[cfg(test)]
 mod script;
 mod sequencer;
@@ -37,6 +41,7 @@ mod stats;
 #[cfg(test)]
 mod tests;
 mod threads;
+mod tier;
 mod worker;
 
 pub use counters::{

@@ -17,9 +17,9 @@ use crate::engine::counters::Counters;
 use crate::engine::loader::{Loader, Setup};
 use crate::engine::planning::{learn_cached_counts, plan_setup, worker_count};
 use crate::engine::setup::{
-    EngineNet, MIN_SHARE, check_placement_keys, fixed_buffers, own_pool, place,
+    EngineNet, MIN_SHARE, check_placement_keys, fixed_buffers, own_pool, place, remote_budget,
 };
-use crate::engine::shared::{Progress, Shared};
+use crate::engine::shared::{NetReads, Progress, Shared};
 use crate::engine::threads::{
     MakeReader, Readers, net_main, prefault_main, sequencer_main, worker_main,
 };
@@ -132,7 +132,11 @@ impl Loader {
         let (plan_opts, counts, start, base_delivered, replay, fingerprint) =
             plan_setup(&cfg, &net, &shards, workers)?;
         let chunk = cfg.chunk_size as usize;
-        let budget = cfg.effective_budget(workers);
+        let remote = shards
+            .iter()
+            .any(|s| matches!(s.source, Source::Http(_)))
+            .then(remote_budget);
+        let budget = cfg.effective_budget(workers, remote);
         let chunks = (budget / cfg.chunk_size) as usize;
         let need = 2 * workers + 2;
         if chunks < need && joined.is_none() {
@@ -226,10 +230,18 @@ impl Loader {
                     .into(),
             );
         }
-        let fixed = match make.is_none() && backend == BackendKind::IoUring && !shared_auto {
-            true => fixed_buffers(iovecs, cfg.register_buffers, workers + 1, &net, &mut notes)?,
-            false => None,
-        };
+        // Fixed buffers serve file reads (local shards, cache entries); a
+        // loader of remote shards alone would pin its whole arena, sized
+        // for a far store's reads in flight, for nothing.
+        let reads_files = remote.is_none()
+            || cfg.cache_dir.is_some()
+            || shards.iter().any(|s| matches!(s.source, Source::File(_)));
+        let files_auto = reads_files || cfg.register_buffers == Toggle::On;
+        let fixed =
+            match make.is_none() && backend == BackendKind::IoUring && !shared_auto && files_auto {
+                true => fixed_buffers(iovecs, cfg.register_buffers, workers + 1, &net, &mut notes)?,
+                false => None,
+            };
 
         let cpus = placement.cpus.clone().unwrap_or_default();
         // Network threads receive the workers' HTTP ranges (io_uring only;
@@ -298,7 +310,13 @@ impl Loader {
             },
             0,
         );
+        // Half a stream's chunks may be network reads in flight: the rest
+        // is for the chunk being walked, the batches queued towards the
+        // consumer and a shuffle buffer, so ready batches never starve
+        // the reads (nor the reads the batches).
+        let reads = NetReads::new(&cfg, workers, pool.quota() / 2, started);
         let shared = Arc::new(Shared {
+            reads,
             shard_names: shards.iter().map(|s| s.name.as_str().into()).collect(),
             shards,
             pool,
@@ -356,7 +374,7 @@ impl Loader {
             // Each serves its workers' reads in flight: two entries each
             // (the step and its time-out), and its own wake-up.
             let served = workers.div_ceil(net_threads);
-            let entries = (served * shared.cfg.reads_in_flight * 2 + 2).next_power_of_two() as u32;
+            let entries = (served * shared.cfg.max_reads() * 2 + 2).next_power_of_two() as u32;
             let spawned = std::thread::Builder::new()
                 .name(format!("ringfeed-net{id}"))
                 .spawn(move || net_main(net_shared, link, id, entries));

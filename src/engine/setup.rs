@@ -73,7 +73,7 @@ pub(crate) fn engine_net_threads(cfg: &Config, shards: &[Shard]) -> Result<Optio
         0 => topology::discover().allowed().len().clamp(1, streams),
         n => n,
     };
-    let entries = (streams.div_ceil(n) * cfg.reads_in_flight * 2 + 2)
+    let entries = (streams.div_ceil(n) * cfg.max_reads() * 2 + 2)
         .next_power_of_two()
         .min(1 << 15) as u32;
     let net = NetOptions::for_config(cfg);
@@ -102,6 +102,34 @@ pub(crate) fn engine_net_threads(cfg: &Config, shards: &[Shard]) -> Result<Optio
 /// The least share of a shared pool a stream may have: its first read, a
 /// spill run and one chunk of a batch.
 pub(super) const MIN_SHARE: usize = 3;
+
+/// The default budget's bound for remote shards: a sixteenth of the memory
+/// this process may use (the machine's, or its cgroup's limit when lower,
+/// as in a Kubernetes pod), between 256 MiB and `REMOTE_BUDGET_MAX`.
+pub(super) fn remote_budget() -> u64 {
+    const FLOOR: u64 = 256 << 20;
+    let machine = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        let kib = m.lines().find_map(|l| l.strip_prefix("MemTotal:"))?;
+        Some(
+            kib.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .ok()?
+                * 1024,
+        )
+    });
+    let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory.max")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let usable = match (machine, cgroup) {
+        (Some(m), Some(c)) => m.min(c),
+        (m, c) => m
+            .or(c)
+            .unwrap_or(FLOOR * crate::config::REMOTE_BUDGET_SHARE),
+    };
+    (usable / crate::config::REMOTE_BUDGET_SHARE).clamp(FLOOR, crate::config::REMOTE_BUDGET_MAX)
+}
 
 /// A loader's own arena of `chunks` chunks (on `numa_node`), and its pool
 /// split among `workers` streams; with the arena's notes after `notes`

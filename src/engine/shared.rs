@@ -6,7 +6,7 @@
 //! from it; nothing here knows about threads or I/O backends.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -19,6 +19,7 @@ use crate::fetch::NetOptions;
 use crate::fetch::direct::{ChunkLayout, DirectIo};
 use crate::fetch::net_thread::NetLink;
 use crate::memory::{Batch, BatchBuilder, ChunkPool, ShardNames};
+use crate::net::inflight::{InFlight, Limit};
 use crate::plan::resume::{Round, Start};
 use crate::plan::{ConsumerPlan, Delivered, PlanOptions, plan_epoch};
 use crate::queue::Channel;
@@ -89,6 +90,142 @@ pub(crate) struct Shared {
     /// the one `ChunkPool::join` gave in a shared one (a node engine's).
     pub(super) owner_base: usize,
     pub(super) started: Instant,
+    /// How many network reads the workers keep in flight.
+    pub(super) reads: NetReads,
+}
+
+/// How long after a read found no chunk free memory still counts as what
+/// limits the reads (`limited_by`): a few read times at S3's ~115 ms.
+const SHORT_OF_MEMORY_FOR: u64 = 500_000_000;
+
+/// How many network reads a loader's workers keep in flight: fixed by
+/// `reads_in_flight`, or found as the reads go (auto, `crate::net::inflight`),
+/// shared out evenly among the workers; and what holds it where it is.
+pub(crate) struct NetReads {
+    /// None: fixed at `fixed` per worker.
+    auto: Option<Mutex<InFlight>>,
+    fixed: usize,
+    workers: usize,
+    /// The most one worker keeps in flight.
+    most: usize,
+    /// The auto count's total, read at every read (Relaxed: a hint, no
+    /// memory is read through it).
+    total: AtomicUsize,
+    /// When a worker last wanted a network read and found no chunk free,
+    /// ns after `started` (0: never).
+    short_of_memory: AtomicU64,
+    started: Instant,
+}
+
+/// What the stats give of the reads in flight.
+pub(crate) struct ReadsReport {
+    pub total: usize,
+    pub read_time_us: u64,
+    pub bdp_bytes: u64,
+    pub limit: &'static str,
+}
+
+impl NetReads {
+    /// `per_worker_max`: what a worker's share of the chunks allows.
+    pub fn new(cfg: &Config, workers: usize, per_worker_max: usize, started: Instant) -> NetReads {
+        let workers = workers.max(1);
+        let most = match cfg.reads_in_flight {
+            0 => per_worker_max.clamp(1, crate::config::AUTO_READS_MAX),
+            n => n,
+        };
+        let auto = (cfg.reads_in_flight == 0).then(|| {
+            let max = most * workers;
+            let target = (cfg.target_throughput > 0).then_some(cfg.target_throughput as f64);
+            // Start where a fixed count started before (4 per worker):
+            // enough for loopback, and the first raise comes after one
+            // window of reads.
+            Mutex::new(InFlight::new(
+                crate::config::LOCAL_READS * workers,
+                workers,
+                max,
+                target,
+            ))
+        });
+        let total = auto
+            .as_ref()
+            .map_or(0, |a| a.lock().unwrap_or_else(|p| p.into_inner()).total());
+        NetReads {
+            auto,
+            fixed: cfg.reads_in_flight,
+            workers,
+            most,
+            total: AtomicUsize::new(total),
+            short_of_memory: AtomicU64::new(0),
+            started,
+        }
+    }
+
+    /// The network reads one worker keeps in flight now.
+    pub fn per_worker(&self) -> usize {
+        match &self.auto {
+            // Relaxed: see `total`.
+            Some(_) => self.total.load(Ordering::Relaxed).div_ceil(self.workers),
+            None => self.fixed,
+        }
+    }
+
+    /// The most network reads one worker keeps in flight.
+    pub fn most_per_worker(&self) -> usize {
+        self.most
+    }
+
+    /// A network read of `bytes` asked for at `asked` has all its bytes.
+    pub fn completed(&self, asked: Instant, bytes: usize) {
+        let Some(auto) = &self.auto else {
+            return;
+        };
+        let now = self.started.elapsed().as_secs_f64();
+        let mut a = auto.lock().unwrap_or_else(|p| p.into_inner());
+        if a.record(now, bytes as u64, asked.elapsed().as_secs_f64()) {
+            // Relaxed: see `total`.
+            self.total.store(a.total(), Ordering::Relaxed);
+        }
+    }
+
+    /// A worker wanted another network read and no chunk was free.
+    pub fn short_of_memory(&self) {
+        let ns = (self.started.elapsed().as_nanos() as u64).max(1);
+        // Relaxed: a report.
+        self.short_of_memory.store(ns, Ordering::Relaxed);
+    }
+
+    /// What the stats say, with `ring_full` (the consumer is behind).
+    pub fn report(&self, ring_full: bool) -> ReadsReport {
+        let now = self.started.elapsed().as_nanos() as u64;
+        // Relaxed: a report.
+        let short = self.short_of_memory.load(Ordering::Relaxed);
+        let memory = short != 0 && now.saturating_sub(short) < SHORT_OF_MEMORY_FOR;
+        let (total, time, bdp, limit) = match &self.auto {
+            Some(a) => {
+                let a = a.lock().unwrap_or_else(|p| p.into_inner());
+                let limit = match a.limit() {
+                    // Wanted more than the chunks allow.
+                    Limit::Growing if memory => Limit::Memory.name(),
+                    l => l.name(),
+                };
+                (a.total(), a.read_time(), a.bdp(), limit)
+            }
+            None => (self.fixed * self.workers, None, None, "reads_in_flight"),
+        };
+        let limit = if ring_full {
+            "consumer"
+        } else if memory {
+            "memory"
+        } else {
+            limit
+        };
+        ReadsReport {
+            total,
+            read_time_us: time.map_or(0, |t| (t * 1e6) as u64),
+            bdp_bytes: bdp.map_or(0, |b| b as u64),
+            limit,
+        }
+    }
 }
 
 impl Shared {

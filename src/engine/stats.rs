@@ -52,6 +52,14 @@ pub struct Stats {
     /// Bytes of the arena registered with CUDA (`cuda_register`); 0 when
     /// not registered (the notes say why under "auto").
     pub cuda_registered: u64,
+    /// What holds the network reads' throughput where it is now:
+    /// "consumer" (the ring is full: the consumer is behind), "memory" (a
+    /// read found no chunk free: `memory_budget`), "target"
+    /// (`target_throughput` reached), "server" (more reads in flight made
+    /// each slower: the server, the link or the CPU is full), "latency"
+    /// (more reads in flight still pay: the count is growing), "probing"
+    /// (too few reads yet), "reads_in_flight" (a fixed count was given).
+    pub limited_by: &'static str,
 }
 
 impl std::ops::Deref for Stats {
@@ -103,6 +111,10 @@ impl Loader {
             ..Counts::default()
         };
         sh.counters.fill(&mut c);
+        let reads = sh.reads.report(sh.channel.blocked_pushers() > 0);
+        c.net_reads_in_flight = reads.total as u64;
+        c.net_read_time_us = reads.read_time_us;
+        c.net_bdp_bytes = reads.bdp_bytes;
         if let Some(spool) = &sh.cache {
             let k = spool.cache().stats.snapshot();
             c.cache_hits = k.hits;
@@ -150,6 +162,7 @@ impl Loader {
                     .collect()
             },
             cuda_registered: pool.arena().cuda_registered() as u64,
+            limited_by: reads.limit,
         }
     }
 }
@@ -181,6 +194,12 @@ const COUNTERS: &[(&str, &str, f64, &str)] = &[
         "ringfeed_read_bytes_total",
         1.0,
         "Bytes read from shards (files, network, cache).",
+    ),
+    (
+        "reads_ahead",
+        "ringfeed_reads_ahead_total",
+        1.0,
+        "Reads of a stream's next remote shard begun before the current one was done.",
     ),
     (
         "bytes_copied",
@@ -361,6 +380,24 @@ const GAUGES: &[(&str, &str, f64, &str)] = &[
         "Shards in the dataset.",
     ),
     ("workers", "ringfeed_workers", 1.0, "Worker threads."),
+    (
+        "net_reads_in_flight",
+        "ringfeed_net_reads_in_flight",
+        1.0,
+        "Network reads kept in flight now.",
+    ),
+    (
+        "net_read_time_us",
+        "ringfeed_net_read_seconds",
+        1e6,
+        "Median time of a network read, request to last byte.",
+    ),
+    (
+        "net_bdp_bytes",
+        "ringfeed_net_bandwidth_delay_bytes",
+        1.0,
+        "Bytes in flight the measured rate and read time make.",
+    ),
     (
         "epoch",
         "ringfeed_epoch",

@@ -64,7 +64,7 @@ pub(super) fn worker_main(
     {
         note = Some(format!("pinning to CPU {cpu} failed ({e})"));
     }
-    let entries = (shared.cfg.reads_in_flight * 2).next_power_of_two().max(8) as u32;
+    let entries = (shared.cfg.max_reads() * 2).next_power_of_two().max(8) as u32;
     // Jitter seeds differ per worker and per run.
     let seed = (std::process::id() as u64) << 32
         ^ cpu.unwrap_or(0) as u64
@@ -175,6 +175,18 @@ pub(super) fn prefault_main(
     // A shared pool's arena is its engine's to populate.
     let own = if pool.is_shared() {
         0
+    } else if shared
+        .shards
+        .iter()
+        .all(|s| matches!(s.source, crate::dataset::Source::Http(_)))
+        && shared.cfg.memory_budget == 0
+    {
+        // The default arena of remote shards is sized for a far store's
+        // reads in flight; on a near one most of it is never read into.
+        // Fault in what a local dataset's default holds, and let the rest
+        // fault in as reads first land in it.
+        let local = shared.cfg.effective_budget(shared.streams.len(), None);
+        pool.chunk_count().min((local / cs as u64) as usize)
     } else {
         pool.chunk_count()
     };

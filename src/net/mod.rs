@@ -6,6 +6,7 @@
 //! [`with_retries`]).
 
 pub mod http;
+pub mod inflight;
 mod options;
 pub mod retry;
 pub mod s3;

@@ -70,6 +70,13 @@ impl<T> Channel<T> {
         self.pop_waiting.load(Ordering::SeqCst)
     }
 
+    /// Threads asleep (or about to sleep) in `push_wait` on a full ring:
+    /// the reader is behind.
+    pub fn blocked_pushers(&self) -> usize {
+        // SeqCst: as the other accesses of the count (see the type's comment).
+        self.push_waiting.load(Ordering::SeqCst)
+    }
+
     pub fn is_closed(&self) -> bool {
         self.closed.load(Ordering::SeqCst)
     }

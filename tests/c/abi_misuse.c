@@ -666,7 +666,9 @@ static void close_while_waiting(void) {
     uint64_t held_bytes = 0;
     for (;;) {
         CHECK(n_held < 256, "256 batches held in a 1 MiB budget");
-        int32_t st = ringfeed_loader_next(l, 50, &held[n_held]);
+        /* The first batch may take long on a loaded machine under valgrind;
+         * after it, a 50 ms wait with every batch held is starvation. */
+        int32_t st = ringfeed_loader_next(l, n_held == 0 ? 30000 : 50, &held[n_held]);
         if (st == RINGFEED_TIMEOUT) {
             break;
         }

@@ -119,6 +119,10 @@ STRUCTS = {
         ("uint64_t", "cache_corrupt"),
         ("uint64_t", "cache_stale"),
         ("uint64_t", "cache_uncached"),
+        ("uint64_t", "net_reads_in_flight"),
+        ("uint64_t", "net_read_time_us"),
+        ("uint64_t", "net_bdp_bytes"),
+        ("uint64_t", "reads_ahead"),
     ],
 }
 

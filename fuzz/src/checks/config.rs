@@ -35,7 +35,8 @@ fn accepted(c: &Config) {
     c.validate()
         .expect("an accepted configuration validates again");
     for workers in [1, c.workers_or_auto()] {
-        let _ = c.effective_budget(workers);
+        let _ = c.effective_budget(workers, None);
+        let _ = c.effective_budget(workers, Some(ringfeed::config::REMOTE_BUDGET_MAX));
         let _ = c.plan_options(workers);
     }
     let _ = (c.node_budget(), c.node_streams(), c.consumers());

@@ -1,0 +1,358 @@
+//! How many ranged reads a loader keeps in flight over the network, found
+//! as it goes (pure: the caller gives the clock and the read times).
+//!
+//! A read of `len` bytes takes `T` = first-byte latency + `len` / the
+//! connection's bandwidth. By Little's law, `n` reads in flight carry
+//! `n * len / T` bytes per second: the in-flight count a throughput needs
+//! is its bandwidth-delay product in reads. Loopback answers at once
+//! (`T` ~ 2 ms for 8 MiB), so a few reads fill it; S3 answers after
+//! ~20 ms and sends ~90 MB/s per connection (`T` ~ 115 ms), so 3 GB/s
+//! needs ~40 reads in flight and 12.5 GB/s ~180.
+//!
+//! Neither the latency nor the link's capacity is known in advance, so the
+//! count is found by climbing: in windows of completed reads, the engine
+//! measures the rate the reads complete at and their median time. It
+//! raises the count (by half until the first raise that did not pay, by a
+//! quarter after) and keeps the raise only when the next window's rate
+//! rose with it; a raise that bought nothing is undone, and the count
+//! holds for a while before it tries again. Reads that take far longer
+//! than the best median seen (`base`: a read that waits on nothing but
+//! the server's latency and one connection's bandwidth) are queueing
+//! behind one another (the link, the server or the CPU is full): the count
+//! shrinks. A throughput target (`target_throughput`) caps the count at
+//! what it needs by Little's law; memory (the caller's `max`) caps it too.
+//! The order of samples never depends on any of this: only how far ahead
+//! the reads go.
+
+/// A raise is kept when the rate rose by at least this much with it: the
+/// rate of a window of 8-64 reads varies by a few percent on a quiet
+/// link; a raise of a quarter into a link with room gives ~+20 %.
+const PAID: f64 = 1.08;
+
+/// Reads slower than `base` by more than this are queueing: the count
+/// shrinks by `SHRINK`. The median of a window of S3-like reads
+/// (lognormal first byte, median 20 ms, p99 120 ms, plus 93 ms for 8 MiB
+/// at 90 MB/s) varies by about 10 % between windows; 2x is queueing.
+const SHRINK_ABOVE: f64 = 2.0;
+
+/// Shrink step: a quarter off, so one noisy window costs little.
+const SHRINK: f64 = 0.75;
+
+/// Windows the count holds after a raise that did not pay, before it
+/// tries again (a link's room changes with other tenants).
+const HOLD: u32 = 8;
+
+/// `base` rises by this factor per window, so that a link that became
+/// slower for good is not compared with a past it cannot return to.
+const BASE_DRIFT: f64 = 1.02;
+
+/// Fewest reads in a window: a median of fewer is mostly noise.
+const MIN_WINDOW: usize = 8;
+
+/// Why the count is where it is, for the stats (`limited_by`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    /// Not measured yet (fewer than a window of reads).
+    Probing,
+    /// Reads still take their base time: more would go faster, and the
+    /// count is growing.
+    Growing,
+    /// At the caller's most (the memory the reads may take).
+    Memory,
+    /// At what `target_throughput` needs.
+    Target,
+    /// Reads take far longer than their base time: the link, the server
+    /// or the CPU is full.
+    Saturated,
+}
+
+impl Limit {
+    pub fn name(self) -> &'static str {
+        match self {
+            Limit::Probing => "probing",
+            Limit::Growing => "latency",
+            Limit::Memory => "memory",
+            Limit::Target => "target",
+            Limit::Saturated => "server",
+        }
+    }
+}
+
+/// The in-flight count of one loader's network reads.
+#[derive(Debug, Clone)]
+pub struct InFlight {
+    min: usize,
+    max: usize,
+    /// Bytes per second wanted; `None`: as fast as the link allows.
+    target: Option<f64>,
+    total: usize,
+    /// Read times of the window being gathered, seconds.
+    window: Vec<f64>,
+    window_bytes: u64,
+    /// When the window began: the end of the last one (or the first
+    /// read's request).
+    window_start: Option<f64>,
+    /// The window after a change is not measured: its reads were asked
+    /// for under the old count.
+    settling: bool,
+    base: Option<f64>,
+    /// The count and rate before the raise being tried.
+    trying: Option<(usize, f64)>,
+    /// A raise has not paid yet: raises are by half until one does not.
+    doubling: bool,
+    hold: u32,
+    last_median: Option<f64>,
+    last_rate: Option<f64>,
+    limit: Limit,
+}
+
+impl InFlight {
+    /// Starts at `start` reads in flight, never fewer than `min` nor more
+    /// than `max` (all at least 1).
+    pub fn new(start: usize, min: usize, max: usize, target: Option<f64>) -> InFlight {
+        let min = min.max(1);
+        let max = max.max(min);
+        InFlight {
+            min,
+            max,
+            target: target.filter(|t| *t > 0.0),
+            total: start.clamp(min, max),
+            window: Vec::new(),
+            window_bytes: 0,
+            window_start: None,
+            // The first window begins at its first read's request, not
+            // at a window's end: its rate is not comparable.
+            settling: true,
+            base: None,
+            trying: None,
+            doubling: true,
+            hold: 0,
+            last_median: None,
+            last_rate: None,
+            limit: Limit::Probing,
+        }
+    }
+
+    /// The reads to keep in flight now.
+    pub fn total(&self) -> usize {
+        self.total
+    }
+
+    /// The most reads in flight (what memory allows).
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    pub fn limit(&self) -> Limit {
+        self.limit
+    }
+
+    /// The median read time of the last window, seconds.
+    pub fn read_time(&self) -> Option<f64> {
+        self.last_median
+    }
+
+    /// Bytes per second the last window's reads completed at.
+    pub fn rate(&self) -> Option<f64> {
+        self.last_rate
+    }
+
+    /// The bandwidth-delay product measured, bytes: what the last window's
+    /// rate keeps in flight for a read's time.
+    pub fn bdp(&self) -> Option<f64> {
+        Some(self.last_rate? * self.last_median?)
+    }
+
+    /// A read of `bytes` that took `secs` from its request to its last
+    /// byte completed at `now` (seconds on the caller's clock). Returns
+    /// whether the count changed.
+    pub fn record(&mut self, now: f64, bytes: u64, secs: f64) -> bool {
+        let start = *self.window_start.get_or_insert(now - secs);
+        self.window.push(secs.max(1e-6));
+        self.window_bytes += bytes;
+        if self.window.len() < MIN_WINDOW.max(self.total / 2) {
+            return false;
+        }
+        let mut w = std::mem::take(&mut self.window);
+        w.sort_by(f64::total_cmp);
+        let median = w[w.len() / 2];
+        let rate = self.window_bytes as f64 / (now - start).max(1e-6);
+        let mean_len = self.window_bytes as f64 / w.len() as f64;
+        self.window_bytes = 0;
+        self.window_start = Some(now);
+        if std::mem::take(&mut self.settling) {
+            return false;
+        }
+        self.last_median = Some(median);
+        self.last_rate = Some(rate);
+        let base = match self.base {
+            Some(b) => (b * BASE_DRIFT).min(median),
+            None => median,
+        };
+        self.base = Some(base);
+        let before = self.total;
+        let mut next = self.total;
+        if median / base > SHRINK_ABOVE {
+            self.limit = Limit::Saturated;
+            self.trying = None;
+            self.doubling = false;
+            next = ((self.total as f64 * SHRINK) as usize).max(1);
+        } else if let Some((was, was_rate)) = self.trying.take() {
+            if rate >= was_rate * PAID {
+                self.limit = Limit::Growing;
+                next = self.raised();
+                self.trying = Some((self.total, rate));
+            } else {
+                // Bought nothing: the reads were already as many as the
+                // link carries.
+                self.limit = Limit::Saturated;
+                self.doubling = false;
+                self.hold = HOLD;
+                next = was;
+            }
+        } else if self.hold > 0 {
+            self.hold -= 1;
+        } else {
+            self.limit = Limit::Growing;
+            next = self.raised();
+            self.trying = Some((self.total, rate));
+        }
+        // What the target needs by Little's law, with a tenth spare.
+        if let Some(t) = self.target {
+            let needed = ((t * median / mean_len.max(1.0)) * 1.1).ceil() as usize;
+            if next >= needed {
+                next = needed;
+                self.trying = None;
+                self.limit = Limit::Target;
+            }
+        }
+        if next >= self.max {
+            next = self.max;
+            if self.limit == Limit::Growing {
+                self.trying = None;
+                self.limit = Limit::Memory;
+            }
+        }
+        self.total = next.clamp(self.min, self.max);
+        if self.trying.is_some_and(|(was, _)| was == self.total) {
+            // The raise could not happen (at the most): nothing to try.
+            self.trying = None;
+        }
+        self.settling = self.total != before;
+        self.total != before
+    }
+
+    fn raised(&self) -> usize {
+        let step = if self.doubling {
+            self.total / 2
+        } else {
+            self.total / 4
+        };
+        self.total + step.max(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LEN: u64 = 8 << 20;
+
+    /// A link of `conns_cap` connections' worth of capacity: a read takes
+    /// `latency + len / per_conn` while at most `cap` are in flight, and
+    /// proportionally longer past it (the reads share the link).
+    fn run(
+        c: &mut InFlight,
+        latency: f64,
+        per_conn: f64,
+        cap_bytes_per_s: f64,
+        windows: usize,
+    ) -> Vec<usize> {
+        let mut now = 0.0;
+        let mut seen = Vec::new();
+        for _ in 0..windows {
+            let n = c.total();
+            // n reads share the link: each gets min(per_conn, cap / n).
+            let each = per_conn.min(cap_bytes_per_s / n as f64);
+            let t = latency + LEN as f64 / each;
+            let reads = MIN_WINDOW.max(n / 2);
+            for i in 0..reads {
+                // Completions spread over the read time, n at a time.
+                now += t / n as f64;
+                let jitter = 1.0 + 0.05 * ((i % 3) as f64 - 1.0);
+                c.record(now, LEN, t * jitter);
+            }
+            seen.push(c.total());
+        }
+        seen
+    }
+
+    #[test]
+    fn grows_to_the_bandwidth_delay_product() {
+        // S3-like: 115 ms per read alone, a 3 GB/s link. The knee is at
+        // 3e9 * 0.115 / 8 MiB = 41 reads.
+        let mut c = InFlight::new(16, 4, 256, None);
+        let seen = run(&mut c, 0.022, 90e6, 3e9, 40);
+        let last = *seen.last().unwrap();
+        assert!(
+            (35..=90).contains(&last),
+            "settled at {last} reads in flight: {seen:?}"
+        );
+        assert_ne!(c.limit(), Limit::Growing, "{seen:?}");
+    }
+
+    #[test]
+    fn stays_low_where_the_link_answers_at_once() {
+        // Loopback-like: no latency, one connection nearly fills the link.
+        let mut c = InFlight::new(16, 4, 256, None);
+        let seen = run(&mut c, 0.0001, 3e9, 4e9, 60);
+        // Raises are tried now and then and undone: most of the time the
+        // count is where it started.
+        let mut tail = seen[20..].to_vec();
+        tail.sort();
+        assert_eq!(tail[tail.len() / 2], 16, "{seen:?}");
+        assert!(seen.iter().all(|&n| n <= 24), "{seen:?}");
+    }
+
+    #[test]
+    fn memory_caps_it_and_says_so() {
+        let mut c = InFlight::new(16, 4, 24, None);
+        let seen = run(&mut c, 0.022, 90e6, 12.5e9, 30);
+        assert_eq!(*seen.last().unwrap(), 24);
+        assert_eq!(c.limit(), Limit::Memory);
+        assert_eq!(c.limit().name(), "memory");
+    }
+
+    #[test]
+    fn a_target_caps_it_at_what_it_needs() {
+        // 1 GB/s at ~115 ms per 8 MiB read: 1e9 * 0.115 / 8 MiB = 13.7,
+        // 15 with the tenth spare.
+        let mut c = InFlight::new(4, 2, 256, Some(1e9));
+        let seen = run(&mut c, 0.022, 90e6, 12.5e9, 30);
+        let last = *seen.last().unwrap();
+        assert!((13..=17).contains(&last), "{seen:?}");
+        assert_eq!(c.limit(), Limit::Target);
+    }
+
+    #[test]
+    fn shrinks_when_reads_queue() {
+        // Far past the knee (a 1 GB/s link, 200 in flight): reads take
+        // ~13x their base once the base is learned at a small count.
+        let mut c = InFlight::new(8, 4, 256, None);
+        run(&mut c, 0.022, 90e6, 1e9, 3);
+        c.total = 200;
+        let seen = run(&mut c, 0.022, 90e6, 1e9, 20);
+        assert!(*seen.last().unwrap() < 60, "{seen:?}");
+    }
+
+    #[test]
+    fn nothing_changes_before_a_window_is_in() {
+        let mut c = InFlight::new(16, 4, 64, None);
+        for i in 0..7 {
+            assert!(!c.record(i as f64, LEN, 0.1));
+        }
+        assert_eq!(c.total(), 16);
+        assert_eq!(c.limit(), Limit::Probing);
+        assert!(c.read_time().is_none() && c.bdp().is_none());
+    }
+}
