@@ -9,6 +9,7 @@
 pub mod node;
 pub mod s3;
 pub mod skip;
+pub mod store;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
