@@ -8,14 +8,43 @@
 # then the Python package: installed by pip into .venv (which builds and
 # bundles the release library) and tested with pytest, torch included; a
 # dependency that cannot be installed fails the run.
+#
+# CI runs this on a clean clone of 2 CPUs within a time limit, so the script
+# keeps its wall time down without running less: each phase prints how long
+# it took (`phase`); the Python dependencies (torch among them, gigabytes to
+# fetch) install in the background from the start; the Rust test binaries,
+# which mostly wait on timers, run several at once (scripts/run_tests.py);
+# the S3 test server's release build, which only the Python tests need,
+# compiles in the background while they run; and pytest runs its tests on
+# several processes (pytest-xdist). A background step that fails fails the
+# run when the script waits for it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# `phase NAME`: ends the phase before (printing its seconds) and starts NAME.
+phase_name=""
+phase_start=$SECONDS
+run_start=$SECONDS
+phase() {
+    if [ -n "$phase_name" ]; then
+        echo "test.sh: phase '$phase_name' took $((SECONDS - phase_start)) s (at $((SECONDS - run_start)) s)" >&2
+    fi
+    phase_name="$1"
+    phase_start=$SECONDS
+}
 
 # No test may reach past 127.0.0.1. The S3 credential chain ends at the
 # instance metadata service (169.254.169.254); tests that need it point it at
 # a local server, and this keeps any other path from trying the real one.
 export AWS_EC2_METADATA_DISABLED=true
 
+# pytest's worker processes: one per CPU of CI's machine (2). Several of the
+# Python tests start DataLoader workers that import torch, under a 60 s
+# DataLoader timeout meant for hangs; more processes than CPUs would only
+# crowd those imports.
+PYTEST_WORKERS=2
+
+phase "tools"
 # The C ABI tests compile C and C++ programs with sanitizers, and run two
 # of them under valgrind (tests/c_abi.rs fails without it).
 if ! command -v cc >/dev/null || ! command -v c++ >/dev/null; then
@@ -30,55 +59,107 @@ if ! command -v cmake >/dev/null || ! command -v pkg-config >/dev/null; then
     apt-get update -qq && apt-get install -y -qq cmake pkg-config >/dev/null
 fi
 
+# The Python tests' dependencies, downloaded and installed into .venv in the
+# background while the Rust code is linted, built and tested (it is mostly
+# waiting on the network and the disk); the package itself is installed
+# after, once the release build is free. A dependency that cannot be
+# installed fails the run when the Python phase waits for this.
+# A run that ends early stops what it left in the background.
+trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
+mkdir -p target/tmp
+python_deps_log=target/tmp/python-deps.log
+python_deps() {
+    if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
+        apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null
+    fi
+    [ -x .venv/bin/python ] || python3 -m venv .venv
+    # webdataset: the compatibility tests read every shard with it too
+    # (bindings/python/tests/test_webdataset_compat.py); required here, a
+    # failed install fails the run rather than skipping that comparison.
+    # safetensors: ringfeed.load_safetensors is checked against the files it
+    # writes (bindings/python/tests/test_safetensors.py). pytest-xdist runs
+    # the tests on several processes.
+    .venv/bin/python -m pip install -q numpy pytest pytest-xdist pillow webdataset safetensors || return
+    # torch (CPU use only) for ringfeed.torch, the DLPack and decoding tests
+    # and the training example; torchdata for StatefulDataLoader; torchvision
+    # for its image decoder. Required like webdataset: a failed install fails
+    # the run, since the tests that need them would otherwise not run at all.
+    if ! .venv/bin/python -m pip install -q torch torchdata torchvision; then
+        echo "test.sh: torch, torchdata or torchvision could not be installed: the tests that need them cannot run" >&2
+        return 1
+    fi
+}
+python_deps >"$python_deps_log" 2>&1 &
+python_deps=$!
+phase "fmt and clippy"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # The release build first: tests/install.rs runs scripts/install.sh, whose
 # `cargo build --release` then has nothing left to do. The Python package
-# below bundles it too (pip runs the same build),
-# and its tests generate shards with the release CLI and write to the
-# S3-compatible server of examples/s3_server.rs.
+# below bundles it too (pip runs the same build), and its tests generate
+# shards with the release CLI and write to the S3-compatible server of
+# examples/s3_server.rs.
+phase "release build"
 cargo build --release --locked
 # A Rust test that finds what it needs missing calls tests/support/skip.rs,
 # which fails under RINGFEED_EXPECT_INSTALLED=1 (this machine has everything
 # the suite needs) and elsewhere records the skip in skipped-tests.txt, listed
 # here after the run so a skip never reads as a pass.
 rm -f target/tmp/skipped-tests.txt
+phase "Rust test build"
+cargo test --workspace --all-targets --locked --no-run
+# The S3 test server in release (the Python tests below write a GiB through
+# it): its dev-dependencies (s3s, tokio, hyper) make it some minutes of
+# compiling, done here beside the Rust tests, which leave the CPUs mostly
+# idle. It holds only target/release's build lock: tests/install.rs's
+# release build waits for it, and the debug builds the tests run do not.
+s3_server_log=target/tmp/s3_server-build.log
+cargo build --release --locked --example s3_server >"$s3_server_log" 2>&1 &
+s3_server_build=$!
+phase "Rust tests"
+# The binaries run several at once, each one's output printed whole when it
+# ends; every one runs even when another fails (as --no-fail-fast), and the
+# run fails if any does. The build above left nothing to compile here.
 rust_status=0
-RINGFEED_EXPECT_INSTALLED=1 cargo test --workspace --all-targets --locked --no-fail-fast || rust_status=$?
+RINGFEED_EXPECT_INSTALLED=1 scripts/run_tests.py --workspace --all-targets --locked || rust_status=$?
 if [ -s target/tmp/skipped-tests.txt ]; then
     echo "test.sh: Rust tests that skipped:" >&2
     cat target/tmp/skipped-tests.txt >&2
 fi
+phase "S3 test server build (what was left of it)"
+s3_server_status=0
+wait "$s3_server_build" || s3_server_status=$?
+cat "$s3_server_log" >&2
 [ "$rust_status" -eq 0 ] || exit "$rust_status"
+if [ "$s3_server_status" -ne 0 ]; then
+    echo "test.sh: cargo build --release --example s3_server failed ($s3_server_status)" >&2
+    exit "$s3_server_status"
+fi
 
-cargo build --release --locked --example s3_server
-if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
-    apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null
-fi
-[ -x .venv/bin/python ] || python3 -m venv .venv
+phase "Python package"
+status=0
+wait "$python_deps" || status=$?
+cat "$python_deps_log" >&2
+[ "$status" -eq 0 ] || exit "$status"
 rm -rf bindings/python/build
-# webdataset: the compatibility tests read every shard with it too
-# (bindings/python/tests/test_webdataset_compat.py); required here, a failed
-# install fails the run rather than skipping that comparison. safetensors:
-# ringfeed.load_safetensors is checked against the files it writes
-# (bindings/python/tests/test_safetensors.py).
-.venv/bin/python -m pip install -q ./bindings/python numpy pytest pillow webdataset safetensors
-# torch (CPU use only) for ringfeed.torch, the DLPack and decoding tests and
-# the training example; torchdata for StatefulDataLoader; torchvision for its
-# image decoder. Required like webdataset: a failed install fails the run,
-# since the tests that need them would otherwise not run at all.
-if ! .venv/bin/python -m pip install -q torch torchdata torchvision; then
-    echo "test.sh: torch, torchdata or torchvision could not be installed: the tests that need them cannot run" >&2
-    exit 1
-fi
+# pip builds the package in place: its setup.py runs `cargo build --release
+# -p ringfeed -p ringfeed-cli`, which finds the release build above current
+# and only copies the library and the program into the package.
+.venv/bin/python -m pip install -q ./bindings/python
+phase "pytest"
 # RINGFEED_EXPECT_INSTALLED=1: everything above is installed, so a test
 # skipping for a missing module (or any skip not marked environmental in
 # conftest.py) is a failure; -rs lists the environmental skips that remain.
 # A test module that fails at import is reported and the others still run.
+# The tests run on PYTEST_WORKERS processes (pytest-xdist), a whole module
+# to one worker (--dist loadfile), so a module's fixtures (the wheel that
+# test_wheel.py builds in place, the servers) are made once, as in a single
+# process; each worker has its own temporary directory and S3 server.
 status=0
 RINGFEED_EXPECT_INSTALLED=1 .venv/bin/python -m pytest bindings/python/tests -q -rs \
-    --continue-on-collection-errors || status=$?
+    --continue-on-collection-errors -n "$PYTEST_WORKERS" --dist loadfile || status=$?
 if [ "$status" -eq 5 ]; then
     echo "test.sh: pytest collected no tests" >&2
 fi
+phase ""
 exit "$status"
