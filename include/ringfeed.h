@@ -317,6 +317,10 @@ typedef struct ringfeed_stats {
   uint64_t cache_corrupt;
   uint64_t cache_stale;
   uint64_t cache_uncached;
+  // Late network ranges re-requested on a fresh connection (`hedge`).
+  uint64_t hedges_sent;
+  // Ranges a hedge finished: its answer came first.
+  uint64_t hedges_won;
 } ringfeed_stats;
 
 #ifdef __cplusplus

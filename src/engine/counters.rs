@@ -100,6 +100,10 @@ pub struct Counts {
     pub cache_corrupt: u64,
     pub cache_stale: u64,
     pub cache_uncached: u64,
+    /// Late network ranges re-requested on a fresh connection (`hedge`).
+    pub hedges_sent: u64,
+    /// Ranges a hedge finished: its answer came first.
+    pub hedges_won: u64,
 }
 
 /// `ringfeed_stats.memory_kind`: explicit huge pages (MAP_HUGETLB).

@@ -119,6 +119,8 @@ STRUCTS = {
         ("uint64_t", "cache_corrupt"),
         ("uint64_t", "cache_stale"),
         ("uint64_t", "cache_uncached"),
+        ("uint64_t", "hedges_sent"),
+        ("uint64_t", "hedges_won"),
     ],
 }
 
