@@ -64,10 +64,9 @@ pub fn set_pacing(on: bool) {
 /// requests: one [`RateLimiter`] per host (a URL's authority), and the
 /// clock they read.
 ///
-/// One mutex for the loader: two uncontended locks per request (admit,
-/// answer) cost well under a microsecond, against a request's tens of
-/// microseconds of system calls on loopback (and milliseconds on S3); see
-/// `the_pacer_costs_little_per_request`.
+/// One mutex for the loader: two locks per request (admit, answer) and a
+/// scan of a handful of hosts, against a request's tens of microseconds of
+/// system calls on loopback (and milliseconds on S3).
 #[derive(Debug)]
 pub struct Pacer {
     origin: Instant,
