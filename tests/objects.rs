@@ -2,8 +2,11 @@
 //! every size around the part size read back byte for byte on both
 //! backends, into the library's memory and a caller's buffer; faults
 //! retried; garbage, missing objects and an object that changes under the
-//! read named; local writes that appear only whole and never replace a
-//! file unless asked. (S3 reads and writes: `tests/objects_s3.rs`.)
+//! read named; objects streamed in order through a reused window, and a
+//! sink that refuses named; a caller's buffer faulted in no further than
+//! the object, and a kernel that refuses to fault memory in ahead; local
+//! writes that appear only whole and never replace a file unless asked.
+//! (S3 reads and writes: `tests/objects_s3.rs`.)
 
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -149,6 +152,212 @@ fn faults_are_retried_per_part_and_the_bytes_stay_exact() {
                 left.load(Ordering::SeqCst),
                 0,
                 "{backend}: {what} not all fired"
+            );
+        }
+    }
+}
+
+/// A sink that takes `room` bytes, then refuses as a closed pipe does.
+struct Sink {
+    got: Vec<u8>,
+    room: usize,
+}
+
+impl std::io::Write for Sink {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if self.got.len() + b.len() > self.room {
+            return Err(std::io::ErrorKind::BrokenPipe.into());
+        }
+        self.got.extend_from_slice(b);
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn stream(url: &str, c: &Config, sink: &mut Sink) -> ringfeed::Result<object::ReadReport> {
+    let net = ringfeed::net::NetOptions::for_config(c);
+    let shard = object::one(url, c, &net)?;
+    object::stream_shard(&shard, c, &net, sink, "the sink", None)
+}
+
+#[test]
+fn streamed_objects_of_every_size_arrive_whole_and_in_order_on_both_backends() {
+    let dir = tempfile::tempdir().unwrap();
+    let objs = files(dir.path());
+    let server = Server::start(dir.path().to_path_buf());
+    for backend in ["io_uring", "threads"] {
+        let c = cfg(&format!(
+            r#", "io_backend": "{backend}", "max_attempts": 10"#
+        ));
+        for (name, data) in &objs {
+            for url in [
+                dir.path().join(name).display().to_string(),
+                server.url(name),
+            ] {
+                let mut sink = Sink {
+                    got: Vec::new(),
+                    room: usize::MAX,
+                };
+                let r = stream(&url, &c, &mut sink).unwrap();
+                assert!(sink.got == data[..], "{url} on {backend}: bytes differ");
+                assert_eq!(r.backend.name(), backend);
+                assert_eq!(r.bytes, data.len() as u64);
+            }
+        }
+        // Parts retried after faults complete after the parts behind them:
+        // still written in order (41 parts through 8 slots).
+        let (name, data) = &objs[7];
+        let f = &server.faults;
+        f.reset.store(3, Ordering::SeqCst);
+        f.truncate.store(3, Ordering::SeqCst);
+        let mut sink = Sink {
+            got: Vec::new(),
+            room: usize::MAX,
+        };
+        stream(&server.url(name), &c, &mut sink).unwrap();
+        assert!(sink.got == data[..], "{backend}: bytes differ after faults");
+        assert_eq!(
+            f.reset.load(Ordering::SeqCst),
+            0,
+            "{backend}: resets not all fired"
+        );
+    }
+}
+
+#[test]
+fn a_sink_that_refuses_is_named_and_stops_the_parts() {
+    let dir = tempfile::tempdir().unwrap();
+    let objs = files(dir.path());
+    let server = Server::start(dir.path().to_path_buf());
+    let (name, data) = &objs[7];
+    let parts = (data.len() as u64).div_ceil(PART) as usize;
+    let c = cfg(r#", "io_backend": "io_uring""#);
+    let gets = |s: &Server| s.faults.gets.load(Ordering::SeqCst);
+
+    let before = gets(&server);
+    let mut sink = Sink {
+        got: Vec::new(),
+        room: 2 * PART as usize,
+    };
+    let e = stream(&server.url(name), &c, &mut sink).unwrap_err();
+    let text = e.to_string();
+    assert!(
+        matches!(e, Error::Io { .. }) && text.contains("the sink"),
+        "{text}"
+    );
+    assert!(
+        sink.got == data[..2 * PART as usize],
+        "the bytes before the refusal"
+    );
+    // No part is asked for once its slot's part could not be written: the
+    // two parts written, and at most the window's 8 slots after them.
+    let asked = gets(&server) - before;
+    assert!(
+        asked <= 2 + 8,
+        "{asked} GETs of {parts} parts after the refusal"
+    );
+
+    // Control: the same read into a sink with room asks for every part.
+    let before = gets(&server);
+    let mut sink = Sink {
+        got: Vec::new(),
+        room: usize::MAX,
+    };
+    stream(&server.url(name), &c, &mut sink).unwrap();
+    assert_eq!(gets(&server) - before, parts);
+}
+
+/// Which pages of `len` bytes at `ptr` (page-aligned) are resident.
+fn resident(ptr: *mut u8, len: usize) -> Vec<bool> {
+    let page = ringfeed::memory::page_size();
+    let mut v = vec![0u8; len.div_ceil(page)];
+    // SAFETY: a range of a live mapping; mincore only reports.
+    let r = unsafe { libc::mincore(ptr.cast(), len, v.as_mut_ptr()) };
+    assert_eq!(r, 0, "mincore: {}", std::io::Error::last_os_error());
+    v.into_iter().map(|b| b & 1 == 1).collect()
+}
+
+#[test]
+fn a_buffer_larger_than_the_object_is_faulted_in_no_further_than_the_object() {
+    let dir = tempfile::tempdir().unwrap();
+    let objs = files(dir.path());
+    let server = Server::start(dir.path().to_path_buf());
+    // 41 parts, 4 in flight: the populating thread has parts to reach.
+    let (name, data) = &objs[7];
+    let page = ringfeed::memory::page_size();
+    let len = data.len().next_multiple_of(page) + 16 * page;
+    for backend in ["io_uring", "threads"] {
+        // SAFETY: a fresh private anonymous mapping, unmapped below.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(map, libc::MAP_FAILED);
+        let base = map.cast::<u8>();
+        // SAFETY: the mapping's `len` bytes, ours until the munmap.
+        let buf = unsafe { std::slice::from_raw_parts_mut(base, len) };
+        let c = cfg(&format!(r#", "io_backend": "{backend}""#));
+        let (n, report) = object::read_into(&server.url(name), &c, buf, None).unwrap();
+        assert_eq!(n as usize, data.len());
+        assert!(buf[..data.len()] == data[..], "{backend}: bytes differ");
+        assert!(
+            report.populated <= data.len() as u64,
+            "{}",
+            report.populated
+        );
+        let res = resident(base, len);
+        let past = data.len().div_ceil(page);
+        assert!(res[..data.len() / page].iter().all(|r| *r), "{backend}");
+        assert!(
+            res[past..].iter().all(|r| !r),
+            "{backend}: pages past the object were faulted in"
+        );
+        // Control: a page past the object faulted in is seen.
+        // SAFETY: the mapping's last page.
+        let last = unsafe { base.add(len - page) };
+        // SAFETY: as above; populating changes no byte.
+        let got = unsafe { ringfeed::memory::populate_write(last, page) };
+        assert_eq!(got.unwrap(), page);
+        assert!(resident(base, len)[len / page - 1]);
+        // SAFETY: the mapping made above; `buf` is not used after.
+        unsafe { libc::munmap(map, len) };
+    }
+}
+
+#[test]
+fn memory_the_kernel_refuses_to_fault_in_ahead_still_gets_the_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let objs = files(dir.path());
+    let server = Server::start(dir.path().to_path_buf());
+    let (name, data) = &objs[7];
+    // As a kernel before 5.14 answers `MADV_POPULATE_WRITE`.
+    ringfeed::memory::set_populate_refusal(Some(libc::EINVAL));
+    let outcomes: Vec<_> = ["io_uring", "threads"]
+        .into_iter()
+        .map(|backend| {
+            let c = cfg(&format!(r#", "io_backend": "{backend}""#));
+            (backend, object::read(&server.url(name), &c, None))
+        })
+        .collect();
+    ringfeed::memory::set_populate_refusal(None);
+    for (backend, got) in outcomes {
+        let got = got.unwrap();
+        assert!(got.as_slice() == &data[..], "{backend}: bytes differ");
+        assert_eq!(got.report.populated, 0, "{backend}");
+        // Said when the populator reached a part before the readers did.
+        for n in got.report.notes.iter().filter(|n| n.contains("ahead")) {
+            assert!(
+                n.contains("MADV_POPULATE_WRITE") && n.contains("Invalid argument"),
+                "{n}"
             );
         }
     }

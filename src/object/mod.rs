@@ -6,7 +6,10 @@
 //!   and HTTP GETs alike, as a loader worker reads shards) or, where
 //!   io_uring is refused, on as many threads; into memory of its own
 //!   ([`ObjectBuf`], huge pages where the system gives them) or a caller's
-//!   buffer.
+//!   buffer; `populate.rs`: a thread that faults the destination's pages in
+//!   ahead of the parts not yet taken.
+//! - [`stream`]: an object read in order through a window of a few parts'
+//!   memory, reused, and written to a sink as its head part completes.
 //! - [`write`]: a [`Writer`] that takes bytes in any amounts: to S3 as one
 //!   `PutObject` or a multipart upload with parts in flight in parallel,
 //!   each carrying the configured checksum, aborted on any failure; to a
@@ -20,12 +23,15 @@
 //! S3, retries, I/O backend and memory, and `part_size`, `parts_in_flight`,
 //! `checksum`, `overwrite`.
 
+mod populate;
 pub mod read;
+pub mod stream;
 pub mod write;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use read::{ObjectBuf, ReadReport, read, read_into};
+pub use stream::stream_shard;
 pub use write::{Writer, write};
 
 use crate::config::Config;
