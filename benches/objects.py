@@ -32,8 +32,7 @@ A. read one SIZE object [4GiB], whole process (spawn to exit, CPU from
      ringfeed s3     the same as ringfeed http with s3://BUCKET/KEY, s3_endpoint = nginx,
                      s3_unsigned (skipped, with the error, if refused)
      ringfeed get    `ringfeed get URL -o - >/dev/null` (skipped, with a
-                     note, when this build's CLI has no `get`): streamed in
-                     order through a window of a few parts, reused
+                     note, when this build's CLI has no `get`)
      boto3 tm        download_fileobj with the default TransferConfig (8 MB
                      parts, 10 threads) into a sink that counts and discards
                      (benches/boto3_transfer.py's DiscardSink: seekable, so

@@ -2,9 +2,7 @@
 //! every size around the part size read back byte for byte on both
 //! backends, into the library's memory and a caller's buffer; faults
 //! retried; garbage, missing objects and an object that changes under the
-//! read named; objects streamed in order through a reused window, and a
-//! sink that refuses named; a caller's buffer faulted in no further than
-//! the object, and a kernel that refuses to fault memory in ahead; local
+//! read named; a caller's buffer faulted in no further than the object, and a kernel that refuses to fault memory in ahead; local
 //! writes that appear only whole and never replace a file unless asked.
 //! (S3 reads and writes: `tests/objects_s3.rs`.)
 
@@ -155,119 +153,6 @@ fn faults_are_retried_per_part_and_the_bytes_stay_exact() {
             );
         }
     }
-}
-
-/// A sink that takes `room` bytes, then refuses as a closed pipe does.
-struct Sink {
-    got: Vec<u8>,
-    room: usize,
-}
-
-impl std::io::Write for Sink {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        if self.got.len() + b.len() > self.room {
-            return Err(std::io::ErrorKind::BrokenPipe.into());
-        }
-        self.got.extend_from_slice(b);
-        Ok(b.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-fn stream(url: &str, c: &Config, sink: &mut Sink) -> ringfeed::Result<object::ReadReport> {
-    let net = ringfeed::net::NetOptions::for_config(c);
-    let shard = object::one(url, c, &net)?;
-    object::stream_shard(&shard, c, &net, sink, "the sink", None)
-}
-
-#[test]
-fn streamed_objects_of_every_size_arrive_whole_and_in_order_on_both_backends() {
-    let dir = tempfile::tempdir().unwrap();
-    let objs = files(dir.path());
-    let server = Server::start(dir.path().to_path_buf());
-    for backend in ["io_uring", "threads"] {
-        let c = cfg(&format!(
-            r#", "io_backend": "{backend}", "max_attempts": 10"#
-        ));
-        for (name, data) in &objs {
-            for url in [
-                dir.path().join(name).display().to_string(),
-                server.url(name),
-            ] {
-                let mut sink = Sink {
-                    got: Vec::new(),
-                    room: usize::MAX,
-                };
-                let r = stream(&url, &c, &mut sink).unwrap();
-                assert!(sink.got == data[..], "{url} on {backend}: bytes differ");
-                assert_eq!(r.backend.name(), backend);
-                assert_eq!(r.bytes, data.len() as u64);
-            }
-        }
-        // Parts retried after faults complete after the parts behind them:
-        // still written in order (41 parts through 8 slots).
-        let (name, data) = &objs[7];
-        let f = &server.faults;
-        f.reset.store(3, Ordering::SeqCst);
-        f.truncate.store(3, Ordering::SeqCst);
-        let mut sink = Sink {
-            got: Vec::new(),
-            room: usize::MAX,
-        };
-        stream(&server.url(name), &c, &mut sink).unwrap();
-        assert!(sink.got == data[..], "{backend}: bytes differ after faults");
-        assert_eq!(
-            f.reset.load(Ordering::SeqCst),
-            0,
-            "{backend}: resets not all fired"
-        );
-    }
-}
-
-#[test]
-fn a_sink_that_refuses_is_named_and_stops_the_parts() {
-    let dir = tempfile::tempdir().unwrap();
-    let objs = files(dir.path());
-    let server = Server::start(dir.path().to_path_buf());
-    let (name, data) = &objs[7];
-    let parts = (data.len() as u64).div_ceil(PART) as usize;
-    let c = cfg(r#", "io_backend": "io_uring""#);
-    let gets = |s: &Server| s.faults.gets.load(Ordering::SeqCst);
-
-    let before = gets(&server);
-    let mut sink = Sink {
-        got: Vec::new(),
-        room: 2 * PART as usize,
-    };
-    let e = stream(&server.url(name), &c, &mut sink).unwrap_err();
-    let text = e.to_string();
-    assert!(
-        matches!(e, Error::Io { .. }) && text.contains("the sink"),
-        "{text}"
-    );
-    assert!(
-        sink.got == data[..2 * PART as usize],
-        "the bytes before the refusal"
-    );
-    // No part is asked for once its slot's part could not be written: the
-    // two parts written, and at most the window's 8 slots after them.
-    let asked = gets(&server) - before;
-    assert!(
-        asked <= 2 + 8,
-        "{asked} GETs of {parts} parts after the refusal"
-    );
-
-    // Control: the same read into a sink with room asks for every part.
-    let before = gets(&server);
-    let mut sink = Sink {
-        got: Vec::new(),
-        room: usize::MAX,
-    };
-    stream(&server.url(name), &c, &mut sink).unwrap();
-    assert_eq!(gets(&server) - before, parts);
 }
 
 /// Which pages of `len` bytes at `ptr` (page-aligned) are resident.

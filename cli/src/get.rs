@@ -3,15 +3,12 @@
 //! `Writer` (a temporary file renamed into place, so a file appears only
 //! whole and never replaces one unless `--overwrite`) or to stdout.
 //!
-//! To a file, each object is read into memory first and the file written
-//! after, so no temporary file exists while the network is slow; the
-//! destination is opened before the read all the same, so a file in the
-//! way fails before any byte is fetched. To stdout, a device or a pipe,
-//! the object streams through a window of a few parts' memory, in order
-//! (`object::stream`): any size in bounded memory, and no mapping of the
-//! object's size to fault in first.
+//! Each object is read into memory first and the file written after, so
+//! no temporary file exists while the network is slow; the destination is
+//! opened before the read all the same, so a file in the way fails before
+//! any byte is fetched.
 
-use std::io;
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -94,32 +91,32 @@ pub(crate) fn get(a: GetArgs) -> AnyResult<()> {
         }
         let progress = Arc::new(Progress::default());
         bars.start_object(&shard.name, shard.size, Arc::clone(&progress));
-        let report = match (&path, &dest) {
+        let buf = object::read::read_shard(shard, &cfg, &net, Some(&progress))?;
+        bars.finish_object(buf.len() as u64);
+        match (&path, &dest) {
             (None, Dest::Stream(p)) => {
-                let mut f = std::fs::OpenOptions::new()
+                std::fs::OpenOptions::new()
                     .write(true)
                     .open(p)
-                    .map_err(|e| format!("opening `{}`: {e}", p.display()))?;
-                let name = p.display().to_string();
-                object::stream_shard(shard, &cfg, &net, &mut f, &name, Some(&progress))?
+                    .and_then(|mut f| f.write_all(buf.as_slice()))
+                    .map_err(|e| format!("writing to `{}`: {e}", p.display()))?;
             }
             (None, _) => {
                 let mut out = io::stdout().lock();
-                object::stream_shard(shard, &cfg, &net, &mut out, "stdout", Some(&progress))?
+                out.write_all(buf.as_slice())
+                    .and_then(|()| out.flush())
+                    .map_err(|e| format!("writing to stdout: {e}"))?;
             }
             (Some(p), _) => {
-                let buf = object::read::read_shard(shard, &cfg, &net, Some(&progress))?;
                 let _writing = WritingGuard::new();
                 let mut w = Writer::open(&local(p), &cfg, None).map_err(transfer::explain)?;
                 w.write(buf.as_slice())?;
                 transfer::check_interrupt()?;
                 w.finish().map_err(transfer::explain)?;
-                buf.report.clone()
             }
-        };
-        bars.finish_object(report.bytes);
-        total += report.bytes;
-        backend = report.backend.name();
+        }
+        total += buf.len() as u64;
+        backend = buf.report.backend.name();
         bars.object_done(i + 1, shards.len());
     }
     let seconds = bars.started.elapsed().as_secs_f64();

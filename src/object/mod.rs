@@ -8,8 +8,6 @@
 //!   ([`ObjectBuf`], huge pages where the system gives them) or a caller's
 //!   buffer; `populate.rs`: a thread that faults the destination's pages in
 //!   ahead of the parts not yet taken.
-//! - [`stream`]: an object read in order through a window of a few parts'
-//!   memory, reused, and written to a sink as its head part completes.
 //! - [`write`]: a [`Writer`] that takes bytes in any amounts: to S3 as one
 //!   `PutObject` or a multipart upload with parts in flight in parallel,
 //!   each carrying the configured checksum, aborted on any failure; to a
@@ -25,13 +23,11 @@
 
 mod populate;
 pub mod read;
-pub mod stream;
 pub mod write;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use read::{ObjectBuf, ReadReport, read, read_into};
-pub use stream::stream_shard;
 pub use write::{Writer, write};
 
 use crate::config::Config;

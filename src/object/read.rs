@@ -343,8 +343,8 @@ pub(super) struct Job<'a> {
     pub(super) progress: Option<&'a Progress>,
     /// The populator, told which parts the readers have taken.
     pub(super) ahead: Option<&'a Populate<'a>>,
-    /// Slots and bytes per slot of a window the parts take turns in
-    /// (`stream.rs`); `None`: each part at its offset from `dst`.
+    /// Slots and bytes per slot of a window the parts take turns in;
+    /// `None`: each part at its offset from `dst`.
     pub(super) window: Option<(usize, usize)>,
 }
 
