@@ -60,13 +60,6 @@ B. write SIZE_W bytes [1GiB] from memory (read from a file before the
    same window (every thread; the server, shared by both, is not counted);
    the whole-process figures are in the JSON. Targets: ringfeed GB/s >= the
    faster boto3's; ringfeed CPU-s/GB <= 0.5 x the leaner boto3's.
-D. a checkpoint of SIZE_W bytes saved and loaded, each run whole process:
-     save            ringfeed.write_object(s3://BUCKET/NEW_KEY, data) to
-                     s3_server, as in B (the data read from a file first)
-     load            ringfeed.read_object(s3://BUCKET/KEY) from s3_server
-                     of an object saved once before the rounds (SigV4, the
-                     server's ROOT on tmpfs)
-   Target: load GB/s >= save GB/s.
 C. a SIZE_ST [1536MiB] safetensors file (made here, the format written by
    hand: 8-byte header length, JSON header, tensors' bytes) from nginx:
      load            ringfeed.load_safetensors(http://...) (tensors pointing
@@ -76,7 +69,7 @@ C. a SIZE_ST [1536MiB] safetensors file (made here, the format written by
 
 Usage:
   benches/objects.py [--size 4GiB] [--write-size 1GiB] [--st-size 1536MiB]
-                     [--rounds 3] [--only read,first,write,checkpoint,safetensors]
+                     [--rounds 3] [--only read,first,write,safetensors]
 Environment (the flags win over it):
   SIZE, SIZE_W, SIZE_ST, ROUNDS, ONLY  the flags' defaults
   PYTHON        interpreter of the contenders (ringfeed and boto3 importable)
@@ -374,14 +367,11 @@ http {{
 
     def clear_s3_objects(self):
         """Deletes what the writes left in the server's ROOT (the bucket's
-        objects and any upload leftovers), keeping the bucket and the
-        objects named keep-*."""
+        objects and any upload leftovers), keeping the bucket."""
         for name in os.listdir(self.s3_root):
             p = os.path.join(self.s3_root, name)
             if name == BUCKET:
                 for inner in os.listdir(p):
-                    if inner.startswith("keep-"):
-                        continue
                     q = os.path.join(p, inner)
                     shutil.rmtree(q) if os.path.isdir(q) else os.unlink(q)
             else:
@@ -610,31 +600,6 @@ http {{
         cont = {"ringfeed": rf, "boto3 tm": boto(0, "boto3"), "boto3 tm c8": boto(8, "boto3c8")}
         return self.rounds("write", cont, [src], rounds, after=self.clear_s3_objects)
 
-    def workload_checkpoint(self, n, rounds):
-        src = self.make_object(f"write-source-{n}.bin", n)
-        creds = dict(s3_endpoint=self.s3_endpoint, aws_access_key_id=ACCESS_KEY,
-                     aws_secret_access_key=SECRET_KEY)
-        wcfg = {"part_size": "8MiB", "parts_in_flight": 8}
-        wcfg.update(json.loads(os.environ.get("RF_WRITE") or "{}"))
-        rcfg = dict(json.loads(os.environ.get("RF_READ") or "{}"), **creds)
-        key = f"keep-checkpoint-{n}"
-        # Saved once before the rounds (set-up, not timed): what every load
-        # reads.
-        setup = self.contender_argv("rf_write", {"url": f"s3://{BUCKET}/{key}", "config": dict(wcfg, **creds),
-                                                 "path": src, "bytes": n})
-        self.show(setup)
-        subprocess.run(setup, env=self.env, check=True, capture_output=True)
-        stamp = time.strftime("%H%M%S")
-
-        def save(r):
-            return self.contender_argv("rf_write", {"url": f"s3://{BUCKET}/save-{stamp}-{r}",
-                                                    "config": dict(wcfg, **creds), "path": src, "bytes": n})
-
-        cont = {"save": save,
-                "load": self.contender_argv("rf_read", {"url": f"s3://{BUCKET}/{key}", "config": rcfg,
-                                                        "bytes": n, "path": src})}
-        return self.rounds("checkpoint", cont, [src], rounds, after=self.clear_s3_objects)
-
     def workload_safetensors(self, n, rounds):
         key = f"model-{n}.safetensors"
         path, count, total = self.make_safetensors(key, n)
@@ -752,7 +717,7 @@ def main():
     p.add_argument("--write-size", type=size, default=size(os.environ.get("SIZE_W", "1GiB")))
     p.add_argument("--st-size", type=size, default=size(os.environ.get("SIZE_ST", "1536MiB")))
     p.add_argument("--rounds", type=int, default=int(os.environ.get("ROUNDS", "3")))
-    p.add_argument("--only", default=os.environ.get("ONLY", "read,first,write,checkpoint,safetensors"))
+    p.add_argument("--only", default=os.environ.get("ONLY", "read,first,write,safetensors"))
     a = p.parse_args()
     only = set(a.only.split(","))
     b = Bench(a)
@@ -782,7 +747,7 @@ def main():
     try:
         if only & {"read", "first", "safetensors"}:
             b.start_nginx()
-        if only & {"write", "checkpoint"}:
+        if "write" in only:
             b.start_s3_server()
         res = {}
         if "read" in only:
@@ -792,8 +757,6 @@ def main():
             res["first"] = b.workload_first(3 * a.rounds)
         if "write" in only:
             res["write"] = b.workload_write(a.write_size, a.rounds)
-        if "checkpoint" in only:
-            res["checkpoint"] = b.workload_checkpoint(a.write_size, a.rounds)
         if "safetensors" in only:
             res["safetensors"] = b.workload_safetensors(a.st_size, a.rounds)
     finally:
@@ -860,14 +823,6 @@ def main():
                    f"ringfeed CPU-s/GB / {lean}'s (the leaner boto3)")
         summary["write"] = {"bytes": a.write_size, "call": s,
                             "whole_process": summarize(res["write"], a.write_size)}
-    if "checkpoint" in res:
-        s = summarize(res["checkpoint"], a.write_size)
-        table(f"D. a {a.write_size / 1e9:.2f} GB checkpoint saved to and loaded from s3_server "
-              f"(whole process)", s, "save")
-        if "load" in s and "save" in s:
-            target("checkpoint_load_vs_save", ratio(s, "load", "save"), ">=", 1.0,
-                   "load (read_object) GB/s / save (write_object) GB/s")
-        summary["checkpoint"] = {"bytes": a.write_size, "whole_process": s}
     if "safetensors" in res:
         n = b.st_info["bytes"]
         s = summarize(res["safetensors"], n)

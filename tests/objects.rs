@@ -2,9 +2,8 @@
 //! every size around the part size read back byte for byte on both
 //! backends, into the library's memory and a caller's buffer; faults
 //! retried; garbage, missing objects and an object that changes under the
-//! read named; a caller's buffer faulted in no further than the object, and a kernel that refuses to fault memory in ahead; local
-//! writes that appear only whole and never replace a file unless asked.
-//! (S3 reads and writes: `tests/objects_s3.rs`.)
+//! read named; local writes that appear only whole and never replace a
+//! file unless asked. (S3 reads and writes: `tests/objects_s3.rs`.)
 
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -150,99 +149,6 @@ fn faults_are_retried_per_part_and_the_bytes_stay_exact() {
                 left.load(Ordering::SeqCst),
                 0,
                 "{backend}: {what} not all fired"
-            );
-        }
-    }
-}
-
-/// Which pages of `len` bytes at `ptr` (page-aligned) are resident.
-fn resident(ptr: *mut u8, len: usize) -> Vec<bool> {
-    let page = ringfeed::memory::page_size();
-    let mut v = vec![0u8; len.div_ceil(page)];
-    // SAFETY: a range of a live mapping; mincore only reports.
-    let r = unsafe { libc::mincore(ptr.cast(), len, v.as_mut_ptr()) };
-    assert_eq!(r, 0, "mincore: {}", std::io::Error::last_os_error());
-    v.into_iter().map(|b| b & 1 == 1).collect()
-}
-
-#[test]
-fn a_buffer_larger_than_the_object_is_faulted_in_no_further_than_the_object() {
-    let dir = tempfile::tempdir().unwrap();
-    let objs = files(dir.path());
-    let server = Server::start(dir.path().to_path_buf());
-    // 41 parts, 4 in flight: the populating thread has parts to reach.
-    let (name, data) = &objs[7];
-    let page = ringfeed::memory::page_size();
-    let len = data.len().next_multiple_of(page) + 16 * page;
-    for backend in ["io_uring", "threads"] {
-        // SAFETY: a fresh private anonymous mapping, unmapped below.
-        let map = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(map, libc::MAP_FAILED);
-        let base = map.cast::<u8>();
-        // SAFETY: the mapping's `len` bytes, ours until the munmap.
-        let buf = unsafe { std::slice::from_raw_parts_mut(base, len) };
-        let c = cfg(&format!(r#", "io_backend": "{backend}""#));
-        let (n, report) = object::read_into(&server.url(name), &c, buf, None).unwrap();
-        assert_eq!(n as usize, data.len());
-        assert!(buf[..data.len()] == data[..], "{backend}: bytes differ");
-        assert!(
-            report.populated <= data.len() as u64,
-            "{}",
-            report.populated
-        );
-        let res = resident(base, len);
-        let past = data.len().div_ceil(page);
-        assert!(res[..data.len() / page].iter().all(|r| *r), "{backend}");
-        assert!(
-            res[past..].iter().all(|r| !r),
-            "{backend}: pages past the object were faulted in"
-        );
-        // Control: a page past the object faulted in is seen.
-        // SAFETY: the mapping's last page.
-        let last = unsafe { base.add(len - page) };
-        // SAFETY: as above; populating changes no byte.
-        let got = unsafe { ringfeed::memory::populate_write(last, page) };
-        assert_eq!(got.unwrap(), page);
-        assert!(resident(base, len)[len / page - 1]);
-        // SAFETY: the mapping made above; `buf` is not used after.
-        unsafe { libc::munmap(map, len) };
-    }
-}
-
-#[test]
-fn memory_the_kernel_refuses_to_fault_in_ahead_still_gets_the_bytes() {
-    let dir = tempfile::tempdir().unwrap();
-    let objs = files(dir.path());
-    let server = Server::start(dir.path().to_path_buf());
-    let (name, data) = &objs[7];
-    // As a kernel before 5.14 answers `MADV_POPULATE_WRITE`.
-    ringfeed::memory::set_populate_refusal(Some(libc::EINVAL));
-    let outcomes: Vec<_> = ["io_uring", "threads"]
-        .into_iter()
-        .map(|backend| {
-            let c = cfg(&format!(r#", "io_backend": "{backend}""#));
-            (backend, object::read(&server.url(name), &c, None))
-        })
-        .collect();
-    ringfeed::memory::set_populate_refusal(None);
-    for (backend, got) in outcomes {
-        let got = got.unwrap();
-        assert!(got.as_slice() == &data[..], "{backend}: bytes differ");
-        assert_eq!(got.report.populated, 0, "{backend}");
-        // Said when the populator reached a part before the readers did.
-        for n in got.report.notes.iter().filter(|n| n.contains("ahead")) {
-            assert!(
-                n.contains("MADV_POPULATE_WRITE") && n.contains("Invalid argument"),
-                "{n}"
             );
         }
     }

@@ -178,8 +178,9 @@ impl Arena {
             return true;
         }
         let len = len.min(self.len - offset);
-        // SAFETY: the range lies inside this mapping.
-        unsafe { populate_write(self.base.add(offset), len) }.is_ok()
+        // SAFETY: the range lies inside this mapping; POPULATE_WRITE only
+        // faults pages in, it never changes their contents.
+        unsafe { libc::madvise(self.base.add(offset).cast(), len, libc::MADV_POPULATE_WRITE) == 0 }
     }
 
     /// Registers the whole mapping with the CUDA runtime `runtime` until
@@ -269,72 +270,6 @@ impl Arena {
     pub fn shared_fd(&self) -> Option<std::os::fd::RawFd> {
         use std::os::fd::AsRawFd;
         self.file.as_ref().map(|f| f.as_raw_fd())
-    }
-}
-
-/// The system's page size, asked once (4 KiB on x86-64; 16 or 64 KiB on
-/// some arm64 kernels).
-pub fn page_size() -> usize {
-    static PAGE: OnceLock<usize> = OnceLock::new();
-    *PAGE.get_or_init(|| {
-        // SAFETY: sysconf reads a constant of the system.
-        let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-        // 4096: the smallest page Linux has, should sysconf not answer.
-        usize::try_from(n).ok().filter(|&n| n > 0).unwrap_or(4096)
-    })
-}
-
-/// What [`populate_write`] answers instead of asking the kernel, when set:
-/// an errno (0: ask the kernel).
-static POPULATE_REFUSAL: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
-
-/// Makes every [`populate_write`] in the process fail with `errno` (`None`:
-/// ask the kernel again), as a kernel without `MADV_POPULATE_WRITE`
-/// (`EINVAL`) or a mapping that refuses it would. Only for the tests of
-/// what a read does when its memory cannot be faulted in ahead; never in a
-/// program.
-#[doc(hidden)]
-pub fn set_populate_refusal(errno: Option<i32>) {
-    // Relaxed: a flag set before the reads it governs start.
-    POPULATE_REFUSAL.store(errno.unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
-}
-
-/// Faults in the whole pages inside `len` bytes at `ptr` for writing, as
-/// a write would, without changing a byte (`MADV_POPULATE_WRITE`, Linux
-/// 5.14): one call into the kernel for many pages instead of one page
-/// fault per page. A page only partly inside the range is left alone (it
-/// may belong to a neighbour). Returns the bytes of the whole pages it
-/// faulted in; the kernel's refusal is the error (`EINVAL` before 5.14 or
-/// on a mapping of device memory, `EFAULT` on memory that cannot be
-/// written, `ENOMEM` outside any mapping).
-///
-/// # Safety
-/// The range must lie in memory the caller may write (its contents stay
-/// as they are).
-pub unsafe fn populate_write(ptr: *mut u8, len: usize) -> std::io::Result<usize> {
-    let page = page_size();
-    let start = (ptr as usize).next_multiple_of(page);
-    let end = (ptr as usize).saturating_add(len) / page * page;
-    if end <= start {
-        return Ok(0);
-    }
-    let refusal = POPULATE_REFUSAL.load(std::sync::atomic::Ordering::Relaxed);
-    if refusal != 0 {
-        return Err(std::io::Error::from_raw_os_error(refusal));
-    }
-    // SAFETY: whole pages inside the caller's range; POPULATE_WRITE only
-    // faults pages in, it never changes their contents.
-    let r = unsafe {
-        libc::madvise(
-            start as *mut libc::c_void,
-            end - start,
-            libc::MADV_POPULATE_WRITE,
-        )
-    };
-    if r == 0 {
-        Ok(end - start)
-    } else {
-        Err(std::io::Error::last_os_error())
     }
 }
 

@@ -2,8 +2,7 @@
 //! chunk pool and the references that keep chunks alive, and the batches
 //! that point into them.
 //! - `mapping.rs`: the arena's mapping (huge pages, `mlock`, prefault, the
-//!   shared memory file) and what was obtained; faulting any memory in
-//!   ahead of its writes (`populate_write`);
+//!   shared memory file) and what was obtained;
 //! - `cuda.rs`: the mapping registered with the CUDA runtime (loaded with
 //!   `dlopen`) for DMA to the GPU;
 //! - `numa.rs`: binding the arena to a NUMA node (`mbind`);
@@ -26,9 +25,7 @@ mod pool;
 // consumer holds (batches and their views, the arena they live in) is
 // public; how the engine fills them is the crate's.
 pub use batch::{Batch, RawField, RawSample, SampleView};
-pub use mapping::{
-    Arena, ArenaReport, MemoryKind, page_size, populate_write, set_populate_refusal,
-};
+pub use mapping::{Arena, ArenaReport, MemoryKind};
 
 pub(crate) use batch::{NO_SOURCE, ShardNames};
 pub(crate) use builder::{BatchBuilder, Held};

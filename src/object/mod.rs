@@ -6,8 +6,7 @@
 //!   and HTTP GETs alike, as a loader worker reads shards) or, where
 //!   io_uring is refused, on as many threads; into memory of its own
 //!   ([`ObjectBuf`], huge pages where the system gives them) or a caller's
-//!   buffer; `populate.rs`: a thread that faults the destination's pages in
-//!   ahead of the parts not yet taken.
+//!   buffer.
 //! - [`write`]: a [`Writer`] that takes bytes in any amounts: to S3 as one
 //!   `PutObject` or a multipart upload with parts in flight in parallel,
 //!   each carrying the configured checksum, aborted on any failure; to a
@@ -21,7 +20,6 @@
 //! S3, retries, I/O backend and memory, and `part_size`, `parts_in_flight`,
 //! `checksum`, `overwrite`.
 
-mod populate;
 pub mod read;
 pub mod write;
 

@@ -10,9 +10,7 @@
 //! time with `pread` or a blocking GET. Either way a part that fails is
 //! retried by the network layer's policy, and a failure for good stops new
 //! parts, waits for those in flight (their memory must not go while the
-//! kernel writes it), and names the part. Beside the reads, a thread
-//! faults the destination's pages in ahead of the parts not yet taken
-//! (`populate.rs`), when there are parts past the first `parts_in_flight`.
+//! kernel writes it), and names the part.
 //!
 //! One read is one version: every part of a remote object is pinned to the
 //! size the read was planned for and to the ETag of the first answer
@@ -29,7 +27,6 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use super::Progress;
-use super::populate::Populate;
 use crate::config::{Config, IoBackend};
 use crate::dataset::{Shard, Source};
 use crate::error::{Error, IoOp, Result};
@@ -49,10 +46,6 @@ pub struct ReadReport {
     pub parts: usize,
     pub backend: BackendKind,
     pub seconds: f64,
-    /// Bytes of the destination faulted in ahead of the parts by the
-    /// populating thread (the rest faulted in as the parts arrived, or
-    /// were mapped already).
-    pub populated: u64,
     /// Why the preferred path or memory was not used, if it was not.
     pub notes: Vec<String>,
 }
@@ -112,7 +105,27 @@ pub fn read_shard(
 ) -> Result<ObjectBuf> {
     let size = shard_size(shard)?;
     let len = usize::try_from(size).map_err(|_| Error::Memory(format!("{size} bytes")))?;
-    let arena = own_memory(len, cfg)?;
+    // A page at least: a mapping cannot be empty.
+    let opts = |kind| ArenaOptions {
+        kind: Some(kind),
+        // Locking would fault every page in before the first read; on
+        // only when asked.
+        lock: Some(cfg.lock_memory == crate::config::Toggle::On),
+        prefault: false,
+        shared: false,
+    };
+    let bytes = len.max(1).next_multiple_of(4096);
+    // Unless a kind is asked for: reserved huge pages where there are
+    // some, else ordinary pages, not transparent huge ones. A multi-GB
+    // mapping asked for with MADV_HUGEPAGE makes the kernel compact memory
+    // on the reading thread when it is fragmented (`defrag` = `madvise`,
+    // the default): 2 GiB reads measured 0.3 to 6 GB/s on the dev machine,
+    // against a steady 1.8 to 2 GB/s on 4 KiB pages.
+    let arena = match cfg.memory_kind {
+        Some(kind) => Arena::new(bytes, opts(kind))?,
+        None => Arena::new(bytes, opts(MemoryKind::Hugetlb))
+            .or_else(|_| Arena::new(bytes, opts(MemoryKind::Normal)))?,
+    };
     let mut notes = arena.report().notes.clone();
     let mut report = read_to(shard, size, arena.base(), cfg, net, progress)?;
     notes.append(&mut report.notes);
@@ -123,32 +136,6 @@ pub fn read_shard(
         name: shard.name.clone(),
         report,
     })
-}
-
-/// A mapping of at least `len` bytes for a read: reserved huge pages where
-/// there are some, else ordinary pages (or the kind `memory_kind` asks).
-pub(super) fn own_memory(len: usize, cfg: &Config) -> Result<Arena> {
-    let opts = |kind| ArenaOptions {
-        kind: Some(kind),
-        // Locking would fault every page in before the first read; on
-        // only when asked.
-        lock: Some(cfg.lock_memory == crate::config::Toggle::On),
-        prefault: false,
-        shared: false,
-    };
-    // A page at least: a mapping cannot be empty.
-    let bytes = len.max(1).next_multiple_of(4096);
-    // Unless a kind is asked for: reserved huge pages where there are
-    // some, else ordinary pages, not transparent huge ones. A multi-GB
-    // mapping asked for with MADV_HUGEPAGE makes the kernel compact memory
-    // on the reading thread when it is fragmented (`defrag` = `madvise`,
-    // the default): 2 GiB reads measured 0.3 to 6 GB/s on the dev machine,
-    // against a steady 1.8 to 2 GB/s on 4 KiB pages.
-    match cfg.memory_kind {
-        Some(kind) => Arena::new(bytes, opts(kind)),
-        None => Arena::new(bytes, opts(MemoryKind::Hugetlb))
-            .or_else(|_| Arena::new(bytes, opts(MemoryKind::Normal))),
-    }
 }
 
 /// Reads the object `url` into `buf`, which must hold it: returns its
@@ -199,70 +186,6 @@ pub fn parts(size: u64, part_size: u64) -> impl Iterator<Item = (u64, usize)> {
     })
 }
 
-/// What every part of one read shares: where it reads from (the file
-/// kept open until every read of it is done), the version it is pinned
-/// to, and the parts.
-pub(super) struct Plan {
-    pub(super) target: Target,
-    pub(super) pin: Option<Arc<VersionPin>>,
-    pub(super) parts: Vec<(u64, usize)>,
-    _file: Option<File>,
-}
-
-impl Plan {
-    pub(super) fn new(shard: &Shard, size: u64, cfg: &Config) -> Result<Plan> {
-        let (target, file) = match &shard.source {
-            Source::File(path) => {
-                let f = File::open(path).map_err(|e| Error::io(IoOp::Open, path, &e))?;
-                let fd = LocalFd {
-                    fd: f.as_raw_fd(),
-                    align: 0,
-                };
-                (Target::File(fd), Some(f))
-            }
-            Source::Http(obj) => (Target::Http(Arc::clone(obj)), None),
-        };
-        let pin = match &target {
-            Target::Http(_) => Some(Arc::new(VersionPin::planned(None, Some(size)))),
-            Target::File(_) => None,
-        };
-        Ok(Plan {
-            target,
-            pin,
-            parts: parts(size, cfg.part_size).collect(),
-            _file: file,
-        })
-    }
-}
-
-/// A ring for `in_flight` parts, or `None` for the thread backend (asked
-/// for, or io_uring refused under `auto`: said in `notes`).
-pub(super) fn open_ring(
-    cfg: &Config,
-    net: &NetOptions,
-    in_flight: usize,
-    notes: &mut Vec<String>,
-) -> Result<Option<UringReader>> {
-    match cfg.io_backend {
-        IoBackend::Threads => Ok(None),
-        IoBackend::IoUring | IoBackend::Auto => {
-            // Two entries a part (a GET's send and receive) and two spare,
-            // a power of two as the kernel sizes rings.
-            let entries = (in_flight * 2 + 2).next_power_of_two() as u32;
-            match UringReader::new(entries, None, net.clone(), 0x0b1ec7) {
-                Ok(r) => Ok(Some(r)),
-                Err(e) if cfg.io_backend == IoBackend::Auto => {
-                    notes.push(format!("io_uring unavailable ({e}): thread backend"));
-                    Ok(None)
-                }
-                Err(e) => Err(Error::IoUring(format!(
-                    "cannot set up a ring ({e}); `io_backend` is \"io_uring\": use \"auto\" or \"threads\""
-                ))),
-            }
-        }
-    }
-}
-
 /// Reads all of `shard` (`size` bytes) to `dst`.
 fn read_to(
     shard: &Shard,
@@ -273,79 +196,82 @@ fn read_to(
     progress: Option<&Progress>,
 ) -> Result<ReadReport> {
     let started = Instant::now();
-    let plan = Plan::new(shard, size, cfg)?;
-    let list = &plan.parts;
-    let in_flight = cfg.parts_in_flight.max(1);
-    // Parts past the first `in_flight` are the ones a populator can reach
-    // before a reader: with none, it would only race the receives.
-    let ahead = (list.len() > in_flight).then(|| Populate::new(dst, size as usize, list));
+    // Keeps the file open until every read of it is done.
+    let (target, _file) = match &shard.source {
+        Source::File(path) => {
+            let f = File::open(path).map_err(|e| Error::io(IoOp::Open, path, &e))?;
+            let fd = LocalFd {
+                fd: f.as_raw_fd(),
+                align: 0,
+            };
+            (Target::File(fd), Some(f))
+        }
+        Source::Http(obj) => (Target::Http(Arc::clone(obj)), None),
+    };
+    let pin = match &target {
+        Target::Http(_) => Some(Arc::new(VersionPin::planned(None, Some(size)))),
+        Target::File(_) => None,
+    };
+    let list: Vec<(u64, usize)> = parts(size, cfg.part_size).collect();
     let job = Job {
         shard,
         size,
         dst,
-        target: plan.target.clone(),
-        pin: plan.pin.clone(),
-        parts: list,
-        in_flight,
+        target,
+        pin,
+        parts: &list,
+        in_flight: cfg.parts_in_flight.max(1),
         progress,
-        ahead: ahead.as_ref(),
-        window: None,
     };
     let mut notes = Vec::new();
-    let uring = open_ring(cfg, net, in_flight, &mut notes)?;
-    // The scope joins the populator before the destination can go.
-    let backend = std::thread::scope(|s| {
-        if let Some(a) = &ahead {
-            let spawned = std::thread::Builder::new()
-                .name("ringfeed-populate".into())
-                .spawn_scoped(s, || a.run());
-            if let Err(e) = spawned {
-                notes.push(format!(
-                    "no thread to fault memory in ahead of the parts ({e}): faulted in as they arrive"
-                ));
+    let uring = match cfg.io_backend {
+        IoBackend::Threads => None,
+        IoBackend::IoUring | IoBackend::Auto => {
+            let entries = (job.in_flight * 2 + 2).next_power_of_two() as u32;
+            match UringReader::new(entries, None, net.clone(), 0x0b1ec7) {
+                Ok(r) => Some(r),
+                Err(e) if cfg.io_backend == IoBackend::Auto => {
+                    notes.push(format!("io_uring unavailable ({e}): thread backend"));
+                    None
+                }
+                Err(e) => {
+                    return Err(Error::IoUring(format!(
+                        "cannot set up a ring ({e}); `io_backend` is \"io_uring\": use \"auto\" or \"threads\""
+                    )));
+                }
             }
         }
-        let done = match uring {
-            Some(mut r) => job.on_ring(&mut r).map(|()| BackendKind::IoUring),
-            None => job.on_threads(net).map(|()| BackendKind::Threads),
-        };
-        job.halt();
-        done
-    })?;
-    let (populated, refused) = ahead.map(|a| a.outcome()).unwrap_or_default();
-    if let Some(e) = refused {
-        notes.push(format!(
-            "memory faulted in as the parts arrived: the kernel refused to fault it in ahead \
-             (madvise MADV_POPULATE_WRITE: {e})"
-        ));
-    }
+    };
+    let backend = match uring {
+        Some(mut r) => {
+            job.on_ring(&mut r)?;
+            BackendKind::IoUring
+        }
+        None => {
+            job.on_threads(net)?;
+            BackendKind::Threads
+        }
+    };
     Ok(ReadReport {
         bytes: size,
         parts: list.len(),
         backend,
         seconds: started.elapsed().as_secs_f64(),
-        populated,
         notes,
     })
 }
 
 /// One object's read: what each backend needs.
-pub(super) struct Job<'a> {
-    pub(super) shard: &'a Shard,
-    pub(super) size: u64,
-    /// The object's first byte, or the window's (`window`).
-    pub(super) dst: *mut u8,
-    pub(super) target: Target,
+struct Job<'a> {
+    shard: &'a Shard,
+    size: u64,
+    dst: *mut u8,
+    target: Target,
     /// What every part of a remote object is checked against.
-    pub(super) pin: Option<Arc<VersionPin>>,
-    pub(super) parts: &'a [(u64, usize)],
-    pub(super) in_flight: usize,
-    pub(super) progress: Option<&'a Progress>,
-    /// The populator, told which parts the readers have taken.
-    pub(super) ahead: Option<&'a Populate<'a>>,
-    /// Slots and bytes per slot of a window the parts take turns in;
-    /// `None`: each part at its offset from `dst`.
-    pub(super) window: Option<(usize, usize)>,
+    pin: Option<Arc<VersionPin>>,
+    parts: &'a [(u64, usize)],
+    in_flight: usize,
+    progress: Option<&'a Progress>,
 }
 
 // SAFETY: `dst` is only written through disjoint parts, each by one reader,
@@ -353,37 +279,14 @@ pub(super) struct Job<'a> {
 unsafe impl Sync for Job<'_> {}
 
 impl Job<'_> {
-    /// The readers have taken every part below `n`.
-    fn taken(&self, n: usize) {
-        if let Some(a) = self.ahead {
-            a.handed(n);
-        }
-    }
-
-    /// No more memory is wanted ahead: the read is done or failed.
-    fn halt(&self) {
-        if let Some(a) = self.ahead {
-            a.stop();
-        }
-    }
-
-    /// Where part `i`'s bytes go.
-    pub(super) fn place(&self, i: usize) -> *mut u8 {
-        match self.window {
-            // SAFETY: slot `i % slots` lies inside the window at `dst`.
-            Some((slots, slot)) => unsafe { self.dst.add(i % slots * slot) },
-            // SAFETY: parts lie inside the `size` bytes at `dst`.
-            None => unsafe { self.dst.add(self.parts[i].0 as usize) },
-        }
-    }
-
-    pub(super) fn request(&self, i: usize) -> ReadRequest {
+    fn request(&self, i: usize) -> ReadRequest {
         let (offset, len) = self.parts[i];
         ReadRequest {
             id: i as u64,
             target: self.target.clone(),
             offset,
-            buf: self.place(i),
+            // SAFETY: parts lie inside the `size` bytes at `dst`.
+            buf: unsafe { self.dst.add(offset as usize) },
             len,
             buf_index: 0,
             open_end: false,
@@ -393,7 +296,7 @@ impl Job<'_> {
 
     /// The outcome of part `c.id`'s read: an error names the object and
     /// the part (from 1), or says the object changed under the read.
-    pub(super) fn check(&self, c: Completion) -> Result<()> {
+    fn check(&self, c: Completion) -> Result<()> {
         let i = c.id as usize;
         let (offset, len) = self.parts[i];
         let part = |source: Error| Error::Part {
@@ -448,7 +351,6 @@ impl Job<'_> {
                     Ok(()) => {
                         next += 1;
                         out_standing += 1;
-                        self.taken(next);
                     }
                     Err(e) => {
                         first_error = Some(Error::IoUring(format!("submit: {e}")));
@@ -471,7 +373,6 @@ impl Job<'_> {
             for c in done.drain(..) {
                 out_standing -= 1;
                 if let Err(e) = self.check(c) {
-                    self.halt();
                     first_error.get_or_insert(e);
                 }
             }
@@ -504,7 +405,6 @@ impl Job<'_> {
                             if i >= self.parts.len() {
                                 return None;
                             }
-                            self.taken(i + 1);
                             let req = self.request(i);
                             let c = loop {
                                 if let Some(c) = run_blocking(&req, &mut pool, net, &mut jitter) {
@@ -513,7 +413,6 @@ impl Job<'_> {
                             };
                             if let Err(e) = self.check(c) {
                                 failed.store(true, Ordering::Relaxed);
-                                self.halt();
                                 return Some((i, e));
                             }
                         }
