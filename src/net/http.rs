@@ -6,7 +6,6 @@
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
 
 /// Adds per-request headers, e.g. an S3 SigV4 signature. Called for every
 /// request, so it may refresh credentials. Must never put a secret in an
@@ -222,9 +221,6 @@ pub struct ResponseHead {
     pub chunked: bool,
     /// The `ETag` as sent (`"abc"`, or a weak `W/"abc"`).
     pub etag: Option<String>,
-    /// `Retry-After` in seconds (RFC 9110 §10.2.3), when given as a number;
-    /// the HTTP-date form is not read (no server of ours sends it).
-    pub retry_after: Option<u64>,
     /// The first 200 bytes of an error body are not here: see `error_code`.
     pub reason: String,
 }
@@ -262,7 +258,6 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<ResponseHead>, String> {
         keep_alive: r.version == Some(1),
         chunked: false,
         etag: None,
-        retry_after: None,
         reason: r.reason.unwrap_or("").to_string(),
     };
     for hd in r.headers.iter() {
@@ -287,8 +282,6 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<ResponseHead>, String> {
             h.chunked = v.to_ascii_lowercase().contains("chunked");
         } else if hd.name.eq_ignore_ascii_case("etag") && !v.is_empty() {
             h.etag = Some(v.to_string());
-        } else if hd.name.eq_ignore_ascii_case("retry-after") {
-            h.retry_after = v.parse().ok();
         }
     }
     Ok(Some(h))
@@ -353,8 +346,6 @@ pub struct Fail {
     /// `FailKind::Changed`: the version the read was pinned to, and what
     /// the answer said instead.
     pub changed: Option<Box<(String, String)>>,
-    /// The answer's `Retry-After`: how long the server asked to wait.
-    pub retry_after: Option<Duration>,
 }
 
 impl fmt::Display for Fail {
@@ -370,7 +361,6 @@ impl Fail {
             message: message.into(),
             code: None,
             changed: None,
-            retry_after: None,
         }
     }
 
@@ -384,7 +374,6 @@ impl Fail {
             ),
             code: None,
             changed: Some(Box::new((expected, seen))),
-            retry_after: None,
         }
     }
 
@@ -481,9 +470,10 @@ pub fn check_range_response(
             };
         }
         s if s >= 300 => {
-            let mut f = Fail::new(FailKind::of_status(s), format!("HTTP {s} {}", h.reason));
-            f.retry_after = h.retry_after.map(Duration::from_secs);
-            return Err(f);
+            return Err(Fail::new(
+                FailKind::of_status(s),
+                format!("HTTP {s} {}", h.reason),
+            ));
         }
         s => {
             return Err(Fail::new(
