@@ -333,6 +333,18 @@ mod tests {
             let e = err(&format!(r#"{{"urls":"a","retry_deadline_s":{bad}}}"#));
             assert!(e.contains("`retry_deadline_s`"), "{bad}: {e}");
         }
+        for bad in ["-1", "1.5", "\"fast\"", "\"2 GB/s per link\"", "null", "[]"] {
+            let e = err(&format!(r#"{{"urls":"a","target_throughput":{bad}}}"#));
+            assert!(e.contains("`target_throughput`"), "{bad}: {e}");
+        }
+        for bad in ["-1", "2.5", "\"auto\"", "null"] {
+            let e = err(&format!(r#"{{"urls":"a","reads_in_flight":{bad}}}"#));
+            assert!(e.contains("`reads_in_flight`"), "{bad}: {e}");
+        }
+        // 0 is auto; a target reads as bytes per second.
+        let c = Config::from_json(r#"{"urls":"a","reads_in_flight":0,"target_throughput":"2GB"}"#)
+            .unwrap();
+        assert_eq!((c.reads_in_flight, c.target_throughput), (0, 2_000_000_000));
         assert!(err(r#"{"urls":"a","ca_bundle":""}"#).contains("`ca_bundle`"));
         assert!(err(r#"{"urls":"a","ca_bundle":7}"#).contains("`ca_bundle`"));
         assert!(
