@@ -683,8 +683,11 @@ fn network_threads_receive_for_the_workers_without_changing_the_order() {
 /// reads sent together, each able to end early: a large shard pays no
 /// round trip alone, and a small one after a large one gets `416`s (with
 /// the size) for the reads past its end, which deliver nothing. Every byte
-/// is read once, on both backends, and the reads in vain show in the
-/// server's count of GETs.
+/// is read once, on both backends, and the reads in vain stay within the
+/// window in the server's count of GETs. How many there are depends on how
+/// many of the shard before's reads were still coming when the next
+/// shard's began (cross-shard read-ahead fills only the window they
+/// leave): none is as right as three, so only the bound is checked.
 #[test]
 fn reads_of_unsized_shards_after_large_ones_go_out_together() {
     let big = tempfile::tempdir().unwrap();
@@ -741,7 +744,7 @@ fn reads_of_unsized_shards_after_large_ones_go_out_together() {
         // The two small shards follow large ones: up to 3 reads past the
         // end each.
         assert!(
-            sent > fewest_gets && sent <= fewest_gets + 6,
+            sent >= fewest_gets && sent <= fewest_gets + 6,
             "{backend}: {sent} GETs for {fewest_gets} reads"
         );
     }
