@@ -329,6 +329,10 @@ typedef struct ringfeed_stats {
   // Reads of a stream's next remote shard begun before the shard being
   // read was done.
   uint64_t reads_ahead;
+  // Late network ranges re-requested on a fresh connection (`hedge`).
+  uint64_t hedges_sent;
+  // Ranges a hedge finished: its answer came first.
+  uint64_t hedges_won;
 } ringfeed_stats;
 
 #ifdef __cplusplus

@@ -358,6 +358,14 @@ config_keys! {
     // See retry::DEFAULT_DEADLINE: S3 repartitions over minutes.
     [Engine] retry_deadline_s: u64 = 600 => positive(key, v)?;
 
+    /// Re-request a network range far behind its peers on a fresh
+    /// connection: one still waiting for its head past its host's recent
+    /// p95 first byte, or whose body takes four times its peers' p99; the
+    /// first answer wins. At most a tenth more requests.
+    // S3's first-byte tail (p99 of 120 ms and more against a 20 ms
+    // median) is what a read waits on; see net::tail.
+    [Engine] hedge: bool = true => boolean(key, v)?;
+
     /// PEM file of CA certificates for https:// (default: `AWS_CA_BUNDLE`,
     /// else the system's roots).
     [Engine] ca_bundle: Option<PathBuf> = None => Some(file_path(key, v)?);

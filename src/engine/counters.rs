@@ -112,6 +112,10 @@ pub struct Counts {
     /// Reads of a stream's next remote shard begun before the shard being
     /// read was done.
     pub reads_ahead: u64,
+    /// Late network ranges re-requested on a fresh connection (`hedge`).
+    pub hedges_sent: u64,
+    /// Ranges a hedge finished: its answer came first.
+    pub hedges_won: u64,
 }
 
 /// `ringfeed_stats.memory_kind`: explicit huge pages (MAP_HUGETLB).

@@ -93,6 +93,8 @@ impl Loader {
             // Relaxed: a statistic.
             http_requests: sh.net.stats.requests.load(Ordering::Relaxed),
             retries: retries.values().sum(),
+            hedges_sent: sh.net.stats.hedges_sent.load(Ordering::Relaxed),
+            hedges_won: sh.net.stats.hedges_won.load(Ordering::Relaxed),
             consumers: sh.plan_opts.consumers,
             consumer: sh.plan_opts.consumer,
             epoch: sh.progress.lock().unwrap_or_else(|p| p.into_inner()).epoch,
@@ -155,6 +157,8 @@ impl Loader {
                 // CUDA refused the arena after open (`cuda_register` auto).
                 let refused = pool.arena().cuda_refused();
                 notes.extend(refused.map(crate::memory::cuda::not_registered));
+                // The hosts that throttled, and the rate they are paced at.
+                notes.extend(sh.net.pace.notes());
                 // The notes quote errors and URLs: no credential through them.
                 notes
                     .into_iter()

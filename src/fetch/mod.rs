@@ -119,6 +119,7 @@ impl NetOptions {
             retry: RetryPolicy {
                 max_attempts: cfg.max_attempts,
                 deadline: Duration::from_secs(cfg.retry_deadline_s),
+                hedge: cfg.hedge,
                 ..RetryPolicy::default()
             },
             stats: Arc::new(NetStats::default()),

@@ -321,7 +321,13 @@ impl NetLink {
             }
             // Reads handed over after the last wake-up have poked the
             // eventfd again: the loop comes back for them before leaving.
-            if stopping && owners.is_empty() && lock(&self.state).queue.is_empty() {
+            // The losers of hedged ranges are awaited too: their buffers
+            // are the driver's until their cancels complete.
+            if stopping
+                && owners.is_empty()
+                && http.in_flight() == 0
+                && lock(&self.state).queue.is_empty()
+            {
                 return Ok(());
             }
         }

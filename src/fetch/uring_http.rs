@@ -10,6 +10,15 @@
 //! the handshake steps before the request, and its records are opened where
 //! io_uring received them (the body's in the destination chunk).
 //!
+//! A range far behind its peers is hedged (`hedge.rs`): one still waiting
+//! for its head past its host's recent p95 first byte gets a twin request
+//! on a fresh connection, the first head to arrive wins and receives the
+//! body, the other is cancelled; a body that has not arrived long past its
+//! peers' p99 rate is cancelled (its bytes received kept) and the rest
+//! re-requested on a fresh connection. A cancelled op keeps its buffers
+//! until its step's completion arrives, and never writes into the
+//! destination: only the winner of a head race reaches its body.
+//!
 //! Each range in flight is an [`Op`] in a slab. Completions are routed by
 //! `user_data` = `TAG | generation | slot | step`; a completion whose
 //! generation does not match the slot (a linked time-out arriving after its
@@ -28,8 +37,11 @@ use io_uring::{IoUring, opcode, squeue, types};
 use super::uring_tls::{self, Next, Opened, TlsConn};
 use super::{Completion, NetOptions, ReadFail, ReadRequest};
 use crate::net::http::{self, Fail, FailKind, HttpObject};
-use crate::net::retry::{GiveUp, Jitter, Tries};
+use crate::net::retry::{Admit, GiveUp, Jitter, Tries};
+use crate::net::tail::{HedgeBudget, Tail};
 use crate::net::version::VersionPin;
+
+mod hedge;
 
 /// Marks a `user_data` as belonging to the HTTP path (file reads use the
 /// worker's read ids, which are small).
@@ -57,6 +69,11 @@ enum Step {
     TlsSend = 7,
     /// Receiving TLS handshake records.
     TlsRecv = 8,
+    /// The driver's hedge timer (`hedge.rs`), on no slot.
+    Tick = 9,
+    /// The cancel of a hedged range's other request; only the cancelled
+    /// step's own completion matters.
+    Cancel = 10,
 }
 
 struct Conn {
@@ -113,6 +130,27 @@ struct Op {
     small: bool,
     backoff: types::Timespec,
     generation: u32,
+    /// When the current attempt's request went out (after its host's
+    /// rate), and when its body began with how much of it was in then:
+    /// what a late range is told by (`hedge.rs`).
+    asked: Option<Instant>,
+    body_at: Option<(Instant, usize)>,
+    /// The other request of a range whose head is being raced (its slot
+    /// and generation), until one head arrives.
+    twin: Option<(usize, u32)>,
+    /// This op is a hedge: a twin, or a range whose stalled body was
+    /// handed to a fresh connection.
+    is_hedge: bool,
+    /// The range was hedged once: never again.
+    hedged: bool,
+    /// The next request goes on a new connection, not an idle one.
+    fresh: bool,
+    /// Lost its race: its step is being cancelled, and the op goes when
+    /// that step's completion arrives.
+    cancelled: bool,
+    /// Its body's receive is being cancelled to hand the rest to a fresh
+    /// connection.
+    replacing: bool,
 }
 
 impl Op {
@@ -135,6 +173,14 @@ pub struct HttpDriver {
     jitter: Jitter,
     /// The stall time-out; boxed so its address is stable for the kernel.
     stall: Box<types::Timespec>,
+    /// Recent first-byte latencies and body times, per host (authority).
+    tails: HashMap<String, Tail>,
+    /// What hedges may still be sent.
+    budget: HedgeBudget,
+    /// Hedge timers armed: id, when due, and their time (boxed, stable
+    /// until the timer's completion).
+    ticks: Vec<(u32, Instant, Box<types::Timespec>)>,
+    tick_id: u32,
 }
 
 fn user_data(slot: usize, generation: u32, step: Step) -> u64 {
@@ -174,7 +220,22 @@ impl HttpDriver {
             net,
             jitter: Jitter::new(seed),
             stall,
+            tails: HashMap::new(),
+            budget: HedgeBudget::default(),
+            ticks: Vec::new(),
+            tick_id: 0,
         }
+    }
+
+    /// A free slot, with its generation advanced.
+    fn alloc_slot(&mut self) -> usize {
+        let slot = self.free.pop().unwrap_or_else(|| {
+            self.slots.push(None);
+            self.generations.push(0);
+            self.slots.len() - 1
+        });
+        self.generations[slot] = self.generations[slot].wrapping_add(1) & ((1 << 31) - 1);
+        slot
     }
 
     /// Starts a ranged read.
@@ -185,12 +246,7 @@ impl HttpDriver {
         obj: Arc<HttpObject>,
     ) -> Option<Completion> {
         let obj_tls = obj.tls;
-        let slot = self.free.pop().unwrap_or_else(|| {
-            self.slots.push(None);
-            self.generations.push(0);
-            self.slots.len() - 1
-        });
-        self.generations[slot] = self.generations[slot].wrapping_add(1) & ((1 << 31) - 1);
+        let slot = self.alloc_slot();
         // SAFETY: sockaddr_storage is plain data; zeroed is valid.
         let addr: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
         let op = Box::new(Op {
@@ -222,6 +278,14 @@ impl HttpDriver {
             small: false,
             backoff: types::Timespec::new(),
             generation: self.generations[slot],
+            asked: None,
+            body_at: None,
+            twin: None,
+            is_hedge: false,
+            hedged: false,
+            fresh: false,
+            cancelled: false,
+            replacing: false,
         });
         self.slots[slot] = Some(op);
         self.begin(ring, slot)
@@ -232,18 +296,29 @@ impl HttpDriver {
     fn begin(&mut self, ring: &mut IoUring, slot: usize) -> Option<Completion> {
         let op = self.slots[slot].as_mut().expect("live slot");
         if !op.paced {
-            let (sent, wait) = self.net.pace.admit(&op.obj.url);
-            op.sent_at = sent;
-            if !wait.is_zero() {
-                op.paced = true;
-                return self.sleep_then_begin(ring, slot, wait);
+            match self.net.pace.admit(&op.obj.url) {
+                (sent, Admit::Go(wait)) => {
+                    op.sent_at = sent;
+                    if !wait.is_zero() {
+                        op.paced = true;
+                        return self.sleep_then_begin(ring, slot, wait);
+                    }
+                }
+                (_, Admit::Later(wait)) => return self.sleep_then_begin(ring, slot, wait),
             }
         }
         op.paced = false;
         op.head_got = 0;
         op.sent = 0;
         op.pend = 0;
+        op.asked = Some(Instant::now());
+        op.body_at = None;
         self.net.stats.requests.fetch_add(1, Ordering::Relaxed);
+        if !op.is_hedge {
+            self.budget.earn();
+        }
+        self.watch_head(ring, slot);
+        let op = self.slots[slot].as_mut().expect("live slot");
         let if_match = op.pin.as_deref().and_then(VersionPin::if_match);
         let (at, rest) = (op.start + op.got as u64, (op.len - op.got) as u64);
         match http::range_request(&op.obj, at, rest, if_match) {
@@ -251,7 +326,12 @@ impl HttpDriver {
             Err(f) => return self.fail(ring, slot, f),
         }
         let key = (op.obj.host.clone(), op.obj.port, op.obj.tls);
-        if let Some(mut c) = self.idle.get_mut(&key).and_then(Vec::pop) {
+        // A hedge goes on a connection of its own: an idle one may be the
+        // slow one's peer on the same overloaded path, and a stale one
+        // would cost it a round trip.
+        if !std::mem::take(&mut op.fresh)
+            && let Some(mut c) = self.idle.get_mut(&key).and_then(Vec::pop)
+        {
             c.reused = true;
             op.conn = Some(c);
             return self.ready(ring, slot);
@@ -501,7 +581,11 @@ impl HttpDriver {
     /// Routes one completion; may finish a range.
     pub fn complete(&mut self, ring: &mut IoUring, ud: u64, res: i32) -> Option<Completion> {
         let (slot, generation, step) = decode(ud);
-        if step == Step::Timer as u8 {
+        if step == Step::Timer as u8 || step == Step::Cancel as u8 {
+            return None;
+        }
+        if step == Step::Tick as u8 {
+            self.tick(ring, generation);
             return None;
         }
         match self.slots.get(slot) {
@@ -509,6 +593,14 @@ impl HttpDriver {
             _ => return None,
         }
         let op = self.slots[slot].as_mut().expect("checked above");
+        if op.cancelled {
+            // The loser of a race: its step is over, its buffers are free.
+            drop(self.free_slot(slot));
+            return None;
+        }
+        if op.replacing && op.step == Step::Body {
+            return self.replace_body(ring, slot, res);
+        }
         let io_fail = |res: i32, what: &str| {
             if res == -libc::ECANCELED {
                 Fail::new(
@@ -612,7 +704,7 @@ impl HttpDriver {
                 let want = (op.len - op.got) as u64;
                 let body = match http::check_range_response(&h, at, want, op.open_end) {
                     Ok(b) => {
-                        self.net.pace.answered(&op.obj.url, op.sent_at, false);
+                        self.net.pace.answered(&op.obj.url, op.sent_at, None);
                         b
                     }
                     Err(mut f) => {
@@ -620,6 +712,10 @@ impl HttpDriver {
                         return self.retry_or_fail(ring, slot, f);
                     }
                 };
+                // The first head of a raced range wins: the other request
+                // is cancelled before this one writes a byte of the body.
+                self.head_arrived(ring, slot);
+                let op = self.slots[slot].as_mut().expect("live slot");
                 op.total = body.total.or(op.total);
                 // Less than asked only with `open_end`, at the object's end.
                 let want = body.len;
@@ -631,6 +727,9 @@ impl HttpDriver {
                         h.keep_alive && h.content_length == Some(0) && op.head_got == h.head_len;
                     return self.finish(slot);
                 }
+                op.body_at = Some((Instant::now(), op.got));
+                self.watch_body(ring, slot);
+                let op = self.slots[slot].as_mut().expect("live slot");
                 let extra = op.head_got - h.head_len;
                 if extra as u64 > want {
                     let f = Fail::new(FailKind::Protocol, "the server sent more than the range");
@@ -691,7 +790,7 @@ impl HttpDriver {
                 }
                 self.recv(ring, slot, Step::Body)
             }
-            Step::Timer => None,
+            Step::Timer | Step::Tick | Step::Cancel => None,
         }
     }
 
@@ -808,6 +907,7 @@ impl HttpDriver {
 
     fn finish(&mut self, slot: usize) -> Option<Completion> {
         let mut op = self.free_slot(slot);
+        self.body_done(&op);
         if let Some(c) = op.conn.take()
             && op.keep_alive
             // A TLS connection goes back only with nothing left over and
@@ -850,8 +950,15 @@ impl HttpDriver {
         let op = self.slots[slot].as_mut().expect("live slot");
         op.conn = None;
         if f.kind == FailKind::Throttled {
-            self.net.pace.answered(&op.obj.url, op.sent_at, true);
+            self.net
+                .pace
+                .answered(&op.obj.url, op.sent_at, Some(f.retry_after));
         }
+        // One of a raced pair failed: the other carries the range on.
+        if self.twin_carries_on(slot) {
+            return None;
+        }
+        let op = self.slots[slot].as_mut().expect("live slot");
         op.tries.record(f.kind);
         let failing_for = op.first_failure.get_or_insert_with(Instant::now).elapsed();
         match self
@@ -861,6 +968,10 @@ impl HttpDriver {
         {
             Ok(d) => {
                 self.net.stats.retried(&op.obj.url, &f);
+                let d = crate::net::retry_wait(&self.net, &op.obj.url, &f, d);
+                if d.is_zero() {
+                    return self.begin(ring, slot);
+                }
                 self.sleep_then_begin(ring, slot, d)
             }
             Err(why) => self.give_up(slot, f, why),
@@ -887,6 +998,9 @@ impl HttpDriver {
     }
 
     fn give_up(&mut self, slot: usize, f: Fail, why: GiveUp) -> Option<Completion> {
+        if self.twin_carries_on(slot) {
+            return None;
+        }
         let op = self.free_slot(slot);
         let failing_for = op.first_failure.map(|t| t.elapsed()).unwrap_or_default();
         Some(Completion {
@@ -904,9 +1018,29 @@ impl HttpDriver {
         })
     }
 
-    /// Ranges in flight.
+    /// Ranges in flight (and the losers of races, until their cancels
+    /// complete).
     pub fn in_flight(&self) -> usize {
         self.slots.iter().filter(|s| s.is_some()).count()
+    }
+}
+
+impl Drop for HttpDriver {
+    fn drop(&mut self) {
+        // An op still here has a step on a ring that may outlive the
+        // driver (a network thread's ring is torn down after it): its
+        // buffers are left to that step rather than freed under it.
+        for mut op in self.slots.drain(..).flatten() {
+            // A plain socket may close (the ring holds its own reference
+            // to the file); a TLS one's buffers go with the op.
+            if op.conn.as_ref().is_some_and(|c| c.tls.is_none()) {
+                op.conn = None;
+            }
+            std::mem::forget(op);
+        }
+        for (_, _, ts) in self.ticks.drain(..) {
+            std::mem::forget(ts);
+        }
     }
 }
 

@@ -6,6 +6,7 @@
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 /// Adds per-request headers, e.g. an S3 SigV4 signature. Called for every
 /// request, so it may refresh credentials. Must never put a secret in an
@@ -221,6 +222,9 @@ pub struct ResponseHead {
     pub chunked: bool,
     /// The `ETag` as sent (`"abc"`, or a weak `W/"abc"`).
     pub etag: Option<String>,
+    /// `Retry-After` in seconds (RFC 9110 §10.2.3), when given as a number;
+    /// the HTTP-date form is not read (no server of ours sends it).
+    pub retry_after: Option<u64>,
     /// The first 200 bytes of an error body are not here: see `error_code`.
     pub reason: String,
 }
@@ -258,6 +262,7 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<ResponseHead>, String> {
         keep_alive: r.version == Some(1),
         chunked: false,
         etag: None,
+        retry_after: None,
         reason: r.reason.unwrap_or("").to_string(),
     };
     for hd in r.headers.iter() {
@@ -282,6 +287,8 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<ResponseHead>, String> {
             h.chunked = v.to_ascii_lowercase().contains("chunked");
         } else if hd.name.eq_ignore_ascii_case("etag") && !v.is_empty() {
             h.etag = Some(v.to_string());
+        } else if hd.name.eq_ignore_ascii_case("retry-after") {
+            h.retry_after = v.parse().ok();
         }
     }
     Ok(Some(h))
@@ -346,6 +353,8 @@ pub struct Fail {
     /// `FailKind::Changed`: the version the read was pinned to, and what
     /// the answer said instead.
     pub changed: Option<Box<(String, String)>>,
+    /// The answer's `Retry-After`: how long the server asked to wait.
+    pub retry_after: Option<Duration>,
 }
 
 impl fmt::Display for Fail {
@@ -361,6 +370,7 @@ impl Fail {
             message: message.into(),
             code: None,
             changed: None,
+            retry_after: None,
         }
     }
 
@@ -374,6 +384,7 @@ impl Fail {
             ),
             code: None,
             changed: Some(Box::new((expected, seen))),
+            retry_after: None,
         }
     }
 
@@ -470,10 +481,9 @@ pub fn check_range_response(
             };
         }
         s if s >= 300 => {
-            return Err(Fail::new(
-                FailKind::of_status(s),
-                format!("HTTP {s} {}", h.reason),
-            ));
+            let mut f = Fail::new(FailKind::of_status(s), format!("HTTP {s} {}", h.reason));
+            f.retry_after = h.retry_after.map(Duration::from_secs);
+            return Err(f);
         }
         s => {
             return Err(Fail::new(

@@ -1,6 +1,7 @@
 //! The network protocols the readers and the dataset resolver speak: HTTP/1.1
 //! ranged GETs ([`http`]), TLS set-up ([`tls`]), the retry policy
-//! ([`retry`]), one version per read ([`version`]), S3 (signing,
+//! ([`retry`]), which ranges are late and may be hedged ([`tail`]), one
+//! version per read ([`version`]), S3 (signing,
 //! credentials, listing: [`s3`]), and the settings, counters and request
 //! rates every network read shares ([`NetOptions`], [`Pacer`],
 //! [`with_retries`]).
@@ -10,7 +11,8 @@ pub mod inflight;
 mod options;
 pub mod retry;
 pub mod s3;
+pub mod tail;
 pub mod tls;
 pub mod version;
 
-pub use options::{NetOptions, NetStats, Pacer, gave_up, with_retries};
+pub use options::{NetOptions, NetStats, Pacer, gave_up, retry_wait, set_pacing, with_retries};

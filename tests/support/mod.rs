@@ -1,7 +1,8 @@
 //! A real HTTP/1.1 server for the tests, on 127.0.0.1: serves the files of a
 //! directory with `Range` and keep-alive, and injects faults on demand
-//! (503 bursts, resets and truncation mid-body, stalls, slow drip, garbage,
-//! ignoring `Range`), so the engine's retries are tested against sockets, not
+//! (503 bursts, a request-rate limit, resets and truncation mid-body,
+//! stalls, a held head or a body stalled for the n-th GET, slow drip,
+//! garbage, ignoring `Range`), so the engine's retries are tested against sockets, not
 //! mocks. `s3` is the S3-compatible server.
 
 #![allow(dead_code)]
@@ -140,6 +141,51 @@ pub struct Faults {
     pub ranges: std::sync::Mutex<Vec<(u64, u64)>>,
     /// The proxy's faults drawn at random (`Proxy` only).
     pub random: std::sync::Mutex<Option<RandomFaults>>,
+    /// Answer `503 Slow Down` to the GETs past this many a second (0: no
+    /// limit), as S3 does past a prefix's request rate: a token bucket
+    /// that holds a tenth of a second's worth (so a burst is short and the
+    /// limit is a rate, not a count per calendar second).
+    pub rate_limit: AtomicUsize,
+    /// The rate limit's bucket: tokens, and when it was last filled.
+    limiter: std::sync::Mutex<(f64, Option<std::time::Instant>)>,
+    /// GETs the rate limit answered 503.
+    pub limited: AtomicUsize,
+    /// `(n, ms)`: the head of the n-th GET (1 for the first) is sent only
+    /// after `ms`.
+    pub hold_head: std::sync::Mutex<Option<(usize, u64)>>,
+    /// `(n, ms)`: the n-th GET gets its head and half its body, then
+    /// silence for `ms`, then the connection closes.
+    pub stall_body: std::sync::Mutex<Option<(usize, u64)>>,
+}
+
+impl Faults {
+    /// Whether a GET arriving now is within the rate limit (taking its
+    /// token if so).
+    fn within_rate(&self) -> bool {
+        let limit = self.rate_limit.load(Ordering::SeqCst);
+        if limit == 0 {
+            return true;
+        }
+        let cap = (limit as f64 / 10.0).max(1.0);
+        let now = std::time::Instant::now();
+        let mut b = self.limiter.lock().unwrap();
+        let (tokens, last) = *b;
+        let tokens = match last {
+            Some(t) => (tokens + now.duration_since(t).as_secs_f64() * limit as f64).min(cap),
+            None => cap,
+        };
+        let ok = tokens >= 1.0;
+        *b = (if ok { tokens - 1.0 } else { tokens }, Some(now));
+        ok
+    }
+}
+
+/// Whether `hold`, an `(n, ms)` fault, is for the n-th GET: its `ms` if so.
+fn nth(hold: &std::sync::Mutex<Option<(usize, u64)>>, n: usize) -> Option<u64> {
+    hold.lock()
+        .unwrap()
+        .filter(|(k, _)| *k == n)
+        .map(|(_, ms)| ms)
 }
 
 /// A file rewritten under its readers: once `after` GETs of `path` were
@@ -410,9 +456,20 @@ fn serve(mut conn: impl Read + Write, fd: i32, root: &std::path::Path, f: &Fault
             );
             continue;
         }
-        f.gets.fetch_add(1, Ordering::SeqCst);
+        let n = f.gets.fetch_add(1, Ordering::SeqCst) + 1;
         if let Some(r) = range {
             f.ranges.lock().unwrap().push(r);
+        }
+        if !f.within_rate() {
+            f.limited.fetch_add(1, Ordering::SeqCst);
+            let body = b"<Error><Code>SlowDown</Code></Error>";
+            let _ = write!(
+                conn,
+                "HTTP/1.1 503 Slow Down\r\nContent-Length: {}\r\n\r\n",
+                body.len()
+            );
+            let _ = conn.write_all(body);
+            continue;
         }
         if take(&f.throttle) {
             let body = b"<Error><Code>SlowDown</Code></Error>";
@@ -493,10 +550,19 @@ fn serve(mut conn: impl Read + Write, fd: i32, root: &std::path::Path, f: &Fault
             "HTTP/1.1 {status}\r\nContent-Length: {}\r\n{etag}\r\n",
             body.len()
         );
+        if let Some(ms) = nth(&f.hold_head, n) {
+            std::thread::sleep(Duration::from_millis(ms));
+        }
         if conn.write_all(head.as_bytes()).is_err() {
             return;
         }
         let half = body.len() / 2;
+        if let Some(ms) = nth(&f.stall_body, n) {
+            let _ = conn.write_all(&body[..half]);
+            let _ = conn.flush();
+            std::thread::sleep(Duration::from_millis(ms));
+            return;
+        }
         if take(&f.reset) {
             let _ = conn.write_all(&body[..half]);
             reset_on_close(fd);

@@ -123,6 +123,8 @@ STRUCTS = {
         ("uint64_t", "net_read_time_us"),
         ("uint64_t", "net_bdp_bytes"),
         ("uint64_t", "reads_ahead"),
+        ("uint64_t", "hedges_sent"),
+        ("uint64_t", "hedges_won"),
     ],
 }
 

@@ -1,0 +1,119 @@
+//! A server that limits GETs to N a second (the test server's token
+//! bucket, answering 503 SlowDown past it, as S3 does past a prefix's
+//! rate): the loader rides the limit, on both backends. Every sample
+//! arrives once with its bytes, the 503s stay a small share of the GETs,
+//! and the pacer's rate for the host (the stats' note) ends near N — a
+//! value the pacer holds, not a timing of the test. The control: the same
+//! read with the adaptation off (`set_pacing(false)`, requests at once,
+//! throttled ones retried after their backoff alone) draws many times the
+//! 503s. One test: the switch is process-wide.
+
+mod support;
+
+use std::sync::atomic::Ordering;
+
+use ringfeed::synth::{self, GenOptions};
+use ringfeed::{Config, Loader};
+use support::{Server, stream};
+
+const SEED: u64 = 28;
+/// GETs a second the server takes: low enough that the loader's readers
+/// (2 workers × 4 reads in flight over loopback, thousands of GETs a
+/// second) are far past it, high enough that the read takes seconds.
+const LIMIT: usize = 40;
+
+fn config(url: String, backend: &str) -> Config {
+    let m = serde_json::json!({
+        "urls": [url],
+        "memory_budget": "8MiB",
+        // 64 KiB ranges: some 130 GETs, a few seconds at the limit.
+        "chunk_size": "64KiB",
+        "batch_size": 5,
+        "workers": 2,
+        "io_backend": backend,
+    });
+    Config::from_map(m.as_object().unwrap()).unwrap()
+}
+
+/// The rate the note of `host` says its requests are paced at.
+fn paced_rate(notes: &[String], host: &str) -> Option<f64> {
+    notes.iter().find_map(|n| {
+        let rest = n.strip_prefix(host)?.split("paced at ").nth(1)?;
+        rest.split("/s").next()?.parse().ok()
+    })
+}
+
+/// Reads the dataset through the limit; returns (GETs, 503s, the paced
+/// rate in the stats).
+fn read(server: &Server, url: &str, backend: &str, samples: usize) -> (usize, usize, Option<f64>) {
+    let f = &server.faults;
+    let (gets0, limited0) = (
+        f.gets.load(Ordering::SeqCst),
+        f.limited.load(Ordering::SeqCst),
+    );
+    let loader = Loader::open(config(url.to_string(), backend)).unwrap();
+    assert_eq!(stream(&loader, SEED), samples, "{backend}");
+    let s = loader.stats();
+    let gets = f.gets.load(Ordering::SeqCst) - gets0;
+    let limited = f.limited.load(Ordering::SeqCst) - limited0;
+    assert_eq!(
+        s.retries["throttled"] as usize, limited,
+        "{backend}: {:?}",
+        s.retries
+    );
+    let rate = paced_rate(&s.notes, &server.addr.to_string());
+    eprintln!(
+        "{backend}: {gets} GETs, {limited} answered 503, paced at {rate:?}/s; {:?}",
+        s.notes
+    );
+    (gets, limited, rate)
+}
+
+#[test]
+fn a_request_rate_limit_is_ridden_with_few_slow_downs() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = GenOptions {
+        shards: 8,
+        shard_bytes: 1 << 20,
+        sample_bytes: 30_000,
+        spread: 0.9,
+        fields: vec!["jpg".into(), "cls".into()],
+        seed: SEED,
+    };
+    let samples = synth::generate(dir.path(), &o, |_| {}).unwrap().samples as usize;
+    let server = Server::start(dir.path().to_path_buf());
+    let url = server.url("shard-{000000..000007}.tar");
+    server.faults.rate_limit.store(LIMIT, Ordering::SeqCst);
+
+    let mut adapted = Vec::new();
+    for backend in ["io_uring", "threads"] {
+        let (gets, limited, rate) = read(&server, &url, backend, samples);
+        // The first burst (before any 503, the readers go at loopback
+        // speed) and a probe every few seconds: a handful of 503s per
+        // hundred GETs, not one per range.
+        assert!(
+            limited * 4 <= gets,
+            "{backend}: {limited} of {gets} GETs answered 503"
+        );
+        // The rate held is just under the limit, give or take what half
+        // a second of measuring sees.
+        let rate = rate.unwrap_or_else(|| panic!("{backend}: no paced rate in the notes"));
+        let n = LIMIT as f64;
+        assert!(
+            rate > 0.5 * n && rate < 1.5 * n,
+            "{backend}: paced at {rate}/s, limit {n}/s"
+        );
+        adapted.push(limited);
+    }
+
+    // The control: without the adaptation, the same read on the default
+    // backend is answered 503 many times as often.
+    ringfeed::net::set_pacing(false);
+    let (gets, limited, rate) = read(&server, &url, "io_uring", samples);
+    ringfeed::net::set_pacing(true);
+    assert_eq!(rate, None, "nothing paced with the adaptation off");
+    assert!(
+        limited >= 3 * adapted[0].max(1),
+        "without pacing: {limited} of {gets} GETs answered 503, with: {adapted:?}"
+    );
+}
