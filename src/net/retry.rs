@@ -197,6 +197,13 @@ const MAX_OVER_MEASURED: f64 = 2.0;
 /// (20 s); a server asking for longer is asked again then.
 const MAX_RETRY_AFTER: f64 = 20.0;
 
+/// The least an `Admit::Later` asks a request to wait: a debt short by a
+/// rounding error would otherwise give a wait of 0 ns, and the request
+/// would ask again at once, for ever on a clock that does not move (a
+/// simulation's) and spinning a CPU on one that does. 1 ms is a tenth of
+/// `RESERVE` of a second.
+const LATER_AT_LEAST: f64 = 0.001;
+
 /// How far ahead a request may take a token: a tenth of a second of the
 /// rate, so that the waits taken are short and a rate that grows is seen
 /// by the next asks.
@@ -312,14 +319,15 @@ impl RateLimiter {
             return Admit::Go(Duration::from_secs_f64(held));
         }
         if held > 0.0 {
-            return Admit::Later(Duration::from_secs_f64(held));
+            return Admit::Later(Duration::from_secs_f64(held.max(LATER_AT_LEAST)));
         }
         self.refill(now);
         let owed = (self.fill_rate * RESERVE).max(1.0);
         if self.tokens - 1.0 < -owed {
             // Until the debt is back within reach.
             let short = -owed - (self.tokens - 1.0);
-            return Admit::Later(Duration::from_secs_f64(short / self.fill_rate));
+            let wait = (short / self.fill_rate).max(LATER_AT_LEAST);
+            return Admit::Later(Duration::from_secs_f64(wait));
         }
         self.tokens -= 1.0;
         let wait = if self.tokens >= 0.0 {

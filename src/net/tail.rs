@@ -143,8 +143,10 @@ impl HedgeBudget {
 
     /// Takes a hedge's token, if there is one.
     pub fn take(&mut self) -> bool {
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
+        // Ten earnings of 0.1 sum to 0.999...: a token is whole within
+        // rounding.
+        if self.tokens >= 1.0 - 1e-9 {
+            self.tokens = (self.tokens - 1.0).max(0.0);
             true
         } else {
             false
