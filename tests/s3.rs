@@ -447,9 +447,16 @@ fn faults_between_the_engine_and_s3_lose_nothing() {
         assert_eq!(stream(&loader, 33), samples, "{backend}");
         let s = loader.stats();
         assert_eq!(s.retries["throttled"], 3, "{backend}");
-        // The injected stall always shows; a loaded machine may add more (a
-        // slow answer is indistinguishable from a stall), each a harmless retry.
-        assert!(s.retries["stalled"] >= 1, "{backend}: {:?}", s.retries);
+        // The injected stall always shows: as a stall retry, or, on
+        // io_uring, as a hedge that took the stalled range's rest to a fresh
+        // connection first. A loaded machine may add more (a slow answer
+        // is indistinguishable from a stall), each a harmless retry.
+        assert!(
+            s.retries["stalled"] + s.hedges_sent >= 1,
+            "{backend}: {:?}, {} hedges",
+            s.retries,
+            s.hedges_sent
+        );
         assert_eq!(
             s.retries["reset"] + s.retries["truncated"],
             2,
