@@ -94,7 +94,14 @@ fn a_loader_streams_https_shards_through_faults_on_io_uring() {
     let s = loader.stats();
     assert_eq!(s.io_backend, "io_uring");
     assert_eq!(s.retries["throttled"], 2, "{:?}", s.retries);
-    assert!(s.retries["stalled"] >= 1, "{:?}", s.retries);
+    // The injected stall shows as a stall retry or as the hedge that
+    // carried the stalled range on.
+    assert!(
+        s.retries["stalled"] + s.hedges_sent >= 1,
+        "{:?}, {} hedges",
+        s.retries,
+        s.hedges_sent
+    );
     assert_eq!(
         s.retries["reset"] + s.retries["truncated"],
         4,

@@ -126,27 +126,36 @@ fn soak(backend: &str) {
     let want = expected_retries(&injected);
     let got = |k: &str| stats.retries.get(k).copied().unwrap_or(0);
     let wanted = |k: &str| want.get(k).copied().unwrap_or(0) as u64;
+    // A hedge (io_uring) races a late range on a fresh connection: a
+    // fault that hits one of the pair while the other carries the range on
+    // is not retried, so each hedge may take one fault's retry away.
+    let hedges = stats.hedges_sent;
     for (kind, &n) in &stats.retries {
         if !["stalled", "reset", "truncated"].contains(kind) {
-            assert_eq!(n, wanted(kind), "{backend}: `{kind}` retries");
+            let w = wanted(kind);
+            assert!(
+                n <= w && n + hedges >= w,
+                "{backend}: `{kind}` retries: {n}, {w} injected, {hedges} hedges"
+            );
         }
     }
     assert!(
-        got("stalled") >= wanted("stalled"),
+        got("stalled") + hedges >= wanted("stalled"),
         "{backend}: {:?}",
         stats.retries
     );
     // A reset and a close mid-body look alike to the receiver.
     let both = got("reset") + got("truncated");
     let hi = wanted("reset") + wanted("truncated");
-    let lo = hi - injected.get("reset_before_head").copied().unwrap_or(0) as u64;
+    let lo = (hi - injected.get("reset_before_head").copied().unwrap_or(0) as u64)
+        .saturating_sub(hedges);
     assert!(
         (lo..=hi).contains(&both),
         "{backend}: {both} resets and truncations, {lo} to {hi} injected: {:?}",
         stats.retries
     );
     // Bounded: the extra stalls are a few per cent of the requests at most.
-    let extra = got("stalled") - wanted("stalled");
+    let extra = got("stalled").saturating_sub(wanted("stalled"));
     assert!(
         extra <= 3 + gets as u64 / 20,
         "{backend}: {extra} stalls beyond those injected in {gets} GETs"
