@@ -11,10 +11,11 @@
 //!
 //! Neither the latency nor the link's capacity is known in advance, so the
 //! count is found by climbing: in windows of completed reads, the engine
-//! measures the rate the reads complete at and their median time. It
-//! raises the count (by half until the first raise that did not pay, by a
-//! quarter after) and keeps the raise only when the next window's rate
-//! rose with it; a raise that bought nothing is undone, and the count
+//! measures their median time. It raises the count (by half until the
+//! first raise that did not pay, by a quarter after) and keeps the raise
+//! only when the reads did not slow down as much as they became more
+//! (Little's law: the rate rose with it); a raise that bought nothing is
+//! undone, and the count
 //! holds for a while before it tries again. Reads that take far longer
 //! than the best median seen (`base`: a read that waits on nothing but
 //! the server's latency and one connection's bandwidth) are queueing
@@ -24,9 +25,10 @@
 //! The order of samples never depends on any of this: only how far ahead
 //! the reads go.
 
-/// A raise is kept when the rate rose by at least this much with it: the
-/// rate of a window of 8-64 reads varies by a few percent on a quiet
-/// link; a raise of a quarter into a link with room gives ~+20 %.
+/// A raise is kept when it bought at least this much more rate (by
+/// Little's law, the count's rise over the read time's): a raise of a
+/// quarter into a link with room gives +25 %, one into a full link
+/// nothing (the reads take as much longer as they are more).
 const PAID: f64 = 1.08;
 
 /// Reads slower than `base` by more than this are queueing: the count
@@ -45,6 +47,10 @@ const HOLD: u32 = 8;
 /// `base` rises by this factor per window, so that a link that became
 /// slower for good is not compared with a past it cannot return to.
 const BASE_DRIFT: f64 = 1.02;
+
+/// The reported rate spans at least this many read times: completions
+/// come in bursts, and over less the rate is mostly their noise.
+const RATE_SPAN: f64 = 4.0;
 
 /// Fewest reads in a window: a median of fewer is mostly noise.
 const MIN_WINDOW: usize = 8;
@@ -89,20 +95,20 @@ pub struct InFlight {
     /// Read times of the window being gathered, seconds.
     window: Vec<f64>,
     window_bytes: u64,
-    /// When the window began: the end of the last one (or the first
-    /// read's request).
-    window_start: Option<f64>,
     /// The window after a change is not measured: its reads were asked
     /// for under the old count.
     settling: bool,
     base: Option<f64>,
-    /// The count and rate before the raise being tried.
+    /// The count and median read time before the raise being tried.
     trying: Option<(usize, f64)>,
     /// A raise has not paid yet: raises are by half until one does not.
     doubling: bool,
     hold: u32,
     last_median: Option<f64>,
     last_rate: Option<f64>,
+    /// Bytes completed since `rate_start`, for `last_rate`.
+    rate_bytes: u64,
+    rate_start: Option<f64>,
     limit: Limit,
 }
 
@@ -119,7 +125,6 @@ impl InFlight {
             total: start.clamp(min, max),
             window: Vec::new(),
             window_bytes: 0,
-            window_start: None,
             // The first window begins at its first read's request, not
             // at a window's end: its rate is not comparable.
             settling: true,
@@ -129,6 +134,8 @@ impl InFlight {
             hold: 0,
             last_median: None,
             last_rate: None,
+            rate_bytes: 0,
+            rate_start: None,
             limit: Limit::Probing,
         }
     }
@@ -152,7 +159,8 @@ impl InFlight {
         self.last_median
     }
 
-    /// Bytes per second the last window's reads completed at.
+    /// Bytes per second the reads completed at, over the last span of at
+    /// least `RATE_SPAN` read times.
     pub fn rate(&self) -> Option<f64> {
         self.last_rate
     }
@@ -167,24 +175,27 @@ impl InFlight {
     /// byte completed at `now` (seconds on the caller's clock). Returns
     /// whether the count changed.
     pub fn record(&mut self, now: f64, bytes: u64, secs: f64) -> bool {
-        let start = *self.window_start.get_or_insert(now - secs);
+        let rate_start = *self.rate_start.get_or_insert(now - secs);
         self.window.push(secs.max(1e-6));
         self.window_bytes += bytes;
+        self.rate_bytes += bytes;
         if self.window.len() < MIN_WINDOW.max(self.total / 2) {
             return false;
         }
         let mut w = std::mem::take(&mut self.window);
         w.sort_by(f64::total_cmp);
         let median = w[w.len() / 2];
-        let rate = self.window_bytes as f64 / (now - start).max(1e-6);
         let mean_len = self.window_bytes as f64 / w.len() as f64;
         self.window_bytes = 0;
-        self.window_start = Some(now);
+        if now - rate_start >= RATE_SPAN * median {
+            self.last_rate = Some(self.rate_bytes as f64 / (now - rate_start).max(1e-6));
+            self.rate_bytes = 0;
+            self.rate_start = Some(now);
+        }
         if std::mem::take(&mut self.settling) {
             return false;
         }
         self.last_median = Some(median);
-        self.last_rate = Some(rate);
         let base = match self.base {
             Some(b) => (b * BASE_DRIFT).min(median),
             None => median,
@@ -197,11 +208,17 @@ impl InFlight {
             self.trying = None;
             self.doubling = false;
             next = ((self.total as f64 * SHRINK) as usize).max(1);
-        } else if let Some((was, was_rate)) = self.trying.take() {
-            if rate >= was_rate * PAID {
+        } else if let Some((was, was_median)) = self.trying.take() {
+            // What the raise bought, by Little's law from the medians: `n`
+            // reads of time `T` carry `n / T` reads a second. A window's
+            // own rate is no judge: completions come in bursts (a shard's
+            // reads end together), and a window of 8-64 of them spans
+            // anything from a millisecond to a read's time.
+            let gain = (self.total as f64 / was as f64) * (was_median / median);
+            if gain >= PAID {
                 self.limit = Limit::Growing;
                 next = self.raised();
-                self.trying = Some((self.total, rate));
+                self.trying = Some((self.total, median));
             } else {
                 // Bought nothing: the reads were already as many as the
                 // link carries.
@@ -215,7 +232,7 @@ impl InFlight {
         } else {
             self.limit = Limit::Growing;
             next = self.raised();
-            self.trying = Some((self.total, rate));
+            self.trying = Some((self.total, median));
         }
         // What the target needs by Little's law, with a tenth spare.
         if let Some(t) = self.target {
@@ -268,8 +285,24 @@ mod tests {
         cap_bytes_per_s: f64,
         windows: usize,
     ) -> Vec<usize> {
+        run_with(c, latency, per_conn, cap_bytes_per_s, windows, false)
+    }
+
+    /// `bursts`: the reads complete in bursts of 1 to `n` at once (a
+    /// shard's reads, asked together, end together), at the mean rate.
+    fn run_with(
+        c: &mut InFlight,
+        latency: f64,
+        per_conn: f64,
+        cap_bytes_per_s: f64,
+        windows: usize,
+        bursts: bool,
+    ) -> Vec<usize> {
         let mut now = 0.0;
         let mut seen = Vec::new();
+        // A burst's size, drawn by a fixed LCG; reads left in it.
+        let mut lcg = 12345u64;
+        let mut left = 0usize;
         for _ in 0..windows {
             let n = c.total();
             // n reads share the link: each gets min(per_conn, cap / n).
@@ -277,8 +310,17 @@ mod tests {
             let t = latency + LEN as f64 / each;
             let reads = MIN_WINDOW.max(n / 2);
             for i in 0..reads {
-                // Completions spread over the read time, n at a time.
-                now += t / n as f64;
+                // Completions spread over the read time, or n at once.
+                if !bursts {
+                    now += t / n as f64;
+                } else if left == 0 {
+                    lcg = lcg
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    left = 1 + (lcg >> 33) as usize % n;
+                    now += t * left as f64 / n as f64;
+                }
+                left = left.saturating_sub(1);
                 let jitter = 1.0 + 0.05 * ((i % 3) as f64 - 1.0);
                 c.record(now, LEN, t * jitter);
             }
@@ -299,6 +341,20 @@ mod tests {
             "settled at {last} reads in flight: {seen:?}"
         );
         assert_ne!(c.limit(), Limit::Growing, "{seen:?}");
+    }
+
+    #[test]
+    fn completions_in_bursts_still_grow_it() {
+        // The same link, its reads completing together: a window's own
+        // rate swings from a burst's instant to a read's time, the medians
+        // do not.
+        let mut c = InFlight::new(16, 4, 256, None);
+        let seen = run_with(&mut c, 0.022, 90e6, 3e9, 40, true);
+        let last = *seen.last().unwrap();
+        assert!(
+            (35..=90).contains(&last),
+            "settled at {last} reads in flight: {seen:?}"
+        );
     }
 
     #[test]
