@@ -27,10 +27,10 @@ fn chunks_return_when_the_last_reference_drops() {
 }
 
 #[test]
-fn an_owners_runs_follow_each_other_while_the_next_chunk_is_free() {
+fn an_owners_runs_follow_each_other_and_reuse_the_memory_it_freed() {
     let p = pool(8);
     p.set_owners(2, 4);
-    // Owner 0 starts at chunk 0, owner 1 at chunk 8 * 1 / 3 = 2.
+    // Owner 0's base is chunk 0, owner 1's is chunk 8 * 1 / 3 = 2.
     let a0 = p.acquire_as(0, 1, false).unwrap().unwrap();
     let b0 = p.acquire_as(1, 1, false).unwrap().unwrap();
     let a1 = p.acquire_as(0, 1, false).unwrap().unwrap();
@@ -40,15 +40,41 @@ fn an_owners_runs_follow_each_other_while_the_next_chunk_is_free() {
     // Owner 0's next chunk (2) is taken: it goes on after owner 1's.
     let a2 = p.acquire_as(0, 1, false).unwrap().unwrap();
     assert_eq!(a2.index(), 4);
-    // Freed chunks behind the hint are found when nothing is ahead.
     drop((a0, a1));
     let rest: Vec<_> = (0..3).map(|_| p.acquire_as(1, 1, false).unwrap()).collect();
     let got: Vec<_> = rest.iter().map(|r| r.as_ref().map(|c| c.index())).collect();
     assert_eq!(got, vec![Some(5), Some(6), None], "owner 1's quota is 4");
+    // Chunks freed are taken again before memory never touched (7): its
+    // first use would cost the zeroing of its pages.
     let a3 = p.acquire_as(0, 1, false).unwrap().unwrap();
-    assert_eq!(a3.index(), 7);
+    assert_eq!(a3.index(), 0, "the lowest free chunk from the base");
     let a4 = p.acquire_as(0, 1, false).unwrap().unwrap();
-    assert_eq!(a4.index(), 0, "wraps to the first free chunk");
+    assert_eq!(a4.index(), 1, "and the one after it");
+    let a5 = p.acquire_as(0, 1, false).unwrap().unwrap();
+    assert_eq!(
+        a5.index(),
+        7,
+        "fresh memory only when nothing freed is left"
+    );
+}
+
+#[test]
+fn a_stream_that_holds_few_chunks_touches_few() {
+    // A stream holding at most 3 chunks at once, releasing in order, of
+    // a 64-chunk pool: it keeps to 4 chunks rather than walking all 64.
+    let p = pool(64);
+    p.set_owners(1, 64);
+    let mut held = std::collections::VecDeque::new();
+    let mut touched = std::collections::BTreeSet::new();
+    for _ in 0..200 {
+        if held.len() == 3 {
+            held.pop_front();
+        }
+        let c = p.acquire_as(0, 1, false).unwrap().unwrap();
+        touched.insert(c.index());
+        held.push_back(c);
+    }
+    assert!(touched.len() <= 4, "touched {touched:?}");
 }
 
 #[test]
