@@ -42,7 +42,7 @@
 #   C  A with the latency model off: ringfeed only, for its CPU-s per GB
 #   D  latency 20ms:120ms, no bandwidth model, a request-rate limit of
 #      RATE_N/s per bucket (burst a tenth of a second): ringfeed with
-#      --chunk-size PART against RATE_N x PART
+#      --chunk-size PART against RATE_N x the bytes ringfeed sent per GET
 #   E  SMALL_SHARDS shards of SMALL_SIZE (1,000 x 1 MiB) on model A:
 #      ringfeed's GB/s and its first batch against the model's p99
 #   F  one object of OBJECT_SIZE (1 GiB) on model A: ringfeed get to
@@ -51,7 +51,7 @@
 #   A, B  ringfeed defaults / curl ceiling GB/s         >= 0.9
 #         ringfeed defaults / boto3 GB/s                >= 1.75
 #         ringfeed CPU-s per GB / its own in C          <= 1.25
-#   D     ringfeed GB/s / (RATE_N x PART)               >= 0.9
+#   D     ringfeed GB/s / (RATE_N x its bytes per GET)  >= 0.9
 #   E     ringfeed GB/s / its GB/s in A                 >= 0.5
 #         first batch / p99 first byte (120 ms)         <= 3
 #   F     ringfeed get / curl x4, / curl ceiling        >= 0.9

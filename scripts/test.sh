@@ -98,7 +98,8 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 # `cargo build --release` then has nothing left to do. The Python package
 # below bundles it too (pip runs the same build), and its tests generate
 # shards with the release CLI and write to the S3-compatible server of
-# examples/s3_server.rs.
+# examples/s3_server.rs (its debug build, made by the test build below:
+# Cargo.toml optimizes the crates it spends its time in).
 phase "release build"
 cargo build --release --locked
 # A Rust test that finds what it needs missing calls tests/support/skip.rs,
@@ -108,14 +109,6 @@ cargo build --release --locked
 rm -f target/tmp/skipped-tests.txt
 phase "Rust test build"
 cargo test --workspace --all-targets --locked --no-run
-# The S3 test server in release (the Python tests below write a GiB through
-# it): its dev-dependencies (s3s, tokio, hyper) make it some minutes of
-# compiling, done here beside the Rust tests, which leave the CPUs mostly
-# idle. It holds only target/release's build lock: tests/install.rs's
-# release build waits for it, and the debug builds the tests run do not.
-s3_server_log=target/tmp/s3_server-build.log
-cargo build --release --locked --example s3_server >"$s3_server_log" 2>&1 &
-s3_server_build=$!
 phase "Rust tests"
 # The binaries run several at once, each one's output printed whole when it
 # ends; every one runs even when another fails (as --no-fail-fast), and the
@@ -126,15 +119,7 @@ if [ -s target/tmp/skipped-tests.txt ]; then
     echo "test.sh: Rust tests that skipped:" >&2
     cat target/tmp/skipped-tests.txt >&2
 fi
-phase "S3 test server build (what was left of it)"
-s3_server_status=0
-wait "$s3_server_build" || s3_server_status=$?
-cat "$s3_server_log" >&2
 [ "$rust_status" -eq 0 ] || exit "$rust_status"
-if [ "$s3_server_status" -ne 0 ]; then
-    echo "test.sh: cargo build --release --example s3_server failed ($s3_server_status)" >&2
-    exit "$s3_server_status"
-fi
 
 phase "Python package"
 status=0

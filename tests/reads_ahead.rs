@@ -149,3 +149,66 @@ fn a_next_shard_that_fails_fails_in_its_own_turn() {
         loader.close();
     }
 }
+
+/// Small shards (one read each): the reads of several next shards begin
+/// at once, up to the reads a worker keeps in flight, and the samples still
+/// come out as from the local files, every byte read once; the fourth
+/// shard missing fails in its own turn, named, after its elders' samples,
+/// though its read began while the first shard was being walked.
+#[test]
+fn reads_of_several_small_next_shards_begin_together() {
+    let dir = tempfile::tempdir().unwrap();
+    let seed = 79;
+    let shards = 24;
+    let total = generate(dir.path(), shards, 120 << 10, seed);
+    let name = |i: usize| dir.path().join(format!("shard-{i:06}.tar"));
+    for i in 0..shards {
+        let len = std::fs::metadata(name(i)).unwrap().len();
+        assert!(len < 224 << 10, "shard {i} takes one read: {len} bytes");
+    }
+    let local: Vec<String> = (0..shards).map(|i| name(i).display().to_string()).collect();
+    let one = serde_json::json!({"workers": 1, "reads_in_flight": 8});
+    let want = stream(
+        &Loader::open(config(local.clone(), one.clone())).unwrap(),
+        seed,
+    );
+    let server = Server::start(dir.path().to_path_buf());
+    let url = server.url("shard-{000000..000023}.tar");
+    for backend in ["threads", "io_uring"] {
+        let mut extra = one.clone();
+        extra["io_backend"] = serde_json::json!(backend);
+        let loader = Loader::open(config(vec![url.clone()], extra)).unwrap();
+        assert_eq!(stream(&loader, seed), want, "{backend}");
+        let s = loader.stats();
+        assert_eq!(s.bytes_read, total, "{backend}: every byte once");
+        assert!(s.reads_ahead > 0, "{backend}: no read began ahead");
+    }
+    let before: usize = (0..3)
+        .map(|i| {
+            let l = Loader::open(config(vec![local[i].clone()], one.clone())).unwrap();
+            stream(&l, seed)
+        })
+        .sum();
+    std::fs::remove_file(name(3)).unwrap();
+    for backend in ["threads", "io_uring"] {
+        let mut extra = one.clone();
+        extra["io_backend"] = serde_json::json!(backend);
+        let loader = Loader::open(config(vec![url.clone()], extra)).unwrap();
+        let mut samples = 0;
+        let err = loop {
+            match loader.next(Some(std::time::Duration::from_secs(60))) {
+                Ok(ringfeed::Next::Batch(b)) => samples += b.len(),
+                Ok(other) => panic!("{backend}: {other:?} before the missing shard"),
+                Err(e) => break e,
+            }
+        };
+        let text = err.to_string();
+        assert!(text.contains("shard-000003.tar"), "{backend}: {text}");
+        assert!(matches!(err, Error::Http { .. }), "{backend}: {err:?}");
+        assert!(
+            samples <= before,
+            "{backend}: {samples} samples of {before}"
+        );
+        loader.close();
+    }
+}

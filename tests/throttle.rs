@@ -48,9 +48,23 @@ fn paced_rate(notes: &[String], host: &str) -> Option<f64> {
     })
 }
 
+/// The rate the note of `host` says its requests were taken at without
+/// throttling.
+fn taken_rate(notes: &[String], host: &str) -> Option<f64> {
+    notes.iter().find_map(|n| {
+        let rest = n.strip_prefix(host)?.split("(taken ").nth(1)?;
+        rest.split("/s").next()?.parse().ok()
+    })
+}
+
 /// Reads the dataset through the limit; returns (GETs, 503s, the paced
-/// rate in the stats).
-fn read(server: &Server, url: &str, backend: &str, samples: usize) -> (usize, usize, Option<f64>) {
+/// rate in the stats, the rate taken without throttling).
+fn read(
+    server: &Server,
+    url: &str,
+    backend: &str,
+    samples: usize,
+) -> (usize, usize, Option<f64>, Option<f64>) {
     let f = &server.faults;
     let (gets0, limited0) = (
         f.gets.load(Ordering::SeqCst),
@@ -67,11 +81,12 @@ fn read(server: &Server, url: &str, backend: &str, samples: usize) -> (usize, us
         s.retries
     );
     let rate = paced_rate(&s.notes, &server.addr.to_string());
+    let taken = taken_rate(&s.notes, &server.addr.to_string());
     eprintln!(
         "{backend}: {gets} GETs, {limited} answered 503, paced at {rate:?}/s; {:?}",
         s.notes
     );
-    (gets, limited, rate)
+    (gets, limited, rate, taken)
 }
 
 #[test]
@@ -92,7 +107,7 @@ fn a_request_rate_limit_is_ridden_with_few_slow_downs() {
 
     let mut adapted = Vec::new();
     for backend in ["io_uring", "threads"] {
-        let (gets, limited, rate) = read(&server, &url, backend, samples);
+        let (gets, limited, rate, taken) = read(&server, &url, backend, samples);
         // The first burst (before any 503, the readers go at loopback
         // speed) and a probe every few seconds: a handful of 503s per
         // hundred GETs, not one per range.
@@ -101,12 +116,16 @@ fn a_request_rate_limit_is_ridden_with_few_slow_downs() {
             "{backend}: {limited} of {gets} GETs answered 503"
         );
         // The rate held is just under the limit, give or take what half
-        // a second of measuring sees.
+        // a second of measuring sees; or, on a machine so loaded that
+        // the readers took fewer GETs than the limit allows, near what
+        // they took (the pacer starts from the rate the host was taking,
+        // and is never below half of it).
         let rate = rate.unwrap_or_else(|| panic!("{backend}: no paced rate in the notes"));
+        let taken = taken.unwrap_or_else(|| panic!("{backend}: no rate taken in the notes"));
         let n = LIMIT as f64;
         assert!(
-            rate > 0.5 * n && rate < 1.5 * n,
-            "{backend}: paced at {rate}/s, limit {n}/s"
+            rate > 0.5 * n.min(taken) && rate < 1.5 * n,
+            "{backend}: paced at {rate}/s, limit {n}/s, {taken}/s taken without throttling"
         );
         adapted.push(limited);
     }
@@ -114,7 +133,7 @@ fn a_request_rate_limit_is_ridden_with_few_slow_downs() {
     // The control: without the adaptation, the same read on the default
     // backend is answered 503 many times as often.
     ringfeed::net::set_pacing(false);
-    let (gets, limited, rate) = read(&server, &url, "io_uring", samples);
+    let (gets, limited, rate, _) = read(&server, &url, "io_uring", samples);
     ringfeed::net::set_pacing(true);
     assert_eq!(rate, None, "nothing paced with the adaptation off");
     assert!(

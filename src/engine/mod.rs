@@ -13,7 +13,7 @@
 //! `planning`: the counts and the plan's start, and `setup`: the arena,
 //! placement, fixed buffers, CUDA and a node engine's shared parts),
 //! `threads` (the thread mains), `worker` (the read loop over a stream's
-//! shards), `reading` (its reads in flight, a next shard's begun early,
+//! shards), `reading` (its reads in flight, the next shards' begun early,
 //! completions applied, every read drained), `tier` (what the cache does
 //! for a remote shard's read), `assemble`
 //! (members into samples and batches), `shuffler` (the shuffle buffer within

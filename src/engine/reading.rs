@@ -1,5 +1,5 @@
 //! A worker's reads (`Reading`): the reads in flight of the shard being
-//! walked (`PendingRead`), and of the stream's next shard begun before
+//! walked (`PendingRead`), and of the stream's next shards begun before
 //! this one's end (`Ahead`); submitting them to the backend, applying
 //! completions (short reads continued, a shard's size learned from its
 //! first read, the time of each network read given to `NetReads`), and
@@ -45,11 +45,11 @@ pub(super) struct PendingRead {
     pub(super) asked: Option<std::time::Instant>,
 }
 
-/// Reads of a stream's next shard, started while the current one's last
-/// reads were still coming in (remote shards read without a cache): at a
-/// far object store a read takes ~115 ms, and a worker that waited for a
-/// shard's last read before asking for the next shard's first would
-/// leave the link half idle at every shard's end.
+/// Reads of one of a stream's next shards, started while the current
+/// one's last reads were still coming in (remote shards read without a
+/// cache): at a far object store a read takes ~115 ms, and a worker that
+/// waited for a shard's last read before asking for the next shard's
+/// first would leave the link half idle at every shard's end.
 pub(super) struct Ahead {
     /// The next shard's place in the stream's plan, and the epoch.
     pub(super) place: usize,
@@ -65,13 +65,22 @@ pub(super) struct Ahead {
     pub(super) failed: Option<Error>,
 }
 
-/// The shard after the current one in a stream's plan, when its reads may
-/// start early: its place and the shard.
-pub(super) type Next<'s> = Option<(usize, &'s Shard)>;
+/// The shards after the current one in a stream's plan whose reads may
+/// start early, in order: their places and the shards. Small shards (a
+/// read or two each) need several begun at once to keep the link busy:
+/// 1 MiB at S3's ~32 ms is ~30 MB/s a read.
+pub(super) type Next<'s> = &'s [(usize, &'s Shard)];
 
 /// The reads in flight still to get bytes.
 pub(super) fn coming(q: &VecDeque<PendingRead>) -> usize {
     q.iter().filter(|r| r.done < r.len).count()
+}
+
+/// The reads begun ahead: those holding a chunk, and those still coming.
+pub(super) fn ahead_reads(a: &VecDeque<Ahead>) -> (usize, usize) {
+    a.iter().fold((0, 0), |(h, c), x| {
+        (h + x.pending.len(), c + coming(&x.pending))
+    })
 }
 
 /// What a worker's reads share: its backend, the completions buffer, the
@@ -91,8 +100,9 @@ pub(super) struct Reading<'a> {
     /// shard is one version or fails with `Error::Changed` (never a
     /// restart: samples of it may be out already).
     pub(super) pin: Option<Arc<VersionPin>>,
-    /// Reads of the stream's next shard, started before this one's end.
-    pub(super) ahead: Option<Ahead>,
+    /// Reads of the stream's next shards, started before this one's end,
+    /// in the plan's order.
+    pub(super) ahead: VecDeque<Ahead>,
 }
 
 impl<'a> Reading<'a> {
@@ -106,7 +116,7 @@ impl<'a> Reading<'a> {
             bytes_in: false,
             last_size: 0,
             pin: None,
-            ahead: None,
+            ahead: VecDeque::new(),
         }
     }
 
@@ -169,42 +179,75 @@ impl<'a> Reading<'a> {
         Ok(())
     }
 
-    /// Starts reads of the stream's next shard (`next`, at `place` in the
-    /// plan) while `current`'s last reads come in, up to `depth` coming in
-    /// for both; never waits for a chunk. A shard of unknown size gets as
-    /// many reads as the one before it took (each able to end early), then
-    /// the rest once its size is in.
+    /// Starts reads of the stream's next shards (`next`, in the plan's
+    /// order) while `current`'s last reads come in, up to `depth` coming in
+    /// for all of them; never waits for a chunk. A shard's reads begin only
+    /// once every read of the one before it is asked for. A shard of
+    /// unknown size gets as many reads as the one before it took (each
+    /// able to end early), then the rest once its size is in.
     pub(super) fn read_ahead(
         &mut self,
-        place: usize,
-        next: &Shard,
+        next: Next<'_>,
         epoch: u64,
         depth: usize,
         current: &VecDeque<PendingRead>,
     ) -> Result<()> {
-        let sh = self.shared;
-        let Source::Http(obj) = &next.source else {
-            return Ok(());
-        };
-        let mut a = self.ahead.take().unwrap_or_else(|| Ahead {
-            place,
-            epoch,
-            name: next.name.clone(),
-            target: Target::Http(Arc::clone(obj)),
-            pin: Arc::new(VersionPin::planned(None, next.size)),
-            pending: VecDeque::new(),
-            next_offset: 0,
-            size: next.size,
-            failed: None,
-        });
+        for (i, &(place, shard)) in next.iter().enumerate() {
+            let Source::Http(obj) = &shard.source else {
+                return Ok(());
+            };
+            if i == self.ahead.len() {
+                self.ahead.push_back(Ahead {
+                    place,
+                    epoch,
+                    name: shard.name.clone(),
+                    target: Target::Http(Arc::clone(obj)),
+                    pin: Arc::new(VersionPin::planned(None, shard.size)),
+                    pending: VecDeque::new(),
+                    next_offset: 0,
+                    size: shard.size,
+                    failed: None,
+                });
+            }
+            let a = &self.ahead[i];
+            if a.place != place || a.epoch != epoch {
+                // Begun for another plan's shard: not ours to go on with.
+                return Ok(());
+            }
+            self.read_ahead_one(i, shard, depth, current)?;
+            let a = &self.ahead[i];
+            let guess = self.last_size.max(1);
+            let asked = a
+                .size
+                .map_or(a.next_offset >= guess, |s| a.next_offset >= s);
+            if a.failed.is_some() || !asked {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
 
+    /// Reads of `self.ahead[i]` (of `next`), as `read_ahead` says.
+    fn read_ahead_one(
+        &mut self,
+        i: usize,
+        next: &Shard,
+        depth: usize,
+        current: &VecDeque<PendingRead>,
+    ) -> Result<()> {
+        let sh = self.shared;
         let guess = self.last_size.max(1);
         let mut result = Ok(());
-        while a.failed.is_none()
-            && coming(current) + coming(&a.pending) < depth
-            && current.len() + a.pending.len() < 2 * depth
-            && a.size.map_or(a.next_offset < guess, |s| a.next_offset < s)
-        {
+        loop {
+            let (held, due) = ahead_reads(&self.ahead);
+            let a = &self.ahead[i];
+            if !(a.failed.is_none()
+                && coming(current) + due < depth
+                && current.len() + held < 2 * depth
+                && a.size.map_or(a.next_offset < guess, |s| a.next_offset < s))
+            {
+                break;
+            }
             let chunk = match sh.pool.acquire_spare_as(sh.owner(self.stream), HEADROOM) {
                 Ok(Some(c)) => c,
                 Ok(None) => {
@@ -216,6 +259,7 @@ impl<'a> Reading<'a> {
                     break;
                 }
             };
+            let a = &mut self.ahead[i];
             let len = match a.size {
                 Some(s) => (sh.data_len as u64).min(s - a.next_offset) as usize,
                 None => sh.data_len,
@@ -236,38 +280,36 @@ impl<'a> Reading<'a> {
             });
             a.next_offset += len as u64;
             sh.counters.reads_ahead.fetch_add(1, Ordering::Relaxed);
-            let last = a.pending.len() - 1;
             let pin = Some(Arc::clone(&a.pin));
             let target = a.target.clone();
+            // Taken out while it is submitted: `submit` borrows `self`.
+            let mut r = a.pending.pop_back().expect("just pushed");
             let submitted = catch_unwind(AssertUnwindSafe(|| {
-                self.submit(&target, 0, &mut a.pending[last], &next.name, pin)
+                self.submit(&target, 0, &mut r, &next.name, pin)
             }));
+            let a = &mut self.ahead[i];
             match submitted {
-                Ok(Ok(())) => {}
+                Ok(Ok(())) => a.pending.push_back(r),
                 Ok(Err(e)) => {
                     // Not queued: the chunk is free to go back.
-                    a.pending.pop_back();
+                    drop(r);
                     a.failed = Some(e);
                 }
                 Err(panic) => {
                     // Whether the backend queued it is unknown: its chunk
                     // is kept for ever, and the rest are waited for.
-                    if let Some(r) = a.pending.pop_back() {
-                        std::mem::forget(r.chunk);
-                    }
-                    self.ahead = Some(a);
+                    std::mem::forget(r.chunk);
                     resume_unwind(panic);
                 }
             }
         }
-        self.ahead = Some(a);
         result
     }
 
     /// Waits for at least one completion and applies them; the first read
     /// of a shard of unknown `size` sets it. Completions of the next
-    /// shard's reads (`Ahead`) are applied to those: a failure of one is
-    /// kept for the next shard's turn.
+    /// shards' reads (`Ahead`) are applied to those: a failure of one is
+    /// kept for that shard's turn.
     pub(super) fn reap(
         &mut self,
         target: &Target,
@@ -290,16 +332,7 @@ impl<'a> Reading<'a> {
                 result = result.and(self.apply(r, c, size, &shard.name, net));
                 continue;
             }
-            let Some(mut a) = self.ahead.take() else {
-                continue;
-            };
-            if let Some(r) = a.pending.iter_mut().find(|r| r.id == c.id) {
-                // A failure is the next shard's, given when its turn comes.
-                if let Err(e) = self.apply(r, c, &mut a.size, &a.name, true) {
-                    a.failed.get_or_insert(e);
-                }
-            }
-            self.ahead = Some(a);
+            self.apply_ahead(c);
         }
         self.completions = done;
         result?;
@@ -311,7 +344,9 @@ impl<'a> Reading<'a> {
                 self.start_read(target, r, shard, tier)?;
             }
         }
-        if let Some(mut a) = self.ahead.take() {
+        // Continue the short reads begun ahead.
+        let mut aheads = std::mem::take(&mut self.ahead);
+        for a in aheads.iter_mut() {
             let target = a.target.clone();
             for i in 0..a.pending.len() {
                 let r = &a.pending[i];
@@ -330,14 +365,32 @@ impl<'a> Reading<'a> {
                         if let Some(r) = a.pending.remove(i) {
                             std::mem::forget(r.chunk);
                         }
-                        self.ahead = Some(a);
+                        self.ahead = aheads;
                         resume_unwind(panic);
                     }
                 }
             }
-            self.ahead = Some(a);
         }
+        self.ahead = aheads;
         Ok(())
+    }
+
+    /// Applies completion `c` to the read begun ahead it belongs to, if
+    /// any; a failure is that shard's, given when its turn comes.
+    fn apply_ahead(&mut self, c: Completion) {
+        let Some(i) = self
+            .ahead
+            .iter()
+            .position(|a| a.pending.iter().any(|r| r.id == c.id))
+        else {
+            return;
+        };
+        let mut a = self.ahead.remove(i).expect("found");
+        let r = a.pending.iter_mut().find(|r| r.id == c.id).expect("found");
+        if let Err(e) = self.apply(r, c, &mut a.size, &a.name, true) {
+            a.failed.get_or_insert(e);
+        }
+        self.ahead.insert(i, a);
     }
 
     /// Applies completion `c` to read `r` (of a shard of `size`, named
@@ -416,16 +469,8 @@ impl<'a> Reading<'a> {
                     r.in_flight = false;
                     continue;
                 }
-                // The next shard's reads go on: theirs are applied.
-                let Some(mut a) = self.ahead.take() else {
-                    continue;
-                };
-                if let Some(r) = a.pending.iter_mut().find(|r| r.id == c.id)
-                    && let Err(e) = self.apply(r, c, &mut a.size, &a.name, true)
-                {
-                    a.failed.get_or_insert(e);
-                }
-                self.ahead = Some(a);
+                // The next shards' reads go on: theirs are applied.
+                self.apply_ahead(c);
             }
         }
         pending.clear();

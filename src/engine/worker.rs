@@ -20,7 +20,7 @@ use std::sync::atomic::Ordering;
 
 use crate::dataset::{Shard, Source};
 use crate::engine::assemble::{ShardSink, emit_ghost, emit_held};
-use crate::engine::reading::{HEADROOM, Next, PendingRead, Reading, coming};
+use crate::engine::reading::{HEADROOM, Next, PendingRead, Reading, ahead_reads, coming};
 use crate::engine::shared::{Item, Shared};
 use crate::engine::shuffler::Shuffler;
 use crate::engine::tier::{Tier, consult};
@@ -76,12 +76,12 @@ impl<'a> Worker<'a> {
         }
     }
 
-    /// Runs every epoch of the plan; reads of a next shard begun early are
+    /// Runs every epoch of the plan; reads of next shards begun early are
     /// waited for on every way out (an error or a panic too) before their
     /// chunks can go back.
     pub(crate) fn run(&mut self) -> Result<()> {
         let result = catch_unwind(AssertUnwindSafe(|| self.epochs()));
-        if let Some(mut a) = self.io.ahead.take() {
+        while let Some(mut a) = self.io.ahead.pop_front() {
             self.io.drain(&mut a.pending);
         }
         match result {
@@ -151,17 +151,26 @@ impl<'a> Worker<'a> {
                         continue;
                     }
                 }
-                // The next shard's reads may begin before this one's end
+                // The next shards' reads may begin before this one's end
                 // when nothing must be asked first (a cache's HEAD) and
-                // none of it is skipped (a resume's replay).
-                let next = plan.streams[self.stream].get(place + 1).and_then(|n| {
-                    let s = &sh.shards[n.shard];
-                    (sh.cache.is_none()
-                        && matches!(s.source, Source::Http(_))
-                        && sh.replayed(epoch, self.stream, place + 1).is_none())
-                    .then_some((place + 1, s))
-                });
-                self.shard(shard, seg, ghosts, epoch, place, next)
+                // none of them is skipped (a resume's replay): as many
+                // shards as a worker keeps reads in flight at the most
+                // (each takes one at least), up to the first that may not.
+                let next: Vec<(usize, &Shard)> = match sh.cache.is_none() {
+                    true => plan.streams[self.stream]
+                        .iter()
+                        .enumerate()
+                        .skip(place + 1)
+                        .take(sh.reads.most_per_worker())
+                        .map(|(p, n)| (p, &sh.shards[n.shard]))
+                        .take_while(|&(p, s)| {
+                            matches!(s.source, Source::Http(_))
+                                && sh.replayed(epoch, self.stream, p).is_none()
+                        })
+                        .collect(),
+                    false => Vec::new(),
+                };
+                self.shard(shard, seg, ghosts, epoch, place, &next)
                     .map_err(|e| tag_shard(e, shard))
                     .map_err(|e| match e {
                         // The pool's own check fired first: say what holds
@@ -209,14 +218,16 @@ impl<'a> Worker<'a> {
     ) -> Result<()> {
         let mut pending: VecDeque<PendingRead> = VecDeque::new();
         let mut next_offset = 0;
-        let begun = self
-            .io
-            .ahead
-            .take_if(|a| a.place == place && a.epoch == epoch);
-        if let Some(mut stale) = self.io.ahead.take() {
-            // Begun for a shard that is not next after all.
-            self.io.drain(&mut stale.pending);
-        }
+        let begun = match self.io.ahead.front() {
+            Some(a) if a.place == place && a.epoch == epoch => self.io.ahead.pop_front(),
+            _ => {
+                // Begun for shards that are not next after all.
+                while let Some(mut stale) = self.io.ahead.pop_front() {
+                    self.io.drain(&mut stale.pending);
+                }
+                None
+            }
+        };
         // The file (when local, or a cache entry) stays open until every
         // read of it completed.
         let mut tier = Tier::None;
@@ -266,8 +277,8 @@ impl<'a> Worker<'a> {
             )
         }));
         if !matches!(result, Ok(Ok(()))) {
-            // The next shard's reads are waited for with this one's.
-            if let Some(a) = self.io.ahead.take() {
+            // The next shards' reads are waited for with this one's.
+            while let Some(a) = self.io.ahead.pop_front() {
                 pending.extend(a.pending);
             }
         }
@@ -379,10 +390,7 @@ impl<'a> Worker<'a> {
             };
             let room = |w: &Self, p: &VecDeque<PendingRead>| match net {
                 true => {
-                    let (held, due) =
-                        w.io.ahead
-                            .as_ref()
-                            .map_or((0, 0), |a| (a.pending.len(), coming(&a.pending)));
+                    let (held, due) = ahead_reads(&w.io.ahead);
                     coming(p) + due < issue && p.len() + held < 2 * issue
                 }
                 false => p.len() < issue,
@@ -435,13 +443,10 @@ impl<'a> Worker<'a> {
                 self.io
                     .start_read(target, &mut pending[last], shard, tier)?;
             }
-            if net
-                && let Some((place, next)) = next
-                && size.is_some_and(|s| next_offset >= s)
-            {
-                // Every read of this shard is asked for: the next one's
+            if net && !next.is_empty() && size.is_some_and(|s| next_offset >= s) {
+                // Every read of this shard is asked for: the next ones'
                 // may begin.
-                self.io.read_ahead(place, next, epoch, depth, pending)?;
+                self.io.read_ahead(next, epoch, depth, pending)?;
             }
             let Some(front) = pending.front() else {
                 break;

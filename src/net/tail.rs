@@ -6,10 +6,10 @@
 //! - [`Tail`]: one host's two windows, and the waits past which a range
 //!   still waiting for its head, or whose body has not arrived, is
 //!   re-requested on a fresh connection (hedged).
-//! - [`HedgeBudget`]: hedges earned as a share of the requests sent, so a
-//!   slow server is never asked twice for everything.
+//! - [`HedgeBudget`]: hedges earned as a share of the requests sent (and
+//!   one a second), so a slow server is never asked twice for everything.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Samples a window keeps: enough that its p95 stands on six samples
 /// above it, few enough that it follows a host whose latency changes
@@ -122,16 +122,28 @@ pub const HEDGE_SHARE: f64 = 0.1;
 /// so one stuck range at start-up is hedged, not a whole slow start.
 pub const HEDGE_BURST: f64 = 4.0;
 
+/// Time earns a hedge too, one per this many seconds: a link whose every
+/// range waits behind a stalled one sends no requests, and would otherwise
+/// never earn the hedge that frees it. One a second is nothing beside S3's
+/// request rates.
+pub const HEDGE_EVERY: f64 = 1.0;
+
 /// A token budget for hedges: each request sent earns [`HEDGE_SHARE`] of
-/// one, up to [`HEDGE_BURST`]; each hedge spends one.
+/// one, and each [`HEDGE_EVERY`] seconds one, up to [`HEDGE_BURST`]; each
+/// hedge spends one.
 #[derive(Debug, Clone)]
 pub struct HedgeBudget {
     tokens: f64,
+    /// When time last earned (the last `take`).
+    since: Option<Instant>,
 }
 
 impl Default for HedgeBudget {
     fn default() -> Self {
-        HedgeBudget { tokens: 1.0 }
+        HedgeBudget {
+            tokens: 1.0,
+            since: None,
+        }
     }
 }
 
@@ -141,8 +153,13 @@ impl HedgeBudget {
         self.tokens = (self.tokens + HEDGE_SHARE).min(HEDGE_BURST);
     }
 
-    /// Takes a hedge's token, if there is one.
-    pub fn take(&mut self) -> bool {
+    /// Takes a hedge's token at `now`, if there is one.
+    pub fn take(&mut self, now: Instant) -> bool {
+        if let Some(at) = self.since {
+            let secs = now.saturating_duration_since(at).as_secs_f64();
+            self.tokens = (self.tokens + secs / HEDGE_EVERY).min(HEDGE_BURST);
+        }
+        self.since = Some(now);
         // Ten earnings of 0.1 sum to 0.999...: a token is whole within
         // rounding.
         if self.tokens >= 1.0 - 1e-9 {
@@ -191,10 +208,12 @@ mod tests {
         #[test]
         fn hedges_stay_within_their_share(asks in proptest::collection::vec(any::<bool>(), 0..2000)) {
             let mut b = HedgeBudget::default();
+            // No time passes: requests alone earn.
+            let now = Instant::now();
             let (mut requests, mut hedges) = (0u32, 0u32);
             for hedge in asks {
                 if hedge {
-                    hedges += u32::from(b.take());
+                    hedges += u32::from(b.take(now));
                 } else {
                     b.earn();
                     requests += 1;
@@ -240,16 +259,33 @@ mod tests {
     #[test]
     fn the_budget_refills_with_requests() {
         let mut b = HedgeBudget::default();
-        assert!(b.take());
-        assert!(!b.take());
+        let now = Instant::now();
+        assert!(b.take(now));
+        assert!(!b.take(now));
         for _ in 0..10 {
             b.earn();
         }
-        assert!(b.take());
+        assert!(b.take(now));
         for _ in 0..1000 {
             b.earn();
         }
-        let burst = (0..10).filter(|_| b.take()).count();
+        let burst = (0..10).filter(|_| b.take(now)).count();
+        assert_eq!(burst, HEDGE_BURST as usize);
+    }
+
+    #[test]
+    fn the_budget_refills_with_time_when_no_request_goes() {
+        let mut b = HedgeBudget::default();
+        let t0 = Instant::now();
+        assert!(b.take(t0));
+        assert!(!b.take(t0), "spent, and no time passed");
+        let half = t0 + Duration::from_secs_f64(HEDGE_EVERY / 2.0);
+        assert!(!b.take(half), "half a token");
+        let one = t0 + Duration::from_secs_f64(HEDGE_EVERY);
+        assert!(b.take(one), "a token a second");
+        // A long quiet earns the burst, not more.
+        let later = one + Duration::from_secs(3600);
+        let burst = (0..10).filter(|_| b.take(later)).count();
         assert_eq!(burst, HEDGE_BURST as usize);
     }
 }

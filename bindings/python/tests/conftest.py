@@ -213,7 +213,7 @@ def image_shards(dest, shards=2, per_shard=20, size=(32, 24), corrupt=None):
     return paths, index
 
 
-S3_SERVER_BUILD = "cargo build --release --example s3_server"
+S3_SERVER_BUILD = "cargo build --example s3_server"
 
 
 def s3_server_binary():

@@ -131,7 +131,7 @@ impl HttpDriver {
                 next = Some(next.map_or(wait - waited, |n| n.min(wait - waited)));
                 continue;
             }
-            if !self.budget.take() {
+            if !self.budget.take(now) {
                 // Requests earn hedges as they go: look again soon.
                 next = Some(next.map_or(HEAD_FLOOR, |n| n.min(HEAD_FLOOR)));
                 continue;
