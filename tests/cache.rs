@@ -294,7 +294,7 @@ fn a_second_epoch_of_one_loader_reads_from_the_cache() {
     assert!(per_epoch[&0] == d.all() && per_epoch[&1] == d.all());
     // Epoch 1 waited for the background writes of epoch 0's fills (same
     // process, same lock) and read the entries.
-    assert_eq!(s.cache_misses, SHARDS as u64);
+    assert_eq!(s.cache_misses, SHARDS as u64, "{:?}", s.notes);
     assert_eq!(s.cache_hits, SHARDS as u64, "{:?}", s.notes);
 }
 

@@ -352,7 +352,15 @@ impl Cache {
         }
         // Filled by the one that held the lock?
         if waited && let Some(e) = self.peek(id) {
+            // A hit, not a miss: the lookup before this counted a miss, and
+            // nothing is read from the network (counted once either way).
             bump(&self.stats.hits, 1);
+            // Relaxed: a statistic; never below zero (a fill without a
+            // lookup before it).
+            let _ = self
+                .stats
+                .misses
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |m| m.checked_sub(1));
             return Fill::Hit(e);
         }
         if let Err(why) = self.make_room(id.len) {
