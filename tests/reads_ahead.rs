@@ -29,6 +29,18 @@ fn generate(dir: &std::path::Path, shards: usize, shard_bytes: u64, seed: u64) -
         .sum()
 }
 
+/// The samples a loader delivers before its first error, and the error.
+fn until_error(loader: &Loader, backend: &str) -> (usize, Error) {
+    let mut samples = 0;
+    loop {
+        match loader.next(Some(std::time::Duration::from_secs(60))) {
+            Ok(ringfeed::Next::Batch(b)) => samples += b.len(),
+            Ok(other) => panic!("{backend}: {other:?} before the missing shard"),
+            Err(e) => return (samples, e),
+        }
+    }
+}
+
 fn config(urls: Vec<String>, extra: serde_json::Value) -> Config {
     let mut m = serde_json::Map::new();
     m.insert("urls".into(), serde_json::json!(urls));
@@ -128,14 +140,7 @@ fn a_next_shard_that_fails_fails_in_its_own_turn() {
             serde_json::json!({"io_backend": backend, "workers": 1}),
         ))
         .unwrap();
-        let mut samples = 0;
-        let err = loop {
-            match loader.next(Some(std::time::Duration::from_secs(60))) {
-                Ok(ringfeed::Next::Batch(b)) => samples += b.len(),
-                Ok(other) => panic!("{backend}: {other:?} before the missing shard"),
-                Err(e) => break e,
-            }
-        };
+        let (samples, err) = until_error(&loader, backend);
         let text = err.to_string();
         assert!(text.contains("shard-000002.tar"), "{backend}: {text}");
         assert!(!text.contains("shard-000001.tar"), "{backend}: {text}");
@@ -194,14 +199,7 @@ fn reads_of_several_small_next_shards_begin_together() {
         let mut extra = one.clone();
         extra["io_backend"] = serde_json::json!(backend);
         let loader = Loader::open(config(vec![url.clone()], extra)).unwrap();
-        let mut samples = 0;
-        let err = loop {
-            match loader.next(Some(std::time::Duration::from_secs(60))) {
-                Ok(ringfeed::Next::Batch(b)) => samples += b.len(),
-                Ok(other) => panic!("{backend}: {other:?} before the missing shard"),
-                Err(e) => break e,
-            }
-        };
+        let (samples, err) = until_error(&loader, backend);
         let text = err.to_string();
         assert!(text.contains("shard-000003.tar"), "{backend}: {text}");
         assert!(matches!(err, Error::Http { .. }), "{backend}: {err:?}");

@@ -341,6 +341,15 @@ mod tests {
             let e = err(&format!(r#"{{"urls":"a","reads_in_flight":{bad}}}"#));
             assert!(e.contains("`reads_in_flight`"), "{bad}: {e}");
         }
+        for bad in ["1", "\"yes\"", "null", "[]"] {
+            let e = err(&format!(r#"{{"urls":"a","hedge":{bad}}}"#));
+            assert!(e.contains("`hedge`"), "{bad}: {e}");
+        }
+        assert!(
+            !Config::from_json(r#"{"urls":"a","hedge":false}"#)
+                .unwrap()
+                .hedge
+        );
         // 0 is auto; a target reads as bytes per second.
         let c = Config::from_json(r#"{"urls":"a","reads_in_flight":0,"target_throughput":"2GB"}"#)
             .unwrap();

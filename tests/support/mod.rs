@@ -424,12 +424,7 @@ fn serve(mut conn: impl Read + Write, fd: i32, root: &std::path::Path, f: &Fault
                 Ok(d) => d,
                 Err(_) => {
                     let body = b"<Error><Code>NoSuchKey</Code></Error>";
-                    let _ = write!(
-                        conn,
-                        "HTTP/1.1 404 Not Found\r\nContent-Length: {}\r\n\r\n",
-                        body.len()
-                    );
-                    let _ = conn.write_all(body);
+                    let _ = error_answer(&mut conn, "404 Not Found", body);
                     continue;
                 }
             }
@@ -462,23 +457,11 @@ fn serve(mut conn: impl Read + Write, fd: i32, root: &std::path::Path, f: &Fault
         }
         if !f.within_rate() {
             f.limited.fetch_add(1, Ordering::SeqCst);
-            let body = b"<Error><Code>SlowDown</Code></Error>";
-            let _ = write!(
-                conn,
-                "HTTP/1.1 503 Slow Down\r\nContent-Length: {}\r\n\r\n",
-                body.len()
-            );
-            let _ = conn.write_all(body);
+            let _ = error_answer(&mut conn, "503 Slow Down", SLOW_DOWN);
             continue;
         }
         if take(&f.throttle) {
-            let body = b"<Error><Code>SlowDown</Code></Error>";
-            let _ = write!(
-                conn,
-                "HTTP/1.1 503 Slow Down\r\nContent-Length: {}\r\n\r\n",
-                body.len()
-            );
-            let _ = conn.write_all(body);
+            let _ = error_answer(&mut conn, "503 Slow Down", SLOW_DOWN);
             continue;
         }
         if take(&f.server_error) {
