@@ -24,7 +24,8 @@ PEER_PY = env("PEER_PY")
 DATA = env("DATA_DIR")
 OUT = env("OUT_DIR")
 ROUNDS = int(env("ROUNDS", "3"))
-SCENARIOS = env("SCENARIOS", "A B C D E F").split()
+SCENARIOS = env("SCENARIOS", "A B C D E F L").split()
+PASSES = int(env("PASSES", "3"))
 STRICT = env("STRICT", "0") == "1"
 PART = env("PART", "8MiB")
 RATE_N = int(env("RATE_N", "200"))
@@ -88,11 +89,12 @@ def sizes_of(bucket, ks):
     return [os.path.getsize(os.path.join(DATA, bucket, k)) for k in ks]
 
 
-def curl_config(path, base, bucket, ks, part):
-    """One transfer per `part` range of every key, each to /dev/null."""
+def curl_config(path, base, bucket, ks, part, passes=1):
+    """One transfer per `part` range of every key, each to /dev/null, the
+    whole list `passes` times."""
     n = 0
     with open(path, "w") as f:
-        for k, sz in zip(ks, sizes_of(bucket, ks)):
+        for k, sz in list(zip(ks, sizes_of(bucket, ks))) * passes:
             for off in range(0, sz, part):
                 end = min(off + part, sz) - 1
                 f.write(("next\n" if n else "") + curl_transfer(f"{base}/{bucket}/{k}", off, end))
@@ -107,25 +109,28 @@ def curl_transfer(url, first, last):
             'silent\nshow-error\nfail\nwrite-out = "%{size_download}\\n"\n')
 
 
-def contenders(scn, emu, bucket, ks):
-    """name -> argv (None: skipped, with the reason in SKIPS)."""
+def contenders(scn, emu, bucket, ks, passes=1):
+    """name -> argv (None: skipped, with the reason in SKIPS); each reads
+    every key `passes` times (ringfeed: epochs)."""
     last = len(ks) - 1
     width = 6
     s3_url = f"s3://{bucket}/shard-{{{0:0{width}d}..{last:0{width}d}}}.tar"
     ep = ["--endpoint-url", emu.url]
-    rf = [RF, "bench", s3_url, "--json", *ep]
+    rf = [RF, "bench", s3_url, "--json", *ep] + (["--epochs", str(passes)] if passes > 1 else [])
     c = {"rf": rf, "rf_rif16": rf + ["--reads-in-flight", "16"]}
     if scn in ("D",):
         return {"rf": rf + ["--chunk-size", PART]}
     if scn in ("C", "E"):
         return {"rf": rf}
     c["boto3"] = [PEER_PY, f"{ROOT}/benches/boto3_ranged.py", "--endpoint", emu.url,
-                  "--bucket", bucket, "--threads", "32", "--part-size", PART, *ks]
-    c["s3torch"] = [PEER_PY, f"{ROOT}/benches/_s3torch_read.py", emu.url, bucket, *ks]
-    c["s3dlio"] = [PEER_PY, f"{ROOT}/benches/_s3dlio_read.py", emu.url, bucket, *ks]
+                  "--bucket", bucket, "--threads", "32", "--part-size", PART,
+                  "--epochs", str(passes), *ks]
+    if passes == 1:
+        c["s3torch"] = [PEER_PY, f"{ROOT}/benches/_s3torch_read.py", emu.url, bucket, *ks]
+        c["s3dlio"] = [PEER_PY, f"{ROOT}/benches/_s3dlio_read.py", emu.url, bucket, *ks]
     for n in (32, 64, 128):
-        cfg = f"{OUT}/curl-{bucket}.cfg"
-        curl_config(cfg, emu.url, bucket, ks, PART_BYTES)
+        cfg = f"{OUT}/curl-{bucket}-x{passes}.cfg"
+        curl_config(cfg, emu.url, bucket, ks, PART_BYTES, passes)
         c[f"curl{n}"] = ["curl", "--parallel", "--parallel-immediate", "--parallel-max", str(n), "-s",
                          "-K", cfg]
     return c
@@ -248,6 +253,17 @@ def main():
             results[scn] = rounds(scn, cs, emu, big_bytes)
             emu.stop()
             table(f"scenario {scn}", results[scn], [n for n in cs if n in SKIPS])
+        elif scn == "L":
+            log(f"\n== scenario L: {' '.join(MODELS['A'])}, {SHARDS} shards, {PASSES} passes, "
+                f"{PASSES * big_bytes / 1e9:.2f} GB")
+            emu = Emulator("L", MODELS["A"])
+            log(f"$ {shlex.join(emu.argv)}")
+            cs = contenders("L", emu, "big", big, PASSES)
+            for n, a in cs.items():
+                log(f"  {n}: $ {shlex.join(a)[:300]}")
+            results["L"] = rounds("L", cs, emu, PASSES * big_bytes)
+            emu.stop()
+            table(f"scenario L ({PASSES} passes)", results["L"])
         elif scn == "D":
             flags = ["--latency", "20ms:120ms", "--rate-limit", f"{RATE_N}/s", "--rate-scope", "bucket"]
             log(f"\n== scenario D: {' '.join(flags)}, {PART} parts")
@@ -280,7 +296,7 @@ def main():
             table("scenario F", results["F"])
 
     log("\n== targets (ratios of medians, whole process)")
-    for scn in ("A", "B"):
+    for scn in ("A", "B", "L"):
         m = results.get(scn, {})
         best, ceil = ceiling(m)
         if "rf" in m and ceil:
@@ -289,7 +305,7 @@ def main():
         if "rf" in m and "boto3" in m:
             target(f"{scn}_vs_boto3", m["rf"]["gbs"] / m["boto3"]["gbs"], ">=", 1.75,
                    f"{scn}: ringfeed defaults / boto3 32 threads GB/s")
-        if "rf" in m and "C" in results and "rf" in results["C"]:
+        if scn != "L" and "rf" in m and "C" in results and "rf" in results["C"]:
             target(f"{scn}_cpu_vs_C", m["rf"]["cpu"] / results["C"]["rf"]["cpu"], "<=", 1.25,
                    f"{scn}: ringfeed CPU-s/GB / its own with the latency model off (C)")
     if "D" in results and "rf" in results["D"]:

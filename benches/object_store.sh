@@ -35,7 +35,7 @@
 # shared environment); one that cannot be is printed SKIPPED with the
 # reason, never counted.
 #
-# Scenarios (SCENARIOS, default "A B C D E F"):
+# Scenarios (SCENARIOS, default "A B C D E F L"):
 #   A  latency 20ms:120ms (median:p99, lognormal), 90MB/s a connection,
 #      SHARDS shards of SHARD_SIZE (16 x 256 MiB)
 #   B  50ms:300ms, 60MB/s a connection
@@ -47,10 +47,15 @@
 #      ringfeed's GB/s and its first batch against the model's p99
 #   F  one object of OBJECT_SIZE (1 GiB) on model A: ringfeed get to
 #      /dev/null against curl x4 ranged (a quarter each) and curl 64 x PART
+#   L  A over PASSES passes of the data (ringfeed --epochs, boto3
+#      --epochs, every curl range PASSES times): what a run longer than a
+#      few seconds sees, once the memory a reader holds is touched (on a
+#      VM whose host backs a page only at its first touch, that costs
+#      ~2.5 ms per MB: benches/first_touch.sh)
 # Targets (the issue's Show), ratios of the whole-process medians:
-#   A, B  ringfeed defaults / curl ceiling GB/s         >= 0.9
+#   A, B, L  ringfeed defaults / curl ceiling GB/s      >= 0.9
 #         ringfeed defaults / boto3 GB/s                >= 1.75
-#         ringfeed CPU-s per GB / its own in C          <= 1.25
+#         ringfeed CPU-s per GB / its own in C (A, B)   <= 1.25
 #   D     ringfeed GB/s / (RATE_N x its bytes per GET)  >= 0.9
 #   E     ringfeed GB/s / its GB/s in A                 >= 0.5
 #         first batch / p99 first byte (120 ms)         <= 3
@@ -58,7 +63,8 @@
 #
 # Usage: benches/object_store.sh           (from anywhere; runs in the repo root)
 # Knobs (environment):
-#   SCENARIOS     which to run                         [A B C D E F]
+#   SCENARIOS     which to run                         [A B C D E F L]
+#   PASSES        scenario L's passes over the data    [3]
 #   ROUNDS        interleaved rounds                   [3]
 #   CONTENDERS    run only these (names above; curl: all three) [all]
 #   SHARDS, SHARD_SIZE          scenario A-D data      [16, 256MiB]
@@ -82,7 +88,8 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$PWD
 
-SCENARIOS=${SCENARIOS:-A B C D E F}
+SCENARIOS=${SCENARIOS:-A B C D E F L}
+PASSES=${PASSES:-3}
 ROUNDS=${ROUNDS:-3}
 CONTENDERS=${CONTENDERS:-}
 # 16 x 256 MiB: the issue's large-shard dataset, 4.3 GB, a few seconds a
@@ -161,7 +168,7 @@ ALL_FILES=()
 for spec in "big:$SHARDS:$SHARD_SIZE" "small:$SMALL_SHARDS:$SMALL_SIZE" "obj:1:$OBJECT_SIZE"; do
     IFS=: read -r bucket n sz <<<"$spec"
     case $bucket in
-        big) [[ $SCENARIOS =~ [ABCD] ]] || continue ;;
+        big) [[ $SCENARIOS =~ [ABCDL] ]] || continue ;;
         small) [[ $SCENARIOS == *E* ]] || continue ;;
         obj) [[ $SCENARIOS == *F* ]] || continue ;;
     esac
@@ -177,7 +184,7 @@ say "runs"
 status=0
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) CPUs"
 RF=$RF EMU=$EMU PEER_PY=$PEER_PY DATA_DIR=$DATA_DIR OUT_DIR=$OUT_DIR ROUNDS=$ROUNDS \
-    SCENARIOS=$SCENARIOS STRICT=$STRICT PART=$PART RATE_N=$RATE_N SHARDS=$SHARDS \
+    SCENARIOS=$SCENARIOS PASSES=$PASSES STRICT=$STRICT PART=$PART RATE_N=$RATE_N SHARDS=$SHARDS \
     SMALL_SHARDS=$SMALL_SHARDS CONTENDERS=$CONTENDERS SKIPS=$SKIPS \
     python3 benches/object_store.py || status=$?
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

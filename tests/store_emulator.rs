@@ -377,3 +377,40 @@ fn transfers_in_flight_are_counted_while_they_wait_for_their_first_byte() {
     );
     assert!(s.transfers_mean > 1.0, "{s:?}");
 }
+
+#[test]
+fn a_whole_objects_reads_in_flight_climb_from_8_at_a_far_store_and_a_fixed_count_holds() {
+    // 64 parts of 256 KiB behind 150 ms of first-byte latency: by Little's
+    // law 8 in flight carry ~13 MB/s, and the found count's first judged
+    // window raises it (to 12) whatever the machine's speed: its median
+    // is the base. `parts_in_flight: 8` (the control) keeps 8.
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join(BUCKET);
+    std::fs::create_dir_all(&dir).unwrap();
+    let data: Vec<u8> = (0..16u32 << 20)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    std::fs::write(dir.join("weights.bin"), &data).unwrap();
+    let mut o = Options::unlimited();
+    o.set("--latency", "150ms:150ms").unwrap();
+    let emu = StoreEmulator::start(root.path(), o).unwrap();
+    let url = format!("{}/{BUCKET}/weights.bin", emu.endpoint());
+    let mut most = Vec::new();
+    for parts in [r#""auto""#, "8"] {
+        emu.reset();
+        let cfg = Config::for_objects(&format!(
+            r#"{{"part_size": "256KiB", "parts_in_flight": {parts}, "io_backend": "io_uring"}}"#
+        ))
+        .unwrap();
+        let got = ringfeed::object::read::read(&url, &cfg, None).unwrap();
+        assert!(
+            got.as_slice() == &data[..],
+            "parts_in_flight {parts}: bytes differ"
+        );
+        let s = emu.stats();
+        assert_eq!(s.gets, 64, "{s:?}");
+        most.push(s.transfers_max);
+    }
+    assert!(most[0] >= 12, "auto: at most {} in flight", most[0]);
+    assert!(most[1] <= 8, "fixed 8: at most {} in flight", most[1]);
+}

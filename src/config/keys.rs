@@ -10,9 +10,9 @@ use std::path::PathBuf;
 use serde_json::Value;
 
 use super::values::{
-    attempts, boolean, checksum, cpu_list, endpoint, file_path, fill_mode, integer, io_backend,
-    memory_kind, min_free, node_mode, numa_node, positive, positive_size, region, remainder,
-    resume_states, secret, size, suffix, text, toggle, urls,
+    attempts, auto_or_positive, boolean, checksum, cpu_list, endpoint, file_path, fill_mode,
+    integer, io_backend, memory_kind, min_free, node_mode, numa_node, positive, positive_size,
+    region, remainder, resume_states, secret, size, suffix, text, toggle, urls,
 };
 use super::{Checksum, IoBackend, NodeMode, Toggle};
 use crate::cache::{FillMode, MinFree};
@@ -38,6 +38,12 @@ pub const LOCAL_READS: usize = 4;
 /// S3's ~115 ms per 8 MiB read, past a 100 Gbit/s NIC; the memory budget
 /// bounds it first.
 pub const AUTO_READS_MAX: usize = 64;
+
+/// Whole-object parts in flight where `parts_in_flight` is auto and the
+/// count is not found as the reads go, and where a remote object's found
+/// count starts: boto3's transfer manager's 10 threads, less the two CPUs
+/// such a node spends on the rest.
+pub const PARTS_IN_FLIGHT: usize = 8;
 
 /// The most the default memory budget grows to for remote shards (the
 /// measured bandwidth-delay product of a far object store is what it is
@@ -455,10 +461,15 @@ config_keys! {
     // above S3's 5 MiB minimum part.
     [Engine] part_size: u64 = 8 << 20 => size(key, v)?;
 
-    /// Whole objects: ranged GETs or part uploads in flight at once.
+    /// Whole objects: ranged GETs or part uploads in flight at once;
+    /// `"auto"` (0 here): a remote object's reads start at 8 and climb as
+    /// the measured read times show the link has room, to 64
+    /// (`crate::net::inflight`); local reads, the thread backend's and
+    /// uploads keep 8.
     // 8: boto3's transfer manager's 10 threads, less the two CPUs such a
-    // node spends on the rest; past 8 a 2-CPU host gains nothing.
-    [Engine] parts_in_flight: usize = 8 => positive(key, v)? as usize;
+    // node spends on the rest: past 8 a 2-CPU host gains nothing on
+    // loopback, but at S3's ~115 ms per 8 MiB GET 8 carry ~0.6 GB/s.
+    [Engine] parts_in_flight: usize = 0 => auto_or_positive(key, v)? as usize;
 
     /// Whole-object writes: the checksum each part carries, which S3
     /// verifies before it keeps the part.

@@ -19,8 +19,8 @@ mod values;
 use serde_json::{Map, Value};
 
 pub use keys::{
-    AUTO_READS_MAX, AUTO_WORKERS, Config, KEY_SCOPES, KEYS, LOCAL_READS, REMOTE_BUDGET_MAX,
-    REMOTE_BUDGET_SHARE, Scope,
+    AUTO_READS_MAX, AUTO_WORKERS, Config, KEY_SCOPES, KEYS, LOCAL_READS, PARTS_IN_FLIGHT,
+    REMOTE_BUDGET_MAX, REMOTE_BUDGET_SHARE, Scope,
 };
 pub use values::{Checksum, IoBackend, NodeMode, Toggle, parse_size};
 
@@ -122,6 +122,16 @@ impl Config {
     pub fn max_reads(&self) -> usize {
         match self.reads_in_flight {
             0 => AUTO_READS_MAX,
+            n => n,
+        }
+    }
+
+    /// Whole-object parts in flight at once where the count is not found
+    /// as the reads go (local reads, the thread backend, uploads):
+    /// `parts_in_flight`, or [`PARTS_IN_FLIGHT`] when it is auto.
+    pub fn fixed_parts(&self) -> usize {
+        match self.parts_in_flight {
+            0 => PARTS_IN_FLIGHT,
             n => n,
         }
     }
@@ -341,6 +351,22 @@ mod tests {
             let e = err(&format!(r#"{{"urls":"a","reads_in_flight":{bad}}}"#));
             assert!(e.contains("`reads_in_flight`"), "{bad}: {e}");
         }
+        for bad in ["0", "-1", "2.5", "\"AUTO\"", "\"8\"", "null", "[]", "257"] {
+            let e = err(&format!(r#"{{"urls":"a","parts_in_flight":{bad}}}"#));
+            assert!(e.contains("`parts_in_flight`"), "{bad}: {e}");
+        }
+        let parts = |v: &str| {
+            let c = Config::from_json(&format!(r#"{{"urls":"a","parts_in_flight":{v}}}"#)).unwrap();
+            (c.parts_in_flight, c.fixed_parts())
+        };
+        assert_eq!(parts("\"auto\""), (0, PARTS_IN_FLIGHT));
+        assert_eq!(parts("3"), (3, 3));
+        assert_eq!(
+            Config::from_json(r#"{"urls":"a"}"#)
+                .unwrap()
+                .parts_in_flight,
+            0
+        );
         for bad in ["1", "\"yes\"", "null", "[]"] {
             let e = err(&format!(r#"{{"urls":"a","hedge":{bad}}}"#));
             assert!(e.contains("`hedge`"), "{bad}: {e}");

@@ -71,6 +71,15 @@ pub(super) fn positive(key: &str, v: &Value) -> Result<u64> {
     }
 }
 
+/// A positive integer, or `"auto"` (0).
+pub(super) fn auto_or_positive(key: &str, v: &Value) -> Result<u64> {
+    match (v.as_u64(), v.as_str()) {
+        (Some(n), _) if n > 0 => Ok(n),
+        (_, Some("auto")) => Ok(0),
+        _ => Err(bad(key, "a positive integer or \"auto\"", v)),
+    }
+}
+
 pub(super) fn boolean(key: &str, v: &Value) -> Result<bool> {
     v.as_bool().ok_or_else(|| bad(key, "true or false", v))
 }

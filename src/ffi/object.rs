@@ -77,7 +77,8 @@ unsafe fn config(json: *const c_char) -> Result<Config, Fail> {
 
 /// Reads the whole object at `url` (`s3://bucket/key`, `http(s)://...`, a
 /// local path or `file://` URL) into memory of the library's, with
-/// `parts_in_flight` ranged reads of `part_size` in flight. On success
+/// `parts_in_flight` ranged reads of `part_size` in flight (auto: from 8,
+/// climbing for a remote object as its reads' times show room). On success
 /// writes a handle to `*out`; its bytes (`ringfeed_object_data`) stay valid
 /// until `ringfeed_object_release`. On failure writes NULL. `config_json`
 /// holds the loader's keys without `urls` (S3 endpoint and credentials,

@@ -162,7 +162,7 @@ impl Upload {
             shared,
             overwrite: cfg.overwrite,
             part_size,
-            in_flight: cfg.parts_in_flight.max(1),
+            in_flight: cfg.fixed_parts(),
             buf: Vec::new(),
             parts: 0,
             shipped: 0,
