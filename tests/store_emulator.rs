@@ -382,8 +382,9 @@ fn transfers_in_flight_are_counted_while_they_wait_for_their_first_byte() {
 fn a_whole_objects_reads_in_flight_climb_from_8_at_a_far_store_and_a_fixed_count_holds() {
     // 64 parts of 256 KiB behind 150 ms of first-byte latency: by Little's
     // law 8 in flight carry ~13 MB/s, and the found count's first judged
-    // window raises it (to 12) whatever the machine's speed: its median
-    // is the base. `parts_in_flight: 8` (the control) keeps 8.
+    // window raises it (to 12; the server may count one more)
+    // whatever the machine's speed: its median is the base.
+    // `parts_in_flight: 8` (the control) keeps 8.
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join(BUCKET);
     std::fs::create_dir_all(&dir).unwrap();
@@ -412,5 +413,8 @@ fn a_whole_objects_reads_in_flight_climb_from_8_at_a_far_store_and_a_fixed_count
         most.push(s.transfers_max);
     }
     assert!(most[0] >= 12, "auto: at most {} in flight", most[0]);
-    assert!(most[1] <= 8, "fixed 8: at most {} in flight", most[1]);
+    // The emulator counts a transfer until its last byte is written, and
+    // the client asks for the next part as soon as it has that byte: one
+    // more than the count may overlap at the server (CI's run saw 9).
+    assert!(most[1] <= 9, "fixed 8: at most {} in flight", most[1]);
 }
