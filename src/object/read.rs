@@ -393,7 +393,9 @@ impl Job<'_> {
             }
             for c in done.drain(..) {
                 out_standing -= 1;
-                if let (Some(count), Some(at)) = (&mut count, asked.get(c.id as usize)) {
+                // A failed read's time says nothing of the link's room.
+                let measured = c.result.is_ok().then(|| asked.get(c.id as usize)).flatten();
+                if let (Some(count), Some(at)) = (&mut count, measured) {
                     let len = self.parts[c.id as usize].1 as u64;
                     count.record(
                         started.elapsed().as_secs_f64(),
