@@ -18,9 +18,15 @@
 //! undone, and the count
 //! holds for a while before it tries again. Reads that take far longer
 //! than the best median seen (`base`: a read that waits on nothing but
-//! the server's latency and one connection's bandwidth) are queueing
+//! the server's latency and one connection's bandwidth) may be queueing
 //! behind one another (the link, the server or the CPU is full): the count
-//! shrinks. A throughput target (`target_throughput`) caps the count at
+//! tries a quarter fewer, and keeps them only when the fewer carried about
+//! as much (by Little's law again, against the better of the slow window
+//! and the one before it). Slow windows also come from stalls that fewer
+//! reads do not cure — on a VM a first touch of fresh memory can cost a
+//! read's time, a server's latency has tails — and a shrink kept on them
+//! would cost the rate until the count climbed back: that shrink is
+//! undone. A throughput target (`target_throughput`) caps the count at
 //! what it needs by Little's law; memory (the caller's `max`) caps it too.
 //! The order of samples never depends on any of this: only how far ahead
 //! the reads go.
@@ -39,6 +45,24 @@ const SHRINK_ABOVE: f64 = 2.0;
 
 /// Shrink step: a quarter off, so one noisy window costs little.
 const SHRINK: f64 = 0.75;
+
+/// A change of the count being tried: judged by the next window measured.
+#[derive(Debug, Clone, Copy)]
+enum Trial {
+    /// Raised from `was`, whose window's median read time was `median`.
+    Raise { was: usize, median: f64 },
+    /// Shrunk from `was`, whose reads carried `rate` reads a second (the
+    /// better of the slow window's and the one's before it).
+    Shrink { was: usize, rate: f64 },
+}
+
+impl Trial {
+    fn was(self) -> usize {
+        match self {
+            Trial::Raise { was, .. } | Trial::Shrink { was, .. } => was,
+        }
+    }
+}
 
 /// Windows the count holds after a raise that did not pay, before it
 /// tries again (a link's room changes with other tenants).
@@ -99,8 +123,11 @@ pub struct InFlight {
     /// for under the old count.
     settling: bool,
     base: Option<f64>,
-    /// The count and median read time before the raise being tried.
-    trying: Option<(usize, f64)>,
+    /// The change being tried.
+    trying: Option<Trial>,
+    /// Reads a second the last measured window carried (its count over
+    /// its median read time).
+    last_carried: Option<f64>,
     /// A raise has not paid yet: raises are by half until one does not.
     doubling: bool,
     hold: u32,
@@ -130,6 +157,7 @@ impl InFlight {
             settling: true,
             base: None,
             trying: None,
+            last_carried: None,
             doubling: true,
             hold: 0,
             last_median: None,
@@ -203,36 +231,65 @@ impl InFlight {
         self.base = Some(base);
         let before = self.total;
         let mut next = self.total;
-        if median / base > SHRINK_ABOVE {
-            self.limit = Limit::Saturated;
-            self.trying = None;
-            self.doubling = false;
-            next = ((self.total as f64 * SHRINK) as usize).max(1);
-        } else if let Some((was, was_median)) = self.trying.take() {
-            // What the raise bought, by Little's law from the medians: `n`
-            // reads of time `T` carry `n / T` reads a second. A window's
-            // own rate is no judge: completions come in bursts (a shard's
-            // reads end together), and a window of 8-64 of them spans
-            // anything from a millisecond to a read's time.
-            let gain = (self.total as f64 / was as f64) * (was_median / median);
-            if gain >= PAID {
-                self.limit = Limit::Growing;
-                next = self.raised();
-                self.trying = Some((self.total, median));
-            } else {
-                // Bought nothing: the reads were already as many as the
-                // link carries.
+        // What the window carried by Little's law: `n` reads of time `T`
+        // carry `n / T` reads a second. A window's own rate is no judge:
+        // completions come in bursts (a shard's reads end together), and
+        // a window of 8-64 of them spans anything from a millisecond to a
+        // read's time.
+        let carried = self.total as f64 / median;
+        let carried_before = self.last_carried.replace(carried);
+        let queueing = median / base > SHRINK_ABOVE;
+        match self.trying.take() {
+            Some(Trial::Raise {
+                was,
+                median: was_median,
+            }) => {
+                let gain = (self.total as f64 / was as f64) * (was_median / median);
+                if gain >= PAID {
+                    self.limit = Limit::Growing;
+                    next = self.raised();
+                    self.trying = Some(Trial::Raise {
+                        was: self.total,
+                        median,
+                    });
+                } else {
+                    // Bought nothing: the reads were already as many as
+                    // the link carries.
+                    self.limit = Limit::Saturated;
+                    self.doubling = false;
+                    self.hold = HOLD;
+                    next = was;
+                }
+            }
+            Some(Trial::Shrink { was, rate }) => {
+                self.limit = Limit::Saturated;
+                if carried * PAID >= rate {
+                    // The fewer carried about as much: the reads were
+                    // queueing. Fewer still while they queue.
+                    if queueing {
+                        next = self.shrunk(carried);
+                    }
+                } else {
+                    // The fewer carried less: what slowed the reads was
+                    // not their number.
+                    self.hold = HOLD;
+                    next = was;
+                }
+            }
+            None if queueing => {
                 self.limit = Limit::Saturated;
                 self.doubling = false;
-                self.hold = HOLD;
-                next = was;
+                next = self.shrunk(carried.max(carried_before.unwrap_or(0.0)));
             }
-        } else if self.hold > 0 {
-            self.hold -= 1;
-        } else {
-            self.limit = Limit::Growing;
-            next = self.raised();
-            self.trying = Some((self.total, median));
+            None if self.hold > 0 => self.hold -= 1,
+            None => {
+                self.limit = Limit::Growing;
+                next = self.raised();
+                self.trying = Some(Trial::Raise {
+                    was: self.total,
+                    median,
+                });
+            }
         }
         // What the target needs by Little's law, with a tenth spare.
         if let Some(t) = self.target {
@@ -251,12 +308,22 @@ impl InFlight {
             }
         }
         self.total = next.clamp(self.min, self.max);
-        if self.trying.is_some_and(|(was, _)| was == self.total) {
-            // The raise could not happen (at the most): nothing to try.
+        if self.trying.is_some_and(|t| t.was() == self.total) {
+            // The change could not happen (at the most or the fewest):
+            // nothing to try.
             self.trying = None;
         }
         self.settling = self.total != before;
         self.total != before
+    }
+
+    /// A quarter fewer, tried against `rate` (reads a second).
+    fn shrunk(&mut self, rate: f64) -> usize {
+        self.trying = Some(Trial::Shrink {
+            was: self.total,
+            rate,
+        });
+        ((self.total as f64 * SHRINK) as usize).max(1)
     }
 
     fn raised(&self) -> usize {
@@ -399,6 +466,59 @@ mod tests {
         c.total = 200;
         let seen = run(&mut c, 0.022, 90e6, 1e9, 20);
         assert!(*seen.last().unwrap() < 60, "{seen:?}");
+    }
+
+    /// Windows of reads whose time `time(window, count)` gives; returns
+    /// the count after each window.
+    fn run_model(
+        c: &mut InFlight,
+        windows: usize,
+        time: impl Fn(usize, usize) -> f64,
+    ) -> Vec<usize> {
+        let mut now = 0.0;
+        let mut seen = Vec::new();
+        for w in 0..windows {
+            let n = c.total();
+            let t = time(w, n);
+            for _ in 0..MIN_WINDOW.max(n / 2) {
+                now += t / n as f64;
+                c.record(now, LEN, t);
+            }
+            seen.push(c.total());
+        }
+        seen
+    }
+
+    /// S3-like reads on a 3 GB/s link (the knee at 41 reads), every read
+    /// `slow` times longer in windows 30 to 35.
+    fn s3_with_slow_windows(n: usize, w: usize, slow: f64) -> f64 {
+        let each = 90e6f64.min(3e9 / n as f64);
+        let t = 0.022 + LEN as f64 / each;
+        if (30..36).contains(&w) { t * slow } else { t }
+    }
+
+    #[test]
+    fn a_stall_that_fewer_reads_do_not_cure_leaves_the_count_where_it_was() {
+        // Windows 30 to 35 take 3x (a first touch of fresh memory, a
+        // server's tail): a quarter fewer reads then carry less than the
+        // count did before, and the shrink is undone.
+        let mut c = InFlight::new(16, 4, 256, None);
+        let seen = run_model(&mut c, 60, |w, n| s3_with_slow_windows(n, w, 3.0));
+        // The count probes a quarter more now and then: its usual level
+        // is the least over a span.
+        let before = *seen[15..30].iter().min().unwrap();
+        assert!(before >= 30, "{seen:?}");
+        let after = *seen[36..].iter().min().unwrap();
+        assert!(after >= before, "fell to {after} from {before}: {seen:?}");
+        // Control: the same count on a link that became a third as fast
+        // for good (another tenant; its reads too take ~3x): fewer reads
+        // carry as much, and the count shrinks.
+        let mut c = InFlight::new(16, 4, 256, None);
+        let seen = run_model(&mut c, 60, |w, n| {
+            let cap = if w < 30 { 3e9 } else { 1e9 };
+            0.022 + LEN as f64 / 90e6f64.min(cap / n as f64)
+        });
+        assert!(*seen.last().unwrap() < before, "{seen:?}");
     }
 
     #[test]
