@@ -333,6 +333,11 @@ typedef struct ringfeed_stats {
   uint64_t hedges_sent;
   // Ranges a hedge finished: its answer came first.
   uint64_t hedges_won;
+  // The median first-byte latency of a network read, request to its
+  // answer's head, over the last window of reads that said it (0: not
+  // measured yet, a fixed `reads_in_flight`, or reads on the thread
+  // backend).
+  uint64_t net_first_byte_us;
 } ringfeed_stats;
 
 #ifdef __cplusplus

@@ -116,6 +116,11 @@ pub struct Counts {
     pub hedges_sent: u64,
     /// Ranges a hedge finished: its answer came first.
     pub hedges_won: u64,
+    /// The median first-byte latency of a network read, request to its
+    /// answer's head, over the last window of reads that said it (0: not
+    /// measured yet, a fixed `reads_in_flight`, or reads on the thread
+    /// backend).
+    pub net_first_byte_us: u64,
 }
 
 /// `ringfeed_stats.memory_kind`: explicit huge pages (MAP_HUGETLB).

@@ -121,6 +121,7 @@ pub(crate) struct NetReads {
 pub(crate) struct ReadsReport {
     pub total: usize,
     pub read_time_us: u64,
+    pub first_byte_us: u64,
     pub bdp_bytes: u64,
     pub limit: &'static str,
 }
@@ -174,14 +175,16 @@ impl NetReads {
         self.most
     }
 
-    /// A network read of `bytes` asked for at `asked` has all its bytes.
-    pub fn completed(&self, asked: Instant, bytes: usize) {
+    /// A network read of `bytes` asked for at `asked` has all its bytes;
+    /// its answer's head came at `head_at`, when known.
+    pub fn completed(&self, asked: Instant, head_at: Option<Instant>, bytes: usize) {
         let Some(auto) = &self.auto else {
             return;
         };
         let now = self.started.elapsed().as_secs_f64();
+        let first = head_at.map(|h| h.saturating_duration_since(asked).as_secs_f64());
         let mut a = auto.lock().unwrap_or_else(|p| p.into_inner());
-        if a.record(now, bytes as u64, asked.elapsed().as_secs_f64()) {
+        if a.record(now, bytes as u64, asked.elapsed().as_secs_f64(), first) {
             // Relaxed: see `total`.
             self.total.store(a.total(), Ordering::Relaxed);
         }
@@ -200,7 +203,7 @@ impl NetReads {
         // Relaxed: a report.
         let short = self.short_of_memory.load(Ordering::Relaxed);
         let memory = short != 0 && now.saturating_sub(short) < SHORT_OF_MEMORY_FOR;
-        let (total, time, bdp, limit) = match &self.auto {
+        let (total, time, first, bdp, limit) = match &self.auto {
             Some(a) => {
                 let a = a.lock().unwrap_or_else(|p| p.into_inner());
                 let limit = match a.limit() {
@@ -208,9 +211,15 @@ impl NetReads {
                     Limit::Growing if memory => Limit::Memory.name(),
                     l => l.name(),
                 };
-                (a.total(), a.read_time(), a.bdp(), limit)
+                (a.total(), a.read_time(), a.first_byte(), a.bdp(), limit)
             }
-            None => (self.fixed * self.workers, None, None, "reads_in_flight"),
+            None => (
+                self.fixed * self.workers,
+                None,
+                None,
+                None,
+                "reads_in_flight",
+            ),
         };
         let limit = if ring_full {
             "consumer"
@@ -222,6 +231,7 @@ impl NetReads {
         ReadsReport {
             total,
             read_time_us: time.map_or(0, |t| (t * 1e6) as u64),
+            first_byte_us: first.map_or(0, |t| (t * 1e6) as u64),
             bdp_bytes: bdp.map_or(0, |b| b as u64),
             limit,
         }

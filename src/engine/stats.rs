@@ -117,6 +117,7 @@ impl Loader {
         c.net_reads_in_flight = reads.total as u64;
         c.net_read_time_us = reads.read_time_us;
         c.net_bdp_bytes = reads.bdp_bytes;
+        c.net_first_byte_us = reads.first_byte_us;
         if let Some(spool) = &sh.cache {
             let k = spool.cache().stats.snapshot();
             c.cache_hits = k.hits;
@@ -401,6 +402,12 @@ const GAUGES: &[(&str, &str, f64, &str)] = &[
         "ringfeed_net_bandwidth_delay_bytes",
         1.0,
         "Bytes in flight the measured rate and read time make.",
+    ),
+    (
+        "net_first_byte_us",
+        "ringfeed_net_first_byte_seconds",
+        1e6,
+        "Median first-byte latency of a network read, request to the answer's head.",
     ),
     (
         "epoch",

@@ -107,6 +107,11 @@ pub struct Completion {
     /// The object's size, when the read learned it (an HTTP response's
     /// `Content-Range` total); `None` for file reads.
     pub total: Option<u64>,
+    /// When the answer's head arrived (an HTTP read on io_uring; its first
+    /// head when it was retried), for the first-byte latency the
+    /// in-flight count sees a far store by; `None` for file reads and the
+    /// thread backend's.
+    pub head_at: Option<std::time::Instant>,
 }
 
 // The configuration's side of `NetOptions`: here rather than in `net`,

@@ -109,6 +109,8 @@ struct Op {
     /// The failures so far, and when the first came (the deadline's start).
     tries: Tries,
     first_failure: Option<Instant>,
+    /// When the first answer's head arrived (`Completion::head_at`).
+    head_at: Option<Instant>,
     /// When the current attempt was sent, on the host's pacer's clock.
     sent_at: f64,
     /// The backoff timer running is the wait for the host's rate: the
@@ -262,6 +264,7 @@ impl HttpDriver {
             copied: 0,
             tries: Tries::default(),
             first_failure: None,
+            head_at: None,
             sent_at: 0.0,
             paced: false,
             step: Step::Connect,
@@ -716,6 +719,7 @@ impl HttpDriver {
                 // is cancelled before this one writes a byte of the body.
                 self.head_arrived(ring, slot);
                 let op = self.slots[slot].as_mut().expect("live slot");
+                op.head_at.get_or_insert_with(Instant::now);
                 op.total = body.total.or(op.total);
                 // Less than asked only with `open_end`, at the object's end.
                 let want = body.len;
@@ -924,6 +928,7 @@ impl HttpDriver {
             result: Ok(op.len),
             copied: op.copied,
             total: op.total,
+            head_at: op.head_at,
         })
     }
 
@@ -1015,6 +1020,7 @@ impl HttpDriver {
             ))),
             copied: op.copied,
             total: op.total,
+            head_at: None,
         })
     }
 

@@ -76,6 +76,16 @@ const BASE_DRIFT: f64 = 1.02;
 /// come in bursts, and over less the rate is mostly their noise.
 const RATE_SPAN: f64 = 4.0;
 
+/// A first window's median first-byte latency past this is a far
+/// store's (S3: ~15-30 ms; loopback or a store on the same switch: well
+/// under a millisecond to a few): its bandwidth-delay product is likely
+/// many reads, and the count goes straight to the most memory allows,
+/// judged as any raise by what it carried (and undone when it bought
+/// nothing), rather than climbing there by halves over a run's first
+/// seconds. The whole read's time is no such sign: a near link shared by
+/// many reads makes them slow too, and more would only queue.
+const FAR_FIRST_BYTE: f64 = 0.01;
+
 /// Fewest reads in a window: a median of fewer is mostly noise.
 const MIN_WINDOW: usize = 8;
 
@@ -118,6 +128,10 @@ pub struct InFlight {
     total: usize,
     /// Read times of the window being gathered, seconds.
     window: Vec<f64>,
+    /// First-byte latencies of the window's reads that had one, seconds.
+    window_first: Vec<f64>,
+    /// The median first-byte latency of the last window that had any.
+    last_first_byte: Option<f64>,
     window_bytes: u64,
     /// The window after a change is not measured: its reads were asked
     /// for under the old count.
@@ -151,6 +165,8 @@ impl InFlight {
             target: target.filter(|t| *t > 0.0),
             total: start.clamp(min, max),
             window: Vec::new(),
+            window_first: Vec::new(),
+            last_first_byte: None,
             window_bytes: 0,
             // The first window begins at its first read's request, not
             // at a window's end: its rate is not comparable.
@@ -187,6 +203,12 @@ impl InFlight {
         self.last_median
     }
 
+    /// The median first-byte latency of the last window whose reads said
+    /// it, seconds.
+    pub fn first_byte(&self) -> Option<f64> {
+        self.last_first_byte
+    }
+
     /// Bytes per second the reads completed at, over the last span of at
     /// least `RATE_SPAN` read times.
     pub fn rate(&self) -> Option<f64> {
@@ -200,11 +222,14 @@ impl InFlight {
     }
 
     /// A read of `bytes` that took `secs` from its request to its last
-    /// byte completed at `now` (seconds on the caller's clock). Returns
-    /// whether the count changed.
-    pub fn record(&mut self, now: f64, bytes: u64, secs: f64) -> bool {
+    /// byte (`first_byte` to its first, when known) completed at `now`
+    /// (seconds on the caller's clock). Returns whether the count changed.
+    pub fn record(&mut self, now: f64, bytes: u64, secs: f64, first_byte: Option<f64>) -> bool {
         let rate_start = *self.rate_start.get_or_insert(now - secs);
         self.window.push(secs.max(1e-6));
+        if let Some(f) = first_byte {
+            self.window_first.push(f.max(0.0));
+        }
         self.window_bytes += bytes;
         self.rate_bytes += bytes;
         if self.window.len() < MIN_WINDOW.max(self.total / 2) {
@@ -215,6 +240,11 @@ impl InFlight {
         let median = w[w.len() / 2];
         let mean_len = self.window_bytes as f64 / w.len() as f64;
         self.window_bytes = 0;
+        let mut f = std::mem::take(&mut self.window_first);
+        if !f.is_empty() {
+            f.sort_by(f64::total_cmp);
+            self.last_first_byte = Some(f[f.len() / 2]);
+        }
         if now - rate_start >= RATE_SPAN * median {
             self.last_rate = Some(self.rate_bytes as f64 / (now - rate_start).max(1e-6));
             self.rate_bytes = 0;
@@ -284,7 +314,12 @@ impl InFlight {
             None if self.hold > 0 => self.hold -= 1,
             None => {
                 self.limit = Limit::Growing;
-                next = self.raised();
+                let far = self.last_first_byte.is_some_and(|f| f > FAR_FIRST_BYTE);
+                next = if carried_before.is_none() && far {
+                    self.max
+                } else {
+                    self.raised()
+                };
                 self.trying = Some(Trial::Raise {
                     was: self.total,
                     median,
@@ -303,7 +338,8 @@ impl InFlight {
         if next >= self.max {
             next = self.max;
             if self.limit == Limit::Growing {
-                self.trying = None;
+                // A raise to the most is still judged (below): one that
+                // bought nothing is undone.
                 self.limit = Limit::Memory;
             }
         }
@@ -389,7 +425,7 @@ mod tests {
                 }
                 left = left.saturating_sub(1);
                 let jitter = 1.0 + 0.05 * ((i % 3) as f64 - 1.0);
-                c.record(now, LEN, t * jitter);
+                c.record(now, LEN, t * jitter, Some(latency));
             }
             seen.push(c.total());
         }
@@ -468,11 +504,13 @@ mod tests {
         assert!(*seen.last().unwrap() < 60, "{seen:?}");
     }
 
-    /// Windows of reads whose time `time(window, count)` gives; returns
-    /// the count after each window.
+    /// Windows of reads whose time `time(window, count)` gives, each
+    /// with `first_byte` as its first-byte latency; returns the count
+    /// after each window.
     fn run_model(
         c: &mut InFlight,
         windows: usize,
+        first_byte: Option<f64>,
         time: impl Fn(usize, usize) -> f64,
     ) -> Vec<usize> {
         let mut now = 0.0;
@@ -482,7 +520,7 @@ mod tests {
             let t = time(w, n);
             for _ in 0..MIN_WINDOW.max(n / 2) {
                 now += t / n as f64;
-                c.record(now, LEN, t);
+                c.record(now, LEN, t, first_byte);
             }
             seen.push(c.total());
         }
@@ -501,9 +539,10 @@ mod tests {
     fn a_stall_that_fewer_reads_do_not_cure_leaves_the_count_where_it_was() {
         // Windows 30 to 35 take 3x (a first touch of fresh memory, a
         // server's tail): a quarter fewer reads then carry less than the
-        // count did before, and the shrink is undone.
+        // count did before, and the shrink is undone. Without first-byte
+        // times (the thread backend's reads) the count climbs to the knee.
         let mut c = InFlight::new(16, 4, 256, None);
-        let seen = run_model(&mut c, 60, |w, n| s3_with_slow_windows(n, w, 3.0));
+        let seen = run_model(&mut c, 60, None, |w, n| s3_with_slow_windows(n, w, 3.0));
         // The count probes a quarter more now and then: its usual level
         // is the least over a span.
         let before = *seen[15..30].iter().min().unwrap();
@@ -514,18 +553,63 @@ mod tests {
         // for good (another tenant; its reads too take ~3x): fewer reads
         // carry as much, and the count shrinks.
         let mut c = InFlight::new(16, 4, 256, None);
-        let seen = run_model(&mut c, 60, |w, n| {
+        let seen = run_model(&mut c, 60, None, |w, n| {
             let cap = if w < 30 { 3e9 } else { 1e9 };
             0.022 + LEN as f64 / 90e6f64.min(cap / n as f64)
         });
         assert!(*seen.last().unwrap() < before, "{seen:?}");
     }
 
+    /// S3-like reads (22 ms to the first byte, 90 MB/s a connection) on
+    /// a link of `cap` bytes a second.
+    fn s3_on(cap: f64) -> impl Fn(usize, usize) -> f64 {
+        move |_, n| 0.022 + LEN as f64 / 90e6f64.min(cap / n as f64)
+    }
+
+    #[test]
+    fn a_far_stores_first_byte_sends_the_count_to_the_most_at_once() {
+        // 3 GB/s: the knee at 41 reads. The first-byte latency says far
+        // after one window: the count goes to the most and, judged as a
+        // raise, is kept (it carried more), then shrinks towards the knee.
+        let mut c = InFlight::new(16, 4, 256, None);
+        let seen = run_model(&mut c, 40, Some(0.022), s3_on(3e9));
+        assert_eq!(seen[1], 256, "{seen:?}");
+        assert!(seen[2..].iter().all(|&n| n >= 41), "{seen:?}");
+        let last = *seen.last().unwrap();
+        assert!((41..=120).contains(&last), "{seen:?}");
+        // Control: the same link, reads without first-byte times, climbs
+        // by halves: later past the knee.
+        let mut c = InFlight::new(16, 4, 256, None);
+        let seen = run_model(&mut c, 40, None, s3_on(3e9));
+        assert!(seen[..4].iter().all(|&n| n < 41), "{seen:?}");
+    }
+
+    #[test]
+    fn a_far_store_on_a_full_link_undoes_the_jump() {
+        // 22 ms to the first byte but a 200 MB/s link, full at 16 reads:
+        // the reads at the most took as much longer as they were more.
+        let mut c = InFlight::new(16, 4, 256, None);
+        let seen = run_model(&mut c, 12, Some(0.022), s3_on(200e6));
+        assert_eq!(seen[1], 256, "{seen:?}");
+        assert!(seen[3..].iter().all(|&n| n <= 20), "{seen:?}");
+    }
+
+    #[test]
+    fn a_near_store_never_jumps() {
+        // Reads as slow as a far store's (a shared 1 GB/s link: 16 reads
+        // of 8 MiB take 134 ms) but their first byte at 0.2 ms.
+        let mut c = InFlight::new(16, 4, 256, None);
+        let seen = run_model(&mut c, 20, Some(0.0002), |_, n| {
+            0.0002 + LEN as f64 / (1e9 / n as f64)
+        });
+        assert!(seen.iter().all(|&n| n <= 24), "{seen:?}");
+    }
+
     #[test]
     fn nothing_changes_before_a_window_is_in() {
         let mut c = InFlight::new(16, 4, 64, None);
         for i in 0..7 {
-            assert!(!c.record(i as f64, LEN, 0.1));
+            assert!(!c.record(i as f64, LEN, 0.1, Some(0.02)));
         }
         assert_eq!(c.total(), 16);
         assert_eq!(c.limit(), Limit::Probing);

@@ -125,6 +125,7 @@ STRUCTS = {
         ("uint64_t", "reads_ahead"),
         ("uint64_t", "hedges_sent"),
         ("uint64_t", "hedges_won"),
+        ("uint64_t", "net_first_byte_us"),
     ],
 }
 
