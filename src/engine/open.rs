@@ -310,14 +310,15 @@ impl Loader {
             },
             0,
         );
-        // Three quarters of a stream's chunks may be network reads in
-        // flight: the rest is for the chunk being walked, the batches
-        // queued towards the consumer and a shuffle buffer. Reads take
-        // only chunks beyond a spare two (`HEADROOM`), so batches that
-        // hold more make the reads fewer, never stuck. (Half, before,
-        // kept a far store's count at ~94 on a 1.5 GB default arena where
-        // 128 read 1.3x faster: benches/object_store.sh scenario L.)
-        let reads = NetReads::new(&cfg, workers, pool.quota() * 3 / 4, started);
+        // Half a stream's chunks may be network reads in flight: the rest
+        // is for the chunk being walked, the batches queued towards the
+        // consumer and a shuffle buffer, so ready batches never starve
+        // the reads (nor the reads the batches). Reads done and waiting
+        // behind a slower one come on top, up to the count again: so
+        // never more than half. (Three quarters let a worker's reads and
+        // its open batch hold all its chunks: tests/throttle.rs, a 64-
+        // chunk share, failed with `BudgetTooSmall` one run in three.)
+        let reads = NetReads::new(&cfg, workers, pool.quota() / 2, started);
         let shared = Arc::new(Shared {
             reads,
             shard_names: shards.iter().map(|s| s.name.as_str().into()).collect(),

@@ -43,8 +43,8 @@ pub(super) struct PendingRead {
     /// When it was first asked for (the reads in flight are sized by how
     /// long network reads take).
     pub(super) asked: Option<std::time::Instant>,
-    /// When its first answer's head came (`Completion::head_at`).
-    pub(super) head_at: Option<std::time::Instant>,
+    /// Its first answer's first-byte latency (`Completion::first_byte`).
+    pub(super) first_byte: Option<std::time::Duration>,
 }
 
 /// Reads of one of a stream's next shards, started while the current
@@ -279,7 +279,7 @@ impl<'a> Reading<'a> {
                 open_end: a.size.is_none(),
                 cached: false,
                 asked: None,
-                head_at: None,
+                first_byte: None,
             });
             a.next_offset += len as u64;
             sh.counters.reads_ahead.fetch_add(1, Ordering::Relaxed);
@@ -407,8 +407,8 @@ impl<'a> Reading<'a> {
         net: bool,
     ) -> Result<()> {
         r.in_flight = false;
-        if let Some(h) = c.head_at {
-            r.head_at.get_or_insert(h);
+        if r.first_byte.is_none() {
+            r.first_byte = c.first_byte;
         }
         if c.copied > 0 {
             self.shared.pool.add_copied(c.copied as u64);
@@ -448,7 +448,7 @@ impl<'a> Reading<'a> {
                     && net
                     && let Some(asked) = r.asked
                 {
-                    self.shared.reads.completed(asked, r.head_at, r.len);
+                    self.shared.reads.completed(asked, r.first_byte, r.len);
                 }
                 Ok(())
             }

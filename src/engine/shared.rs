@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::cache::Spool;
 use crate::config::Config;
@@ -176,13 +176,14 @@ impl NetReads {
     }
 
     /// A network read of `bytes` asked for at `asked` has all its bytes;
-    /// its answer's head came at `head_at`, when known.
-    pub fn completed(&self, asked: Instant, head_at: Option<Instant>, bytes: usize) {
+    /// its answer's first byte came `first_byte` after its request, when
+    /// known.
+    pub fn completed(&self, asked: Instant, first_byte: Option<Duration>, bytes: usize) {
         let Some(auto) = &self.auto else {
             return;
         };
         let now = self.started.elapsed().as_secs_f64();
-        let first = head_at.map(|h| h.saturating_duration_since(asked).as_secs_f64());
+        let first = first_byte.map(|f| f.as_secs_f64());
         let mut a = auto.lock().unwrap_or_else(|p| p.into_inner());
         if a.record(now, bytes as u64, asked.elapsed().as_secs_f64(), first) {
             // Relaxed: see `total`.

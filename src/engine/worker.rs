@@ -436,7 +436,7 @@ impl<'a> Worker<'a> {
                     open_end: size.is_none(),
                     cached: tier.reads_entry(),
                     asked: None,
-                    head_at: None,
+                    first_byte: None,
                 };
                 next_offset += len as u64;
                 pending.push_back(read);

@@ -107,11 +107,13 @@ pub struct Completion {
     /// The object's size, when the read learned it (an HTTP response's
     /// `Content-Range` total); `None` for file reads.
     pub total: Option<u64>,
-    /// When the answer's head arrived (an HTTP read on io_uring; its first
-    /// head when it was retried), for the first-byte latency the
-    /// in-flight count sees a far store by; `None` for file reads and the
-    /// thread backend's.
-    pub head_at: Option<std::time::Instant>,
+    /// The first-byte latency of the answer taken: from its request going
+    /// out (after its host's pacing: a wait, a backoff or a 503 before it
+    /// say nothing of the store's distance) to its head (an HTTP read on
+    /// io_uring; the first such answer's when the range was retried), for
+    /// the in-flight count to see a far store by; `None` for file reads
+    /// and the thread backend's.
+    pub first_byte: Option<std::time::Duration>,
 }
 
 // The configuration's side of `NetOptions`: here rather than in `net`,

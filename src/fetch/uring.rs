@@ -380,7 +380,7 @@ impl Reader for UringReader {
                     },
                     copied: 0,
                     total: None,
-                    head_at: None,
+                    first_byte: None,
                 });
             }
         }

@@ -19,6 +19,11 @@
 //! until its step's completion arrives, and never writes into the
 //! destination: only the winner of a head race reaches its body.
 //!
+//! The parts: this file holds the slab, the routing of completions and
+//! the connect, send and body steps; `head.rs` the response head's step;
+//! `tls.rs` the handshake and the records of https; `failure.rs` retries
+//! and failures; `hedge.rs` the hedges.
+//!
 //! Each range in flight is an [`Op`] in a slab. Completions are routed by
 //! `user_data` = `TAG | generation | slot | step`; a completion whose
 //! generation does not match the slot (a linked time-out arriving after its
@@ -34,14 +39,17 @@ use std::time::Instant;
 
 use io_uring::{IoUring, opcode, squeue, types};
 
-use super::uring_tls::{self, Next, Opened, TlsConn};
-use super::{Completion, NetOptions, ReadFail, ReadRequest};
+use super::uring_tls::{self, TlsConn};
+use super::{Completion, NetOptions, ReadRequest};
 use crate::net::http::{self, Fail, FailKind, HttpObject};
-use crate::net::retry::{Admit, GiveUp, Jitter, Tries};
+use crate::net::retry::{Admit, Jitter, Tries};
 use crate::net::tail::{HedgeBudget, Tail};
 use crate::net::version::VersionPin;
 
+mod failure;
+mod head;
 mod hedge;
+mod tls;
 
 /// Marks a `user_data` as belonging to the HTTP path (file reads use the
 /// worker's read ids, which are small).
@@ -109,8 +117,8 @@ struct Op {
     /// The failures so far, and when the first came (the deadline's start).
     tries: Tries,
     first_failure: Option<Instant>,
-    /// When the first answer's head arrived (`Completion::head_at`).
-    head_at: Option<Instant>,
+    /// The first answer's first-byte latency (`Completion::first_byte`).
+    first_byte: Option<std::time::Duration>,
     /// When the current attempt was sent, on the host's pacer's clock.
     sent_at: f64,
     /// The backoff timer running is the wait for the host's rate: the
@@ -199,6 +207,20 @@ fn decode(ud: u64) -> (usize, u32, u8) {
 }
 
 /// Pushes `e`, submitting first when the queue is full.
+/// A receive or send that failed with `res` (a negated errno; ECANCELED:
+/// its linked stall time-out fired), for `what`.
+fn io_fail(res: i32, what: &str) -> Fail {
+    if res == -libc::ECANCELED {
+        Fail::new(
+            FailKind::Stalled,
+            format!("{what}: nothing for the stall time-out"),
+        )
+    } else {
+        let e = std::io::Error::from_raw_os_error(-res);
+        Fail::new(FailKind::of_io(&e), format!("{what}: {e}"))
+    }
+}
+
 fn push(ring: &mut IoUring, e: &squeue::Entry) -> Result<(), Fail> {
     loop {
         // SAFETY: every pointer in `e` refers to memory owned by an `Op` (or
@@ -264,7 +286,7 @@ impl HttpDriver {
             copied: 0,
             tries: Tries::default(),
             first_failure: None,
-            head_at: None,
+            first_byte: None,
             sent_at: 0.0,
             paced: false,
             step: Step::Connect,
@@ -427,48 +449,6 @@ impl HttpDriver {
         self.send(ring, slot)
     }
 
-    /// Drives the TLS handshake to its next send or receive.
-    fn handshake(&mut self, ring: &mut IoUring, slot: usize) -> Option<Completion> {
-        let op = self.slots[slot].as_mut().expect("live slot");
-        let conn = op.conn.as_mut().expect("connected");
-        let fd = conn.fd.as_raw_fd();
-        let tls = conn.tls.as_mut().expect("https");
-        // Records half sent go out first; rustls is asked for more only
-        // once they are all out.
-        let next = if tls.out_sent < tls.out.len() {
-            Ok(Next::Send)
-        } else {
-            tls.handshake()
-        };
-        let e = match next {
-            Err(f) => return self.fail(ring, slot, f),
-            Ok(Next::Open) => return self.ready(ring, slot),
-            Ok(Next::Send) => {
-                op.step = Step::TlsSend;
-                let rest = &tls.out[tls.out_sent..];
-                opcode::Send::new(types::Fd(fd), rest.as_ptr(), rest.len() as u32)
-                    .flags(libc::MSG_NOSIGNAL)
-                    .build()
-            }
-            Ok(Next::Recv) => {
-                op.step = Step::TlsRecv;
-                let (ptr, len) = match tls.recv_room(uring_tls::MAX_RECORD) {
-                    Ok(r) => r,
-                    Err(f) => return self.fail(ring, slot, f),
-                };
-                opcode::Recv::new(types::Fd(fd), ptr, len as u32).build()
-            }
-        };
-        let e = e
-            .flags(squeue::Flags::IO_LINK)
-            .user_data(user_data(slot, op.generation, op.step));
-        let generation = op.generation;
-        match self.push_with_stall(ring, &e, slot, generation) {
-            Ok(()) => None,
-            Err(f) => self.fail(ring, slot, f),
-        }
-    }
-
     fn send(&mut self, ring: &mut IoUring, slot: usize) -> Option<Completion> {
         let op = self.slots[slot].as_mut().expect("live slot");
         op.step = Step::Send;
@@ -604,17 +584,6 @@ impl HttpDriver {
         if op.replacing && op.step == Step::Body {
             return self.replace_body(ring, slot, res);
         }
-        let io_fail = |res: i32, what: &str| {
-            if res == -libc::ECANCELED {
-                Fail::new(
-                    FailKind::Stalled,
-                    format!("{what}: nothing for the stall time-out"),
-                )
-            } else {
-                let e = std::io::Error::from_raw_os_error(-res);
-                Fail::new(FailKind::of_io(&e), format!("{what}: {e}"))
-            }
-        };
         match op.step {
             Step::Backoff => self.begin(ring, slot),
             Step::Connect => {
@@ -667,98 +636,7 @@ impl HttpDriver {
                 }
                 self.recv(ring, slot, Step::Head)
             }
-            Step::Head => {
-                if res <= 0 {
-                    let f = if res == 0 {
-                        Fail::new(
-                            FailKind::Reset,
-                            "the connection closed before the response head",
-                        )
-                    } else {
-                        io_fail(res, "receive")
-                    };
-                    return self.retry_or_fail(ring, slot, f);
-                }
-                let parsed = match op.conn.as_mut().and_then(|c| c.tls.as_mut()) {
-                    Some(tls) => {
-                        tls.received(res as usize);
-                        match open_head(tls, &mut op.head, &mut op.head_got) {
-                            Ok(p) => p,
-                            Err(f) => return self.retry_or_fail(ring, slot, f),
-                        }
-                    }
-                    None => {
-                        op.head_got += res as usize;
-                        http::parse_head(&op.head[..op.head_got])
-                    }
-                };
-                let h = match parsed {
-                    Ok(Some(h)) => h,
-                    Ok(None) => return self.recv(ring, slot, Step::Head),
-                    Err(e) => return self.fail(ring, slot, Fail::new(FailKind::Protocol, e)),
-                };
-                op.conn.as_mut().expect("connected").reused = false;
-                // Another version's answer is never taken (its body is not
-                // read, so the connection goes).
-                if let Some(Err(f)) = op.pin.as_deref().map(|p| p.check(&op.obj.url, &h)) {
-                    return self.fail(ring, slot, f);
-                }
-                let at = op.start + op.got as u64;
-                let want = (op.len - op.got) as u64;
-                let body = match http::check_range_response(&h, at, want, op.open_end) {
-                    Ok(b) => {
-                        self.net.pace.answered(&op.obj.url, op.sent_at, None);
-                        b
-                    }
-                    Err(mut f) => {
-                        f.message = format!("{}: {}", op.obj.url, f.message);
-                        return self.retry_or_fail(ring, slot, f);
-                    }
-                };
-                // The first head of a raced range wins: the other request
-                // is cancelled before this one writes a byte of the body.
-                self.head_arrived(ring, slot);
-                let op = self.slots[slot].as_mut().expect("live slot");
-                op.head_at.get_or_insert_with(Instant::now);
-                op.total = body.total.or(op.total);
-                // Less than asked only with `open_end`, at the object's end.
-                let want = body.len;
-                op.len = op.got + want as usize;
-                if h.status == 416 {
-                    // An empty object: the connection is reused only when
-                    // no error body follows.
-                    op.keep_alive =
-                        h.keep_alive && h.content_length == Some(0) && op.head_got == h.head_len;
-                    return self.finish(slot);
-                }
-                op.body_at = Some((Instant::now(), op.got));
-                self.watch_body(ring, slot);
-                let op = self.slots[slot].as_mut().expect("live slot");
-                let extra = op.head_got - h.head_len;
-                if extra as u64 > want {
-                    let f = Fail::new(FailKind::Protocol, "the server sent more than the range");
-                    return self.fail(ring, slot, f);
-                }
-                // SAFETY: `extra` <= the rest of the destination; the head
-                // buffer and the chunk do not overlap.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        op.head.as_ptr().add(h.head_len),
-                        op.buf.add(op.got),
-                        extra,
-                    )
-                };
-                op.got += extra;
-                op.copied += extra;
-                op.keep_alive = h.keep_alive;
-                if op.conn.as_ref().is_some_and(|c| c.tls.is_some()) {
-                    return self.tls_body(ring, slot);
-                }
-                if op.got == op.len {
-                    return self.finish(slot);
-                }
-                self.recv(ring, slot, Step::Body)
-            }
+            Step::Head => self.on_head(ring, slot, res),
             Step::Body => {
                 if res <= 0 {
                     let f = if res == 0 {
@@ -798,111 +676,6 @@ impl HttpDriver {
         }
     }
 
-    /// https body: opens the records received so far (in the small buffer,
-    /// in the destination), then receives the next bytes where they fit:
-    /// into the rest of the destination, or, for a record longer than that
-    /// rest, into the small buffer.
-    fn tls_body(&mut self, ring: &mut IoUring, slot: usize) -> Option<Completion> {
-        let op = self.slots[slot].as_mut().expect("live slot");
-        let tls = op
-            .conn
-            .as_mut()
-            .and_then(|c| c.tls.as_mut())
-            .expect("https");
-        // SAFETY: the destination is this op's until its completion (the
-        // contract of `Reader::submit`); nothing else refers to it now.
-        let dest = unsafe { std::slice::from_raw_parts_mut(op.buf, op.len) };
-        let mut closed = false;
-        // Whole records in the small buffer: copied into place.
-        if op.pend == 0 {
-            loop {
-                match tls.open_buffered() {
-                    Ok(Some(Opened::Data { start, len })) => {
-                        if op.got + len > op.len {
-                            let f = Fail::new(
-                                FailKind::Protocol,
-                                "the server sent more than the range",
-                            );
-                            return self.fail(ring, slot, f);
-                        }
-                        dest[op.got..op.got + len].copy_from_slice(tls.buffered(start, len));
-                        op.got += len;
-                        op.copied += len;
-                    }
-                    Ok(Some(Opened::Nothing)) => {}
-                    Ok(Some(Opened::Closed)) => {
-                        closed = true;
-                        break;
-                    }
-                    Ok(None) => break,
-                    Err(f) => return self.fail(ring, slot, f),
-                }
-            }
-        }
-        // Whole records in the destination: opened in place.
-        if op.pend > 0 {
-            let end = op.got + op.pend;
-            match tls.open_in_place(dest, &mut op.got, end) {
-                Ok(p) => {
-                    op.pend = p.partial;
-                    op.copied += p.moved;
-                    closed = p.closed;
-                }
-                Err(f) => return self.fail(ring, slot, f),
-            }
-        }
-        if op.got == op.len {
-            if closed || op.pend > 0 {
-                op.keep_alive = false;
-            }
-            return self.finish(slot);
-        }
-        if closed {
-            let f = Fail::new(
-                FailKind::Truncated,
-                format!(
-                    "{}: TLS closed after {} of {} bytes",
-                    op.obj.url, op.got, op.len
-                ),
-            );
-            return self.retry_or_fail(ring, slot, f);
-        }
-        let room = op.len - op.got;
-        let next = if op.pend > 0 {
-            uring_tls::record_len(&dest[op.got..op.got + op.pend])
-        } else {
-            tls.next_len()
-        };
-        let next = match next {
-            Ok(n) => n,
-            Err(f) => return self.fail(ring, slot, f),
-        };
-        let partial = op.pend.max(tls.pending());
-        // The next record fits in the rest of the destination (its length
-        // is known, or only its header is missing and there is room).
-        let fits = match next {
-            Some(n) => n <= room,
-            None => partial < room,
-        };
-        if fits {
-            if tls.pending() > 0 {
-                op.pend = tls.drain_to(&mut dest[op.got..]);
-                op.copied += op.pend;
-            }
-            op.small = false;
-        } else {
-            if op.pend > 0 {
-                if let Err(f) = tls.refill(&dest[op.got..op.got + op.pend]) {
-                    return self.fail(ring, slot, f);
-                }
-                op.copied += op.pend;
-                op.pend = 0;
-            }
-            op.small = true;
-        }
-        self.recv(ring, slot, Step::Body)
-    }
-
     fn free_slot(&mut self, slot: usize) -> Box<Op> {
         let op = self.slots[slot].take().expect("live slot");
         self.free.push(slot);
@@ -928,99 +701,7 @@ impl HttpDriver {
             result: Ok(op.len),
             copied: op.copied,
             total: op.total,
-            head_at: op.head_at,
-        })
-    }
-
-    /// A step failed: close the connection and retry the rest of the range
-    /// after a backoff, or fail it.
-    fn retry_or_fail(&mut self, ring: &mut IoUring, slot: usize, f: Fail) -> Option<Completion> {
-        let op = self.slots[slot].as_mut().expect("live slot");
-        // A keep-alive connection the server had closed meanwhile fails
-        // before any byte of the answer: not a failure, retried at once on a
-        // fresh one. A stall, or an answer begun, is the server's failure
-        // (counted, and backed off from), as on the threads backend.
-        let stale = op.conn.as_ref().is_some_and(|c| c.reused)
-            && op.step != Step::Body
-            && op.head_got == 0
-            && f.kind != FailKind::Stalled;
-        op.conn = None;
-        if stale {
-            return self.begin(ring, slot);
-        }
-        self.fail(ring, slot, f)
-    }
-
-    fn fail(&mut self, ring: &mut IoUring, slot: usize, f: Fail) -> Option<Completion> {
-        let op = self.slots[slot].as_mut().expect("live slot");
-        op.conn = None;
-        if f.kind == FailKind::Throttled {
-            self.net
-                .pace
-                .answered(&op.obj.url, op.sent_at, Some(f.retry_after));
-        }
-        // One of a raced pair failed: the other carries the range on.
-        if self.twin_carries_on(slot) {
-            return None;
-        }
-        let op = self.slots[slot].as_mut().expect("live slot");
-        op.tries.record(f.kind);
-        let failing_for = op.first_failure.get_or_insert_with(Instant::now).elapsed();
-        match self
-            .net
-            .retry
-            .decide(&op.tries, f.kind, failing_for, self.jitter.draw())
-        {
-            Ok(d) => {
-                self.net.stats.retried(&op.obj.url, &f);
-                let d = crate::net::retry_wait(&self.net, &op.obj.url, &f, d);
-                if d.is_zero() {
-                    return self.begin(ring, slot);
-                }
-                self.sleep_then_begin(ring, slot, d)
-            }
-            Err(why) => self.give_up(slot, f, why),
-        }
-    }
-
-    /// Starts the request of `slot` again after `d`, on an io_uring timer.
-    fn sleep_then_begin(
-        &mut self,
-        ring: &mut IoUring,
-        slot: usize,
-        d: std::time::Duration,
-    ) -> Option<Completion> {
-        let op = self.slots[slot].as_mut().expect("live slot");
-        op.step = Step::Backoff;
-        op.backoff = types::Timespec::from(d);
-        let e = opcode::Timeout::new(&op.backoff)
-            .build()
-            .user_data(user_data(slot, op.generation, Step::Backoff));
-        match push(ring, &e) {
-            Ok(()) => None,
-            Err(f2) => self.give_up(slot, f2, GiveUp::Final),
-        }
-    }
-
-    fn give_up(&mut self, slot: usize, f: Fail, why: GiveUp) -> Option<Completion> {
-        if self.twin_carries_on(slot) {
-            return None;
-        }
-        let op = self.free_slot(slot);
-        let failing_for = op.first_failure.map(|t| t.elapsed()).unwrap_or_default();
-        Some(Completion {
-            id: op.req_id,
-            result: Err(ReadFail::Net(crate::net::gave_up(
-                &op.obj.url,
-                f,
-                &op.tries,
-                failing_for,
-                why,
-                &self.net.retry,
-            ))),
-            copied: op.copied,
-            total: op.total,
-            head_at: None,
+            first_byte: op.first_byte,
         })
     }
 
@@ -1050,40 +731,6 @@ impl Drop for HttpDriver {
         // network thread's ring is not submitted after its driver drops,
         // a worker's ring drops before its driver).
         self.ticks.clear();
-    }
-}
-
-/// Opens the whole records of the small buffer into the head buffer, one
-/// at a time, until the response head is complete. The head buffer holds
-/// `MAX_HEAD` plus a whole record, so a record always fits.
-fn open_head(
-    tls: &mut TlsConn,
-    head: &mut [u8],
-    head_got: &mut usize,
-) -> Result<Result<Option<http::ResponseHead>, String>, Fail> {
-    loop {
-        match tls.open_buffered()? {
-            Some(Opened::Data { start, len }) => {
-                let room = head.len() - *head_got;
-                if len > room {
-                    return Ok(Err("the response head is too long".into()));
-                }
-                head[*head_got..*head_got + len].copy_from_slice(tls.buffered(start, len));
-                *head_got += len;
-                match http::parse_head(&head[..*head_got]) {
-                    Ok(None) => {}
-                    done => return Ok(done),
-                }
-            }
-            Some(Opened::Nothing) => {}
-            Some(Opened::Closed) => {
-                return Err(Fail::new(
-                    FailKind::Reset,
-                    "the server closed TLS before the response head",
-                ));
-            }
-            None => return Ok(Ok(None)),
-        }
     }
 }
 

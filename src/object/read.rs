@@ -397,9 +397,7 @@ impl Job<'_> {
                 let measured = c.result.is_ok().then(|| asked.get(c.id as usize)).flatten();
                 if let (Some(count), Some(at)) = (&mut count, measured) {
                     let len = self.parts[c.id as usize].1 as u64;
-                    let first = c
-                        .head_at
-                        .map(|h| h.saturating_duration_since(*at).as_secs_f64());
+                    let first = c.first_byte.map(|f| f.as_secs_f64());
                     count.record(
                         started.elapsed().as_secs_f64(),
                         len,

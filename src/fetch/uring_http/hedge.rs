@@ -172,7 +172,7 @@ impl HttpDriver {
             copied: p.copied,
             tries: p.tries,
             first_failure: p.first_failure,
-            head_at: None,
+            first_byte: None,
             sent_at: 0.0,
             paced: false,
             step: Step::Backoff,
