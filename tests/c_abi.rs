@@ -172,12 +172,16 @@ fn lib_dir() -> &'static Path {
 /// A directory holding the library under the two names a program linked
 /// with `-lringfeed` needs: `libringfeed.so` to link, and the SONAME that
 /// build.rs gives it, `libringfeed.so.<MAJOR>`, to run; cargo makes only the
-/// first. Both are links to the library of [`lib_dir`], made in the test's
-/// temporary directory under target/, not in cargo's own directories.
+/// first. Both are links to this process's copy of the library of
+/// [`lib_dir`], made in the test's temporary directory under target/, not
+/// in cargo's own directories. A copy, not the file cargo made: a test
+/// binary running at the same time that builds an example
+/// (cli/tests/objects.rs) relinks that file, and a program started in
+/// the moment it is gone found no `libringfeed.so.0` to load.
 fn link_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let lib = lib_dir().join(LIB);
+        let built = lib_dir().join(LIB);
         // One directory per profile: `cargo test` and `cargo test --release`
         // share CARGO_TARGET_TMPDIR.
         let profile = lib_dir()
@@ -188,6 +192,22 @@ fn link_dir() -> &'static Path {
             .expect("profile directory name");
         let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("c_abi-lib-{profile}"));
         std::fs::create_dir_all(&dir).expect("create the library link directory");
+        // Copies of test processes gone are removed (a running one's
+        // programs may still load its own).
+        let prefix = format!("{LIB}.copy.");
+        for e in std::fs::read_dir(&dir)
+            .expect("list the library link directory")
+            .flatten()
+        {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if let Some(pid) = name.strip_prefix(&prefix)
+                && !Path::new("/proc").join(pid).exists()
+            {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+        let lib = dir.join(format!("{prefix}{}", std::process::id()));
+        std::fs::copy(&built, &lib).expect("copy the library");
         let soname = format!("{LIB}.{}", env!("CARGO_PKG_VERSION_MAJOR"));
         for name in [LIB, soname.as_str()] {
             // Made aside and renamed over the old link: test processes
