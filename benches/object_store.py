@@ -8,6 +8,7 @@ between them, prints medians, ratios of medians and PASS/MISS.
 """
 
 import json
+import mmap
 import os
 import shlex
 import statistics
@@ -32,6 +33,9 @@ RATE_N = int(env("RATE_N", "200"))
 SHARDS = int(env("SHARDS", "16"))
 SMALL_SHARDS = int(env("SMALL_SHARDS", "1000"))
 ONLY = env("CONTENDERS", "").split()
+# The memory every contender starts on (see `settle`): warm, cold or asis.
+PAGES = env("PAGES", "asis")
+PAGES_BYTES = 2 << 30
 SKIPS = json.loads(env("SKIPS", "{}"))  # peer -> why it cannot run
 
 UNITS = {"": 1, "B": 1, "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30,
@@ -151,9 +155,33 @@ def objects_contenders(emu, bucket, key, sz):
     return c
 
 
+def settle():
+    """Puts the machine's free memory in the same state before every
+    contender. On a VM whose balloon reports free pages to its host
+    (VIRTIO_BALLOON_F_REPORTING), a page free for ~2 s is the host's again,
+    and its next first touch faults on the host too: 1.5-3 ms per MB here
+    (benches/first_touch.sh) against ~0.05 for a page freed a moment ago.
+    Without this, a contender that follows one that freed much memory
+    starts on backed pages, and the order of a round decides part of its
+    time. warm: 2 GiB of huge pages touched and freed just before (backed, as on a
+    host that does not take free memory back); cold: 5 s idle before
+    (every first touch faults on the host); asis: nothing."""
+    if PAGES == "warm":
+        # Huge pages, as the readers' arenas and buffers mostly are: 2 MiB
+        # blocks freed whole come back whole.
+        m = mmap.mmap(-1, PAGES_BYTES)
+        if hasattr(mmap, "MADV_HUGEPAGE"):
+            m.madvise(mmap.MADV_HUGEPAGE)
+        m[::4096] = bytes(len(range(0, PAGES_BYTES, 4096)))
+        m.close()
+    elif PAGES == "cold":
+        time.sleep(5)
+
+
 def run_one(tag, name, argv, emu, expect_bytes):
     out = f"{OUT}/{tag}-{name}.json"
     emu.call("reset")
+    settle()
     e = dict(os.environ, **CREDS, AWS_ENDPOINT_URL=emu.url, AWS_ENDPOINT_URL_S3=emu.url)
     r = subprocess.run([sys.executable, f"{ROOT}/benches/timed.py", out, "--", *argv], env=e)
     st = emu.call("stats")

@@ -81,6 +81,15 @@
 #   EMU_BIN       an emulator binary built elsewhere   [build this tree]
 #   OUT_DIR       raw JSON and logs                    [benches/out/object_store/<time>]
 #   STRICT        1: exit 1 when a target is missed    [0]
+#   PAGES         the free memory each contender starts on [asis]: on a
+#                 VM whose balloon reports free pages to its host, a page
+#                 free for ~2 s faults on the host at its next first touch
+#                 (1.5-3 ms per MB), so whoever follows a contender that
+#                 freed much memory starts on backed pages and a round's
+#                 order decides part of its time. warm: 2 GiB of huge
+#                 pages touched and freed just before each contender;
+#                 cold: 5 s idle before each; asis: nothing (the figures
+#                 in the README)
 #
 # Measured: README, "An object store's shape" (2026-12-02, commit dae88ff).
 set -euo pipefail
