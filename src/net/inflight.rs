@@ -26,7 +26,10 @@
 //! reads do not cure — on a VM a first touch of fresh memory can cost a
 //! read's time, a server's latency has tails — and a shrink kept on them
 //! would cost the rate until the count climbed back: that shrink is
-//! undone. A throughput target (`target_throughput`) caps the count at
+//! undone. A far store (the first window's median first-byte latency past
+//! `FAR_FIRST_BYTE`, where the reads said it) skips the climb: the count
+//! goes to the most at once, judged as any raise. A throughput target
+//! (`target_throughput`) caps the count at
 //! what it needs by Little's law; memory (the caller's `max`) caps it too.
 //! The order of samples never depends on any of this: only how far ahead
 //! the reads go.
