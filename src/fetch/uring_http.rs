@@ -206,7 +206,6 @@ fn decode(ud: u64) -> (usize, u32, u8) {
     (slot, generation, step)
 }
 
-/// Pushes `e`, submitting first when the queue is full.
 /// A receive or send that failed with `res` (a negated errno; ECANCELED:
 /// its linked stall time-out fired), for `what`.
 fn io_fail(res: i32, what: &str) -> Fail {
@@ -221,6 +220,7 @@ fn io_fail(res: i32, what: &str) -> Fail {
     }
 }
 
+/// Pushes `e`, submitting first when the queue is full.
 fn push(ring: &mut IoUring, e: &squeue::Entry) -> Result<(), Fail> {
     loop {
         // SAFETY: every pointer in `e` refers to memory owned by an `Op` (or

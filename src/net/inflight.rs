@@ -530,12 +530,10 @@ mod tests {
         seen
     }
 
-    /// S3-like reads on a 3 GB/s link (the knee at 41 reads), every read
-    /// `slow` times longer in windows 30 to 35.
-    fn s3_with_slow_windows(n: usize, w: usize, slow: f64) -> f64 {
-        let each = 90e6f64.min(3e9 / n as f64);
-        let t = 0.022 + LEN as f64 / each;
-        if (30..36).contains(&w) { t * slow } else { t }
+    /// S3-like reads (22 ms to the first byte, 90 MB/s a connection) on
+    /// a link of `cap` bytes a second.
+    fn s3_on(cap: f64) -> impl Fn(usize, usize) -> f64 {
+        move |_, n| 0.022 + LEN as f64 / 90e6f64.min(cap / n as f64)
     }
 
     #[test]
@@ -545,7 +543,11 @@ mod tests {
         // count did before, and the shrink is undone. Without first-byte
         // times (the thread backend's reads) the count climbs to the knee.
         let mut c = InFlight::new(16, 4, 256, None);
-        let seen = run_model(&mut c, 60, None, |w, n| s3_with_slow_windows(n, w, 3.0));
+        let s3 = s3_on(3e9);
+        let seen = run_model(&mut c, 60, None, |w, n| {
+            let t = s3(w, n);
+            if (30..36).contains(&w) { 3.0 * t } else { t }
+        });
         // The count probes a quarter more now and then: its usual level
         // is the least over a span.
         let before = *seen[15..30].iter().min().unwrap();
@@ -556,17 +558,11 @@ mod tests {
         // for good (another tenant; its reads too take ~3x): fewer reads
         // carry as much, and the count shrinks.
         let mut c = InFlight::new(16, 4, 256, None);
+        let slower = s3_on(1e9);
         let seen = run_model(&mut c, 60, None, |w, n| {
-            let cap = if w < 30 { 3e9 } else { 1e9 };
-            0.022 + LEN as f64 / 90e6f64.min(cap / n as f64)
+            if w < 30 { s3(w, n) } else { slower(w, n) }
         });
         assert!(*seen.last().unwrap() < before, "{seen:?}");
-    }
-
-    /// S3-like reads (22 ms to the first byte, 90 MB/s a connection) on
-    /// a link of `cap` bytes a second.
-    fn s3_on(cap: f64) -> impl Fn(usize, usize) -> f64 {
-        move |_, n| 0.022 + LEN as f64 / 90e6f64.min(cap / n as f64)
     }
 
     #[test]
