@@ -448,7 +448,10 @@ impl<'a> Reading<'a> {
                     && net
                     && let Some(asked) = r.asked
                 {
-                    self.shared.reads.completed(asked, r.first_byte, r.len);
+                    let fresh = r.chunk.first_use();
+                    self.shared
+                        .reads
+                        .completed(asked, r.first_byte, r.len, fresh);
                 }
                 Ok(())
             }

@@ -177,15 +177,27 @@ impl NetReads {
 
     /// A network read of `bytes` asked for at `asked` has all its bytes;
     /// its answer's first byte came `first_byte` after its request, when
-    /// known.
-    pub fn completed(&self, asked: Instant, first_byte: Option<Duration>, bytes: usize) {
+    /// known; `fresh`: its chunk was used for the first time.
+    pub fn completed(
+        &self,
+        asked: Instant,
+        first_byte: Option<Duration>,
+        bytes: usize,
+        fresh: bool,
+    ) {
         let Some(auto) = &self.auto else {
             return;
         };
         let now = self.started.elapsed().as_secs_f64();
         let first = first_byte.map(|f| f.as_secs_f64());
         let mut a = auto.lock().unwrap_or_else(|p| p.into_inner());
-        if a.record(now, bytes as u64, asked.elapsed().as_secs_f64(), first) {
+        if a.record(
+            now,
+            bytes as u64,
+            asked.elapsed().as_secs_f64(),
+            first,
+            fresh,
+        ) {
             // Relaxed: see `total`.
             self.total.store(a.total(), Ordering::Relaxed);
         }

@@ -38,6 +38,14 @@ impl ChunkRef {
         self.start
     }
 
+    /// Whether a chunk of this run was never taken before: its first
+    /// write costs the kernel's zeroing of its pages (on a VM, the host's
+    /// first fault too), a cost paid once, which a measure of the reads'
+    /// time leaves out.
+    pub fn first_use(&self) -> bool {
+        self.pool.first_use(self.start)
+    }
+
     pub fn same_run(&self, other: &ChunkRef) -> bool {
         self.start == other.start && Arc::ptr_eq(&self.pool, &other.pool)
     }

@@ -28,7 +28,10 @@
 //! would cost the rate until the count climbed back: that shrink is
 //! undone. A far store (the first window's median first-byte latency past
 //! `FAR_FIRST_BYTE`, where the reads said it) skips the climb: the count
-//! goes to the most at once, judged as any raise. A throughput target
+//! goes to the most at once, judged as any raise. Windows whose reads
+//! landed in memory used for the first time are not judged (nor the one
+//! after): a first write's faults are paid once a chunk, and the most
+//! reads touch the most new memory. A throughput target
 //! (`target_throughput`) caps the count at
 //! what it needs by Little's law; memory (the caller's `max`) caps it too.
 //! The order of samples never depends on any of this: only how far ahead
@@ -89,6 +92,17 @@ const RATE_SPAN: f64 = 4.0;
 /// many reads makes them slow too, and more would only queue.
 const FAR_FIRST_BYTE: f64 = 0.01;
 
+/// A window more than this share of whose reads landed in memory used for
+/// the first time is not measured, nor the one after it (its reads were
+/// asked for meanwhile): a first write faults its pages in, which on this
+/// project's VMs costs 1.5-3 ms a MB (the host backs a page only at its
+/// first touch), as long as the read itself, and stalls the reads beside
+/// it for the CPU. That cost is paid once a chunk: judged on it, the jump
+/// to a far store's count (whose reads touch the most memory) was undone
+/// within its first second, and the count climbed back by halves. Each
+/// chunk is new once, so few windows are left out.
+const FRESH_SHARE: f64 = 0.125;
+
 /// Fewest reads in a window: a median of fewer is mostly noise.
 const MIN_WINDOW: usize = 8;
 
@@ -136,6 +150,8 @@ pub struct InFlight {
     /// The median first-byte latency of the last window that had any.
     last_first_byte: Option<f64>,
     window_bytes: u64,
+    /// Reads of the window that landed in memory used for the first time.
+    window_fresh: usize,
     /// The window after a change is not measured: its reads were asked
     /// for under the old count.
     settling: bool,
@@ -171,6 +187,7 @@ impl InFlight {
             window_first: Vec::new(),
             last_first_byte: None,
             window_bytes: 0,
+            window_fresh: 0,
             // The first window begins at its first read's request, not
             // at a window's end: its rate is not comparable.
             settling: true,
@@ -226,10 +243,20 @@ impl InFlight {
 
     /// A read of `bytes` that took `secs` from its request to its last
     /// byte (`first_byte` to its first, when known) completed at `now`
-    /// (seconds on the caller's clock). Returns whether the count changed.
-    pub fn record(&mut self, now: f64, bytes: u64, secs: f64, first_byte: Option<f64>) -> bool {
+    /// (seconds on the caller's clock); `fresh`: it landed in memory used
+    /// for the first time (`FRESH_SHARE`). Returns whether the count
+    /// changed.
+    pub fn record(
+        &mut self,
+        now: f64,
+        bytes: u64,
+        secs: f64,
+        first_byte: Option<f64>,
+        fresh: bool,
+    ) -> bool {
         let rate_start = *self.rate_start.get_or_insert(now - secs);
         self.window.push(secs.max(1e-6));
+        self.window_fresh += usize::from(fresh);
         if let Some(f) = first_byte {
             self.window_first.push(f.max(0.0));
         }
@@ -253,7 +280,9 @@ impl InFlight {
             self.rate_bytes = 0;
             self.rate_start = Some(now);
         }
-        if std::mem::take(&mut self.settling) {
+        let fresh = std::mem::take(&mut self.window_fresh) as f64 > FRESH_SHARE * w.len() as f64;
+        if std::mem::take(&mut self.settling) || fresh {
+            self.settling = fresh;
             return false;
         }
         self.last_median = Some(median);
@@ -428,7 +457,7 @@ mod tests {
                 }
                 left = left.saturating_sub(1);
                 let jitter = 1.0 + 0.05 * ((i % 3) as f64 - 1.0);
-                c.record(now, LEN, t * jitter, Some(latency));
+                c.record(now, LEN, t * jitter, Some(latency), false);
             }
             seen.push(c.total());
         }
@@ -516,6 +545,18 @@ mod tests {
         first_byte: Option<f64>,
         time: impl Fn(usize, usize) -> f64,
     ) -> Vec<usize> {
+        run_fresh(c, windows, first_byte, time, |_| false)
+    }
+
+    /// `run_model` where the reads of the windows `fresh(window)` says
+    /// landed in memory used for the first time.
+    fn run_fresh(
+        c: &mut InFlight,
+        windows: usize,
+        first_byte: Option<f64>,
+        time: impl Fn(usize, usize) -> f64,
+        fresh: impl Fn(usize) -> bool,
+    ) -> Vec<usize> {
         let mut now = 0.0;
         let mut seen = Vec::new();
         for w in 0..windows {
@@ -523,7 +564,7 @@ mod tests {
             let t = time(w, n);
             for _ in 0..MIN_WINDOW.max(n / 2) {
                 now += t / n as f64;
-                c.record(now, LEN, t, first_byte);
+                c.record(now, LEN, t, first_byte, fresh(w));
             }
             seen.push(c.total());
         }
@@ -584,6 +625,43 @@ mod tests {
     }
 
     #[test]
+    fn a_jump_is_not_judged_while_its_reads_touch_fresh_memory() {
+        // 3 GB/s: the jump to the most (after window 1) pays. Its first
+        // three windows' reads land in chunks never used before and take
+        // 6x (a VM's first touch at 2 ms a MB): left out, the jump is
+        // judged after them and kept.
+        let s3 = s3_on(3e9);
+        let touching = |w: usize| (2..5).contains(&w);
+        let slow = |w, n| {
+            if touching(w) {
+                6.0 * s3(w, n)
+            } else {
+                s3(w, n)
+            }
+        };
+        let mut c = InFlight::new(16, 4, 256, None);
+        let seen = run_fresh(&mut c, 12, Some(0.022), slow, touching);
+        assert_eq!(seen[1], 256, "{seen:?}");
+        assert!(seen[1..].iter().all(|&n| n >= 41), "{seen:?}");
+        // Control: the same windows, not said to be fresh: the jump is
+        // judged on them, bought nothing, and is undone.
+        let mut c = InFlight::new(16, 4, 256, None);
+        let seen = run_model(&mut c, 12, Some(0.022), slow);
+        assert_eq!(seen[1], 256, "{seen:?}");
+        assert!(seen[2..].iter().any(|&n| n <= 24), "{seen:?}");
+    }
+
+    #[test]
+    fn fresh_memory_holds_judgement_only_while_it_lasts() {
+        // Every window's reads fresh for the first 10, then none: the
+        // count changes only after.
+        let mut c = InFlight::new(16, 4, 256, None);
+        let seen = run_fresh(&mut c, 20, Some(0.022), s3_on(3e9), |w| w < 10);
+        assert!(seen[..10].iter().all(|&n| n == 16), "{seen:?}");
+        assert!(seen[10..].iter().any(|&n| n > 16), "{seen:?}");
+    }
+
+    #[test]
     fn a_far_store_on_a_full_link_undoes_the_jump() {
         // 22 ms to the first byte but a 200 MB/s link, full at 16 reads:
         // the reads at the most took as much longer as they were more.
@@ -608,7 +686,7 @@ mod tests {
     fn nothing_changes_before_a_window_is_in() {
         let mut c = InFlight::new(16, 4, 64, None);
         for i in 0..7 {
-            assert!(!c.record(i as f64, LEN, 0.1, Some(0.02)));
+            assert!(!c.record(i as f64, LEN, 0.1, Some(0.02), false));
         }
         assert_eq!(c.total(), 16);
         assert_eq!(c.limit(), Limit::Probing);

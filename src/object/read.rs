@@ -403,6 +403,9 @@ impl Job<'_> {
                         len,
                         at.elapsed().as_secs_f64(),
                         first,
+                        // The caller's memory: every part lands in pages
+                        // of its own, a cost of every read, not once.
+                        false,
                     );
                 }
                 if let Err(e) = self.check(c) {

@@ -35,6 +35,8 @@ struct PoolState {
     taken: Vec<u64>,
     free_count: usize,
     peak_in_use: usize,
+    /// Chunks taken at least once: their pages are faulted in.
+    touched: Vec<bool>,
     /// Workers that may still acquire chunks (not parked at an epoch end).
     running: usize,
     /// Of those, how many are blocked in `acquire` now.
@@ -103,6 +105,9 @@ pub struct ChunkPool {
     chunk_size: usize,
     /// Reference count of each run, stored at the run's first chunk.
     pub(super) refs: Box<[AtomicU32]>,
+    /// Whether each run (at its first chunk) has a chunk taken for the
+    /// first time by its present holder (`ChunkRef::first_use`).
+    first_use: Box<[AtomicBool]>,
     state: Mutex<PoolState>,
     freed: Condvar,
     stop: AtomicBool,
@@ -125,12 +130,14 @@ impl ChunkPool {
             arena,
             chunk_size,
             refs: (0..n).map(|_| AtomicU32::new(0)).collect(),
+            first_use: (0..n).map(|_| AtomicBool::new(false)).collect(),
             state: Mutex::new(PoolState {
                 free: vec![true; n],
                 #[cfg(test)]
                 taken: vec![0; n],
                 free_count: n,
                 peak_in_use: 0,
+                touched: vec![false; n],
                 running: 0,
                 waiting: 0,
                 reserve: 0,
@@ -168,6 +175,13 @@ impl ChunkPool {
         // A poisoned lock means a panic elsewhere; the state (a free set and
         // counters) is still consistent because every update is one statement.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether the run starting at `start`, as now held, has a chunk taken
+    /// for the first time: its first write faults its pages in.
+    pub(crate) fn first_use(&self, start: u32) -> bool {
+        // Relaxed: see where it is stored.
+        self.first_use[start as usize].load(Ordering::Relaxed)
     }
 
     pub fn usage(&self) -> PoolUse {
@@ -394,6 +408,11 @@ impl ChunkPool {
                     *t += 1;
                 }
                 s.free_count -= n;
+                let fresh = s.touched[start..start + n].iter().any(|t| !t);
+                s.touched[start..start + n].fill(true);
+                // Relaxed: read only through a reference to this run,
+                // which the state lock orders after this store.
+                self.first_use[start].store(fresh, Ordering::Relaxed);
                 if owned {
                     s.owner[start] = owner as u32;
                     s.used[owner] += n;

@@ -278,3 +278,19 @@ fn shut_down_wakes_waiters_with_closed() {
     p.shut_down();
     assert!(matches!(t.join().unwrap(), Err(Error::Closed)));
 }
+
+#[test]
+fn a_run_is_a_first_use_only_while_it_holds_a_chunk_never_taken_before() {
+    let p = pool(4);
+    let a = p.acquire(1, false).unwrap().unwrap();
+    assert!(a.first_use() && a.clone().first_use());
+    drop(a);
+    let again = p.acquire(1, false).unwrap().unwrap();
+    assert_eq!(again.index(), 0);
+    assert!(!again.first_use(), "chunk 0 was taken before");
+    // A run over chunk 0 (taken) and 1 (never) is a first use.
+    drop(again);
+    let run = p.acquire(2, false).unwrap().unwrap();
+    assert_eq!(run.index(), 0);
+    assert!(run.first_use());
+}
