@@ -452,3 +452,38 @@ fn a_whole_objects_reads_in_flight_go_from_8_to_the_most_at_a_far_store_and_a_fi
     // more than the count may overlap at the server (CI's run saw 9).
     assert!(most[1] <= 9, "fixed 8: at most {} in flight", most[1]);
 }
+
+#[test]
+fn a_far_stores_reads_at_their_most_leave_a_small_shares_batches_room() {
+    // 8 shards of 1 MiB in 64 KiB reads, a share of 64 chunks a worker,
+    // behind S3's first byte (a lognormal: reads end out of order). The
+    // count at the most the found count may reach (half a share: given
+    // here, so that a loaded machine's judgement cannot undo it), and
+    // the reads done and waiting behind a slower one on top: every
+    // sample still arrives, with no `BudgetTooSmall`.
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join(BUCKET).join("small");
+    let o = GenOptions {
+        shards: 8,
+        shard_bytes: 1 << 20,
+        sample_bytes: 30_000,
+        spread: 0.9,
+        fields: vec!["jpg".into(), "cls".into()],
+        seed: 47,
+    };
+    let samples = synth::generate(&dir, &o, |_| {}).unwrap().samples as usize;
+    let mut o = Options::unlimited();
+    o.set("--latency", "20ms:120ms").unwrap();
+    let emu = StoreEmulator::start(root.path(), o).unwrap();
+    let mut cfg = config(
+        &emu,
+        format!("s3://{BUCKET}/small/shard-{{000000..000007}}.tar"),
+    );
+    cfg.memory_budget = 8 << 20;
+    cfg.chunk_size = 64 << 10;
+    cfg.io_backend = ringfeed::config::IoBackend::IoUring;
+    cfg.reads_in_flight = 32;
+    let loader = Loader::open(cfg).unwrap();
+    assert_eq!(support::stream(&loader, 47), samples);
+    assert_eq!(loader.stats().net_reads_in_flight, 64);
+}
