@@ -6,7 +6,8 @@
 //! SlowDown (S3's XML; a plain 503 without `Retry-After` over HTTP) and no
 //! limit answers none; the GET named to stall is counted and the others
 //! are not; ETag, `If-Match` and 412; `Range`, 206 and 416; HEAD; the
-//! counters at `/_emulator/stats` and their reset.
+//! counters at `/_emulator/stats` and their reset; a small share whose
+//! far reads are at their most still streams every sample.
 
 use std::path::Path;
 use std::sync::atomic::Ordering;
