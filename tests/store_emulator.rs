@@ -456,29 +456,20 @@ fn a_whole_objects_reads_in_flight_go_from_8_to_the_most_at_a_far_store_and_a_fi
 
 #[test]
 fn a_far_stores_reads_at_their_most_leave_a_small_shares_batches_room() {
-    // 8 shards of 1 MiB in 64 KiB reads, a share of 64 chunks a worker,
+    // 3 shards of 1 MiB in 64 KiB reads, a share of 64 chunks a worker,
     // behind S3's first byte (a lognormal: reads end out of order). The
     // count at the most the found count may reach (half a share: given
     // here, so that a loaded machine's judgement cannot undo it), and
     // the reads done and waiting behind a slower one on top: every
     // sample still arrives, with no `BudgetTooSmall`.
     let root = tempfile::tempdir().unwrap();
-    let dir = root.path().join(BUCKET).join("small");
-    let o = GenOptions {
-        shards: 8,
-        shard_bytes: 1 << 20,
-        sample_bytes: 30_000,
-        spread: 0.9,
-        fields: vec!["jpg".into(), "cls".into()],
-        seed: 47,
-    };
-    let samples = synth::generate(&dir, &o, |_| {}).unwrap().samples as usize;
+    let (_, samples) = dataset(root.path(), 47);
     let mut o = Options::unlimited();
     o.set("--latency", "20ms:120ms").unwrap();
     let emu = StoreEmulator::start(root.path(), o).unwrap();
     let mut cfg = config(
         &emu,
-        format!("s3://{BUCKET}/small/shard-{{000000..000007}}.tar"),
+        format!("s3://{BUCKET}/train/shard-{{000000..000002}}.tar"),
     );
     cfg.memory_budget = 8 << 20;
     cfg.chunk_size = 64 << 10;

@@ -98,9 +98,10 @@ const FAR_FIRST_BYTE: f64 = 0.01;
 /// project's VMs costs 1.5-3 ms a MB (the host backs a page only at its
 /// first touch), as long as the read itself, and stalls the reads beside
 /// it for the CPU. That cost is paid once a chunk: judged on it, the jump
-/// to a far store's count (whose reads touch the most memory) was undone
-/// within its first second, and the count climbed back by halves. Each
-/// chunk is new once, so few windows are left out.
+/// to a far store's count (whose reads touch the most memory) was at
+/// times undone within its first second on a loaded machine, and the
+/// count climbed back by halves. Each chunk is new once, so few windows
+/// are left out.
 const FRESH_SHARE: f64 = 0.125;
 
 /// Fewest reads in a window: a median of fewer is mostly noise.
