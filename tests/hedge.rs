@@ -3,7 +3,8 @@
 //! both for two minutes. With the stall time-out at ten minutes only a
 //! hedge can finish the read before the watchdog (each `next` waits a
 //! minute at most, and `stream` panics past it): the read finishes, every
-//! byte checked, a hedge counted sent and won, no retry. The controls:
+//! byte checked, a hedge counted sent and won, no retry; and a raced head
+//! whose twin then stalls in its body is handed over once more. The controls:
 //! the same reads with `hedge: false` and a 2 s stall time-out finish only
 //! through a stall retry, with no hedge sent.
 
@@ -76,6 +77,13 @@ fn stall_body(s: &Server) {
     *s.faults.stall_body.lock().unwrap() = Some((NTH, HOLD_MS));
 }
 
+/// The held head's range is raced, and the twin that takes it stalls
+/// halfway through its body.
+fn hold_head_then_stall_the_twin(s: &Server) {
+    hold_head(s);
+    *s.faults.stall_repeat.lock().unwrap() = Some(HOLD_MS);
+}
+
 /// Ten minutes: longer than the test could wait.
 const NEVER_MS: u64 = 600_000;
 
@@ -106,4 +114,15 @@ fn without_hedging_a_stalled_body_waits_for_the_stall_time_out() {
     let s = read_with(stall_body, false, 2_000);
     assert_eq!((s.hedges_sent, s.hedges_won), (0, 0));
     assert!(s.retries["stalled"] >= 1, "{:?}", s.retries);
+}
+
+/// A race's winner that stalls in its body is handed to a fresh
+/// connection like any range (once a range raced, it was left to the stall
+/// time-out: the original's head and the twin's body both held, the read
+/// waited for the watchdog).
+#[test]
+fn a_twin_that_won_and_stalls_is_handed_over_too() {
+    let s = read_with(hold_head_then_stall_the_twin, true, NEVER_MS);
+    assert!(s.hedges_sent >= 2 && s.hedges_won >= 1, "{s:?}");
+    assert_eq!(s.retries.values().sum::<u64>(), 0, "{:?}", s.retries);
 }

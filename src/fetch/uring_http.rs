@@ -151,8 +151,14 @@ struct Op {
     /// This op is a hedge: a twin, or a range whose stalled body was
     /// handed to a fresh connection.
     is_hedge: bool,
-    /// The range was hedged once: never again.
+    /// The range's head was raced once (as the original or as the twin):
+    /// never again.
     hedged: bool,
+    /// The range's stalled body was handed to a fresh connection once:
+    /// never again. Apart from `hedged`, so a range that won a head race
+    /// and then stalls in its body is still handed over, not left to the
+    /// stall time-out.
+    handed: bool,
     /// The next request goes on a new connection, not an idle one.
     fresh: bool,
     /// Lost its race: its step is being cancelled, and the op goes when
@@ -308,6 +314,7 @@ impl HttpDriver {
             twin: None,
             is_hedge: false,
             hedged: false,
+            handed: false,
             fresh: false,
             cancelled: false,
             replacing: false,

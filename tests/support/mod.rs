@@ -156,6 +156,12 @@ pub struct Faults {
     /// `(n, ms)`: the n-th GET gets its head and half its body, then
     /// silence for `ms`, then the connection closes.
     pub stall_body: std::sync::Mutex<Option<(usize, u64)>>,
+    /// `ms`: the GET that asks again for the range whose head `hold_head`
+    /// held (a hedge's twin) gets its head and half its body, then silence
+    /// for `ms`, then the connection closes.
+    pub stall_repeat: std::sync::Mutex<Option<u64>>,
+    /// The range of the GET whose head `hold_head` held.
+    held_range: std::sync::Mutex<Option<(u64, u64)>>,
 }
 
 impl Faults {
@@ -533,14 +539,20 @@ fn serve(mut conn: impl Read + Write, fd: i32, root: &std::path::Path, f: &Fault
             "HTTP/1.1 {status}\r\nContent-Length: {}\r\n{etag}\r\n",
             body.len()
         );
+        let repeat = f
+            .stall_repeat
+            .lock()
+            .unwrap()
+            .filter(|_| range.is_some() && *f.held_range.lock().unwrap() == range);
         if let Some(ms) = nth(&f.hold_head, n) {
+            *f.held_range.lock().unwrap() = range;
             std::thread::sleep(Duration::from_millis(ms));
         }
         if conn.write_all(head.as_bytes()).is_err() {
             return;
         }
         let half = body.len() / 2;
-        if let Some(ms) = nth(&f.stall_body, n) {
+        if let Some(ms) = nth(&f.stall_body, n).or(repeat) {
             let _ = conn.write_all(&body[..half]);
             let _ = conn.flush();
             std::thread::sleep(Duration::from_millis(ms));

@@ -31,8 +31,15 @@ enum Late {
 }
 
 impl HttpDriver {
-    fn hedging(&self, op: &Op) -> bool {
+    /// Whether `op`'s late head may be raced by a twin: once a range.
+    fn may_race(&self, op: &Op) -> bool {
         self.net.retry.hedge && !op.hedged && !op.is_hedge && op.twin.is_none()
+    }
+
+    /// Whether `op`'s late body may be handed to a fresh connection: once
+    /// a range, a race's winner too.
+    fn may_hand_over(&self, op: &Op) -> bool {
+        self.net.retry.hedge && !op.handed && op.twin.is_none()
     }
 
     fn tail_mut(&mut self, url: &str) -> &mut Tail {
@@ -47,7 +54,7 @@ impl HttpDriver {
     /// host's head wait has passed.
     pub(super) fn watch_head(&mut self, ring: &mut IoUring, slot: usize) {
         let op = self.slots[slot].as_deref().expect("live slot");
-        if !self.hedging(op) {
+        if !self.may_race(op) {
             return;
         }
         let wait = self
@@ -60,7 +67,7 @@ impl HttpDriver {
     /// The body of `slot` began: likewise, after its body wait.
     pub(super) fn watch_body(&mut self, ring: &mut IoUring, slot: usize) {
         let op = self.slots[slot].as_deref().expect("live slot");
-        if !self.hedging(op) {
+        if !self.may_hand_over(op) {
             return;
         }
         let rest = op.len - op.got;
@@ -103,12 +110,12 @@ impl HttpDriver {
         let mut late = Vec::new();
         for (slot, op) in self.slots.iter().enumerate() {
             let Some(op) = op.as_deref() else { continue };
-            if op.cancelled || op.replacing || op.paced || !self.hedging(op) {
+            if op.cancelled || op.replacing || op.paced {
                 continue;
             }
             let tail = self.tails.get(authority(&op.obj.url));
             let (kind, wait, since) = match (op.step, op.asked, op.body_at) {
-                (Step::Body, _, Some((at, _))) => (
+                (Step::Body, _, Some((at, _))) if self.may_hand_over(op) => (
                     Late::Body,
                     tail.map_or(crate::net::tail::COLD_BODY, |t| {
                         t.body_wait(op.len - op.got)
@@ -119,7 +126,7 @@ impl HttpDriver {
                     Step::Connect | Step::TlsSend | Step::TlsRecv | Step::Send | Step::Head,
                     Some(at),
                     None,
-                ) => (
+                ) if self.may_race(op) => (
                     Late::Head,
                     tail.map_or(crate::net::tail::COLD_HEAD, Tail::head_wait),
                     at,
@@ -193,6 +200,7 @@ impl HttpDriver {
             twin: Some((slot, p.generation)),
             is_hedge: true,
             hedged: true,
+            handed: p.handed,
             fresh: true,
             cancelled: false,
             replacing: false,
@@ -217,7 +225,7 @@ impl HttpDriver {
     /// receive's completion says what did arrive (`replace_body`).
     fn replace(&mut self, ring: &mut IoUring, slot: usize) {
         let op = self.slots[slot].as_deref_mut().expect("live slot");
-        op.hedged = true;
+        op.handed = true;
         op.replacing = true;
         let target = user_data(slot, op.generation, Step::Body);
         let e = opcode::AsyncCancel::new(target)
