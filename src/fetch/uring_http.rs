@@ -42,7 +42,8 @@ use io_uring::{IoUring, opcode, squeue, types};
 use super::uring_tls::{self, TlsConn};
 use super::{Completion, NetOptions, ReadRequest};
 use crate::net::http::{self, Fail, FailKind, HttpObject};
-use crate::net::retry::{Admit, Jitter, Tries};
+use crate::net::rate::Admit;
+use crate::net::retry::{Jitter, Tries};
 use crate::net::tail::{HedgeBudget, Tail};
 use crate::net::version::VersionPin;
 

@@ -1,6 +1,7 @@
 //! The network protocols the readers and the dataset resolver speak: HTTP/1.1
 //! ranged GETs ([`http`]), TLS set-up ([`tls`]), the retry policy
-//! ([`retry`]), which ranges are late and may be hedged ([`tail`]), one
+//! ([`retry`]) and the request rate under throttling ([`rate`]), which
+//! ranges are late and may be hedged ([`tail`]), one
 //! version per read ([`version`]), S3 (signing,
 //! credentials, listing: [`s3`]), and the settings, counters and request
 //! rates every network read shares ([`NetOptions`], [`Pacer`],
@@ -9,6 +10,7 @@
 pub mod http;
 pub mod inflight;
 mod options;
+pub mod rate;
 pub mod retry;
 pub mod s3;
 pub mod tail;

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use crate::error::Error;
 use crate::net::http::{Fail, FailKind};
-use crate::net::retry::{Admit, GiveUp, Jitter, RateLimiter, RetryPolicy, Tries, authority};
+use crate::net::rate::{Admit, RateLimiter};
+use crate::net::retry::{GiveUp, Jitter, RetryPolicy, Tries, authority};
 use crate::net::tls::TlsSetup;
 
 /// Network counters shared by a loader's readers. Relaxed: statistics.
