@@ -43,8 +43,8 @@ pub(super) struct PendingRead {
     /// When it was first asked for (the reads in flight are sized by how
     /// long network reads take).
     pub(super) asked: Option<std::time::Instant>,
-    /// Its first answer's first-byte latency (`Completion::first_byte`).
-    pub(super) first_byte: Option<std::time::Duration>,
+    /// How long its answer took (`Completion::timing`).
+    pub(super) timing: Option<crate::fetch::Answered>,
 }
 
 /// Reads of one of a stream's next shards, started while the current
@@ -279,7 +279,7 @@ impl<'a> Reading<'a> {
                 open_end: a.size.is_none(),
                 cached: false,
                 asked: None,
-                first_byte: None,
+                timing: None,
             });
             a.next_offset += len as u64;
             sh.counters.reads_ahead.fetch_add(1, Ordering::Relaxed);
@@ -407,8 +407,8 @@ impl<'a> Reading<'a> {
         net: bool,
     ) -> Result<()> {
         r.in_flight = false;
-        if r.first_byte.is_none() {
-            r.first_byte = c.first_byte;
+        if r.timing.is_none() {
+            r.timing = c.timing;
         }
         if c.copied > 0 {
             self.shared.pool.add_copied(c.copied as u64);
@@ -449,9 +449,7 @@ impl<'a> Reading<'a> {
                     && let Some(asked) = r.asked
                 {
                     let fresh = r.chunk.first_use();
-                    self.shared
-                        .reads
-                        .completed(asked, r.first_byte, r.len, fresh);
+                    self.shared.reads.completed(asked, r.timing, r.len, fresh);
                 }
                 Ok(())
             }

@@ -147,7 +147,7 @@ impl ScriptedReader {
                 result: Err(ReadFail::Io(io::Error::other("chunk returned"))),
                 copied: 0,
                 total: None,
-                first_byte: None,
+                timing: None,
             };
         }
         let Queued { req, url, .. } = q;
@@ -175,7 +175,7 @@ impl ScriptedReader {
             copied: 0,
             // As an HTTP response's Content-Range says it.
             total: Some(data.len() as u64),
-            first_byte: None,
+            timing: None,
         }
     }
 }

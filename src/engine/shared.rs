@@ -8,18 +8,18 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::cache::Spool;
 use crate::config::Config;
 use crate::dataset::Shard;
 use crate::engine::counters::Counters;
 use crate::error::{Error, Result};
-use crate::fetch::NetOptions;
 use crate::fetch::direct::{ChunkLayout, DirectIo};
 use crate::fetch::net_thread::NetLink;
+use crate::fetch::{Answered, NetOptions};
 use crate::memory::{Batch, BatchBuilder, ChunkPool, ShardNames};
-use crate::net::inflight::{InFlight, Limit};
+use crate::net::inflight::{InFlight, Limit, Read};
 use crate::plan::resume::{Round, Start};
 use crate::plan::{ConsumerPlan, Delivered, PlanOptions, plan_epoch};
 use crate::queue::Channel;
@@ -176,28 +176,23 @@ impl NetReads {
     }
 
     /// A network read of `bytes` asked for at `asked` has all its bytes;
-    /// its answer's first byte came `first_byte` after its request, when
-    /// known; `fresh`: its chunk was used for the first time.
-    pub fn completed(
-        &self,
-        asked: Instant,
-        first_byte: Option<Duration>,
-        bytes: usize,
-        fresh: bool,
-    ) {
+    /// `timing`: its answer's times, when known; `fresh`: its chunk was
+    /// used for the first time.
+    pub fn completed(&self, asked: Instant, timing: Option<Answered>, bytes: usize, fresh: bool) {
         let Some(auto) = &self.auto else {
             return;
         };
         let now = self.started.elapsed().as_secs_f64();
-        let first = first_byte.map(|f| f.as_secs_f64());
-        let mut a = auto.lock().unwrap_or_else(|p| p.into_inner());
-        if a.record(
-            now,
-            bytes as u64,
-            asked.elapsed().as_secs_f64(),
-            first,
+        let read = Read {
+            bytes: bytes as u64,
+            secs: asked.elapsed().as_secs_f64(),
+            first_byte: timing.map(|t| t.first_byte.as_secs_f64()),
+            on_wire: timing.map(|t| t.last_byte.as_secs_f64()),
+            paced: timing.and_then(|t| t.paced),
             fresh,
-        ) {
+        };
+        let mut a = auto.lock().unwrap_or_else(|p| p.into_inner());
+        if a.record(now, read) {
             // Relaxed: see `total`.
             self.total.store(a.total(), Ordering::Relaxed);
         }

@@ -57,8 +57,10 @@ pub struct Stats {
     /// read found no chunk free: `memory_budget`), "target"
     /// (`target_throughput` reached), "server" (more reads in flight made
     /// each slower: the server, the link or the CPU is full), "latency"
-    /// (more reads in flight still pay: the count is growing), "probing"
-    /// (too few reads yet), "reads_in_flight" (a fixed count was given).
+    /// (more reads in flight still pay: the count is growing),
+    /// "throttled" (the host answered 503 SlowDown: as many reads as its
+    /// paced request rate keeps busy), "probing" (too few reads yet),
+    /// "reads_in_flight" (a fixed count was given).
     pub limited_by: &'static str,
 }
 

@@ -436,7 +436,7 @@ impl<'a> Worker<'a> {
                     open_end: size.is_none(),
                     cached: tier.reads_entry(),
                     asked: None,
-                    first_byte: None,
+                    timing: None,
                 };
                 next_offset += len as u64;
                 pending.push_back(read);

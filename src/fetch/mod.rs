@@ -107,13 +107,26 @@ pub struct Completion {
     /// The object's size, when the read learned it (an HTTP response's
     /// `Content-Range` total); `None` for file reads.
     pub total: Option<u64>,
-    /// The first-byte latency of the answer taken: from its request going
-    /// out (after its host's pacing: a wait, a backoff or a 503 before it
-    /// say nothing of the store's distance) to its head (an HTTP read on
-    /// io_uring; the first such answer's when the range was retried), for
-    /// the in-flight count to see a far store by; `None` for file reads
-    /// and the thread backend's.
-    pub first_byte: Option<std::time::Duration>,
+    /// How long the answer took (an HTTP read on io_uring), for the
+    /// in-flight count to see a far store and a paced host's reads by;
+    /// `None` for file reads and the thread backend's.
+    pub timing: Option<Answered>,
+}
+
+/// The times of an HTTP read's answer, from its request going out (after
+/// its host's pacing: a wait, a backoff or a 503 before it say nothing of
+/// the store's distance).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Answered {
+    /// To its head: the first-byte latency (the first such answer's when
+    /// the range was retried).
+    pub first_byte: std::time::Duration,
+    /// To the read's last byte, from the request of the answer taken (its
+    /// time on the wire: a paced host's reads wait at the pacer before).
+    pub last_byte: std::time::Duration,
+    /// The requests a second its host is held to as the read ends, when
+    /// the host has throttled (`crate::net::Pacer`).
+    pub paced: Option<f64>,
 }
 
 // The configuration's side of `NetOptions`: here rather than in `net`,

@@ -219,7 +219,7 @@ impl NetLink {
                 result: Err(ReadFail::Net(Error::Internal(why.clone()))),
                 copied: 0,
                 total: None,
-                first_byte: None,
+                timing: None,
             });
         }
     }
@@ -294,7 +294,7 @@ impl NetLink {
                             result,
                             copied: 0,
                             total: None,
-                            first_byte: None,
+                            timing: None,
                         },
                     );
                 }
@@ -358,7 +358,7 @@ fn start_file(
             result: Err(ReadFail::Io(io::Error::other("not a file read"))),
             copied: 0,
             total: None,
-            first_byte: None,
+            timing: None,
         }));
     };
     let k = match KernelRead::new(req.offset, req.buf, req.len, file.align) {
@@ -369,7 +369,7 @@ fn start_file(
                 result: Err(ReadFail::Io(e)),
                 copied: 0,
                 total: None,
-                first_byte: None,
+                timing: None,
             }));
         }
     };
@@ -379,7 +379,7 @@ fn start_file(
             result: Err(ReadFail::Io(io::Error::from(io::ErrorKind::InvalidInput))),
             copied: 0,
             total: None,
-            first_byte: None,
+            timing: None,
         }));
     };
     let entry = opcode::Read::new(types::Fd(file.fd), k.buf, len)
@@ -407,6 +407,6 @@ fn failed(id: u64, obj: Option<&HttpObject>, why: &str) -> Completion {
         )))),
         copied: 0,
         total: None,
-        first_byte: None,
+        timing: None,
     }
 }

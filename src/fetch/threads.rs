@@ -54,7 +54,7 @@ pub(crate) fn run_blocking(
                     result: r.map_err(ReadFail::Io),
                     copied: 0,
                     total: None,
-                    first_byte: None,
+                    timing: None,
                 }),
             }
         }
@@ -69,14 +69,14 @@ pub(crate) fn run_blocking(
                     result: Ok(f.len),
                     copied: f.copied,
                     total: f.total,
-                    first_byte: None,
+                    timing: None,
                 },
                 Err(e) => Completion {
                     id: req.id,
                     result: Err(ReadFail::Net(e)),
                     copied: 0,
                     total: None,
-                    first_byte: None,
+                    timing: None,
                 },
             })
         }

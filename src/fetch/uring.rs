@@ -380,7 +380,7 @@ impl Reader for UringReader {
                     },
                     copied: 0,
                     total: None,
-                    first_byte: None,
+                    timing: None,
                 });
             }
         }

@@ -40,7 +40,7 @@ use std::time::Instant;
 use io_uring::{IoUring, opcode, squeue, types};
 
 use super::uring_tls::{self, TlsConn};
-use super::{Completion, NetOptions, ReadRequest};
+use super::{Answered, Completion, NetOptions, ReadRequest};
 use crate::net::http::{self, Fail, FailKind, HttpObject};
 use crate::net::rate::Admit;
 use crate::net::retry::{Jitter, Tries};
@@ -704,12 +704,20 @@ impl HttpDriver {
                 .or_default()
                 .push(c);
         }
+        let paced = Some(self.net.pace.rate(&op.obj.url)).filter(|r| *r > 0.0);
         Some(Completion {
             id: op.req_id,
             result: Ok(op.len),
             copied: op.copied,
             total: op.total,
-            first_byte: op.first_byte,
+            timing: op
+                .first_byte
+                .zip(op.asked)
+                .map(|(first_byte, asked)| Answered {
+                    first_byte,
+                    last_byte: asked.elapsed(),
+                    paced,
+                }),
         })
     }
 

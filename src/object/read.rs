@@ -41,7 +41,7 @@ use crate::fetch::threads::run_blocking;
 use crate::fetch::uring::UringReader;
 use crate::fetch::{BackendKind, Completion, NetOptions, ReadFail, ReadRequest, Reader, Target};
 use crate::memory::{Arena, ArenaOptions, MemoryKind};
-use crate::net::inflight::InFlight;
+use crate::net::inflight::{InFlight, Read};
 use crate::net::retry::Jitter;
 use crate::net::version::VersionPin;
 
@@ -397,16 +397,17 @@ impl Job<'_> {
                 let measured = c.result.is_ok().then(|| asked.get(c.id as usize)).flatten();
                 if let (Some(count), Some(at)) = (&mut count, measured) {
                     let len = self.parts[c.id as usize].1 as u64;
-                    let first = c.first_byte.map(|f| f.as_secs_f64());
-                    count.record(
-                        started.elapsed().as_secs_f64(),
-                        len,
-                        at.elapsed().as_secs_f64(),
-                        first,
+                    let read = Read {
+                        bytes: len,
+                        secs: at.elapsed().as_secs_f64(),
+                        first_byte: c.timing.map(|t| t.first_byte.as_secs_f64()),
+                        on_wire: c.timing.map(|t| t.last_byte.as_secs_f64()),
+                        paced: c.timing.and_then(|t| t.paced),
                         // The caller's memory: every part lands in pages
                         // of its own, a cost of every read, not once.
-                        false,
-                    );
+                        fresh: false,
+                    };
+                    count.record(started.elapsed().as_secs_f64(), read);
                 }
                 if let Err(e) = self.check(c) {
                     first_error.get_or_insert(e);

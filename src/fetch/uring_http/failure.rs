@@ -108,7 +108,7 @@ impl HttpDriver {
             ))),
             copied: op.copied,
             total: op.total,
-            first_byte: None,
+            timing: None,
         })
     }
 }
