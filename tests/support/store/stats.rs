@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 #[derive(Default)]
 pub struct Counters {
     pub requests: AtomicU64,
+    /// GETs answered with data (a GET answered 503 is `slow_down` only).
     pub gets: AtomicU64,
     pub heads: AtomicU64,
     pub lists: AtomicU64,
