@@ -1,12 +1,11 @@
 //! `ringfeed get`: whole objects read with the library's ranged reads in
-//! flight (`ringfeed::object`), written to files through the library's own
+//! flight, streamed in order through a window of a few parts
+//! (`ringfeed::object::stream`) into files through the library's own
 //! `Writer` (a temporary file renamed into place, so a file appears only
-//! whole and never replaces one unless `--overwrite`) or to stdout.
-//!
-//! Each object is read into memory first and the file written after, so
-//! no temporary file exists while the network is slow; the destination is
-//! opened before the read all the same, so a file in the way fails before
-//! any byte is fetched.
+//! whole and never replaces one unless `--overwrite`), to stdout or into a
+//! device or pipe. Memory stays at the window's, whatever the object's
+//! size: reading an object whole first took its size in fresh memory,
+//! whose first touch cost more than the transfer on a VM.
 
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -82,41 +81,45 @@ pub(crate) fn get(a: GetArgs) -> AnyResult<()> {
             Dest::Dir(d) => Some(d.join(file_name(&shard.name)?)),
         };
         let local = |p: &PathBuf| p.display().to_string();
-        // Fails now when a file is in the way; aborted (nothing left) so
-        // that no temporary file waits through the read.
-        if let Some(p) = &path {
-            Writer::open(&local(p), &cfg, None)
-                .and_then(|mut w| w.abort())
-                .map_err(transfer::explain)?;
-        }
         let progress = Arc::new(Progress::default());
         bars.start_object(&shard.name, shard.size, Arc::clone(&progress));
-        let buf = object::read::read_shard(shard, &cfg, &net, Some(&progress))?;
-        bars.finish_object(buf.len() as u64);
-        match (&path, &dest) {
-            (None, Dest::Stream(p)) => {
-                std::fs::OpenOptions::new()
+        let p = Some(progress.as_ref());
+        let report = match (&path, &dest) {
+            (None, Dest::Stream(to)) => {
+                let name = to.display().to_string();
+                let mut f = std::fs::OpenOptions::new()
                     .write(true)
-                    .open(p)
-                    .and_then(|mut f| f.write_all(buf.as_slice()))
-                    .map_err(|e| format!("writing to `{}`: {e}", p.display()))?;
+                    .open(to)
+                    .map_err(|e| format!("opening `{name}`: {e}"))?;
+                object::stream_shard(shard, &cfg, &net, &mut f, &name, p)?
             }
             (None, _) => {
                 let mut out = io::stdout().lock();
-                out.write_all(buf.as_slice())
-                    .and_then(|()| out.flush())
-                    .map_err(|e| format!("writing to stdout: {e}"))?;
+                object::stream_shard(shard, &cfg, &net, &mut out, "stdout", p)?
             }
-            (Some(p), _) => {
+            (Some(to), _) => {
                 let _writing = WritingGuard::new();
-                let mut w = Writer::open(&local(p), &cfg, None).map_err(transfer::explain)?;
-                w.write(buf.as_slice())?;
-                transfer::check_interrupt()?;
-                w.finish().map_err(transfer::explain)?;
+                // Fails before any byte is fetched when a file is in the way.
+                let mut w = Writer::open(&local(to), &cfg, None).map_err(transfer::explain)?;
+                let mut sink = Interruptible(&mut w);
+                let read = object::stream_shard(shard, &cfg, &net, &mut sink, &local(to), p);
+                // Ctrl-C during the read stopped it: nothing is kept.
+                let read = transfer::check_interrupt().and_then(|()| Ok(read?));
+                match read {
+                    Ok(report) => {
+                        w.finish().map_err(transfer::explain)?;
+                        report
+                    }
+                    Err(e) => {
+                        let _ = w.abort();
+                        return Err(e);
+                    }
+                }
             }
-        }
-        total += buf.len() as u64;
-        backend = buf.report.backend.name();
+        };
+        bars.finish_object(report.bytes);
+        total += report.bytes;
+        backend = report.backend.name();
         bars.object_done(i + 1, shards.len());
     }
     let seconds = bars.started.elapsed().as_secs_f64();
@@ -126,6 +129,25 @@ pub(crate) fn get(a: GetArgs) -> AnyResult<()> {
         transfer::summary("got", shards.len(), total, seconds, backend)
     );
     Ok(())
+}
+
+/// A file being written, fed by the read's parts; refuses once Ctrl-C
+/// came, which stops the read.
+struct Interruptible<'a>(&'a mut Writer);
+
+impl Write for Interruptible<'_> {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        if transfer::check_interrupt().is_err() {
+            // Not `ErrorKind::Interrupted`: `write_all` retries that.
+            return Err(io::Error::other("interrupted"));
+        }
+        self.0.write(b).map_err(io::Error::other)?;
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -4,7 +4,8 @@
 //! over HTTP from `ringfeed serve`, and between local files; a second
 //! `put` refused with the library's message and `--overwrite` replacing; a
 //! prefix or directory fetched into a directory of files; stdin and stdout;
-//! bad URLs and missing objects failing with a message naming them.
+//! bad URLs and missing objects failing with a message naming them; a get
+//! stopped by Ctrl-C leaving no file.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -103,24 +104,36 @@ fn names(dir: &Path) -> Vec<String> {
 /// directory (a no-op when it is current).
 fn s3_server_bin() -> &'static Path {
     static BIN_PATH: OnceLock<PathBuf> = OnceLock::new();
-    BIN_PATH.get_or_init(|| {
+    BIN_PATH.get_or_init(|| example_bin("s3_server"))
+}
+
+/// `examples/store_emulator`, the object-store emulator, built likewise.
+fn store_emulator_bin() -> &'static Path {
+    static BIN_PATH: OnceLock<PathBuf> = OnceLock::new();
+    BIN_PATH.get_or_init(|| example_bin("store_emulator"))
+}
+
+/// The root crate's example `name`, built by cargo next to this test's
+/// target directory (a no-op when it is current).
+fn example_bin(name: &str) -> PathBuf {
+    {
         let exe = std::env::current_exe().unwrap();
         // target/<profile>/deps/objects-HASH
         let profile_dir = exe.parent().unwrap().parent().unwrap();
         let profile = profile_dir.file_name().unwrap().to_str().unwrap();
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
         let status = Command::new(env!("CARGO"))
-            .args(["build", "--example", "s3_server", "--manifest-path"])
+            .args(["build", "--example", name, "--manifest-path"])
             .arg(root.join("Cargo.toml"))
             .args(["-p", "ringfeed", "--profile"])
             .arg(if profile == "debug" { "dev" } else { profile })
             .arg("--target-dir")
             .arg(profile_dir.parent().unwrap())
             .status()
-            .expect("run cargo build --example s3_server");
-        assert!(status.success(), "cargo build --example s3_server failed");
-        profile_dir.join("examples/s3_server")
-    })
+            .unwrap_or_else(|e| panic!("run cargo build --example {name}: {e}"));
+        assert!(status.success(), "cargo build --example {name} failed");
+        profile_dir.join("examples").join(name)
+    }
 }
 
 /// The S3 server on a free port, serving `root` with the bucket
@@ -353,6 +366,93 @@ fn get_reads_over_http() {
     fails(
         &["put", s(&tmp.path().join("weights.bin")), &url],
         "no uploads",
+    );
+}
+
+/// Ctrl-C during a get into a file stops the read and leaves nothing
+/// behind: no file, no temporary one; the exit status is a shell's for
+/// SIGINT (130). The object comes from the object-store emulator at
+/// 1 MB/s a connection, 2 parts in flight: 16 MiB take 8 s, and the
+/// signal goes once the temporary file is there (the read has begun).
+#[test]
+fn get_interrupted_leaves_no_file() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir(root.path().join("b")).unwrap();
+    std::fs::write(root.path().join("b/big.bin"), bytes(16 << 20, 3)).unwrap();
+    let mut emulator = Command::new(store_emulator_bin())
+        .arg(root.path())
+        .args(["--unlimited", "--conn-rate", "1MB/s"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(emulator.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let url = format!("{}/b/big.bin", line.trim());
+    let out = tempfile::tempdir().unwrap();
+    let dest = out.path().join("big.bin");
+    let mut get = command(&[
+        "get",
+        &url,
+        "-o",
+        s(&dest),
+        "--part-size",
+        "1MiB",
+        "--parts-in-flight",
+        "2",
+    ])
+    .stdin(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let begun = std::time::Instant::now();
+    while names(out.path()).is_empty() {
+        assert!(
+            get.try_wait().unwrap().is_none(),
+            "get ended before its file was opened"
+        );
+        assert!(
+            begun.elapsed().as_secs() < 120,
+            "no temporary file after 2 minutes"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    // SAFETY: signalling a child of this test, still running.
+    assert_eq!(unsafe { libc::kill(get.id() as i32, libc::SIGINT) }, 0);
+    let o = get.wait_with_output().unwrap();
+    // The read stopped at the signal: the parts then in flight finished,
+    // not the object (a read that went on to its end served all 16 MiB).
+    let stats = {
+        use std::io::Read;
+        let addr = line.trim().trim_start_matches("http://");
+        let mut c = std::net::TcpStream::connect(addr).unwrap();
+        write!(
+            c,
+            "GET /_emulator/stats HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut answer = String::new();
+        c.read_to_string(&mut answer).unwrap();
+        answer
+    };
+    let _ = emulator.kill();
+    let _ = emulator.wait();
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(130), "{err}");
+    assert!(err.contains("interrupted"), "{err}");
+    assert_eq!(names(out.path()), Vec::<String>::new(), "{err}");
+    let served: u64 = stats
+        .split("\"bytes\":")
+        .nth(1)
+        .and_then(|r| r.split([',', '}']).next())
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no bytes in the emulator's stats: {stats}"));
+    assert!(
+        served < 16 << 20,
+        "the read went on to its end: {served} bytes served"
     );
 }
 

@@ -7,6 +7,9 @@
 //!   io_uring is refused, on as many threads; into memory of its own
 //!   ([`ObjectBuf`], huge pages where the system gives them) or a caller's
 //!   buffer.
+//! - [`stream`]: the same reads through a window of reused part buffers,
+//!   each part written to a sink (a file, stdout) in order once it is in:
+//!   an object of any size in a few parts' memory (`ringfeed get`).
 //! - [`write`]: a [`Writer`] that takes bytes in any amounts: to S3 as one
 //!   `PutObject` or a multipart upload with parts in flight in parallel,
 //!   each carrying the configured checksum, aborted on any failure; to a
@@ -21,11 +24,13 @@
 //! `checksum`, `overwrite`.
 
 pub mod read;
+pub mod stream;
 pub mod write;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use read::{ObjectBuf, ReadReport, read, read_into};
+pub use stream::stream_shard;
 pub use write::{Writer, write};
 
 use crate::config::Config;

@@ -111,27 +111,7 @@ pub fn read_shard(
 ) -> Result<ObjectBuf> {
     let size = shard_size(shard)?;
     let len = usize::try_from(size).map_err(|_| Error::Memory(format!("{size} bytes")))?;
-    // A page at least: a mapping cannot be empty.
-    let opts = |kind| ArenaOptions {
-        kind: Some(kind),
-        // Locking would fault every page in before the first read; on
-        // only when asked.
-        lock: Some(cfg.lock_memory == crate::config::Toggle::On),
-        prefault: false,
-        shared: false,
-    };
-    let bytes = len.max(1).next_multiple_of(4096);
-    // Unless a kind is asked for: reserved huge pages where there are
-    // some, else ordinary pages, not transparent huge ones. A multi-GB
-    // mapping asked for with MADV_HUGEPAGE makes the kernel compact memory
-    // on the reading thread when it is fragmented (`defrag` = `madvise`,
-    // the default): 2 GiB reads measured 0.3 to 6 GB/s on the dev machine,
-    // against a steady 1.8 to 2 GB/s on 4 KiB pages.
-    let arena = match cfg.memory_kind {
-        Some(kind) => Arena::new(bytes, opts(kind))?,
-        None => Arena::new(bytes, opts(MemoryKind::Hugetlb))
-            .or_else(|_| Arena::new(bytes, opts(MemoryKind::Normal)))?,
-    };
+    let arena = own_memory(len, cfg)?;
     let mut notes = arena.report().notes.clone();
     let mut report = read_to(shard, size, arena.base(), cfg, net, progress)?;
     notes.append(&mut report.notes);
@@ -142,6 +122,32 @@ pub fn read_shard(
         name: shard.name.clone(),
         report,
     })
+}
+
+/// A mapping of its own of `len` bytes (a page at least) for an object's
+/// bytes: reserved huge pages where there are some, else ordinary pages,
+/// unless `memory_kind` says otherwise; locked only when asked.
+pub(super) fn own_memory(len: usize, cfg: &Config) -> Result<Arena> {
+    let opts = |kind| ArenaOptions {
+        kind: Some(kind),
+        // Locking would fault every page in before the first read; on
+        // only when asked.
+        lock: Some(cfg.lock_memory == crate::config::Toggle::On),
+        prefault: false,
+        shared: false,
+    };
+    // A page at least: a mapping cannot be empty.
+    let bytes = len.max(1).next_multiple_of(4096);
+    // Not transparent huge pages unless asked: a multi-GB mapping asked
+    // for with MADV_HUGEPAGE makes the kernel compact memory on the
+    // reading thread when it is fragmented (`defrag` = `madvise`, the
+    // default): 2 GiB reads measured 0.3 to 6 GB/s on the dev machine,
+    // against a steady 1.8 to 2 GB/s on 4 KiB pages.
+    match cfg.memory_kind {
+        Some(kind) => Arena::new(bytes, opts(kind)),
+        None => Arena::new(bytes, opts(MemoryKind::Hugetlb))
+            .or_else(|_| Arena::new(bytes, opts(MemoryKind::Normal))),
+    }
 }
 
 /// Reads the object `url` into `buf`, which must hold it: returns its
@@ -202,61 +208,13 @@ fn read_to(
     progress: Option<&Progress>,
 ) -> Result<ReadReport> {
     let started = Instant::now();
-    // Keeps the file open until every read of it is done.
-    let (target, _file) = match &shard.source {
-        Source::File(path) => {
-            let f = File::open(path).map_err(|e| Error::io(IoOp::Open, path, &e))?;
-            let fd = LocalFd {
-                fd: f.as_raw_fd(),
-                align: 0,
-            };
-            (Target::File(fd), Some(f))
-        }
-        Source::Http(obj) => (Target::Http(Arc::clone(obj)), None),
-    };
-    let pin = match &target {
-        Target::Http(_) => Some(Arc::new(VersionPin::planned(None, Some(size)))),
-        Target::File(_) => None,
-    };
+    let (target, _file) = target_of(shard)?;
     let list: Vec<(u64, usize)> = parts(size, cfg.part_size).collect();
-    let found = cfg.parts_in_flight == 0 && matches!(target, Target::Http(_));
-    let job = Job {
-        shard,
-        size,
-        dst,
-        target,
-        pin,
-        parts: &list,
-        in_flight: cfg.fixed_parts(),
-        most: if found {
-            crate::config::AUTO_READS_MAX
-        } else {
-            cfg.fixed_parts()
-        },
-        progress,
-    };
+    let job = Job::new(shard, size, dst, target, &list, cfg, progress);
     let mut notes = Vec::new();
-    let uring = match cfg.io_backend {
-        IoBackend::Threads => None,
-        IoBackend::IoUring | IoBackend::Auto => {
-            let entries = (job.most * 2 + 2).next_power_of_two() as u32;
-            match UringReader::new(entries, None, net.clone(), 0x0b1ec7) {
-                Ok(r) => Some(r),
-                Err(e) if cfg.io_backend == IoBackend::Auto => {
-                    notes.push(format!("io_uring unavailable ({e}): thread backend"));
-                    None
-                }
-                Err(e) => {
-                    return Err(Error::IoUring(format!(
-                        "cannot set up a ring ({e}); `io_backend` is \"io_uring\": use \"auto\" or \"threads\""
-                    )));
-                }
-            }
-        }
-    };
-    let backend = match uring {
+    let backend = match open_ring(cfg, net, job.most, &mut notes)? {
         Some(mut r) => {
-            job.on_ring(&mut r)?;
+            job.on_ring(&mut r, &mut Whole)?;
             BackendKind::IoUring
         }
         None => {
@@ -273,8 +231,75 @@ fn read_to(
     })
 }
 
+/// What `shard`'s parts are read from, and the file kept open until every
+/// read of it is done.
+pub(super) fn target_of(shard: &Shard) -> Result<(Target, Option<File>)> {
+    Ok(match &shard.source {
+        Source::File(path) => {
+            let f = File::open(path).map_err(|e| Error::io(IoOp::Open, path, &e))?;
+            let fd = LocalFd {
+                fd: f.as_raw_fd(),
+                align: 0,
+            };
+            (Target::File(fd), Some(f))
+        }
+        Source::Http(obj) => (Target::Http(Arc::clone(obj)), None),
+    })
+}
+
+/// A ring for `most` parts in flight, or `None` for the thread backend
+/// (where io_uring is refused under `io_backend` auto: said in `notes`).
+pub(super) fn open_ring(
+    cfg: &Config,
+    net: &NetOptions,
+    most: usize,
+    notes: &mut Vec<String>,
+) -> Result<Option<UringReader>> {
+    match cfg.io_backend {
+        IoBackend::Threads => Ok(None),
+        IoBackend::IoUring | IoBackend::Auto => {
+            let entries = (most * 2 + 2).next_power_of_two() as u32;
+            match UringReader::new(entries, None, net.clone(), 0x0b1ec7) {
+                Ok(r) => Ok(Some(r)),
+                Err(e) if cfg.io_backend == IoBackend::Auto => {
+                    notes.push(format!("io_uring unavailable ({e}): thread backend"));
+                    Ok(None)
+                }
+                Err(e) => Err(Error::IoUring(format!(
+                    "cannot set up a ring ({e}); `io_backend` is \"io_uring\": use \"auto\" or \"threads\""
+                ))),
+            }
+        }
+    }
+}
+
+/// Where the parts read on a ring land, and what follows each one's
+/// arrival: the whole object in one destination ([`Whole`]), or a window
+/// of reused slots written out in order (`super::stream`).
+pub(super) trait Landing {
+    /// Where part `i` goes (`dst` is the job's destination, `offset` the
+    /// part's place in the object), or `None` while it has no room yet.
+    fn place(&mut self, i: usize, dst: *mut u8, offset: u64) -> Option<*mut u8>;
+    /// Part `i` arrived whole and checked; an error stops new parts.
+    fn landed(&mut self, i: usize) -> Result<()>;
+}
+
+/// Every part at its own offset in the destination.
+pub(super) struct Whole;
+
+impl Landing for Whole {
+    fn place(&mut self, _: usize, dst: *mut u8, offset: u64) -> Option<*mut u8> {
+        // SAFETY: parts lie inside the `size` bytes at `dst`.
+        Some(unsafe { dst.add(offset as usize) })
+    }
+
+    fn landed(&mut self, _: usize) -> Result<()> {
+        Ok(())
+    }
+}
+
 /// One object's read: what each backend needs.
-struct Job<'a> {
+pub(super) struct Job<'a> {
     shard: &'a Shard,
     size: u64,
     dst: *mut u8,
@@ -285,7 +310,7 @@ struct Job<'a> {
     /// Parts in flight at once (where found: where the count starts).
     in_flight: usize,
     /// The most in flight: above `in_flight` when the count is found.
-    most: usize,
+    pub(super) most: usize,
     progress: Option<&'a Progress>,
 }
 
@@ -293,15 +318,60 @@ struct Job<'a> {
 // and outlives the job (the caller holds it for the whole read).
 unsafe impl Sync for Job<'_> {}
 
-impl Job<'_> {
+impl<'a> Job<'a> {
+    /// The read of `parts` of `shard` (`size` bytes, from `target`) into
+    /// `dst`: a remote object's parts pinned to one version, as many in
+    /// flight as `cfg` says or as found.
+    pub(super) fn new(
+        shard: &'a Shard,
+        size: u64,
+        dst: *mut u8,
+        target: Target,
+        parts: &'a [(u64, usize)],
+        cfg: &Config,
+        progress: Option<&'a Progress>,
+    ) -> Job<'a> {
+        let pin = match &target {
+            Target::Http(_) => Some(Arc::new(VersionPin::planned(None, Some(size)))),
+            Target::File(_) => None,
+        };
+        let found = cfg.parts_in_flight == 0 && matches!(target, Target::Http(_));
+        Job {
+            shard,
+            size,
+            dst,
+            target,
+            pin,
+            parts,
+            in_flight: cfg.fixed_parts(),
+            most: if found {
+                crate::config::AUTO_READS_MAX
+            } else {
+                cfg.fixed_parts()
+            },
+            progress,
+        }
+    }
+
+    /// The same read into `dst` instead.
+    pub(super) fn into_dst(self, dst: *mut u8) -> Job<'a> {
+        Job { dst, ..self }
+    }
+
     fn request(&self, i: usize) -> ReadRequest {
+        // SAFETY: parts lie inside the `size` bytes at `dst`.
+        let buf = unsafe { self.dst.add(self.parts[i].0 as usize) };
+        self.request_at(i, buf)
+    }
+
+    /// Part `i`'s read into `buf`, which holds its length.
+    fn request_at(&self, i: usize, buf: *mut u8) -> ReadRequest {
         let (offset, len) = self.parts[i];
         ReadRequest {
             id: i as u64,
             target: self.target.clone(),
             offset,
-            // SAFETY: parts lie inside the `size` bytes at `dst`.
-            buf: unsafe { self.dst.add(offset as usize) },
+            buf,
             len,
             buf_index: 0,
             open_end: false,
@@ -351,8 +421,9 @@ impl Job<'_> {
     }
 
     /// Every part on one ring, `in_flight` at a time, or as many as the
-    /// measured read times call for up to `most`.
-    fn on_ring(&self, ring: &mut UringReader) -> Result<()> {
+    /// measured read times call for up to `most`, each where `landing`
+    /// places it, in order, once it has room.
+    pub(super) fn on_ring(&self, ring: &mut UringReader, landing: &mut dyn Landing) -> Result<()> {
         let mut next = 0;
         let mut out_standing = 0;
         let mut first_error: Option<Error> = None;
@@ -364,10 +435,14 @@ impl Job<'_> {
         loop {
             let limit = count.as_ref().map_or(self.in_flight, InFlight::total);
             while first_error.is_none() && out_standing < limit && next < self.parts.len() {
-                // SAFETY: each part's bytes are written by this read only,
-                // and the destination and the file outlive it: this loop
+                let Some(buf) = landing.place(next, self.dst, self.parts[next].0) else {
+                    break;
+                };
+                // SAFETY: each part's bytes are written by this read only
+                // (the landing gives a place to one part at a time), and
+                // the destination and the file outlive it: this loop
                 // returns only once nothing is in flight.
-                match unsafe { ring.submit(self.request(next)) } {
+                match unsafe { ring.submit(self.request_at(next, buf)) } {
                     Ok(()) => {
                         asked[next] = Instant::now();
                         next += 1;
@@ -409,13 +484,19 @@ impl Job<'_> {
                     };
                     count.record(started.elapsed().as_secs_f64(), read);
                 }
-                if let Err(e) = self.check(c) {
+                let i = c.id as usize;
+                if let Err(e) = self.check(c).and_then(|()| landing.landed(i)) {
                     first_error.get_or_insert(e);
                 }
             }
         }
         match first_error {
             Some(e) => Err(e),
+            None if next < self.parts.len() => Err(Error::Internal(format!(
+                "`{}`: {next} of {} parts read, none in flight and none with room",
+                self.shard.name,
+                self.parts.len()
+            ))),
             None => Ok(()),
         }
     }
