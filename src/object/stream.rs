@@ -9,9 +9,9 @@
 //! for a 1 GiB object that the emulator's S3 model sends in 1 s). A window
 //! slot is faulted in once and reused for the parts after it.
 //!
-//! The window has room for twice the most parts in flight: as many being
+//! The window has room for twice the most parts in flight (as many being
 //! received while as many completed ones wait for a slower part before
-//! them. A part goes to the lowest free slot (so the slots touched are as
+//! them), at most `WINDOW_BYTES`. A part goes to the lowest free slot (so the slots touched are as
 //! many as were ever in use at once, not the window's size) and only once
 //! it is within the window of the first part not yet written; a slot is
 //! free again once its part is written. A part that fails for good, or a
@@ -35,6 +35,15 @@ use crate::config::Config;
 use crate::dataset::Shard;
 use crate::error::{Error, IoOp, Result};
 use crate::fetch::{BackendKind, NetOptions};
+
+/// The most memory a window takes (unless a part alone is larger): one
+/// object is served at ~1.25 GB/s by S3 (~10 Gbit/s per stored part); at
+/// ~115 ms per 8 MiB GET that is 17 parts in flight, and as many again
+/// waiting on a slower part before them: 32 slots of 8 MiB. A found count
+/// of parts in flight goes past that at a far store (to 64 at once, then
+/// down towards the object's limit), and a window of twice it held the
+/// whole of a 1 GiB object: the memory the stream is there to save.
+const WINDOW_BYTES: usize = 256 << 20;
 
 /// Reads `shard` in order into `sink` (named `sink_name` in errors).
 /// Bytes already written stay written when the read fails after them.
@@ -70,7 +79,10 @@ pub fn stream_shard(
         return Ok(report);
     };
     let slot = list.first().map_or(0, |p| p.1);
-    let slots = (2 * probe.most).min(list.len()).max(1);
+    let slots = (2 * probe.most)
+        .min(WINDOW_BYTES.div_ceil(slot.max(1)))
+        .min(list.len())
+        .max(1);
     let memory = own_memory(slots * slot.max(1), cfg)?;
     notes.extend(memory.report().notes.iter().cloned());
     let job = probe.into_dst(memory.base());
