@@ -310,15 +310,20 @@ impl Loader {
             },
             0,
         );
-        // Half a stream's chunks may be network reads in flight: the rest
-        // is for the chunk being walked, the batches queued towards the
-        // consumer and a shuffle buffer, so ready batches never starve
-        // the reads (nor the reads the batches). Reads done and waiting
-        // behind a slower one come on top, up to the count again: so
-        // never more than half. (Three quarters let a worker's reads and
-        // its open batch hold all its chunks: tests/throttle.rs, a 64-
-        // chunk share, failed with `BudgetTooSmall` one run in three.)
-        let reads = NetReads::new(&cfg, workers, pool.quota() / 2, started);
+        // A third of a stream's chunks may be network reads in flight: the
+        // rest is for the reads done and waiting behind a slower one (up
+        // to the count again), the chunk being walked, the batches queued
+        // towards the consumer and a shuffle buffer, so ready batches
+        // never starve the reads (nor the reads the batches). (Three
+        // quarters let a worker's reads and its open batch hold all its
+        // chunks: tests/throttle.rs, a 64-chunk share, failed with
+        // `BudgetTooSmall` one run in three. Half, on the emulator's S3
+        // model, sent a far store's jump to 92 reads whose waiting
+        // neighbours took every chunk of the default 1.5 GB budget, each
+        // read then waiting for a chunk, and every page of it faulted in:
+        // 1.3-1.7 GB/s where a third read 2.4-2.5, 3 runs each,
+        // alternating, and over 3 passes 2.1-2.3 against 2.4-2.5.)
+        let reads = NetReads::new(&cfg, workers, pool.quota() / 3, started);
         let shared = Arc::new(Shared {
             reads,
             shard_names: shards.iter().map(|s| s.name.as_str().into()).collect(),
