@@ -178,7 +178,7 @@ impl std::io::Write for Sink {
 fn stream(url: &str, c: &Config, sink: &mut Sink) -> ringfeed::Result<object::ReadReport> {
     let net = ringfeed::net::NetOptions::for_config(c);
     let shard = object::one(url, c, &net)?;
-    object::stream_shard(&shard, c, &net, sink, "the sink", None)
+    object::stream_shard(&shard, c, &net, sink, "the sink", None, None)
 }
 
 #[test]
@@ -291,6 +291,46 @@ fn a_sink_that_refuses_is_named_and_stops_the_parts() {
     };
     stream(&server.url(name), &c, &mut sink).unwrap();
     assert_eq!(gets(&server) - before, parts);
+}
+
+/// A stream whose caller gives up (`stop` says so once a part is in) ends
+/// with an error naming the sink and asks for no more parts than the
+/// window held; the control, never stopped, asks for every part.
+#[test]
+fn a_stream_stopped_by_its_caller_ends_early_and_names_the_sink() {
+    let dir = tempfile::tempdir().unwrap();
+    let objs = files(dir.path());
+    let server = Server::start(dir.path().to_path_buf());
+    let (name, data) = &objs[7];
+    let parts = (data.len() as u64).div_ceil(PART) as usize;
+    let c = cfg(r#", "io_backend": "io_uring""#);
+    let net = ringfeed::net::NetOptions::for_config(&c);
+    let url = server.url(name);
+    let gets = |s: &Server| s.faults.gets.load(Ordering::SeqCst);
+    for stopped in [true, false] {
+        let shard = object::one(&url, &c, &net).unwrap();
+        let before = gets(&server);
+        let mut sink = Sink {
+            got: Vec::new(),
+            room: usize::MAX,
+        };
+        let stop = || stopped;
+        let r = object::stream_shard(&shard, &c, &net, &mut sink, "the sink", None, Some(&stop));
+        let asked = gets(&server) - before;
+        if stopped {
+            let text = r.unwrap_err().to_string();
+            assert!(
+                text.contains("the sink") && text.contains("stopped"),
+                "{text}"
+            );
+            assert!(asked <= 8, "{asked} GETs of {parts} parts after the stop");
+            assert!(sink.got.len() < data.len());
+        } else {
+            r.unwrap();
+            assert_eq!(asked, parts);
+            assert!(sink.got == data[..]);
+        }
+    }
 }
 
 #[test]

@@ -91,18 +91,21 @@ pub(crate) fn get(a: GetArgs) -> AnyResult<()> {
                     .write(true)
                     .open(to)
                     .map_err(|e| format!("opening `{name}`: {e}"))?;
-                object::stream_shard(shard, &cfg, &net, &mut f, &name, p)?
+                object::stream_shard(shard, &cfg, &net, &mut f, &name, p, None)?
             }
             (None, _) => {
                 let mut out = io::stdout().lock();
-                object::stream_shard(shard, &cfg, &net, &mut out, "stdout", p)?
+                object::stream_shard(shard, &cfg, &net, &mut out, "stdout", p, None)?
             }
             (Some(to), _) => {
                 let _writing = WritingGuard::new();
                 // Fails before any byte is fetched when a file is in the way.
                 let mut w = Writer::open(&local(to), &cfg, None).map_err(transfer::explain)?;
                 let mut sink = Interruptible(&mut w);
-                let read = object::stream_shard(shard, &cfg, &net, &mut sink, &local(to), p);
+                // Ctrl-C stops the read as the next part completes.
+                let stop = || transfer::check_interrupt().is_err();
+                let read =
+                    object::stream_shard(shard, &cfg, &net, &mut sink, &local(to), p, Some(&stop));
                 // Ctrl-C during the read stopped it: nothing is kept.
                 let read = transfer::check_interrupt().and_then(|()| Ok(read?));
                 match read {

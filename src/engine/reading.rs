@@ -407,9 +407,15 @@ impl<'a> Reading<'a> {
         net: bool,
     ) -> Result<()> {
         r.in_flight = false;
-        if r.timing.is_none() {
-            r.timing = c.timing;
-        }
+        // A read continued after a short one: the first answer's first
+        // byte, the last one's end and pacing.
+        r.timing = match (r.timing, c.timing) {
+            (Some(was), Some(now)) => Some(crate::fetch::Answered {
+                first_byte: was.first_byte,
+                ..now
+            }),
+            (was, now) => now.or(was),
+        };
         if c.copied > 0 {
             self.shared.pool.add_copied(c.copied as u64);
         }

@@ -344,13 +344,19 @@ impl InFlight {
             self.rate_start = Some(now);
         }
         let fresh = std::mem::take(&mut self.window_fresh) as f64 > FRESH_SHARE * w.len() as f64;
-        let paced = self.paced_need();
+        let paced = self
+            .paced_need(w.len())
+            .map(|n| n.clamp(self.min, self.max));
+        if paced.is_some() {
+            // A paced host is no far store to jump for: its rate decides.
+            self.jumped |= !f.is_empty();
+        }
         if let Some(needed) = paced
             && self.total > needed
         {
             // At once, settling or not: every read past it holds a chunk
             // to wait at the pacer.
-            self.total = needed.clamp(self.min, self.max);
+            self.total = needed;
             self.trying = None;
             self.limit = Limit::Throttled;
             self.settling = true;
@@ -488,13 +494,15 @@ impl InFlight {
         self.total != before
     }
 
-    /// The count the window's paced reads keep busy, if it had any:
-    /// their host's rate × their median time on the wire, with
+    /// The count the window's `reads` keep busy when all of them were a
+    /// paced host's: its rate × their median time on the wire, with
     /// `PACED_SPARE`.
-    fn paced_need(&mut self) -> Option<usize> {
+    fn paced_need(&mut self, reads: usize) -> Option<usize> {
         let mut wire = std::mem::take(&mut self.window_wire);
         let rate = self.paced.take()?;
-        if wire.is_empty() {
+        // Only where every read of the window was a paced host's: one
+        // throttling host's rate says nothing of another's reads.
+        if wire.len() < reads {
             return None;
         }
         wire.sort_by(f64::total_cmp);

@@ -86,9 +86,10 @@ impl Default for Pacer {
 
 impl Pacer {
     fn with<R>(&self, url: &str, f: impl FnOnce(&mut RateLimiter, f64) -> R) -> R {
-        let now = self.origin.elapsed().as_secs_f64();
         let host = authority(url);
         let mut hosts = self.hosts.lock().unwrap_or_else(|p| p.into_inner());
+        // Read under the lock: a limiter's times must not go backwards.
+        let now = self.origin.elapsed().as_secs_f64();
         let i = match hosts.iter().position(|(h, _)| h == host) {
             Some(i) => i,
             None => {

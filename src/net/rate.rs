@@ -80,12 +80,18 @@ const RESERVE: f64 = 0.1;
 /// for their tokens instead (`RESERVE`).
 const CAPACITY: f64 = 0.02;
 
-/// Adds `at` to `times` and drops those more than two [`WINDOW`]s before
-/// it (times come in about their order: each at most `RESERVE` ahead of
-/// its asking, or an answer's sending).
+/// How long sends (and the sends of throttled answers) are kept: a cut
+/// counts the [`WINDOW`] before the throttled request's own sending,
+/// whose answer may come seconds after it (a fresh connection's set-up,
+/// a slow server), while later sends go on.
+const SENDS_KEPT: f64 = 2.0;
+
+/// Adds `at` to `times` and drops those more than [`SENDS_KEPT`] before it
+/// (times come in about their order: each at most `RESERVE` ahead of its
+/// asking, or an answer's sending).
 fn keep_recent(times: &mut VecDeque<f64>, at: f64) {
     times.push_back(at);
-    while times.front().is_some_and(|&t| t < at - 2.0 * WINDOW) {
+    while times.front().is_some_and(|&t| t < at - SENDS_KEPT) {
         times.pop_front();
     }
 }
@@ -122,12 +128,12 @@ pub struct RateLimiter {
     /// When the first request was admitted or answered: rates are counted
     /// from it at the start.
     origin: Option<f64>,
-    /// The times requests were admitted to go, for the last two
-    /// [`WINDOW`]s (a cut counts the window before the throttled
+    /// The times requests were admitted to go, for the last
+    /// [`SENDS_KEPT`] (a cut counts the window before the throttled
     /// request's own sending).
     sends: VecDeque<f64>,
     /// When the requests answered with throttling were sent, for the
-    /// last two [`WINDOW`]s.
+    /// last [`SENDS_KEPT`].
     throttled_sends: VecDeque<f64>,
     /// The answers of the last [`WINDOW`] before the latest: when, and
     /// whether taken; and how many of them were taken.

@@ -282,6 +282,11 @@ pub(super) trait Landing {
     fn place(&mut self, i: usize, dst: *mut u8, offset: u64) -> Option<*mut u8>;
     /// Part `i` arrived whole and checked; an error stops new parts.
     fn landed(&mut self, i: usize) -> Result<()>;
+    /// Asked after every wait: an error stops new parts (the caller gave
+    /// up, as a Ctrl-C), those in flight are waited for.
+    fn go_on(&mut self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Every part at its own offset in the destination.
@@ -488,6 +493,11 @@ impl<'a> Job<'a> {
                 if let Err(e) = self.check(c).and_then(|()| landing.landed(i)) {
                     first_error.get_or_insert(e);
                 }
+            }
+            if first_error.is_none()
+                && let Err(e) = landing.go_on()
+            {
+                first_error = Some(e);
             }
         }
         match first_error {

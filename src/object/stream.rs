@@ -47,6 +47,8 @@ const WINDOW_BYTES: usize = 256 << 20;
 
 /// Reads `shard` in order into `sink` (named `sink_name` in errors).
 /// Bytes already written stay written when the read fails after them.
+/// `stop`, asked as parts complete, ends the read early when it says so
+/// (an error naming the sink; the parts in flight are waited for).
 pub fn stream_shard(
     shard: &Shard,
     cfg: &Config,
@@ -54,6 +56,7 @@ pub fn stream_shard(
     sink: &mut dyn Write,
     sink_name: &str,
     progress: Option<&Progress>,
+    stop: Option<&dyn Fn() -> bool>,
 ) -> Result<ReadReport> {
     let started = Instant::now();
     let size = shard_size(shard)?;
@@ -70,13 +73,11 @@ pub fn stream_shard(
     );
     let mut notes = Vec::new();
     let Some(mut ring) = open_ring(cfg, net, probe.most, &mut notes)? else {
+        // The whole read opens its own backend and says why in its notes.
         let buf = read_shard(shard, cfg, net, progress)?;
         write_all(sink, sink_name, buf.as_slice())?;
         flush(sink, sink_name)?;
-        let mut report = buf.report.clone();
-        notes.append(&mut report.notes);
-        report.notes = notes;
-        return Ok(report);
+        return Ok(buf.report.clone());
     };
     let slot = list.first().map_or(0, |p| p.1);
     let slots = (2 * probe.most)
@@ -96,6 +97,8 @@ pub fn stream_shard(
         parts: &list,
         sink,
         sink_name,
+        broken: false,
+        stop,
     };
     job.on_ring(&mut ring, &mut window)?;
     flush(window.sink, sink_name)?;
@@ -133,6 +136,9 @@ struct Window<'a> {
     parts: &'a [(u64, usize)],
     sink: &'a mut dyn Write,
     sink_name: &'a str,
+    /// A write to the sink failed: the read is stopping.
+    broken: bool,
+    stop: Option<&'a dyn Fn() -> bool>,
 }
 
 impl Landing for Window<'_> {
@@ -150,16 +156,32 @@ impl Landing for Window<'_> {
         if let Some((_, landed)) = &mut self.slot_of[i] {
             *landed = true;
         }
+        if self.broken {
+            // The sink refused a write: nothing more goes to it (a part
+            // written again would follow a part of it already there).
+            return Ok(());
+        }
         while let Some(Some((s, true))) = self.slot_of.get(self.written).copied() {
             let len = self.parts[self.written].1;
             // SAFETY: the slot holds this part, whole: its read completed,
             // and nothing writes the slot until it is free and given to
             // another part, after this.
             let bytes = unsafe { std::slice::from_raw_parts(self.base.add(s * self.slot), len) };
-            write_all(self.sink, self.sink_name, bytes)?;
+            if let Err(e) = write_all(self.sink, self.sink_name, bytes) {
+                self.broken = true;
+                return Err(e);
+            }
             self.slot_of[self.written] = None;
             self.free.insert(s);
             self.written += 1;
+        }
+        Ok(())
+    }
+
+    fn go_on(&mut self) -> Result<()> {
+        if self.stop.is_some_and(|stop| stop()) {
+            let why = std::io::Error::other("stopped before the object's end");
+            return Err(Error::io(IoOp::Write, self.sink_name, &why));
         }
         Ok(())
     }
