@@ -348,6 +348,7 @@ impl Server {
                     use std::os::fd::AsRawFd;
                     let fd = conn.as_raw_fd();
                     let _ = conn.set_read_timeout(Some(Duration::from_secs(30)));
+                    let _ = conn.set_nodelay(true);
                     match tls {
                         None => serve(conn, fd, &root, &f),
                         Some(cfg) => {
