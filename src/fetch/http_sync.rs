@@ -46,6 +46,39 @@ impl Write for Stream {
     }
 }
 
+impl Stream {
+    /// Acknowledges what arrives at once, not after the delayed-ACK timer
+    /// (up to 40 ms on Linux): a server that writes a response's head and
+    /// its body apart without `TCP_NODELAY` (Python's `http.server`, many
+    /// small ones) holds the body's last short segment until the head is
+    /// acknowledged, and a request-response connection's ACKs wait to ride
+    /// on the next request. The kernel leaves quick-ACK mode on its own,
+    /// so it is asked for again after each request and each read. A
+    /// failure only costs that wait.
+    fn quick_ack(&self) {
+        use std::os::fd::AsRawFd;
+        if !crate::net::quick_ack_on() {
+            return;
+        }
+        let fd = match self {
+            Stream::Plain(s) => s.as_raw_fd(),
+            Stream::Tls(s) => s.sock.as_raw_fd(),
+        };
+        let one: libc::c_int = 1;
+        // SAFETY: `fd` is this stream's open socket; the option's value
+        // is a c_int of the size given.
+        unsafe {
+            libc::setsockopt(
+                fd,
+                libc::IPPROTO_TCP,
+                libc::TCP_QUICKACK,
+                (&raw const one).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            );
+        }
+    }
+}
+
 /// Largest error body read for its S3 error code. S3's are under 1 KiB;
 /// 64 KiB bounds what a misbehaving server can make us buffer.
 pub const MAX_ERROR_BODY: usize = 64 << 10;
@@ -125,8 +158,10 @@ impl HttpPool {
             let mut got = 0;
             let result = (|| {
                 s.write_all(req).map_err(io)?;
+                s.quick_ack();
                 loop {
                     let n = s.read(&mut self.head_buf[got..]).map_err(io)?;
+                    s.quick_ack();
                     if n == 0 {
                         return Err(Fail::new(
                             if got == 0 {
@@ -233,7 +268,10 @@ impl HttpPool {
                         format!("{}: the body ended after {at} of {len} bytes", obj.url),
                     ));
                 }
-                Ok(n) => at += n,
+                Ok(n) => {
+                    at += n;
+                    s.quick_ack();
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => {
                     return Err(Fail::new(

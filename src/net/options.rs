@@ -61,6 +61,22 @@ pub fn set_pacing(on: bool) {
     PACING.store(on, Ordering::Relaxed);
 }
 
+/// Whether blocking HTTP reads ask for quick ACKs
+/// (`http_sync`'s `Stream::quick_ack`). Relaxed, as `PACING`.
+static QUICK_ACK: AtomicBool = AtomicBool::new(true);
+
+/// Turns the thread backend's quick ACKs off for the process. Only for the
+/// test that shows what they save (tests/delayed_ack.rs); never in a
+/// program.
+#[doc(hidden)]
+pub fn set_quick_ack(on: bool) {
+    QUICK_ACK.store(on, Ordering::Relaxed);
+}
+
+pub(crate) fn quick_ack_on() -> bool {
+    QUICK_ACK.load(Ordering::Relaxed)
+}
+
 /// The request rates of a loader's hosts, shared by all its readers and
 /// requests: one [`RateLimiter`] per host (a URL's authority), and the
 /// clock they read.

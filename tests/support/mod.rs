@@ -162,6 +162,11 @@ pub struct Faults {
     pub stall_repeat: std::sync::Mutex<Option<u64>>,
     /// The range of the GET whose head `hold_head` held.
     held_range: std::sync::Mutex<Option<(u64, u64)>>,
+    /// Connections accepted from now on keep Nagle's algorithm (no
+    /// `TCP_NODELAY`), as Python's `http.server` and many small servers
+    /// do: a response's head and body are written apart, and the body's
+    /// last short segment waits for the head's ACK.
+    pub nagle: AtomicBool,
 }
 
 impl Faults {
@@ -348,7 +353,9 @@ impl Server {
                     use std::os::fd::AsRawFd;
                     let fd = conn.as_raw_fd();
                     let _ = conn.set_read_timeout(Some(Duration::from_secs(30)));
-                    let _ = conn.set_nodelay(true);
+                    if !f.nagle.load(Ordering::SeqCst) {
+                        let _ = conn.set_nodelay(true);
+                    }
                     match tls {
                         None => serve(conn, fd, &root, &f),
                         Some(cfg) => {
