@@ -47,35 +47,13 @@ impl Write for Stream {
 }
 
 impl Stream {
-    /// Acknowledges what arrives at once, not after the delayed-ACK timer
-    /// (up to 40 ms on Linux): a server that writes a response's head and
-    /// its body apart without `TCP_NODELAY` (Python's `http.server`, many
-    /// small ones) holds the body's last short segment until the head is
-    /// acknowledged, and a request-response connection's ACKs wait to ride
-    /// on the next request. The kernel leaves quick-ACK mode on its own,
-    /// so it is asked for again after each request and each read. A
-    /// failure only costs that wait.
+    /// Asks for quick ACKs (`crate::net::quick_ack`).
     fn quick_ack(&self) {
         use std::os::fd::AsRawFd;
-        if !crate::net::quick_ack_on() {
-            return;
-        }
-        let fd = match self {
+        crate::net::quick_ack(match self {
             Stream::Plain(s) => s.as_raw_fd(),
             Stream::Tls(s) => s.sock.as_raw_fd(),
-        };
-        let one: libc::c_int = 1;
-        // SAFETY: `fd` is this stream's open socket; the option's value
-        // is a c_int of the size given.
-        unsafe {
-            libc::setsockopt(
-                fd,
-                libc::IPPROTO_TCP,
-                libc::TCP_QUICKACK,
-                (&raw const one).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            );
-        }
+        });
     }
 }
 

@@ -20,7 +20,9 @@
 //! destination: only the winner of a head race reaches its body.
 //!
 //! The parts: this file holds the slab, the routing of completions and
-//! the connect, send and body steps; `head.rs` the response head's step;
+//! the send and body steps; `connect.rs` a fresh connection's socket and
+//! connect, and the quick ACKs each request asks for; `head.rs` the
+//! response head's step;
 //! `tls.rs` the handshake and the records of https; `failure.rs` retries
 //! and failures; `hedge.rs` the hedges.
 //!
@@ -31,8 +33,7 @@
 //! completion of its current step arrives; only then does it move on or free.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -47,6 +48,7 @@ use crate::net::retry::{Jitter, Tries};
 use crate::net::tail::{HedgeBudget, Tail};
 use crate::net::version::VersionPin;
 
+mod connect;
 mod failure;
 mod head;
 mod hedge;
@@ -369,75 +371,7 @@ impl HttpDriver {
             op.conn = Some(c);
             return self.ready(ring, slot);
         }
-        let tls = if op.obj.tls {
-            let made = self
-                .net
-                .tls
-                .config()
-                .map_err(|e| Fail::new(FailKind::Tls, e))
-                .and_then(|cfg| TlsConn::new(cfg, &op.obj.host, op.obj.port));
-            match made {
-                Ok(t) => Some(Box::new(t)),
-                Err(f) => return self.fail(ring, slot, f),
-            }
-        } else {
-            None
-        };
-        let Some(sa) = op.obj.pick_addr() else {
-            let f = Fail::new(FailKind::Dns, format!("`{}` has no address", op.obj.host));
-            return self.fail(ring, slot, f);
-        };
-        let (storage, len) = sockaddr(sa);
-        op.addr = storage;
-        op.addr_len = len;
-        let family = if sa.is_ipv4() {
-            libc::AF_INET
-        } else {
-            libc::AF_INET6
-        };
-        // SAFETY: plain socket(2) call.
-        let fd = unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
-        if fd < 0 {
-            let e = std::io::Error::last_os_error();
-            return self.fail(
-                ring,
-                slot,
-                Fail::new(FailKind::Reset, format!("socket: {e}")),
-            );
-        }
-        // SAFETY: `fd` is a new descriptor we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let one: libc::c_int = 1;
-        // SAFETY: valid socket, option pointer and length.
-        unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::IPPROTO_TCP,
-                libc::TCP_NODELAY,
-                (&one as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as u32,
-            )
-        };
-        let raw = fd.as_raw_fd();
-        op.conn = Some(Conn {
-            fd,
-            reused: false,
-            tls,
-        });
-        op.step = Step::Connect;
-        let e = opcode::Connect::new(
-            types::Fd(raw),
-            (&op.addr as *const libc::sockaddr_storage).cast(),
-            op.addr_len,
-        )
-        .build()
-        .flags(squeue::Flags::IO_LINK)
-        .user_data(user_data(slot, op.generation, Step::Connect));
-        let generation = op.generation;
-        match self.push_with_stall(ring, &e, slot, generation) {
-            Ok(()) => None,
-            Err(f) => self.fail(ring, slot, f),
-        }
+        self.connect(ring, slot)
     }
 
     /// The connection is up: an https one shakes hands first (when fresh)
@@ -642,6 +576,7 @@ impl HttpDriver {
                 if op.sent < op.request.len() {
                     return self.send(ring, slot);
                 }
+                self.quick_ack(slot);
                 self.recv(ring, slot, Step::Head)
             }
             Step::Head => self.on_head(ring, slot, res),
@@ -748,39 +683,4 @@ impl Drop for HttpDriver {
         // a worker's ring drops before its driver).
         self.ticks.clear();
     }
-}
-
-fn sockaddr(sa: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
-    // SAFETY: plain data; zeroed is valid.
-    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let len = match sa {
-        SocketAddr::V4(a) => {
-            let sin = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: a.port().to_be(),
-                sin_addr: libc::in_addr {
-                    s_addr: u32::from_ne_bytes(a.ip().octets()),
-                },
-                sin_zero: [0; 8],
-            };
-            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
-            unsafe { std::ptr::write((&mut storage as *mut libc::sockaddr_storage).cast(), sin) };
-            std::mem::size_of::<libc::sockaddr_in>()
-        }
-        SocketAddr::V6(a) => {
-            let sin6 = libc::sockaddr_in6 {
-                sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                sin6_port: a.port().to_be(),
-                sin6_flowinfo: a.flowinfo(),
-                sin6_addr: libc::in6_addr {
-                    s6_addr: a.ip().octets(),
-                },
-                sin6_scope_id: a.scope_id(),
-            };
-            // SAFETY: as above, for sockaddr_in6.
-            unsafe { std::ptr::write((&mut storage as *mut libc::sockaddr_storage).cast(), sin6) };
-            std::mem::size_of::<libc::sockaddr_in6>()
-        }
-    };
-    (storage, len as libc::socklen_t)
 }

@@ -17,7 +17,7 @@ pub mod tail;
 pub mod tls;
 pub mod version;
 
-pub(crate) use options::quick_ack_on;
+pub(crate) use options::quick_ack;
 pub use options::{
     NetOptions, NetStats, Pacer, gave_up, retry_wait, set_pacing, set_quick_ack, with_retries,
 };

@@ -61,11 +61,11 @@ pub fn set_pacing(on: bool) {
     PACING.store(on, Ordering::Relaxed);
 }
 
-/// Whether blocking HTTP reads ask for quick ACKs
-/// (`http_sync`'s `Stream::quick_ack`). Relaxed, as `PACING`.
+/// Whether HTTP reads ask for quick ACKs ([`quick_ack`]). Relaxed, as
+/// `PACING`.
 static QUICK_ACK: AtomicBool = AtomicBool::new(true);
 
-/// Turns the thread backend's quick ACKs off for the process. Only for the
+/// Turns quick ACKs off for the process. Only for the
 /// test that shows what they save (tests/delayed_ack.rs); never in a
 /// program.
 #[doc(hidden)]
@@ -73,8 +73,30 @@ pub fn set_quick_ack(on: bool) {
     QUICK_ACK.store(on, Ordering::Relaxed);
 }
 
-pub(crate) fn quick_ack_on() -> bool {
-    QUICK_ACK.load(Ordering::Relaxed)
+/// Asks the socket `fd` to acknowledge what arrives at once, not on the
+/// delayed-ACK timer (up to 40 ms on Linux): a server that writes a
+/// response's head and its body apart without `TCP_NODELAY` (Python's
+/// `http.server`, many small ones) holds the body's last short segment
+/// until the head is acknowledged, and a request-response connection's
+/// ACKs wait to ride on the next request. The kernel leaves quick-ACK mode
+/// on its own, so it is asked for again after each request (and, on
+/// blocking sockets, each read). A failure only costs that wait.
+pub(crate) fn quick_ack(fd: std::os::fd::RawFd) {
+    if !QUICK_ACK.load(Ordering::Relaxed) {
+        return;
+    }
+    let one: libc::c_int = 1;
+    // SAFETY: `fd` is the caller's open socket; the option's value is a
+    // c_int of the size given.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_QUICKACK,
+            (&raw const one).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
 }
 
 /// The request rates of a loader's hosts, shared by all its readers and

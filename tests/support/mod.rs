@@ -422,6 +422,23 @@ fn serve(mut conn: impl Read + Write, fd: i32, root: &std::path::Path, f: &Fault
                 Ok(0) | Err(_) => return,
                 Ok(n) => buf.extend_from_slice(&tmp[..n]),
             }
+            if f.nagle.load(Ordering::SeqCst) {
+                // The request is acknowledged at once: a Nagle server's own
+                // ACKs are not what tests/delayed_ack.rs counts (they ride
+                // on the answer, or on the delayed-ACK timer where a loaded
+                // machine holds the answer past it).
+                let one: libc::c_int = 1;
+                // SAFETY: `fd` is this connection's socket; a c_int option.
+                unsafe {
+                    libc::setsockopt(
+                        fd,
+                        libc::IPPROTO_TCP,
+                        libc::TCP_QUICKACK,
+                        (&raw const one).cast(),
+                        std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                    );
+                }
+            }
         };
         buf.drain(..head_len);
         if f.garbage.load(Ordering::SeqCst) {

@@ -21,7 +21,6 @@ impl HttpDriver {
         slot: usize,
         res: i32,
     ) -> Option<Completion> {
-        let op = self.slots[slot].as_mut().expect("live slot");
         if res <= 0 {
             let f = if res == 0 {
                 Fail::new(
@@ -33,6 +32,8 @@ impl HttpDriver {
             };
             return self.retry_or_fail(ring, slot, f);
         }
+        self.quick_ack(slot);
+        let op = self.slots[slot].as_mut().expect("live slot");
         let parsed = match op.conn.as_mut().and_then(|c| c.tls.as_mut()) {
             Some(tls) => {
                 tls.received(res as usize);
