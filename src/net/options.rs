@@ -65,7 +65,8 @@ pub fn set_pacing(on: bool) {
 /// `PACING`.
 static QUICK_ACK: AtomicBool = AtomicBool::new(true);
 
-/// Turns quick ACKs off for the process. Only for the
+/// Turns quick ACKs on or off for every loader in the process (on by
+/// default). Only for the
 /// test that shows what they save (tests/delayed_ack.rs); never in a
 /// program.
 #[doc(hidden)]

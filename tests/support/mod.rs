@@ -165,7 +165,9 @@ pub struct Faults {
     /// Connections accepted from now on keep Nagle's algorithm (no
     /// `TCP_NODELAY`), as Python's `http.server` and many small servers
     /// do: a response's head and body are written apart, and the body's
-    /// last short segment waits for the head's ACK.
+    /// last short segment waits for the head's ACK. Such a server also
+    /// acknowledges each request at once (see `serve`). Read by each
+    /// connection as it starts.
     pub nagle: AtomicBool,
 }
 

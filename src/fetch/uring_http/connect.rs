@@ -90,9 +90,10 @@ impl HttpDriver {
 
     /// The connection of the range in `slot` acknowledges what arrives
     /// at once, not on the delayed-ACK timer: asked once its request is
-    /// sent, and again at each piece of the response head (the kernel
-    /// leaves quick-ACK mode on its own; the body's segments then have
-    /// it from the head's last).
+    /// sent, and again at each piece of the response head, which sends
+    /// an ACK already pending (the kernel goes back to delaying on its
+    /// own). A server with Nagle's algorithm holds back only its one
+    /// short segment after the head, so the head's ACK is what matters.
     pub(super) fn quick_ack(&self, slot: usize) {
         let op = self.slots[slot].as_ref().expect("live slot");
         if let Some(c) = op.conn.as_ref() {
