@@ -248,6 +248,20 @@ impl ChunkPool {
         self.out_slot(owner).fetch_sub(1, Ordering::Release);
     }
 
+    /// What a worker stuck at its share is told: `owner` holds all of it
+    /// itself, with no batch out to free a chunk.
+    fn own_share_full(&self, s: &PoolState, owner: usize, n: usize) -> String {
+        format!(
+            "worker {owner} holds all {} chunks of its share ({} workers share {} \
+             chunks of {} bytes) in its own open batch, shuffle buffer or spill, \
+             with no batch out to free one; a run of {n} wanted",
+            s.used[owner],
+            s.live.iter().filter(|&&l| l).count(),
+            self.chunk_count(),
+            self.chunk_size
+        )
+    }
+
     /// True when no batch holding `owner`'s chunks is out with a consumer.
     fn none_out(&self, owner: usize) -> bool {
         // Acquire: pairs with the Release decrement in `batch_out_gone`.
@@ -440,14 +454,23 @@ impl ChunkPool {
             if s.waiting + 1 >= s.running && alive == 0 {
                 stuck_rounds += 1;
                 if stuck_rounds >= 3 {
-                    return Err(Error::BudgetTooSmall {
-                        budget: self.arena.len() as u64,
-                        detail: format!(
+                    // A waiter at its share waits on its own chunks, not
+                    // on the arena (which may have free ones): said by
+                    // name, as below, whichever of the two sees it first
+                    // (this one, once the other workers are done).
+                    let detail = if allowed {
+                        format!(
                             "{} chunks of {} bytes, {} free, a run of {n} wanted",
                             self.chunk_count(),
                             self.chunk_size,
                             s.free_count
-                        ),
+                        )
+                    } else {
+                        self.own_share_full(&s, owner, n)
+                    };
+                    return Err(Error::BudgetTooSmall {
+                        budget: self.arena.len() as u64,
+                        detail,
                     });
                 }
             } else {
@@ -459,15 +482,7 @@ impl ChunkPool {
                 if *checks >= 3 && since.elapsed() >= STUCK_FOR {
                     return Err(Error::BudgetTooSmall {
                         budget: self.arena.len() as u64,
-                        detail: format!(
-                            "worker {owner} holds all {} chunks of its share ({} workers share {} \
-                             chunks of {} bytes) in its own open batch, shuffle buffer or spill, \
-                             with no batch out to free one; a run of {n} wanted",
-                            s.used[owner],
-                            s.live.iter().filter(|&&l| l).count(),
-                            self.chunk_count(),
-                            self.chunk_size
-                        ),
+                        detail: self.own_share_full(&s, owner, n),
                     });
                 }
             } else {
