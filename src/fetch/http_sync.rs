@@ -246,10 +246,7 @@ impl HttpPool {
                         format!("{}: the body ended after {at} of {len} bytes", obj.url),
                     ));
                 }
-                Ok(n) => {
-                    at += n;
-                    s.quick_ack();
-                }
+                Ok(n) => at += n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => {
                     return Err(Fail::new(

@@ -80,8 +80,10 @@ pub fn set_quick_ack(on: bool) {
 /// `http.server`, many small ones) holds the body's last short segment
 /// until the head is acknowledged, and a request-response connection's
 /// ACKs wait to ride on the next request. The kernel leaves quick-ACK mode
-/// on its own, so it is asked for again after each request (and, on
-/// blocking sockets, each read). A failure only costs that wait.
+/// on its own, so it is asked for again after each request and at each
+/// piece of the response head (Nagle holds back only the one short
+/// segment after the head: the body needs no syscall of its own). A
+/// failure only costs that wait.
 pub(crate) fn quick_ack(fd: std::os::fd::RawFd) {
     if !QUICK_ACK.load(Ordering::Relaxed) {
         return;
