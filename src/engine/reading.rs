@@ -23,6 +23,21 @@ use crate::net::version::VersionPin;
 /// run and one for a shuffle compaction target.
 pub(super) const HEADROOM: usize = 2;
 
+/// The most of a worker's network reads, in flight or done and waiting
+/// behind a slower one for the walk, when `depth` may be in flight: a
+/// quarter more (at least one), so a slow answer at the head does not
+/// stop the link at once, while the chunks held behind it stay few. Each
+/// chunk held is memory touched, and on a VM whose host backs a page only
+/// at its first touch that costs as much as the read: on the emulator's S3
+/// model (`benches/object_store.sh`, scenario A, 5 interleaved rounds),
+/// twice the depth held 117-129 chunks of 8 MiB and read 1.59 GB/s at
+/// 0.52 CPU-s per GB (the kernel clearing fresh pages: 58 % of a slow
+/// run's samples), a quarter more held 95-97 and read 2.27 GB/s at 0.29,
+/// with more transfers in flight (39 against 30 on average), not fewer.
+pub(super) fn held_bound(depth: usize) -> usize {
+    depth + (depth / 4).max(1)
+}
+
 pub(super) struct PendingRead {
     pub(super) id: u64,
     pub(super) chunk: ChunkRef,
@@ -245,7 +260,7 @@ impl<'a> Reading<'a> {
             let a = &self.ahead[i];
             if !(a.failed.is_none()
                 && coming(current) + due < depth
-                && current.len() + held < 2 * depth
+                && current.len() + held < held_bound(depth)
                 && a.size.map_or(a.next_offset < guess, |s| a.next_offset < s))
             {
                 break;

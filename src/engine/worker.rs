@@ -20,7 +20,9 @@ use std::sync::atomic::Ordering;
 
 use crate::dataset::{Shard, Source};
 use crate::engine::assemble::{ShardSink, emit_ghost, emit_held};
-use crate::engine::reading::{HEADROOM, Next, PendingRead, Reading, ahead_reads, coming};
+use crate::engine::reading::{
+    HEADROOM, Next, PendingRead, Reading, ahead_reads, coming, held_bound,
+};
 use crate::engine::shared::{Item, Shared};
 use crate::engine::shuffler::Shuffler;
 use crate::engine::tier::{Tier, consult};
@@ -371,7 +373,7 @@ impl<'a> Worker<'a> {
                 // their bytes are still coming: a read done and waiting
                 // for the walk behind a slow one holds its chunk, not a
                 // place in flight, so one slow answer never idles the
-                // link (twice the depth bounds the reads waiting).
+                // link (`held_bound` bounds the reads waiting).
                 (true, true) => sh.reads.per_worker(),
                 (true, false) => sh.cfg.local_reads(),
             };
@@ -391,7 +393,7 @@ impl<'a> Worker<'a> {
             let room = |w: &Self, p: &VecDeque<PendingRead>| match net {
                 true => {
                     let (held, due) = ahead_reads(&w.io.ahead);
-                    coming(p) + due < issue && p.len() + held < 2 * issue
+                    coming(p) + due < issue && p.len() + held < held_bound(issue)
                 }
                 false => p.len() < issue,
             };
