@@ -19,7 +19,7 @@ use crate::engine::planning::{learn_cached_counts, plan_setup, worker_count};
 use crate::engine::setup::{
     EngineNet, MIN_SHARE, check_placement_keys, fixed_buffers, own_pool, place, remote_budget,
 };
-use crate::engine::shared::{NetReads, Progress, Shared};
+use crate::engine::shared::{NetReads, Progress, Shared, faults_in_on_reads};
 use crate::engine::threads::{
     MakeReader, Readers, net_main, prefault_main, sequencer_main, worker_main,
 };
@@ -183,8 +183,14 @@ impl Loader {
                 (j.pool, j.base, j.net_links, j.spool, notes, None)
             }
             None => {
-                let (pool, notes, cuda_later) =
-                    own_pool(&cfg, chunks, workers, placement.numa_node, placement_notes)?;
+                let (pool, notes, cuda_later) = own_pool(
+                    &cfg,
+                    chunks,
+                    workers,
+                    placement.numa_node,
+                    placement_notes,
+                    faults_in_on_reads(&cfg, &shards),
+                )?;
                 (pool, 0, Vec::new(), None, notes, cuda_later)
             }
         };

@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::fetch::NetOptions;
 use crate::fetch::net_thread::NetLink;
 use crate::fetch::uring::{self, FixedBuffers, UringReader};
-use crate::memory::{Arena, ArenaOptions, ChunkPool, cuda};
+use crate::memory::{Arena, ArenaOptions, ChunkPool, MemoryKind, cuda};
 use crate::topology::{self, Claims, ClaimsDir, Placement, Request, Topology, Why};
 
 /// Most buffers io_uring registers in one table (IORING_MAX_REG_BUFFERS).
@@ -133,30 +133,54 @@ pub(super) fn remote_budget() -> u64 {
 
 /// A loader's own arena of `chunks` chunks (on `numa_node`), and its pool
 /// split among `workers` streams; with the arena's notes after `notes`
-/// and the CUDA runtime to register it with once populated.
+/// and the CUDA runtime to register it with once populated. `on_reads`:
+/// its pages fault in as reads land (`shared::faults_in_on_reads`).
 pub(super) fn own_pool(
     cfg: &Config,
     chunks: usize,
     workers: usize,
     numa_node: Option<usize>,
     placement_notes: Vec<String>,
+    on_reads: bool,
 ) -> Result<(Arc<ChunkPool>, Vec<String>, Option<&'static cuda::Runtime>)> {
     let chunk = cfg.chunk_size as usize;
-    let arena = Arena::new_on_node(
-        chunks * chunk,
-        ArenaOptions {
-            kind: cfg.memory_kind,
-            lock: cfg.lock_memory.required(),
-            // Pages fault in as reads land in them and a thread
-            // populates the rest (`prefault_main`), so the first reads
-            // do not wait for the whole arena. Only fixed buffers
-            // required at open need every page in now.
-            // So do pages registered with CUDA at open.
-            prefault: cfg.register_buffers == Toggle::On || cfg.cuda_register == Toggle::On,
-            shared: cfg.shared_arena,
-        },
-        numa_node,
-    )?;
+    let opts = |kind| ArenaOptions {
+        kind,
+        lock: cfg.lock_memory.required(),
+        // Pages fault in as reads land in them and a thread
+        // populates the rest (`prefault_main`), so the first reads
+        // do not wait for the whole arena. Only fixed buffers
+        // required at open need every page in now.
+        // So do pages registered with CUDA at open.
+        prefault: cfg.register_buffers == Toggle::On || cfg.cuda_register == Toggle::On,
+        shared: cfg.shared_arena,
+    };
+    let arena = match cfg.memory_kind {
+        // Pages faulted in by the reads themselves are not asked for as
+        // transparent huge pages: where free memory is fragmented
+        // (`defrag` = `madvise`, the default) the kernel compacts it on
+        // the reading thread, and every read of that ring waits. On the
+        // emulator's S3 model (`benches/object_store.sh`, scenario A, 4
+        // interleaved rounds) 4 KiB pages read 2.16-2.41 GB/s at 0.29-0.30
+        // CPU-s per GB, transparent huge pages 1.62-2.41 at 0.25-0.52.
+        // Reserved huge pages have nothing to compact.
+        None if on_reads => Arena::new_on_node(
+            chunks * chunk,
+            opts(Some(MemoryKind::Hugetlb)),
+            numa_node,
+        )
+        .or_else(|_| {
+            let mut a =
+                Arena::new_on_node(chunks * chunk, opts(Some(MemoryKind::Normal)), numa_node)?;
+            a.note(
+                "normal pages: no huge pages reserved, and transparent huge pages are not \
+                     asked for an arena the reads fault in (memory compaction would stall them)"
+                    .to_string(),
+            );
+            Ok::<_, Error>(a)
+        })?,
+        kind => Arena::new_on_node(chunks * chunk, opts(kind), numa_node)?,
+    };
     let mut notes = arena.report().notes.clone();
     let cuda_later = register_cuda(&arena, cfg, &mut notes)?;
     notes.extend(placement_notes);

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use crate::cache::Spool;
 use crate::config::Config;
-use crate::dataset::Shard;
+use crate::dataset::{Shard, Source};
 use crate::engine::counters::Counters;
 use crate::error::{Error, Result};
 use crate::fetch::direct::{ChunkLayout, DirectIo};
@@ -92,6 +92,14 @@ pub(crate) struct Shared {
     pub(super) started: Instant,
     /// How many network reads the workers keep in flight.
     pub(super) reads: NetReads,
+}
+
+/// Whether most of a loader's arena faults in as reads first land in it
+/// (`prefault_main` populates only a local dataset's default share of it):
+/// a remote dataset's arena of the default size, which is sized for a far
+/// store's reads in flight.
+pub(crate) fn faults_in_on_reads(cfg: &Config, shards: &[Shard]) -> bool {
+    cfg.memory_budget == 0 && shards.iter().all(|s| matches!(s.source, Source::Http(_)))
 }
 
 /// How long after a read found no chunk free memory still counts as what

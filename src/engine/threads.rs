@@ -175,12 +175,7 @@ pub(super) fn prefault_main(
     // A shared pool's arena is its engine's to populate.
     let own = if pool.is_shared() {
         0
-    } else if shared
-        .shards
-        .iter()
-        .all(|s| matches!(s.source, crate::dataset::Source::Http(_)))
-        && shared.cfg.memory_budget == 0
-    {
+    } else if super::shared::faults_in_on_reads(&shared.cfg, &shared.shards) {
         // The default arena of remote shards is sized for a far store's
         // reads in flight; on a near one most of it is never read into.
         // Fault in what a local dataset's default holds, and let the rest

@@ -213,6 +213,11 @@ impl Arena {
         }
     }
 
+    /// Adds `note` to the report's notes (why a kind was chosen).
+    pub fn note(&mut self, note: String) {
+        self.report.notes.push(note);
+    }
+
     pub fn report(&self) -> &ArenaReport {
         &self.report
     }
