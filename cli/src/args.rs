@@ -250,7 +250,7 @@ pub(crate) struct LoaderArgs {
     /// Bytes per chunk, the unit of reads, e.g. 8MiB (`chunk_size`).
     #[arg(long)]
     pub(crate) chunk_size: Option<String>,
-    /// Reads each worker keeps in flight (`reads_in_flight`; default 4).
+    /// Reads each worker keeps in flight (`reads_in_flight`; default: 4 on local files, found as the reads go over the network).
     #[arg(long)]
     pub(crate) reads_in_flight: Option<u64>,
     /// Worker threads, each reading one stream of the plan (`workers`;
