@@ -91,7 +91,7 @@
 #                 cold: 5 s idle before each; asis: nothing (the figures
 #                 in the README)
 #
-# Measured: README, "An object store's shape" (2026-12-03, commit f9d339e).
+# Measured: README, "An object store's shape" (2026-12-03, commit 4cf4d38).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
