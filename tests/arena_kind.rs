@@ -63,7 +63,7 @@ fn a_remote_default_arena_takes_no_transparent_huge_pages_and_says_why() {
         .map(|p| p.to_str().unwrap().to_string())
         .collect();
     let best = best_kind();
-    let why = "transparent huge pages are not asked for an arena the reads fault in";
+    let why = "transparent huge pages are not asked for memory the reads fault in";
 
     // The case: a remote dataset, the default budget.
     let l = open(remote.clone(), serde_json::json!({}));

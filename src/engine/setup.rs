@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::fetch::NetOptions;
 use crate::fetch::net_thread::NetLink;
 use crate::fetch::uring::{self, FixedBuffers, UringReader};
-use crate::memory::{Arena, ArenaOptions, ChunkPool, MemoryKind, cuda};
+use crate::memory::{Arena, ArenaOptions, ChunkPool, cuda};
 use crate::topology::{self, Claims, ClaimsDir, Placement, Request, Topology, Why};
 
 /// Most buffers io_uring registers in one table (IORING_MAX_REG_BUFFERS).
@@ -163,22 +163,7 @@ pub(super) fn own_pool(
         // emulator's S3 model (`benches/object_store.sh`, scenario A, 4
         // interleaved rounds) 4 KiB pages read 2.16-2.41 GB/s at 0.29-0.30
         // CPU-s per GB, transparent huge pages 1.62-2.41 at 0.25-0.52.
-        // Reserved huge pages have nothing to compact.
-        None if on_reads => Arena::new_on_node(
-            chunks * chunk,
-            opts(Some(MemoryKind::Hugetlb)),
-            numa_node,
-        )
-        .or_else(|_| {
-            let mut a =
-                Arena::new_on_node(chunks * chunk, opts(Some(MemoryKind::Normal)), numa_node)?;
-            a.note(
-                "normal pages: no huge pages reserved, and transparent huge pages are not \
-                     asked for an arena the reads fault in (memory compaction would stall them)"
-                    .to_string(),
-            );
-            Ok::<_, Error>(a)
-        })?,
+        None if on_reads => Arena::new_without_thp(chunks * chunk, opts(None), numa_node)?,
         kind => Arena::new_on_node(chunks * chunk, opts(kind), numa_node)?,
     };
     let mut notes = arena.report().notes.clone();

@@ -92,6 +92,33 @@ impl Arena {
         Arena::new_on_node(len, opts, None)
     }
 
+    /// An arena of reserved huge pages where there are some, else normal
+    /// pages, never transparent huge pages: for memory whose pages fault in
+    /// as reads first land in it, where `MADV_HUGEPAGE` makes the kernel
+    /// compact fragmented memory on the reading thread (`defrag` =
+    /// `madvise`, the default) and every read behind it waits. `opts.kind`
+    /// is ignored. The report's notes say why.
+    pub fn new_without_thp(len: usize, opts: ArenaOptions, node: Option<usize>) -> Result<Arena> {
+        let huge = ArenaOptions {
+            kind: Some(MemoryKind::Hugetlb),
+            ..opts
+        };
+        if let Ok(a) = Arena::new_on_node(len, huge, node) {
+            return Ok(a);
+        }
+        let normal = ArenaOptions {
+            kind: Some(MemoryKind::Normal),
+            ..opts
+        };
+        let mut a = Arena::new_on_node(len, normal, node)?;
+        a.report.notes.push(
+            "normal pages: no huge pages reserved, and transparent huge pages are not asked \
+             for memory the reads fault in (compaction would stall them)"
+                .to_string(),
+        );
+        Ok(a)
+    }
+
     /// An arena whose pages are preferred on NUMA `node` (the NIC's, where
     /// its DMA lands), bound before any page is faulted in; a refused
     /// binding is a note, not an error.
@@ -211,11 +238,6 @@ impl Arena {
             Some(Err(e)) => Some(e),
             _ => None,
         }
-    }
-
-    /// Adds `note` to the report's notes (why a kind was chosen).
-    pub fn note(&mut self, note: String) {
-        self.report.notes.push(note);
     }
 
     pub fn report(&self) -> &ArenaReport {

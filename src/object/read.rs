@@ -40,7 +40,7 @@ use crate::fetch::http_sync::HttpPool;
 use crate::fetch::threads::run_blocking;
 use crate::fetch::uring::UringReader;
 use crate::fetch::{BackendKind, Completion, NetOptions, ReadFail, ReadRequest, Reader, Target};
-use crate::memory::{Arena, ArenaOptions, MemoryKind};
+use crate::memory::{Arena, ArenaOptions};
 use crate::net::inflight::{InFlight, Read};
 use crate::net::retry::Jitter;
 use crate::net::version::VersionPin;
@@ -129,7 +129,7 @@ pub fn read_shard(
 /// unless `memory_kind` says otherwise; locked only when asked.
 pub(super) fn own_memory(len: usize, cfg: &Config) -> Result<Arena> {
     let opts = |kind| ArenaOptions {
-        kind: Some(kind),
+        kind,
         // Locking would fault every page in before the first read; on
         // only when asked.
         lock: Some(cfg.lock_memory == crate::config::Toggle::On),
@@ -144,9 +144,8 @@ pub(super) fn own_memory(len: usize, cfg: &Config) -> Result<Arena> {
     // default): 2 GiB reads measured 0.3 to 6 GB/s on the dev machine,
     // against a steady 1.8 to 2 GB/s on 4 KiB pages.
     match cfg.memory_kind {
-        Some(kind) => Arena::new(bytes, opts(kind)),
-        None => Arena::new(bytes, opts(MemoryKind::Hugetlb))
-            .or_else(|_| Arena::new(bytes, opts(MemoryKind::Normal))),
+        Some(kind) => Arena::new(bytes, opts(Some(kind))),
+        None => Arena::new_without_thp(bytes, opts(None), None),
     }
 }
 
