@@ -247,7 +247,8 @@ pub(crate) struct LoaderArgs {
     /// from the workers).
     #[arg(long)]
     pub(crate) memory_budget: Option<String>,
-    /// Bytes per chunk, the unit of reads, e.g. 8MiB (`chunk_size`).
+    /// Bytes per chunk, the unit of reads, e.g. 8MiB, or auto (`chunk_size`;
+    /// default auto: 8MiB, less for remote shards smaller than that).
     #[arg(long)]
     pub(crate) chunk_size: Option<String>,
     /// Reads each worker keeps in flight (`reads_in_flight`; default: 4 on local files, found as the reads go over the network).

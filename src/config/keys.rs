@@ -12,7 +12,7 @@ use serde_json::Value;
 use super::values::{
     attempts, auto_or_positive, boolean, checksum, cpu_list, endpoint, file_path, fill_mode,
     integer, io_backend, memory_kind, min_free, node_mode, numa_node, positive, positive_size,
-    region, remainder, resume_states, secret, size, suffix, text, toggle, urls,
+    region, remainder, resume_states, secret, size, size_or_auto, suffix, text, toggle, urls,
 };
 use super::{Checksum, IoBackend, NodeMode, Toggle};
 use crate::cache::{FillMode, MinFree};
@@ -27,6 +27,13 @@ use crate::plan::Remainder;
 /// network receives busy on one core (measured on the dev machine); four
 /// cover a 100 Gbit/s NIC's share of a node's ranks.
 pub const AUTO_WORKERS: usize = 4;
+
+/// The chunk size where `chunk_size` is auto and the shards are local,
+/// large or of sizes not known at open: the S3 part size the AWS CRT uses
+/// to reach line rate, and the receive size at which one io_uring thread
+/// reached ~4 GB/s at half the CPU of 256 KiB receives (measured on the
+/// dev machine).
+pub const DEFAULT_CHUNK: u64 = 8 << 20;
 
 /// Reads a worker keeps in flight on local files when `reads_in_flight` is
 /// auto: for page-cache reads 2 already overlap parse and copy, and 4
@@ -266,11 +273,13 @@ config_keys! {
     // Sized at open from the workers' read-ahead: see effective_budget.
     [Engine] memory_budget: u64 = 0 => size(key, v)?;
 
-    /// Bytes per chunk: the unit of reads and of memory accounting.
-    // 8 MiB: the S3 part size the AWS CRT uses to reach line rate, and
-    // the receive size at which one io_uring thread reached ~4 GB/s at
-    // half the CPU of 256 KiB receives (measured on the dev machine).
-    [Engine] chunk_size: u64 = 8 << 20 => size(key, v)?;
+    /// Bytes per chunk: the unit of reads and of memory accounting; 0
+    /// (auto): [`DEFAULT_CHUNK`], or for remote shards smaller than that
+    /// read, a chunk of whole MiB whose read holds one (chosen at open).
+    // Auto: a chunk holds one read, and a read of a 1 MiB shard took all of
+    // an 8 MiB chunk, so a far store's budget held a quarter of the reads
+    // it could have (see `engine::setup::auto_chunk`).
+    [Engine] chunk_size: u64 = 0 => size_or_auto(key, v)?;
 
     /// Reads each worker keeps in flight; 0 (auto): `LOCAL_READS` for
     /// local files, and for network reads as many as the link needs,

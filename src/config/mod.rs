@@ -19,8 +19,8 @@ mod values;
 use serde_json::{Map, Value};
 
 pub use keys::{
-    AUTO_READS_MAX, AUTO_WORKERS, Config, KEY_SCOPES, KEYS, LOCAL_READS, PARTS_IN_FLIGHT,
-    REMOTE_BUDGET_MAX, REMOTE_BUDGET_SHARE, Scope,
+    AUTO_READS_MAX, AUTO_WORKERS, Config, DEFAULT_CHUNK, KEY_SCOPES, KEYS, LOCAL_READS,
+    PARTS_IN_FLIGHT, REMOTE_BUDGET_MAX, REMOTE_BUDGET_SHARE, Scope,
 };
 pub use values::{Checksum, IoBackend, NodeMode, Toggle, parse_size};
 
@@ -103,9 +103,19 @@ impl Config {
         if self.memory_budget != 0 {
             return self.memory_budget;
         }
-        let reads = workers as u64 * (self.local_reads() as u64 + 2) * self.chunk_size;
+        let reads = workers as u64 * (self.local_reads() as u64 + 2) * self.chunk();
         let floor = (256 << 20).max(remote.unwrap_or(0)) / self.loader_workers.max(1);
         (reads + (64 << 20)).max(floor)
+    }
+
+    /// Bytes per chunk: `chunk_size`, or [`DEFAULT_CHUNK`] while it is auto
+    /// (a loader sets it at open from its shards: `engine::setup::auto_chunk`;
+    /// a node engine's pool takes the default).
+    pub fn chunk(&self) -> u64 {
+        match self.chunk_size {
+            0 => DEFAULT_CHUNK,
+            n => n,
+        }
     }
 
     /// Reads a worker keeps in flight on local files: `reads_in_flight`,
@@ -275,7 +285,18 @@ mod tests {
         assert_eq!(c.urls, vec!["a.tar"]);
         assert_eq!(c.memory_budget, 256 << 20);
         assert_eq!(c.chunk_size, 1 << 20);
+        assert_eq!(c.chunk(), 1 << 20);
         assert_eq!(c.batch_size, 32);
+        // Auto (the default, or by name) is 0 until open; the default chunk
+        // stands for it until then.
+        for json in [
+            r#"{"urls": "a.tar"}"#,
+            r#"{"urls": "a.tar", "chunk_size": "auto"}"#,
+        ] {
+            let c = Config::from_json(json).unwrap();
+            c.validate().unwrap();
+            assert_eq!((c.chunk_size, c.chunk()), (0, DEFAULT_CHUNK), "{json}");
+        }
         assert_eq!(parse_size("1 GB").unwrap(), 1_000_000_000);
     }
 
@@ -330,7 +351,10 @@ mod tests {
         );
         assert!(err(r#"{"urls":"a","direct_io":1}"#).contains("`direct_io` must be a string"));
         assert!(err(r#"{"urls":"a","chunk_size":1000}"#).contains("`chunk_size`"));
-        assert!(err(r#"{"urls":"a","memory_budget":"16MiB"}"#).contains("at least 4 are needed"));
+        assert!(
+            err(r#"{"urls":"a","memory_budget":"16MiB","chunk_size":"8MiB"}"#)
+                .contains("at least 4 are needed")
+        );
         assert!(err(r#"{"urls":[1]}"#).contains("`urls`"));
         assert!(err(r#"{"urls":[""]}"#).contains("`urls`"));
         assert!(err(r#"{}"#).contains("`urls` is required"));

@@ -60,7 +60,7 @@ impl Config {
             return Err(Error::config("`batch_size` must be at least 1"));
         }
         const MIN_CHUNK: u64 = 64 << 10;
-        if self.chunk_size < MIN_CHUNK || self.chunk_size % 4096 != 0 {
+        if self.chunk_size != 0 && (self.chunk_size < MIN_CHUNK || self.chunk_size % 4096 != 0) {
             return Err(Error::config(format!(
                 "`chunk_size` must be a multiple of 4096 and at least {MIN_CHUNK} bytes, got {}",
                 self.chunk_size
@@ -72,8 +72,9 @@ impl Config {
                 self.chunk_size
             )));
         }
-        let chunks = self.memory_budget / self.chunk_size;
-        if self.memory_budget != 0 && chunks < 4 {
+        // Auto is checked once chosen (`Loader::start`: the workers' need).
+        let chunks = self.memory_budget / self.chunk_size.max(1);
+        if self.memory_budget != 0 && self.chunk_size != 0 && chunks < 4 {
             return Err(Error::config(format!(
                 "`memory_budget` of {} bytes holds {chunks} chunks of {} bytes; at least 4 are needed",
                 self.memory_budget, self.chunk_size

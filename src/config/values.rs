@@ -233,6 +233,14 @@ pub(super) fn size(key: &str, v: &Value) -> Result<u64> {
     }
 }
 
+/// A size, or "auto" (0): the engine picks it at open.
+pub(super) fn size_or_auto(key: &str, v: &Value) -> Result<u64> {
+    match v.as_str() {
+        Some("auto") => Ok(0),
+        _ => size(key, v),
+    }
+}
+
 pub(super) fn fill_mode(key: &str, v: &Value) -> Result<FillMode> {
     Ok(match choice(key, v, &["spare", "always"])? {
         "spare" => FillMode::Spare,

@@ -17,7 +17,8 @@ use crate::engine::counters::Counters;
 use crate::engine::loader::{Loader, Setup};
 use crate::engine::planning::{learn_cached_counts, plan_setup, worker_count};
 use crate::engine::setup::{
-    EngineNet, MIN_SHARE, check_placement_keys, fixed_buffers, own_pool, place, remote_budget,
+    EngineNet, MIN_SHARE, auto_chunk, check_placement_keys, fixed_buffers, own_pool, place,
+    read_span, remote_budget,
 };
 use crate::engine::shared::{NetReads, Progress, Shared, faults_in_on_reads};
 use crate::engine::threads::{
@@ -61,6 +62,10 @@ impl Loader {
     ) -> Result<Loader> {
         let started = Instant::now();
         cfg.validate()?;
+        let mut cfg = cfg;
+        if cfg.chunk_size == 0 {
+            cfg.chunk_size = pool.chunk_size() as u64;
+        }
         if pool.chunk_size() as u64 != cfg.chunk_size {
             return Err(Error::Internal(format!(
                 "a loader of {}-byte chunks cannot use a pool of {}-byte chunks",
@@ -131,6 +136,15 @@ impl Loader {
         }
         let (plan_opts, counts, start, base_delivered, replay, fingerprint) =
             plan_setup(&cfg, &net, &shards, workers)?;
+        let mut cfg = cfg;
+        let chunk_note = match cfg.chunk_size {
+            0 => {
+                let (size, note) = auto_chunk(&cfg, &shards);
+                cfg.chunk_size = size;
+                note
+            }
+            _ => None,
+        };
         let chunk = cfg.chunk_size as usize;
         let remote = shards
             .iter()
@@ -146,11 +160,9 @@ impl Loader {
                 budget
             )));
         }
-        // Slack of 1/16 chunk on each side: it absorbs the smaller piece of any
-        // member up to 1/8 of a chunk (1 MiB at 8 MiB chunks) without a spill.
-        let slack = (chunk / 16) & !4095;
-        let data_len = chunk - 2 * slack;
+        let (slack, data_len) = read_span(chunk);
         let mut placement_notes = Vec::new();
+        placement_notes.extend(chunk_note);
         let (mut placement, mut claims) =
             place(&cfg, &topo, &allowed, workers, &mut placement_notes);
         // The loaders of a node engine run side by side: once their streams

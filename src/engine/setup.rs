@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use crate::cache::{Cache, Spool};
-use crate::config::{Config, IoBackend, Toggle};
+use crate::config::{Config, DEFAULT_CHUNK, IoBackend, Toggle};
 use crate::dataset::{Shard, Source};
 use crate::error::{Error, Result};
 use crate::fetch::NetOptions;
@@ -97,6 +97,56 @@ pub(crate) fn engine_net_threads(cfg: &Config, shards: &[Shard]) -> Result<Optio
         links.push(link);
     }
     Ok(Some(EngineNet { net, links, spool }))
+}
+
+/// Where a read lands in a chunk of `chunk` bytes: `(slack, len)`, a slack
+/// of 1/16 chunk on each side, which absorbs the smaller piece of any
+/// member up to 1/8 of a chunk (1 MiB at 8 MiB chunks) without a spill,
+/// and the bytes between, which one read fills.
+pub(super) fn read_span(chunk: usize) -> (usize, usize) {
+    let slack = (chunk / 16) & !4095;
+    (slack, chunk - 2 * slack)
+}
+
+/// The chunk size when `chunk_size` is auto, with a note saying why when
+/// it is not the default: for remote shards the least whole MiB whose
+/// read (`read_span`) holds the median shard of those sized at open (by a
+/// manifest, a listing or the first shard's `HEAD`), where that is less
+/// than [`DEFAULT_CHUNK`]. Each remote read takes one chunk, whatever the
+/// shard holds: with 8 MiB chunks a far store's budget held one 1 MiB
+/// shard per 8 MiB. 1,000 shards of 1.1 MB on the emulator's S3 model
+/// (`benches/object_store.sh`, scenario E, rounds 2-3 of 3): 0.76 GB/s
+/// at 8 MiB, 1.06-1.08 at 4 MiB, 1.15 at 2 MiB; 1 MiB asked two GETs per
+/// shard (0.77-0.97). Local shards keep the default: their reads are
+/// few and the arena is populated ahead. So does a cache (`cache_dir`):
+/// its entries are written from reads of whole 1 MiB blocks, which only
+/// multiples of 8 MiB give.
+pub(super) fn auto_chunk(cfg: &Config, shards: &[Shard]) -> (u64, Option<String>) {
+    let mut sizes: Vec<u64> = shards
+        .iter()
+        .filter(|s| matches!(s.source, Source::Http(_)))
+        .filter_map(|s| s.size)
+        .collect();
+    if sizes.is_empty() || cfg.cache_options().is_some() {
+        return (DEFAULT_CHUNK, None);
+    }
+    sizes.sort_unstable();
+    let median = sizes[sizes.len() / 2];
+    const MIB: u64 = 1 << 20;
+    let chunk = (1..DEFAULT_CHUNK / MIB)
+        .map(|n| n * MIB)
+        .find(|&c| read_span(c as usize).1 as u64 >= median)
+        .unwrap_or(DEFAULT_CHUNK);
+    if chunk == DEFAULT_CHUNK {
+        return (DEFAULT_CHUNK, None);
+    }
+    let note = format!(
+        "chunks of {} MiB (`chunk_size` auto): the least whose read holds a shard of {median} \
+         bytes, the median of the {} remote shards sized at open",
+        chunk / MIB,
+        sizes.len()
+    );
+    (chunk, Some(note))
 }
 
 /// The least share of a shared pool a stream may have: its first read, a

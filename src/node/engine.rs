@@ -180,9 +180,10 @@ fn engine_pool(cfg: &Config) -> Result<Arc<ChunkPool>> {
         numa_node: cfg.numa_node,
     };
     let node = topology::worker_cpus(&topo, &req).numa_node;
-    let chunks = (cfg.node_budget() / cfg.chunk_size).max(1) as usize;
+    let chunk = cfg.chunk();
+    let chunks = (cfg.node_budget() / chunk).max(1) as usize;
     let mut arena = Arena::new_on_node(
-        chunks * OVERSUBSCRIBE * cfg.chunk_size as usize,
+        chunks * OVERSUBSCRIBE * chunk as usize,
         ArenaOptions {
             kind: cfg.memory_kind,
             lock: Some(false),
@@ -192,7 +193,7 @@ fn engine_pool(cfg: &Config) -> Result<Arc<ChunkPool>> {
         node,
     )?;
     // The budget is locked, not the address space past it.
-    arena.lock_prefix(chunks * cfg.chunk_size as usize, cfg.lock_memory.required())?;
+    arena.lock_prefix(chunks * chunk as usize, cfg.lock_memory.required())?;
     let fd = arena
         .shared_fd()
         .ok_or_else(|| Error::Internal("the node engine's arena is not in a memory file".into()))?;
@@ -211,7 +212,7 @@ fn engine_pool(cfg: &Config) -> Result<Arc<ChunkPool>> {
     })?;
     Ok(ChunkPool::new_shared(
         arena,
-        cfg.chunk_size as usize,
+        chunk as usize,
         chunks / cfg.node_streams().max(1),
         chunks,
     ))
