@@ -178,12 +178,33 @@ def settle():
         time.sleep(5)
 
 
+def cpu_seconds(pid):
+    """User and system CPU seconds process `pid` has used."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy():
+    """(busy, total) CPU seconds of the whole machine since boot."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    idle = ticks[3] + ticks[4]
+    hz = os.sysconf("SC_CLK_TCK")
+    return (sum(ticks) - idle) / hz, sum(ticks) / hz
+
+
 def run_one(tag, name, argv, emu, expect_bytes):
     out = f"{OUT}/{tag}-{name}.json"
     emu.call("reset")
     settle()
     e = dict(os.environ, **CREDS, AWS_ENDPOINT_URL=emu.url, AWS_ENDPOINT_URL_S3=emu.url)
+    # The emulator's CPU and the machine's: on a machine of few CPUs the
+    # emulator and the client share them, and a client that spends more
+    # leaves the emulator less.
+    emu_cpu0, (busy0, total0) = cpu_seconds(emu.p.pid), machine_busy()
     r = subprocess.run([sys.executable, f"{ROOT}/benches/timed.py", out, "--", *argv], env=e)
+    emu_cpu, (busy1, total1) = cpu_seconds(emu.p.pid) - emu_cpu0, machine_busy()
     st = emu.call("stats")
     if r.returncode != 0:
         log(f"  {name}: FAILED (exit {r.returncode}; {out}.stderr)")
@@ -203,7 +224,8 @@ def run_one(tag, name, argv, emu, expect_bytes):
          "cpu": d["process_cpu_s"] / (expect_bytes / 1e9), "wall": d["process_wall_s"],
          "t_mean": st["transfers_mean"], "t_max": st["transfers_max"],
          "requests": st["requests"], "gets": st["gets"], "slow_down": st["slow_down"],
-         "served": st["bytes"]}
+         "served": st["bytes"], "emu_cpu": emu_cpu / (expect_bytes / 1e9),
+         "busy": (busy1 - busy0) / max(total1 - total0, 1e-9)}
     if "stats" in d:
         f["ttfb"] = d["stats"].get("time_to_first_batch_ns", 0) / 1e9
     json.dump({"contender": f, "emulator": st}, open(f"{out}.summary", "w"))
@@ -239,10 +261,11 @@ LABEL = {"rf": "ringfeed, defaults", "rf_rif16": "ringfeed, reads_in_flight=16",
 
 def table(title, med, skipped=()):
     log(f"\n{title}: medians of {ROUNDS} rounds, whole process")
-    log(f"  {'client':<34} {'GB/s':>6} {'CPU-s/GB':>9} {'transfers mean/max':>19} {'requests':>9} {'503s':>6}")
+    log(f"  {'client':<34} {'GB/s':>6} {'CPU-s/GB':>9} {'transfers mean/max':>19} {'requests':>9} {'503s':>6}"
+        f" {'emulator CPU-s/GB':>18} {'machine busy':>13}")
     for n, m in med.items():
         log(f"  {LABEL.get(n, n):<34} {m['gbs']:>6.2f} {m['cpu']:>9.3f} {m['t_mean']:>11.1f} / {m['t_max']:<5.0f}"
-            f" {m['requests']:>9.0f} {m['slow_down']:>6.0f}")
+            f" {m['requests']:>9.0f} {m['slow_down']:>6.0f} {m['emu_cpu']:>18.3f} {m['busy']:>12.0%}")
     for n in skipped:
         log(f"  {LABEL.get(n, n):<34} SKIPPED: {SKIPS[n]}")
 

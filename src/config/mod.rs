@@ -355,6 +355,10 @@ mod tests {
             err(r#"{"urls":"a","memory_budget":"16MiB","chunk_size":"8MiB"}"#)
                 .contains("at least 4 are needed")
         );
+        assert!(
+            err(r#"{"urls":"a","memory_budget":"3MiB"}"#)
+                .contains("(the least `chunk_size` auto picks); at least 4 are needed")
+        );
         assert!(err(r#"{"urls":[1]}"#).contains("`urls`"));
         assert!(err(r#"{"urls":[""]}"#).contains("`urls`"));
         assert!(err(r#"{}"#).contains("`urls` is required"));

@@ -72,12 +72,18 @@ impl Config {
                 self.chunk_size
             )));
         }
-        // Auto is checked once chosen (`Loader::start`: the workers' need).
-        let chunks = self.memory_budget / self.chunk_size.max(1);
-        if self.memory_budget != 0 && self.chunk_size != 0 && chunks < 4 {
+        // Auto is checked here against the least chunk it picks, and once
+        // picked against the workers' need (`Loader::start`).
+        let (chunk, which) = match self.chunk_size {
+            0 => (1 << 20, " (the least `chunk_size` auto picks)"),
+            n => (n, ""),
+        };
+        let chunks = self.memory_budget / chunk;
+        if self.memory_budget != 0 && chunks < 4 {
             return Err(Error::config(format!(
-                "`memory_budget` of {} bytes holds {chunks} chunks of {} bytes; at least 4 are needed",
-                self.memory_budget, self.chunk_size
+                "`memory_budget` of {} bytes holds {chunks} chunks of {chunk} bytes{which}; \
+                 at least 4 are needed",
+                self.memory_budget
             )));
         }
         if self.prefetch_batches == 0 {
