@@ -10,8 +10,8 @@
 mod support;
 
 use ringfeed::synth::{self, GenOptions};
-use ringfeed::{Config, Loader};
-use support::{Server, stream};
+use ringfeed::Loader;
+use support::{Server, stream, two_workers};
 
 /// What "auto" gives an arena populated ahead of its reads on this
 /// machine: "hugetlb" with huge pages reserved, else "thp" unless the
@@ -32,14 +32,7 @@ fn best_kind() -> &'static str {
 }
 
 fn open(urls: Vec<String>, extra: serde_json::Value) -> Loader {
-    let mut m = serde_json::Map::new();
-    m.insert("urls".into(), serde_json::json!(urls));
-    m.insert("batch_size".into(), serde_json::json!(8));
-    m.insert("workers".into(), serde_json::json!(2));
-    if let serde_json::Value::Object(e) = extra {
-        m.extend(e);
-    }
-    Loader::open(Config::from_map(&m).unwrap()).unwrap()
+    Loader::open(two_workers(urls, extra)).unwrap()
 }
 
 #[test]

@@ -9,19 +9,12 @@ mod support;
 
 use ringfeed::synth::{self, GenOptions};
 use ringfeed::{Config, Loader};
-use support::{Server, stream};
+use support::{Server, stream, two_workers};
 
 const MIB: u64 = 1 << 20;
 
 fn open(urls: Vec<String>, extra: serde_json::Value) -> Loader {
-    let mut m = serde_json::Map::new();
-    m.insert("urls".into(), serde_json::json!(urls));
-    m.insert("batch_size".into(), serde_json::json!(8));
-    m.insert("workers".into(), serde_json::json!(2));
-    if let serde_json::Value::Object(e) = extra {
-        m.extend(e);
-    }
-    Loader::open(Config::from_map(&m).unwrap()).unwrap()
+    Loader::open(two_workers(urls, extra)).unwrap()
 }
 
 /// `n` shards of about `bytes` each in a fresh directory, their sample
@@ -132,11 +125,7 @@ fn a_budget_too_small_for_the_chosen_chunks_is_named_at_open() {
     let server = Server::start(dir.path().to_path_buf());
     let budget = serde_json::json!({"memory_budget": "16MiB"});
     // Local shards: 8 MiB chunks, two of them, and two workers need six.
-    let mut m = serde_json::Map::new();
-    m.insert("urls".into(), serde_json::json!(local));
-    m.insert("workers".into(), serde_json::json!(2));
-    m.insert("memory_budget".into(), serde_json::json!("16MiB"));
-    let err = match Loader::open(Config::from_map(&m).unwrap()) {
+    let err = match Loader::open(two_workers(local, budget.clone())) {
         Err(e) => e.to_string(),
         Ok(_) => panic!("16 MiB of 8 MiB chunks opened for two workers"),
     };

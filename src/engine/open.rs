@@ -55,14 +55,13 @@ impl Loader {
     /// Remote reads go to the engine's network threads (when it runs any
     /// and the loader runs io_uring), whose counters the stats then give.
     pub(crate) fn open_in(
-        cfg: Config,
+        mut cfg: Config,
         pool: &Arc<ChunkPool>,
         shards: Vec<Shard>,
         engine_net: Option<&EngineNet>,
     ) -> Result<Loader> {
         let started = Instant::now();
         cfg.validate()?;
-        let mut cfg = cfg;
         if cfg.chunk_size == 0 {
             cfg.chunk_size = pool.chunk_size() as u64;
         }
@@ -116,7 +115,7 @@ impl Loader {
     /// chunks come from a pool of the loader's own, or from a shared pool
     /// the loader joined as owners `base..` (`shared_pool`).
     fn start(
-        cfg: Config,
+        mut cfg: Config,
         net: NetOptions,
         shards: Vec<Shard>,
         started: Instant,
@@ -136,7 +135,6 @@ impl Loader {
         }
         let (plan_opts, counts, start, base_delivered, replay, fingerprint) =
             plan_setup(&cfg, &net, &shards, workers)?;
-        let mut cfg = cfg;
         let chunk_note = match cfg.chunk_size {
             0 => {
                 let (size, note) = auto_chunk(&cfg, &shards);

@@ -80,6 +80,19 @@ pub fn assert_tls_at_once(e: &ringfeed::Error, names: &str) {
 
 /// Streams a loader to its end; checks each sample arrives once with the
 /// generator's bytes for `seed`; returns how many samples came.
+/// A configuration of 2 workers and batches of 8 over `urls`, with the
+/// keys of `extra` (a JSON object) added.
+pub fn two_workers(urls: Vec<String>, extra: serde_json::Value) -> ringfeed::Config {
+    let mut m = serde_json::Map::new();
+    m.insert("urls".into(), serde_json::json!(urls));
+    m.insert("batch_size".into(), serde_json::json!(8));
+    m.insert("workers".into(), serde_json::json!(2));
+    if let serde_json::Value::Object(e) = extra {
+        m.extend(e);
+    }
+    ringfeed::Config::from_map(&m).unwrap()
+}
+
 pub fn stream(loader: &ringfeed::Loader, seed: u64) -> usize {
     use ringfeed::Next;
     let mut seen = std::collections::BTreeSet::new();
