@@ -9,8 +9,8 @@
 
 mod support;
 
-use ringfeed::synth::{self, GenOptions};
 use ringfeed::Loader;
+use ringfeed::synth::{self, GenOptions};
 use support::{Server, stream, two_workers};
 
 /// What "auto" gives an arena populated ahead of its reads on this
