@@ -21,13 +21,26 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# The free space on the disk that holds the build, for the phase lines: a
+# run that stops on "No space left on device" then shows where it went.
+free_disk() {
+    df -h --output=avail . 2>/dev/null | tail -n 1 | tr -d ' ' || echo "?"
+}
+
+# A clean clone's build needs no incremental state (it would add about 2 GB
+# under target/debug that nothing reads again), and pip's wheel cache would
+# keep a second copy of torch and its libraries (gigabytes) that this run
+# never reuses: both are off, to keep the run's disk use to what it needs.
+export CARGO_INCREMENTAL=0
+export PIP_NO_CACHE_DIR=1
+
 # `phase NAME`: ends the phase before (printing its seconds) and starts NAME.
 phase_name=""
 phase_start=$SECONDS
 run_start=$SECONDS
 phase() {
     if [ -n "$phase_name" ]; then
-        echo "test.sh: phase '$phase_name' took $((SECONDS - phase_start)) s (at $((SECONDS - run_start)) s)" >&2
+        echo "test.sh: phase '$phase_name' took $((SECONDS - phase_start)) s (at $((SECONDS - run_start)) s; $(free_disk) free)" >&2
     fi
     phase_name="$1"
     phase_start=$SECONDS
