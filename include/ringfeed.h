@@ -97,7 +97,8 @@
 // Reading a shard failed.
 #define RINGFEED_ERR_IO -5
 
-// A shard is not a valid WebDataset tar (corrupt, truncated, duplicate field).
+// A shard is not a valid WebDataset tar (corrupt, truncated, duplicate field),
+// or a sample's image or label field cannot be decoded or transformed.
 #define RINGFEED_ERR_FORMAT -6
 
 // Memory could not be set up as configured, or the budget is too small.

@@ -67,9 +67,10 @@ if ! command -v valgrind >/dev/null; then
     apt-get update -qq && apt-get install -y -qq valgrind >/dev/null
 fi
 # tests/install.rs builds the CMake example and a pkg-config program against
-# an install (scripts/install.sh).
-if ! command -v cmake >/dev/null || ! command -v pkg-config >/dev/null; then
-    apt-get update -qq && apt-get install -y -qq cmake pkg-config >/dev/null
+# an install (scripts/install.sh); the library's JPEG decoder (libjpeg-turbo,
+# src/image) is built with CMake, and with nasm for its SIMD code.
+if ! command -v cmake >/dev/null || ! command -v pkg-config >/dev/null || ! command -v nasm >/dev/null; then
+    apt-get update -qq && apt-get install -y -qq cmake pkg-config nasm >/dev/null
 fi
 
 # The Python tests' dependencies, downloaded and installed into .venv in the

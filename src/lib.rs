@@ -19,6 +19,7 @@ pub(crate) mod fetch; // the read backends: io_uring, threads, HTTP over both
 pub mod ffi; // the C ABI
 #[doc(hidden)]
 pub mod fuzzing; // the parsers of outside bytes, for fuzz/ and its corpus test
+pub mod image; // the image pipeline: decode, crop, resize, flip into a batch tensor
 pub mod log; // the log sink the embedding program sets, and what the engine says
 pub mod memory; // the arena, the chunk pool, batches
 pub mod net; // HTTP, TLS, retries, S3

@@ -19,6 +19,7 @@ const RANKS: &[(&str, u32)] = &[
     ("cache", 2),
     ("plan", 2),
     ("tar", 2),
+    ("image", 2),
     ("memory", 2),
     ("serve", 2),
     ("config", 3),

@@ -49,6 +49,10 @@ pub enum Error {
         key: String,
         field: String,
     },
+    /// An image or label field of a sample could not be decoded or
+    /// transformed (the engine's image pipeline, `crate::image`).
+    #[error("field `{field}`: {reason}")]
+    Image { field: String, reason: String },
     /// The memory arena could not be set up as configured.
     #[error("memory: {0}")]
     Memory(String),

@@ -79,7 +79,8 @@ statuses! {
     RINGFEED_ERR_DATASET = -4;
     /// Reading a shard failed.
     RINGFEED_ERR_IO = -5;
-    /// A shard is not a valid WebDataset tar (corrupt, truncated, duplicate field).
+    /// A shard is not a valid WebDataset tar (corrupt, truncated, duplicate field),
+    /// or a sample's image or label field cannot be decoded or transformed.
     RINGFEED_ERR_FORMAT = -6;
     /// Memory could not be set up as configured, or the budget is too small.
     RINGFEED_ERR_MEMORY = -7;
@@ -122,7 +123,9 @@ impl Error {
                 ..
             } => RINGFEED_ERR_DATASET,
             Error::Io { .. } => RINGFEED_ERR_IO,
-            Error::Tar { .. } | Error::DuplicateField { .. } => RINGFEED_ERR_FORMAT,
+            Error::Tar { .. } | Error::DuplicateField { .. } | Error::Image { .. } => {
+                RINGFEED_ERR_FORMAT
+            }
             Error::Memory(_) | Error::BudgetTooSmall { .. } => RINGFEED_ERR_MEMORY,
             Error::IoUring(_) => RINGFEED_ERR_IO_URING,
             Error::Closed => RINGFEED_ERR_CLOSED,
@@ -307,6 +310,13 @@ mod tests {
                 RINGFEED_ERR_CONFIG,
             ),
         ];
+        cases.push((
+            Error::Image {
+                field: "jpg".into(),
+                reason: "JPEG: Premature end of JPEG file".into(),
+            },
+            RINGFEED_ERR_FORMAT,
+        ));
         for (op, want) in [
             (IoOp::Open, RINGFEED_ERR_DATASET),
             (IoOp::Stat, RINGFEED_ERR_DATASET),
@@ -345,6 +355,7 @@ mod tests {
                 | Error::Io { .. }
                 | Error::Tar { .. }
                 | Error::DuplicateField { .. }
+                | Error::Image { .. }
                 | Error::Memory(_)
                 | Error::BudgetTooSmall { .. }
                 | Error::IoUring(_)
