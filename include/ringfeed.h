@@ -232,6 +232,32 @@ typedef struct ringfeed_batch {
   const struct ringfeed_field *fields;
 } ringfeed_batch;
 
+// What `ringfeed_image_transform` did to one image.
+typedef struct ringfeed_image_info {
+  // Bytes of the output image, its shape in its layout's order (C, H,
+  // W or H, W, C) and the bytes of one element (1: uint8, 2: float16,
+  // 4: float32): written also when `out` is too small.
+  uint64_t out_bytes;
+  uint32_t dim0;
+  uint32_t dim1;
+  uint32_t dim2;
+  uint32_t elem_bytes;
+  // The source image's width and height, in pixels.
+  uint32_t source_width;
+  uint32_t source_height;
+  // The box of the source that became the output, in source pixels
+  // (fractional where a resize came before a center crop).
+  double crop_top;
+  double crop_left;
+  double crop_height;
+  double crop_width;
+  // 1 when the image was mirrored.
+  uint32_t flipped;
+  // The decode's size against the source's: 1, or 1/8 to 7/8 for a
+  // JPEG decoded reduced.
+  double decode_scale;
+} ringfeed_image_info;
+
 // A log callback: `user` as given to `ringfeed_set_log_callback`, the
 // level (`RINGFEED_LOG_*`), and the message (UTF-8, valid only during the
 // call).
@@ -466,6 +492,31 @@ int32_t ringfeed_gather(const uint8_t *src,
 // spaces, in the order the library declares them (`"urls,batch_size,..."`).
 // A static string.
 const char *ringfeed_config_keys(void);
+
+// Transforms one image, `data` (`len` bytes), as the field `field` of
+// the transform `spec_json` would for the sample at `position` of
+// `epoch` under `seed` (the loader's keys of its random choices), into
+// `out` (`out_len` bytes; its size and shape follow from the spec: see
+// the README, "Images"). `info` (NULL, or written) says what was done;
+// its `out_bytes` is written also when `out` is too small
+// (`RINGFEED_ERR_BUFFER_TOO_SMALL`). A spec that is not valid is
+// `RINGFEED_ERR_CONFIG`; an image that cannot be decoded is
+// `RINGFEED_ERR_FORMAT`, the message naming the field.
+//
+// # Safety
+// `spec_json` and `field` must be NUL-terminated; `data` readable for
+// `len` bytes (or NULL with `len` 0); `out` writable for `out_len` bytes
+// (or NULL with `out_len` 0); `info` NULL or writable.
+int32_t ringfeed_image_transform(const char *spec_json,
+                                 const char *field,
+                                 const uint8_t *data,
+                                 uint64_t len,
+                                 uint64_t seed,
+                                 uint64_t epoch,
+                                 uint64_t position,
+                                 uint8_t *out,
+                                 uint64_t out_len,
+                                 struct ringfeed_image_info *info);
 
 // Opens a loader from a JSON configuration (see the README's reference).
 // On success writes the handle to `*out` and returns `RINGFEED_OK`; on

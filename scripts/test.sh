@@ -94,6 +94,11 @@ python_deps() {
     # writes (bindings/python/tests/test_safetensors.py). pytest-xdist runs
     # the tests on several processes.
     .venv/bin/python -m pip install -q numpy pytest pytest-xdist pillow webdataset safetensors || return
+    # scikit-image for its sample photographs only (read from its data
+    # folder, never imported): the image pipeline's pixels are checked on
+    # real photos against Pillow and torchvision
+    # (bindings/python/tests/test_image.py). Its dependencies are not needed.
+    .venv/bin/python -m pip install -q --no-deps scikit-image || return
     # torch (CPU use only) for ringfeed.torch, the DLPack and decoding tests
     # and the training example; torchdata for StatefulDataLoader; torchvision
     # for its image decoder. Required like webdataset: a failed install fails

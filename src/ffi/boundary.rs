@@ -8,7 +8,7 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::ffi::c_char;
+use std::ffi::{CStr, c_char};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, LazyLock, Mutex};
@@ -92,6 +92,18 @@ pub(super) fn boundary(f: impl FnOnce() -> Result<i32, Fail>) -> i32 {
 /// The calling thread's last error message ("" when no call failed).
 pub(super) fn last_error() -> String {
     LAST_ERROR.with(|e| e.borrow().clone())
+}
+
+/// `s` as UTF-8; `what` names the argument.
+///
+/// # Safety
+/// `s` must be NULL or NUL-terminated.
+pub(super) unsafe fn text<'a>(s: *const c_char, what: &str) -> Result<&'a str, Fail> {
+    check(s, what)?;
+    // SAFETY: the caller passes a NUL-terminated string.
+    unsafe { CStr::from_ptr(s) }
+        .to_str()
+        .map_err(|e| invalid(format!("`{what}` is not UTF-8: {e}")))
 }
 
 /// Checks that `p` is non-NULL and aligned for `T`.

@@ -37,6 +37,7 @@ mod batch;
 mod boundary;
 mod config;
 mod fork;
+mod image;
 mod loader;
 mod log;
 mod object;
@@ -47,6 +48,7 @@ mod version;
 
 pub use batch::*;
 pub use config::*;
+pub use image::*;
 pub use loader::*;
 pub use log::*;
 pub use object::*;

@@ -11,11 +11,11 @@
 //! threads are its parent's, so a child's calls on it are refused.
 
 use std::collections::HashMap;
-use std::ffi::{CStr, c_char};
+use std::ffi::c_char;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, LazyLock, Mutex};
 
-use super::boundary::{Fail, NEXT_HANDLE, boundary, check, invalid, lock, write_text};
+use super::boundary::{Fail, NEXT_HANDLE, boundary, check, invalid, lock, text, write_text};
 use super::fork;
 use super::status::{RINGFEED_ERR_BUFFER_TOO_SMALL, RINGFEED_ERR_INVALID_HANDLE, RINGFEED_OK};
 use crate::config::Config;
@@ -48,18 +48,6 @@ pub(super) static WRITERS: LazyLock<Mutex<HashMap<usize, OpenWriter>>> =
 /// (`tag` tells the tables apart in a message, not in the lookup).
 fn new_handle(tag: usize) -> usize {
     NEXT_HANDLE.fetch_add(1, Ordering::Relaxed) as usize * 16 + tag
-}
-
-/// `s` as UTF-8; `what` names the argument.
-///
-/// # Safety
-/// `s` must be NULL or NUL-terminated.
-unsafe fn text<'a>(s: *const c_char, what: &str) -> Result<&'a str, Fail> {
-    check(s, what)?;
-    // SAFETY: the caller passes a NUL-terminated string.
-    unsafe { CStr::from_ptr(s) }
-        .to_str()
-        .map_err(|e| invalid(format!("`{what}` is not UTF-8: {e}")))
 }
 
 /// The configuration of an object call: NULL is the defaults.

@@ -34,9 +34,13 @@ pub fn write(
     let (ow, oh) = (plan.out.w, plan.out.h);
     let alg = ResizeOptions::new().resize_alg(ResizeAlg::Convolution(FilterType::Bilinear));
     let mut dst = Image::new(ow, oh, pt);
-    if plan.crop_first {
+    if plan.crop_first && px.scale == 1.0 {
         // The crop is an image of its own before the resize: its edges
         // clamp the filter, as Pillow's `crop(...).resize(...)` does.
+        // (A reduced decode's box is fractional in its pixels: rounding
+        // it to whole ones moved the edges by up to half a reduced pixel,
+        // 4 source pixels at 1/8, so it is resized as a fractional box
+        // below instead.)
         let x0 = (left.round().max(0.0) as u32).min(px.w.saturating_sub(1));
         let y0 = (top.round().max(0.0) as u32).min(px.h.saturating_sub(1));
         let w = (bw.round().max(1.0) as u32).min(px.w - x0);

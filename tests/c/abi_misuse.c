@@ -720,6 +720,47 @@ static void close_while_waiting(void) {
     free(config);
 }
 
+/* The image pipeline on one image: every bad argument, spec and image
+ * bytes give their status and a message naming what was wrong; a buffer
+ * too small says the size and shape it needs. */
+static void image_transform_misuse(void) {
+    const char *spec = "{\"jpg\": {\"center_crop\": 8}, \"cls\": \"int64\"}";
+    unsigned char garbage[64];
+    memset(garbage, 0x5a, sizeof garbage);
+    const unsigned char jpeg_head[] = {0xff, 0xd8, 0xff, 0xe0, 0x00, 0x10, 'J', 'F', 'I', 'F', 0};
+    unsigned char out[3 * 8 * 8];
+    ringfeed_image_info info;
+    EXPECT_ERROR(ringfeed_image_transform(NULL, "jpg", garbage, 64, 0, 0, 0, out, sizeof out, NULL),
+                 RINGFEED_ERR_INVALID_ARGUMENT, "spec_json");
+    EXPECT_ERROR(ringfeed_image_transform(spec, NULL, garbage, 64, 0, 0, 0, out, sizeof out, NULL),
+                 RINGFEED_ERR_INVALID_ARGUMENT, "field");
+    EXPECT_ERROR(ringfeed_image_transform("{\"jpg\": {\"flip\": 2}}", "jpg", garbage, 64, 0, 0, 0, out,
+                                          sizeof out, NULL),
+                 RINGFEED_ERR_CONFIG, "field `jpg`");
+    EXPECT_ERROR(ringfeed_image_transform("not json", "jpg", garbage, 64, 0, 0, 0, out, sizeof out, NULL),
+                 RINGFEED_ERR_CONFIG, "not JSON");
+    EXPECT_ERROR(ringfeed_image_transform(spec, "png", garbage, 64, 0, 0, 0, out, sizeof out, NULL),
+                 RINGFEED_ERR_INVALID_ARGUMENT, "no image field `png`");
+    EXPECT_ERROR(ringfeed_image_transform(spec, "jpg", NULL, 64, 0, 0, 0, out, sizeof out, NULL),
+                 RINGFEED_ERR_INVALID_ARGUMENT, "data");
+    EXPECT_ERROR(ringfeed_image_transform(spec, "jpg", garbage, 64, 0, 0, 0, NULL, sizeof out, NULL),
+                 RINGFEED_ERR_INVALID_ARGUMENT, "out");
+    EXPECT_ERROR(ringfeed_image_transform(spec, "jpg", garbage, 64, 0, 0, 0, out, sizeof out, NULL),
+                 RINGFEED_ERR_FORMAT, "not a JPEG or PNG image");
+    EXPECT_ERROR(ringfeed_image_transform(spec, "jpg", jpeg_head, sizeof jpeg_head, 0, 0, 0, out,
+                                          sizeof out, NULL),
+                 RINGFEED_ERR_FORMAT, "field `jpg`: JPEG");
+    EXPECT_ERROR(ringfeed_image_transform(spec, "jpg", garbage, 0, 0, 0, 0, out, sizeof out, NULL),
+                 RINGFEED_ERR_FORMAT, "0 bytes");
+    memset(&info, 0, sizeof info);
+    EXPECT_ERROR(ringfeed_image_transform(spec, "jpg", garbage, 64, 0, 0, 0, out, sizeof out - 1, &info),
+                 RINGFEED_ERR_BUFFER_TOO_SMALL, "192 bytes");
+    CHECK(info.out_bytes == 192 && info.dim0 == 3 && info.dim1 == 8 && info.dim2 == 8 &&
+              info.elem_bytes == 1,
+          "the size and shape a short buffer needs: %llu bytes, %ux%ux%u of %u",
+          (unsigned long long)info.out_bytes, info.dim0, info.dim1, info.dim2, info.elem_bytes);
+}
+
 int main(int argc, char **argv) {
     /* A hang is a failure: SIGALRM ends the process. */
     alarm(240);
@@ -735,6 +776,7 @@ int main(int argc, char **argv) {
     last_error_buffers();
     poll_with_timeout_zero();
     close_while_waiting();
+    image_transform_misuse();
     printf("abi_misuse: all checks passed\n");
     return 0;
 }

@@ -57,6 +57,7 @@ from .objects import (
     write_object,
 )
 from ._safetensors import load_safetensors
+from . import image
 from .urls import expand_braces, expand_urls
 
 from ._version import VERSION as __version__
@@ -72,6 +73,7 @@ def library_version():
 
 __all__ = [
     "Batch",
+    "image",
     "BufferTooSmallError",
     "ClosedError",
     "ConfigError",

@@ -73,6 +73,21 @@ STRUCTS = {
         ("size_t", "field_count"),
         ("const struct ringfeed_field *", "fields"),
     ],
+    "ringfeed_image_info": [
+        ("uint64_t", "out_bytes"),
+        ("uint32_t", "dim0"),
+        ("uint32_t", "dim1"),
+        ("uint32_t", "dim2"),
+        ("uint32_t", "elem_bytes"),
+        ("uint32_t", "source_width"),
+        ("uint32_t", "source_height"),
+        ("double", "crop_top"),
+        ("double", "crop_left"),
+        ("double", "crop_height"),
+        ("double", "crop_width"),
+        ("uint32_t", "flipped"),
+        ("double", "decode_scale"),
+    ],
     "ringfeed_stats": [
         ("uint64_t", "size"),
         ("uint64_t", "bytes_delivered"),
@@ -312,6 +327,21 @@ FUNCTIONS = {
     "ringfeed_status_name": ("const char *", [("int32_t", "status")]),
     "ringfeed_version": ("const char *", []),
     "ringfeed_abi_version": ("uint32_t", []),
+    "ringfeed_image_transform": (
+        "int32_t",
+        [
+            ("const char *", "spec_json"),
+            ("const char *", "field"),
+            ("const uint8_t *", "data"),
+            ("uint64_t", "len"),
+            ("uint64_t", "seed"),
+            ("uint64_t", "epoch"),
+            ("uint64_t", "position"),
+            ("uint8_t *", "out"),
+            ("uint64_t", "out_len"),
+            ("struct ringfeed_image_info *", "info"),
+        ],
+    ),
     "ringfeed_config_keys": ("const char *", []),
 }
 
@@ -333,6 +363,7 @@ C_TYPES = {
     "uint32_t": ctypes.c_uint32,
     "int64_t": ctypes.c_int64,
     "uint64_t": ctypes.c_uint64,
+    "double": ctypes.c_double,
     "size_t": ctypes.c_size_t,
     "size_t *": ctypes.POINTER(ctypes.c_size_t),
     "const char *": ctypes.c_char_p,
@@ -356,6 +387,7 @@ C_TYPES = {
     "const int64_t *": ctypes.c_void_p,
     "uint8_t *": ctypes.c_void_p,
     "struct ringfeed_stats *": None,  # filled below: POINTER(ringfeed_stats)
+    "struct ringfeed_image_info *": None,  # filled below
 }
 
 STRUCT_TYPES = {}
@@ -366,6 +398,7 @@ for _name, _fields in STRUCTS.items():
 C_TYPES["struct ringfeed_batch *"] = ctypes.POINTER(STRUCT_TYPES["ringfeed_batch"])
 C_TYPES["const struct ringfeed_batch *"] = C_TYPES["struct ringfeed_batch *"]
 C_TYPES["struct ringfeed_stats *"] = ctypes.POINTER(STRUCT_TYPES["ringfeed_stats"])
+C_TYPES["struct ringfeed_image_info *"] = ctypes.POINTER(STRUCT_TYPES["ringfeed_image_info"])
 
 RawBatch = STRUCT_TYPES["ringfeed_batch"]
 RawStats = STRUCT_TYPES["ringfeed_stats"]
