@@ -37,6 +37,7 @@ const RANKS: &[(&str, u32)] = &[
 /// The engine's files, in the order of its module doc's chain.
 const ENGINE: &[(&str, u32)] = &[
     ("counters", 0),
+    ("transform", 0),
     ("shared", 1),
     ("shuffler", 2),
     ("assemble", 3),

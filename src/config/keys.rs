@@ -12,7 +12,8 @@ use serde_json::Value;
 use super::values::{
     attempts, auto_or_positive, boolean, checksum, cpu_list, endpoint, file_path, fill_mode,
     integer, io_backend, memory_kind, min_free, node_mode, numa_node, positive, positive_size,
-    region, remainder, resume_states, secret, size, size_or_auto, suffix, text, toggle, urls,
+    region, remainder, resume_states, secret, size, size_or_auto, suffix, text, toggle, transform,
+    urls,
 };
 use super::{Checksum, IoBackend, NodeMode, Toggle};
 use crate::cache::{FillMode, MinFree};
@@ -352,6 +353,20 @@ config_keys! {
     // Eight batches ahead hides a slow read without pinning much.
     [Engine] prefetch_batches: usize = 8 => positive(key, v)? as usize;
 
+    /// The image pipeline run on each batch before it is handed out: a
+    /// JSON object (or its text) of field name -> image spec or label type
+    /// (see the README, "Images"). Each image field of a batch becomes one
+    /// contiguous tensor of the batch's images, each label field an array
+    /// of numbers, and the samples' fields point into them.
+    // None: batches hand over the fields' bytes as they are in the shards.
+    [Consumer] transform: Option<crate::image::Transform> = None => transform(key, v)?;
+
+    /// Threads that run `transform` on a batch's samples (0: one per CPU
+    /// the process may use).
+    // The decode is CPU-bound and a batch's samples are independent: all
+    // the CPUs, as the I/O threads mostly wait.
+    [Engine] transform_threads: usize = 0 => integer(key, v)? as usize;
+
     /// Passes over the dataset; 0 repeats forever.
     [Consumer] epochs: u64 = 1 => integer(key, v)?;
 
@@ -665,7 +680,8 @@ mod tests {
                 "loader_worker",
                 "node",
                 "rank",
-                "resume"
+                "resume",
+                "transform"
             ]
         );
         let mut secret = of(Scope::Secret);

@@ -390,3 +390,17 @@ pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
     n.checked_mul(mult)
         .ok_or_else(|| "the size is too large".into())
 }
+
+/// The `transform` spec: an object, or its JSON text; `null` or `""` is
+/// none.
+pub(super) fn transform(key: &str, v: &Value) -> Result<Option<crate::image::Transform>> {
+    match v {
+        Value::Null => Ok(None),
+        Value::String(s) if s.trim().is_empty() => Ok(None),
+        Value::String(s) => crate::image::Transform::parse(s).map(Some),
+        Value::Object(_) => crate::image::Transform::from_value(v).map(Some),
+        other => Err(Error::Config(format!(
+            "`{key}`: expected an object of field name -> spec (or its JSON text), got {other}"
+        ))),
+    }
+}

@@ -18,10 +18,11 @@
 //! for a remote shard's read), `assemble`
 //! (members into samples and batches), `shuffler` (the shuffle buffer within
 //! the worker's share of memory), `sequencer` (streams into the ring in the
-//! plan's order), `loader` (the handle consumers hold), with `shared` (what
-//! the threads share), `counters` and `stats` (what they count). `script` and
-//! `tests` are the unit tests over scripted readers. No file imports one
-//! that comes after it in this list: `counters` ← `shared` ← `shuffler` ←
+//! plan's order, each batch through `transform` first when the loader has
+//! one: the image pipeline), `loader` (the handle consumers hold), with
+//! `shared` (what the threads share), `counters` and `stats` (what they
+//! count). `script` and `tests` are the unit tests over scripted readers.
+//! No file imports one that comes after it in this list: `counters`/`transform` ← `shared` ← `shuffler` ←
 //! `assemble`/`tier` ← `reading` ← `worker` ← `sequencer`/`threads` ←
 //! `loader` ← `setup`/`planning`/`stats` ← `open`.
 
@@ -42,6 +43,7 @@ mod stats;
 mod tests;
 mod threads;
 mod tier;
+mod transform;
 mod worker;
 
 pub use counters::{

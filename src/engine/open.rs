@@ -340,6 +340,7 @@ impl Loader {
         // 1.3-1.7 GB/s where a third read 2.4-2.5, 3 runs each,
         // alternating, and over 3 passes 2.1-2.3 against 2.4-2.5.)
         let reads = NetReads::new(&cfg, workers, pool.quota() / 3, started);
+        let transform = crate::engine::transform::Transformer::new(&cfg)?;
         let shared = Arc::new(Shared {
             reads,
             shard_names: shards.iter().map(|s| s.name.as_str().into()).collect(),
@@ -359,6 +360,7 @@ impl Loader {
             start,
             base_delivered,
             replay,
+            transform,
             plans: Mutex::new(HashMap::new()),
             fingerprint,
             slack,

@@ -46,6 +46,13 @@ pub(super) fn sequence(sh: &Shared) -> Result<()> {
                     "a replayed placeholder came after the resume point".into(),
                 ));
             }
+            let mut b = b;
+            if let Some(t) = &sh.transform {
+                // Its first sample's place in the epoch: the samples
+                // before it, skipped ones included (counted above).
+                let position = *samples - b.len() as u64;
+                t.run(&mut b, epoch, position, &|| sh.stopping())?;
+            }
             sh.push(Item::Batch(b))
         };
         let mut order = Delivery::new(sh.streams.len());

@@ -59,6 +59,8 @@ pub(crate) struct Shared {
     /// and segment, the samples of the skipped batches, which workers pass
     /// on as placeholders without reading them (see `plan::replayed`).
     pub(super) replay: Option<Vec<Vec<Vec<u64>>>>,
+    /// The image pipeline the sequencer runs on each batch (`transform`).
+    pub(super) transform: Option<crate::engine::transform::Transformer>,
     pub(super) plans: Mutex<HashMap<u64, Arc<ConsumerPlan>>>,
     pub(super) fingerprint: u64,
     /// Bytes of front and back slack in each chunk (see `worker`).

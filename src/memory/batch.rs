@@ -65,7 +65,13 @@ pub struct Batch {
     /// Handed on towards the consumer (counted in the pool while alive).
     pub(super) out: bool,
     /// The worker whose chunks the batch holds (`NO_OWNER`: several).
-    pub(super) owner: usize,
+    /// (`u32::MAX` for `NO_OWNER`: a narrow field keeps `Batch`, which
+    /// `Next` carries by value, small.)
+    pub(super) owner: u32,
+    /// Memory the fields point into besides the chunks (a transformed
+    /// batch's tensors: `engine::transform`), kept while the batch lives.
+    /// Boxed twice for a thin pointer: `Next` carries a batch by value.
+    pub(super) keep: Option<Box<Box<dyn std::any::Any + Send + Sync>>>,
     pub(super) pool: Arc<ChunkPool>,
 }
 
@@ -106,7 +112,15 @@ impl Batch {
     pub(crate) fn mark_out(&mut self) {
         if !self.out {
             self.out = true;
-            self.pool.batch_out(self.owner);
+            self.pool.batch_out(self.owner());
+        }
+    }
+
+    /// The worker whose chunks the batch holds (`NO_OWNER`: several).
+    fn owner(&self) -> usize {
+        match self.owner {
+            u32::MAX => super::NO_OWNER,
+            o => o as usize,
         }
     }
 
@@ -116,6 +130,27 @@ impl Batch {
 
     pub fn raw_fields(&self) -> &[RawField] {
         &self.fields
+    }
+
+    /// Points field `i` (of `raw_fields`) at `len` bytes at `data`, which
+    /// `keep` must hold alive: a field replaced by what a transform made
+    /// of it. The payload count follows.
+    ///
+    /// # Safety
+    /// `data` must be valid for reads of `len` bytes for as long as what
+    /// is passed to [`Batch::keep`] lives, and nothing may write there
+    /// while the batch lives.
+    pub(crate) unsafe fn retarget(&mut self, i: usize, data: *const u8, len: usize) {
+        let f = &mut self.fields[i];
+        self.bytes = self.bytes - f.len as u64 + len as u64;
+        f.data = data;
+        f.len = len;
+    }
+
+    /// Keeps `memory` alive as long as the batch (see [`Batch::retarget`]);
+    /// one memory a batch, the last given.
+    pub(crate) fn keep(&mut self, memory: Box<dyn std::any::Any + Send + Sync>) {
+        self.keep = Some(Box::new(memory));
     }
 
     /// The name of the shard sample `i` came from (None for a placeholder,
@@ -164,7 +199,7 @@ impl Drop for Batch {
     fn drop(&mut self) {
         self.chunks.clear();
         if self.out {
-            self.pool.batch_out_gone(self.owner);
+            self.pool.batch_out_gone(self.owner());
         }
         self.pool.batch_gone();
     }

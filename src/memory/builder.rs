@@ -395,7 +395,8 @@ impl BatchBuilder {
             epoch,
             index,
             out: false,
-            owner,
+            keep: None,
+            owner: u32::try_from(owner).unwrap_or(u32::MAX),
             pool: Arc::clone(pool),
         }
     }

@@ -87,6 +87,15 @@ impl Attached {
             return Loader::open_json(text).map(Attached::Local);
         };
         let cfg = Config::from_map(&map)?;
+        if cfg.transform.is_some() && cfg.node != NodeMode::Off {
+            // A node engine ships batches as places in its arena; the
+            // transform's tensors are not there.
+            return Err(Error::Config(
+                "`transform` does not work with `node` yet: open the loader in this process \
+                 (`node`: \"off\")"
+                    .into(),
+            ));
+        }
         let socket = match &cfg.node {
             NodeMode::Off => return Loader::open(cfg).map(Attached::Local),
             NodeMode::Socket(p) => p.clone(),

@@ -31,6 +31,11 @@ fn consumer_config(attach: &Map<String, Value>, base: &Config) -> Result<Config>
     }
     let mut cfg = base.clone();
     cfg.take_consumer_keys(&theirs);
+    if cfg.transform.is_some() {
+        // Batches go to the consumer as places in this engine's arena; a
+        // transform's tensors are not there (the client refuses it first).
+        return Err(node("`transform` does not work with a node engine yet"));
+    }
     cfg.node = crate::config::NodeMode::Off;
     cfg.shared_arena = true;
     // The consumer registers its own mapping with CUDA (it is the process
