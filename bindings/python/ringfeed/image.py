@@ -34,6 +34,88 @@ def _spec_text(spec):
     return spec if isinstance(spec, str) else json.dumps(spec)
 
 
+def output_shape(spec, field):
+    """``(shape, dtype)`` of one image of `field` under `spec` (its layout's
+    order: ``(C, H, W)`` or ``(H, W, C)``), as the engine writes it."""
+    info = _ffi.STRUCT_TYPES["ringfeed_image_info"]()
+    st = _lib.ringfeed_image_transform(
+        _spec_text(spec).encode(), field.encode(), None, 0, 0, 0, 0, None, 0, ctypes.byref(info)
+    )
+    if st != _ffi.RINGFEED_ERR_BUFFER_TOO_SMALL:
+        raise from_status(st)
+    return (info.dim0, info.dim1, info.dim2), np.dtype(_DTYPES[info.elem_bytes])
+
+
+def from_torchvision(pipeline, field="jpg", label=None, label_type="int64"):
+    """The engine's spec for a torchvision transform pipeline, so a
+    pipeline ports as it is: ``Compose`` (or a list) of `RandomResizedCrop`,
+    `Resize`, `CenterCrop`, `RandomHorizontalFlip`, `ToTensor`,
+    `PILToTensor`, `ToImage`, `ToDtype` and `Normalize` (v1 or v2).
+    Anything else raises ValueError naming it. `label` adds a label field.
+
+    For example ``from_torchvision(T.Compose([T.RandomResizedCrop(224),
+    T.RandomHorizontalFlip()]), "jpg", "cls")`` gives a spec whose ``jpg``
+    has ``random_resized_crop`` (size ``[224, 224]`` and torchvision's
+    scale and ratio) and ``flip`` 0.5, and whose ``cls`` is ``"int64"``.
+    """
+    steps = list(getattr(pipeline, "transforms", pipeline))
+    out = {}
+
+    def size_of(s):
+        if isinstance(s, int):
+            return [s, s]
+        s = [int(v) for v in s]
+        return [s[0], s[0]] if len(s) == 1 else s
+
+    floats = False
+    for t in steps:
+        name = type(t).__name__
+        interp = getattr(t, "interpolation", None)
+        if interp is not None and "BILINEAR" not in str(interp).upper():
+            raise ValueError(f"{name}: only bilinear interpolation runs in the engine, not {interp}")
+        if name == "RandomResizedCrop":
+            out["random_resized_crop"] = {
+                "size": size_of(t.size),
+                "scale": [float(v) for v in t.scale],
+                "ratio": [float(v) for v in t.ratio],
+            }
+        elif name == "Resize":
+            s = t.size
+            if isinstance(s, (list, tuple)) and len(s) == 1:
+                s = s[0]
+            if getattr(t, "max_size", None):
+                raise ValueError("Resize(max_size=...) does not run in the engine")
+            out["resize"] = int(s) if isinstance(s, int) else [int(v) for v in s]
+        elif name == "CenterCrop":
+            out["center_crop"] = size_of(t.size)
+        elif name == "RandomHorizontalFlip":
+            out["flip"] = float(t.p)
+        elif name in ("ToTensor",):
+            floats = True
+        elif name in ("PILToTensor", "ToImage"):
+            pass
+        elif name == "ToDtype":
+            dt = getattr(t, "dtype", None)
+            dt = dt.get(next(iter(dt))) if isinstance(dt, dict) else dt
+            kinds = {"torch.uint8": "uint8", "torch.float16": "float16", "torch.float32": "float32"}
+            if str(dt) not in kinds:
+                raise ValueError(f"ToDtype({dt}): the engine writes uint8, float16 or float32")
+            if kinds[str(dt)] != "uint8" and not getattr(t, "scale", False):
+                raise ValueError("ToDtype to a float needs scale=True in the engine (values in [0, 1])")
+            out["dtype"] = kinds[str(dt)]
+        elif name == "Normalize":
+            out["normalize"] = {"mean": [float(v) for v in t.mean], "std": [float(v) for v in t.std]}
+            floats = True
+        else:
+            raise ValueError(f"{name} does not run in the engine: port it by hand or keep torchvision for it")
+    if floats and "dtype" not in out:
+        out["dtype"] = "float32"
+    spec = {field: out}
+    if label is not None:
+        spec[label] = label_type
+    return spec
+
+
 def transform(data, spec, field=None, *, seed=0, epoch=0, position=0):
     """`data` (bytes-like) as the image field `field` of `spec` makes it.
 

@@ -191,3 +191,71 @@ def test_the_same_key_gives_the_same_pixels_and_another_position_others(photos):
     for kw in ({"seed": 8}, {"epoch": 3}, {"position": 18}):
         args = {"seed": 9, "epoch": 2, "position": 17, **kw}
         assert transform(data, spec, **args)[1]["crop"] != ia["crop"]
+
+
+def shards_of_photos(tmp_path, photos, per_shard=5):
+    """Shards of JPEG crops of the photos, each sample's label its index."""
+    import tarfile
+
+    items = []
+    for name, img in photos.items():
+        w, h = img.size
+        for k in range(3):
+            box = (k * w // 10, k * h // 12, w - k * w // 9, h - k * h // 11)
+            items.append(jpeg(img.crop(box), quality=85 + k))
+    urls = []
+    for s in range(0, len(items), per_shard):
+        path = tmp_path / f"photos-{s // per_shard}.tar"
+        with tarfile.open(path, "w") as tar:
+            for i, data in enumerate(items[s : s + per_shard], start=s):
+                for ext, payload in (("jpg", data), ("cls", str(i).encode())):
+                    info = tarfile.TarInfo(f"sample{i:04d}.{ext}")
+                    info.size = len(payload)
+                    tar.addfile(info, io.BytesIO(payload))
+        urls.append(str(path))
+    return urls, items
+
+
+def test_a_dataset_with_the_engines_pipeline_yields_image_and_label_tensors(photos, tmp_path):
+    torch = pytest.importorskip("torch")
+    from ringfeed.torch import RingfeedDataset
+
+    urls, items = shards_of_photos(tmp_path, photos)
+    # No random choice: each image's pixels depend on its bytes alone, so
+    # rows are checked against the one-image call by their label.
+    spec = {"jpg": {"resize": 72, "center_crop": [64, 48]}, "cls": "int64"}
+    ds = RingfeedDataset(urls, batch_size=4, transform=spec, shuffle=True, seed=5)
+    seen = set()
+    for images, labels in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0):
+        assert images.dtype == torch.uint8 and images.shape[1:] == (3, 64, 48)
+        assert labels.dtype == torch.int64 and labels.shape == (images.shape[0],)
+        for img, label in zip(images, labels.tolist()):
+            want, _ = transform(items[label], spec, "jpg")
+            assert np.array_equal(img.numpy(), want), label
+            seen.add(label)
+        pinned = images.pin_memory() if torch.cuda.is_available() else images
+        assert torch.equal(pinned.to("cpu", non_blocking=True), images)
+    assert seen == set(range(len(items)))
+
+
+def test_a_training_pipeline_ports_from_torchvision(photos, tmp_path):
+    torch = pytest.importorskip("torch")
+    T = pytest.importorskip("torchvision.transforms")
+    from ringfeed.torch import RingfeedDataset, from_torchvision
+
+    pipeline = T.Compose([T.RandomResizedCrop(32), T.RandomHorizontalFlip(), T.ToTensor(),
+                          T.Normalize([0.5, 0.5, 0.5], [0.25, 0.25, 0.25])])
+    spec = from_torchvision(pipeline, "jpg", "cls")
+    assert spec["jpg"]["random_resized_crop"]["size"] == [32, 32]
+    assert spec["jpg"]["flip"] == 0.5 and spec["jpg"]["dtype"] == "float32"
+    urls, items = shards_of_photos(tmp_path, photos)
+    ds = RingfeedDataset(urls, batch_size=5, transform=spec, seed=1)
+    n = 0
+    for images, labels in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0):
+        assert images.dtype == torch.float32 and images.shape[1:] == (3, 32, 32)
+        assert -2.1 <= float(images.min()) and float(images.max()) <= 2.1
+        n += len(labels)
+    assert n == len(items)
+    for bad, name in ((T.ColorJitter(0.4), "ColorJitter"), (T.Resize(8, interpolation=T.InterpolationMode.NEAREST), "bilinear")):
+        with pytest.raises(ValueError, match=name):
+            from_torchvision(T.Compose([bad]))

@@ -72,7 +72,10 @@ the epoch": take the state of a torchdata StatefulDataLoader there
 
 import copy
 import gc
+import json
 import os
+
+import numpy as np
 
 import torch
 import torch.utils.data
@@ -82,8 +85,9 @@ from .._loader import Loader, _resume_value
 from .._log import logger
 from ..decode import DecodeError, Decoder
 from ._ragged import Ragged
+from ..image import from_torchvision
 
-__all__ = ["DecodeError", "Ragged", "RingfeedDataset", "StateUnknownError", "rank_and_world", "to_tensors"]
+__all__ = ["DecodeError", "Ragged", "RingfeedDataset", "from_torchvision", "StateUnknownError", "rank_and_world", "to_tensors"]
 
 
 class StateUnknownError(RuntimeError):
@@ -115,6 +119,43 @@ def to_tensors(batch):
     for name in batch.fields:
         out[name] = Ragged.of(batch, name)
     return out
+
+
+class _EngineImages:
+    """A batch the engine's image pipeline made, as a tuple of tensors:
+    each image field's ``(batch, *shape)``, then each label field's
+    ``(batch,)``, viewing the batch's memory."""
+
+    _LABELS = {"int64": np.int64, "int32": np.int32, "float32": np.float32}
+
+    def __init__(self, spec):
+        from ..image import output_shape
+
+        self.images = []
+        self.labels = []
+        for field, v in spec.items():
+            if isinstance(v, str) or (isinstance(v, dict) and "label" in v):
+                ty = v if isinstance(v, str) else v.get("label")
+                self.labels.append((field, self._LABELS.get(ty, np.int64)))
+            else:
+                shape, dtype = output_shape(spec, field)
+                self.images.append((field, shape, dtype))
+
+    def __call__(self, batch):
+        import warnings
+
+        n = len(batch)
+        out = []
+        with warnings.catch_warnings():
+            # The views are read-only (the engine's memory); torch warns.
+            warnings.simplefilter("ignore", UserWarning)
+            for field, shape, dtype in self.images:
+                a = batch.field(field).fixed(dtype, copy=False).reshape((n, *shape))
+                out.append(torch.from_numpy(a))
+            for field, dtype in self.labels:
+                a = batch.field(field).fixed(dtype, copy=False).reshape(n)
+                out.append(torch.from_numpy(a))
+        return tuple(out)
 
 
 def rank_and_world():
@@ -173,6 +214,15 @@ class RingfeedDataset(torch.utils.data.IterableDataset):
     the item; the batch is released after it returns (tensors and arrays it
     exported stay valid and hold the engine's memory while they live). The
     per-sample stages (`decode`, `map`, `to_tuple`, `map_tuple`) replace it.
+
+    `transform` may instead be the engine's image pipeline: a ``transform``
+    spec (a dict, or its JSON text; see the README, "Images", and
+    `ringfeed.torch.from_torchvision`). The engine then decodes, crops,
+    resizes and flips on its own threads, and each item is a tuple of
+    tensors viewing the batch's memory (no copy): the image fields'
+    ``(batch, *shape)`` tensors, then the label fields' ``(batch,)`` ones,
+    in the spec's order — ``(images, labels)`` for one of each. Use it with
+    ``num_workers=0``: the decoding is the engine's, not the DataLoader's.
     """
 
     # Keys this class passes to the engine itself.
@@ -191,6 +241,10 @@ class RingfeedDataset(torch.utils.data.IterableDataset):
             urls = list(urls)
         self.urls = urls
         self.batch_size = batch_size
+        if isinstance(transform, (dict, str)):
+            spec = json.loads(transform) if isinstance(transform, str) else dict(transform)
+            config["transform"] = spec
+            transform = _EngineImages(spec)
         self.transform = transform
         self.keep_open = keep_open
         self._resume = _resume_value(config.pop("resume", None))
