@@ -66,12 +66,12 @@ pub fn write(
             ));
         }
         let src = ImageRef::new(px.w, px.h, &px.buf, pt).map_err(|e| format!("resize: {e}"))?;
-        let opts = alg.crop(
-            left.max(0.0),
-            top.max(0.0),
-            bw.min(f64::from(px.w)),
-            bh.min(f64::from(px.h)),
-        );
+        // The box clamped to the window: its edges are products of
+        // fractions and may pass the window's by a rounding error, which
+        // the resizer refuses.
+        let (l, t) = (left.max(0.0), top.max(0.0));
+        let (w, h) = (bw.min(f64::from(px.w) - l), bh.min(f64::from(px.h) - t));
+        let opts = alg.crop(l, t, w, h);
         resizer
             .resize(&src, &mut dst, &opts)
             .map_err(|e| format!("resize: {e}"))?;

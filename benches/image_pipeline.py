@@ -1,0 +1,227 @@
+#!/usr/bin/env python3
+"""The engine's image pipeline against the ways people feed vision training
+today, on ~100 KB JPEG photos to 224x224 with random-resized-crop and flip,
+batches of 128 (issue 29's comparison):
+
+- ``rf_engine``: ``RingfeedDataset(urls, batch_size=128, transform=spec)``
+  through a ``DataLoader(num_workers=0)``: the engine decodes, crops and
+  flips on its own threads; each item is ``(images, labels)`` tensors;
+- ``wds_dl2``: ``webdataset.WebDataset(urls).decode("pil")`` with
+  torchvision's ``RandomResizedCrop(224)``, ``RandomHorizontalFlip()`` and
+  ``PILToTensor()``, batched by 128, through a ``DataLoader(num_workers=2)``;
+- ``floor``: two processes decoding and cropping the same bytes, read into
+  memory first, with Pillow and torchvision's transforms (no I/O, no
+  batching, no pickling): what two CPUs of Python decoding can do.
+
+The photos are scikit-image's sample photographs (astronaut, cat, coffee,
+rocket, motorcycle, ...), cut into many different crops at several sizes
+and JPEG qualities, so every image is a photo (not noise) and differs from
+the others. Each contender runs as its own process, timed from spawn to
+exit with the CPU time wait4 reports (``benches/timed.py``), ROUNDS
+interleaved rounds in a rotating order; medians and ratios of medians are
+printed. Over ``--epochs`` passes, start-up is a small part of each run.
+
+    benches/image_pipeline.py [--images 2048] [--epochs 2] [--rounds 3] [--only NAME,...]
+
+Needs the repository's .venv with ringfeed, torch, torchvision, webdataset,
+Pillow and scikit-image (for its photos): scripts/test.sh installs them.
+"""
+
+import argparse
+import importlib.util
+import io
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tarfile
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+OUT = HERE / "out" / "image_pipeline"
+BATCH = 128
+SIDE = 224
+PHOTOS = [
+    "astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "motorcycle_left.png",
+    "motorcycle_right.png", "hubble_deep_field.jpg", "retina.jpg", "ihc.png", "immunohistochemistry.png",
+]
+SPEC = {"jpg": {"random_resized_crop": SIDE, "flip": 0.5}, "cls": "int64"}
+
+
+def make_shards(n_images, per_shard=128):
+    from PIL import Image
+    import numpy as np
+
+    d = OUT / f"photos-{n_images}"
+    stamp = d / ".done"
+    if stamp.is_file():
+        return sorted(str(p) for p in d.glob("photos-*.tar"))
+    d.mkdir(parents=True, exist_ok=True)
+    spec = importlib.util.find_spec("skimage")
+    if spec is None:
+        sys.exit("scikit-image is needed for its sample photographs: pip install --no-deps scikit-image")
+    data = pathlib.Path(list(spec.submodule_search_locations)[0]) / "data"
+    photos = [Image.open(data / p).convert("RGB") for p in PHOTOS if (data / p).is_file()]
+    rng = np.random.default_rng(0)
+    sizes = []
+    i = 0
+    for s in range(0, n_images, per_shard):
+        with tarfile.open(d / f"photos-{s // per_shard:04d}.tar", "w", format=tarfile.USTAR_FORMAT) as t:
+            for _ in range(min(per_shard, n_images - s)):
+                img = photos[i % len(photos)]
+                w, h = img.size
+                cw, ch = int(w * rng.uniform(0.55, 1.0)), int(h * rng.uniform(0.55, 1.0))
+                x, y = int(rng.integers(0, w - cw + 1)), int(rng.integers(0, h - ch + 1))
+                side = int(rng.uniform(660, 820))
+                crop = img.crop((x, y, x + cw, y + ch))
+                scale = side / max(cw, ch)
+                crop = crop.resize((max(1, int(cw * scale)), max(1, int(ch * scale))), Image.BILINEAR)
+                if rng.random() < 0.5:
+                    crop = crop.transpose(Image.FLIP_LEFT_RIGHT)
+                b = io.BytesIO()
+                crop.save(b, "JPEG", quality=int(rng.integers(88, 96)))
+                sizes.append(len(b.getvalue()))
+                for name, payload in ((f"{i:07d}.jpg", b.getvalue()), (f"{i:07d}.cls", str(i % 10).encode())):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(payload)
+                    t.addfile(info, io.BytesIO(payload))
+                i += 1
+    (d / "sizes.json").write_text(json.dumps({"mean_bytes": sum(sizes) / len(sizes)}))
+    stamp.write_text("")
+    return sorted(str(p) for p in d.glob("photos-*.tar"))
+
+
+# -- contenders (each run as its own process: `--run NAME`) ------------------
+
+
+def run_rf_engine(urls, epochs):
+    import torch
+    from ringfeed.torch import RingfeedDataset
+
+    ds = RingfeedDataset(urls, batch_size=BATCH, transform=SPEC, shuffle=True, seed=0)
+    n = 0
+    for e in range(epochs):
+        ds.set_epoch(e)
+        for images, labels in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0):
+            assert images.shape[1:] == (3, SIDE, SIDE) and images.dtype == torch.uint8
+            n += len(labels)
+    return n
+
+
+def tv_transform():
+    import torchvision.transforms as T
+
+    return T.Compose([T.RandomResizedCrop(SIDE, antialias=True), T.RandomHorizontalFlip(), T.PILToTensor()])
+
+
+def run_wds_dl2(urls, epochs):
+    import torch
+    import webdataset as wds
+
+    tf = tv_transform()
+    ds = (
+        wds.WebDataset(urls, shardshuffle=False)
+        .shuffle(1000)
+        .decode("pil")
+        .to_tuple("jpg", "cls")
+        .map_tuple(tf, lambda c: c)
+        .batched(BATCH)
+    )
+    n = 0
+    for _ in range(epochs):
+        for images, labels in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2):
+            assert images.shape[1:] == (3, SIDE, SIDE)
+            n += len(labels)
+    return n
+
+
+def _floor_part(args):
+    paths, lo, hi, epochs = args
+    from PIL import Image
+
+    tf = tv_transform()
+    blobs = []
+    for p in paths:
+        with tarfile.open(p) as t:
+            for m in t.getmembers():
+                if m.name.endswith(".jpg"):
+                    blobs.append(t.extractfile(m).read())
+    n = 0
+    for _ in range(epochs):
+        for b in blobs[lo:hi]:
+            tf(Image.open(io.BytesIO(b)).convert("RGB"))
+            n += 1
+    return n
+
+
+def run_floor(urls, epochs):
+    import multiprocessing as mp
+
+    total = 0
+    for p in urls:
+        with tarfile.open(p) as t:
+            total += sum(1 for m in t.getmembers() if m.name.endswith(".jpg"))
+    with mp.get_context("fork").Pool(2) as pool:
+        half = total // 2
+        parts = [(urls, 0, half, epochs), (urls, half, total, epochs)]
+        return sum(pool.map(_floor_part, parts))
+
+
+RUNS = {"rf_engine": run_rf_engine, "wds_dl2": run_wds_dl2, "floor": run_floor}
+
+
+def child(name, urls, epochs):
+    t = time.perf_counter()
+    n = RUNS[name](urls, epochs)
+    print(json.dumps({"samples": n, "own_s": time.perf_counter() - t}))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--images", type=int, default=2048)
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--only", default="")
+    ap.add_argument("--run", help=argparse.SUPPRESS)
+    ap.add_argument("--urls", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.run:
+        return child(a.run, json.loads(a.urls), a.epochs)
+    urls = make_shards(a.images)
+    mean = json.loads((OUT / f"photos-{a.images}" / "sizes.json").read_text())["mean_bytes"]
+    names = [n for n in RUNS if not a.only or n in a.only.split(",")]
+    print(f"{a.images} JPEG photos, mean {mean / 1e3:.0f} KB, {a.epochs} epochs, batches of {BATCH}, to {SIDE}x{SIDE}")
+    results = {n: [] for n in names}
+    for r in range(a.rounds):
+        order = names[r % len(names):] + names[: r % len(names)]
+        print(f"round {r + 1}: {' '.join(order)}", flush=True)
+        for n in order:
+            out = OUT / f"r{r}-{n}.json"
+            cmd = [sys.executable, str(HERE / "timed.py"), str(out), "--", sys.executable, __file__,
+                   "--run", n, "--urls", json.dumps(urls), "--epochs", str(a.epochs)]
+            subprocess.run(cmd, check=True)
+            j = json.loads(out.read_text())
+            results[n].append((j["samples"] / j["process_wall_s"], j["process_cpu_s"] / j["samples"] * 1e3))
+    print(f"\nmedians of {a.rounds} rounds, whole process")
+    print(f"  {'contender':12} {'images/s':>9} {'CPU-ms/image':>13}")
+    med = {}
+    for n in names:
+        rate = statistics.median(x[0] for x in results[n])
+        cpu = statistics.median(x[1] for x in results[n])
+        med[n] = (rate, cpu)
+        print(f"  {n:12} {rate:9.0f} {cpu:13.2f}")
+    if "rf_engine" in med:
+        rf = med["rf_engine"]
+        for ref, target in (("wds_dl2", 2.0), ("floor", 1.5)):
+            if ref in med:
+                r = rf[0] / med[ref][0]
+                print(f"  rf_engine / {ref} images/s: {r:.2f} (target >= {target})")
+        if "wds_dl2" in med:
+            print(f"  rf_engine / wds_dl2 CPU per image: {rf[1] / med['wds_dl2'][1]:.2f} (target <= 0.6)")
+    (OUT / "summary.json").write_text(json.dumps({"medians": med, "rounds": results}, indent=1))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
