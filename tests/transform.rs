@@ -273,3 +273,48 @@ fn bad_specs_and_missing_fields_are_named() {
     assert!(e.to_string().contains("field `jpg`: sample `s0/"), "{e}");
     assert!(e.to_string().contains("has no such field"), "{e}");
 }
+
+#[test]
+fn a_consumer_that_keeps_every_batch_is_never_stopped() {
+    // More batches (12) than the pooled slots (prefetch 2 + 6): the consumer
+    // keeps them all, and each keeps its pixels.
+    let dir = tempfile::tempdir().unwrap();
+    let (urls, _) = shards(dir.path(), 6, 10, None);
+    let l = Loader::open(config(urls, json!({"prefetch_batches": 2, "epochs": 1}))).unwrap();
+    let mut kept = Vec::new();
+    loop {
+        match l.next(Some(Duration::from_secs(60))).unwrap() {
+            Next::Batch(b) => {
+                let first: Vec<u8> = b
+                    .samples()
+                    .next()
+                    .unwrap()
+                    .fields()
+                    .find(|f| f.0 == b"png")
+                    .unwrap()
+                    .1
+                    .to_vec();
+                kept.push((b, first));
+            }
+            Next::EndOfEpoch(_) => {}
+            Next::Finished => break,
+            Next::Timeout => panic!("stalled with {} batches held", kept.len()),
+        }
+    }
+    assert_eq!(kept.len(), 12);
+    for (b, first) in &kept {
+        let now = b
+            .samples()
+            .next()
+            .unwrap()
+            .fields()
+            .find(|f| f.0 == b"png")
+            .unwrap()
+            .1;
+        assert_eq!(
+            now,
+            first.as_slice(),
+            "a kept batch's pixels were overwritten"
+        );
+    }
+}

@@ -19,8 +19,7 @@
 //! what the uninterrupted one drew.
 
 use std::ffi::CStr;
-use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
 
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -29,7 +28,8 @@ use crate::memory::{Batch, RawField};
 
 /// Slots beyond the ring's depth: batches the consumer holds (a training
 /// step keeps one or two; a DataLoader's pin-memory thread one more).
-/// A consumer that holds more waits for them to be dropped.
+/// A consumer that holds more gets slots of their own, made as needed and
+/// freed with their batches: holding batches never stops the pipeline.
 const HELD_SLOTS: usize = 6;
 
 /// Bytes a slot's regions are aligned to (a cache line; numpy and torch
@@ -41,50 +41,60 @@ struct Slots {
     map: memmap2::MmapMut,
     bytes: usize,
     free: Mutex<Vec<usize>>,
-    freed: Condvar,
 }
 
-/// One slot, returned to the free list when the batch holding it drops.
-struct Slot {
-    slots: Arc<Slots>,
-    index: usize,
+/// The memory one batch's tensors are written into.
+enum Slot {
+    /// One of the pool's, returned to its free list when the batch drops.
+    Pooled { slots: Arc<Slots>, index: usize },
+    /// A mapping of its own, made while every pooled slot was held (the
+    /// consumer keeps more batches than the pool has room for), unmapped
+    /// when the batch drops.
+    Own(memmap2::MmapMut),
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let mut f = self.slots.free.lock().unwrap_or_else(|p| p.into_inner());
-        f.push(self.index);
-        drop(f);
-        self.slots.freed.notify_one();
+        if let Slot::Pooled { slots, index } = self {
+            let mut f = slots.free.lock().unwrap_or_else(|p| p.into_inner());
+            f.push(*index);
+        }
+    }
+}
+
+impl Slot {
+    fn base(&self) -> *mut u8 {
+        match self {
+            // SAFETY: index < the slot count, so the offset is inside the map.
+            Slot::Pooled { slots, index } => unsafe {
+                slots.map.as_ptr().cast_mut().add(index * slots.bytes)
+            },
+            Slot::Own(m) => m.as_ptr().cast_mut(),
+        }
     }
 }
 
 impl Slots {
-    /// A free slot; waits for one while `stop` says go on (None: stopped).
-    fn take(self: &Arc<Self>, stop: &dyn Fn() -> bool) -> Option<Slot> {
-        let mut f = self.free.lock().unwrap_or_else(|p| p.into_inner());
-        loop {
-            if let Some(index) = f.pop() {
-                return Some(Slot {
-                    slots: Arc::clone(self),
-                    index,
-                });
-            }
-            if stop() {
-                return None;
-            }
-            // A bounded wait, so a stop is seen without a notification.
-            f = self
-                .freed
-                .wait_timeout(f, Duration::from_millis(50))
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+    /// A free slot of the pool, or, when the consumer holds them all, one
+    /// of its own (the ring bounds how far the pipeline runs ahead, so
+    /// only batches the consumer keeps make these).
+    fn take(self: &Arc<Self>) -> Result<Slot> {
+        let index = self.free.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        match index {
+            Some(index) => Ok(Slot::Pooled {
+                slots: Arc::clone(self),
+                index,
+            }),
+            None => memmap2::MmapMut::map_anon(self.bytes)
+                .map(Slot::Own)
+                .map_err(|e| {
+                    Error::Memory(format!(
+                        "cannot map {} bytes for a batch's `transform` tensors (the consumer holds \
+                     every pooled slot): {e}",
+                        self.bytes
+                    ))
+                }),
         }
-    }
-
-    fn base(&self, slot: &Slot) -> *mut u8 {
-        // SAFETY: index < the slot count, so the offset is inside the map.
-        unsafe { self.map.as_ptr().cast_mut().add(slot.index * self.bytes) }
     }
 }
 
@@ -163,21 +173,13 @@ impl Transformer {
                 map,
                 bytes,
                 free: Mutex::new((0..count).rev().collect()),
-                freed: Condvar::new(),
             }),
         }))
     }
 
     /// Transforms batch `b` of `epoch`, whose first sample is at
-    /// `position` of the epoch's order. `stop`: the loader is stopping
-    /// (a wait for a slot gives up: `Error::Closed`).
-    pub(crate) fn run(
-        &self,
-        b: &mut Batch,
-        epoch: u64,
-        position: u64,
-        stop: &dyn Fn() -> bool,
-    ) -> Result<()> {
+    /// `position` of the epoch's order.
+    pub(crate) fn run(&self, b: &mut Batch, epoch: u64, position: u64) -> Result<()> {
         let n = b.len();
         if n == 0 {
             return Ok(());
@@ -212,8 +214,8 @@ impl Transformer {
                 }
             }
         }
-        let slot = self.slots.take(stop).ok_or(Error::Closed)?;
-        let base = self.slots.base(&slot) as usize;
+        let slot = self.slots.take()?;
+        let base = slot.base() as usize;
         let per = wanted.len();
         let threads = self.threads.min(n).max(1);
         let first_error: Mutex<Option<(usize, Error)>> = Mutex::new(None);
