@@ -219,14 +219,7 @@ fn pixels_do_not_depend_on_the_threads() {
 fn a_broken_image_fails_naming_its_shard_sample_and_field() {
     let dir = tempfile::tempdir().unwrap();
     let (urls, _) = shards(dir.path(), 2, 6, Some("s1/0003"));
-    let l = Loader::open(config(urls, json!({"epochs": 1}))).unwrap();
-    let e = loop {
-        match l.next(Some(Duration::from_secs(60))) {
-            Ok(Next::Batch(_) | Next::EndOfEpoch(_)) => {}
-            Ok(other) => panic!("no error: {other:?}"),
-            Err(e) => break e,
-        }
-    };
+    let e = support::first_error(config(urls, json!({"epochs": 1})));
     let m = e.to_string();
     assert!(
         m.contains("field `png`")
@@ -262,14 +255,7 @@ fn bad_specs_and_missing_fields_are_named() {
         urls,
         json!({"transform": {"jpg": {"center_crop": 8}}, "epochs": 1}),
     );
-    let l = Loader::open(cfg).unwrap();
-    let e = loop {
-        match l.next(Some(Duration::from_secs(60))) {
-            Ok(Next::Batch(_) | Next::EndOfEpoch(_)) => {}
-            Ok(other) => panic!("no error: {other:?}"),
-            Err(e) => break e,
-        }
-    };
+    let e = support::first_error(cfg);
     assert!(e.to_string().contains("field `jpg`: sample `s0/"), "{e}");
     assert!(e.to_string().contains("has no such field"), "{e}");
 }
