@@ -365,6 +365,9 @@ typedef struct ringfeed_stats {
   // measured yet, a fixed `reads_in_flight`, or reads on the thread
   // backend).
   uint64_t net_first_byte_us;
+  // Samples left out of their batch because their image or label could
+  // not be made (`image_errors = "skip"`).
+  uint64_t images_skipped;
 } ringfeed_stats;
 
 #ifdef __cplusplus

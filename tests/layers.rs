@@ -53,6 +53,7 @@ const ENGINE: &[(&str, u32)] = &[
     ("script", 9),
     ("open", 10),
     ("tests", 11),
+    ("tests_cuda", 12),
 ];
 
 fn rs_files(dir: &Path, out: &mut Vec<PathBuf>) {

@@ -3,7 +3,9 @@
 //! field an array, with the pixels `ringfeed::image::apply` gives for the
 //! sample's seed, epoch and position; a resumed epoch gives the pixels of
 //! the uninterrupted one; a broken image fails the loader naming its
-//! shard, sample and field; a bad spec is refused at open.
+//! shard, sample and field, or with `image_errors = "skip"` leaves its
+//! batch, counted and logged, the others keeping their pixels and a
+//! resume its place; a bad spec is refused at open.
 
 mod support;
 
@@ -37,12 +39,7 @@ type Samples = BTreeMap<String, (Vec<u8>, i64)>;
 
 /// Shards of `per` samples each: a PNG of varying size and a class label.
 /// Returns the URLs and each key's (png, label).
-fn shards(
-    dir: &std::path::Path,
-    n: usize,
-    per: usize,
-    broken: Option<&str>,
-) -> (Vec<String>, Samples) {
+fn shards(dir: &std::path::Path, n: usize, per: usize, broken: &[&str]) -> (Vec<String>, Samples) {
     let mut urls = Vec::new();
     let mut samples = BTreeMap::new();
     for s in 0..n {
@@ -51,7 +48,7 @@ fn shards(
             let k = (s * per + i) as u32;
             let key = format!("s{s}/{i:04}");
             let mut img = picture(40 + k % 23, 30 + (k * 7) % 19, k);
-            if broken == Some(key.as_str()) {
+            if broken.contains(&key.as_str()) {
                 img.truncate(img.len() / 2);
             }
             let label = i64::from(k % 10);
@@ -134,7 +131,7 @@ fn drain(l: &Loader, limit: Option<usize>) -> Seen {
 #[test]
 fn batches_arrive_as_tensors_with_the_pipelines_pixels() {
     let dir = tempfile::tempdir().unwrap();
-    let (urls, samples) = shards(dir.path(), 3, 7, None);
+    let (urls, samples) = shards(dir.path(), 3, 7, &[]);
     let l = Loader::open(config(urls, json!({}))).unwrap();
     let seen = drain(&l, None);
     let t = Transform::from_value(&spec()).unwrap();
@@ -182,7 +179,7 @@ fn batches_arrive_as_tensors_with_the_pipelines_pixels() {
 #[test]
 fn a_resumed_epoch_gives_the_uninterrupted_pixels() {
     let dir = tempfile::tempdir().unwrap();
-    let (urls, _) = shards(dir.path(), 3, 7, None);
+    let (urls, _) = shards(dir.path(), 3, 7, &[]);
     let whole = drain(
         &Loader::open(config(urls.clone(), json!({}))).unwrap(),
         None,
@@ -203,7 +200,7 @@ fn a_resumed_epoch_gives_the_uninterrupted_pixels() {
 #[test]
 fn pixels_do_not_depend_on_the_threads() {
     let dir = tempfile::tempdir().unwrap();
-    let (urls, _) = shards(dir.path(), 2, 9, None);
+    let (urls, _) = shards(dir.path(), 2, 9, &[]);
     let one = drain(
         &Loader::open(config(urls.clone(), json!({"transform_threads": 1}))).unwrap(),
         None,
@@ -218,7 +215,7 @@ fn pixels_do_not_depend_on_the_threads() {
 #[test]
 fn a_broken_image_fails_naming_its_shard_sample_and_field() {
     let dir = tempfile::tempdir().unwrap();
-    let (urls, _) = shards(dir.path(), 2, 6, Some("s1/0003"));
+    let (urls, _) = shards(dir.path(), 2, 6, &["s1/0003"]);
     let e = support::first_error(config(urls, json!({"epochs": 1})));
     let m = e.to_string();
     assert!(
@@ -234,7 +231,7 @@ fn a_broken_image_fails_naming_its_shard_sample_and_field() {
 #[test]
 fn bad_specs_and_missing_fields_are_named() {
     let dir = tempfile::tempdir().unwrap();
-    let (urls, _) = shards(dir.path(), 1, 4, None);
+    let (urls, _) = shards(dir.path(), 1, 4, &[]);
     let mut m = serde_json::Map::new();
     m.insert("urls".into(), json!(urls));
     m.insert(
@@ -265,7 +262,7 @@ fn a_consumer_that_keeps_every_batch_is_never_stopped() {
     // More batches (12) than the pooled slots (prefetch 2 + 6): the consumer
     // keeps them all, and each keeps its pixels.
     let dir = tempfile::tempdir().unwrap();
-    let (urls, _) = shards(dir.path(), 6, 10, None);
+    let (urls, _) = shards(dir.path(), 6, 10, &[]);
     let l = Loader::open(config(urls, json!({"prefetch_batches": 2, "epochs": 1}))).unwrap();
     let mut kept = Vec::new();
     loop {
@@ -302,5 +299,114 @@ fn a_consumer_that_keeps_every_batch_is_never_stopped() {
             first.as_slice(),
             "a kept batch's pixels were overwritten"
         );
+    }
+}
+
+/// The samples of `seen`, epoch by epoch, in delivery order.
+fn order(seen: &Seen) -> BTreeMap<u64, Vec<String>> {
+    let mut o: BTreeMap<u64, Vec<String>> = BTreeMap::new();
+    for (epoch, keys, _, _) in seen {
+        o.entry(*epoch).or_default().extend(keys.iter().cloned());
+    }
+    o
+}
+
+const BROKEN: [&str; 3] = ["s0/0002", "s1/0003", "s1/0004"];
+
+#[test]
+fn with_skip_a_broken_image_leaves_its_batch_counted_and_logged() {
+    let dir = tempfile::tempdir().unwrap();
+    let clean_dir = tempfile::tempdir().unwrap();
+    let (urls, samples) = shards(dir.path(), 2, 6, &BROKEN);
+    let (clean_urls, _) = shards(clean_dir.path(), 2, 6, &[]);
+    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let sink = std::sync::Arc::clone(&log);
+    // The log is the process's: other tests' loaders skip too.
+    let ours = dir.path().display().to_string();
+    ringfeed::log::set(
+        Some(Box::new(move |_, m: &str| {
+            if m.contains("image_errors") && m.contains(&ours) {
+                sink.lock().unwrap().push(m.to_string());
+            }
+        })),
+        ringfeed::log::Level::Warn,
+    );
+    // The order every sample has in the plan: that of the same shards
+    // with nothing broken.
+    let planned = order(&drain(
+        &Loader::open(config(clean_urls, json!({}))).unwrap(),
+        None,
+    ));
+    let l = Loader::open(config(urls, json!({"image_errors": "skip"}))).unwrap();
+    let seen = drain(&l, None);
+    ringfeed::log::set(None, ringfeed::log::Level::Error);
+    let got = order(&seen);
+    for (epoch, keys) in &planned {
+        let kept: Vec<String> = keys
+            .iter()
+            .filter(|k| !BROKEN.contains(&k.as_str()))
+            .cloned()
+            .collect();
+        assert_eq!(got[epoch], kept, "epoch {epoch}");
+    }
+    // The kept samples' pixels are those of their place in the plan.
+    let t = Transform::from_value(&spec()).unwrap();
+    let img = &t.images[0];
+    let mut shorter = 0;
+    for (epoch, keys, tensor, labels) in &seen {
+        shorter += usize::from(keys.len() < 5);
+        for (i, key) in keys.iter().enumerate() {
+            let pos = planned[epoch].iter().position(|k| k == key).unwrap() as u64;
+            let mut want = vec![0u8; img.out_bytes()];
+            ringfeed::image::apply(
+                img,
+                &samples[key].0,
+                11,
+                *epoch,
+                pos,
+                &mut Scratch::default(),
+                &mut want,
+            )
+            .unwrap();
+            assert_eq!(&tensor[i * want.len()..(i + 1) * want.len()], &want[..]);
+            assert_eq!(labels[i], samples[key].1);
+        }
+    }
+    assert!(shorter >= 2, "no batch lost a sample: {seen:?}");
+    let st = l.stats();
+    assert_eq!(st.images_skipped, 6);
+    assert_eq!(st.samples_delivered, 18);
+    // One line a skipped sample, naming its field, key and shard.
+    let lines = log.lock().unwrap().clone();
+    for key in BROKEN {
+        let shard = format!("shard-{}.tar", &key[1..2]);
+        let n = lines
+            .iter()
+            .filter(|m| {
+                m.contains(&format!("sample `{key}`"))
+                    && m.contains(&shard)
+                    && m.contains("field `png`")
+            })
+            .count();
+        assert_eq!(n, 2, "{key} in {lines:#?}");
+    }
+}
+
+#[test]
+fn with_skip_a_resume_continues_where_the_uninterrupted_run_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let (urls, _) = shards(dir.path(), 2, 6, &BROKEN);
+    let skip = || json!({"image_errors": "skip"});
+    let whole = drain(&Loader::open(config(urls.clone(), skip())).unwrap(), None);
+    for cut in 1..whole.len() {
+        let first = Loader::open(config(urls.clone(), skip())).unwrap();
+        let head = drain(&first, Some(cut));
+        let state = first.state().to_hex();
+        first.close();
+        let mut extra = skip();
+        extra["resume"] = json!([state]);
+        let rest = drain(&Loader::open(config(urls.clone(), extra)).unwrap(), None);
+        let joined: Seen = head.into_iter().chain(rest).collect();
+        assert_eq!(joined, whole, "cut after {cut} batches");
     }
 }

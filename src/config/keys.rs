@@ -11,9 +11,9 @@ use serde_json::Value;
 
 use super::values::{
     attempts, auto_or_positive, boolean, checksum, cpu_list, endpoint, file_path, fill_mode,
-    integer, io_backend, memory_kind, min_free, node_mode, numa_node, positive, positive_size,
-    region, remainder, resume_states, secret, size, size_or_auto, suffix, text, toggle, transform,
-    urls,
+    image_errors, integer, io_backend, memory_kind, min_free, node_mode, numa_node, positive,
+    positive_size, region, remainder, resume_states, secret, size, size_or_auto, suffix, text,
+    toggle, transform, urls,
 };
 use super::{Checksum, IoBackend, NodeMode, Toggle};
 use crate::cache::{FillMode, MinFree};
@@ -361,6 +361,16 @@ config_keys! {
     // None: batches hand over the fields' bytes as they are in the shards.
     [Consumer] transform: Option<crate::image::Transform> = None => transform(key, v)?;
 
+    /// What a sample whose image or label cannot be made (corrupt,
+    /// truncated, an unsupported format, a missing field) does: `"fail"`
+    /// fails the loader with an error naming the field, the sample's key
+    /// and its shard; `"skip"` leaves the sample out of its batch (which
+    /// is that much shorter), counts it in `images_skipped` and logs the
+    /// shard, key, field and reason at warning level.
+    // Fail: a corrupt dataset is news the user wants at once; skipping is
+    // a choice made knowing the data.
+    [Consumer] image_errors: crate::image::OnError = crate::image::OnError::Fail => image_errors(key, v)?;
+
     /// Threads that run `transform` on a batch's samples (0: one per CPU
     /// the process may use).
     // The decode is CPU-bound and a batch's samples are independent: all
@@ -677,6 +687,7 @@ mod tests {
                 "cuda_register",
                 "epoch",
                 "epochs",
+                "image_errors",
                 "loader_worker",
                 "node",
                 "rank",

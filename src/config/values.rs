@@ -391,6 +391,14 @@ pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
         .ok_or_else(|| "the size is too large".into())
 }
 
+/// What a sample whose image cannot be made does: `fail` or `skip`.
+pub(super) fn image_errors(key: &str, v: &Value) -> Result<crate::image::OnError> {
+    Ok(match choice(key, v, &["fail", "skip"])? {
+        "fail" => crate::image::OnError::Fail,
+        _ => crate::image::OnError::Skip,
+    })
+}
+
 /// The `transform` spec: an object, or its JSON text; `null` or `""` is
 /// none.
 pub(super) fn transform(key: &str, v: &Value) -> Result<Option<crate::image::Transform>> {

@@ -121,6 +121,9 @@ pub struct Counts {
     /// measured yet, a fixed `reads_in_flight`, or reads on the thread
     /// backend).
     pub net_first_byte_us: u64,
+    /// Samples left out of their batch because their image or label could
+    /// not be made (`image_errors = "skip"`).
+    pub images_skipped: u64,
 }
 
 /// `ringfeed_stats.memory_kind`: explicit huge pages (MAP_HUGETLB).
@@ -172,4 +175,5 @@ live!(
     samples_skipped,
     shuffle_copied,
     reads_ahead,
+    images_skipped,
 );

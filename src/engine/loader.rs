@@ -84,7 +84,9 @@ impl Loader {
                         };
                     }
                     p.batches += 1;
-                    p.samples += b.len() as u64;
+                    // The samples of the order it stands for, those a
+                    // transform left out included: what a resume skips.
+                    p.samples += b.planned_len() as u64;
                 }
                 if c.batches_delivered.fetch_add(1, Ordering::Relaxed) == 0 {
                     let since = sh.started.elapsed().as_nanos() as u64;

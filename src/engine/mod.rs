@@ -41,6 +41,8 @@ mod shuffler;
 mod stats;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_cuda;
 mod threads;
 mod tier;
 mod transform;

@@ -18,7 +18,7 @@ use crate::engine::loader::{Loader, Setup};
 use crate::engine::planning::{learn_cached_counts, plan_setup, worker_count};
 use crate::engine::setup::{
     EngineNet, MIN_SHARE, auto_chunk, check_placement_keys, fixed_buffers, own_pool, place,
-    read_span, remote_budget,
+    read_span, register_cuda, remote_budget,
 };
 use crate::engine::shared::{NetReads, Progress, Shared, faults_in_on_reads};
 use crate::engine::threads::{
@@ -340,7 +340,18 @@ impl Loader {
         // 1.3-1.7 GB/s where a third read 2.4-2.5, 3 runs each,
         // alternating, and over 3 passes 2.1-2.3 against 2.4-2.5.)
         let reads = NetReads::new(&cfg, workers, pool.quota() / 3, started);
-        let transform = crate::engine::transform::Transformer::new(&cfg)?;
+        let transform_cpus = match cfg.pin_cpus {
+            true => {
+                topology::transform_cpus(&topo, &allowed, cfg.cpus.as_deref(), placement.numa_node)
+            }
+            false => None,
+        };
+        let transform = crate::engine::transform::Transformer::new(
+            &cfg,
+            transform_cpus,
+            placement.numa_node,
+            &|arena, notes| register_cuda(arena, &cfg, notes),
+        )?;
         let shared = Arc::new(Shared {
             reads,
             shard_names: shards.iter().map(|s| s.name.as_str().into()).collect(),

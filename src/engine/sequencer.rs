@@ -51,7 +51,7 @@ pub(super) fn sequence(sh: &Shared) -> Result<()> {
                 // Its first sample's place in the epoch: the samples
                 // before it, skipped ones included (counted above).
                 let position = *samples - b.len() as u64;
-                t.run(&mut b, epoch, position)?;
+                t.run(&mut b, epoch, position, &sh.counters.images_skipped)?;
             }
             sh.push(Item::Batch(b))
         };

@@ -33,6 +33,12 @@ pub struct Stats {
     /// The NUMA node the arena is bound to; `None` when unknown or refused
     /// (the notes say why).
     pub numa_node: Option<usize>,
+    /// Threads the `transform` splits a batch among (0: no transform).
+    pub transform_threads: usize,
+    /// The CPUs they run on: those of the I/O threads' NUMA node, or the
+    /// configured `cpus`; empty when not pinned (one node, `pin_cpus`
+    /// false).
+    pub transform_cpus: Vec<usize>,
     /// Threads receiving the workers' HTTP ranges; 0 when each worker
     /// receives its own (thread backend, or local shards only).
     pub net_threads: usize,
@@ -49,8 +55,9 @@ pub struct Stats {
     pub retries: std::collections::BTreeMap<&'static str, u64>,
     /// Why a preferred setting was not obtained (huge pages, mlock, io_uring...).
     pub notes: Vec<String>,
-    /// Bytes of the arena registered with CUDA (`cuda_register`); 0 when
-    /// not registered (the notes say why under "auto").
+    /// Bytes of the arena (and of the `transform` tensors' slots)
+    /// registered with CUDA (`cuda_register`); 0 when not registered (the
+    /// notes say why under "auto").
     pub cuda_registered: u64,
     /// What holds the network reads' throughput where it is now:
     /// "consumer" (the ring is full: the consumer is behind), "memory" (a
@@ -142,6 +149,11 @@ impl Loader {
             worker_cpus: self.setup.cpus.clone(),
             placement: self.setup.placement.clone(),
             numa_node: report.numa_node,
+            transform_threads: sh.transform.as_ref().map_or(0, |t| t.threads()),
+            transform_cpus: sh
+                .transform
+                .as_ref()
+                .map_or(Vec::new(), |t| t.cpus().to_vec()),
             net_threads: sh.net_links.len(),
             local_reads: sh.direct.path_name(),
             local_files_direct: sh.direct.files().0,
@@ -154,6 +166,7 @@ impl Loader {
                 notes.extend(self.setup.fixed.as_ref().and_then(|f| f.refused()));
                 // Local files read buffered although direct was wanted.
                 notes.extend(sh.direct.note());
+                notes.extend(sh.transform.iter().flat_map(|t| t.notes()));
                 // Cache entries read buffered, or no more entries written.
                 notes.extend(sh.cache_direct.note().map(|n| format!("cache: {n}")));
                 notes.extend(sh.cache.as_ref().and_then(|s| s.cache().note()));
@@ -168,7 +181,9 @@ impl Loader {
                     .map(|n| crate::redact::text(&n).into_owned())
                     .collect()
             },
-            cuda_registered: pool.arena().cuda_registered() as u64,
+            cuda_registered: (pool.arena().cuda_registered()
+                + sh.transform.as_ref().map_or(0, |t| t.cuda_registered()))
+                as u64,
             limited_by: reads.limit,
         }
     }
@@ -261,6 +276,12 @@ const COUNTERS: &[(&str, &str, f64, &str)] = &[
         "ringfeed_resume_skipped_samples_total",
         1.0,
         "Samples replayed, not handed out, to resume.",
+    ),
+    (
+        "images_skipped",
+        "ringfeed_images_skipped_total",
+        1.0,
+        "Samples left out of their batch for an image or label that could not be made.",
     ),
     (
         "shuffle_copied",

@@ -18,7 +18,6 @@ use super::{Loader, Next, Stats};
 use crate::config::Config;
 use crate::dataset::{Shard, Source};
 use crate::error::{Error, IoOp};
-use crate::memory::cuda;
 use crate::net::http::HttpObject;
 use crate::plan::{self, SampleRef};
 use crate::synth;
@@ -41,13 +40,13 @@ fn shard_bytes(shard: usize, samples: u64, size: usize) -> Vec<u8> {
     tar
 }
 
-struct Data {
-    shards: Vec<Shard>,
-    objects: HashMap<String, Vec<u8>>,
-    counts: Vec<u64>,
+pub(super) struct Data {
+    pub(super) shards: Vec<Shard>,
+    pub(super) objects: HashMap<String, Vec<u8>>,
+    pub(super) counts: Vec<u64>,
 }
 
-fn data(samples: &[u64], size: usize) -> Data {
+pub(super) fn data(samples: &[u64], size: usize) -> Data {
     let mut d = Data {
         shards: Vec::new(),
         objects: HashMap::new(),
@@ -69,7 +68,12 @@ fn data(samples: &[u64], size: usize) -> Data {
 
 /// A small engine: 64 KiB chunks (56 KiB read per chunk, so members cross
 /// chunks and spill), normal pages, no pinning.
-fn config(workers: usize, reads_in_flight: usize, budget_chunks: u64, extra: &str) -> Config {
+pub(super) fn config(
+    workers: usize,
+    reads_in_flight: usize,
+    budget_chunks: u64,
+    extra: &str,
+) -> Config {
     Config::from_json(&format!(
         r#"{{"urls": ["scripted"], "batch_size": 5, "workers": {workers},
             "reads_in_flight": {reads_in_flight}, "chunk_size": 65536,
@@ -121,7 +125,7 @@ fn run(cfg: Config, d: &Data, script: Script) -> Run {
 }
 
 /// Every batch until the end (each sample's bytes checked), or the error.
-fn drain(loader: &Loader) -> (Vec<Vec<SampleRef>>, Option<Error>) {
+pub(super) fn drain(loader: &Loader) -> (Vec<Vec<SampleRef>>, Option<Error>) {
     let mut batches = Vec::new();
     loop {
         match loader.next(Some(Duration::from_secs(60))) {
@@ -335,126 +339,6 @@ fn shards_of_unknown_size_are_sized_by_their_first_read() {
             assert_eq!(r.batches, want, "seed {seed}: not the plan's order");
             assert_eq!(r.violations, Vec::<String>::new());
         }
-    }
-}
-
-/// Opens a loader over `d` (scripted reads, every read in order) with
-/// `cuda_register` set to `toggle` and the CUDA runtime `runtime`.
-fn open_with_cuda(
-    d: &Data,
-    toggle: &str,
-    runtime: std::result::Result<&'static cuda::Runtime, String>,
-) -> crate::error::Result<Loader> {
-    let cfg = config(2, 2, 16, &format!(r#", "cuda_register": "{toggle}""#));
-    let script = Arc::new(Script {
-        objects: d.objects.clone(),
-        ..Script::default()
-    });
-    cuda::test_override::with(runtime, || {
-        Loader::open_with_readers(
-            cfg,
-            d.shards.clone(),
-            Arc::new(move |stream, pool| script.reader(stream, pool)),
-        )
-    })
-}
-
-/// The loader's stats once the prefault thread has tried to register the
-/// arena (`auto` registers after the first batch, or after a time-out).
-fn stats_after_cuda(loader: &Loader) -> Stats {
-    let begun = std::time::Instant::now();
-    while loader.shared.pool.arena().cuda_registered() == 0
-        && loader.shared.pool.arena().cuda_refused().is_none()
-    {
-        assert!(
-            begun.elapsed() < Duration::from_secs(60),
-            "never registered"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    loader.stats()
-}
-
-fn cuda_notes(stats: &Stats) -> Vec<&String> {
-    stats.notes.iter().filter(|n| n.contains("CUDA")).collect()
-}
-
-#[test]
-fn the_arena_is_registered_with_cuda_as_cuda_register_asks() {
-    let dir = tempfile::tempdir().unwrap();
-    let fake = cuda::fake::build(dir.path());
-    let d = data(&[30, 20], 3000);
-
-    // A runtime that registers: the whole arena, once its pages are in
-    // (`auto`) or at open (`on`), until the arena drops.
-    let loader = open_with_cuda(&d, "auto", Ok(fake.runtime)).unwrap();
-    let base = loader.shared.pool.arena().base() as usize;
-    let stats = stats_after_cuda(&loader);
-    assert_eq!(stats.cuda_registered, stats.arena_bytes);
-    assert!(cuda_notes(&stats).is_empty(), "{:?}", stats.notes);
-    let c = fake.calls();
-    assert_eq!((c.registers, c.unregisters), (1, 0));
-    assert_eq!((c.ptr, c.len as u64, c.flags), (base, stats.arena_bytes, 1));
-    let (batches, error) = drain(&loader);
-    assert!(error.is_none() && !batches.is_empty(), "{error:?}");
-    drop(loader);
-    let c = fake.calls();
-    assert_eq!((c.unregisters, c.unregistered), (1, base));
-    let loader = open_with_cuda(&d, "on", Ok(fake.runtime)).unwrap();
-    let base = loader.shared.pool.arena().base() as usize;
-    assert_eq!(loader.stats().cuda_registered, loader.stats().arena_bytes);
-    assert_eq!((fake.calls().registers, fake.calls().ptr), (2, base));
-    drop(loader);
-    assert_eq!(
-        (fake.calls().unregisters, fake.calls().unregistered),
-        (2, base)
-    );
-
-    // `off` never calls the runtime.
-    let loader = open_with_cuda(&d, "off", Ok(fake.runtime)).unwrap();
-    let stats = loader.stats();
-    assert_eq!(stats.cuda_registered, 0);
-    assert!(cuda_notes(&stats).is_empty(), "{:?}", stats.notes);
-    drop(loader);
-    assert_eq!(fake.calls().registers, 2);
-
-    // A runtime that refuses: `auto` says why, `on` fails with CUDA's text.
-    fake.fail_with(100);
-    let loader = open_with_cuda(&d, "auto", Ok(fake.runtime)).unwrap();
-    let stats = stats_after_cuda(&loader);
-    assert_eq!(stats.cuda_registered, 0);
-    let notes = cuda_notes(&stats);
-    assert!(
-        notes.len() == 1 && notes[0].contains("no CUDA-capable device is detected"),
-        "{:?}",
-        stats.notes
-    );
-    drain(&loader);
-    drop(loader);
-    match open_with_cuda(&d, "on", Ok(fake.runtime)).map(|_| ()) {
-        Err(Error::Memory(m)) => {
-            assert!(m.contains("no CUDA-capable device is detected"), "{m}");
-            assert!(m.contains("`cuda_register` is \"on\""), "{m}");
-        }
-        other => panic!("expected a memory error, got {other:?}"),
-    }
-    let c = fake.calls();
-    assert_eq!((c.registers, c.unregisters), (2, 2));
-
-    // No runtime at all.
-    let missing = || Err("libcudart.so: cannot open shared object file".to_string());
-    let loader = open_with_cuda(&d, "auto", missing()).unwrap();
-    let stats = loader.stats();
-    let notes = cuda_notes(&stats);
-    assert!(
-        notes.len() == 1 && notes[0].starts_with("CUDA runtime not found: libcudart.so"),
-        "{:?}",
-        stats.notes
-    );
-    drop(loader);
-    match open_with_cuda(&d, "on", missing()).map(|_| ()) {
-        Err(Error::Memory(m)) => assert!(m.contains("CUDA runtime not found"), "{m}"),
-        other => panic!("expected a memory error, got {other:?}"),
     }
 }
 

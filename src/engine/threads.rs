@@ -198,4 +198,7 @@ pub(super) fn prefault_main(
         // A refusal is kept by the arena; the stats notes give it.
         let _ = pool.arena().register_cuda(rt);
     }
+    if let Some(t) = &shared.transform {
+        t.register_cuda_later();
+    }
 }

@@ -7,9 +7,13 @@
 //! label field an array of numbers; the samples' fields are pointed at
 //! their rows, so a consumer that reads fields (C, Python) sees one
 //! decoded image per sample and can view the whole batch as one tensor
-//! without a copy. The tensors live in slots of one mapping made at open
+//! without a copy. The tensors live in slots of one arena made at open
 //! and reused (a first touch of fresh memory is dear: ~2 ms a MB on this
-//! project's VMs); the batch holds its slot until it is dropped.
+//! project's VMs); the batch holds its slot until it is dropped. That
+//! arena is made like the chunks' (`memory_kind`, `lock_memory`, on the
+//! same NUMA node) and registered with CUDA like it (`cuda_register`; under
+//! "auto" by the prefault thread once the first batch is out), so a copy
+//! of a batch's tensor to a GPU is a DMA transfer from pinned pages.
 //!
 //! The samples are split among `transform_threads` threads, each writing
 //! its own rows. Every sample's random choices are keyed by the loader's
@@ -19,12 +23,13 @@
 //! what the uninterrupted one drew.
 
 use std::ffi::CStr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::config::Config;
+use crate::config::{Config, Toggle};
 use crate::error::{Error, Result};
-use crate::image::{self, LabelType, Scratch, Transform};
-use crate::memory::{Batch, RawField};
+use crate::image::{self, LabelType, OnError, Scratch, Transform};
+use crate::memory::{Arena, ArenaOptions, Batch, RawField, cuda};
 
 /// Slots beyond the ring's depth: batches the consumer holds (a training
 /// step keeps one or two; a DataLoader's pin-memory thread one more).
@@ -38,7 +43,7 @@ const ALIGN: usize = 64;
 
 /// The fixed slots the tensors are written into.
 struct Slots {
-    map: memmap2::MmapMut,
+    map: Arena,
     bytes: usize,
     free: Mutex<Vec<usize>>,
 }
@@ -66,9 +71,7 @@ impl Slot {
     fn base(&self) -> *mut u8 {
         match self {
             // SAFETY: index < the slot count, so the offset is inside the map.
-            Slot::Pooled { slots, index } => unsafe {
-                slots.map.as_ptr().cast_mut().add(index * slots.bytes)
-            },
+            Slot::Pooled { slots, index } => unsafe { slots.map.base().add(index * slots.bytes) },
             Slot::Own(m) => m.as_ptr().cast_mut(),
         }
     }
@@ -114,14 +117,28 @@ struct Fields<'a>(&'a [RawField]);
 // for the whole `thread::scope`).
 unsafe impl Sync for Fields<'_> {}
 
+/// Registers an arena with CUDA as `cuda_register` asks, noting a refusal;
+/// the runtime to register with later, under "auto".
+pub(crate) type RegisterCuda<'a> =
+    &'a dyn Fn(&Arena, &mut Vec<String>) -> Result<Option<&'static cuda::Runtime>>;
+
 /// The `transform` of one loader.
 pub(crate) struct Transformer {
     spec: Transform,
+    on_error: OnError,
+    /// The CPUs the threads run on (None: wherever the process may).
+    cpus: Option<Vec<usize>>,
+
     seed: u64,
     threads: usize,
     images: Vec<Region>,
     labels: Vec<Region>,
     slots: Arc<Slots>,
+    /// The CUDA runtime to register the slots with once the first batch is
+    /// out (`cuda_register` "auto"), as the arena is.
+    cuda_later: Option<&'static cuda::Runtime>,
+    /// What the slots' memory did not get (huge pages, mlock, CUDA).
+    notes: Vec<String>,
 }
 
 fn label_bytes(t: LabelType) -> usize {
@@ -134,7 +151,17 @@ fn label_bytes(t: LabelType) -> usize {
 impl Transformer {
     /// The transformer of `cfg`'s `transform`, with its slots (None when
     /// there is no transform).
-    pub(crate) fn new(cfg: &Config) -> Result<Option<Transformer>> {
+    /// `cpus`: the CPUs its threads run on (`topology::transform_cpus`;
+    /// None: not pinned); `numa_node`: where the slots' pages go (the
+    /// arena's node); `register_cuda`: registers the slots' arena as the
+    /// chunks' arena is (`setup::register_cuda`), returning the runtime
+    /// to register with later.
+    pub(crate) fn new(
+        cfg: &Config,
+        cpus: Option<Vec<usize>>,
+        numa_node: Option<usize>,
+        register_cuda: RegisterCuda<'_>,
+    ) -> Result<Option<Transformer>> {
         let Some(spec) = cfg.transform.clone() else {
             return Ok(None);
         };
@@ -153,18 +180,34 @@ impl Transformer {
             .collect();
         let bytes = at.max(ALIGN);
         let count = cfg.prefetch_batches.max(2) + HELD_SLOTS;
-        let map = memmap2::MmapMut::map_anon(bytes * count).map_err(|e| {
+        let opts = ArenaOptions {
+            kind: cfg.memory_kind,
+            lock: cfg.lock_memory.required(),
+            // Registered with CUDA at open: every page in now.
+            prefault: cfg.cuda_register == Toggle::On,
+            shared: false,
+        };
+        let map = Arena::new_on_node(bytes * count, opts, numa_node).map_err(|e| {
             Error::Memory(format!(
-                "cannot map {} slots of {bytes} bytes for the `transform` tensors: {e}",
-                count
+                "cannot map {count} slots of {bytes} bytes for the `transform` tensors: {e}"
             ))
         })?;
-        let threads = match cfg.transform_threads {
-            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-            n => n,
+        let mut notes: Vec<String> = map
+            .report()
+            .notes
+            .iter()
+            .map(|n| format!("`transform` tensors: {n}"))
+            .collect();
+        let cuda_later = register_cuda(&map, &mut notes)?;
+        let threads = match (cfg.transform_threads, &cpus) {
+            (0, Some(set)) => set.len(),
+            (0, None) => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            (n, _) => n,
         };
         Ok(Some(Transformer {
             spec,
+            on_error: cfg.image_errors,
+            cpus,
             seed: cfg.seed,
             threads,
             images,
@@ -174,12 +217,22 @@ impl Transformer {
                 bytes,
                 free: Mutex::new((0..count).rev().collect()),
             }),
+            cuda_later,
+            notes,
         }))
     }
 
     /// Transforms batch `b` of `epoch`, whose first sample is at
     /// `position` of the epoch's order.
-    pub(crate) fn run(&self, b: &mut Batch, epoch: u64, position: u64) -> Result<()> {
+    /// Samples whose image or label cannot be made fail the batch, or
+    /// with `image_errors = "skip"` leave it (counted in `skipped`).
+    pub(crate) fn run(
+        &self,
+        b: &mut Batch,
+        epoch: u64,
+        position: u64,
+        skipped: &AtomicU64,
+    ) -> Result<()> {
         let n = b.len();
         if n == 0 {
             return Ok(());
@@ -218,44 +271,118 @@ impl Transformer {
         let base = slot.base() as usize;
         let per = wanted.len();
         let threads = self.threads.min(n).max(1);
-        let first_error: Mutex<Option<(usize, Error)>> = Mutex::new(None);
+        // The samples that failed, with their errors (all of them when
+        // skipping; the first in the batch's order when failing).
+        let failed: Mutex<Vec<(usize, Error)>> = Mutex::new(Vec::new());
+        let skip = self.on_error == OnError::Skip;
         let fields = Fields(b.raw_fields());
+        let cpus = self.cpus.as_deref();
         std::thread::scope(|scope| {
             for t in 0..threads {
                 let (lo, hi) = (n * t / threads, n * (t + 1) / threads);
                 let at = &at;
-                let first_error = &first_error;
+                let failed = &failed;
                 let fields = &fields;
                 scope.spawn(move || {
+                    if let Some(cpus) = cpus {
+                        // Best effort: a refused mask leaves the thread
+                        // where the process may run, which is correct.
+                        let _ = crate::topology::pin_current_thread_to(cpus);
+                    }
                     let mut scratch = Scratch::default();
                     for s in lo..hi {
                         let mine = &at[s * per..(s + 1) * per];
                         if let Err(e) =
                             self.sample(fields.0, mine, s, base, epoch, position, &mut scratch)
                         {
-                            let mut f = first_error.lock().unwrap_or_else(|p| p.into_inner());
-                            if f.as_ref().is_none_or(|(i, _)| s < *i) {
-                                *f = Some((s, e));
+                            let mut f = failed.lock().unwrap_or_else(|p| p.into_inner());
+                            f.push((s, e));
+                            if !skip {
+                                return;
                             }
-                            return;
                         }
                     }
                 });
             }
         });
-        if let Some((s, e)) = first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        let mut failed = failed.into_inner().unwrap_or_else(|p| p.into_inner());
+        failed.sort_by_key(|(s, _)| *s);
+        if !skip && !failed.is_empty() {
+            let (s, e) = failed.swap_remove(0);
             return Err(self.named(b, s, e));
         }
+        let gone: Vec<usize> = failed.iter().map(|(s, _)| *s).collect();
+        for (s, e) in failed {
+            let e = self.named(b, s, e);
+            crate::log::log(crate::log::Level::Warn, || {
+                format!("image_errors = \"skip\": sample left out of its batch: {e}")
+            });
+        }
+        // The kept samples' rows, moved up over the gaps so each tensor
+        // stays one block of `len()` rows.
+        let mut row = 0usize;
+        let mut g = gone.iter().peekable();
         for s in 0..n {
+            if g.peek() == Some(&&s) {
+                g.next();
+                continue;
+            }
             for (k, r) in self.images.iter().chain(&self.labels).enumerate() {
-                let row = base + r.offset + s * r.row;
+                let from = base + r.offset + s * r.row;
+                let to = base + r.offset + row * r.row;
+                if to != from {
+                    // SAFETY: both rows lie in the slot; `to` is an earlier
+                    // row, written, whose sample was left out or moved.
+                    unsafe { std::ptr::copy(from as *const u8, to as *mut u8, r.row) };
+                }
                 // SAFETY: the row lies in the slot, written above and not
                 // written again while the batch (which keeps the slot) lives.
-                unsafe { b.retarget(at[s * per + k], row as *const u8, r.row) };
+                unsafe { b.retarget(at[s * per + k], to as *const u8, r.row) };
             }
+            row += 1;
+        }
+        if !gone.is_empty() {
+            skipped.fetch_add(gone.len() as u64, Ordering::Relaxed);
+            b.remove_samples(&gone);
         }
         b.keep(Box::new(slot));
         Ok(())
+    }
+
+    /// Registers the slots with CUDA when `cuda_register` "auto" left it
+    /// for after the first batch (the prefault thread calls it, as for the
+    /// arena); a refusal shows in [`Transformer::notes`].
+    pub(crate) fn register_cuda_later(&self) {
+        if let Some(rt) = self.cuda_later {
+            let _ = self.slots.map.register_cuda(rt);
+        }
+    }
+
+    /// Bytes of the slots registered with CUDA.
+    pub(crate) fn cuda_registered(&self) -> usize {
+        self.slots.map.cuda_registered()
+    }
+
+    /// What the slots' memory did not get, for the stats' notes.
+    pub(crate) fn notes(&self) -> Vec<String> {
+        let mut n = self.notes.clone();
+        n.extend(
+            self.slots
+                .map
+                .cuda_refused()
+                .map(|e| format!("`transform` tensors: {}", cuda::not_registered(e))),
+        );
+        n
+    }
+
+    /// Threads a batch is split among.
+    pub(crate) fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// The CPUs the threads run on (empty: not pinned).
+    pub(crate) fn cpus(&self) -> &[usize] {
+        self.cpus.as_deref().unwrap_or(&[])
     }
 
     /// Sample `s`'s images and labels into their rows of the slot at `base`.

@@ -19,7 +19,9 @@ pub mod draw;
 pub mod output;
 pub mod spec;
 
-pub use spec::{Color, Crop, Dtype, ImageSpec, LabelSpec, LabelType, Layout, Size, Transform};
+pub use spec::{
+    Color, Crop, Dtype, ImageSpec, LabelSpec, LabelType, Layout, OnError, Size, Transform,
+};
 
 use fast_image_resize::Resizer;
 

@@ -179,6 +179,17 @@ pub struct Transform {
     pub labels: Vec<LabelSpec>,
 }
 
+/// What a sample whose image or label cannot be made does to its batch
+/// (the `image_errors` key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnError {
+    /// The loader fails, naming the field, the sample and its shard.
+    Fail,
+    /// The sample is left out of its batch, counted (`images_skipped`)
+    /// and logged with its shard, key and field.
+    Skip,
+}
+
 /// torchvision's defaults for `RandomResizedCrop`.
 const DEFAULT_SCALE: [f64; 2] = [0.08, 1.0];
 const DEFAULT_RATIO: [f64; 2] = [3.0 / 4.0, 4.0 / 3.0];

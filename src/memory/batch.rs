@@ -48,6 +48,18 @@ pub struct RawSample {
 /// The source of a placeholder sample, which comes from no shard.
 pub const NO_SOURCE: u32 = u32::MAX;
 
+/// What a transform left with a batch.
+#[derive(Default)]
+pub(super) struct Kept {
+    /// Memory the fields point into besides the chunks (the batch's
+    /// tensors), kept while the batch lives.
+    memory: Option<Box<dyn std::any::Any + Send + Sync>>,
+    /// Samples the plan put in the batch that the transform left out
+    /// (`image_errors = "skip"`): the batch stands for `len() + dropped`
+    /// samples of the epoch's order.
+    dropped: u32,
+}
+
 /// The names of the loader's shards, indexed by a sample's source.
 pub type ShardNames = Arc<[Box<str>]>;
 /// A sealed batch. Its pointers stay valid until it is dropped.
@@ -68,10 +80,9 @@ pub struct Batch {
     /// (`u32::MAX` for `NO_OWNER`: a narrow field keeps `Batch`, which
     /// `Next` carries by value, small.)
     pub(super) owner: u32,
-    /// Memory the fields point into besides the chunks (a transformed
-    /// batch's tensors: `engine::transform`), kept while the batch lives.
-    /// Boxed twice for a thin pointer: `Next` carries a batch by value.
-    pub(super) keep: Option<Box<Box<dyn std::any::Any + Send + Sync>>>,
+    /// What a transform made of the batch (`engine::transform`), boxed
+    /// for a thin pointer: `Next` carries a batch by value.
+    pub(super) keep: Option<Box<Kept>>,
     pub(super) pool: Arc<ChunkPool>,
 }
 
@@ -147,10 +158,67 @@ impl Batch {
         f.len = len;
     }
 
+    /// The samples of the epoch's order this batch stands for: its own and
+    /// those a transform left out ([`Batch::remove_samples`]). What a
+    /// resume state counts.
+    pub fn planned_len(&self) -> usize {
+        self.samples.len() + self.keep.as_ref().map_or(0, |k| k.dropped as usize)
+    }
+
+    /// Takes the samples at `gone` (ascending indexes) out of the batch:
+    /// the rest keep their order, their fields and the layout rules (keys
+    /// one after the other, as the header promises). The chunks stay held
+    /// (the kept fields may share them).
+    pub(crate) fn remove_samples(&mut self, gone: &[usize]) {
+        if gone.is_empty() {
+            return;
+        }
+        let n = self.samples.len();
+        let mut samples = Vec::with_capacity(n - gone.len());
+        let mut fields = Vec::with_capacity(self.fields.len());
+        let mut keys = Vec::with_capacity(self._keys.len());
+        let mut sources = Vec::with_capacity(n - gone.len());
+        let mut g = gone.iter().peekable();
+        // Offsets first: the new vectors move while they grow.
+        let mut at: Vec<(usize, usize, usize)> = Vec::with_capacity(n - gone.len());
+        for (i, s) in self.samples.iter().enumerate() {
+            if g.peek() == Some(&&i) {
+                g.next();
+                // SAFETY: the sample's fields are `field_count` entries of
+                // the batch's own field array.
+                let fs = unsafe { std::slice::from_raw_parts(s.fields, s.field_count) };
+                self.bytes -= fs.iter().map(|f| f.len as u64).sum::<u64>();
+                continue;
+            }
+            // SAFETY: the key is NUL-terminated in the batch's key table.
+            let key = unsafe { std::ffi::CStr::from_ptr(s.key) }.to_bytes_with_nul();
+            at.push((keys.len(), fields.len(), s.field_count));
+            keys.extend_from_slice(key);
+            // SAFETY: as above.
+            fields
+                .extend_from_slice(unsafe { std::slice::from_raw_parts(s.fields, s.field_count) });
+            sources.push(self.sources.get(i).copied().unwrap_or(NO_SOURCE));
+        }
+        for (key, field, field_count) in at {
+            samples.push(RawSample {
+                // SAFETY: offsets into the vectors just filled.
+                key: unsafe { keys.as_ptr().add(key) }.cast(),
+                // SAFETY: as above.
+                fields: unsafe { fields.as_ptr().add(field) },
+                field_count,
+            });
+        }
+        self.keep.get_or_insert_default().dropped += gone.len() as u32;
+        self.samples = samples;
+        self.fields = fields;
+        self._keys = keys;
+        self.sources = sources;
+    }
+
     /// Keeps `memory` alive as long as the batch (see [`Batch::retarget`]);
     /// one memory a batch, the last given.
     pub(crate) fn keep(&mut self, memory: Box<dyn std::any::Any + Send + Sync>) {
-        self.keep = Some(Box::new(memory));
+        self.keep.get_or_insert_default().memory = Some(memory);
     }
 
     /// The name of the shard sample `i` came from (None for a placeholder,

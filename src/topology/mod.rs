@@ -24,7 +24,7 @@ use serde::Serialize;
 
 pub use claims::{Claims, ClaimsDir};
 pub use discover::{Roots, discover, discover_at};
-pub use placement::{Placement, Request, Why, worker_cpus};
+pub use placement::{Placement, Request, Why, transform_cpus, worker_cpus};
 
 /// What was read of the machine.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
@@ -196,14 +196,21 @@ pub fn allowed_cpus() -> Vec<usize> {
 
 /// Pins the calling thread to `cpu`.
 pub fn pin_current_thread(cpu: usize) -> std::io::Result<()> {
-    if cpu >= libc::CPU_SETSIZE as usize {
+    pin_current_thread_to(&[cpu])
+}
+
+/// Lets the calling thread run on `cpus` only.
+pub fn pin_current_thread_to(cpus: &[usize]) -> std::io::Result<()> {
+    if cpus.is_empty() || cpus.iter().any(|&c| c >= libc::CPU_SETSIZE as usize) {
         return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
     }
     // SAFETY: as in `allowed_cpus`.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `cpu` is below CPU_SETSIZE (checked above); CPU_SET on a
-    // valid set is sound.
-    unsafe { libc::CPU_SET(cpu, &mut set) };
+    for &cpu in cpus {
+        // SAFETY: `cpu` is below CPU_SETSIZE (checked above); CPU_SET on
+        // a valid set is sound.
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+    }
     // SAFETY: a valid cpu_set_t and its size.
     let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
     if rc == 0 {

@@ -173,6 +173,38 @@ pub fn worker_cpus(topo: &Topology, req: &Request) -> Placement {
     }
 }
 
+/// The CPUs the image pipeline's threads (`transform_threads`) may run
+/// on, placed like the I/O threads but as a set, not one CPU each (the
+/// scheduler spreads them; they are busy while the I/O threads wait): the
+/// configuration's `cpus` when it lists them, else the allowed CPUs of the
+/// NUMA node the I/O threads were placed on (the arena's and the NIC's),
+/// else every allowed CPU. `None`: no narrower set than the process's own
+/// (the threads are not pinned).
+pub fn transform_cpus(
+    topo: &Topology,
+    allowed: &[usize],
+    cpus: Option<&[usize]>,
+    numa_node: Option<usize>,
+) -> Option<Vec<usize>> {
+    let within = |list: &[usize]| -> Vec<usize> {
+        list.iter()
+            .copied()
+            .filter(|c| allowed.contains(c))
+            .collect()
+    };
+    let set = match (cpus, numa_node) {
+        (Some(list), _) => within(list),
+        (None, Some(id)) => topo
+            .nodes
+            .iter()
+            .find(|n| n.id == id)
+            .map(|n| within(&n.cpus))
+            .unwrap_or_default(),
+        (None, None) => Vec::new(),
+    };
+    (!set.is_empty() && set.len() < allowed.len()).then_some(set)
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
@@ -369,5 +401,32 @@ mod tests {
                 prop_assert!(!(skipped_queue && off_queue), "{:?} skips a queue CPU", cpus);
             }
         }
+    }
+
+    #[test]
+    fn transform_threads_go_on_the_io_threads_node() {
+        // Two nodes of 4; the I/O threads' node is 1.
+        let topo = machine(8, 2, Some(1), &[vec![6], vec![5]]);
+        let allowed = topo.allowed();
+        assert_eq!(
+            transform_cpus(&topo, &allowed, None, Some(1)),
+            Some(vec![4, 5, 6, 7])
+        );
+        // Within what the process may use.
+        assert_eq!(
+            transform_cpus(&topo, &[0, 1, 5, 6], None, Some(1)),
+            Some(vec![5, 6])
+        );
+        // The configuration's CPUs win.
+        assert_eq!(
+            transform_cpus(&topo, &allowed, Some(&[2, 3]), Some(1)),
+            Some(vec![2, 3])
+        );
+        // One node, or no node known: the process's own CPUs, not pinned.
+        let one = machine(4, 1, None, &[vec![0]]);
+        assert_eq!(transform_cpus(&one, &one.allowed(), None, Some(0)), None);
+        assert_eq!(transform_cpus(&topo, &allowed, None, None), None);
+        // A node the process may not use: not pinned rather than nowhere.
+        assert_eq!(transform_cpus(&topo, &[0, 1], None, Some(1)), None);
     }
 }

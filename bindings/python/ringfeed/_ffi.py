@@ -141,6 +141,7 @@ STRUCTS = {
         ("uint64_t", "hedges_sent"),
         ("uint64_t", "hedges_won"),
         ("uint64_t", "net_first_byte_us"),
+        ("uint64_t", "images_skipped"),
     ],
 }
 

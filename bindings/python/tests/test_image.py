@@ -238,6 +238,52 @@ def test_a_dataset_with_the_engines_pipeline_yields_image_and_label_tensors(phot
     assert seen == set(range(len(items)))
 
 
+def test_corrupt_photos_fail_the_dataset_or_are_skipped_counted_and_logged(photos, tmp_path, caplog):
+    torch = pytest.importorskip("torch")
+    from ringfeed.torch import RingfeedDataset
+
+    urls, items = shards_of_photos(tmp_path, photos)
+    # Three photos of the first shard truncated, one of the second a PNG
+    # header on JPEG bytes: each one a corrupt image.
+    import tarfile
+
+    bad = {1: "truncated", 3: "truncated", 4: "truncated", 6: "garbage"}
+    for s in (0, 1):
+        path = tmp_path / f"photos-{s}.tar"
+        with tarfile.open(path, "w") as tar:
+            for i in range(s * 5, s * 5 + 5):
+                data = items[i]
+                if bad.get(i) == "truncated":
+                    data = data[: len(data) // 3]
+                elif bad.get(i) == "garbage":
+                    data = b"\x89PNG\r\n\x1a\n" + data[8:]
+                for ext, payload in (("jpg", data), ("cls", str(i).encode())):
+                    info = tarfile.TarInfo(f"sample{i:04d}.{ext}")
+                    info.size = len(payload)
+                    tar.addfile(info, io.BytesIO(payload))
+    spec = {"jpg": {"resize": 40, "center_crop": 32}, "cls": "int64"}
+    # The default: the first corrupt image fails the epoch, named.
+    ds = RingfeedDataset(urls, batch_size=4, transform=spec)
+    with pytest.raises(ringfeed.errors.FormatError, match=r"field `jpg`.*sample `sample000[1346]`.*photos-[01]\.tar"):
+        for _ in ds:
+            pass
+    # Skipped: the rest arrive with their pixels, the four are counted
+    # and logged with shard, key and field.
+    ds = RingfeedDataset(urls, batch_size=4, transform=spec, image_errors="skip")
+    seen = []
+    with caplog.at_level("WARNING", logger="ringfeed"):
+        for images, labels in ds:
+            for img, label in zip(images, labels.tolist()):
+                want, _ = transform(items[label], spec, "jpg")
+                assert np.array_equal(img.numpy(), want), label
+                seen.append(label)
+        assert ds._loader.stats()["images_skipped"] == 4
+    assert sorted(seen) == [i for i in range(len(items)) if i not in bad]
+    for i in bad:
+        assert any(f"sample{i:04d}" in r.getMessage() and "field `jpg`" in r.getMessage()
+                   and f"photos-{i // 5}.tar" in r.getMessage() for r in caplog.records), i
+
+
 def test_a_training_pipeline_ports_from_torchvision(photos, tmp_path):
     torch = pytest.importorskip("torch")
     T = pytest.importorskip("torchvision.transforms")

@@ -385,6 +385,11 @@ class RingfeedDataset(torch.utils.data.IterableDataset):
         self._loader_epoch = epoch
         self._in_epoch = True
         for batch in loader.iter_epoch():
+            if len(batch) == 0:
+                # Every sample of it left out (`image_errors="skip"`): a
+                # step on nothing is no step.
+                batch.release()
+                continue
             # Not a local: a suspended generator's locals stay alive, and the
             # item holds the batch's memory until the consumer drops it.
             yield self._released_after(batch)
