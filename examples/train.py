@@ -1,16 +1,24 @@
 #!/usr/bin/env python3
 """Train a small image classifier on WebDataset shards with ringfeed, under
-torchrun, with DataLoader workers, decoding, checkpoints and exact resume.
+torchrun, with the engine's image pipeline (or DataLoader workers),
+checkpoints and exact resume.
 
-    # shards of real PNG/JPEG images (classes by colour) made with Pillow
+    # shards of real JPEG images (classes by colour) made with Pillow
     python examples/train.py make-data /tmp/rf-data
-    # two ranks on the CPU (gloo), two DataLoader workers each
+    # two ranks on the CPU (gloo); the engine decodes, crops and flips
     torchrun --nproc_per_node=2 examples/train.py train /tmp/rf-data /tmp/rf-run --epochs 2
+    # the same with two DataLoader workers a rank decoding with torchvision
+    torchrun --nproc_per_node=2 examples/train.py train /tmp/rf-data /tmp/rf-run2 --pipeline workers
 
 Every rank reads its own share of each epoch (the engine splits the samples
-over ranks and DataLoader workers: nothing read twice, equal lengths), decodes
-the images in the DataLoader workers, and trains a DistributedDataParallel
-model. Every ``--ckpt-every`` steps each rank saves the model, the optimizer
+over ranks and DataLoader workers: nothing read twice, equal lengths) and
+trains a DistributedDataParallel model. With ``--pipeline engine`` (the
+default) the engine's own threads decode each JPEG, take a random crop,
+flip it and normalize it (``TRANSFORM``, ported from torchvision's
+``RandomResizedCrop``, ``RandomHorizontalFlip`` and ``Normalize``): each
+item is a batch tensor over the engine's memory, and the DataLoader runs no
+worker. With ``--pipeline workers`` two DataLoader workers a rank decode
+with ``.decode("torchrgb8")``. Every ``--ckpt-every`` steps each rank saves the model, the optimizer
 and its loader's state (torchdata's StatefulDataLoader, which asks each
 worker's `RingfeedDataset.state_dict()`) to ``OUT/ckpt-rank<r>.pt``, written
 to a temporary file and renamed, so a crash never leaves half a checkpoint.
@@ -37,8 +45,8 @@ SIZE = 16
 
 
 def make_data(out, shards, per_shard, seed):
-    """Shards of PNG (every third) and JPEG images whose class is the colour
-    channel that dominates, with noise; each sample: img, cls, json."""
+    """Shards of JPEG images whose class is the colour channel that
+    dominates, with noise; each sample: jpg, cls, json."""
     import tarfile
 
     import numpy as np
@@ -58,9 +66,9 @@ def make_data(out, shards, per_shard, seed):
                 else:
                     a += 100  # grey
                 img = Image.fromarray(a.clip(0, 255).astype(np.uint8))
-                fmt, ext = ("PNG", "png") if i % 3 == 0 else ("JPEG", "jpg")
+                ext = "jpg"
                 buf = io.BytesIO()
-                img.save(buf, format=fmt)
+                img.save(buf, format="JPEG", quality=95)
                 key = f"{s:04d}/{i:06d}"
                 for name, data in (
                     (f"{key}.{ext}", buf.getvalue()),
@@ -74,10 +82,31 @@ def make_data(out, shards, per_shard, seed):
     print(f"wrote {shards} shards, {i} samples: {out}/train-{{0000..{shards - 1:04d}}}.tar")
 
 
-def dataset(urls, batch_size, seed):
+# The engine's image pipeline: torchvision's RandomResizedCrop(SIZE,
+# scale=(0.5, 1)), RandomHorizontalFlip() and Normalize() on [0, 1] floats,
+# as a `transform` spec (`ringfeed.torch.from_torchvision` makes one from a
+# torchvision Compose), and the labels as int64.
+TRANSFORM = {
+    "jpg": {
+        "random_resized_crop": {"size": SIZE, "scale": [0.5, 1.0]},
+        "flip": 0.5,
+        "dtype": "float32",
+        "normalize": {"mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25]},
+    },
+    "cls": "int64",
+}
+
+
+def dataset(urls, batch_size, seed, pipeline="engine"):
     """The data pipeline: what the test suite also builds to know the order."""
     from ringfeed.torch import RingfeedDataset
 
+    if pipeline == "engine":
+        # Items: (images float32 (B, 3, SIZE, SIZE), labels int64 (B,), keys).
+        return RingfeedDataset(
+            urls, batch_size=batch_size, seed=seed, shuffle=True, shuffle_buffer=64,
+            memory_budget="32MiB", chunk_size="1MiB", transform=TRANSFORM, keys=True,
+        )
     return (
         RingfeedDataset(
             urls,
@@ -90,7 +119,8 @@ def dataset(urls, batch_size, seed):
             chunk_size="1MiB",
         )
         .decode("torchrgb8")
-        .to_tuple("png;jpg", "cls", "__key__")
+        .to_tuple("jpg", "cls", "__key__")
+        .map_tuple(lambda x: (x.float() / 255 - 0.5) / 0.25, None, None)
     )
 
 
@@ -129,9 +159,12 @@ def train(a):
     # Persistent workers keep their dataset, and with it their engine, from
     # one epoch to the next: each iter() is the next epoch (workers made
     # afresh each epoch would need dataset.set_epoch(e) first).
+    # The engine's pipeline needs no DataLoader worker: its threads decode.
+    workers = a.workers if a.pipeline == "workers" else 0
     loader = StatefulDataLoader(
-        dataset(urls, a.batch_size, a.seed), batch_size=None, num_workers=a.workers,
-        persistent_workers=a.workers > 0, multiprocessing_context="fork", timeout=120,
+        dataset(urls, a.batch_size, a.seed, a.pipeline), batch_size=None, num_workers=workers,
+        persistent_workers=workers > 0, multiprocessing_context="fork" if workers else None,
+        timeout=120 if workers else 0,
     )
 
     ckpt = out / f"ckpt-rank{rank}.pt"
@@ -153,8 +186,7 @@ def train(a):
     while epoch < a.epochs:
         seen = correct = 0
         for images, labels, keys in loader:
-            x = images.float() / 255
-            logits = model(x)
+            logits = model(images)
             loss = loss_fn(logits, labels)
             opt.zero_grad()
             loss.backward()
@@ -195,7 +227,9 @@ def main():
     t.add_argument("out")
     t.add_argument("--epochs", type=int, default=2)
     t.add_argument("--batch-size", type=int, default=16)
-    t.add_argument("--workers", type=int, default=2, help="DataLoader workers per rank")
+    t.add_argument("--pipeline", choices=["engine", "workers"], default="engine",
+                   help="decode in the engine's threads, or in DataLoader workers")
+    t.add_argument("--workers", type=int, default=2, help="DataLoader workers per rank (--pipeline workers)")
     t.add_argument("--seed", type=int, default=7)
     t.add_argument("--ckpt-every", type=int, default=4)
     t.add_argument("--kill-at-step", type=int, default=-1)

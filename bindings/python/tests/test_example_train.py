@@ -1,7 +1,8 @@
-"""examples/train.py under torchrun: two ranks (gloo, CPU), two DataLoader
-workers each, decoding on; rank 0 is killed mid-epoch, the job is started
-again, resumes from its checkpoints, and every rank trains on exactly the
-samples, in exactly the order, of a run that never stopped."""
+"""examples/train.py under torchrun: two ranks (gloo, CPU), decoding in the
+engine's image pipeline (no DataLoader worker) or in two DataLoader workers
+a rank; rank 0 is killed mid-epoch, the job is started again, resumes from
+its checkpoints, and every rank trains on exactly the samples, in exactly
+the order, of a run that never stopped."""
 
 import importlib.util
 import os
@@ -9,6 +10,8 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from conftest import require
 
@@ -40,11 +43,19 @@ def example_module():
     return mod
 
 
-def expected_order(urls, epoch, rank):
+def expected_order(urls, epoch, rank, pipeline):
     """What rank `rank` trains on in `epoch` without a stop: its two workers'
     batches (each a consumer of the engine's split) taken in turn, as the
-    DataLoader does."""
-    ds = example_module().dataset(urls, 16, 7)
+    DataLoader does; with the engine's pipeline, the rank's own batches."""
+    from ringfeed.torch import _ENGINE_THREADS
+
+    ds = example_module().dataset(urls, 16, 7, pipeline)
+    if pipeline == "engine":
+        with ringfeed.Loader(
+            urls, batch_size=ds.batch_size, workers=_ENGINE_THREADS, epoch=epoch, epochs=epoch + 1,
+            rank=rank, world_size=RANKS, loader_worker=0, loader_workers=1, **ds.config,
+        ) as loader:
+            return [k for b in loader for k in b.keys]
     per_worker = []
     for w in range(WORKERS):
         with ringfeed.Loader(
@@ -68,7 +79,8 @@ def logged(out, rank):
     return by_epoch
 
 
-def test_killed_mid_epoch_and_resumed_trains_on_exactly_the_uninterrupted_samples(tmp_path):
+@pytest.mark.parametrize("pipeline", ["engine", "workers"])
+def test_killed_mid_epoch_and_resumed_trains_on_exactly_the_uninterrupted_samples(tmp_path, pipeline):
     data, out = tmp_path / "data", tmp_path / "run"
     made = subprocess.run(
         [sys.executable, str(EXAMPLE), "make-data", str(data), "--shards", "4", "--per-shard", "48"],
@@ -77,15 +89,17 @@ def test_killed_mid_epoch_and_resumed_trains_on_exactly_the_uninterrupted_sample
     assert made.returncode == 0, made.stderr
     urls = sorted(str(p) for p in data.glob("train-*.tar"))
 
-    # 192 samples, 4 consumers of 48, 3 batches of 16 each: 6 steps an epoch.
-    first = torchrun("train", str(data), str(out), "--epochs", str(EPOCHS), "--ckpt-every", "4",
-                     "--kill-at-step", "5", cwd=tmp_path)
+    # 192 samples, 96 a rank: 6 steps of 16 an epoch (with workers, 4
+    # consumers of 48, 3 batches of 16 each, taken in turn).
+    first = torchrun("train", str(data), str(out), "--pipeline", pipeline, "--epochs", str(EPOCHS),
+                     "--ckpt-every", "4", "--kill-at-step", "5", cwd=tmp_path)
     assert first.returncode != 0, "rank 0 killed itself"
     assert "killing myself after step 5" in first.stdout + first.stderr
     assert not (out / "done-rank0").exists()
     assert all((out / f"ckpt-rank{r}.pt").exists() for r in range(RANKS))
 
-    second = torchrun("train", str(data), str(out), "--epochs", str(EPOCHS), "--ckpt-every", "4", cwd=tmp_path)
+    second = torchrun("train", str(data), str(out), "--pipeline", pipeline, "--epochs", str(EPOCHS),
+                      "--ckpt-every", "4", cwd=tmp_path)
     assert second.returncode == 0, second.stdout + second.stderr
     text = second.stdout + second.stderr
     assert "rank 0: resumed at epoch 0, step 4" in text and "rank 1: resumed at epoch 0, step 4" in text
@@ -95,7 +109,7 @@ def test_killed_mid_epoch_and_resumed_trains_on_exactly_the_uninterrupted_sample
         got = logged(out, rank)
         assert sorted(got) == list(range(EPOCHS))
         for epoch in range(EPOCHS):
-            assert got[epoch] == expected_order(urls, epoch, rank), f"rank {rank}, epoch {epoch}"
+            assert got[epoch] == expected_order(urls, epoch, rank, pipeline), f"rank {rank}, epoch {epoch}"
             everything += [(epoch, k) for k in got[epoch]]
         assert (out / f"done-rank{rank}").read_text().strip() == str(EPOCHS * 6)
     with ringfeed.Loader(urls, batch_size=64) as loader:

@@ -128,9 +128,10 @@ class _EngineImages:
 
     _LABELS = {"int64": np.int64, "int32": np.int32, "float32": np.float32}
 
-    def __init__(self, spec):
+    def __init__(self, spec, keys=False):
         from ..image import output_shape
 
+        self.keys = keys
         self.images = []
         self.labels = []
         for field, v in spec.items():
@@ -155,6 +156,8 @@ class _EngineImages:
             for field, dtype in self.labels:
                 a = batch.field(field).fixed(dtype, copy=False).reshape(n)
                 out.append(torch.from_numpy(a))
+        if self.keys:
+            out.append(batch.keys)
         return tuple(out)
 
 
@@ -221,14 +224,15 @@ class RingfeedDataset(torch.utils.data.IterableDataset):
     resizes and flips on its own threads, and each item is a tuple of
     tensors viewing the batch's memory (no copy): the image fields'
     ``(batch, *shape)`` tensors, then the label fields' ``(batch,)`` ones,
-    in the spec's order — ``(images, labels)`` for one of each. Use it with
+    in the spec's order — ``(images, labels)`` for one of each — and, with
+    ``keys=True``, the samples' keys (a list of str) last. Use it with
     ``num_workers=0``: the decoding is the engine's, not the DataLoader's.
     """
 
     # Keys this class passes to the engine itself.
     _OWN_KEYS = ("epochs", "epoch", "rank", "world_size", "loader_worker", "loader_workers")
 
-    def __init__(self, urls, batch_size=32, transform=None, keep_open=True, **config):
+    def __init__(self, urls, batch_size=32, transform=None, keep_open=True, keys=False, **config):
         super().__init__()
         for key in self._OWN_KEYS:
             if key in config:
@@ -244,7 +248,9 @@ class RingfeedDataset(torch.utils.data.IterableDataset):
         if isinstance(transform, (dict, str)):
             spec = json.loads(transform) if isinstance(transform, str) else dict(transform)
             config["transform"] = spec
-            transform = _EngineImages(spec)
+            transform = _EngineImages(spec, keys=keys)
+        elif keys:
+            raise TypeError("RingfeedDataset: `keys=True` goes with an engine `transform` spec")
         self.transform = transform
         self.keep_open = keep_open
         self._resume = _resume_value(config.pop("resume", None))
@@ -336,8 +342,10 @@ class RingfeedDataset(torch.utils.data.IterableDataset):
     def _engine_config(self, epoch, consumer, resume):
         cfg = dict(self.config)
         cfg.setdefault("workers", max(1, _ENGINE_THREADS // consumer["loader_workers"]))
-        if "node" not in cfg and _shares_a_node(consumer):
-            # Several consumers on this node: one engine serves them all.
+        if "node" not in cfg and "transform" not in cfg and _shares_a_node(consumer):
+            # Several consumers on this node: one engine serves them all
+            # (a node engine does not run the image pipeline yet: with one,
+            # each consumer keeps its own engine).
             cfg["node"] = "auto"
         if "shared_arena" not in cfg and torch.utils.data.get_worker_info() is not None:
             # Batches of views cross to the main process as tickets into a
