@@ -11,7 +11,21 @@ batches of 128 (issue 29's comparison):
   ``PILToTensor()``, batched by 128, through a ``DataLoader(num_workers=2)``;
 - ``floor``: two processes decoding and cropping the same bytes, read into
   memory first, with Pillow and torchvision's transforms (no I/O, no
-  batching, no pickling): what two CPUs of Python decoding can do.
+  batching, no pickling): what two CPUs of Python decoding can do;
+- ``litdata``: LitData's ``StreamingDataset`` (a subclass whose
+  ``__getitem__`` decodes with Pillow and applies the same torchvision
+  transforms) through ``StreamingDataLoader(batch_size=128,
+  num_workers=2)``, over the same JPEGs converted once (untimed) into
+  LitData's chunks with ``litdata.optimize``, as its users prepare data;
+- ``spdl``: an SPDL pipeline (``spdl.pipeline.PipelineBuilder``) reading
+  the shards with ``spdl.io.iter_tarfile``, decoding each JPEG with
+  ``spdl.io`` (FFmpeg) through a crop/scale/flip filter of the same random
+  crop parameters on 2 threads, aggregated by 128 and stacked into a
+  tensor: the thread-pool pipeline without worker processes.
+
+LitData and SPDL run where they install (``pip install litdata spdl``;
+SPDL needs FFmpeg's libraries: on Debian ``libavcodec59 libavfilter8
+libavformat59 libavdevice59``); a missing one is reported and left out.
 
 The photos are scikit-image's sample photographs (astronaut, cat, coffee,
 rocket, motorcycle, ...), cut into many different crops at several sizes
@@ -169,7 +183,155 @@ def run_floor(urls, epochs):
         return sum(pool.map(_floor_part, parts))
 
 
-RUNS = {"rf_engine": run_rf_engine, "wds_dl2": run_wds_dl2, "floor": run_floor}
+def litdata_dir(urls):
+    """The shards' JPEGs and labels as LitData chunks (made once, untimed)."""
+    d = pathlib.Path(urls[0]).parent / "litdata"
+    if (d / ".done").is_file():
+        return d
+    from litdata import optimize
+
+    # One input a shard; the function yields its samples (optimize runs it
+    # in worker processes of its own).
+    optimize(fn=_litdata_items, inputs=list(urls), output_dir=str(d), chunk_bytes="64MB", num_workers=1)
+    (d / ".done").write_text("")
+    return d
+
+
+def _litdata_items(path):
+    with tarfile.open(path) as t:
+        sample = {}
+        for m in t.getmembers():
+            key, ext = m.name.split(".", 1)
+            sample[ext] = t.extractfile(m).read()
+            if "jpg" in sample and "cls" in sample:
+                yield {"jpg": sample["jpg"], "cls": int(sample["cls"])}
+                sample = {}
+
+
+def run_litdata(urls, epochs):
+    import torch
+    from litdata import StreamingDataLoader, StreamingDataset
+    from PIL import Image
+
+    tf = tv_transform()
+
+    class Photos(StreamingDataset):
+        def __getitem__(self, index):
+            item = super().__getitem__(index)
+            return tf(Image.open(io.BytesIO(item["jpg"])).convert("RGB")), item["cls"]
+
+    ds = Photos(str(litdata_dir(urls)), shuffle=True, seed=0)
+    dl = StreamingDataLoader(ds, batch_size=BATCH, num_workers=2)
+    n = 0
+    for _ in range(epochs):
+        for images, labels in dl:
+            assert images.shape[1:] == (3, SIDE, SIDE) and images.dtype == torch.uint8
+            n += len(labels)
+    return n
+
+
+def _rrc_params(width, height, rng, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
+    """torchvision's RandomResizedCrop.get_params, on a size."""
+    import math
+
+    area = width * height
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(10):
+        target = area * rng.uniform(*scale)
+        aspect = math.exp(rng.uniform(*log_ratio))
+        w = int(round(math.sqrt(target * aspect)))
+        h = int(round(math.sqrt(target / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            return rng.randint(0, height - h), rng.randint(0, width - w), h, w
+    in_ratio = width / height
+    if in_ratio < min(ratio):
+        w, h = width, int(round(width / min(ratio)))
+    elif in_ratio > max(ratio):
+        h, w = height, int(round(height * max(ratio)))
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+def run_spdl(urls, epochs):
+    import random
+
+    import numpy as np
+    import spdl.io
+    import torch
+    from spdl.pipeline import PipelineBuilder
+
+    rng = random.Random(0)
+
+    def source(order):
+        for p in order:
+            with open(p, "rb") as f:
+                data = f.read()
+            sample = {}
+            for name, payload in spdl.io.iter_tarfile(data):
+                key, ext = name.split(".", 1)
+                sample[ext] = payload
+                if "jpg" in sample and "cls" in sample:
+                    yield bytes(sample["jpg"]), int(bytes(sample["cls"]))
+                    sample = {}
+
+    def decode(item):
+        data, label = item
+        packets = spdl.io.demux_image(data)
+        top, left, h, w = _rrc_params(packets.width, packets.height, rng)
+        flip = ",hflip" if rng.random() < 0.5 else ""
+        desc = f"crop={w}:{h}:{left}:{top},scale={SIDE}:{SIDE}:flags=bilinear{flip},format=rgb24"
+        frames = spdl.io.decode_packets(packets, filter_desc=desc)
+        return spdl.io.to_numpy(spdl.io.convert_frames(frames)), label
+
+    def collate(items):
+        images = torch.from_numpy(np.stack([i for i, _ in items])).permute(0, 3, 1, 2)
+        return images, torch.tensor([c for _, c in items])
+
+    n = 0
+    for e in range(epochs):
+        order = list(urls)
+        random.Random(e).shuffle(order)
+        pipeline = (
+            PipelineBuilder()
+            .add_source(source(order))
+            .pipe(decode, concurrency=2)
+            .aggregate(BATCH, drop_last=False)
+            .pipe(collate)
+            .add_sink(4)
+            .build(num_threads=2)
+        )
+        with pipeline.auto_stop():
+            for images, labels in pipeline:
+                assert images.shape[1:] == (3, SIDE, SIDE)
+                n += len(labels)
+    return n
+
+
+RUNS = {"rf_engine": run_rf_engine, "wds_dl2": run_wds_dl2, "floor": run_floor, "litdata": run_litdata,
+        "spdl": run_spdl}
+# Peers that run only where they install.
+OPTIONAL = {"litdata": "litdata", "spdl": "spdl.io"}
+
+
+def available(name):
+    module = OPTIONAL.get(name)
+    if module is None:
+        return True
+    try:
+        __import__(module)
+        if name == "spdl":
+            # A first call loads libspdl, which needs FFmpeg's libraries.
+            import spdl.io
+            from PIL import Image
+
+            b = io.BytesIO()
+            Image.new("RGB", (8, 8)).save(b, "JPEG")
+            spdl.io.demux_image(b.getvalue())
+    except Exception as e:  # noqa: BLE001
+        print(f"{name}: left out, it does not load here ({type(e).__name__}: {e})"[:300])
+        return False
+    return True
 
 
 def child(name, urls, epochs):
@@ -191,7 +353,9 @@ def main():
         return child(a.run, json.loads(a.urls), a.epochs)
     urls = make_shards(a.images)
     mean = json.loads((OUT / f"photos-{a.images}" / "sizes.json").read_text())["mean_bytes"]
-    names = [n for n in RUNS if not a.only or n in a.only.split(",")]
+    names = [n for n in RUNS if (not a.only or n in a.only.split(",")) and available(n)]
+    if "litdata" in names:
+        litdata_dir(urls)
     print(f"{a.images} JPEG photos, mean {mean / 1e3:.0f} KB, {a.epochs} epochs, batches of {BATCH}, to {SIDE}x{SIDE}")
     results = {n: [] for n in names}
     for r in range(a.rounds):
@@ -220,6 +384,10 @@ def main():
                 print(f"  rf_engine / {ref} images/s: {r:.2f} (target >= {target})")
         if "wds_dl2" in med:
             print(f"  rf_engine / wds_dl2 CPU per image: {rf[1] / med['wds_dl2'][1]:.2f} (target <= 0.6)")
+        for ref in ("litdata", "spdl"):
+            if ref in med:
+                print(f"  rf_engine / {ref} images/s: {rf[0] / med[ref][0]:.2f}, "
+                      f"CPU per image: {rf[1] / med[ref][1]:.2f}")
     (OUT / "summary.json").write_text(json.dumps({"medians": med, "rounds": results}, indent=1))
 
 

@@ -235,7 +235,42 @@ def other_seeds():
         put("key_glob", name, pattern.encode() + b"\x00" + key.encode())
 
 
+def image_seeds():
+    """image_bytes: [spec selector][image]; JPEGs and PNGs of each kind the
+    pipeline meets, made with Pillow (skipped with a note without it)."""
+    try:
+        from PIL import Image
+    except ImportError:
+        print("image_bytes: Pillow is not installed, no seeds written")
+        return
+    img = Image.new("RGB", (37, 29))
+    img.putdata([((x * 7) % 256, (y * 9) % 256, (x * y) % 256) for y in range(29) for x in range(37)])
+
+    def enc(im, fmt, **kw):
+        b = io.BytesIO()
+        im.save(b, fmt, **kw)
+        return b.getvalue()
+
+    base = enc(img, "JPEG", quality=80)
+    kinds = {
+        "jpeg": base,
+        "progressive": enc(img, "JPEG", progressive=True),
+        "gray-jpeg": enc(img.convert("L"), "JPEG"),
+        "cmyk-jpeg": enc(img.convert("CMYK"), "JPEG"),
+        "subsampled-jpeg": enc(img, "JPEG", subsampling=2),
+        "truncated-jpeg": base[: len(base) // 2],
+        "png": enc(img, "PNG"),
+        "rgba-png": enc(img.convert("RGBA"), "PNG"),
+        "gray16-png": enc(img.convert("L").convert("I;16"), "PNG"),
+        "palette-png": enc(img.convert("P"), "PNG"),
+        "label": b" 42\n",
+    }
+    for i, (name, data) in enumerate(kinds.items()):
+        put("image_bytes", name, bytes([i % 6]) + data)
+
+
 if __name__ == "__main__":
+    image_seeds()
     tar_seeds()
     http_seeds()
     request_seeds()

@@ -46,6 +46,11 @@ fn http_request_corpus() {
 }
 
 #[test]
+fn image_bytes_corpus() {
+    replay("image_bytes", checks::image::check);
+}
+
+#[test]
 fn config_corpus() {
     replay("config", checks::config::check);
 }
