@@ -92,8 +92,9 @@ python_deps() {
     # failed install fails the run rather than skipping that comparison.
     # safetensors: ringfeed.load_safetensors is checked against the files it
     # writes (bindings/python/tests/test_safetensors.py). pytest-xdist runs
-    # the tests on several processes.
-    .venv/bin/python -m pip install -q numpy pytest pytest-xdist pillow webdataset safetensors || return
+    # the tests on several processes. mypy: the package's type hints are
+    # checked by bindings/python/tests/test_typing.py.
+    .venv/bin/python -m pip install -q numpy pytest pytest-xdist pillow webdataset safetensors mypy || return
     # scikit-image for its sample photographs only (read from its data
     # folder, never imported): the image pipeline's pixels are checked on
     # real photos against Pillow and torchvision

@@ -18,6 +18,8 @@ weights) are read and written with `ringfeed.objects`: `read_object`,
 `ringfeed.torch.checkpoint` for torch.distributed.checkpoint.
 """
 
+from __future__ import annotations
+
 from . import _ffi
 from ._log import set_log_level
 from ._batch import Batch, FieldView
@@ -62,10 +64,10 @@ from .urls import expand_braces, expand_urls
 
 from ._version import VERSION as __version__
 
-LIBRARY_PATH = _ffi.LIBRARY_PATH
+LIBRARY_PATH: str = _ffi.LIBRARY_PATH
 
 
-def library_version():
+def library_version() -> str:
     """The version of the loaded native library: `__version__`, since the
     package refuses to load a library of another release."""
     return _ffi.lib.ringfeed_version().decode()

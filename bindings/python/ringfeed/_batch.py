@@ -13,14 +13,23 @@ the last of them is gone. Hold exported arrays only as long as needed: the
 engine's memory budget is shared with the batches still in flight.
 """
 
+from __future__ import annotations
+
 import ctypes
 import sys
+from typing import TYPE_CHECKING, Any, Callable, Iterator, SupportsIndex, cast
 
 import numpy as np
 
 from . import _ffi
 from ._lease import _Exported, fork_generation, memoryview_at
 from .errors import ForkedError, ReleasedError, from_status
+
+if TYPE_CHECKING:
+    from numpy.typing import DTypeLike, NDArray
+    from typing_extensions import CapsuleType, Self
+
+    from ._lease import _Lease
 
 _U64 = ctypes.c_uint64
 _FIELD_WORDS = ctypes.sizeof(_ffi.RawField) // 8
@@ -58,7 +67,7 @@ def gather(src_address, src_len, starts, lengths, dst_address, dst_len):
         raise from_status(st)
 
 
-def text_out(call, size=256):
+def text_out(call: Callable[[Any, int, Any], int], size: int = 256) -> bytes:
     """The text a C entry point writes into a buffer (the `*_state` /
     `*_json` convention): ``call(buf, len, needed_ptr)``, grown until it fits."""
     needed = ctypes.c_size_t(0)
@@ -171,7 +180,17 @@ class Batch:
 
     __slots__ = ("_lease", "_layout", "_views", "_keys", "epoch", "index", "nbytes", "_len", "__weakref__")
 
-    def __init__(self, lease):
+    # The epoch it belongs to, its index in the epoch, and its bytes in the engine.
+    epoch: int
+    index: int
+    nbytes: int
+    _lease: _Lease | None
+    _layout: _Layout | None
+    _views: list[memoryview]
+    _keys: list[str] | None
+    _len: int
+
+    def __init__(self, lease: _Lease) -> None:
         raw = lease.raw
         self._lease = lease
         self._layout = None
@@ -193,10 +212,10 @@ class Batch:
         return lease
 
     @property
-    def released(self):
+    def released(self) -> bool:
         return self._lease is None
 
-    def release(self):
+    def release(self) -> bool:
         """Ends the batch. Returns True when its memory went back to the engine
         now, False when exported numpy arrays or tensors still hold it (it goes
         back when they are gone). Idempotent."""
@@ -216,10 +235,10 @@ class Batch:
         del lease
         return now
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.release()
 
     def __del__(self):
@@ -237,11 +256,11 @@ class Batch:
             layout = self._layout = _Layout(lease.raw)
         return lease, layout
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self._len
 
     @property
-    def keys(self):
+    def keys(self) -> list[str]:
         """The samples' keys, as str (undecodable bytes kept by ``surrogateescape``)."""
         lease = self._live()
         if self._keys is None:
@@ -251,13 +270,13 @@ class Batch:
             self._keys = [k.decode("utf-8", "surrogateescape") for k in ks]
         return list(self._keys)
 
-    def key_array(self):
+    def key_array(self) -> NDArray[np.bytes_]:
         """The samples' keys as one numpy bytes array (``dtype S<longest>``,
         ``[b"000003-0000012", ...]``), built without a Python object per key;
         a copy that does not depend on the batch."""
         return self._get_layout()[1].key_array()
 
-    def source(self, i):
+    def source(self, i: int) -> str:
         """The shard (path or URL as configured) that sample `i` came from."""
         lease = self._live()
         if not 0 <= i < self._len:
@@ -267,11 +286,11 @@ class Batch:
         return text.decode("utf-8", "surrogateescape")
 
     @property
-    def fields(self):
+    def fields(self) -> tuple[str, ...]:
         """Field names present in the batch, in order of first appearance."""
         return self._get_layout()[1].names
 
-    def field(self, name):
+    def field(self, name: str) -> FieldView:
         """The `FieldView` of field `name` (KeyError if no sample has it)."""
         _, layout = self._get_layout()
         if name not in layout.index:
@@ -280,14 +299,14 @@ class Batch:
 
     __getitem__ = field
 
-    def __contains__(self, name):
+    def __contains__(self, name: object) -> bool:
         return name in self._get_layout()[1].index
 
-    def sample(self, i):
+    def sample(self, i: int) -> dict[str, memoryview]:
         """``{field: memoryview}`` of sample `i` (zero-copy, released with the batch)."""
-        return {name: self.field(name)[i] for name in self.fields if self.field(name).present[i]}
+        return {name: cast(memoryview, self.field(name)[i]) for name in self.fields if self.field(name).present[i]}
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         state = "released" if self._lease is None else f"{self._len} samples, {self.nbytes} bytes"
         return f"<ringfeed.Batch index={self.index} epoch={self.epoch} {state}>"
 
@@ -320,7 +339,7 @@ class FieldView:
 
     __slots__ = ("_batch", "name")
 
-    def __init__(self, batch, name):
+    def __init__(self, batch: Batch, name: str) -> None:
         self._batch = batch
         self.name = name
 
@@ -328,15 +347,15 @@ class FieldView:
         lease, layout = self._batch._get_layout()
         return lease, layout, layout.index[self.name]
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._batch)
 
     @property
-    def present(self):
+    def present(self) -> NDArray[np.bool_]:
         return self._get()[2] >= 0
 
     @property
-    def lengths(self):
+    def lengths(self) -> NDArray[np.int64]:
         _, layout, idx = self._get()
         out = layout.lengths[idx]
         if self.name in layout.partial:
@@ -344,7 +363,7 @@ class FieldView:
         return out
 
     @property
-    def addresses(self):
+    def addresses(self) -> NDArray[np.uint64]:
         _, layout, idx = self._get()
         out = layout.addresses[idx]
         if self.name in layout.partial:
@@ -352,11 +371,11 @@ class FieldView:
         return out
 
     @property
-    def nbytes(self):
+    def nbytes(self) -> int:
         return int(self.lengths.sum())
 
     @property
-    def contiguous(self):
+    def contiguous(self) -> bool:
         _, layout, idx = self._get()
         return self._contiguous(layout, idx)
 
@@ -369,7 +388,7 @@ class FieldView:
         return bool((a[1:] == a[:-1] + n[:-1]).all())
 
     @property
-    def offsets(self):
+    def offsets(self) -> NDArray[np.int64]:
         """int64 start of each sample in ``values`` plus the end (``len + 1`` entries)."""
         lengths = self.lengths
         out = np.zeros(len(lengths) + 1, np.int64)
@@ -377,7 +396,7 @@ class FieldView:
         return out
 
     @property
-    def values(self):
+    def values(self) -> NDArray[np.uint8]:
         """The field's bytes of every sample as one uint8 array, without copying.
         Only when ``contiguous``; ValueError otherwise (use ``view[i]`` or ``gather()``)."""
         lease, layout, idx = self._get()
@@ -392,7 +411,7 @@ class FieldView:
             return np.empty(0, np.uint8)
         return _export(lease, addr, (total,), None, np.uint8)
 
-    def __getitem__(self, i):
+    def __getitem__(self, i: SupportsIndex) -> memoryview | None:
         lease, layout, idx = self._get()
         j = int(idx[i])
         if j < 0:
@@ -401,15 +420,15 @@ class FieldView:
         self._batch._views.append(mv)
         return mv
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[memoryview | None]:
         for i in range(len(self)):
             yield self[i]
 
-    def memoryviews(self):
+    def memoryviews(self) -> list[memoryview | None]:
         """Every sample's bytes as read-only memoryviews (None where absent)."""
         return [self[i] for i in range(len(self))]
 
-    def gather(self):
+    def gather(self) -> tuple[NDArray[np.uint8], NDArray[np.int64]]:
         """Copies the field of every sample into new arrays: ``(values, offsets)``,
         uint8 and int64. The copies do not depend on the batch."""
         lease, layout, idx = self._get()
@@ -451,14 +470,14 @@ class FieldView:
         return lease, int(addrs[0]), shape, None
 
     @property
-    def fixed_zero_copy(self):
+    def fixed_zero_copy(self) -> bool:
         """True when ``fixed()`` can return a view: equal sizes at a constant stride."""
         try:
             return self._fixed_layout(np.uint8)[3] is not None
         except ValueError:
             return False
 
-    def fixed(self, dtype=np.uint8, copy=None):
+    def fixed(self, dtype: DTypeLike = np.uint8, copy: bool | None = None) -> NDArray[Any]:
         """The field as a ``(batch, n)`` array of `dtype` (n = bytes / itemsize).
 
         Every sample's field must have the same size (ValueError otherwise).
@@ -490,7 +509,14 @@ class FieldView:
 
     # -- DLPack ------------------------------------------------------------
 
-    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> CapsuleType:
         from . import _dlpack
 
         if dl_device is not None and tuple(dl_device)[0] != _dlpack.KDL_CPU:
@@ -502,10 +528,10 @@ class FieldView:
             return self.fixed(copy=True).__dlpack__()
         return _dlpack.capsule(lease, addr, shape, strides)
 
-    def __dlpack_device__(self):
+    def __dlpack_device__(self) -> tuple[int, int]:
         from . import _dlpack
 
         return (_dlpack.KDL_CPU, 0)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<ringfeed.FieldView {self.name!r} of {self._batch!r}>"

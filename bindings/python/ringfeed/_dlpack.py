@@ -9,9 +9,12 @@ the same deleter. DLPack has no read-only flag in this version: the tensor
 must not be written.
 """
 
+from __future__ import annotations
+
 import ctypes
 import itertools
 import threading
+from typing import Any
 
 KDL_CPU = 1
 KDL_UINT = 1
@@ -49,7 +52,8 @@ DLManagedTensor._fields_ = [
 ]
 
 _NAME = b"dltensor"
-_LIVE = {}
+# key -> (the DLManagedTensor, its shape and strides arrays, the lease)
+_LIVE: dict[int, tuple[Any, ...]] = {}
 _LIVE_LOCK = threading.Lock()
 _KEYS = itertools.count(1)
 

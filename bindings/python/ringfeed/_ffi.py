@@ -10,7 +10,10 @@ numpy in `_batch.py`, so `ringfeed_sample` and `ringfeed_field` are declared
 here for the drift check and for their sizes.
 """
 
+from __future__ import annotations
+
 import ctypes
+from typing import TYPE_CHECKING
 
 from ._lib import load_library
 
@@ -50,6 +53,41 @@ CONSTANTS = {
     "RINGFEED_LOG_DEBUG": 4,
 }
 globals().update(CONSTANTS)
+if TYPE_CHECKING:
+    # What the line above defines, spelled out for type checkers, which do
+    # not run it.
+    RINGFEED_VERSION_MAJOR: int
+    RINGFEED_VERSION_MINOR: int
+    RINGFEED_VERSION_PATCH: int
+    RINGFEED_OK: int
+    RINGFEED_END_OF_EPOCH: int
+    RINGFEED_TIMEOUT: int
+    RINGFEED_FINISHED: int
+    RINGFEED_ERR_INVALID_ARGUMENT: int
+    RINGFEED_ERR_INVALID_HANDLE: int
+    RINGFEED_ERR_CONFIG: int
+    RINGFEED_ERR_DATASET: int
+    RINGFEED_ERR_IO: int
+    RINGFEED_ERR_FORMAT: int
+    RINGFEED_ERR_MEMORY: int
+    RINGFEED_ERR_BUFFER_TOO_SMALL: int
+    RINGFEED_ERR_CLOSED: int
+    RINGFEED_ERR_PANIC: int
+    RINGFEED_ERR_IO_URING: int
+    RINGFEED_ERR_NETWORK: int
+    RINGFEED_ERR_STATE: int
+    RINGFEED_ERR_NODE: int
+    RINGFEED_ERR_EXISTS: int
+    RINGFEED_MEMORY_HUGETLB: int
+    RINGFEED_MEMORY_THP: int
+    RINGFEED_MEMORY_NORMAL: int
+    RINGFEED_BACKEND_IO_URING: int
+    RINGFEED_BACKEND_THREADS: int
+    RINGFEED_ABI_VERSION: int
+    RINGFEED_LOG_ERROR: int
+    RINGFEED_LOG_WARN: int
+    RINGFEED_LOG_INFO: int
+    RINGFEED_LOG_DEBUG: int
 
 # struct name -> [(C type, field name)], in header order.
 STRUCTS = {
@@ -391,7 +429,7 @@ C_TYPES = {
     "struct ringfeed_image_info *": None,  # filled below
 }
 
-STRUCT_TYPES = {}
+STRUCT_TYPES: dict[str, type[ctypes.Structure]] = {}
 for _name, _fields in STRUCTS.items():
     STRUCT_TYPES[_name] = type(
         _name, (ctypes.Structure,), {"_fields_": [(f, C_TYPES[t]) for t, f in _fields]}

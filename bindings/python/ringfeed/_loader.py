@@ -1,15 +1,23 @@
 """`Loader`: one engine, opened from Python keyword arguments."""
 
+from __future__ import annotations
+
 import ctypes
 import json
 import os
 import threading
 import warnings
+from typing import TYPE_CHECKING, Any, Iterator
 
 from . import _ffi, _transport
 from ._batch import Batch, text_out
 from ._lease import _Lease, fork_generation, live_batches
 from .errors import ClosedError, ConfigError, ForkedError, from_status
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+    from ._typing import Urls
 
 _lib = _ffi.lib
 # Slice of a blocking wait: short enough for Ctrl-C to be seen between calls.
@@ -21,10 +29,10 @@ _SHIPPED_SLICE_MS = 2
 # engine may be stopped because they hold its whole memory budget.
 _STALL_WARN_MS = 10_000
 
-_known_keys = None
+_known_keys: tuple[str, ...] | None = None
 
 
-def json_value(key, value):
+def json_value(key: str, value: Any) -> Any:
     """A configuration value as JSON takes it: paths as strings; a value
     JSON cannot hold raises TypeError naming the key."""
     if isinstance(value, os.PathLike):
@@ -36,7 +44,7 @@ def json_value(key, value):
     return value
 
 
-def config_keys():
+def config_keys() -> tuple[str, ...]:
     """The configuration keys the engine accepts (its own list, asked once)."""
     global _known_keys
     if _known_keys is None:
@@ -112,7 +120,7 @@ class Loader:
     must open its own (using the parent's raises `ForkedError`).
     """
 
-    def __init__(self, urls, batch_size=32, **config):
+    def __init__(self, urls: Urls, batch_size: int = 32, **config: Any) -> None:
         self._handle = None
         self._closed = True
         self._lock = threading.Lock()
@@ -163,10 +171,10 @@ class Loader:
         return handle
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
         return self._closed
 
-    def close(self):
+    def close(self) -> None:
         """Stops the engine. Idempotent; threads blocked in iteration raise `ClosedError`."""
         with self._lock:
             if self._closed:
@@ -177,10 +185,10 @@ class Loader:
             return  # the child must not touch the parent's engine
         _lib.ringfeed_loader_close(handle)
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __del__(self):
@@ -194,7 +202,7 @@ class Loader:
 
     # -- batches ---------------------------------------------------------
 
-    def next_batch(self, timeout=None):
+    def next_batch(self, timeout: float | None = None) -> Batch | None:
         """The next batch; None at the end of an epoch (or when `timeout`
         seconds passed); StopIteration when every epoch is over."""
         deadline_ms = None if timeout is None else max(0, int(timeout * 1000))
@@ -240,16 +248,16 @@ class Loader:
                 raise ClosedError("the loader was closed while waiting for a batch")
             raise from_status(st)
 
-    def __iter__(self):
+    def __iter__(self) -> Self:
         return self
 
-    def __next__(self):
+    def __next__(self) -> Batch:
         while True:
             b = self.next_batch()
             if b is not None:
                 return b
 
-    def iter_epoch(self):
+    def iter_epoch(self) -> Iterator[Batch]:
         """Yields the batches of the current epoch, then stops."""
         while True:
             try:
@@ -262,7 +270,7 @@ class Loader:
 
     # -- stats -----------------------------------------------------------
 
-    def stats(self):
+    def stats(self) -> dict[str, Any]:
         """The engine's counters and setup as a dict (``ringfeed_loader_stats_json``):
         bytes/samples/batches delivered, reads, copies, chunk use, wait times,
         memory kind, I/O backend, and the setup notes."""
@@ -270,7 +278,7 @@ class Loader:
         text = text_out(lambda buf, size, needed: _lib.ringfeed_loader_stats_json(handle, buf, size, needed), 4096)
         return json.loads(text.decode())
 
-    def metrics(self):
+    def metrics(self) -> str:
         """The stats as metrics in the Prometheus text format
         (``ringfeed_loader_metrics``): counters ``ringfeed_*_total``, gauges,
         retries by kind and ``ringfeed_info``, for a scrape endpoint."""
@@ -278,7 +286,7 @@ class Loader:
         text = text_out(lambda buf, size, needed: _lib.ringfeed_loader_metrics(handle, buf, size, needed), 8192)
         return text.decode()
 
-    def state(self):
+    def state(self) -> bytes:
         """The resume state (``ringfeed_loader_state``): opaque ASCII bytes naming
         the position after the batches handed out so far. Pass it back as
         ``resume=`` to continue from there."""
@@ -286,5 +294,5 @@ class Loader:
         # ~150 bytes, more after elastic resumes (ringfeed.h); grown on demand.
         return text_out(lambda buf, size, needed: _lib.ringfeed_loader_state(handle, buf, size, needed), 512)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<ringfeed.Loader {'closed' if self._closed else 'open'}>"

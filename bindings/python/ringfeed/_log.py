@@ -9,6 +9,8 @@ every retry); the logger's own level and handlers decide what is shown.
 It is removed at interpreter exit, before Python can no longer take calls.
 """
 
+from __future__ import annotations
+
 import atexit
 import logging
 
@@ -42,7 +44,7 @@ def _library_level(level):
     return 1
 
 
-def set_log_level(level):
+def set_log_level(level: int) -> None:
     """Has the library send its messages at `level` (a `logging` level) and
     above to the ``"ringfeed"`` logger."""
     lib.ringfeed_set_log_callback(_CALLBACK, None, _library_level(level))

@@ -13,9 +13,13 @@ Also here: the configuration JSON of every object call, built from keyword
 arguments the way `Loader` builds its own.
 """
 
+from __future__ import annotations
+
+import builtins
 import ctypes
 import json
 import os
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -24,10 +28,16 @@ from ._lease import _Exported, fork_generation
 from ._loader import json_value
 from .errors import ReleasedError, from_status, redact
 
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+    from typing_extensions import CapsuleType, Self
+
+    from ._typing import StrPath
+
 _lib = _ffi.lib
 
 
-def config_json(config):
+def config_json(config: dict[str, Any]) -> bytes:
     """The JSON text of an object call's keyword arguments: the loader's
     configuration keys without ``urls`` (the engine names a key it does not
     know, or a bad value, in a `ConfigError`)."""
@@ -39,7 +49,7 @@ def config_json(config):
     return json.dumps(cfg).encode()
 
 
-def url_arg(url):
+def url_arg(url: StrPath) -> bytes:
     """`url` (a str or path) as the C string an entry point takes."""
     if isinstance(url, os.PathLike):
         url = os.fspath(url)
@@ -53,7 +63,10 @@ class _ObjectLease:
 
     __slots__ = ("handle", "address", "length", "generation", "__weakref__")
 
-    def __init__(self, handle):
+    address: int
+    length: int
+
+    def __init__(self, handle: int | None) -> None:
         self.handle = handle
         self.generation = fork_generation()
         data, length = ctypes.c_void_p(), ctypes.c_uint64(0)
@@ -61,7 +74,7 @@ class _ObjectLease:
         if st != _ffi.RINGFEED_OK:
             _lib.ringfeed_object_release(handle)
             raise from_status(st)
-        self.address = data.value
+        self.address = cast(int, data.value)  # never NULL, even when empty (ringfeed.h)
         self.length = length.value
 
     def __del__(self):
@@ -73,7 +86,7 @@ class _ObjectLease:
             pass
 
 
-def read_handle(url, config):
+def read_handle(url: StrPath, config: dict[str, Any]) -> _ObjectLease:
     """An `_ObjectLease` over the object at `url`, read whole."""
     handle = ctypes.c_void_p()
     st = _lib.ringfeed_object_read(url_arg(url), config_json(config), ctypes.byref(handle))
@@ -100,28 +113,28 @@ class ObjectBuffer:
     after it.
     """
 
-    def __init__(self, url, lease):
+    def __init__(self, url: StrPath, lease: _ObjectLease) -> None:
         self.url = url
-        self._lease = lease
+        self._lease: _ObjectLease | None = lease
 
-    def _live(self):
+    def _live(self) -> _ObjectLease:
         lease = self._lease
         if lease is None:
             raise ReleasedError(f"this ObjectBuffer ({redact(self.url)}) was closed")
         return lease
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
         return self._lease is None
 
-    def close(self):
+    def close(self) -> None:
         """Gives the memory back (once the views made from it are gone too). Idempotent."""
         self._lease = None
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __del__(self):
@@ -130,43 +143,50 @@ class ObjectBuffer:
     def __reduce__(self):
         raise TypeError("a ringfeed.ObjectBuffer cannot be pickled; send bytes(buf) or its URL")
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self._live().length
 
     @property
-    def nbytes(self):
+    def nbytes(self) -> int:
         return len(self)
 
     @property
-    def address(self):
+    def address(self) -> int:
         """Address of the first byte (valid while the buffer or a view is alive)."""
         return self._live().address
 
-    def memoryview(self):
+    def memoryview(self) -> builtins.memoryview:
         """A read-only memoryview of the bytes, no copy; it keeps them alive."""
         lease = self._live()
         arr = (ctypes.c_ubyte * lease.length).from_address(lease.address)
-        arr._lease = lease
+        setattr(arr, "_lease", lease)  # the view's buffer keeps the bytes alive
         return memoryview(arr).cast("B").toreadonly()
 
     # PEP 688: `memoryview(buf)`, `np.frombuffer(buf)`, `torch.frombuffer(buf)`
     # on Python 3.12+ (3.11 has no buffer protocol for classes written in
     # Python: call `memoryview()` there).
-    def __buffer__(self, flags):
+    def __buffer__(self, flags: int) -> builtins.memoryview:
         return self.memoryview()
 
-    def __release_buffer__(self, view):
+    def __release_buffer__(self, view: builtins.memoryview) -> None:
         view.release()
 
-    def numpy(self):
+    def numpy(self) -> NDArray[np.uint8]:
         """A read-only 1-D uint8 numpy array over the bytes, no copy; it keeps them alive."""
         lease = self._live()
         return np.asarray(_Exported(lease, lease.address, (lease.length,), None, "|u1"))
 
-    def __bytes__(self):
+    def __bytes__(self) -> bytes:
         return bytes(self.memoryview())
 
-    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> CapsuleType:
         from . import _dlpack
 
         lease = self._live()
@@ -176,12 +196,12 @@ class ObjectBuffer:
             return np.array(self.numpy()).__dlpack__()
         return _dlpack.capsule(lease, lease.address, (lease.length,), (1,))
 
-    def __dlpack_device__(self):
+    def __dlpack_device__(self) -> tuple[int, int]:
         from . import _dlpack
 
         return (_dlpack.KDL_CPU, 0)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         if self._lease is None:
             return f"<ringfeed.ObjectBuffer {redact(self.url)!r} closed>"
         return f"<ringfeed.ObjectBuffer {redact(self.url)!r} {self._lease.length} bytes>"

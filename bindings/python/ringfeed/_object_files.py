@@ -5,8 +5,11 @@ visible only at `close()`. Both are `io.RawIOBase`, so ``torch.save`` /
 ``torch.load``, ``pickle`` and ``io.BufferedReader`` take them.
 """
 
+from __future__ import annotations
+
 import ctypes
 import io
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 import numpy as np
 
@@ -15,14 +18,21 @@ from ._lease import fork_generation
 from ._object_buffer import ObjectBuffer, config_json, read_handle, url_arg
 from .errors import ClosedError, ForkedError, from_status
 
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from typing_extensions import Buffer, Self
+
+    from ._typing import BytesLike, StrPath
+
 _lib = _ffi.lib
 
 
-def bytes_address(data):
+def bytes_address(data: BytesLike) -> tuple[int | None, int, object]:
     """``(address, nbytes, keepalive)`` of a bytes-like object's bytes; a
     non-contiguous one is copied first. Address None when empty."""
     try:
-        view = memoryview(data)
+        view = memoryview(cast("Buffer", data))
     except TypeError:
         raise TypeError(f"a bytes-like object is required, not {type(data).__name__}") from None
     if not view.c_contiguous:
@@ -38,7 +48,7 @@ class ObjectReader(io.RawIOBase):
     (``ringfeed.open_object(url)``). `buffer` is its `ObjectBuffer`;
     closing the reader closes it."""
 
-    def __init__(self, buffer):
+    def __init__(self, buffer: ObjectBuffer) -> None:
         super().__init__()
         if not isinstance(buffer, ObjectBuffer):
             raise TypeError(f"ObjectReader needs an ObjectBuffer, not {type(buffer).__name__}")
@@ -48,22 +58,23 @@ class ObjectReader(io.RawIOBase):
         self._pos = 0
 
     @classmethod
-    def open(cls, url, **config):
+    def open(cls, url: StrPath, **config: Any) -> Self:
+        """The object at `url`, read whole, as a reader."""
         return cls(ObjectBuffer(url, read_handle(url, config)))
 
-    def readable(self):
+    def readable(self) -> bool:
         self._checkClosed()
         return True
 
-    def seekable(self):
+    def seekable(self) -> bool:
         self._checkClosed()
         return True
 
-    def tell(self):
+    def tell(self) -> int:
         self._checkClosed()
         return self._pos
 
-    def seek(self, offset, whence=io.SEEK_SET):
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         self._checkClosed()
         if whence == io.SEEK_SET:
             pos = offset
@@ -78,21 +89,21 @@ class ObjectReader(io.RawIOBase):
         self._pos = pos
         return pos
 
-    def readinto(self, b):
+    def readinto(self, b: BytesLike) -> int:
         self._checkClosed()
-        out = memoryview(b).cast("B")
+        out = memoryview(cast("Buffer", b)).cast("B")
         chunk = self._view[self._pos : self._pos + len(out)]
         out[: len(chunk)] = chunk
         self._pos += len(chunk)
         return len(chunk)
 
-    def readall(self):
+    def readall(self) -> bytes:
         self._checkClosed()
         data = bytes(self._view[self._pos :])
         self._pos = max(self._pos, len(self._view))
         return data
 
-    def close(self):
+    def close(self) -> None:
         if not self.closed:
             self._view.release()
             self.buffer.close()
@@ -116,9 +127,9 @@ class ObjectWriter(io.RawIOBase):
     committed. After an error nothing is kept, and later calls raise it again.
     """
 
-    def __init__(self, url, **config):
+    def __init__(self, url: StrPath, **config: Any) -> None:
         super().__init__()
-        self._handle = None
+        self._handle: int | None = None
         self.name = url
         self._pos = 0
         self._generation = fork_generation()
@@ -129,22 +140,22 @@ class ObjectWriter(io.RawIOBase):
             raise from_status(st, f"write {url}")
         self._handle = handle.value
 
-    def _live(self):
+    def _live(self) -> int:
         if self._generation != fork_generation():
             raise ForkedError("this ObjectWriter was opened in the parent process (fork); open a new one here")
         if self._handle is None:
             raise ClosedError(f"this ObjectWriter ({self.name}) was closed or aborted")
         return self._handle
 
-    def writable(self):
+    def writable(self) -> bool:
         self._checkClosed()
         return True
 
-    def tell(self):
+    def tell(self) -> int:
         self._checkClosed()
         return self._pos
 
-    def write(self, b):
+    def write(self, b: BytesLike) -> int:
         handle = self._live()
         address, nbytes, keep = bytes_address(b)
         st = _lib.ringfeed_writer_write(handle, address, nbytes)
@@ -154,13 +165,13 @@ class ObjectWriter(io.RawIOBase):
         self._pos += nbytes
         return nbytes
 
-    def flush(self):
+    def flush(self) -> None:
         # Parts leave as they fill; nothing is visible before close().
         if self.closed:
             return
         super().flush()
 
-    def _end(self, entry):
+    def _end(self, entry: Callable[[int], int]) -> None:
         handle, self._handle = self._handle, None
         if handle is None:
             return
@@ -170,21 +181,23 @@ class ObjectWriter(io.RawIOBase):
         if st != _ffi.RINGFEED_OK:
             raise from_status(st, f"write {self.name}")
 
-    def close(self):
+    def close(self) -> None:
         """Commits the object: it becomes visible at the URL, whole. Idempotent."""
         try:
             self._end(_lib.ringfeed_writer_finish)
         finally:
             super().close()
 
-    def abort(self):
+    def abort(self) -> None:
         """Drops everything written; nothing appears at the URL. Idempotent."""
         try:
             self._end(_lib.ringfeed_writer_abort)
         finally:
             super().close()
 
-    def __exit__(self, exc_type, exc, tb):
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if exc_type is None:
             self.close()
         else:

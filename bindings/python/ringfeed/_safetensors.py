@@ -12,13 +12,25 @@ raises `SafetensorsError` otherwise, so a garbage file never reaches
 ``torch.frombuffer`` with a bad range.
 """
 
+from __future__ import annotations
+
 import json
 import warnings
+from typing import TYPE_CHECKING, Any, Literal, Union, overload
 
 import numpy as np
 
 from ._object_buffer import ObjectBuffer, read_handle
 from .errors import SafetensorsError
+
+if TYPE_CHECKING:
+    import torch
+    from numpy.typing import NDArray
+
+    from ._typing import StrPath
+
+    # What `load_safetensors` returns without `metadata`: name -> tensor.
+    Tensors = Union[dict[str, torch.Tensor], dict[str, NDArray[Any]]]
 
 # The reference implementation refuses headers over 100 MB (its
 # MAX_HEADER_SIZE): a larger length is a corrupt file, not a big model.
@@ -143,7 +155,9 @@ def _torch_tensor(torch, view, dtype, shape, begin, end):
         return torch.frombuffer(view[begin:end], dtype=t_dtype).reshape(shape)
 
 
-def tensors_of(buffer, framework="pt", metadata=False):
+def tensors_of(
+    buffer: ObjectBuffer, framework: str = "pt", metadata: bool = False
+) -> Tensors | tuple[Tensors, dict[str, str] | None]:
     """The tensors of a safetensors file already in an `ObjectBuffer`,
     viewing its bytes (see `load_safetensors`)."""
     if framework not in ("pt", "torch", "np", "numpy"):
@@ -159,7 +173,42 @@ def tensors_of(buffer, framework="pt", metadata=False):
     return (out, meta) if metadata else out
 
 
-def load_safetensors(url, framework="pt", metadata=False, **config):
+@overload
+def load_safetensors(
+    url: StrPath | ObjectBuffer,
+    framework: Literal["pt", "torch"] = "pt",
+    metadata: Literal[False] = False,
+    **config: Any,
+) -> dict[str, torch.Tensor]: ...
+@overload
+def load_safetensors(
+    url: StrPath | ObjectBuffer,
+    framework: Literal["np", "numpy"],
+    metadata: Literal[False] = False,
+    **config: Any,
+) -> dict[str, NDArray[Any]]: ...
+@overload
+def load_safetensors(
+    url: StrPath | ObjectBuffer,
+    framework: Literal["pt", "torch"] = "pt",
+    *,
+    metadata: Literal[True],
+    **config: Any,
+) -> tuple[dict[str, torch.Tensor], dict[str, str] | None]: ...
+@overload
+def load_safetensors(
+    url: StrPath | ObjectBuffer,
+    framework: Literal["np", "numpy"],
+    metadata: Literal[True],
+    **config: Any,
+) -> tuple[dict[str, NDArray[Any]], dict[str, str] | None]: ...
+@overload
+def load_safetensors(
+    url: StrPath | ObjectBuffer, framework: str = "pt", metadata: bool = False, **config: Any
+) -> Tensors | tuple[Tensors, dict[str, str] | None]: ...
+def load_safetensors(
+    url: StrPath | ObjectBuffer, framework: str = "pt", metadata: bool = False, **config: Any
+) -> Tensors | tuple[Tensors, dict[str, str] | None]:
     """Reads the safetensors file at `url` whole (or takes an `ObjectBuffer`
     already read) and returns ``{name: tensor}`` (torch tensors, or numpy arrays with ``framework="numpy"``)
     viewing the object's memory, no copy; the tensors keep it alive. With

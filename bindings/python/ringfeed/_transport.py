@@ -42,6 +42,8 @@ The receiver's mappings are not inherited by the processes it forks
 (``MADV_DONTFORK``): new DataLoader workers do not keep old arenas alive.
 """
 
+from __future__ import annotations
+
 import collections
 import ctypes
 import errno
@@ -377,8 +379,8 @@ class Releaser:
 # Arenas and pipes of the workers seen lately, most recent last. A mapping
 # holds a worker's arena in memory; views hold their own reference, so an
 # evicted mapping only goes when they do.
-_MAPPINGS = collections.OrderedDict()
-_RELEASERS = collections.OrderedDict()
+_MAPPINGS: collections.OrderedDict[tuple[int, int], Mapping] = collections.OrderedDict()
+_RELEASERS: collections.OrderedDict[int, Releaser] = collections.OrderedDict()
 _KEEP = 64
 _lock = threading.Lock()
 

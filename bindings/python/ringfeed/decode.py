@@ -28,8 +28,14 @@ A failure names where the sample lives: `DecodeError` carries the shard,
 the key and the field.
 """
 
+from __future__ import annotations
+
 import io
 import json
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+
+if TYPE_CHECKING:
+    from ._typing import FieldData, Handler
 
 IMAGE_EXTENSIONS = frozenset("jpg jpeg png ppm pgm pbm pnm bmp gif tif tiff webp".split())
 
@@ -59,14 +65,16 @@ class DecodeError(ValueError):
     """A sample's field (or a per-sample function) failed; ``shard``, ``key``
     and ``field`` say where (``field`` is None for a failing ``map``)."""
 
-    def __init__(self, message, shard=None, key=None, field=None):
+    def __init__(
+        self, message: str, shard: str | None = None, key: str | None = None, field: str | None = None
+    ) -> None:
         super().__init__(message)
         self.shard = shard
         self.key = key
         self.field = field
 
 
-def extension(name):
+def extension(name: str) -> str:
     """The decoding extension of a field name: after the last dot, lower case."""
     return name.rsplit(".", 1)[-1].lower()
 
@@ -74,7 +82,7 @@ def extension(name):
 class ImageHandler:
     """Decodes image fields to `spec` (see `IMAGE_SPECS`) with Pillow."""
 
-    def __init__(self, spec, extensions=IMAGE_EXTENSIONS):
+    def __init__(self, spec: str, extensions: Iterable[str] = IMAGE_EXTENSIONS) -> None:
         if spec not in IMAGE_SPECS:
             raise ValueError(f"unknown image spec {spec!r}; choose from {', '.join(sorted(IMAGE_SPECS))}")
         self.spec = spec
@@ -87,13 +95,13 @@ class ImageHandler:
         if self.library == "torch":
             import torch  # noqa: F401
 
-    def __call__(self, name, data):
+    def __call__(self, name: str, data: FieldData) -> Any:
         if extension(name) not in self.extensions:
             return None
         import PIL.Image
 
         # Not `with`: a closed image decodes its file again when read.
-        img = PIL.Image.open(io.BytesIO(data))
+        img: PIL.Image.Image = PIL.Image.open(io.BytesIO(data))
         img.load()
         if self.mode is not None and img.mode != self.mode:
             img = img.convert(self.mode)
@@ -117,7 +125,7 @@ class ImageHandler:
             out[...] = chw
         return torch.from_numpy(out)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"ImageHandler({self.spec!r})"
 
 
@@ -126,13 +134,13 @@ class TorchvisionHandler:
 
     extensions = frozenset({"jpg", "jpeg", "png"})
 
-    def __init__(self):
+    def __init__(self) -> None:
         try:
             import torchvision.io  # noqa: F401
         except ImportError:
             raise ImportError('decode("torchvision") needs torchvision: pip install torchvision') from None
 
-    def __call__(self, name, data):
+    def __call__(self, name: str, data: FieldData) -> Any:
         if extension(name) not in self.extensions:
             return None
         import numpy as np
@@ -166,7 +174,7 @@ def _torch_load(data):
     return torch.load(io.BytesIO(data), weights_only=True)
 
 
-BASIC = {
+BASIC: dict[str, Callable[[FieldData], Any]] = {
     **{e: _text for e in ("txt", "text", "transcript")},
     **{e: (lambda d: int(_text(d))) for e in ("cls", "cls2", "class", "count", "index", "inx", "id")},
     "json": lambda d: json.loads(_text(d)),
@@ -178,13 +186,13 @@ BASIC = {
 }
 
 
-def basic(name, data):
+def basic(name: str, data: FieldData) -> Any:
     """The built-in decoders of non-image fields (see the module comment)."""
     f = BASIC.get(extension(name))
     return None if f is None else f(data)
 
 
-def handler(spec):
+def handler(spec: str | Handler) -> Handler:
     """A handler from a spec: an image spec name, ``"torchvision"``, or a callable."""
     if callable(spec):
         return spec
@@ -204,11 +212,12 @@ class Decoder:
     as they are (``bytes``).
     """
 
-    def __init__(self, *specs, only=None):
+    def __init__(self, *specs: str | Handler, only: str | Iterable[str] | None = None) -> None:
         self.handlers = [handler(s) for s in specs] + [basic]
         self.only = None if only is None else frozenset([only] if isinstance(only, str) else only)
 
-    def decode_field(self, name, data):
+    def decode_field(self, name: str, data: FieldData) -> Any:
+        """The value of field `name`: the first handler's that is not None, else the bytes."""
         if self.only is not None and name not in self.only and extension(name) not in self.only:
             return bytes(data)
         for h in self.handlers:
@@ -217,7 +226,8 @@ class Decoder:
                 return v
         return bytes(data)
 
-    def __call__(self, sample):
+    def __call__(self, sample: Mapping[str, Any]) -> dict[str, Any]:
+        """The sample with its fields decoded (``__key__``, ``__url__`` as they are)."""
         out = {}
         for name, data in sample.items():
             if name.startswith("__"):
@@ -235,5 +245,5 @@ class Decoder:
                 ) from e
         return out
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"Decoder({', '.join(map(repr, self.handlers[:-1]))})"

@@ -11,18 +11,22 @@ which `from_status` reads. ``tests/test_errors.py`` checks the registry
 against the statuses of the loaded library.
 """
 
+from __future__ import annotations
+
 import ctypes
+from typing import Callable, TypeVar
 
 from . import _ffi
 
+_E = TypeVar("_E", bound="Error")
 
-BY_STATUS = {}
+BY_STATUS: dict[int, type[Error]] = {}
 
 
-def _raised_for(status):
+def _raised_for(status: int) -> Callable[[type[_E]], type[_E]]:
     """Class decorator: the exception `from_status` raises for `status`."""
 
-    def register(cls):
+    def register(cls: type[_E]) -> type[_E]:
         if status in BY_STATUS:
             raise TypeError(f"status {status} already has {BY_STATUS[status].__name__}")
         cls.status = status
@@ -35,16 +39,16 @@ def _raised_for(status):
 class Error(Exception):
     """An error reported by the ringfeed engine."""
 
-    status = None
+    status: int | None = None
 
-    def __init__(self, message, status=None):
+    def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.message = message
         if status is not None:
             self.status = status
 
     @property
-    def status_name(self):
+    def status_name(self) -> str:
         return _ffi.lib.ringfeed_status_name(self.status).decode()
 
 
@@ -88,6 +92,9 @@ class MemorySetupError(Error):
 @_raised_for(_ffi.RINGFEED_ERR_BUFFER_TOO_SMALL)
 class BufferTooSmallError(Error):
     """The caller's buffer is too small."""
+
+    # Set by `read_object_into`: the size of the object that did not fit.
+    size: int
 
 
 @_raised_for(_ffi.RINGFEED_ERR_CLOSED)
@@ -158,14 +165,14 @@ class ForkedError(Error):
     status = _ffi.RINGFEED_ERR_INVALID_HANDLE
 
 
-def last_error_message():
+def last_error_message() -> str:
     n = _ffi.lib.ringfeed_last_error(None, 0)
     buf = ctypes.create_string_buffer(n + 1)
     _ffi.lib.ringfeed_last_error(buf, n + 1)
     return buf.value.decode("utf-8", "replace")
 
 
-def redact(text):
+def redact(text: object) -> str:
     """`text` with the credentials of any URL in it (a presigned URL's
     signature, key id and token; a SAS `sig`; a password before the host)
     replaced by ``REDACTED``, as the library's own messages are."""
@@ -176,7 +183,7 @@ def redact(text):
     return buf.value.decode("utf-8", "replace")
 
 
-def from_status(status, context=None):
+def from_status(status: int, context: str | None = None) -> Error:
     """The exception for a negative status, with this thread's last message
     (the library redacts it; `context`, which may quote a URL the caller
     gave, is redacted here)."""

@@ -17,24 +17,46 @@ The spec is the ``transform`` JSON (a dict or its text): see the README,
 raises `FormatError`, naming the field.
 """
 
+from __future__ import annotations
+
 import ctypes
 import json
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 import numpy as np
 
 from . import _ffi
 from .errors import from_status
 
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+    from typing_extensions import Buffer
+
+    from ._typing import BytesLike, Spec
+
 _lib = _ffi.lib
 
 _DTYPES = {1: np.uint8, 2: np.float16, 4: np.float32}
+
+
+class ImageInfo(TypedDict):
+    """What `transform` says of the image it made, besides the pixels."""
+
+    # (width, height) of the image as decoded.
+    source: tuple[int, int]
+    # (top, left, height, width) of the region it took, in source pixels.
+    crop: tuple[float, float, float, float]
+    # Whether it was flipped horizontally.
+    flipped: bool
+    # 1, or the reduced size a JPEG was decoded at.
+    decode_scale: float
 
 
 def _spec_text(spec):
     return spec if isinstance(spec, str) else json.dumps(spec)
 
 
-def output_shape(spec, field):
+def output_shape(spec: Spec, field: str) -> tuple[tuple[int, int, int], np.dtype[Any]]:
     """``(shape, dtype)`` of one image of `field` under `spec` (its layout's
     order: ``(C, H, W)`` or ``(H, W, C)``), as the engine writes it."""
     info = _ffi.STRUCT_TYPES["ringfeed_image_info"]()
@@ -46,7 +68,9 @@ def output_shape(spec, field):
     return (info.dim0, info.dim1, info.dim2), np.dtype(_DTYPES[info.elem_bytes])
 
 
-def from_torchvision(pipeline, field="jpg", label=None, label_type="int64"):
+def from_torchvision(
+    pipeline: Any, field: str = "jpg", label: str | None = None, label_type: str = "int64"
+) -> dict[str, Any]:
     """The engine's spec for a torchvision transform pipeline, so a
     pipeline ports as it is: ``Compose`` (or a list) of `RandomResizedCrop`,
     `Resize`, `CenterCrop`, `RandomHorizontalFlip`, `ToTensor`,
@@ -59,9 +83,9 @@ def from_torchvision(pipeline, field="jpg", label=None, label_type="int64"):
     scale and ratio) and ``flip`` 0.5, and whose ``cls`` is ``"int64"``.
     """
     steps = list(getattr(pipeline, "transforms", pipeline))
-    out = {}
+    out: dict[str, Any] = {}
 
-    def size_of(s):
+    def size_of(s: Any) -> list[int]:
         if isinstance(s, int):
             return [s, s]
         s = [int(v) for v in s]
@@ -110,13 +134,15 @@ def from_torchvision(pipeline, field="jpg", label=None, label_type="int64"):
             raise ValueError(f"{name} does not run in the engine: port it by hand or keep torchvision for it")
     if floats and "dtype" not in out:
         out["dtype"] = "float32"
-    spec = {field: out}
+    spec: dict[str, Any] = {field: out}
     if label is not None:
         spec[label] = label_type
     return spec
 
 
-def transform(data, spec, field=None, *, seed=0, epoch=0, position=0):
+def transform(
+    data: BytesLike, spec: Spec, field: str | None = None, *, seed: int = 0, epoch: int = 0, position: int = 0
+) -> tuple[NDArray[Any], ImageInfo]:
     """`data` (bytes-like) as the image field `field` of `spec` makes it.
 
     `field` may be left out when the spec has one image field. Returns
@@ -132,7 +158,7 @@ def transform(data, spec, field=None, *, seed=0, epoch=0, position=0):
         if len(images) != 1:
             raise ValueError(f"the spec has {len(images)} image fields ({', '.join(images)}): name one as `field`")
         field = images[0]
-    view = memoryview(data).cast("B")
+    view = memoryview(cast("Buffer", data)).cast("B")
     src = (ctypes.c_char * len(view)).from_buffer_copy(view) if len(view) else None
     info = _ffi.STRUCT_TYPES["ringfeed_image_info"]()
     args = (text.encode(), field.encode(), src and ctypes.addressof(src), len(view), seed, epoch, position)

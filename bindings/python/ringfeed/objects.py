@@ -15,24 +15,36 @@ temporary file renamed into place locally) and never replace an existing
 object unless ``overwrite=True`` (`ObjectExistsError`).
 """
 
+from __future__ import annotations
+
 import ctypes
 import json
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Iterable, Literal, TypeVar, cast, overload
 
 from . import _ffi
 from ._batch import text_out
 from ._object_buffer import ObjectBuffer, config_json, read_handle, url_arg
 from ._object_files import ObjectReader, ObjectWriter, bytes_address
-from .errors import from_status
+from .errors import BufferTooSmallError, from_status
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
+
+    from typing_extensions import Buffer
+
+    from ._typing import BytesLike, StrPath
 
 _lib = _ffi.lib
+
+_U = TypeVar("_U", bound="StrPath")
 
 # Objects `read_objects` reads at once: each read already keeps
 # `parts_in_flight` ranges in flight, so a few objects fill the link.
 _OBJECTS_IN_FLIGHT = 4
 
 
-def read_object(url, **config):
+def read_object(url: StrPath, **config: Any) -> ObjectBuffer:
     """Reads the object at `url` whole into the library's memory and returns
     it as an `ObjectBuffer` (memoryview, numpy and DLPack views without a
     copy). A URL naming several objects raises `DatasetError`: use
@@ -40,13 +52,13 @@ def read_object(url, **config):
     return ObjectBuffer(url, read_handle(url, config))
 
 
-def read_object_into(url, buffer, **config):
+def read_object_into(url: StrPath, buffer: BytesLike, **config: Any) -> int:
     """Reads the object at `url` into `buffer` (a writable, contiguous
     bytes-like object: bytearray, numpy array, memoryview) and returns its
     size. A buffer smaller than the object raises `BufferTooSmallError`
     before any byte is read; its ``size`` is the object's."""
     try:
-        view = memoryview(buffer)
+        view = memoryview(cast("Buffer", buffer))
     except TypeError:
         raise TypeError(f"buffer must be a writable bytes-like object, not {type(buffer).__name__}") from None
     if view.readonly:
@@ -60,7 +72,7 @@ def read_object_into(url, buffer, **config):
     size = ctypes.c_uint64(0)
     st = _lib.ringfeed_object_read_into(url_arg(url), config_json(config), address, nbytes, ctypes.byref(size))
     if st == _ffi.RINGFEED_ERR_BUFFER_TOO_SMALL:
-        err = from_status(st, f"read {url} into {nbytes} bytes")
+        err = cast(BufferTooSmallError, from_status(st, f"read {url} into {nbytes} bytes"))
         err.size = size.value
         raise err
     if st != _ffi.RINGFEED_OK:
@@ -68,7 +80,7 @@ def read_object_into(url, buffer, **config):
     return size.value
 
 
-def list_objects(url, **config):
+def list_objects(url: StrPath, **config: Any) -> list[tuple[str, int]]:
     """The objects `url` names, as ``[(url, size), ...]``: one object, or
     each file of a directory or object under ``s3://bucket/prefix/`` (one
     level), with brace expansion."""
@@ -77,7 +89,7 @@ def list_objects(url, **config):
     return [(o["url"], o["size"]) for o in json.loads(text.decode())]
 
 
-def object_exists(url, **config):
+def object_exists(url: StrPath, **config: Any) -> bool:
     """Whether the object at `url` (``s3://bucket/key`` or a local path)
     exists. False only when S3 answers 404 ``NoSuchKey`` (or the file is
     not there); any other answer raises its error naming S3's code:
@@ -91,25 +103,32 @@ def object_exists(url, **config):
     return bool(there.value)
 
 
-def read_objects(urls, **config):
+@overload
+def read_objects(urls: StrPath, **config: Any) -> dict[str, ObjectBuffer]: ...
+@overload
+def read_objects(urls: Iterable[_U], **config: Any) -> dict[_U, ObjectBuffer]: ...
+def read_objects(urls: StrPath | Iterable[StrPath], **config: Any) -> dict[Any, ObjectBuffer]:
     """Reads several objects whole: `urls` is a str (a directory, an
     ``s3://bucket/prefix/``, a brace pattern: each object `list_objects`
     names) or a list of URLs. Returns ``{url: ObjectBuffer}`` in that order.
     On an error the buffers already read are closed and the error raised."""
+    names: list[StrPath]
     if isinstance(urls, (str, bytes)) or hasattr(urls, "__fspath__"):
-        names = [u for u, _ in list_objects(urls, **config)]
+        names = [u for u, _ in list_objects(cast("StrPath", urls), **config)]
     else:
         try:
-            names = list(urls)
+            names = list(cast("Iterable[StrPath]", urls))
         except TypeError:
             raise TypeError(f"urls must be a str or a list of them, not {type(urls).__name__}") from None
     for u in names:
         url_arg(u)
     config_json(config)
-    out = {}
+    out: dict[Any, ObjectBuffer] = {}
     with ThreadPoolExecutor(max_workers=max(1, min(_OBJECTS_IN_FLIGHT, len(names)))) as pool:
-        futures = [(u, pool.submit(read_object, u, **config)) for u in names]
-        error = None
+        futures: list[tuple[StrPath, Future[ObjectBuffer]]] = [
+            (u, pool.submit(read_object, u, **config)) for u in names
+        ]
+        error: BaseException | None = None
         for u, f in futures:
             try:
                 out[u] = f.result()
@@ -122,7 +141,7 @@ def read_objects(urls, **config):
     return out
 
 
-def write_object(url, data, **config):
+def write_object(url: StrPath, data: BytesLike, **config: Any) -> int:
     """Writes `data` (any bytes-like object) as the object at `url`, visible
     only once whole; nothing is left on an error. An existing object raises
     `ObjectExistsError` unless ``overwrite=True``. Returns the bytes written."""
@@ -134,7 +153,13 @@ def write_object(url, data, **config):
     return nbytes
 
 
-def open_object(url, mode="rb", **config):
+@overload
+def open_object(url: StrPath, mode: Literal["rb"] = "rb", **config: Any) -> ObjectReader: ...
+@overload
+def open_object(url: StrPath, mode: Literal["wb"], **config: Any) -> ObjectWriter: ...
+@overload
+def open_object(url: StrPath, mode: str = "rb", **config: Any) -> ObjectReader | ObjectWriter: ...
+def open_object(url: StrPath, mode: str = "rb", **config: Any) -> ObjectReader | ObjectWriter:
     """A file object over the object at `url`. ``"rb"``: an `ObjectReader`
     (the object is read whole at open, then read, readinto, seek and tell
     serve it from memory); ``"wb"``: an `ObjectWriter`, committed at

@@ -4,7 +4,13 @@ worker and rank before it opens a loader. `tests/test_urls.py` checks this
 expansion against the engine's on real files.
 """
 
+from __future__ import annotations
+
 import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._typing import Urls
 
 MAX_EXPANSION = 1_000_000
 
@@ -77,12 +83,12 @@ def _numeric_range(body):
     return [str(lo + sign * k * step).zfill(width) for k in range(count)]
 
 
-def expand_braces(pattern):
+def expand_braces(pattern: str) -> list[str]:
     """WebDataset brace expansion: ``{a,b}``, ``{000..127}``, ``{0..100..10}``,
     nested groups; ``\\{`` and ``\\}`` are literal braces."""
-    out = []
+    out: list[str] = []
 
-    def rec(rest, prefix):
+    def rec(rest: str, prefix: str) -> None:
         g = _find_group(rest)
         if g is None:
             out.append(prefix + _unescape(rest))
@@ -108,13 +114,13 @@ def _local(url):
     return url
 
 
-def expand_urls(urls):
+def expand_urls(urls: Urls) -> list[str]:
     """The ordered list of shards that `urls` names: each string brace-expanded,
     local directories replaced by their ``.tar`` files in name order. Network
     URLs (``http://``, ``s3://``) are kept as they are."""
     if isinstance(urls, (str, os.PathLike)):
         urls = [urls]
-    out = []
+    out: list[str] = []
     for url in urls:
         for one in expand_braces(os.fspath(url)):
             if "://" in one and not one.startswith("file://"):

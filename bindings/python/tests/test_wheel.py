@@ -56,6 +56,8 @@ def test_the_wheel_is_for_any_python_3_and_bundles_the_binaries(wheel, tmp_path)
         assert "Root-Is-Purelib: false" in meta
         assert f"Tag: {wheel.name.split('-', 2)[2][:-4]}" in meta
         z.getinfo("ringfeed/libringfeed.so")
+        # PEP 561: type checkers read the package's hints only with this marker.
+        z.getinfo("ringfeed/py.typed")
         # The program must stay executable: the library runs it for a node engine.
         assert (z.getinfo("ringfeed/ringfeed").external_attr >> 16) & 0o111, "the program is not executable"
         z.extractall(tmp_path)

@@ -70,10 +70,13 @@ the epoch": take the state of a torchdata StatefulDataLoader there
 (``dl.state_dict()``), which asks its workers.
 """
 
+from __future__ import annotations
+
 import copy
 import gc
 import json
 import os
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -86,6 +89,13 @@ from .._log import logger
 from ..decode import DecodeError, Decoder
 from ._ragged import Ragged
 from ..image import from_torchvision
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+    from typing_extensions import Self
+
+    from .._batch import Batch
+    from .._typing import Handler, Spec, Urls
 
 __all__ = ["DecodeError", "Ragged", "RingfeedDataset", "from_torchvision", "StateUnknownError", "rank_and_world", "to_tensors"]
 
@@ -111,11 +121,11 @@ def _shares_a_node(consumer):
     return consumer["loader_workers"] > 1 or local_ranks > 1
 
 
-def to_tensors(batch):
+def to_tensors(batch: Batch) -> dict[str, NDArray[np.bytes_] | Ragged]:
     """Default transform: ``{"__key__": keys, field: Ragged}`` — the keys as a
     numpy bytes array (``keys.astype(str)`` for str), each field a `Ragged`
     of tensors viewing the batch's memory. Nothing is copied."""
-    out = {"__key__": batch.key_array()}
+    out: dict[str, NDArray[np.bytes_] | Ragged] = {"__key__": batch.key_array()}
     for name in batch.fields:
         out[name] = Ragged.of(batch, name)
     return out
@@ -161,7 +171,7 @@ class _EngineImages:
         return tuple(out)
 
 
-def rank_and_world():
+def rank_and_world() -> tuple[int, int]:
     """(rank, world_size): torch.distributed when initialised, else RANK/WORLD_SIZE, else (0, 1)."""
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized():
@@ -232,7 +242,15 @@ class RingfeedDataset(torch.utils.data.IterableDataset):
     # Keys this class passes to the engine itself.
     _OWN_KEYS = ("epochs", "epoch", "rank", "world_size", "loader_worker", "loader_workers")
 
-    def __init__(self, urls, batch_size=32, transform=None, keep_open=True, keys=False, **config):
+    def __init__(
+        self,
+        urls: Urls,
+        batch_size: int = 32,
+        transform: Callable[[Batch], Any] | Spec | None = None,
+        keep_open: bool = True,
+        keys: bool = False,
+        **config: Any,
+    ) -> None:
         super().__init__()
         for key in self._OWN_KEYS:
             if key in config:
@@ -257,9 +275,9 @@ class RingfeedDataset(torch.utils.data.IterableDataset):
         # The epoch the loaded state belongs to (`resume=` is the first one's).
         self._resume_epoch = 0
         self.config = config
-        self._stages = []
-        self._collate = None
-        self._batch_maps = []
+        self._stages: list[tuple[str, Callable[[Any], Any]]] = []
+        self._collate: Callable[[list[Any]], Any] | None = None
+        self._batch_maps: list[Callable[[Any], Any]] = []
         self._epoch = 0
         self._reset_engine()
 
@@ -289,34 +307,34 @@ class RingfeedDataset(torch.utils.data.IterableDataset):
             ds._batch_maps.append(batch_map)
         return ds
 
-    def decode(self, *specs, only=None):
+    def decode(self, *specs: str | Handler, only: str | Iterable[str] | None = None) -> Self:
         """Decodes each sample's fields by extension (`ringfeed.decode.Decoder`):
         ``decode("torchrgb8")``, ``decode("pil")``, ``decode(my_handler)``."""
         return self._with(stage=("decode", Decoder(*specs, only=only)))
 
-    def map(self, fn):
+    def map(self, fn: Callable[[Any], Any]) -> Self:
         """Applies `fn` to each sample (a dict, or what the stage before made)."""
         return self._with(stage=("map", fn))
 
-    def to_tuple(self, *keys):
+    def to_tuple(self, *keys: str) -> Self:
         """Each sample as a tuple of these fields (``"jpg;png"``: the first present)."""
         return self._with(stage=("map", _ToTuple(keys)))
 
-    def map_tuple(self, *fns):
+    def map_tuple(self, *fns: Callable[[Any], Any] | None) -> Self:
         """Applies ``fns[i]`` to element i of each tuple sample (None: unchanged)."""
         return self._with(stage=("map", _MapTuple(fns)))
 
-    def collate(self, fn):
+    def collate(self, fn: Callable[[list[Any]], Any]) -> Self:
         """Makes the item from the list of a batch's samples (default ``default_collate``)."""
         return self._with(collate=fn)
 
-    def map_batch(self, fn):
+    def map_batch(self, fn: Callable[[Any], Any]) -> Self:
         """Applies `fn` to every finished item (after `transform` or `collate`)."""
         return self._with(batch_map=fn)
 
     # -- layout and engine ---------------------------------------------------
 
-    def set_epoch(self, epoch):
+    def set_epoch(self, epoch: int) -> None:
         """The epoch the next ``iter()`` runs: from where a loaded state of
         that epoch left it, else from its start (a loaded state of another
         epoch is dropped, with a warning on the ``"ringfeed"`` logger)."""
@@ -332,7 +350,7 @@ class RingfeedDataset(torch.utils.data.IterableDataset):
             self._resume = None
         self._epoch = epoch
 
-    def consumer(self):
+    def consumer(self) -> dict[str, int]:
         """This consumer's layout keys: rank, world_size, loader_worker, loader_workers."""
         rank, world = rank_and_world()
         info = torch.utils.data.get_worker_info()
@@ -367,14 +385,14 @@ class RingfeedDataset(torch.utils.data.IterableDataset):
             loader = self._loader = None  # a parent's engine (fork), or closed
         return loader
 
-    def close(self):
+    def close(self) -> None:
         """Closes the engine kept open between epochs (a new ``iter()`` opens one)."""
         loader = self._open_loader()
         if loader is not None:
             loader.close()
         self._reset_engine()
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         epoch = self._epoch
         resume, self._resume = self._resume, None
         consumer = self.consumer()
@@ -457,7 +475,7 @@ class RingfeedDataset(torch.utils.data.IterableDataset):
 
     # -- state ---------------------------------------------------------------
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         """``{"epoch": e, "state": s}``: where this consumer is (see the
         module's doc). Raises `StateUnknownError` in the main process of a
         DataLoader with workers: they iterate copies, and the position is
@@ -499,7 +517,7 @@ class RingfeedDataset(torch.utils.data.IterableDataset):
                     return owner, workers
         return None
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         if not isinstance(state, dict) or set(state) != {"epoch", "state"}:
             raise ValueError(
                 'RingfeedDataset.load_state_dict: expected {"epoch": e, "state": str, list of str, or None} '

@@ -22,12 +22,25 @@ The views hold the batch: the engine gets its memory back when the last
 `Ragged`, tensor or array made from it is gone.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterator, SupportsIndex, Union, cast
+
 import numpy as np
 import torch
 
 from .._batch import gather, span as field_span
 from .._lease import _Exported
 from .._transport import Ticket
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+    from typing_extensions import Buffer, Self
+
+    from .._batch import Batch
+
+    # Per-sample arrays: numpy where they were computed, tensors once packed or moved.
+    _Column = Union[NDArray[Any], torch.Tensor]
 
 
 class _View:
@@ -133,7 +146,21 @@ class Ragged:
 
     __slots__ = ("_span", "_starts", "_lengths", "_present", "_values", "_packed")
 
-    def __init__(self, span, starts, lengths, present=None, packed=False):
+    _span: _View | OwnedSpan
+    _starts: _Column
+    _lengths: _Column
+    _present: _Column | None
+    _values: torch.Tensor | None
+    _packed: bool
+
+    def __init__(
+        self,
+        span: _View | OwnedSpan,
+        starts: _Column,
+        lengths: _Column,
+        present: _Column | None = None,
+        packed: bool = False,
+    ) -> None:
         self._span = span
         self._starts = starts
         self._lengths = lengths
@@ -142,7 +169,7 @@ class Ragged:
         self._packed = packed
 
     @classmethod
-    def of(cls, batch, name):
+    def of(cls, batch: Batch, name: str) -> Self:
         """Field `name` of a `ringfeed.Batch`, without copying its bytes."""
         lease, layout, idx = batch.field(name)._get()
         has = idx >= 0
@@ -153,7 +180,7 @@ class Ragged:
     # -- tensors -----------------------------------------------------------
 
     @property
-    def values(self):
+    def values(self) -> torch.Tensor:
         v = self._values
         if v is None:
             span = self._span
@@ -167,31 +194,31 @@ class Ragged:
         return v
 
     @property
-    def starts(self):
+    def starts(self) -> torch.Tensor:
         return _from_numpy(self._starts) if isinstance(self._starts, np.ndarray) else self._starts
 
     @property
-    def lengths(self):
+    def lengths(self) -> torch.Tensor:
         return _from_numpy(self._lengths) if isinstance(self._lengths, np.ndarray) else self._lengths
 
     @property
-    def present(self):
+    def present(self) -> torch.Tensor:
         if self._present is None:
             return torch.ones(len(self), dtype=torch.bool)
         return _from_numpy(self._present) if isinstance(self._present, np.ndarray) else self._present
 
     @property
-    def nbytes(self):
+    def nbytes(self) -> int:
         return int(self._lengths.sum())
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._lengths)
 
-    def __getitem__(self, i):
+    def __getitem__(self, i: SupportsIndex) -> torch.Tensor:
         s = int(self._starts[i])
         return self.values[s : s + int(self._lengths[i])]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[torch.Tensor]:
         values = self.values
         for s, n in zip(self._np(self._starts).tolist(), self._np(self._lengths).tolist()):
             yield values[s : s + n]
@@ -200,19 +227,20 @@ class Ragged:
     def _np(a):
         return a if isinstance(a, np.ndarray) else a.cpu().numpy()
 
-    def numpy(self):
+    def numpy(self) -> tuple[NDArray[np.uint8], NDArray[np.int64], NDArray[np.int64]]:
         """``(values, starts, lengths)`` as numpy arrays (views, no copy)."""
         return self.values.numpy(), self._np(self._starts), self._np(self._lengths)
 
-    def tolist(self):
+    def tolist(self) -> list[bytes]:
         """Every sample's bytes as ``bytes`` (copied)."""
         values, starts, lengths = self.numpy()
-        mv = memoryview(values)
+        # An array has the buffer protocol; numpy's stubs say so from Python 3.12 on.
+        mv = memoryview(cast("Buffer", values))
         return [bytes(mv[s : s + n]) for s, n in zip(starts.tolist(), lengths.tolist())]
 
     # -- copies ------------------------------------------------------------
 
-    def pack(self, pin_memory=False):
+    def pack(self, pin_memory: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """``(values, offsets)``: the samples' bytes one after the other in a
         new uint8 tensor (pinned with `pin_memory`) and int64 offsets
         (``len + 1`` entries). One copy, by the library's gather loop."""
@@ -242,17 +270,20 @@ class Ragged:
             present = None if present is None else present.pin_memory()
         return Ragged(OwnedSpan(values), starts, lengths, present, packed=True)
 
-    def pin_memory(self, device=None):
+    def pin_memory(self, device: torch.device | str | int | None = None) -> Ragged:
         """A packed copy in pinned memory (DataLoader's ``pin_memory=True``)."""
         return self._packed_ragged(pin_memory=True)
 
-    def to(self, device, non_blocking=False):
+    def to(self, device: torch.device | str | int, non_blocking: bool = False) -> Ragged:
         """The field on `device` (packed first; pinned when `non_blocking`)."""
         device = torch.device(device)
         if device.type == "cpu" and self.values.device.type == "cpu":
             return self
         r = self._packed_ragged(pin_memory=non_blocking and not self._packed)
-        move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
+
+        def move(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device, non_blocking=non_blocking)
+
         present = None if r._present is None else move(r.present)
         return Ragged(OwnedSpan(move(r.values)), move(r.starts), move(r.lengths), present, packed=True)
 
@@ -267,7 +298,7 @@ class Ragged:
         present = None if self._present is None else self._np(self._present)
         return (_copied, (values.numpy(), offsets.numpy(), present))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<ringfeed.torch.Ragged {len(self)} samples, {self.nbytes} bytes>"
 
 

@@ -35,14 +35,20 @@ holds a checkpoint (its ``.metadata``, or data objects of an interrupted
 save) fails unless ``overwrite=True``.
 """
 
+from __future__ import annotations
+
 import io
 import os
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Generator, Mapping
 
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystemBase
 
 from ..objects import ObjectReader, ObjectWriter, object_exists, write_object
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.metadata import Metadata
 
 __all__ = ["IncompleteCheckpointError", "ObjectFileSystem", "StorageReader", "StorageWriter"]
 
@@ -55,7 +61,7 @@ class IncompleteCheckpointError(FileNotFoundError):
     save did not finish."""
 
 
-def _is_s3(path):
+def _is_s3(path: str | os.PathLike[str]) -> bool:
     return str(path).startswith("s3://")
 
 
@@ -65,37 +71,37 @@ class ObjectFileSystem(FileSystemBase):
     object calls' keywords (S3 endpoint and credentials, ``part_size``,
     ...), `overwrite` whether a write may replace an existing object."""
 
-    def __init__(self, config=None, overwrite=False):
+    def __init__(self, config: Mapping[str, Any] | None = None, overwrite: bool = False) -> None:
         self.config = dict(config or {})
         self.config.pop("overwrite", None)
         self.overwrite = overwrite
         # Metadata written to a `.tmp` stream, kept until its rename.
-        self._staged = {}
+        self._staged: dict[str, bytes] = {}
 
     @contextmanager
-    def create_stream(self, path, mode):
+    def create_stream(self, path: str | os.PathLike[str], mode: str) -> Generator[io.IOBase, None, None]:
         path = os.fspath(path)
         if mode == "rb":
-            with ObjectReader.open(path, **self.config) as stream:
-                yield stream
+            with ObjectReader.open(path, **self.config) as reader:
+                yield reader
         elif mode == "wb" and path.endswith(_STAGED_SUFFIX):
-            stream = io.BytesIO()
-            yield stream
-            self._staged[path] = stream.getvalue()
+            staged = io.BytesIO()
+            yield staged
+            self._staged[path] = staged.getvalue()
         elif mode == "wb":
-            with ObjectWriter(path, overwrite=self.overwrite, **self.config) as stream:
-                yield stream
+            with ObjectWriter(path, overwrite=self.overwrite, **self.config) as writer:
+                yield writer
         else:
             raise ValueError(f"ObjectFileSystem: mode must be 'rb' or 'wb', not {mode!r}")
 
-    def concat_path(self, path, suffix):
+    def concat_path(self, path: str | os.PathLike[str], suffix: str) -> str:
         return f"{os.fspath(path).rstrip('/')}/{suffix}"
 
-    def init_path(self, path):
+    def init_path(self, path: str | os.PathLike[str]) -> str:
         path = os.fspath(path)
         return path.rstrip("/") or path
 
-    def rename(self, path, new_path):
+    def rename(self, path: str | os.PathLike[str], new_path: str | os.PathLike[str]) -> None:
         """Writes the bytes staged for `path` (a ``.tmp`` stream) as
         `new_path`. Objects cannot be renamed: anything else is refused."""
         path, new_path = os.fspath(path), os.fspath(new_path)
@@ -107,15 +113,15 @@ class ObjectFileSystem(FileSystemBase):
             ) from None
         write_object(new_path, data, overwrite=self.overwrite, **self.config)
 
-    def mkdir(self, path):
+    def mkdir(self, path: str | os.PathLike[str]) -> None:
         if not _is_s3(path):
             os.makedirs(os.fspath(path), exist_ok=True)
 
     @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id):
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
         return _is_s3(os.fspath(checkpoint_id))
 
-    def exists(self, path):
+    def exists(self, path: str | os.PathLike[str]) -> bool:
         """Whether the object at `path` is there: False only when S3 says
         ``NoSuchKey`` (or the file is missing). Any other answer raises as
         itself — AccessDenied, ExpiredToken (`DatasetError`), a 5xx past
@@ -123,7 +129,7 @@ class ObjectFileSystem(FileSystemBase):
         read is never taken for one that was not saved."""
         return object_exists(os.fspath(path), **self.config)
 
-    def rm_file(self, path):
+    def rm_file(self, path: str | os.PathLike[str]) -> None:
         """torch removes an old ``.metadata`` before its rename; with
         `overwrite` the rename's write replaces it whole, so nothing is
         removed here. Objects are not deleted otherwise."""
@@ -141,7 +147,14 @@ class StorageWriter(FileSystemWriter):
     ``overwrite=True``. `thread_count` objects are written at once per rank.
     """
 
-    def __init__(self, path, overwrite=False, thread_count=1, single_file_per_rank=True, **config):
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        overwrite: bool = False,
+        thread_count: int = 1,
+        single_file_per_rank: bool = True,
+        **config: Any,
+    ) -> None:
         # sync_files: there is nothing to fsync; an object is durable once
         # its writer's close() returns.
         super().__init__(
@@ -151,11 +164,13 @@ class StorageWriter(FileSystemWriter):
             thread_count=thread_count,
             overwrite=overwrite,
         )
-        self.fs = ObjectFileSystem(config, overwrite=overwrite)
+        # torch's writer declares `fs` as its own FileSystem; it calls only
+        # the FileSystemBase interface, which ObjectFileSystem implements.
+        self.fs = ObjectFileSystem(config, overwrite=overwrite)  # type: ignore[assignment]
         self.path = self.fs.init_path(path)
 
     @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id):
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
         return ObjectFileSystem.validate_checkpoint_id(checkpoint_id)
 
 
@@ -165,12 +180,12 @@ class StorageReader(FileSystemReader):
     without ``.metadata`` (never saved, or its save did not finish) raises
     `IncompleteCheckpointError`."""
 
-    def __init__(self, path, **config):
+    def __init__(self, path: str | os.PathLike[str], **config: Any) -> None:
         super().__init__(path)
-        self.fs = ObjectFileSystem(config)
+        self.fs = ObjectFileSystem(config)  # type: ignore[assignment]  # as in StorageWriter
         self.path = self.fs.init_path(path)
 
-    def read_metadata(self, *args, **kwargs):
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         path = self._get_metadata_path(kwargs.get("rank"))
         if not self.fs.exists(path):
             raise IncompleteCheckpointError(
@@ -179,5 +194,5 @@ class StorageReader(FileSystemReader):
         return super().read_metadata(*args, **kwargs)
 
     @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id):
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
         return ObjectFileSystem.validate_checkpoint_id(checkpoint_id)
