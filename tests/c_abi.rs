@@ -171,8 +171,9 @@ fn lib_dir() -> &'static Path {
 
 /// A directory holding the library under the two names a program linked
 /// with `-lringfeed` needs: `libringfeed.so` to link, and the SONAME that
-/// build.rs gives it, `libringfeed.so.<MAJOR>`, to run; cargo makes only the
-/// first. Both are links to this process's copy of the library of
+/// build.rs gives it, `libringfeed.so.<MAJOR>`, to run (build.rs links
+/// that name in the profile directory too). Both are links to this
+/// process's copy of the library of
 /// [`lib_dir`], made in the test's temporary directory under target/, not
 /// in cargo's own directories. A copy, not the file cargo made: a test
 /// binary running at the same time that builds an example
