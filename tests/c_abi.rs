@@ -411,6 +411,83 @@ fn c_layout_sources_shared_arena_and_gather() {
     assert!(out.contains("abi_layout: all checks passed"), "{out}");
 }
 
+/// Shards of small PNGs (one truncated: `s1/0002`) and labels, for the
+/// image pipeline's C test.
+fn png_shards(dir: &Path) -> Vec<String> {
+    let mut urls = Vec::new();
+    for s in 0..2u32 {
+        let mut tar = Vec::new();
+        for i in 0..9u32 {
+            let (w, h) = (11 + i, 7 + (i * 3) % 5);
+            let px: Vec<u8> = (0..w * h * 3)
+                .map(|k| (k * 13 + i * 29 + s * 7) as u8)
+                .collect();
+            let mut png = Vec::new();
+            let mut e = png::Encoder::new(&mut png, w, h);
+            e.set_color(png::ColorType::Rgb);
+            e.write_header().unwrap().write_image_data(&px).unwrap();
+            if (s, i) == (1, 2) {
+                png.truncate(png.len() / 2);
+            }
+            let key = format!("s{s}/{i:04}");
+            synth::write_member(&mut tar, &format!("{key}.png"), &png).unwrap();
+            let label = (s * 9 + i).to_string();
+            synth::write_member(&mut tar, &format!("{key}.cls"), label.as_bytes()).unwrap();
+        }
+        tar.extend_from_slice(&[0u8; 1024]);
+        let path = dir.join(format!("images-{s}.tar"));
+        std::fs::write(&path, tar).unwrap();
+        urls.push(path.display().to_string());
+    }
+    urls
+}
+
+#[test]
+fn c_reads_the_image_pipelines_tensors_as_rust_does() {
+    let tmp = tempfile::tempdir().unwrap();
+    let urls = png_shards(tmp.path());
+    let exe = build("tests/c/abi_transform.c", tmp.path(), false);
+    let mut args = vec!["1".to_string()];
+    args.extend(urls.iter().cloned());
+    let out = run_ok(&exe, &args);
+    assert!(out.contains("abi_transform: all checks passed"), "{out}");
+    let from_c: Vec<&str> = out.lines().filter(|l| l.starts_with('s')).collect();
+    // The same configuration in Rust: the same samples, pixels and labels.
+    let cfg = ringfeed::Config::from_json(
+        &json!({"urls": urls, "batch_size": 5, "seed": 3, "shuffle": true, "workers": 2,
+                "memory_budget": "64MiB", "chunk_size": "1MiB", "pin_cpus": false,
+                "image_errors": "skip",
+                "transform": {"png": {"resize": [8, 6], "flip": 0.5, "layout": "hwc"},
+                              "cls": "int64"}})
+        .to_string(),
+    )
+    .unwrap();
+    let loader = ringfeed::Loader::open(cfg).unwrap();
+    let mut from_rust = Vec::new();
+    loop {
+        match loader.next(Some(Duration::from_secs(60))).unwrap() {
+            ringfeed::Next::Batch(b) => {
+                for s in b.samples() {
+                    let f: std::collections::BTreeMap<&[u8], &[u8]> = s.fields().collect();
+                    let hash = f[&b"png"[..]].iter().fold(1469598103934665603u64, |h, &x| {
+                        (h ^ u64::from(x)).wrapping_mul(1099511628211)
+                    });
+                    let label = i64::from_le_bytes(f[&b"cls"[..]].try_into().unwrap());
+                    from_rust.push(format!(
+                        "{} {hash:016x} {label}",
+                        String::from_utf8_lossy(s.key())
+                    ));
+                }
+            }
+            ringfeed::Next::EndOfEpoch(_) => {}
+            ringfeed::Next::Finished => break,
+            ringfeed::Next::Timeout => panic!("stalled"),
+        }
+    }
+    assert_eq!(from_rust.len(), 17, "18 samples, one broken");
+    assert_eq!(from_c, from_rust);
+}
+
 #[test]
 fn a_program_built_against_the_previous_header_runs_on_this_library() {
     let data = shards();
