@@ -12,25 +12,20 @@
 
 use std::io::{Read, Write};
 use std::net::TcpListener;
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 mod support;
 
+use support::refresh::{AWS_VARS, config, dataset, stream_slowly};
 use support::s3::S3Server;
 
-use ringfeed::synth::{self, GenOptions};
-use ringfeed::{Config, Error, Loader, Next};
+use ringfeed::{Error, Loader};
 
-const BUCKET: &str = "ringfeed-data";
-const SEED: u64 = 61;
 /// Each key's life on the server: a few seconds, so a minute of streaming
 /// needs about twenty refreshes (each due at half the life).
 const LIFETIME: Duration = Duration::from_secs(6);
-/// The consumer's pause per batch: ~80 batches take about a minute.
-const PAUSE: Duration = Duration::from_millis(700);
 
 /// The keys an endpoint issued, in order: (access key id, secret).
 type Issued = Arc<std::sync::Mutex<Vec<(String, String)>>>;
@@ -74,40 +69,6 @@ fn credentials_endpoint(s3: Arc<S3Server>) -> (String, Issued) {
     (url, issued)
 }
 
-/// Four shards of about 2 MiB, samples of about 20 KB; returns the samples.
-fn dataset(root: &Path) -> usize {
-    let o = GenOptions {
-        shards: 4,
-        shard_bytes: 2 << 20,
-        sample_bytes: 20_000,
-        spread: 0.5,
-        fields: vec!["bin".into(), "cls".into()],
-        seed: SEED,
-    };
-    synth::generate(&root.join(BUCKET), &o, |_| {})
-        .unwrap()
-        .samples as usize
-}
-
-fn config(s3: &S3Server, extra: serde_json::Value) -> Config {
-    // A budget of 2 MiB for 8 MiB of shards: reads go on for as long as
-    // the consumer takes, not all at open.
-    let mut m = serde_json::json!({
-        "urls": [format!("s3://{BUCKET}/shard-{{000000..000003}}.tar")],
-        "memory_budget": "2MiB",
-        "chunk_size": "64KiB",
-        "reads_in_flight": 2,
-        "prefetch_batches": 2,
-        "batch_size": 5,
-        "workers": 2,
-        "s3_endpoint": s3.endpoint(),
-    });
-    if let (Some(m), serde_json::Value::Object(e)) = (m.as_object_mut(), extra) {
-        m.extend(e);
-    }
-    Config::from_map(m.as_object().unwrap()).unwrap()
-}
-
 #[test]
 fn credentials_expiring_every_few_seconds_are_refreshed_over_a_minute_of_streaming() {
     let home = tempfile::tempdir().unwrap();
@@ -120,19 +81,7 @@ fn credentials_expiring_every_few_seconds_are_refreshed_over_a_minute_of_streami
     // SAFETY: the only test of this binary, before any thread of its own
     // reads the environment (the servers' threads never do).
     unsafe {
-        for k in [
-            "AWS_ACCESS_KEY_ID",
-            "AWS_SECRET_ACCESS_KEY",
-            "AWS_SESSION_TOKEN",
-            "AWS_PROFILE",
-            "AWS_CONFIG_FILE",
-            "AWS_SHARED_CREDENTIALS_FILE",
-            "AWS_WEB_IDENTITY_TOKEN_FILE",
-            "AWS_ROLE_ARN",
-            "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-            "AWS_CONTAINER_AUTHORIZATION_TOKEN",
-            "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
-        ] {
+        for k in AWS_VARS {
             std::env::remove_var(k);
         }
         std::env::set_var("HOME", home.path());
@@ -141,29 +90,12 @@ fn credentials_expiring_every_few_seconds_are_refreshed_over_a_minute_of_streami
     }
 
     let loader = Loader::open(config(&s3, serde_json::json!({}))).unwrap();
-    let mut seen = std::collections::BTreeSet::new();
-    loop {
-        match loader.next(Some(Duration::from_secs(60))).unwrap() {
-            Next::Batch(b) => {
-                for s in b.samples() {
-                    for (name, data) in s.fields() {
-                        assert!(synth::verify(SEED, s.key(), name, data), "bad bytes");
-                    }
-                    assert!(seen.insert(s.key().to_vec()), "sample twice");
-                }
-                drop(b);
-                std::thread::sleep(PAUSE);
-            }
-            Next::EndOfEpoch(_) => {}
-            Next::Finished => break,
-            Next::Timeout => panic!("stalled"),
-        }
-    }
-    assert_eq!(seen.len(), samples);
+    let seen = stream_slowly(&loader);
+    assert_eq!(seen, samples);
     let keys = issued.lock().unwrap().clone();
     eprintln!(
         "{} samples; {} keys issued, {} used",
-        seen.len(),
+        seen,
         keys.len(),
         s3.keys_used()
     );

@@ -11,6 +11,7 @@
 
 pub mod node;
 mod proxy;
+pub mod refresh;
 pub mod s3;
 pub mod skip;
 pub mod store;
