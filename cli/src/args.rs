@@ -96,6 +96,10 @@ pub(crate) struct NodeArgs {
     /// http://127.0.0.1:PORT/metrics (0: any free port; printed on stderr).
     #[arg(long, value_name = "PORT")]
     pub(crate) metrics_port: Option<u16>,
+    /// The address the metrics are served on (default 127.0.0.1; 0.0.0.0
+    /// for a scraper from outside, as Prometheus scraping a pod).
+    #[arg(long, value_name = "ADDR", requires = "metrics_port")]
+    pub(crate) metrics_addr: Option<std::net::IpAddr>,
     #[command(flatten)]
     pub(crate) opts: LoaderArgs,
 }

@@ -39,6 +39,7 @@ pub(crate) fn node_cmd(a: NodeArgs) -> AnyResult<()> {
         linger: a.linger_ms.map(std::time::Duration::from_millis),
         daemon: a.daemon,
         metrics_port: a.metrics_port,
+        metrics_addr: a.metrics_addr,
     })?;
     Ok(())
 }

@@ -213,3 +213,54 @@ fn the_engine_serves_its_metrics_summed_over_its_consumers() {
     engine.kill().unwrap();
     engine.wait().unwrap();
 }
+
+#[test]
+fn the_engines_metrics_listen_on_the_address_asked_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = shards(dir.path());
+    // Default: loopback only; `--metrics-addr 0.0.0.0`: every interface,
+    // as a pod's scraper needs (reached here on loopback too).
+    for (extra, want_ip) in [(None, "127.0.0.1"), (Some("0.0.0.0"), "0.0.0.0")] {
+        let socket = dir.path().join(format!("node-{want_ip}.sock"));
+        let mut cmd = Command::new(BIN);
+        cmd.arg("node")
+            .args(&paths)
+            .arg("--socket")
+            .arg(&socket)
+            .args(["--linger-ms", "2000", "--metrics-port", "0"]);
+        if let Some(ip) = extra {
+            cmd.args(["--metrics-addr", ip]);
+        }
+        let mut engine = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let addr = common::metrics_address(engine.stderr.take().unwrap());
+        let (ip, port) = addr.rsplit_once(':').unwrap();
+        assert_eq!(ip, want_ip, "{addr}");
+        wait_listening(&socket, &mut engine);
+        let body = common::http_get(&format!("127.0.0.1:{port}"), "/metrics");
+        assert!(body.starts_with("HTTP/1.1 200 OK"), "{body}");
+        engine.kill().unwrap();
+        engine.wait().unwrap();
+    }
+    // An address that is not one is refused by name.
+    let out = Command::new(BIN)
+        .args([
+            "node",
+            "x.tar",
+            "--metrics-port",
+            "0",
+            "--metrics-addr",
+            "everywhere",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--metrics-addr"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

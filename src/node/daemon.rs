@@ -156,8 +156,11 @@ pub struct NodeRun {
     /// Return once the socket listens, the engine going on in a child
     /// process of its own session (how consumers start one on demand).
     pub daemon: bool,
-    /// Serve the engine's metrics at http://127.0.0.1:PORT/metrics.
+    /// Serve the engine's metrics at http://ADDR:PORT/metrics.
     pub metrics_port: Option<u16>,
+    /// ADDR (`None`: 127.0.0.1; `0.0.0.0` where a scraper outside the
+    /// machine's loopback reads them, as in a pod).
+    pub metrics_addr: Option<std::net::IpAddr>,
 }
 
 /// Runs a node engine in this process, as [`NodeRun`] says, until it
@@ -206,7 +209,10 @@ pub fn run(r: NodeRun) -> Result<()> {
     let _metrics = match r.metrics_port {
         Some(port) => {
             let s = Arc::clone(&source);
-            let m = crate::serve::metrics::serve(port, move || {
+            let ip = r
+                .metrics_addr
+                .unwrap_or(std::net::Ipv4Addr::LOCALHOST.into());
+            let m = crate::serve::metrics::serve_on(ip, port, move || {
                 s.get().map(|f| f()).unwrap_or_default()
             })
             .map_err(|e| Error::Node(e.to_string()))?;

@@ -1,6 +1,7 @@
 //! A scrape endpoint: metrics (Prometheus text, made when asked) served at
-//! `http://127.0.0.1:PORT/metrics` until the [`MetricsServer`] is dropped
-//! — the CLI's `--metrics-port` for a running loader, and the node
+//! `http://127.0.0.1:PORT/metrics` (or another address: a node engine in
+//! a pod is scraped from outside it) until the [`MetricsServer`] is
+//! dropped — the CLI's `--metrics-port` for a running loader, and the node
 //! engine's.
 
 use std::io::{Read, Write};
@@ -23,10 +24,20 @@ pub fn serve(
     port: u16,
     text: impl Fn() -> String + Send + 'static,
 ) -> std::io::Result<MetricsServer> {
-    let listener = TcpListener::bind(("127.0.0.1", port)).map_err(|e| {
+    serve_on(std::net::Ipv4Addr::LOCALHOST.into(), port, text)
+}
+
+/// Serves `text()` at `/metrics` on `ip`:`port` (0: any free port); the
+/// error names the address.
+pub fn serve_on(
+    ip: std::net::IpAddr,
+    port: u16,
+    text: impl Fn() -> String + Send + 'static,
+) -> std::io::Result<MetricsServer> {
+    let listener = TcpListener::bind((ip, port)).map_err(|e| {
         std::io::Error::new(
             e.kind(),
-            format!("--metrics-port {port}: cannot listen on 127.0.0.1: {e}"),
+            format!("--metrics-port {port}: cannot listen on {ip}: {e}"),
         )
     })?;
     listener.set_nonblocking(true)?;
