@@ -17,6 +17,7 @@ tarfile takes their atime for a path prefix).
 import io
 import os
 import re
+import time
 import shutil
 import subprocess
 import tarfile
@@ -117,6 +118,14 @@ def gnu_archive(gnu_tar, tmp, fmt, *extra):
     root = tmp / f"tree-{fmt}{''.join(extra)}"
     root.mkdir()
     order = gnu_tree(root, fmt)
+    # One access time for every entry: `--incremental` headers carry it
+    # where Python's tarfile reads a name prefix, so entries accessed in
+    # different seconds would split one sample in WebDataset's reading.
+    # An hour ahead and after the mtime and ctime, so tar's own reads
+    # leave it (relatime updates only an atime behind them).
+    when = int(time.time()) + 3600
+    for p in [root, *sorted(root.rglob("*"))]:
+        os.utime(p, (when, when - 60), follow_symlinks=False)
     listing = tmp / f"list-{fmt}{''.join(extra)}"
     listing.write_text("\n".join(f"./{p}" for p in order) + "\n")
     out = tmp / f"gnu-{fmt}{''.join(extra)}.tar"
