@@ -72,6 +72,11 @@ fi
 if ! command -v cmake >/dev/null || ! command -v pkg-config >/dev/null || ! command -v nasm >/dev/null; then
     apt-get update -qq && apt-get install -y -qq cmake pkg-config nasm >/dev/null
 fi
+# deploy/tests runs the engine under the deployed seccomp profile through
+# libseccomp's Python bindings (the system Python's: python3-seccomp).
+if ! /usr/bin/python3 -c 'import seccomp' 2>/dev/null; then
+    apt-get update -qq && apt-get install -y -qq python3-seccomp >/dev/null
+fi
 
 # The Python tests' dependencies, downloaded and installed into .venv in the
 # background while the Rust code is linted, built and tested (it is mostly
