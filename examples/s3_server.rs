@@ -3,14 +3,16 @@
 //! the tests of other languages and for benchmarks.
 //!
 //! ```text
-//! s3_server ROOT [--port N] [--bucket NAME]... [--fail-part N:CODE]...
+//! s3_server ROOT [--port N] [--addr IP] [--bucket NAME]... [--fail-part N:CODE]...
 //!                [--deny BUCKET/PREFIX:CODE]... [--hold-complete]
 //!                [--threads N] [--ignore-stdin]
 //! ```
 //!
 //! Serves ROOT (created if missing), each folder of it a bucket; `--bucket`
 //! creates one. Prints exactly one line on stdout, `http://127.0.0.1:PORT`,
-//! once it listens (`--port 0`, the default: a free port), then serves
+//! once it listens (`--port 0`, the default: a free port; `--addr IP`: on
+//! that address instead of 127.0.0.1, as in a network namespace a test
+//! made for it), then serves
 //! until killed or until its stdin closes, so that it stops when the
 //! process that started it with a pipe dies (`--ignore-stdin`: until
 //! killed only). `--fail-part 2:InternalError` makes every UploadPart of
@@ -45,6 +47,7 @@ const DEFAULT_THREADS: usize = 4;
 struct Args {
     root: PathBuf,
     port: u16,
+    addr: std::net::IpAddr,
     buckets: Vec<String>,
     fail_parts: Vec<(i32, s3s::S3ErrorCode)>,
     denials: Vec<(String, String, s3s::S3ErrorCode)>,
@@ -53,7 +56,7 @@ struct Args {
     ignore_stdin: bool,
 }
 
-const USAGE: &str = "usage: s3_server ROOT [--port N] [--bucket NAME]... \
+const USAGE: &str = "usage: s3_server ROOT [--port N] [--addr IP] [--bucket NAME]... \
                      [--fail-part N:CODE]... [--deny BUCKET/PREFIX:CODE]... \
                      [--hold-complete] [--threads N] [--ignore-stdin]";
 
@@ -62,6 +65,7 @@ fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut args = Args {
         root: PathBuf::new(),
         port: 0,
+        addr: std::net::Ipv4Addr::LOCALHOST.into(),
         buckets: Vec::new(),
         fail_parts: Vec::new(),
         denials: Vec::new(),
@@ -77,6 +81,12 @@ fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
                 args.port = v.parse().map_err(|_| format!("--port {v}: not a port"))?;
             }
             "--bucket" => args.buckets.push(value()?),
+            "--addr" => {
+                let v = value()?;
+                args.addr = v
+                    .parse()
+                    .map_err(|_| format!("--addr {v}: not an IP address"))?;
+            }
             "--fail-part" => args.fail_parts.push(fail_part(&value()?)?),
             "--deny" => args.denials.push(deny(&value()?)?),
             "--hold-complete" => args.hold_complete = true,
@@ -137,8 +147,8 @@ fn run(args: Args) -> Result<(), String> {
     for dir in dirs {
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     }
-    let server = s3::S3Server::start_on(root, args.port, args.threads)
-        .map_err(|e| format!("listen on 127.0.0.1:{}: {e}", args.port))?;
+    let server = s3::S3Server::start_at(root, args.addr, args.port, args.threads)
+        .map_err(|e| format!("listen on {}:{}: {e}", args.addr, args.port))?;
     for (n, code) in args.fail_parts {
         server.fail_upload_part(n, code);
     }

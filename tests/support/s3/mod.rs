@@ -346,8 +346,18 @@ impl S3Server {
         S3Server::start_on(root, 0, 2).expect("start the S3 test server")
     }
 
-    /// On `port` (0: a free one), with `threads` runtime threads.
+    /// On 127.0.0.1:`port` (0: a free one), with `threads` runtime threads.
     pub fn start_on(root: &Path, port: u16, threads: usize) -> std::io::Result<S3Server> {
+        S3Server::start_at(root, std::net::Ipv4Addr::LOCALHOST.into(), port, threads)
+    }
+
+    /// On `ip`:`port` (0: a free one), with `threads` runtime threads.
+    pub fn start_at(
+        root: &Path,
+        ip: std::net::IpAddr,
+        port: u16,
+        threads: usize,
+    ) -> std::io::Result<S3Server> {
         use hyper_util::rt::{TokioExecutor, TokioIo};
         use hyper_util::server::conn::auto::Builder as ConnBuilder;
         use s3s::service::S3ServiceBuilder;
@@ -371,7 +381,7 @@ impl S3Server {
         let mut b = S3ServiceBuilder::new(fs);
         b.set_auth(Keys(state.clone()));
         let service = Answering(b.build());
-        let listener = runtime.block_on(tokio::net::TcpListener::bind(("127.0.0.1", port)))?;
+        let listener = runtime.block_on(tokio::net::TcpListener::bind((ip, port)))?;
         let addr = listener.local_addr()?;
         runtime.spawn(async move {
             let http = ConnBuilder::new(TokioExecutor::new());
