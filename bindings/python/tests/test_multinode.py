@@ -5,7 +5,11 @@ node engine (`ringfeed node`) in each node's, and two ranks per node under
 `torchrun --nnodes 2` (gloo across the namespaces), each attached to its
 own node's engine over its socket. Every sample of the epoch is read
 exactly once across the four ranks, and each node's ranks were served by
-their own node's engine (its pid, from the consumer's stats).
+their own node's engine (its pid, from the consumer's stats). Then a node
+dies mid-epoch (after each rank's checkpoint: its state after two
+batches) and the job resumes elastically on the other node alone, two
+ranks from all four states with an engine for the new layout: the samples
+before the cut and after it are the epoch, none lost, none twice.
 
 Needs root (network namespaces); where they cannot be made the test says
 so and skips.
@@ -78,7 +82,25 @@ class Network:
             raise
         return self
 
+    def kill_all(self, role):
+        """Kills every process in namespace `role` (torchrun's ranks run in
+        process groups of their own: a namespace is the node)."""
+        for _ in range(100):
+            pids = sh("ip", "netns", "pids", self.names[role], check=False).stdout.split()
+            if not pids:
+                return
+            for pid in pids:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.05)
+        raise AssertionError(f"processes of {role} survive SIGKILL: {pids}")
+
     def __exit__(self, *exc):
+        for role, ns in self.names.items():
+            if ns in self.made:
+                self.kill_all(role)
         for ns in self.made:
             sh("ip", "netns", "del", ns, check=False)
         sh("ip", "link", "del", self.bridge, check=False)
@@ -90,86 +112,161 @@ class Network:
                                 start_new_session=True, **kw)
 
 
+class Job:
+    """The dataset in the store, the network, the S3 server, and the node
+    engines and torchrun jobs started in the nodes (all killed at the end)."""
+
+    def __init__(self, tmp_path, net):
+        self.tmp, self.net, self.procs = tmp_path, net, []
+        root = tmp_path / "store"
+        (root / BUCKET).mkdir(parents=True)
+        self.keys = []
+        for s in range(SHARDS):
+            members = []
+            for j in range(PER_SHARD):
+                key = f"s{s}/{j:04d}"
+                self.keys.append(key)
+                members += [(f"{key}.bin", sample_bytes(key, "bin", 2000 + 37 * j)), (f"{key}.cls", str(j).encode())]
+            write_tar(root / BUCKET / f"shard-{s:03d}.tar", members)
+        # Splitting an epoch among consumers needs the shards' sample
+        # counts: a manifest gives them (as `ringfeed index` writes it).
+        self.url = str(tmp_path / "train.manifest")
+        Path(self.url).write_text("".join(
+            f"s3://{BUCKET}/shard-{s:03d}.tar {(root / BUCKET / f'shard-{s:03d}.tar').stat().st_size} {PER_SHARD}\n"
+            for s in range(SHARDS)))
+        store = self.start("store", [s3_server_binary(), root, "--addr", net.addr["store"]],
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(tmp_path / "s3.log", "wb"))
+        endpoint = store.stdout.readline().decode().strip()
+        assert endpoint.startswith(f"http://{net.addr['store']}:"), endpoint
+        # The job's keys, which the engines and the ranks agree on.
+        self.job = {"batch_size": BATCH, "seed": 5, "shuffle": True, "s3_endpoint": endpoint,
+                    "s3_region": "us-east-1"}
+        self.env = dict(os.environ, AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY,
+                        OMP_NUM_THREADS="1")
+        self.out = tmp_path / "out"
+        self.out.mkdir()
+
+    def start(self, role, args, **kw):
+        p = self.net.run(role, args, **kw)
+        self.procs.append(p)
+        return p
+
+    def engine(self, node, world, tag):
+        """A node engine in `node` for `world` ranks (no DataLoader workers,
+        the dataset's default I/O threads); its process and socket."""
+        socket = self.tmp / f"{node}-{tag}.sock"
+        config = dict(self.job, world_size=world, loader_workers=1, workers=4, memory_budget="64MiB",
+                      chunk_size="1MiB")
+        log = self.tmp / f"{node}-{tag}.log"
+        p = self.start(node, [cli(), "node", self.url, "--socket", socket, "--config", json.dumps(config)],
+                       env=self.env, stdout=subprocess.DEVNULL, stderr=open(log, "wb"))
+        for _ in range(600):
+            if socket.exists() or p.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert socket.exists(), log.read_text()
+        return p, socket
+
+    def torchrun(self, mode, nodes, sockets, extra=()):
+        """`multinode_rank.py MODE` as node i of len(nodes) in each node."""
+        exe = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
+        port = 29400 + (os.getpid() + len(mode)) % 500
+        runs = []
+        for i, node in enumerate(nodes):
+            args = [exe, "--nnodes", len(nodes), "--nproc-per-node", 2, "--node-rank", i,
+                    "--master-addr", self.net.addr[nodes[0]], "--master-port", port,
+                    HERE / "multinode_rank.py", mode, sockets[node], self.out, self.url, json.dumps(self.job),
+                    *extra]
+            runs.append(self.start(node, args, env=dict(self.env, GLOO_SOCKET_IFNAME=self.net.iface[node]),
+                                   stdout=open(self.tmp / f"{mode}-{node}.out", "wb"), stderr=subprocess.STDOUT))
+        return runs
+
+    def results(self, mode, ranks):
+        return [json.loads((self.out / f"{mode}-rank{r}.json").read_text()) for r in range(ranks)]
+
+    def kill(self, p):
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait()
+
+    def close(self):
+        for role in ("node1", "node2", "store"):
+            self.net.kill_all(role)
+        for p in self.procs:
+            self.kill(p)
+
+
+def finish(job, runs, mode):
+    for p, node in zip(runs, ("node1", "node2")):
+        try:
+            p.wait(timeout=240)
+        except subprocess.TimeoutExpired:
+            job.kill(p)
+        assert p.returncode == 0, (job.tmp / f"{mode}-{node}.out").read_text()[-4000:]
+
+
 def test_two_nodes_each_serving_its_own_ranks_read_every_sample_once(tmp_path):
     if os.geteuid() != 0:
         skip_for_environment("network namespaces need root")
-    root = tmp_path / "store"
-    (root / BUCKET).mkdir(parents=True)
-    keys = []
-    for s in range(SHARDS):
-        members = []
-        for j in range(PER_SHARD):
-            key = f"s{s}/{j:04d}"
-            keys.append(key)
-            members += [(f"{key}.bin", sample_bytes(key, "bin", 2000 + 37 * j)), (f"{key}.cls", str(j).encode())]
-        write_tar(root / BUCKET / f"shard-{s:03d}.tar", members)
-    # Splitting an epoch among consumers needs the shards' sample counts:
-    # a manifest gives them (as `ringfeed index` writes it).
-    url = str(tmp_path / "train.manifest")
-    Path(url).write_text("".join(
-        f"s3://{BUCKET}/shard-{s:03d}.tar {(root / BUCKET / f'shard-{s:03d}.tar').stat().st_size} {PER_SHARD}\n"
-        for s in range(SHARDS)))
-    procs = []
     with Network() as net:
+        job = Job(tmp_path, net)
         try:
-            store = net.run("store", [s3_server_binary(), root, "--addr", net.addr["store"]],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(tmp_path / "s3.log", "wb"))
-            procs.append(store)
-            endpoint = store.stdout.readline().decode().strip()
-            assert endpoint == f"http://{net.addr['store']}:" + endpoint.rsplit(":", 1)[-1], endpoint
-            # The job's keys, which the engines and the ranks agree on; four
-            # ranks, no DataLoader workers, the dataset's default I/O threads.
-            job = {"batch_size": BATCH, "seed": 5, "shuffle": True, "s3_endpoint": endpoint,
-                   "s3_region": "us-east-1"}
-            env = dict(os.environ, AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY,
-                       OMP_NUM_THREADS="1")
-            engines = {}
-            for node in ("node1", "node2"):
-                socket = tmp_path / f"{node}.sock"
-                config = dict(job, world_size=4, loader_workers=1, workers=4, memory_budget="64MiB",
-                              chunk_size="1MiB")
-                engines[node] = (net.run(node, [cli(), "node", url, "--socket", socket, "--config", json.dumps(config)],
-                                         env=env, stdout=subprocess.DEVNULL,
-                                         stderr=open(tmp_path / f"{node}.log", "wb")), socket)
-                procs.append(engines[node][0])
-            for node, (p, socket) in engines.items():
-                for _ in range(600):
-                    if socket.exists() or p.poll() is not None:
-                        break
-                    time.sleep(0.1)
-                assert socket.exists(), (tmp_path / f"{node}.log").read_text()
-            torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
-            out = tmp_path / "out"
-            out.mkdir()
-            ranks = []
-            for i, node in enumerate(("node1", "node2")):
-                args = [torchrun, "--nnodes", 2, "--nproc-per-node", 2, "--node-rank", i,
-                        "--master-addr", net.addr["node1"], "--master-port", 29400 + os.getpid() % 500,
-                        HERE / "multinode_rank.py", engines[node][1], out, url, json.dumps(job)]
-                ranks.append(net.run(node, args, env=dict(env, GLOO_SOCKET_IFNAME=net.iface[node]),
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-                procs.append(ranks[-1])
-            for p in ranks:
-                text = p.communicate(timeout=240)[0].decode(errors="replace")
-                assert p.returncode == 0, text[-4000:]
-            got = [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
+            engines = {node: job.engine(node, 4, "a") for node in ("node1", "node2")}
+            runs = job.torchrun("epoch", ["node1", "node2"], {n: s for n, (_, s) in engines.items()})
+            finish(job, runs, "epoch")
+            got = job.results("epoch", 4)
         finally:
-            for p in procs:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                p.wait()
+            job.close()
     every = [k for g in got for k in g["keys"]]
     print({g["rank"]: len(g["keys"]) for g in got}, "samples a rank;",
           {g["rank"]: g["engine"]["pid"] for g in got}, "engine pids")
-    assert sorted(every) == sorted(keys), "every sample exactly once across the four ranks"
-    assert all(g["world"] == 4 and g["total"] == len(keys) for g in got)
-    pids = {node: p.pid for node, (p, _) in engines.items()}
-    # `ip netns exec` runs the engine as its own process: the pid torchrun's
-    # ranks were served by is the engine's, in its node.
+    assert sorted(every) == sorted(job.keys), "every sample exactly once across the four ranks"
+    assert all(g["world"] == 4 and g["total"] == len(job.keys) for g in got)
+    # Each node's ranks were served by their own node's engine: its pid
+    # (`ip netns exec` runs the engine as itself) and its socket.
     served = {g["rank"]: g["engine"]["pid"] for g in got}
     assert served[0] == served[1] and served[2] == served[3] and served[0] != served[2], served
     for r, node in ((0, "node1"), (2, "node2")):
         assert got[r]["engine"]["socket"] == str(engines[node][1]), got[r]["engine"]
-        assert served[r] == pids[node], (served, pids)
+        assert served[r] == engines[node][0].pid, (served, engines)
+
+
+def test_a_node_killed_mid_epoch_and_the_job_resumed_on_the_other_loses_and_repeats_nothing(tmp_path):
+    if os.geteuid() != 0:
+        skip_for_environment("network namespaces need root")
+    with Network() as net:
+        job = Job(tmp_path, net)
+        try:
+            engines = {node: job.engine(node, 4, "a") for node in ("node1", "node2")}
+            runs = job.torchrun("cut", ["node1", "node2"], {n: s for n, (_, s) in engines.items()})
+            # Every rank checkpointed after its second batch (its state);
+            # then node 2 dies: its engine and its ranks, killed.
+            for _ in range(2400):
+                if len(list(job.out.glob("cut-rank*.json"))) == 4 or any(p.poll() is not None for p in runs):
+                    break
+                time.sleep(0.1)
+            cut = job.results("cut", 4)
+            net.kill_all("node2")
+            # The job restarts on node 1 alone (as torchrun's elastic agent
+            # would): its ranks stop, and two ranks resume from all four
+            # states with a node engine for the new layout.
+            net.kill_all("node1")
+            for p in [*runs, *(e for e, _ in engines.values())]:
+                p.wait()
+            engine, socket = job.engine("node1", 2, "b")
+            states = json.dumps([g["state"] for g in sorted(cut, key=lambda g: g["rank"])])
+            runs = job.torchrun("resume", ["node1"], {"node1": socket}, extra=[states])
+            finish(job, runs, "resume")
+            rest = job.results("resume", 2)
+        finally:
+            job.close()
+    before = [k for g in cut for k in g["keys"]]
+    after = [k for g in rest for k in g["keys"]]
+    print(f"{len(before)} samples before the cut on 4 ranks, {len(after)} after on 2:",
+          {g["rank"]: len(g["keys"]) for g in rest})
+    assert all(len(g["keys"]) == 2 * BATCH for g in cut)
+    assert all(g["world"] == 2 and g["engine"]["pid"] == engine.pid for g in rest)
+    assert not set(before) & set(after), "a sample delivered before the cut came again"
+    assert sorted(before + after) == sorted(job.keys), "every sample of the epoch exactly once"
