@@ -518,6 +518,14 @@ fn c_races_of_threads_and_fork_give_statuses_only() {
     let exe = build("tests/c/abi_races.c", tmp.path(), false);
     let out = run_ok(&exe, &data.args());
     assert!(out.contains("abi_races: all checks passed"), "{out}");
+    // Forks in the middle, at full speed: the build without sanitizers
+    // (ASan's allocator is not fork-safe; abi_races.c says why).
+    let dir = tmp.path().join("plain");
+    std::fs::create_dir(&dir).unwrap();
+    let plain = build_with("tests/c/abi_races.c", &dir, false, false);
+    let out = run_ok(&plain, &data.args());
+    assert!(out.contains("the first streamed its own epoch"), "{out}");
+    assert!(out.contains("abi_races: all checks passed"), "{out}");
 }
 
 /// Runs `exe` under valgrind's memcheck: any memory error it reports fails
@@ -562,6 +570,7 @@ fn c_misuse_and_races_are_clean_under_valgrind() {
 
     let races = build_with("tests/c/abi_races.c", tmp.path(), false, false);
     let out = run_valgrind(&races, &data.args());
+    assert!(out.contains("the first streamed its own epoch"), "{out}");
     assert!(out.contains("abi_races: all checks passed"), "{out}");
 }
 

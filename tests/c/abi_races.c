@@ -24,6 +24,8 @@
  *       (a dozen times); each child gets RINGFEED_ERR_INVALID_HANDLE from
  *       every entry point on the parent's loader and batch, then opens its
  *       own loader and streams a whole epoch; the parent's epoch is whole.
+ *       Not in the ASan build (see main); the build without sanitizers
+ *       runs it, natively and under valgrind.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -560,7 +562,19 @@ int main(int argc, char **argv) {
     double_release_race();
     close_races_next();
     two_loaders();
+#if defined(__SANITIZE_ADDRESS__)
+    /* AddressSanitizer's allocator (GCC 12's libasan) takes no lock around
+     * fork(): a child that allocates in a size class whose lock a parent
+     * thread (a consumer, or one of the engine's) held at the fork waits
+     * for ever. Seen: 1 run in 40, the child starting its own loader's
+     * threads. tests/c_abi.rs runs (e) in the build without sanitizers,
+     * natively and under valgrind. */
+    printf("(e) fork in the middle: not under AddressSanitizer, whose allocator is not "
+           "fork-safe (the build without it runs (e))\n");
+    (void)fork_in_the_middle;
+#else
     fork_in_the_middle();
+#endif
     printf("abi_races: all checks passed\n");
     return 0;
 }
