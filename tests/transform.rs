@@ -247,6 +247,12 @@ fn bad_specs_and_missing_fields_are_named() {
             .to_string()
             .contains("`transform`")
     );
+    // A policy that is not one.
+    m.insert("transform".into(), spec());
+    m.insert("image_errors".into(), json!("ignore"));
+    let e = Config::from_map(&m).unwrap_err().to_string();
+    assert!(e.contains("image_errors") && e.contains("skip"), "{e}");
+    m.remove("image_errors");
     // A field the samples lack.
     let cfg = config(
         urls,

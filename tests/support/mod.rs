@@ -95,6 +95,13 @@ pub fn two_workers(urls: Vec<String>, extra: serde_json::Value) -> ringfeed::Con
 }
 
 pub fn stream(loader: &ringfeed::Loader, seed: u64) -> usize {
+    stream_paced(loader, seed, Duration::ZERO)
+}
+
+/// Reads the loader to its end, pausing `pause` after each batch (a slow
+/// consumer); every byte checked against the generator's `seed`, no sample
+/// twice. Returns the samples seen.
+pub fn stream_paced(loader: &ringfeed::Loader, seed: u64, pause: Duration) -> usize {
     use ringfeed::Next;
     let mut seen = std::collections::BTreeSet::new();
     loop {
@@ -109,6 +116,8 @@ pub fn stream(loader: &ringfeed::Loader, seed: u64) -> usize {
                     }
                     assert!(seen.insert(s.key().to_vec()), "sample twice");
                 }
+                drop(b);
+                std::thread::sleep(pause);
             }
             Next::EndOfEpoch(_) => {}
             Next::Finished => return seen.len(),

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use ringfeed::synth::{self, GenOptions};
-use ringfeed::{Config, Loader, Next};
+use ringfeed::{Config, Loader};
 
 use super::s3::S3Server;
 
@@ -71,23 +71,5 @@ pub fn config(s3: &S3Server, extra: serde_json::Value) -> Config {
 /// byte checked against the generator, no sample twice. Returns the
 /// samples seen.
 pub fn stream_slowly(loader: &Loader) -> usize {
-    let mut seen = std::collections::BTreeSet::new();
-    loop {
-        match loader.next(Some(Duration::from_secs(60))).unwrap() {
-            Next::Batch(b) => {
-                for s in b.samples() {
-                    for (name, data) in s.fields() {
-                        assert!(synth::verify(SEED, s.key(), name, data), "bad bytes");
-                    }
-                    assert!(seen.insert(s.key().to_vec()), "sample twice");
-                }
-                drop(b);
-                std::thread::sleep(PAUSE);
-            }
-            Next::EndOfEpoch(_) => {}
-            Next::Finished => break,
-            Next::Timeout => panic!("stalled"),
-        }
-    }
-    seen.len()
+    super::stream_paced(loader, SEED, PAUSE)
 }

@@ -306,6 +306,8 @@ def test_a_training_pipeline_ports_from_torchvision(photos, tmp_path):
         assert -2.1 <= float(images.min()) and float(images.max()) <= 2.1
         n += len(labels)
     assert n == len(items)
+    with pytest.raises(TypeError, match="keys=True"):
+        RingfeedDataset(urls, batch_size=5, keys=True)
     for bad, name in ((T.ColorJitter(0.4), "ColorJitter"), (T.Resize(8, interpolation=T.InterpolationMode.NEAREST), "bilinear")):
         with pytest.raises(ValueError, match=name):
             from_torchvision(T.Compose([bad]))
