@@ -22,6 +22,7 @@ pub mod fuzzing; // the parsers of outside bytes, for fuzz/ and its corpus test
 pub mod image; // the image pipeline: decode, crop, resize, flip into a batch tensor
 pub mod log; // the log sink the embedding program sets, and what the engine says
 pub mod memory; // the arena, the chunk pool, batches
+pub mod mount; // a file system over a source (the CLI's `mount` speaks FUSE for it)
 pub mod net; // HTTP, TLS, retries, S3
 pub mod node; // one engine per node: consumers attach over shared memory
 pub mod object; // whole objects: parallel ranged reads, multipart writes

@@ -29,6 +29,7 @@ const RANKS: &[(&str, u32)] = &[
     ("engine", 6),
     ("object", 6),
     ("node", 7),
+    ("mount", 7),
     ("ffi", 8),
     // Re-exports for the fuzz targets (docs/fuzzing.md); nothing imports it.
     ("fuzzing", 9),

@@ -48,6 +48,11 @@ pub(crate) enum Command {
     /// Read whole objects (S3, HTTP(S), local) and write them to files or
     /// stdout, with many ranged reads in flight.
     Get(GetArgs),
+    /// Mount an s3://bucket/prefix/, an http(s):// directory listing or a
+    /// local directory as a file system (FUSE): reads through the engine
+    /// (read-ahead, the node's cache), new files written once as whole
+    /// objects; runs until Ctrl-C, SIGTERM or `fusermount3 -u`.
+    Mount(MountArgs),
     /// Write a file or stdin as one object (S3 or local), visible only once
     /// whole; never replaces one unless --overwrite.
     Put(PutArgs),
@@ -313,6 +318,57 @@ pub(crate) struct GetArgs {
     /// Replace files that exist.
     #[arg(long)]
     pub(crate) overwrite: bool,
+    #[command(flatten)]
+    pub(crate) opts: ObjectArgs,
+}
+
+#[derive(Args)]
+pub(crate) struct MountArgs {
+    /// What to mount: s3://bucket/prefix/, http(s)://host/dir/ (a server
+    /// that answers a listing page), or a local directory.
+    pub(crate) source: String,
+    /// An empty directory to mount it on.
+    pub(crate) mountpoint: PathBuf,
+    /// Opening an existing file with O_TRUNC replaces its object (default:
+    /// refused with EPERM, as Mountpoint for Amazon S3 does).
+    #[arg(long)]
+    pub(crate) allow_overwrite: bool,
+    /// How long a directory listing, and the names and sizes the kernel
+    /// caches, are trusted before the source is asked again (seconds).
+    #[arg(long, default_value_t = 60.0, value_name = "SECONDS")]
+    pub(crate) metadata_ttl: f64,
+    /// The most a sequential reader's read-ahead grows to.
+    #[arg(long, default_value = "256MiB", value_parser = size_arg)]
+    pub(crate) read_ahead: u64,
+    /// The memory the fetched blocks of remote files may hold.
+    #[arg(long, default_value = "1GiB", value_parser = size_arg)]
+    pub(crate) memory: u64,
+    /// The node's cache directory (key `cache_dir`, the loaders' entries):
+    /// files read whole are read from it, or fill it.
+    #[arg(long)]
+    pub(crate) cache_dir: Option<PathBuf>,
+    /// Threads answering the kernel's requests (each blocks on a read
+    /// from the store while the others go on).
+    #[arg(long, default_value_t = 16)]
+    pub(crate) threads: usize,
+    /// Let other users than the one mounting see the files (FUSE's
+    /// allow_other; needs user_allow_other in /etc/fuse.conf unless root).
+    #[arg(long)]
+    pub(crate) allow_other: bool,
+    /// Return once mounted, leaving the mount running in the background;
+    /// its log goes to --log-file (default: a file named on stderr).
+    #[arg(long)]
+    pub(crate) daemon: bool,
+    /// Where the log goes with --daemon.
+    #[arg(long)]
+    pub(crate) log_file: Option<PathBuf>,
+    /// Serve the mount's metrics (Prometheus text) at
+    /// http://127.0.0.1:PORT/metrics (0: any free port; printed on stderr).
+    #[arg(long, value_name = "PORT")]
+    pub(crate) metrics_port: Option<u16>,
+    /// The address the metrics are served on (default 127.0.0.1).
+    #[arg(long, value_name = "ADDR", requires = "metrics_port")]
+    pub(crate) metrics_addr: Option<std::net::IpAddr>,
     #[command(flatten)]
     pub(crate) opts: ObjectArgs,
 }

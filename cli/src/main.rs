@@ -4,7 +4,8 @@
 //! `topology` prints what the engine reads of the machine and where a
 //! loader's workers would run, `node` runs a node engine, and `demo`
 //! generates shards in a temporary directory and streams them from an
-//! embedded loopback server; `get` and `put` read and write whole objects.
+//! embedded loopback server; `get` and `put` read and write whole objects, and `mount` shows a
+//! source as a file system (FUSE).
 //!
 //! This file parses the command line and dispatches; the flags are in
 //! `args.rs`, each command in its own file (`generate.rs`, `bench.rs`,
@@ -26,6 +27,7 @@ mod demo;
 mod generate;
 mod get;
 mod inspect;
+mod mount;
 mod node;
 mod put;
 mod serve;
@@ -67,6 +69,7 @@ fn main() -> ExitCode {
         Command::Topology(a) => topology::topology_cmd(a),
         Command::Get(a) => get::get(a),
         Command::Put(a) => put::put(a),
+        Command::Mount(a) => mount::mount_cmd(a),
         Command::Cache(a) => cache::cache_cmd(a),
         Command::Demo {
             size,

@@ -22,6 +22,12 @@ use crate::net::{NetOptions, with_retries};
 pub struct Page {
     /// Keys and sizes, in the order listed.
     pub objects: Vec<(String, u64)>,
+    /// Each object's ETag as listed (`None` where the answer gave none),
+    /// in the order of `objects`.
+    pub etags: Vec<Option<String>>,
+    /// The common prefixes (a delimited listing's subdirectories), each
+    /// ending with the delimiter.
+    pub prefixes: Vec<String>,
     /// The token of the next page, when the listing is truncated.
     pub next: Option<String>,
 }
@@ -34,6 +40,8 @@ pub fn parse_page(xml: &str) -> std::result::Result<Page, String> {
         #[serde(default)]
         contents: Vec<Contents>,
         #[serde(default)]
+        common_prefixes: Vec<CommonPrefix>,
+        #[serde(default)]
         is_truncated: bool,
         next_continuation_token: Option<String>,
     }
@@ -42,6 +50,13 @@ pub fn parse_page(xml: &str) -> std::result::Result<Page, String> {
     struct Contents {
         key: String,
         size: u64,
+        #[serde(rename = "ETag")]
+        etag: Option<String>,
+    }
+    #[derive(Deserialize)]
+    #[serde(rename_all = "PascalCase")]
+    struct CommonPrefix {
+        prefix: String,
     }
     let r: ListBucketResult = quick_xml::de::from_str(xml)
         .map_err(|e| format!("the ListObjectsV2 answer is not valid: {e}"))?;
@@ -50,10 +65,25 @@ pub fn parse_page(xml: &str) -> std::result::Result<Page, String> {
         (true, _) => return Err("the listing is truncated but gives no continuation token".into()),
         (false, _) => None,
     };
+    let (objects, etags) = r
+        .contents
+        .into_iter()
+        .map(|c| ((c.key, c.size), c.etag))
+        .unzip();
     Ok(Page {
-        objects: r.contents.into_iter().map(|c| (c.key, c.size)).collect(),
+        objects,
+        etags,
+        prefixes: r.common_prefixes.into_iter().map(|p| p.prefix).collect(),
         next,
     })
+}
+
+/// A directory's listing (one level, `/` as the delimiter): its objects
+/// with size and ETag, and its subdirectories' prefixes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DirListing {
+    pub objects: Vec<(String, u64, Option<String>)>,
+    pub prefixes: Vec<String>,
 }
 
 /// Listing pages asked for; S3's maximum (and default).
@@ -149,6 +179,47 @@ impl S3Client {
         jitter: &mut Jitter,
     ) -> Result<Vec<(String, u64)>> {
         let mut out = Vec::new();
+        self.pages(bucket, prefix, recursive, page, net, jitter, |p| {
+            out.extend(p.objects)
+        })?;
+        Ok(out)
+    }
+
+    /// The objects directly under `prefix` (with their ETags) and its
+    /// subdirectories (common prefixes): a directory as a file system
+    /// shows it.
+    pub fn list_dir(
+        &self,
+        bucket: &str,
+        prefix: &str,
+        net: &NetOptions,
+        jitter: &mut Jitter,
+    ) -> Result<DirListing> {
+        let mut out = DirListing::default();
+        self.pages(bucket, prefix, false, LIST_PAGE, net, jitter, |p| {
+            out.objects.extend(
+                p.objects
+                    .into_iter()
+                    .zip(p.etags)
+                    .map(|((k, s), e)| (k, s, e)),
+            );
+            out.prefixes.extend(p.prefixes);
+        })?;
+        Ok(out)
+    }
+
+    /// Every page of a listing, in order, to `each`.
+    #[allow(clippy::too_many_arguments)]
+    fn pages(
+        &self,
+        bucket: &str,
+        prefix: &str,
+        recursive: bool,
+        page: u32,
+        net: &NetOptions,
+        jitter: &mut Jitter,
+        mut each: impl FnMut(Page),
+    ) -> Result<()> {
         let mut token: Option<String> = None;
         let what = format!("s3://{bucket}/{prefix}");
         loop {
@@ -171,8 +242,9 @@ impl S3Client {
                 url: what.clone(),
                 reason,
             })?;
-            out.extend(p.objects);
-            match p.next {
+            let next = p.next.clone();
+            each(p);
+            match next {
                 Some(t) if Some(&t) != token.as_ref() => token = Some(t),
                 Some(_) => {
                     return Err(Error::Url {
@@ -180,7 +252,7 @@ impl S3Client {
                         reason: "the listing repeats its continuation token".into(),
                     });
                 }
-                None => return Ok(out),
+                None => return Ok(()),
             }
         }
     }
@@ -243,6 +315,13 @@ mod tests {
             vec![("p/a.tar".to_string(), 10), ("p/b & c.tar".to_string(), 20)]
         );
         assert_eq!(p.next.as_deref(), Some("tok/1="));
+        assert_eq!(p.prefixes, vec!["p/sub/".to_string()]);
+        assert_eq!(p.etags, vec![None, None]);
+        let tagged = r#"<ListBucketResult><Contents><Key>k</Key><ETag>&quot;abc&quot;</ETag><Size>3</Size></Contents></ListBucketResult>"#;
+        assert_eq!(
+            parse_page(tagged).unwrap().etags,
+            vec![Some("\"abc\"".to_string())]
+        );
         let last = "<ListBucketResult><IsTruncated>false</IsTruncated><Contents><Key>z</Key><Size>1</Size></Contents></ListBucketResult>";
         assert_eq!(parse_page(last).unwrap().next, None);
         let empty = "<ListBucketResult><IsTruncated>false</IsTruncated></ListBucketResult>";

@@ -1,0 +1,910 @@
+//! A file system over a dataset's source, for code that only knows paths
+//! (`from_pretrained(dir)`, `torch.load(path)`, `ImageFolder`, a
+//! WebDataset file pattern): `ringfeed mount SOURCE MOUNTPOINT` speaks
+//! the FUSE protocol (the CLI, `cli/src/mount.rs`) and answers with
+//! what [`Fs`] says. Sources are an `s3://bucket/prefix/`, an `http(s)://`
+//! directory whose server gives a listing page, and a local directory.
+//!
+//! - [`tree`]: inodes, one per path for the mount's life, and each
+//!   directory's children from its last listing, kept for `ttl`.
+//! - [`source`]: what a source lists, one directory at a time, and the
+//!   object behind a path.
+//! - [`readahead`]: how far ahead of a handle's reads its blocks are
+//!   fetched (a stream's window doubles up to the most; random reads
+//!   fetch only what they cover) — pure.
+//! - [`blocks`]: a remote file's blocks of `part_size`, fetched with the
+//!   engine's ranged reads on io_uring network threads, shared by every
+//!   handle and process, held in a memory budget; the node's cache
+//!   entries (`cache_dir`) read and filled.
+//! - [`upload`]: new files as one upload each, visible once closed whole,
+//!   aborted when their writer was killed.
+//!
+//! What is refused, and with which errno (as Mountpoint for Amazon S3
+//! answers, so its users' expectations hold), each with a log line
+//! saying why: opening an existing file for writing (`EPERM`; allowed,
+//! with `O_TRUNC`, under `allow_overwrite`), a write anywhere but at the
+//! end (`EINVAL`), truncating, deleting, renaming, links (`EPERM`,
+//! `ENOSYS`), locks (`ENOLCK`), writing to an `http(s)://` source
+//! (`EROFS`).
+
+pub mod blocks;
+pub mod readahead;
+pub mod source;
+pub mod tree;
+pub mod upload;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime};
+
+use crate::config::Config;
+use crate::error::Result;
+use crate::fetch::NetOptions;
+use crate::log::{Level, log};
+use crate::net::retry::Jitter;
+use blocks::{Block, RemoteFile, Store};
+use readahead::Ahead;
+use source::{Object, Source};
+use tree::{Kind, ROOT, Tree};
+use upload::{Refused, Upload};
+
+pub use tree::Kind as FileKind;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// An error for the kernel: an errno.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Errno(pub i32);
+
+pub type FsResult<T> = std::result::Result<T, Errno>;
+
+/// How the mount behaves beyond the engine's configuration.
+#[derive(Debug, Clone)]
+pub struct MountOptions {
+    /// How long a directory's listing (and what the kernel caches of
+    /// names and attributes) is trusted before it is taken again.
+    pub ttl: Duration,
+    /// Opening an existing file with `O_TRUNC` replaces its object.
+    pub allow_overwrite: bool,
+    /// The most bytes a stream reads ahead.
+    pub readahead: u64,
+    /// The memory the blocks of remote files may hold.
+    pub memory: u64,
+    /// Network threads receiving the blocks.
+    pub net_threads: usize,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl Default for MountOptions {
+    fn default() -> MountOptions {
+        MountOptions {
+            ttl: Duration::from_secs(60),
+            allow_overwrite: false,
+            readahead: 256 << 20,
+            memory: 1 << 30,
+            net_threads: 1,
+            // SAFETY: plain getters.
+            uid: unsafe { libc::getuid() },
+            // SAFETY: as above.
+            gid: unsafe { libc::getgid() },
+        }
+    }
+}
+
+macro_rules! mount_counts {
+    ($($(#[$doc:meta])* $name:ident,)*) => {
+        /// What a mount counts, served as Prometheus metrics
+        /// (`ringfeed_mount_<name>_total`).
+        #[derive(Debug, Default)]
+        pub struct MountCounts {
+            $($(#[$doc])* pub $name: AtomicU64,)*
+        }
+
+        impl MountCounts {
+            /// Every counter, by name.
+            pub fn all(&self) -> Vec<(&'static str, u64)> {
+                // Relaxed: statistics.
+                vec![$((stringify!($name), self.$name.load(Ordering::Relaxed)),)*]
+            }
+        }
+    };
+}
+
+mount_counts! {
+    /// Directory listings taken from the source.
+    listings,
+    /// Ranged GETs of blocks started.
+    gets,
+    /// Bytes received from the store for blocks.
+    bytes_fetched,
+    /// Bytes answered to readers' reads.
+    bytes_read,
+    /// Bytes answered from the node's cache entries.
+    cache_hit_bytes,
+    /// Cache entries this mount filled.
+    cache_filled,
+    /// Blocks dropped for the memory budget.
+    evicted,
+    /// Block reads that failed for good.
+    read_errors,
+    /// Files written and completed as objects.
+    uploads,
+    /// Uploads aborted (writer killed, error): no object left.
+    uploads_aborted,
+    /// Bytes taken from writers.
+    bytes_written,
+    /// Operations refused (overwrite, rename, truncate, links, locks, ...).
+    refused,
+}
+
+impl MountCounts {
+    pub fn add(&self, a: &AtomicU64, n: u64) {
+        // Relaxed: statistics.
+        a.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// The counters as Prometheus text.
+    pub fn prometheus(&self) -> String {
+        let mut out = String::new();
+        for (name, v) in self.all() {
+            let unit = if name.starts_with("bytes") || name.ends_with("bytes") {
+                "bytes"
+            } else {
+                ""
+            };
+            let _ = unit;
+            out.push_str(&format!(
+                "# TYPE ringfeed_mount_{name}_total counter\nringfeed_mount_{name}_total {v}\n"
+            ));
+        }
+        out
+    }
+}
+
+/// What `getattr` and `lookup` answer.
+#[derive(Debug, Clone)]
+pub struct Attr {
+    pub ino: u64,
+    pub kind: Kind,
+    pub size: u64,
+    pub mtime: SystemTime,
+    pub uid: u32,
+    pub gid: u32,
+    /// Permission bits (0755 for directories, 0644 for files; no write
+    /// bits on a source that takes no writes).
+    pub perm: u16,
+}
+
+/// A read's bytes: a slice of one block (no copy), or gathered.
+pub enum Data {
+    Block(Arc<Block>, std::ops::Range<usize>),
+    Owned(Vec<u8>),
+}
+
+impl Data {
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            Data::Block(b, r) => &b.bytes()[r.clone()],
+            Data::Owned(v) => v,
+        }
+    }
+}
+
+enum Reading {
+    Local(std::fs::File),
+    Remote(Arc<RemoteFile>),
+}
+
+struct ReadHandle {
+    ino: u64,
+    reading: Reading,
+    ahead: Mutex<Ahead>,
+}
+
+struct WriteHandle {
+    ino: u64,
+    /// The process that opened it: only its closes complete the upload.
+    opener: Option<u32>,
+    parent: u64,
+    name: String,
+    url: String,
+    upload: Mutex<Upload>,
+}
+
+enum Handle {
+    Read(Arc<ReadHandle>),
+    Write(Arc<WriteHandle>),
+}
+
+/// The file system: answers each operation, or the errno to refuse it.
+pub struct Fs {
+    source: Source,
+    cfg: Config,
+    net: NetOptions,
+    opts: MountOptions,
+    tree: Mutex<Tree>,
+    store: Option<Store>,
+    /// Each remote file's current version, by inode, with its open
+    /// handles.
+    files: Mutex<HashMap<u64, (Arc<RemoteFile>, usize)>>,
+    handles: Mutex<HashMap<u64, Handle>>,
+    next_fh: AtomicU64,
+    jitter: Mutex<Jitter>,
+    pub counts: Arc<MountCounts>,
+    /// Readers waiting on blocks right now (for the stats).
+    pub waiting: AtomicUsize,
+}
+
+impl Fs {
+    /// The file system over `source` (see [`source::Source::open`]), with
+    /// the engine's keys in `cfg` (S3, retries, `part_size`, `cache_dir`,
+    /// `overwrite` is set from `opts`).
+    pub fn new(source_url: &str, cfg: &Config, opts: MountOptions) -> Result<Fs> {
+        let source = Source::open(source_url, cfg)?;
+        let net = NetOptions::for_config(cfg);
+        let counts = Arc::new(MountCounts::default());
+        let store = match source {
+            Source::Local(_) => None,
+            _ => {
+                let spool = match cfg.cache_options() {
+                    Some(o) => {
+                        let cache = Arc::new(crate::cache::Cache::open(o)?);
+                        Some(
+                            crate::cache::Spool::start(cache, crate::cache::FillMode::Always)
+                                .map_err(|e| crate::Error::Internal(format!("cache spool: {e}")))?,
+                        )
+                    }
+                    None => None,
+                };
+                Some(
+                    Store::start(
+                        cfg.part_size,
+                        opts.memory,
+                        opts.net_threads,
+                        &net,
+                        spool,
+                        Arc::clone(&counts),
+                    )
+                    .map_err(|e| {
+                        crate::Error::IoUring(format!("the mount's network thread: {e}"))
+                    })?,
+                )
+            }
+        };
+        let mut cfg = cfg.clone();
+        cfg.overwrite = opts.allow_overwrite;
+        Ok(Fs {
+            source,
+            cfg,
+            net,
+            opts,
+            tree: Mutex::new(Tree::new()),
+            store,
+            files: Mutex::new(HashMap::new()),
+            handles: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            jitter: Mutex::new(Jitter::new(0x6d6f756e74)),
+            counts,
+            waiting: AtomicUsize::new(0),
+        })
+    }
+
+    pub fn options(&self) -> &MountOptions {
+        &self.opts
+    }
+
+    /// Stops the network threads (reads in flight finish first) and
+    /// writes out the cache fills queued.
+    pub fn shutdown(&self) {
+        if let Some(s) = &self.store {
+            s.stop();
+        }
+    }
+
+    fn refuse(&self, errno: i32, what: impl FnOnce() -> String) -> Errno {
+        self.counts.add(&self.counts.refused, 1);
+        log(Level::Warn, what);
+        Errno(errno)
+    }
+
+    fn attr_of(&self, ino: u64, n: &tree::Node) -> Attr {
+        let writable = self.source.writable();
+        Attr {
+            ino,
+            kind: n.kind,
+            size: n.size,
+            mtime: n.mtime,
+            uid: self.opts.uid,
+            gid: self.opts.gid,
+            perm: match (n.kind, writable) {
+                (Kind::Dir, true) => 0o755,
+                (Kind::Dir, false) => 0o555,
+                (Kind::File, true) => 0o644,
+                (Kind::File, false) => 0o444,
+            },
+        }
+    }
+
+    /// Lists `dir` again when its listing is older than the time-to-live.
+    fn fresh(&self, dir: u64) -> FsResult<()> {
+        let rel = {
+            let t = lock(&self.tree);
+            let node = t.get(dir).ok_or(Errno(libc::ENOENT))?;
+            if node.kind != Kind::Dir {
+                return Err(Errno(libc::ENOTDIR));
+            }
+            if t.listed(dir).is_some_and(|at| at.elapsed() < self.opts.ttl) {
+                return Ok(());
+            }
+            node.rel.clone()
+        };
+        let mut jitter = lock(&self.jitter).clone();
+        let listed = self
+            .source
+            .list(&rel, &self.net, &mut jitter)
+            .map_err(|e| {
+                log(Level::Warn, || {
+                    format!("mount: listing `{}` failed: {e}", self.source.url(&rel))
+                });
+                Errno(match e {
+                    crate::Error::S3 { status: 403, .. } => libc::EACCES,
+                    crate::Error::Io { .. } => libc::ENOENT,
+                    _ => libc::EIO,
+                })
+            })?;
+        self.counts.add(&self.counts.listings, 1);
+        lock(&self.tree).set_listing(dir, &listed, Instant::now());
+        Ok(())
+    }
+
+    pub fn lookup(&self, parent: u64, name: &str) -> FsResult<Attr> {
+        self.fresh(parent)?;
+        let t = lock(&self.tree);
+        let ino = t.child(parent, name).ok_or(Errno(libc::ENOENT))?;
+        let n = t.get(ino).ok_or(Errno(libc::ENOENT))?;
+        Ok(self.attr_of(ino, n))
+    }
+
+    pub fn getattr(&self, ino: u64) -> FsResult<Attr> {
+        let t = lock(&self.tree);
+        let n = t.get(ino).ok_or(Errno(libc::ENOENT))?;
+        let mut a = self.attr_of(ino, n);
+        drop(t);
+        // A file being written shows what was written so far.
+        for h in lock(&self.handles).values() {
+            if let Handle::Write(w) = h
+                && w.ino == ino
+            {
+                a.size = lock(&w.upload).size();
+            }
+        }
+        Ok(a)
+    }
+
+    /// `dir`'s entries: `.`, `..`, then its children in name order.
+    pub fn readdir(&self, dir: u64) -> FsResult<Vec<(u64, Kind, String)>> {
+        self.fresh(dir)?;
+        let t = lock(&self.tree);
+        let parent = t.get(dir).map_or(ROOT, |n| n.parent);
+        let mut out = vec![
+            (dir, Kind::Dir, ".".to_string()),
+            (parent, Kind::Dir, "..".to_string()),
+        ];
+        for (name, ino) in t.children(dir) {
+            if let Some(n) = t.get(ino) {
+                out.push((ino, n.kind, name));
+            }
+        }
+        Ok(out)
+    }
+
+    fn new_fh(&self, h: Handle) -> u64 {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        lock(&self.handles).insert(fh, h);
+        fh
+    }
+
+    /// Opens `ino`: for reading (the answer's `bool`: the kernel may keep
+    /// the pages it cached, the version being the one it read), or for
+    /// writing when `flags` ask for it (see [`Fs::create`]).
+    pub fn open(&self, ino: u64, flags: i32, tid: u32) -> FsResult<(u64, bool)> {
+        let node = lock(&self.tree)
+            .get(ino)
+            .cloned()
+            .ok_or(Errno(libc::ENOENT))?;
+        if node.kind == Kind::Dir {
+            return Err(Errno(libc::EISDIR));
+        }
+        let rel = node.rel.clone();
+        if flags & libc::O_ACCMODE != libc::O_RDONLY {
+            return self
+                .open_write(ino, &node, flags, tid)
+                .map(|fh| (fh, false));
+        }
+        if node.local {
+            return Err(self.refuse(libc::EPERM, || {
+                format!(
+                    "mount: `{rel}` is being written; it can be read once closed (open refused, EPERM)"
+                )
+            }));
+        }
+        let obj = self.source.object(&rel).map_err(|e| {
+            log(Level::Warn, || format!("mount: `{rel}`: {e}"));
+            Errno(libc::EIO)
+        })?;
+        let (reading, keep) = match obj {
+            Object::Local(path) => {
+                let f = std::fs::File::open(&path)
+                    .map_err(|e| Errno(e.raw_os_error().unwrap_or(libc::EIO)))?;
+                (Reading::Local(f), false)
+            }
+            Object::Remote(obj) => {
+                let mut files = lock(&self.files);
+                let same = files.get(&ino).is_some_and(|(f, _)| {
+                    f.size == node.size
+                        && f.etag
+                            == node
+                                .etag
+                                .clone()
+                                .filter(|t| crate::net::version::is_strong(t))
+                });
+                if !same {
+                    let f =
+                        RemoteFile::new(self.source.url(&rel), obj, node.size, node.etag.clone());
+                    let opens = files.get(&ino).map_or(0, |e| e.1);
+                    files.insert(ino, (Arc::new(f), opens));
+                }
+                let e = files.get_mut(&ino).expect("inserted above");
+                e.1 += 1;
+                (Reading::Remote(Arc::clone(&e.0)), same)
+            }
+        };
+        let fh = self.new_fh(Handle::Read(Arc::new(ReadHandle {
+            ino,
+            reading,
+            ahead: Mutex::new(Ahead::default()),
+        })));
+        Ok((fh, keep))
+    }
+
+    fn open_write(&self, ino: u64, node: &tree::Node, flags: i32, tid: u32) -> FsResult<u64> {
+        let rel = node.rel.clone();
+        if !self.source.writable() {
+            return Err(self.refuse(libc::EROFS, || {
+                format!("mount: `{rel}`: an http(s):// source takes no writes (EROFS)")
+            }));
+        }
+        if node.local {
+            return Err(self.refuse(libc::EPERM, || {
+                format!("mount: `{rel}` is being written by another handle (open refused, EPERM)")
+            }));
+        }
+        if !self.opts.allow_overwrite {
+            return Err(self.refuse(libc::EPERM, || {
+                format!(
+                    "mount: `{rel}` exists; overwriting an object is refused (EPERM): mount with \
+                     --allow-overwrite to replace objects opened with O_TRUNC"
+                )
+            }));
+        }
+        if flags & libc::O_TRUNC == 0 {
+            return Err(self.refuse(libc::EPERM, || {
+                format!(
+                    "mount: `{rel}` exists; it can be replaced only whole, opened with O_TRUNC \
+                     (EPERM)"
+                )
+            }));
+        }
+        let name = rel.rsplit('/').next().unwrap_or(&rel).to_string();
+        self.start_upload(ino, node.parent, &name, &rel, tid)
+    }
+
+    fn start_upload(
+        &self,
+        ino: u64,
+        parent: u64,
+        name: &str,
+        rel: &str,
+        tid: u32,
+    ) -> FsResult<u64> {
+        let url = self.source.url(rel);
+        if let Source::Local(root) = &self.source
+            && let Some(dir) = root.join(rel).parent()
+        {
+            // A directory made in the mount exists on disk once a file is
+            // written in it, as a prefix does in S3.
+            std::fs::create_dir_all(dir).map_err(|e| {
+                log(Level::Warn, || {
+                    format!("mount: cannot make `{}`: {e}", dir.display())
+                });
+                Errno(e.raw_os_error().unwrap_or(libc::EIO))
+            })?;
+        }
+        let writer = crate::object::Writer::open(&url, &self.cfg, None).map_err(|e| {
+            log(Level::Warn, || format!("mount: cannot start `{url}`: {e}"));
+            Errno(if e.to_string().contains("exists") {
+                libc::EEXIST
+            } else {
+                libc::EIO
+            })
+        })?;
+        if let Some(n) = lock(&self.tree).get_mut(ino) {
+            n.local = true;
+            n.size = 0;
+        }
+        Ok(self.new_fh(Handle::Write(Arc::new(WriteHandle {
+            ino,
+            opener: upload::tgid(tid),
+            parent,
+            name: name.to_string(),
+            url,
+            upload: Mutex::new(Upload::new(writer)),
+        }))))
+    }
+
+    /// Makes the new file `name` in `parent` and opens it for writing.
+    pub fn create(&self, parent: u64, name: &str, flags: i32, tid: u32) -> FsResult<(Attr, u64)> {
+        self.fresh(parent)?;
+        let existing = lock(&self.tree).child(parent, name);
+        if let Some(ino) = existing {
+            if flags & libc::O_EXCL != 0 {
+                return Err(Errno(libc::EEXIST));
+            }
+            let (fh, _) = self.open(ino, flags | libc::O_WRONLY, tid)?;
+            return Ok((self.getattr(ino)?, fh));
+        }
+        if !self.source.writable() {
+            return Err(self.refuse(libc::EROFS, || {
+                format!("mount: `{name}`: an http(s):// source takes no writes (EROFS)")
+            }));
+        }
+        let (ino, rel) = {
+            let mut t = lock(&self.tree);
+            let ino = t.add_local(parent, name, Kind::File);
+            (ino, t.get(ino).map(|n| n.rel.clone()).unwrap_or_default())
+        };
+        match self.start_upload(ino, parent, name, &rel, tid) {
+            Ok(fh) => Ok((self.getattr(ino)?, fh)),
+            Err(e) => {
+                lock(&self.tree).remove(parent, name);
+                Err(e)
+            }
+        }
+    }
+
+    /// A directory made here: shown until the time-to-live of its
+    /// parent's listing, and for good once a file in it is written.
+    pub fn mkdir(&self, parent: u64, name: &str) -> FsResult<Attr> {
+        self.fresh(parent)?;
+        if !self.source.writable() {
+            return Err(self.refuse(libc::EROFS, || {
+                format!("mount: `{name}`: an http(s):// source takes no writes (EROFS)")
+            }));
+        }
+        let mut t = lock(&self.tree);
+        if t.child(parent, name).is_some() {
+            return Err(Errno(libc::EEXIST));
+        }
+        let ino = t.add_local(parent, name, Kind::Dir);
+        t.set_listing(ino, &[], Instant::now());
+        let n = t.get(ino).cloned().ok_or(Errno(libc::EIO))?;
+        Ok(self.attr_of(ino, &n))
+    }
+
+    /// Reads `size` bytes at `off` through handle `fh`.
+    pub fn read(&self, fh: u64, off: u64, size: u32) -> FsResult<Data> {
+        let h = match lock(&self.handles).get(&fh) {
+            Some(Handle::Read(h)) => Arc::clone(h),
+            Some(Handle::Write(_)) => return Err(Errno(libc::EBADF)),
+            None => return Err(Errno(libc::EBADF)),
+        };
+        let data = match &h.reading {
+            Reading::Local(f) => {
+                use std::os::unix::fs::FileExt;
+                let mut buf = vec![0u8; size as usize];
+                let mut n = 0;
+                while n < buf.len() {
+                    match f.read_at(&mut buf[n..], off + n as u64) {
+                        Ok(0) => break,
+                        Ok(k) => n += k,
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(Errno(e.raw_os_error().unwrap_or(libc::EIO))),
+                    }
+                }
+                buf.truncate(n);
+                Data::Owned(buf)
+            }
+            Reading::Remote(file) => self.read_remote(&h, file, off, size)?,
+        };
+        self.counts
+            .add(&self.counts.bytes_read, data.bytes().len() as u64);
+        Ok(data)
+    }
+
+    fn read_remote(
+        &self,
+        h: &ReadHandle,
+        file: &Arc<RemoteFile>,
+        off: u64,
+        size: u32,
+    ) -> FsResult<Data> {
+        let store = self.store.as_ref().ok_or(Errno(libc::EIO))?;
+        if off >= file.size || size == 0 {
+            return Ok(Data::Owned(Vec::new()));
+        }
+        let end = (off + size as u64).min(file.size);
+        let block = store.block_size();
+        let (first, last) = lock(&h.ahead).on_read(off, end, file.size, block, self.opts.readahead);
+        let stream = lock(&h.ahead).window() > 0 || file.size <= block;
+        if let Some(e) = store.entry(file, off == 0 && stream)
+            && let Some(bytes) = store.read_entry(file, &e, off, end)
+        {
+            return Ok(Data::Owned(bytes));
+        }
+        // Every block the read covers and the window ahead, asked for at
+        // once; then the covered ones waited for in order.
+        let need_last = end.div_ceil(block);
+        let mut covered = Vec::new();
+        for i in first..last {
+            let b = store.block(file, i);
+            if i < need_last {
+                covered.push((i, b));
+            }
+        }
+        let mut parts = Vec::with_capacity(covered.len());
+        for (i, b) in covered {
+            self.waiting.fetch_add(1, Ordering::Relaxed);
+            let r = b.wait();
+            self.waiting.fetch_sub(1, Ordering::Relaxed);
+            if let Err(why) = r {
+                store.forget(file, i, &b);
+                log(Level::Warn, || {
+                    format!(
+                        "mount: reading `{}` (inode {}) at byte {}: {why}",
+                        file.name,
+                        h.ino,
+                        i * block
+                    )
+                });
+                return Err(Errno(libc::EIO));
+            }
+            parts.push((i, b));
+        }
+        if off == 0 && stream {
+            // The version is known now if the listing gave none: a fill
+            // starts with the first block in.
+            store.entry(file, true);
+        }
+        store.advance_fill(file);
+        if parts.len() == 1 {
+            let (i, b) = parts.pop().expect("one");
+            let base = i * block;
+            return Ok(Data::Block(b, (off - base) as usize..(end - base) as usize));
+        }
+        let mut out = Vec::with_capacity((end - off) as usize);
+        for (i, b) in parts {
+            let base = i * block;
+            let from = off.max(base) - base;
+            let to = end.min(base + b.bytes().len() as u64) - base;
+            out.extend_from_slice(&b.bytes()[from as usize..to as usize]);
+        }
+        Ok(Data::Owned(out))
+    }
+
+    /// Writes `data` at `off` through handle `fh`.
+    pub fn write(&self, fh: u64, off: u64, data: &[u8]) -> FsResult<u32> {
+        let w = match lock(&self.handles).get(&fh) {
+            Some(Handle::Write(w)) => Arc::clone(w),
+            _ => return Err(Errno(libc::EBADF)),
+        };
+        let r = lock(&w.upload).write(off, data);
+        match r {
+            Ok(()) => {
+                self.counts
+                    .add(&self.counts.bytes_written, data.len() as u64);
+                Ok(data.len() as u32)
+            }
+            Err(Refused::OutOfOrder { at, end }) => Err(self.refuse(libc::EINVAL, || {
+                format!(
+                    "mount: `{}`: a write at byte {at} is not at the end ({end}); objects are \
+                     written in order only (EINVAL)",
+                    w.url
+                )
+            })),
+            Err(Refused::Closed) => Err(self.refuse(libc::EBADF, || {
+                format!(
+                    "mount: `{}`: a write after the file was closed or synced (its object is \
+                     complete) (EBADF)",
+                    w.url
+                )
+            })),
+            Err(Refused::Failed(why)) => {
+                log(Level::Error, || {
+                    format!("mount: writing `{}` failed: {why}", w.url)
+                });
+                self.counts.add(&self.counts.uploads_aborted, 1);
+                self.drop_local(&w);
+                Err(Errno(libc::EIO))
+            }
+        }
+    }
+
+    fn drop_local(&self, w: &WriteHandle) {
+        let mut t = lock(&self.tree);
+        if t.get(w.ino).is_some_and(|n| n.local) {
+            t.remove(w.parent, &w.name);
+        }
+    }
+
+    /// Completes the upload of `w`: the object is there, or the error.
+    fn complete(&self, w: &WriteHandle) -> FsResult<()> {
+        let (first, r) = {
+            let mut u = lock(&w.upload);
+            (u.is_open(), u.complete())
+        };
+        match r {
+            Ok(size) => {
+                if first {
+                    self.counts.add(&self.counts.uploads, 1);
+                    let mut t = lock(&self.tree);
+                    if let Some(n) = t.get_mut(w.ino) {
+                        n.local = false;
+                        n.size = size;
+                        n.etag = None;
+                        n.mtime = SystemTime::now();
+                    }
+                    log(Level::Info, || {
+                        format!("mount: wrote `{}` ({size} bytes)", w.url)
+                    });
+                }
+                Ok(())
+            }
+            Err(why) => {
+                if first {
+                    log(Level::Error, || {
+                        format!("mount: `{}` was not written: {why}", w.url)
+                    });
+                    self.counts.add(&self.counts.uploads_aborted, 1);
+                    self.drop_local(w);
+                }
+                Err(Errno(libc::EIO))
+            }
+        }
+    }
+
+    /// A `close` of a descriptor of `fh` by thread `tid`: completes a
+    /// write handle's upload — or aborts it when `tid` is exiting on a
+    /// signal (the writer was killed mid-file).
+    pub fn flush(&self, fh: u64, tid: u32) -> FsResult<()> {
+        let w = match lock(&self.handles).get(&fh) {
+            Some(Handle::Write(w)) => Arc::clone(w),
+            _ => return Ok(()),
+        };
+        if upload::tgid(tid) != w.opener {
+            // Another process's copy of the descriptor (a forked child's).
+            return Ok(());
+        }
+        if upload::killed(tid) {
+            let aborted = lock(&w.upload).abort("the writer was killed before it closed the file");
+            match aborted {
+                Ok(true) => {
+                    self.counts.add(&self.counts.uploads_aborted, 1);
+                    self.drop_local(&w);
+                    log(Level::Warn, || {
+                        format!(
+                            "mount: the writer of `{}` (thread {tid}) was killed before closing \
+                             it: upload aborted, no object written",
+                            w.url
+                        )
+                    });
+                }
+                Ok(false) => {}
+                Err(e) => log(Level::Error, || {
+                    format!("mount: aborting the upload of `{}` failed: {e}", w.url)
+                }),
+            }
+            return Err(Errno(libc::EIO));
+        }
+        if lock(&w.upload).size() == 0 {
+            // Nothing written yet: a descriptor closed after it was
+            // duplicated (a shell's redirection); the release completes
+            // an empty file.
+            return Ok(());
+        }
+        self.complete(&w)
+    }
+
+    /// `fsync`: completes a write handle's upload (later writes are
+    /// refused), answering its error.
+    pub fn fsync(&self, fh: u64) -> FsResult<()> {
+        let w = match lock(&self.handles).get(&fh) {
+            Some(Handle::Write(w)) => Arc::clone(w),
+            _ => return Ok(()),
+        };
+        self.complete(&w)
+    }
+
+    /// The last reference to `fh` is gone.
+    pub fn release(&self, fh: u64) {
+        let h = lock(&self.handles).remove(&fh);
+        match h {
+            Some(Handle::Write(w)) => {
+                // No flush came (the kernel sends one per close): complete
+                // it now rather than leave an upload open.
+                let _ = self.complete(&w);
+            }
+            Some(Handle::Read(r)) => {
+                if let Reading::Remote(f) = &r.reading {
+                    let mut files = lock(&self.files);
+                    if let Some(e) = files.get_mut(&r.ino) {
+                        e.1 = e.1.saturating_sub(1);
+                        if e.1 == 0
+                            && let Some(s) = &self.store
+                        {
+                            s.drop_fill(f);
+                        }
+                    }
+                }
+            }
+            None => {}
+        }
+    }
+
+    /// Refuses an operation objects cannot do, logging why.
+    pub fn refused(&self, op: &str, what: &str, errno: i32) -> Errno {
+        self.refuse(errno, || {
+            format!(
+                "mount: {op} of `{what}` refused ({}): objects cannot be {}",
+                errno_name(errno),
+                match op {
+                    "rename" => "renamed (S3 has no rename; copy, then delete in the store)",
+                    "truncate" => "truncated or changed in place",
+                    "unlink" | "rmdir" => "deleted through this mount",
+                    "link" | "symlink" => "linked",
+                    "lock" => "locked across the processes and nodes that read them",
+                    _ => "changed so",
+                }
+            )
+        })
+    }
+
+    /// The path of `ino` from the mount's root, for messages.
+    pub fn path_of(&self, ino: u64) -> String {
+        lock(&self.tree)
+            .get(ino)
+            .map_or_else(|| format!("inode {ino}"), |n| n.rel.clone())
+    }
+
+    /// A setattr: only a no-op size change (the size a file being
+    /// written has) and times pass; a truncate is refused.
+    pub fn setattr(&self, ino: u64, size: Option<u64>) -> FsResult<Attr> {
+        let a = self.getattr(ino)?;
+        if let Some(s) = size
+            && s != a.size
+        {
+            return Err(self.refused("truncate", &self.path_of(ino), libc::EPERM));
+        }
+        Ok(a)
+    }
+
+    /// Bytes of blocks held now.
+    pub fn held(&self) -> u64 {
+        self.store.as_ref().map_or(0, Store::held)
+    }
+}
+
+pub fn errno_name(e: i32) -> &'static str {
+    match e {
+        libc::EPERM => "EPERM",
+        libc::ENOSYS => "ENOSYS",
+        libc::ENOLCK => "ENOLCK",
+        libc::EROFS => "EROFS",
+        libc::EINVAL => "EINVAL",
+        libc::EXDEV => "EXDEV",
+        _ => "error",
+    }
+}

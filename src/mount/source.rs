@@ -1,0 +1,394 @@
+//! What a mount shows: an `s3://bucket/prefix/`, an `http(s)://` directory
+//! whose server answers a listing page (an HTML index: nginx's
+//! `autoindex`, Python's `http.server`, Apache's), or a local directory.
+//! Each lists one directory at a time and names the object behind a path:
+//! an [`HttpObject`] read with the engine's ranged reads, or a local file.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use super::tree::{Kind, Listed};
+use crate::config::Config;
+use crate::error::{Error, IoOp, Result};
+use crate::fetch::http_sync::HttpPool;
+use crate::fetch::{NetOptions, with_retries};
+use crate::net::http::HttpObject;
+use crate::net::retry::Jitter;
+use crate::net::s3::list::S3Client;
+use crate::net::s3::{Env, S3Url};
+
+/// Where a file's bytes are read from.
+pub enum Object {
+    Local(PathBuf),
+    Remote(Arc<HttpObject>),
+}
+
+pub enum Source {
+    Local(PathBuf),
+    S3 {
+        client: S3Client,
+        bucket: String,
+        /// Empty, or ending with `/`.
+        prefix: String,
+    },
+    Http {
+        /// Ending with `/`.
+        base: String,
+        addrs: Vec<SocketAddr>,
+        client: reqwest::blocking::Client,
+    },
+}
+
+impl Source {
+    /// The source `url` names: `s3://bucket[/prefix/]`, an `http(s)://`
+    /// URL of a directory (its listing page), a local directory.
+    pub fn open(url: &str, cfg: &Config) -> Result<Source> {
+        let bad = |reason: String| Error::Url {
+            url: crate::redact::url(url).into_owned(),
+            reason,
+        };
+        if url.starts_with("s3://") {
+            let u = S3Url::parse(url).map_err(bad)?;
+            let mut prefix = u.key.clone();
+            if !prefix.is_empty() && !prefix.ends_with('/') {
+                prefix.push('/');
+            }
+            let client = S3Client::new(&cfg.s3, &Env::process())?;
+            return Ok(Source::S3 {
+                client,
+                bucket: u.bucket,
+                prefix,
+            });
+        }
+        if url.starts_with("http://") || url.starts_with("https://") {
+            let p = crate::net::http::parse_url(url).map_err(bad)?;
+            let addrs: Vec<SocketAddr> = (p.host.as_str(), p.port)
+                .to_socket_addrs()
+                .map_err(|e| bad(format!("cannot resolve `{}`: {e}", p.host)))?
+                .collect();
+            let base = if url.ends_with('/') {
+                url.to_string()
+            } else {
+                format!("{url}/")
+            };
+            let client = reqwest::blocking::Client::builder()
+                .connect_timeout(Duration::from_secs(10))
+                .timeout(Duration::from_secs(60))
+                .build()
+                .map_err(|e| Error::Config(format!("HTTP client: {e}")))?;
+            return Ok(Source::Http {
+                base,
+                addrs,
+                client,
+            });
+        }
+        let path = PathBuf::from(url.strip_prefix("file://").unwrap_or(url));
+        match std::fs::metadata(&path) {
+            Ok(m) if m.is_dir() => Ok(Source::Local(path)),
+            Ok(_) => Err(bad("is not a directory".into())),
+            Err(e) => Err(Error::io(IoOp::Open, &path, &e)),
+        }
+    }
+
+    /// The URL of the object at `rel` (a path from the mount's root), as
+    /// a loader names it: the cache entries of both are the same.
+    pub fn url(&self, rel: &str) -> String {
+        match self {
+            Source::Local(root) => root.join(rel).to_string_lossy().into_owned(),
+            Source::S3 { bucket, prefix, .. } => format!("s3://{bucket}/{prefix}{rel}"),
+            Source::Http { base, .. } => format!("{base}{}", encode_path(rel)),
+        }
+    }
+
+    /// Whether new files can be written here (not over HTTP).
+    pub fn writable(&self) -> bool {
+        !matches!(self, Source::Http { .. })
+    }
+
+    /// The object at `rel`.
+    pub fn object(&self, rel: &str) -> Result<Object> {
+        Ok(match self {
+            Source::Local(root) => Object::Local(root.join(rel)),
+            Source::S3 {
+                client,
+                bucket,
+                prefix,
+            } => Object::Remote(Arc::new(client.object(&S3Url {
+                bucket: bucket.clone(),
+                key: format!("{prefix}{rel}"),
+            })?)),
+            Source::Http { addrs, .. } => {
+                let url = self.url(rel);
+                let o = HttpObject::new(&url, addrs.clone())
+                    .map_err(|reason| Error::Url { url, reason })?;
+                Object::Remote(Arc::new(o))
+            }
+        })
+    }
+
+    /// The directory at `rel` (empty: the root), one level.
+    pub fn list(&self, rel: &str, net: &NetOptions, jitter: &mut Jitter) -> Result<Vec<Listed>> {
+        match self {
+            Source::Local(root) => list_local(&root.join(rel)),
+            Source::S3 {
+                client,
+                bucket,
+                prefix,
+            } => {
+                let dir = if rel.is_empty() {
+                    prefix.clone()
+                } else {
+                    format!("{prefix}{rel}/")
+                };
+                let l = client.list_dir(bucket, &dir, net, jitter)?;
+                let mut out = Vec::new();
+                for (key, size, etag) in l.objects {
+                    let name = &key[dir.len().min(key.len())..];
+                    // The directory's own marker (`dir/` as an empty
+                    // object) and names a file system cannot show.
+                    if usable(name) {
+                        out.push(Listed {
+                            name: name.to_string(),
+                            kind: Kind::File,
+                            size,
+                            etag,
+                            mtime: None,
+                        });
+                    }
+                }
+                for p in l.prefixes {
+                    let name = p[dir.len().min(p.len())..].trim_end_matches('/');
+                    if usable(name) {
+                        out.push(Listed {
+                            name: name.to_string(),
+                            kind: Kind::Dir,
+                            size: 0,
+                            etag: None,
+                            mtime: None,
+                        });
+                    }
+                }
+                Ok(out)
+            }
+            Source::Http {
+                base,
+                addrs,
+                client,
+            } => {
+                let dir_url = if rel.is_empty() {
+                    base.clone()
+                } else {
+                    format!("{base}{}/", encode_path(rel))
+                };
+                let page = with_retries(net, jitter, &dir_url, || get_text(client, &dir_url))?;
+                let mut pool = HttpPool::new(net.stall, Arc::clone(&net.tls));
+                let mut out = Vec::new();
+                for (name, dir) in parse_index(&page) {
+                    if dir {
+                        out.push(Listed {
+                            name,
+                            kind: Kind::Dir,
+                            size: 0,
+                            etag: None,
+                            mtime: None,
+                        });
+                        continue;
+                    }
+                    // An index page gives no sizes a program can trust:
+                    // each file's `HEAD` does.
+                    let url = format!("{dir_url}{}", encode_path(&name));
+                    let obj = HttpObject::new(&url, addrs.clone())
+                        .map_err(|reason| Error::Url { url, reason })?;
+                    let (size, etag) =
+                        with_retries(net, jitter, &obj.url, || pool.head_version(&obj))?;
+                    out.push(Listed {
+                        name,
+                        kind: Kind::File,
+                        size,
+                        etag,
+                        mtime: None,
+                    });
+                }
+                Ok(out)
+            }
+        }
+    }
+}
+
+/// A name a directory entry can hold.
+fn usable(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains('/') && !name.contains('\0')
+}
+
+fn list_local(dir: &std::path::Path) -> Result<Vec<Listed>> {
+    let rd = std::fs::read_dir(dir).map_err(|e| Error::io(IoOp::Open, dir, &e))?;
+    let mut out = Vec::new();
+    for e in rd.flatten() {
+        let Ok(m) = e.metadata() else { continue };
+        let Some(name) = e.file_name().to_str().map(str::to_string) else {
+            continue;
+        };
+        let kind = if m.is_dir() {
+            Kind::Dir
+        } else if m.is_file() {
+            Kind::File
+        } else {
+            continue;
+        };
+        out.push(Listed {
+            name,
+            kind,
+            size: if kind == Kind::File { m.len() } else { 0 },
+            etag: None,
+            mtime: m.modified().ok(),
+        });
+    }
+    Ok(out)
+}
+
+fn get_text(
+    client: &reqwest::blocking::Client,
+    url: &str,
+) -> std::result::Result<String, crate::net::http::Fail> {
+    use crate::net::http::{Fail, FailKind};
+    let r = client
+        .get(url)
+        .send()
+        .map_err(|e| Fail::new(FailKind::Refused, format!("GET {url}: {e}")))?;
+    let status = r.status().as_u16();
+    if status != 200 {
+        return Err(Fail::new(
+            FailKind::of_status(status),
+            format!("GET {url}: HTTP {status} (no listing page here)"),
+        ));
+    }
+    r.text()
+        .map_err(|e| Fail::new(FailKind::Protocol, format!("GET {url}: {e}")))
+}
+
+/// The entries an HTML index page links to: relative links of one path
+/// segment (`name`, or `name/` for a directory), percent-decoded, in page
+/// order, each once; parent links, absolute and query links (an index's
+/// sort links) are not entries.
+pub fn parse_index(html: &str) -> Vec<(String, bool)> {
+    let mut out: Vec<(String, bool)> = Vec::new();
+    let lower = html.to_ascii_lowercase();
+    let mut at = 0;
+    while let Some(i) = lower[at..].find("href=") {
+        let start = at + i + 5;
+        at = start;
+        let rest = &html[start..];
+        let (quote, body) = match rest.chars().next() {
+            Some(q @ ('"' | '\'')) => (Some(q), &rest[1..]),
+            _ => (None, rest),
+        };
+        let end = match quote {
+            Some(q) => body.find(q),
+            None => body.find(|c: char| c.is_whitespace() || c == '>'),
+        };
+        let Some(end) = end else { break };
+        let link = html_unescape(&body[..end]);
+        if link.is_empty()
+            || link.starts_with(['/', '?', '#', '.'])
+            || link.contains("://")
+            || link.contains(['?', '#'])
+        {
+            continue;
+        }
+        let (seg, dir) = match link.strip_suffix('/') {
+            Some(s) => (s, true),
+            None => (link.as_str(), false),
+        };
+        let Ok(name) = percent_encoding::percent_decode_str(seg).decode_utf8() else {
+            continue;
+        };
+        if usable(&name) && !out.iter().any(|(n, _)| *n == name) {
+            out.push((name.into_owned(), dir));
+        }
+    }
+    out
+}
+
+fn html_unescape(s: &str) -> String {
+    s.replace("&amp;", "&")
+        .replace("&quot;", "\"")
+        .replace("&#39;", "'")
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+}
+
+/// A relative path percent-encoded segment by segment.
+fn encode_path(rel: &str) -> String {
+    const SEG: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'.')
+        .remove(b'_')
+        .remove(b'~');
+    rel.split('/')
+        .map(|s| percent_encoding::utf8_percent_encode(s, SEG).to_string())
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+/// When a local file was last changed, for its attributes.
+pub fn local_mtime(path: &std::path::Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn index_pages_of_common_servers_list_their_entries() {
+        // Python's http.server.
+        let py = r#"<ul>
+<li><a href="a%20b.tar">a b.tar</a></li>
+<li><a href="sub/">sub/</a></li>
+<li><a href="x&amp;y.bin">x&amp;y.bin</a></li>
+</ul>"#;
+        assert_eq!(
+            parse_index(py),
+            vec![
+                ("a b.tar".to_string(), false),
+                ("sub".to_string(), true),
+                ("x&y.bin".to_string(), false)
+            ]
+        );
+        // nginx autoindex, Apache (sort links, parent, absolute links).
+        let nginx = r#"<h1>Index of /d/</h1><hr><pre><a href="../">../</a>
+<a href="?C=N;O=D">Name</a> <a href="/icons/x.gif">
+<a href='m.safetensors'>m.safetensors</a>  04-Dec-2026 10:00  1234
+<a href=http://elsewhere/x>x</a> <a href=plain.txt>plain</a>
+<a href="m.safetensors">again</a></pre>"#;
+        assert_eq!(
+            parse_index(nginx),
+            vec![
+                ("m.safetensors".to_string(), false),
+                ("plain.txt".to_string(), false)
+            ]
+        );
+    }
+
+    #[test]
+    fn garbage_pages_give_no_entries_and_no_panic() {
+        for page in [
+            "",
+            "href=",
+            "href=\"",
+            "<a href=\"%ff%fe\">",
+            "<a href=\"a/b/c\">",
+            "<a href=\"%2F\">",
+            "HREF='..'",
+        ] {
+            assert!(parse_index(page).is_empty(), "{page:?}");
+        }
+    }
+
+    #[test]
+    fn paths_are_encoded_segment_by_segment() {
+        assert_eq!(encode_path("a b/c+d.tar"), "a%20b/c%2Bd.tar");
+    }
+}
