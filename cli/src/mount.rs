@@ -101,6 +101,9 @@ impl Filesystem for Adapter {
         // a lock that holds on one node only would lie to the others.
         let _ = config
             .add_capabilities(fuser::consts::FUSE_POSIX_LOCKS | fuser::consts::FUSE_FLOCK_LOCKS);
+        // O_TRUNC given to `open` itself, not a setattr after it: an
+        // overwrite (allowed by --allow-overwrite) is told by its flag.
+        let _ = config.add_capabilities(fuser::consts::FUSE_ATOMIC_O_TRUNC);
         // Many reads in flight from the kernel's read-ahead and from
         // several readers at once.
         let _ = config.set_max_background(64);
@@ -180,12 +183,12 @@ impl Filesystem for Adapter {
     }
 
     fn unlink(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
-        let path = format!("{}/{}", self.fs.path_of(parent), name.to_string_lossy());
+        let path = self.fs.child_path(parent, name);
         reply.error(self.fs.refused("unlink", &path, libc::EPERM).0);
     }
 
     fn rmdir(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
-        let path = format!("{}/{}", self.fs.path_of(parent), name.to_string_lossy());
+        let path = self.fs.child_path(parent, name);
         reply.error(self.fs.refused("rmdir", &path, libc::EPERM).0);
     }
 
@@ -215,7 +218,7 @@ impl Filesystem for Adapter {
         _flags: u32,
         reply: ReplyEmpty,
     ) {
-        let path = format!("{}/{}", self.fs.path_of(parent), name.to_string_lossy());
+        let path = self.fs.child_path(parent, name);
         reply.error(self.fs.refused("rename", &path, libc::ENOSYS).0);
     }
 
@@ -228,7 +231,8 @@ impl Filesystem for Adapter {
         reply: ReplyEntry,
     ) {
         let path = self.fs.path_of(ino);
-        reply.error(self.fs.refused("link", &path, libc::ENOSYS).0);
+        // The kernel answers a link's ENOSYS as EPERM: said as it is seen.
+        reply.error(self.fs.refused("link", &path, libc::EPERM).0);
     }
 
     fn open(&mut self, req: &Request<'_>, ino: u64, flags: i32, reply: ReplyOpen) {
@@ -600,6 +604,19 @@ pub(crate) fn mount_cmd(a: MountArgs) -> AnyResult<()> {
         std::thread::sleep(Duration::from_millis(100));
     }
     drop(session);
+    if mounted(&a.mountpoint) {
+        // Busy: a process still has a file open or mapped. Detached
+        // now (a lazy unmount): new opens no longer see it, and what is
+        // open fails once this process is gone.
+        eprintln!(
+            "ringfeed mount: `{}` is busy (files still open): detaching it (fusermount3 -u -z)",
+            a.mountpoint.display()
+        );
+        let _ = std::process::Command::new("fusermount3")
+            .args(["-u", "-z"])
+            .arg(&a.mountpoint)
+            .status();
+    }
     fs.shutdown();
     let c = fs.counts.all();
     eprintln!(

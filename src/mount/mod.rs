@@ -733,10 +733,13 @@ impl Fs {
         }
     }
 
+    /// A file whose upload did not complete is gone: from its directory,
+    /// and its inode (a name the kernel still caches finds nothing).
     fn drop_local(&self, w: &WriteHandle) {
         let mut t = lock(&self.tree);
         if t.get(w.ino).is_some_and(|n| n.local) {
             t.remove(w.parent, &w.name);
+            t.forget(w.ino);
         }
     }
 
@@ -877,6 +880,14 @@ impl Fs {
         lock(&self.tree)
             .get(ino)
             .map_or_else(|| format!("inode {ino}"), |n| n.rel.clone())
+    }
+
+    /// The path of `name` in directory `parent`, for messages.
+    pub fn child_path(&self, parent: u64, name: &std::ffi::OsStr) -> String {
+        match self.path_of(parent) {
+            p if p.is_empty() => name.to_string_lossy().into_owned(),
+            p => format!("{p}/{}", name.to_string_lossy()),
+        }
     }
 
     /// A setattr: only a no-op size change (the size a file being

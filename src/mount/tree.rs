@@ -193,6 +193,14 @@ impl Tree {
         self.put(dir, &l, true)
     }
 
+    /// Drops the inode `ino` (a file whose upload did not complete): its
+    /// path gets a new inode if it is made again.
+    pub fn forget(&mut self, ino: u64) {
+        if let Some(n) = self.nodes.remove(&ino) {
+            self.by_rel.remove(&n.rel);
+        }
+    }
+
     /// Takes `name` out of `dir` (an upload that did not complete).
     pub fn remove(&mut self, dir: u64, name: &str) {
         if let Some(d) = self.dirs.get_mut(&dir) {
