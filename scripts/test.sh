@@ -78,6 +78,12 @@ if ! /usr/bin/python3 -c 'import seccomp' 2>/dev/null; then
     apt-get update -qq && apt-get install -y -qq python3-seccomp >/dev/null
 fi
 
+# `ringfeed mount` mounts through fusermount3 (the FUSE protocol itself is
+# the fuser crate's, no libfuse): bindings/python/tests/test_mount.py.
+if ! command -v fusermount3 >/dev/null; then
+    apt-get update -qq && apt-get install -y -qq fuse3 >/dev/null
+fi
+
 # The Python tests' dependencies, downloaded and installed into .venv in the
 # background while the Rust code is linted, built and tested (it is mostly
 # waiting on the network and the disk); the package itself is installed
