@@ -258,6 +258,11 @@ impl Store {
         lock(&self.lru).bytes
     }
 
+    /// Whether block `i` of `file` is held (read or being read).
+    pub fn holds(&self, file: &RemoteFile, i: u64) -> bool {
+        lock(&file.blocks).contains_key(&i)
+    }
+
     /// Block `i` of `file`: the one held, or a new one whose read starts.
     pub fn block(&self, file: &Arc<RemoteFile>, i: u64) -> Arc<Block> {
         let mut blocks = lock(&file.blocks);

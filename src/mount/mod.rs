@@ -51,6 +51,9 @@ use upload::{Refused, Upload};
 
 pub use tree::Kind as FileKind;
 
+/// Small files fetched ahead of a reader walking a directory in name order.
+pub const DIR_AHEAD: usize = 32;
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -129,6 +132,8 @@ mount_counts! {
     cache_filled,
     /// Blocks dropped for the memory budget.
     evicted,
+    /// Small files fetched ahead of a walk of their directory.
+    prefetched,
     /// Block reads that failed for good.
     read_errors,
     /// Files written and completed as objects.
@@ -235,6 +240,9 @@ pub struct Fs {
     next_fh: AtomicU64,
     jitter: Mutex<Jitter>,
     pub counts: Arc<MountCounts>,
+    /// The names last opened in each directory (the newest last), by
+    /// which a walk in name order is seen.
+    recent: Mutex<HashMap<u64, std::collections::VecDeque<String>>>,
     /// Readers waiting on blocks right now (for the stats).
     pub waiting: AtomicUsize,
 }
@@ -290,6 +298,7 @@ impl Fs {
             jitter: Mutex::new(Jitter::new(0x6d6f756e74)),
             counts,
             waiting: AtomicUsize::new(0),
+            recent: Mutex::new(HashMap::new()),
         })
     }
 
@@ -443,24 +452,9 @@ impl Fs {
                 (Reading::Local(f), false)
             }
             Object::Remote(obj) => {
-                let mut files = lock(&self.files);
-                let same = files.get(&ino).is_some_and(|(f, _)| {
-                    f.size == node.size
-                        && f.etag
-                            == node
-                                .etag
-                                .clone()
-                                .filter(|t| crate::net::version::is_strong(t))
-                });
-                if !same {
-                    let f =
-                        RemoteFile::new(self.source.url(&rel), obj, node.size, node.etag.clone());
-                    let opens = files.get(&ino).map_or(0, |e| e.1);
-                    files.insert(ino, (Arc::new(f), opens));
-                }
-                let e = files.get_mut(&ino).expect("inserted above");
-                e.1 += 1;
-                (Reading::Remote(Arc::clone(&e.0)), same)
+                let (file, same) = self.remote_file(ino, &node, obj, true);
+                self.prefetch_after(&node);
+                (Reading::Remote(file), same)
             }
         };
         let fh = self.new_fh(Handle::Read(Arc::new(ReadHandle {
@@ -469,6 +463,88 @@ impl Fs {
             ahead: Mutex::new(Ahead::default()),
         })));
         Ok((fh, keep))
+    }
+
+    /// The current version of remote file `ino` (made anew when the
+    /// listing shows another size or ETag), and whether it is the one
+    /// opened before; `open` counts a handle.
+    fn remote_file(
+        &self,
+        ino: u64,
+        node: &tree::Node,
+        obj: Arc<crate::net::http::HttpObject>,
+        open: bool,
+    ) -> (Arc<RemoteFile>, bool) {
+        let mut files = lock(&self.files);
+        let etag = node
+            .etag
+            .clone()
+            .filter(|t| crate::net::version::is_strong(t));
+        let same = files
+            .get(&ino)
+            .is_some_and(|(f, _)| f.size == node.size && f.etag == etag);
+        if !same {
+            let f = RemoteFile::new(
+                self.source.url(&node.rel),
+                obj,
+                node.size,
+                node.etag.clone(),
+            );
+            let opens = files.get(&ino).map_or(0, |e| e.1);
+            files.insert(ino, (Arc::new(f), opens));
+        }
+        let e = files.get_mut(&ino).expect("inserted above");
+        if open {
+            e.1 += 1;
+        }
+        (Arc::clone(&e.0), same)
+    }
+
+    /// Files opened one after another in a directory's name order (a
+    /// dataset of small files walked by one reader or several, each its
+    /// share): the next [`DIR_AHEAD`] small files are fetched before they
+    /// are opened, as a stream's blocks are.
+    fn prefetch_after(&self, node: &tree::Node) {
+        let Some(store) = &self.store else { return };
+        let name = node.rel.rsplit('/').next().unwrap_or(&node.rel).to_string();
+        let (walking, next) = {
+            let t = lock(&self.tree);
+            let before = t.neighbours(node.parent, &name, 4, false);
+            let mut recent = lock(&self.recent);
+            let seen = recent.entry(node.parent).or_default();
+            let walking = before.iter().any(|(n, _)| seen.contains(n));
+            seen.push_back(name.clone());
+            if seen.len() > 64 {
+                seen.pop_front();
+            }
+            let next: Vec<(u64, tree::Node)> = if walking {
+                t.neighbours(node.parent, &name, DIR_AHEAD, true)
+                    .into_iter()
+                    .filter_map(|(_, i)| t.get(i).cloned().map(|n| (i, n)))
+                    .filter(|(_, n)| {
+                        n.kind == Kind::File
+                            && !n.local
+                            && n.size > 0
+                            && n.size <= store.block_size()
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            (walking, next)
+        };
+        if !walking {
+            return;
+        }
+        for (ino, n) in next {
+            if let Ok(Object::Remote(obj)) = self.source.object(&n.rel) {
+                let (file, _) = self.remote_file(ino, &n, obj, false);
+                if !store.holds(&file, 0) {
+                    store.block(&file, 0);
+                    self.counts.add(&self.counts.prefetched, 1);
+                }
+            }
+        }
     }
 
     fn open_write(&self, ino: u64, node: &tree::Node, flags: i32, tid: u32) -> FsResult<u64> {
@@ -722,6 +798,7 @@ impl Fs {
                     w.url
                 )
             })),
+            Err(Refused::Broken(_)) => Err(Errno(libc::EIO)),
             Err(Refused::Failed(why)) => {
                 log(Level::Error, || {
                     format!("mount: writing `{}` failed: {why}", w.url)

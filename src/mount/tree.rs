@@ -111,6 +111,30 @@ impl Tree {
         })
     }
 
+    /// Up to `n` children of `dir` after `name` (`after`) or before it,
+    /// nearest first, in name order.
+    pub fn neighbours(&self, dir: u64, name: &str, n: usize, after: bool) -> Vec<(String, u64)> {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let Some(d) = self.dirs.get(&dir) else {
+            return Vec::new();
+        };
+        let pick = |(k, v): (&String, &u64)| (k.clone(), *v);
+        if after {
+            d.children
+                .range::<str, _>((Excluded(name), Unbounded))
+                .take(n)
+                .map(pick)
+                .collect()
+        } else {
+            d.children
+                .range::<str, _>((Unbounded, Excluded(name)))
+                .rev()
+                .take(n)
+                .map(pick)
+                .collect()
+        }
+    }
+
     fn rel_of(&self, dir: u64, name: &str) -> String {
         match self.nodes.get(&dir) {
             Some(d) if !d.rel.is_empty() => format!("{}/{name}", d.rel),
@@ -253,6 +277,24 @@ mod tests {
         assert_eq!(t.child(ROOT, "d"), None, "gone from the listing");
         t.set_listing(ROOT, &[file("a", 2), dir("d")], Instant::now());
         assert_eq!(t.child(ROOT, "d"), Some(d));
+    }
+
+    #[test]
+    fn neighbours_are_the_names_next_in_order() {
+        let mut t = Tree::new();
+        let l: Vec<_> = ["a", "b", "c", "d", "e"]
+            .iter()
+            .map(|n| file(n, 1))
+            .collect();
+        t.set_listing(ROOT, &l, Instant::now());
+        let names = |v: Vec<(String, u64)>| v.into_iter().map(|x| x.0).collect::<Vec<_>>();
+        assert_eq!(names(t.neighbours(ROOT, "b", 2, true)), ["c", "d"]);
+        assert_eq!(names(t.neighbours(ROOT, "d", 9, false)), ["c", "b", "a"]);
+        assert_eq!(
+            names(t.neighbours(ROOT, "e", 3, true)),
+            Vec::<String>::new()
+        );
+        assert_eq!(names(t.neighbours(ROOT, "bb", 1, true)), ["c"]);
     }
 
     #[test]

@@ -39,8 +39,10 @@ pub enum Refused {
     OutOfOrder { at: u64, end: u64 },
     /// After the upload was completed or failed.
     Closed,
-    /// The upload failed.
+    /// The upload failed at this write.
     Failed(String),
+    /// The upload failed before (every later write answers its error).
+    Broken(String),
 }
 
 impl Upload {
@@ -53,8 +55,10 @@ impl Upload {
 
     /// Writes `data` at `off`.
     pub fn write(&mut self, off: u64, data: &[u8]) -> Result<(), Refused> {
-        let Upload::Open { writer, written } = self else {
-            return Err(Refused::Closed);
+        let (writer, written) = match self {
+            Upload::Open { writer, written } => (writer, written),
+            Upload::Done(Err(why)) => return Err(Refused::Broken(why.clone())),
+            Upload::Done(Ok(_)) => return Err(Refused::Closed),
         };
         if off != *written {
             return Err(Refused::OutOfOrder {
@@ -175,6 +179,46 @@ mod tests {
         for bad in ["", "1 (x", "1 (x) R 2", "garbage )"] {
             assert!(!killed_by_stat(bad), "{bad}");
         }
+    }
+
+    fn writer(path: &std::path::Path) -> Writer {
+        let cfg = crate::config::Config::for_objects("{}").unwrap();
+        Writer::open(path.to_str().unwrap(), &cfg, None).unwrap()
+    }
+
+    #[test]
+    fn writes_in_order_complete_once_and_nothing_after() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("obj");
+        let mut u = Upload::new(writer(&p));
+        u.write(0, b"abc").unwrap();
+        assert_eq!(u.write(1, b"x"), Err(Refused::OutOfOrder { at: 1, end: 3 }));
+        assert_eq!(u.write(9, b"x"), Err(Refused::OutOfOrder { at: 9, end: 3 }));
+        u.write(3, b"def").unwrap();
+        assert!(!p.exists(), "visible only once complete");
+        assert_eq!(u.complete(), Ok(6));
+        assert_eq!(std::fs::read(&p).unwrap(), b"abcdef");
+        assert_eq!(u.complete(), Ok(6), "a second close answers the same");
+        assert_eq!(u.write(6, b"g"), Err(Refused::Closed));
+        assert!(!u.abort("late").unwrap(), "nothing left to abort");
+        assert_eq!(std::fs::read(&p).unwrap(), b"abcdef");
+    }
+
+    #[test]
+    fn an_aborted_upload_leaves_nothing_and_answers_its_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("obj");
+        let mut u = Upload::new(writer(&p));
+        u.write(0, &[7u8; 10000]).unwrap();
+        assert!(u.abort("killed").unwrap());
+        assert_eq!(u.complete(), Err("killed".to_string()));
+        assert_eq!(u.write(10000, b"x"), Err(Refused::Broken("killed".into())));
+        assert!(!p.exists());
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            0,
+            "no temporary left"
+        );
     }
 
     #[test]
