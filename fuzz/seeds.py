@@ -205,6 +205,9 @@ def other_seeds():
                '  <NextContinuationToken>tok/1=</NextContinuationToken>\n'
                '</ListBucketResult>')
     put("s3_xml", "list", b"\x00" + listing.encode())
+    # A mounted HTTP source's listing page (parsed from the same text).
+    put("s3_xml", "index-page", b"\x00<a href=\"a%20b/\">a b/</a><a href=\"../\">..</a>"
+        b"<a href='c&amp;d.bin'>c</a><a href=\"?C=N\">sort</a><a href=c.bin>c</a>")
     put("s3_xml", "list-last", b"\x00<ListBucketResult><IsTruncated>false</IsTruncated><Contents>"
         b"<Key>z</Key><Size>1</Size></Contents></ListBucketResult>")
     put("s3_xml", "error", b"\x01<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>NoSuchKey"

@@ -1,4 +1,5 @@
-//! S3's XML and the AWS shared files: ListObjectsV2 pages, error bodies,
+//! S3's XML and the AWS shared files: ListObjectsV2 pages (and, on the
+//! same text, a mounted HTTP source's listing page), error bodies,
 //! STS AssumeRoleWithWebIdentity answers, and the INI profile files.
 //! The first byte picks the parser.
 //!
@@ -9,6 +10,7 @@
 
 use ringfeed::net::s3::creds::{parse_ini, parse_sts};
 use ringfeed::net::s3::error_code;
+use ringfeed::mount::source::parse_index;
 use ringfeed::net::s3::list::parse_page;
 
 const SECRET: &str = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYzEXAMPLEKEY";
@@ -23,6 +25,16 @@ pub fn check(data: &[u8]) {
         (0, Ok(xml)) => {
             if let Ok(page) = parse_page(xml) {
                 assert!(page.next.as_ref().is_none_or(|t| !t.is_empty()));
+                assert_eq!(page.etags.len(), page.objects.len());
+            }
+            // The same text as a listing page of an HTTP source mounted
+            // (`ringfeed mount https://...`): every entry a usable name,
+            // each once.
+            let entries = parse_index(xml);
+            for (i, (name, _)) in entries.iter().enumerate() {
+                assert!(!name.is_empty() && name != "." && name != "..", "{name:?}");
+                assert!(!name.contains('/') && !name.contains('\0'), "{name:?}");
+                assert!(entries[..i].iter().all(|(n, _)| n != name), "{name:?} twice");
             }
         }
         (1, _) => {
