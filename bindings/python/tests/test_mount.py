@@ -238,6 +238,27 @@ def test_torch_safetensors_and_webdataset_read_through_the_mount(store, tmp_path
         del loaded
 
 
+def test_one_tensor_of_a_large_safetensors_file_reads_a_few_blocks_not_the_file(store, tmp_path):
+    torch = require("torch", "safetensors through the mount")
+    st = require("safetensors.torch", "safetensors through the mount")
+    from safetensors import safe_open
+    g = torch.Generator().manual_seed(4)
+    tensors = {f"layer{i}": torch.randn(4 * MiB // 4, generator=g) for i in range(24)}
+    tensors["tail"] = torch.arange(1000, dtype=torch.int32)
+    data = st.save(tensors)
+    put(store, "big/model.safetensors", data)
+    with mount(f"s3://{store.bucket}/big/", tmp_path, "--endpoint-url", store.endpoint,
+               "--part-size", "8MiB", "--metrics-port", "0", env=s3_env(store)) as m:
+        with safe_open(str(m.path / "model.safetensors"), framework="pt") as f:
+            assert torch.equal(f.get_tensor("tail"), tensors["tail"])
+            assert torch.equal(f.get_tensor("layer7"), tensors["layer7"])
+        fetched = m.metrics()["ringfeed_mount_bytes_fetched_total"]
+        # The header's block and the one read ahead of it, the blocks the
+        # two tensors lie in (and a window ahead of the 4 MiB one, read as
+        # a stream): a few of the file's 13 blocks, not the file.
+        assert fetched <= len(data) / 2, (fetched, len(data))
+
+
 def test_new_files_are_objects_once_closed_whole(store, tmp_path):
     data = random_bytes(13 * MiB + 5, 11)
     with mount(f"s3://{store.bucket}/out/", tmp_path, "--endpoint-url", store.endpoint,
