@@ -470,7 +470,10 @@ impl Store {
         }
     }
 
-    /// Stops the threads; reads in flight finish first.
+    /// Stops the threads (each ends once the reads it has are done, the
+    /// network thread's after their retries: not waited for here, so a
+    /// mount over a store that stalls still exits at once) and writes out
+    /// the cache fills queued.
     pub fn stop(&self) {
         for l in &self.links {
             l.stop();
@@ -479,9 +482,7 @@ impl Store {
         let one: u64 = 1;
         // SAFETY: writes 8 bytes to the inbox's eventfd, waking its thread.
         unsafe { libc::write(self.inbox.fd(), (&one as *const u64).cast(), 8) };
-        for t in lock(&self.threads).drain(..) {
-            let _ = t.join();
-        }
+        lock(&self.threads).clear();
         if let Some(s) = &self.spool {
             s.flush();
         }

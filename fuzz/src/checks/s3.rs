@@ -8,9 +8,9 @@
 //! credentials are those in the XML, and an STS error never shows the
 //! secret key or the session token; nothing panics.
 
+use ringfeed::mount::source::parse_index;
 use ringfeed::net::s3::creds::{parse_ini, parse_sts};
 use ringfeed::net::s3::error_code;
-use ringfeed::mount::source::parse_index;
 use ringfeed::net::s3::list::parse_page;
 
 const SECRET: &str = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYzEXAMPLEKEY";
@@ -34,7 +34,10 @@ pub fn check(data: &[u8]) {
             for (i, (name, _)) in entries.iter().enumerate() {
                 assert!(!name.is_empty() && name != "." && name != "..", "{name:?}");
                 assert!(!name.contains('/') && !name.contains('\0'), "{name:?}");
-                assert!(entries[..i].iter().all(|(n, _)| n != name), "{name:?} twice");
+                assert!(
+                    entries[..i].iter().all(|(n, _)| n != name),
+                    "{name:?} twice"
+                );
             }
         }
         (1, _) => {
