@@ -42,10 +42,38 @@ enum State {
     Failed(String),
 }
 
+/// Freed blocks' memory, kept for the next blocks: a new block's pages
+/// are then already faulted in, where fresh memory costs a fault per page
+/// on the network thread's receive (the first touch cost more than the
+/// transfer on a VM; see `ringfeed get`).
+pub struct Spare {
+    size: usize,
+    most: usize,
+    free: Mutex<Vec<Box<[u8]>>>,
+}
+
+impl Spare {
+    fn take(&self) -> Box<[u8]> {
+        lock(&self.free)
+            .pop()
+            .unwrap_or_else(|| vec![0u8; self.size].into_boxed_slice())
+    }
+
+    fn give(&self, mem: Box<[u8]>) {
+        let mut f = lock(&self.free);
+        if f.len() < self.most && mem.len() == self.size {
+            f.push(mem);
+        }
+    }
+}
+
 /// One block's memory and whether its read is done.
 pub struct Block {
     ptr: *mut u8,
+    /// The block's bytes (the memory may be longer: a spare's).
     len: usize,
+    cap: usize,
+    spare: Option<Arc<Spare>>,
     state: Mutex<State>,
     done: Condvar,
     /// Its place in the store's least-recently-used order.
@@ -60,11 +88,17 @@ unsafe impl Send for Block {}
 unsafe impl Sync for Block {}
 
 impl Block {
-    fn new(len: usize) -> Block {
-        let mem = vec![0u8; len].into_boxed_slice();
+    fn new(len: usize, spare: Option<&Arc<Spare>>) -> Block {
+        let mem = match spare {
+            Some(s) if len <= s.size => s.take(),
+            _ => vec![0u8; len].into_boxed_slice(),
+        };
+        let cap = mem.len();
         Block {
             ptr: Box::into_raw(mem).cast(),
             len,
+            cap,
+            spare: spare.filter(|s| cap == s.size).cloned(),
             state: Mutex::new(State::Pending),
             done: Condvar::new(),
             stamp: AtomicU64::new(0),
@@ -102,10 +136,14 @@ impl Block {
 
 impl Drop for Block {
     fn drop(&mut self) {
-        // SAFETY: made by `Box::into_raw` of a slice of `len` bytes in
+        // SAFETY: made by `Box::into_raw` of a slice of `cap` bytes in
         // `new`; a block is dropped only when no read is in flight into
         // it (the store's pending map holds it until its completion).
-        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr, self.len)) });
+        let mem = unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr, self.cap)) };
+        match &self.spare {
+            Some(s) => s.give(mem),
+            None => drop(mem),
+        }
     }
 }
 
@@ -188,6 +226,7 @@ pub struct Store {
     pending: Arc<Mutex<HashMap<u64, Arc<Block>>>>,
     next_id: AtomicU64,
     lru: Mutex<Lru>,
+    spare: Arc<Spare>,
     spool: Option<Spool>,
     stall: std::time::Duration,
     counts: Arc<MountCounts>,
@@ -241,6 +280,12 @@ impl Store {
             pending,
             next_id: AtomicU64::new(1),
             lru: Mutex::new(Lru::default()),
+            spare: Arc::new(Spare {
+                size: block.max(4096) as usize,
+                // A quarter of the budget kept for reuse at most.
+                most: (memory / block.max(4096) / 4).max(4) as usize,
+                free: Mutex::new(Vec::new()),
+            }),
             stall: net.stall,
             spool,
             counts,
@@ -274,7 +319,7 @@ impl Store {
         }
         let off = i * self.block;
         let len = (file.size - off.min(file.size)).min(self.block) as usize;
-        let b = Arc::new(Block::new(len));
+        let b = Arc::new(Block::new(len, Some(&self.spare)));
         blocks.insert(i, Arc::clone(&b));
         drop(blocks);
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
