@@ -143,6 +143,13 @@ fn lib_dir() -> &'static Path {
             .expect("profile directory name");
         let mut target_dir = profile_dir.parent().expect("target directory");
         let mut cmd = Command::new(env!("CARGO"));
+        // The compiler beside this cargo, by path (see cli/tests/objects.rs:
+        // a bare `rustc` is rustup's proxy, whose toolchain a dependency's
+        // own rust-toolchain.toml can change).
+        let rustc = Path::new(env!("CARGO")).with_file_name("rustc");
+        if rustc.is_file() {
+            cmd.env("RUSTC", rustc);
+        }
         cmd.args(["build", "--lib", "--manifest-path"])
             .arg(root().join("Cargo.toml"))
             .args([

@@ -122,7 +122,18 @@ fn example_bin(name: &str) -> PathBuf {
         let profile_dir = exe.parent().unwrap().parent().unwrap();
         let profile = profile_dir.file_name().unwrap().to_str().unwrap();
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-        let status = Command::new(env!("CARGO"))
+        let mut cargo = Command::new(env!("CARGO"));
+        // The compiler beside this cargo, by path: the rustup proxy a bare
+        // `rustc` runs picks its toolchain from the directory it runs in,
+        // and a dependency that ships a rust-toolchain.toml of its own
+        // (cbindgen 0.29 names nightly) would be built by another compiler
+        // than the artifacts it links against ("compiled by an
+        // incompatible version of rustc").
+        let rustc = Path::new(env!("CARGO")).with_file_name("rustc");
+        if rustc.is_file() {
+            cargo.env("RUSTC", rustc);
+        }
+        let status = cargo
             .args(["build", "--example", name, "--manifest-path"])
             .arg(root.join("Cargo.toml"))
             .args(["-p", "ringfeed", "--profile"])
