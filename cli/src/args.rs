@@ -343,6 +343,13 @@ pub(crate) struct MountArgs {
     /// The memory the fetched blocks of remote files may hold.
     #[arg(long, default_value = "1GiB", value_parser = size_arg)]
     pub(crate) memory: u64,
+    /// The kernel's own read-ahead on this mount (its
+    /// /sys/class/bdi/<dev>/read_ahead_kb, set once mounted; root only, a
+    /// warning otherwise): how much a stream of reads or a page fault of a
+    /// mapping asks for ahead, in requests of up to 1 MiB. The kernel's
+    /// default, 128 KiB, caps every request at 128 KiB. 0 leaves it.
+    #[arg(long, default_value = "16MiB", value_parser = size_arg)]
+    pub(crate) kernel_read_ahead: u64,
     /// The node's cache directory (key `cache_dir`, the loaders' entries):
     /// files read whole are read from it, or fill it.
     #[arg(long)]

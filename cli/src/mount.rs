@@ -438,15 +438,52 @@ extern "C" fn on_signal(sig: libc::c_int) {
     SIGNALLED.store(sig, Ordering::SeqCst);
 }
 
+/// Sets the kernel's read-ahead for the file system mounted on `dir`:
+/// the backing device info named by the mount's device number, once that
+/// mount is a FUSE one (this one, never the disk below it).
+/// Written after the kernel's INIT has been answered (the `stat` below
+/// waits for it): the answer lowers the read-ahead to what INIT offered,
+/// 128 KiB.
+fn set_kernel_read_ahead(dir: &Path, bytes: u64) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::metadata(dir)
+        .map_err(|e| format!("stat `{}`: {e}", dir.display()))?
+        .dev();
+    let dev = format!("{}:{}", libc::major(dev), libc::minor(dev));
+    match mount_entry(dir) {
+        Some((d, kind)) if d == dev && (kind == "fuse" || kind.starts_with("fuse.")) => {}
+        other => {
+            return Err(format!(
+                "`{}` is not this mount in /proc/self/mountinfo ({other:?}, device {dev})",
+                dir.display()
+            ));
+        }
+    }
+    let file = format!("/sys/class/bdi/{dev}/read_ahead_kb");
+    let kb = bytes.div_ceil(1024);
+    std::fs::write(&file, format!("{kb}\n")).map_err(|e| format!("{file}: {e}"))?;
+    eprintln!("ringfeed mount: kernel read-ahead {kb} KiB ({file})");
+    Ok(())
+}
+
 /// Whether `dir` is a mount point now (`/proc/self/mountinfo`).
 fn mounted(dir: &Path) -> bool {
-    let Ok(canon) = dir.canonicalize() else {
-        return false;
-    };
+    mount_entry(dir).is_some()
+}
+
+/// The top mount on `dir` in `/proc/self/mountinfo`: its device number
+/// (`major:minor`) and file system type.
+fn mount_entry(dir: &Path) -> Option<(String, String)> {
+    let canon = dir.canonicalize().ok()?;
     let want = canon.to_string_lossy().replace(' ', "\\040");
-    std::fs::read_to_string("/proc/self/mountinfo").is_ok_and(|m| {
-        m.lines()
-            .any(|l| l.split(' ').nth(4) == Some(want.as_str()))
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines().rev().find_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        if f.get(4) != Some(&want.as_str()) {
+            return None;
+        }
+        let kind = f.iter().skip_while(|x| **x != "-").nth(1)?;
+        Some((f.get(2)?.to_string(), kind.to_string()))
     })
 }
 
@@ -480,7 +517,11 @@ fn daemonize(a: &MountArgs) -> AnyResult<()> {
     let mut child = cmd.spawn()?;
     let until = std::time::Instant::now() + Duration::from_secs(60);
     loop {
-        if mounted(&a.mountpoint) {
+        // Mounted and said so: the line comes once the mount is set up
+        // (its kernel read-ahead included), not when the kernel first
+        // lists it.
+        let said = std::fs::read_to_string(&log).is_ok_and(|t| t.contains(" mounted on "));
+        if said && mounted(&a.mountpoint) {
             eprintln!(
                 "ringfeed mount: {} mounted on {} (pid {}, log {})",
                 a.source,
@@ -527,6 +568,7 @@ pub(crate) fn mount_cmd(a: MountArgs) -> AnyResult<()> {
         ttl,
         allow_overwrite: a.allow_overwrite,
         readahead: a.read_ahead,
+        kernel_readahead: a.kernel_read_ahead,
         memory: a.memory,
         ..MountOptions::default()
     };
@@ -586,6 +628,15 @@ pub(crate) fn mount_cmd(a: MountArgs) -> AnyResult<()> {
     }
     let session = fuser::spawn_mount2(adapter, &a.mountpoint, &options)
         .map_err(|e| format!("cannot mount on `{}`: {e}", a.mountpoint.display()))?;
+    if a.kernel_read_ahead > 0 {
+        match set_kernel_read_ahead(&a.mountpoint, a.kernel_read_ahead) {
+            Ok(()) => {}
+            Err(why) => eprintln!(
+                "ringfeed mount: warning: the kernel's read-ahead stays at its default \
+                 (reads of at most 128 KiB, slower streams and mappings): {why}"
+            ),
+        }
+    }
     eprintln!(
         "ringfeed mount: {} mounted on {}",
         ringfeed::redact::url(&a.source),

@@ -34,7 +34,7 @@ pub mod tree;
 pub mod upload;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -44,7 +44,7 @@ use crate::fetch::NetOptions;
 use crate::log::{Level, log};
 use crate::net::retry::Jitter;
 use blocks::{Block, RemoteFile, Store};
-use readahead::Ahead;
+use readahead::{Ahead, Limits};
 use source::{Object, Source};
 use tree::{Kind, ROOT, Tree};
 use upload::{Refused, Upload};
@@ -74,6 +74,9 @@ pub struct MountOptions {
     pub allow_overwrite: bool,
     /// The most bytes a stream reads ahead.
     pub readahead: u64,
+    /// The kernel's read-ahead on the mount: how far out of order one
+    /// stream's reads may come.
+    pub kernel_readahead: u64,
     /// The memory the blocks of remote files may hold.
     pub memory: u64,
     /// Network threads receiving the blocks.
@@ -88,6 +91,7 @@ impl Default for MountOptions {
             ttl: Duration::from_secs(60),
             allow_overwrite: false,
             readahead: 256 << 20,
+            kernel_readahead: 16 << 20,
             memory: 1 << 30,
             net_threads: 1,
             // SAFETY: plain getters.
@@ -124,6 +128,9 @@ mount_counts! {
     gets,
     /// Bytes received from the store for blocks.
     bytes_fetched,
+    /// Reads answered (the kernel's requests: `bytes_read / reads` is
+    /// the size it asks in).
+    reads,
     /// Bytes answered to readers' reads.
     bytes_read,
     /// Bytes answered from the node's cache entries.
@@ -156,12 +163,6 @@ impl MountCounts {
     pub fn prometheus(&self) -> String {
         let mut out = String::new();
         for (name, v) in self.all() {
-            let unit = if name.starts_with("bytes") || name.ends_with("bytes") {
-                "bytes"
-            } else {
-                ""
-            };
-            let _ = unit;
             out.push_str(&format!(
                 "# TYPE ringfeed_mount_{name}_total counter\nringfeed_mount_{name}_total {v}\n"
             ));
@@ -243,8 +244,6 @@ pub struct Fs {
     /// The names last opened in each directory (the newest last), by
     /// which a walk in name order is seen.
     recent: Mutex<HashMap<u64, std::collections::VecDeque<String>>>,
-    /// Readers waiting on blocks right now (for the stats).
-    pub waiting: AtomicUsize,
 }
 
 impl Fs {
@@ -297,7 +296,6 @@ impl Fs {
             next_fh: AtomicU64::new(1),
             jitter: Mutex::new(Jitter::new(0x6d6f756e74)),
             counts,
-            waiting: AtomicUsize::new(0),
             recent: Mutex::new(HashMap::new()),
         })
     }
@@ -696,6 +694,7 @@ impl Fs {
             }
             Reading::Remote(file) => self.read_remote(&h, file, off, size)?,
         };
+        self.counts.add(&self.counts.reads, 1);
         self.counts
             .add(&self.counts.bytes_read, data.bytes().len() as u64);
         Ok(data)
@@ -714,7 +713,12 @@ impl Fs {
         }
         let end = (off + size as u64).min(file.size);
         let block = store.block_size();
-        let (first, last) = lock(&h.ahead).on_read(off, end, file.size, block, self.opts.readahead);
+        let lim = Limits {
+            block,
+            max: self.opts.readahead,
+            slack: self.opts.kernel_readahead,
+        };
+        let (first, last) = lock(&h.ahead).on_read(off, end, file.size, lim);
         let stream = lock(&h.ahead).window() > 0 || file.size <= block;
         if let Some(e) = store.entry(file, off == 0 && stream)
             && let Some(bytes) = store.read_entry(file, &e, off, end)
@@ -733,9 +737,7 @@ impl Fs {
         }
         let mut parts = Vec::with_capacity(covered.len());
         for (i, b) in covered {
-            self.waiting.fetch_add(1, Ordering::Relaxed);
             let r = b.wait();
-            self.waiting.fetch_sub(1, Ordering::Relaxed);
             if let Err(why) = r {
                 store.forget(file, i, &b);
                 log(Level::Warn, || {
