@@ -21,7 +21,7 @@ use fuser::{
 };
 use serde_json::json;
 
-use ringfeed::mount::{Attr, FileKind, Fs, MountOptions};
+use ringfeed::mount::{Attr, FileKind, Fs, FsResult, MountOptions};
 
 use crate::AnyResult;
 use crate::args::{MountArgs, object_config};
@@ -91,6 +91,40 @@ fn file_attr(a: &Attr) -> FileAttr {
     }
 }
 
+/// A reply that can carry an errno instead (every one of fuser's can).
+trait Fails {
+    fn fail(self, errno: i32);
+}
+
+macro_rules! fails {
+    ($($t:ty),*) => {
+        $(impl Fails for $t {
+            fn fail(self, errno: i32) {
+                self.error(errno)
+            }
+        })*
+    };
+}
+
+fails!(
+    ReplyAttr,
+    ReplyCreate,
+    ReplyData,
+    ReplyDirectory,
+    ReplyEmpty,
+    ReplyEntry,
+    ReplyOpen,
+    ReplyWrite
+);
+
+/// The file system's answer through `ok`, or its errno.
+fn answer<R: Fails, T>(reply: R, r: FsResult<T>, ok: impl FnOnce(R, T)) {
+    match r {
+        Ok(v) => ok(reply, v),
+        Err(e) => reply.fail(e.0),
+    }
+}
+
 fn name_of(name: &OsStr) -> Option<String> {
     name.to_str().map(str::to_string)
 }
@@ -121,17 +155,17 @@ impl Filesystem for Adapter {
             return reply.error(libc::ENOENT);
         };
         let (fs, ttl) = (Arc::clone(&self.fs), self.ttl);
-        self.pool.run(move || match fs.lookup(parent, &name) {
-            Ok(a) => reply.entry(&ttl, &file_attr(&a), 0),
-            Err(e) => reply.error(e.0),
+        self.pool.run(move || {
+            answer(reply, fs.lookup(parent, &name), |reply, a| {
+                reply.entry(&ttl, &file_attr(&a), 0)
+            })
         });
     }
 
     fn getattr(&mut self, _req: &Request<'_>, ino: u64, _fh: Option<u64>, reply: ReplyAttr) {
-        match self.fs.getattr(ino) {
-            Ok(a) => reply.attr(&self.ttl, &file_attr(&a)),
-            Err(e) => reply.error(e.0),
-        }
+        answer(reply, self.fs.getattr(ino), |reply, a| {
+            reply.attr(&self.ttl, &file_attr(&a))
+        })
     }
 
     fn setattr(
@@ -157,10 +191,9 @@ impl Filesystem for Adapter {
             return reply.error(self.fs.refused("chmod/chown", &path, libc::EPERM).0);
         }
         // Times are taken and not kept (an object's time is its store's).
-        match self.fs.setattr(ino, size) {
-            Ok(a) => reply.attr(&self.ttl, &file_attr(&a)),
-            Err(e) => reply.error(e.0),
-        }
+        answer(reply, self.fs.setattr(ino, size), |reply, a| {
+            reply.attr(&self.ttl, &file_attr(&a))
+        })
     }
 
     fn mkdir(
@@ -176,9 +209,10 @@ impl Filesystem for Adapter {
             return reply.error(libc::EINVAL);
         };
         let (fs, ttl) = (Arc::clone(&self.fs), self.ttl);
-        self.pool.run(move || match fs.mkdir(parent, &name) {
-            Ok(a) => reply.entry(&ttl, &file_attr(&a), 0),
-            Err(e) => reply.error(e.0),
+        self.pool.run(move || {
+            answer(reply, fs.mkdir(parent, &name), |reply, a| {
+                reply.entry(&ttl, &file_attr(&a), 0)
+            })
         });
     }
 
@@ -237,16 +271,15 @@ impl Filesystem for Adapter {
 
     fn open(&mut self, req: &Request<'_>, ino: u64, flags: i32, reply: ReplyOpen) {
         let (fs, tid) = (Arc::clone(&self.fs), req.pid());
-        self.pool.run(move || match fs.open(ino, flags, tid) {
-            Ok((fh, keep)) => reply.opened(
-                fh,
-                if keep {
+        self.pool.run(move || {
+            answer(reply, fs.open(ino, flags, tid), |reply, (fh, keep)| {
+                let flags = if keep {
                     fuser::consts::FOPEN_KEEP_CACHE
                 } else {
                     0
-                },
-            ),
-            Err(e) => reply.error(e.0),
+                };
+                reply.opened(fh, flags)
+            })
         });
     }
 
@@ -262,11 +295,13 @@ impl Filesystem for Adapter {
         reply: ReplyData,
     ) {
         let fs = Arc::clone(&self.fs);
-        self.pool
-            .run(move || match fs.read(fh, offset.max(0) as u64, size) {
-                Ok(d) => reply.data(d.bytes()),
-                Err(e) => reply.error(e.0),
-            });
+        self.pool.run(move || {
+            answer(
+                reply,
+                fs.read(fh, offset.max(0) as u64, size),
+                |reply, d| reply.data(d.bytes()),
+            )
+        });
     }
 
     fn write(
@@ -284,10 +319,11 @@ impl Filesystem for Adapter {
         // In the session thread: writes of one file are taken in the order
         // the kernel sends them (the upload takes them only in order); a
         // part's upload waits only when the parts in flight are full.
-        match self.fs.write(fh, offset.max(0) as u64, data) {
-            Ok(n) => reply.written(n),
-            Err(e) => reply.error(e.0),
-        }
+        answer(
+            reply,
+            self.fs.write(fh, offset.max(0) as u64, data),
+            |reply, n| reply.written(n),
+        )
     }
 
     fn flush(
@@ -299,10 +335,8 @@ impl Filesystem for Adapter {
         reply: ReplyEmpty,
     ) {
         let (fs, tid) = (Arc::clone(&self.fs), req.pid());
-        self.pool.run(move || match fs.flush(fh, tid) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e.0),
-        });
+        self.pool
+            .run(move || answer(reply, fs.flush(fh, tid), |reply, ()| reply.ok()));
     }
 
     fn fsync(
@@ -314,10 +348,8 @@ impl Filesystem for Adapter {
         reply: ReplyEmpty,
     ) {
         let fs = Arc::clone(&self.fs);
-        self.pool.run(move || match fs.fsync(fh) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e.0),
-        });
+        self.pool
+            .run(move || answer(reply, fs.fsync(fh), |reply, ()| reply.ok()));
     }
 
     fn release(
@@ -343,11 +375,11 @@ impl Filesystem for Adapter {
         ino: u64,
         _fh: u64,
         offset: i64,
-        mut reply: ReplyDirectory,
+        reply: ReplyDirectory,
     ) {
         let fs = Arc::clone(&self.fs);
-        self.pool.run(move || match fs.readdir(ino) {
-            Ok(entries) => {
+        self.pool.run(move || {
+            answer(reply, fs.readdir(ino), |mut reply, entries| {
                 for (i, (child, kind, name)) in
                     entries.into_iter().enumerate().skip(offset as usize)
                 {
@@ -360,8 +392,7 @@ impl Filesystem for Adapter {
                     }
                 }
                 reply.ok();
-            }
-            Err(e) => reply.error(e.0),
+            })
         });
     }
 
@@ -386,11 +417,13 @@ impl Filesystem for Adapter {
             return reply.error(libc::EINVAL);
         };
         let (fs, ttl, tid) = (Arc::clone(&self.fs), self.ttl, req.pid());
-        self.pool
-            .run(move || match fs.create(parent, &name, flags, tid) {
-                Ok((a, fh)) => reply.created(&ttl, &file_attr(&a), 0, fh, 0),
-                Err(e) => reply.error(e.0),
-            });
+        self.pool.run(move || {
+            answer(
+                reply,
+                fs.create(parent, &name, flags, tid),
+                |reply, (a, fh)| reply.created(&ttl, &file_attr(&a), 0, fh, 0),
+            )
+        });
     }
 
     fn getlk(

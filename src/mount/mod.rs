@@ -238,6 +238,8 @@ pub struct Fs {
     /// handles.
     files: Mutex<HashMap<u64, (Arc<RemoteFile>, usize)>>,
     handles: Mutex<HashMap<u64, Handle>>,
+    /// The file being written at each inode (what `getattr` shows of it).
+    writing: Mutex<HashMap<u64, Arc<WriteHandle>>>,
     next_fh: AtomicU64,
     jitter: Mutex<Jitter>,
     pub counts: Arc<MountCounts>,
@@ -293,6 +295,7 @@ impl Fs {
             store,
             files: Mutex::new(HashMap::new()),
             handles: Mutex::new(HashMap::new()),
+            writing: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             jitter: Mutex::new(Jitter::new(0x6d6f756e74)),
             counts,
@@ -382,12 +385,9 @@ impl Fs {
         let mut a = self.attr_of(ino, n);
         drop(t);
         // A file being written shows what was written so far.
-        for h in lock(&self.handles).values() {
-            if let Handle::Write(w) = h
-                && w.ino == ino
-            {
-                a.size = lock(&w.upload).size();
-            }
+        let w = lock(&self.writing).get(&ino).cloned();
+        if let Some(w) = w {
+            a.size = lock(&w.upload).size();
         }
         Ok(a)
     }
@@ -610,14 +610,16 @@ impl Fs {
             n.local = true;
             n.size = 0;
         }
-        Ok(self.new_fh(Handle::Write(Arc::new(WriteHandle {
+        let w = Arc::new(WriteHandle {
             ino,
             opener: upload::tgid(tid),
             parent,
             name: name.to_string(),
             url,
             upload: Mutex::new(Upload::new(writer)),
-        }))))
+        });
+        lock(&self.writing).insert(ino, Arc::clone(&w));
+        Ok(self.new_fh(Handle::Write(w)))
     }
 
     /// Makes the new file `name` in `parent` and opens it for writing.
@@ -918,6 +920,10 @@ impl Fs {
                 // No flush came (the kernel sends one per close): complete
                 // it now rather than leave an upload open.
                 let _ = self.complete(&w);
+                let mut writing = lock(&self.writing);
+                if writing.get(&w.ino).is_some_and(|x| Arc::ptr_eq(x, &w)) {
+                    writing.remove(&w.ino);
+                }
             }
             Some(Handle::Read(r)) => {
                 if let Reading::Remote(f) = &r.reading {

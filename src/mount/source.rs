@@ -311,12 +311,12 @@ pub fn parse_index(html: &str) -> Vec<(String, bool)> {
     out
 }
 
+/// An attribute's text with its character references resolved (`&amp;`,
+/// `&#39;`, `&#x27;`, ...); one it cannot resolve (an HTML-only name such
+/// as `&nbsp;`) leaves the text as written, so the link is then judged as
+/// it stands.
 fn html_unescape(s: &str) -> String {
-    s.replace("&amp;", "&")
-        .replace("&quot;", "\"")
-        .replace("&#39;", "'")
-        .replace("&lt;", "<")
-        .replace("&gt;", ">")
+    quick_xml::escape::unescape(s).map_or_else(|_| s.to_string(), |t| t.into_owned())
 }
 
 /// A relative path percent-encoded segment by segment.
@@ -368,6 +368,22 @@ mod tests {
             vec![
                 ("m.safetensors".to_string(), false),
                 ("plain.txt".to_string(), false)
+            ]
+        );
+    }
+
+    #[test]
+    fn character_references_are_resolved_once() {
+        // `&amp;lt;` is the text `&lt;`, not `<`; numeric references too;
+        // a name HTML alone knows stays as written.
+        let page = r#"<a href="a&amp;lt;b">1</a><a href="it&#39;s&#x21;">2</a>
+<a href="sp&nbsp;ace">3</a>"#;
+        assert_eq!(
+            parse_index(page),
+            vec![
+                ("a&lt;b".to_string(), false),
+                ("it's!".to_string(), false),
+                ("sp&nbsp;ace".to_string(), false)
             ]
         );
     }

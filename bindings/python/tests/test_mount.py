@@ -495,6 +495,87 @@ def test_an_http_listing_is_a_read_only_tree(tmp_path):
         server.shutdown()
 
 
+def test_an_object_rewritten_while_read_is_an_error_never_a_mix(store, tmp_path):
+    """Blocks are pinned to the version the listing showed: a block asked
+    for after the object was rewritten (same size, other bytes) is EIO
+    and a log line, never the new bytes inside the old file. Control: the
+    same reads with the object left alone give the stored bytes."""
+    old = random_bytes(24 * MiB, 31)
+    new = random_bytes(24 * MiB, 32)
+    for label, rewrite in (("control", False), ("rewritten", True)):
+        key = f"pin/{label}.bin"
+        put(store, key, old)
+        with mount(f"s3://{store.bucket}/pin/", tmp_path, "--endpoint-url", store.endpoint,
+                   "--part-size", "1MiB", "--metrics-port", "0", env=s3_env(store), name=label) as m:
+            fd = os.open(m.path / f"{label}.bin", os.O_RDONLY)
+            try:
+                # A read at the start (its block and a window after it),
+                # then one far from it: a block not fetched yet.
+                assert os.pread(fd, 4096, 0) == old[:4096]
+                if rewrite:
+                    put(store, key, new)
+                far = 20 * MiB + 777
+                if rewrite:
+                    refused(lambda: os.pread(fd, 4096, far), errno.EIO)
+                    assert f"{label}.bin" in m.log_text(), m.log_text()
+                else:
+                    assert os.pread(fd, 4096, far) == old[far:far + 4096]
+            finally:
+                os.close(fd)
+    # The new version is read whole by a new mount.
+    with mount(f"s3://{store.bucket}/pin/", tmp_path, "--endpoint-url", store.endpoint,
+               env=s3_env(store), name="after") as m:
+        assert (m.path / "rewritten.bin").read_bytes() == new
+
+
+class _BadSite(http.server.BaseHTTPRequestHandler):
+    """A listing server gone wrong: `/` lists a file, two directories and
+    a file whose HEAD fails; `/broken/` answers 500; `/noise/` answers
+    bytes that are no page at all."""
+    body = random_bytes(70000, 41)
+
+    def log_message(self, *args):
+        pass
+
+    def _send(self, code, body=b"", head=False):
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if not head:
+            self.wfile.write(body)
+
+    def do_GET(self, head=False):
+        if self.path == "/":
+            page = b'<html><a href="ok.bin">ok</a> <a href="broken/">b</a> <a href="noise/">n</a></html>'
+            return self._send(200, page, head)
+        if self.path == "/ok.bin":
+            return self._send(200, self.body, head)
+        if self.path == "/noise/":
+            return self._send(200, random_bytes(5000, 42) + b'<a href="', head)
+        return self._send(500, b"internal error", head)
+
+    def do_HEAD(self):
+        self.do_GET(head=True)
+
+
+def test_an_http_source_answering_errors_or_garbage_gives_named_errors(tmp_path):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _BadSite)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/"
+        with mount(url, tmp_path, "--config", '{"max_attempts": 2}') as m:
+            assert sorted(os.listdir(m.path)) == ["broken", "noise", "ok.bin"]
+            # A listing page that answers 500: the directory is EIO and the
+            # log names the page and the status; the mount goes on.
+            refused(lambda: os.listdir(m.path / "broken"), errno.EIO)
+            assert "HTTP 500" in m.log_text() and "/broken/" in m.log_text(), m.log_text()
+            # Bytes that are no page: no entries, nothing invented.
+            assert os.listdir(m.path / "noise") == []
+            assert (m.path / "ok.bin").read_bytes() == _BadSite.body
+    finally:
+        server.shutdown()
+
+
 def test_local_directories_and_the_listing_time_to_live(tmp_path):
     src = tmp_path / "src"
     (src / "d").mkdir(parents=True)

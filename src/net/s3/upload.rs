@@ -105,10 +105,7 @@ pub fn complete_body(parts: &[DonePart], kind: Checksum) -> String {
 }
 
 fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
+    quick_xml::escape::escape(s).into_owned()
 }
 
 /// The upload id in `CreateMultipartUpload`'s answer.

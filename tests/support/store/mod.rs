@@ -12,7 +12,8 @@
 //! - path-style S3, each folder of the root a bucket: GetObject and
 //!   HeadObject are the same answers at `/bucket/key`; ListObjectsV2 at
 //!   `GET /bucket?list-type=2` (prefix, delimiter, max-keys, start-after,
-//!   continuation tokens); errors as S3's XML (`NoSuchKey`, `NoSuchBucket`,
+//!   continuation tokens; V1's `marker` too, answered in V2's XML); errors
+//!   as S3's XML (`NoSuchKey`, `NoSuchBucket`,
 //!   `InvalidRange`, `PreconditionFailed`, `SlowDown`). A request is taken
 //!   as S3's when it carries `Authorization`, an `x-amz-*` header or an S3
 //!   query (`list-type`): its errors are XML, others' plain text.
@@ -794,11 +795,15 @@ fn bucket(
         .unwrap_or(xml::MAX_KEYS);
     let token = q.get("continuation-token").cloned();
     let start_after = q.get("start-after").cloned();
+    // ListObjects (V1) pages by `marker` (the last key a client saw); its
+    // answer here is V2's XML, whose Contents and IsTruncated V1 clients
+    // read the same.
+    let marker = q.get("marker").cloned();
     let query = xml::ListQuery {
         prefix: q.get("prefix").cloned().unwrap_or_default(),
         delimiter: q.get("delimiter").cloned().filter(|d| !d.is_empty()),
         max_keys,
-        after: token.clone().or_else(|| start_after.clone()),
+        after: token.clone().or_else(|| start_after.clone()).or(marker),
         continuation_token: token,
         start_after,
     };
