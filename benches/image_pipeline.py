@@ -36,6 +36,19 @@ interleaved rounds in a rotating order; medians and ratios of medians are
 printed. Over ``--epochs`` passes, start-up is a small part of each run.
 
     benches/image_pipeline.py [--images 2048] [--epochs 2] [--rounds 3] [--only NAME,...]
+                              [--store local|emulator] [--latency 20ms:120ms]
+
+``--store emulator`` serves the shards (and LitData's chunks) from the
+project's object-store emulator (``store_emulator``, S3's first-byte
+latency, 90 MB/s a connection) instead of local files, and every
+contender reads them the way its users read a bucket: ringfeed
+``s3://`` URLs; WebDataset ``pipe:curl -s URL``; LitData
+``StreamingDataset("s3://...")`` with boto3 pointed at the emulator
+(``storage_options``; its chunk prefetch through obstore is allowed plain
+HTTP, which LitData has no option for) and an empty chunk cache each run; SPDL's source
+fetching each shard over HTTP, two shards ahead on threads. The floor
+decodes from memory in both modes (it is the decode floor, not a reader).
+Needs ``cargo build --release --example store_emulator`` and curl.
 
 Needs the repository's .venv with ringfeed, torch, torchvision, webdataset,
 Pillow and scikit-image (for its photos): scripts/test.sh installs them.
@@ -62,6 +75,20 @@ PHOTOS = [
     "motorcycle_right.png", "hubble_deep_field.jpg", "retina.jpg", "ihc.png", "immunohistochemistry.png",
 ]
 SPEC = {"jpg": {"random_resized_crop": SIDE, "flip": 0.5}, "cls": "int64"}
+BUCKET = "rfbench"
+# Where the shards are read from in a contender's process: None (the local
+# files) or the emulator's {"endpoint": ...} (set by --store-json).
+STORE = None
+
+
+def remote(path, folder="photos"):
+    """The HTTP URL (S3 path style) of a local shard on the emulator."""
+    return f"{STORE['endpoint']}/{BUCKET}/{folder}/{pathlib.Path(path).name}"
+
+
+def s3_config():
+    return {"s3_endpoint": STORE["endpoint"], "s3_region": "us-east-1",
+            "aws_access_key_id": "x", "aws_secret_access_key": "y"}
 
 
 def make_shards(n_images, per_shard=128):
@@ -123,7 +150,11 @@ def run_rf_engine(urls, epochs):
     import torch
     from ringfeed.torch import RingfeedDataset
 
-    ds = RingfeedDataset(urls, batch_size=BATCH, transform=SPEC, shuffle=True, seed=0)
+    config = {}
+    if STORE:
+        urls = [f"s3://{BUCKET}/photos/{pathlib.Path(u).name}" for u in urls]
+        config = s3_config()
+    ds = RingfeedDataset(urls, batch_size=BATCH, transform=SPEC, shuffle=True, seed=0, **config)
     n = 0
     for e in range(epochs):
         ds.set_epoch(e)
@@ -145,6 +176,8 @@ def run_wds_dl2(urls, epochs):
     import webdataset as wds
 
     tf = tv_transform()
+    if STORE:
+        urls = [f"pipe:curl -s {remote(u)}" for u in urls]
     ds = (
         wds.WebDataset(urls, shardshuffle=False)
         .shuffle(1000)
@@ -234,7 +267,23 @@ def run_litdata(urls, epochs):
             item = super().__getitem__(index)
             return tf(Image.open(io.BytesIO(item["jpg"])).convert("RGB")), item["cls"]
 
-    ds = Photos(str(litdata_dir(urls)), shuffle=True, seed=0)
+    if STORE:
+        import tempfile
+
+        # boto3 pointed at the emulator; a fresh chunk cache, so every
+        # chunk is downloaded in the run.
+        opts = {"endpoint_url": STORE["endpoint"], "aws_access_key_id": "x",
+                "aws_secret_access_key": "y", "region_name": "us-east-1"}
+        cache = tempfile.mkdtemp(prefix="litdata-cache-")
+        # LitData's chunk prefetch goes through obstore, which refuses a
+        # plain-HTTP endpoint unless its client options allow it; LitData
+        # passes none of its own, so they are added to its defaults here.
+        import litdata.streaming.downloader as dl
+
+        dl._OBSTORE_CLIENT_OPTIONS = {**dl._OBSTORE_CLIENT_OPTIONS, "allow_http": True}
+        ds = Photos(f"s3://{BUCKET}/litdata", cache_dir=cache, storage_options=opts, shuffle=True, seed=0)
+    else:
+        ds = Photos(str(litdata_dir(urls)), shuffle=True, seed=0)
     dl = StreamingDataLoader(ds, batch_size=BATCH, num_workers=2)
     n = 0
     for _ in range(epochs):
@@ -278,10 +327,28 @@ def run_spdl(urls, epochs):
 
     rng = random.Random(0)
 
+    def load(p):
+        if STORE:
+            import urllib.request
+
+            with urllib.request.urlopen(remote(p), timeout=60) as r:
+                return r.read()
+        with open(p, "rb") as f:
+            return f.read()
+
+    def shards(order):
+        # The next two shards fetched on threads while one is decoded.
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(2) as ex:
+            ahead = [ex.submit(load, p) for p in order[:2]]
+            for i in range(len(order)):
+                if i + 2 < len(order):
+                    ahead.append(ex.submit(load, order[i + 2]))
+                yield ahead.pop(0).result()
+
     def source(order):
-        for p in order:
-            with open(p, "rb") as f:
-                data = f.read()
+        for data in shards(order):
             sample = {}
             for name, payload in spdl.io.iter_tarfile(data):
                 key, ext = name.split(".", 1)
@@ -350,8 +417,39 @@ def available(name):
     return True
 
 
-def child(name, urls, epochs):
-    global _STARTED
+def start_emulator(urls, latency, litdata):
+    """The emulator over a root holding the shards (and LitData's chunks)
+    as hard links: ROOT/rfbench/photos/*.tar, ROOT/rfbench/litdata/*."""
+    import shutil
+
+    exe = os.environ.get("EMULATOR") or str(HERE.parent / "target/release/examples/store_emulator")
+    if not os.access(exe, os.X_OK):
+        sys.exit(f"no emulator at {exe}: cargo build --release --example store_emulator")
+    if shutil.which("curl") is None:
+        sys.exit("curl is needed (webdataset's pipe:curl)")
+    root = pathlib.Path(urls[0]).parent / "emulator-root"
+    shutil.rmtree(root, ignore_errors=True)
+    folders = [("photos", [pathlib.Path(u) for u in urls])]
+    if litdata:
+        d = litdata_dir(urls)
+        folders.append(("litdata", [p for p in d.iterdir() if p.is_file() and not p.name.startswith(".")]))
+    for folder, files in folders:
+        (root / BUCKET / folder).mkdir(parents=True)
+        for f in files:
+            os.link(f, root / BUCKET / folder / f.name)
+    argv = [exe, str(root), "--latency", latency]
+    print("$ " + " ".join(argv))
+    # stdin a pipe: the emulator stops when this program dies.
+    emu = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    endpoint = emu.stdout.readline().decode().strip()
+    if not endpoint.startswith("http://"):
+        sys.exit(f"store_emulator printed {endpoint!r}")
+    return {"endpoint": endpoint}, emu
+
+
+def child(name, urls, epochs, store):
+    global _STARTED, STORE
+    STORE = store
     _STARTED = t = time.perf_counter()
     n = RUNS[name](urls, epochs)
     print(json.dumps({"samples": n, "own_s": time.perf_counter() - t, "first_s": _FIRST[0] if _FIRST else 0.0}))
@@ -363,17 +461,25 @@ def main():
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--only", default="")
+    ap.add_argument("--store", choices=("local", "emulator"), default="local")
+    ap.add_argument("--latency", default="20ms:120ms", help="the emulator's first-byte latency MEDIAN:P99")
+    ap.add_argument("--store-json", help=argparse.SUPPRESS)
     ap.add_argument("--run", help=argparse.SUPPRESS)
     ap.add_argument("--urls", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.run:
-        return child(a.run, json.loads(a.urls), a.epochs)
+        return child(a.run, json.loads(a.urls), a.epochs, json.loads(a.store_json or "null"))
     urls = make_shards(a.images)
     mean = json.loads((OUT / f"photos-{a.images}" / "sizes.json").read_text())["mean_bytes"]
     names = [n for n in RUNS if (not a.only or n in a.only.split(",")) and available(n)]
     if "litdata" in names:
         litdata_dir(urls)
-    print(f"{a.images} JPEG photos, mean {mean / 1e3:.0f} KB, {a.epochs} epochs, batches of {BATCH}, to {SIDE}x{SIDE}")
+    store, emu = None, None
+    if a.store == "emulator":
+        store, emu = start_emulator(urls, a.latency, "litdata" in names)
+    where = f"from the emulator ({a.latency})" if store else "from local files"
+    print(f"{a.images} JPEG photos, mean {mean / 1e3:.0f} KB, {a.epochs} epochs, batches of {BATCH}, "
+          f"to {SIDE}x{SIDE}, read {where}")
     results = {n: [] for n in names}
     for r in range(a.rounds):
         order = names[r % len(names):] + names[: r % len(names)]
@@ -381,7 +487,8 @@ def main():
         for n in order:
             out = OUT / f"r{r}-{n}.json"
             cmd = [sys.executable, str(HERE / "timed.py"), str(out), "--", sys.executable, __file__,
-                   "--run", n, "--urls", json.dumps(urls), "--epochs", str(a.epochs)]
+                   "--run", n, "--urls", json.dumps(urls), "--epochs", str(a.epochs),
+                   "--store-json", json.dumps(store)]
             subprocess.run(cmd, check=True)
             j = json.loads(out.read_text())
             # Start-up: spawn to the first batch (the imports before the
@@ -411,7 +518,11 @@ def main():
             if ref in med:
                 print(f"  rf_engine / {ref} images/s: {rf[0] / med[ref][0]:.2f}, "
                       f"CPU per image: {rf[1] / med[ref][1]:.2f}")
-    (OUT / "summary.json").write_text(json.dumps({"medians": med, "rounds": results}, indent=1))
+    (OUT / "summary.json").write_text(json.dumps({"medians": med, "rounds": results, "store": a.store,
+                                                  "latency": a.latency if store else None}, indent=1))
+    if emu:
+        emu.stdin.close()
+        emu.wait(timeout=30)
 
 
 if __name__ == "__main__":
