@@ -16,6 +16,8 @@ pub struct MetricsServer {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
     addr: SocketAddr,
+    /// The listening socket, shut down to wake the thread's `accept`.
+    fd: std::os::fd::RawFd,
 }
 
 /// Serves `text()` at `/metrics` on 127.0.0.1:`port` (0: any free port);
@@ -40,18 +42,24 @@ pub fn serve_on(
             format!("--metrics-port {port}: cannot listen on {ip}: {e}"),
         )
     })?;
-    listener.set_nonblocking(true)?;
     let addr: SocketAddr = listener.local_addr()?;
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&listener);
     let stop = Arc::new(AtomicBool::new(false));
     let s = Arc::clone(&stop);
     let thread = std::thread::Builder::new()
         .name("ringfeed-metrics".into())
         .spawn(move || {
-            // Relaxed: a flag checked between accepts.
+            // Blocks in accept until a scrape comes or the drop shuts the
+            // socket down (accept then fails and the flag is set).
+            // Relaxed: the flag is set before the shutdown that wakes us.
             while !s.load(Ordering::Relaxed) {
                 match listener.accept() {
                     Ok((conn, _)) => answer(conn, &text),
-                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                    // Out of descriptors and the like: try again soon.
+                    Err(_) if !s.load(Ordering::Relaxed) => {
+                        std::thread::sleep(Duration::from_millis(20))
+                    }
+                    Err(_) => {}
                 }
             }
         })?;
@@ -59,6 +67,7 @@ pub fn serve_on(
         stop,
         thread: Some(thread),
         addr,
+        fd,
     })
 }
 
@@ -102,8 +111,46 @@ fn answer(mut conn: TcpStream, text: &impl Fn() -> String) {
 impl Drop for MetricsServer {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+        // SAFETY: the listener is open until the thread (joined below)
+        // ends; shutting a listening socket down makes a blocked accept
+        // return EINVAL on Linux.
+        unsafe { libc::shutdown(self.fd, libc::SHUT_RDWR) };
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn get(addr: SocketAddr, path: &str) -> String {
+        let mut c = TcpStream::connect(addr).unwrap();
+        write!(c, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut out = String::new();
+        c.read_to_string(&mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn serves_the_text_refuses_other_paths_and_stops_when_dropped() {
+        let n = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let m = {
+            let n = Arc::clone(&n);
+            serve(0, move || {
+                format!("x_total {}\n", n.fetch_add(1, Ordering::Relaxed))
+            })
+        }
+        .unwrap();
+        let addr = m.addr();
+        assert!(get(addr, "/metrics").ends_with("\r\n\r\nx_total 0\n"));
+        assert!(get(addr, "/metrics").ends_with("\r\n\r\nx_total 1\n"));
+        assert!(get(addr, "/other").starts_with("HTTP/1.1 404"));
+        // The thread blocks in accept: the drop wakes it and returns, and
+        // the port no longer answers.
+        drop(m);
+        assert!(TcpStream::connect(addr).is_err());
+        assert_eq!(n.load(Ordering::Relaxed), 2);
     }
 }
