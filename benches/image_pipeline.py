@@ -42,7 +42,7 @@ printed. Over ``--epochs`` passes, start-up is a small part of each run.
 project's object-store emulator (``store_emulator``, S3's first-byte
 latency, 90 MB/s a connection) instead of local files, and every
 contender reads them the way its users read a bucket: ringfeed
-``s3://`` URLs; WebDataset ``pipe:curl -s URL``; LitData
+``s3://`` URLs; WebDataset ``pipe:curl -sf URL``; LitData
 ``StreamingDataset("s3://...")`` with boto3 pointed at the emulator
 (``storage_options``; its chunk prefetch through obstore is allowed plain
 HTTP, which LitData has no option for) and an empty chunk cache each run; SPDL's source
@@ -177,7 +177,7 @@ def run_wds_dl2(urls, epochs):
 
     tf = tv_transform()
     if STORE:
-        urls = [f"pipe:curl -s {remote(u)}" for u in urls]
+        urls = [f"pipe:curl -sf {remote(u)}" for u in urls]
     ds = (
         wds.WebDataset(urls, shardshuffle=False)
         .shuffle(1000)

@@ -107,7 +107,7 @@ D. one epoch of SHARDS [16] WebDataset shards of SHARD_SIZE [64MiB]
    (`ringfeed gen --seed 0`, ~100 KB samples), read by webdataset itself:
      mounts       webdataset.WebDataset("MNT/shards/shard-{000000..000015}.tar",
                   shardshuffle=False)
-     pipe:curl    webdataset.WebDataset("pipe:curl -s ENDPOINT/BUCKET/shards/shard-{000000..000015}.tar",
+     pipe:curl    webdataset.WebDataset("pipe:curl -sf ENDPOINT/BUCKET/shards/shard-{000000..000015}.tar",
                   shardshuffle=False)
    each sample's fields' bytes counted (no decoding), the count checked.
    s3fs and rclone read D too with --d-peers. No target: the ratio
@@ -653,7 +653,7 @@ class Bench:
         spec = {"samples": sh["samples"], "payload": sh["payload"], "bytes": sh["bytes"]}
         kinds = self.a.mounts if self.a.d_peers else [k for k in self.a.mounts if k == "ringfeed"]
         cont = self.mount_contenders(lambda mnt: dict(spec, urls=f"{mnt}/{sh['pattern']}"), "wds", kinds)
-        curl = dict(spec, urls=f"pipe:curl -s {self.endpoint}/{BUCKET}/{sh['pattern']}")
+        curl = dict(spec, urls=f"pipe:curl -sf {self.endpoint}/{BUCKET}/{sh['pattern']}")
         cont["pipe:curl"] = {"mount": None, "argv": lambda _: self.reader("wds", curl)}
         return self.rounds("D", cont)
 

@@ -661,15 +661,18 @@ pub(crate) fn mount_cmd(a: MountArgs) -> AnyResult<()> {
     }
     let session = fuser::spawn_mount2(adapter, &a.mountpoint, &options)
         .map_err(|e| format!("cannot mount on `{}`: {e}", a.mountpoint.display()))?;
+    // The kernel's default read-ahead, in force unless ours is set.
+    let mut in_force = 128 << 10;
     if a.kernel_read_ahead > 0 {
         match set_kernel_read_ahead(&a.mountpoint, a.kernel_read_ahead) {
-            Ok(()) => {}
+            Ok(()) => in_force = a.kernel_read_ahead,
             Err(why) => eprintln!(
                 "ringfeed mount: warning: the kernel's read-ahead stays at its default \
                  (reads of at most 128 KiB, slower streams and mappings): {why}"
             ),
         }
     }
+    fs.set_kernel_readahead(in_force);
     eprintln!(
         "ringfeed mount: {} mounted on {}",
         ringfeed::redact::url(&a.source),

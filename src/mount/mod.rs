@@ -75,7 +75,8 @@ pub struct MountOptions {
     /// The most bytes a stream reads ahead.
     pub readahead: u64,
     /// The kernel's read-ahead on the mount: how far out of order one
-    /// stream's reads may come.
+    /// stream's reads may come (what is in force once mounted is told by
+    /// [`Fs::set_kernel_readahead`]).
     pub kernel_readahead: u64,
     /// The memory the blocks of remote files may hold.
     pub memory: u64,
@@ -243,6 +244,8 @@ pub struct Fs {
     next_fh: AtomicU64,
     jitter: Mutex<Jitter>,
     pub counts: Arc<MountCounts>,
+    /// The kernel's read-ahead in force (a stream's tolerance).
+    kernel_readahead: AtomicU64,
     /// The names last opened in each directory (the newest last), by
     /// which a walk in name order is seen.
     recent: Mutex<HashMap<u64, std::collections::VecDeque<String>>>,
@@ -286,6 +289,7 @@ impl Fs {
         };
         let mut cfg = cfg.clone();
         cfg.overwrite = opts.allow_overwrite;
+        let opts_kernel_readahead = opts.kernel_readahead;
         Ok(Fs {
             source,
             cfg,
@@ -300,7 +304,15 @@ impl Fs {
             jitter: Mutex::new(Jitter::new(0x6d6f756e74)),
             counts,
             recent: Mutex::new(HashMap::new()),
+            kernel_readahead: AtomicU64::new(opts_kernel_readahead),
         })
+    }
+
+    /// The kernel's read-ahead actually in force on the mount (the one
+    /// asked for could not be set: the kernel's default then).
+    pub fn set_kernel_readahead(&self, bytes: u64) {
+        // Relaxed: a tolerance read per read, no ordering with other data.
+        self.kernel_readahead.store(bytes, Ordering::Relaxed);
     }
 
     pub fn options(&self) -> &MountOptions {
@@ -718,7 +730,8 @@ impl Fs {
         let lim = Limits {
             block,
             max: self.opts.readahead,
-            slack: self.opts.kernel_readahead,
+            // Relaxed: see set_kernel_readahead.
+            slack: self.kernel_readahead.load(Ordering::Relaxed),
         };
         let (first, last) = lock(&h.ahead).on_read(off, end, file.size, lim);
         let stream = lock(&h.ahead).window() > 0 || file.size <= block;

@@ -312,11 +312,32 @@ pub fn parse_index(html: &str) -> Vec<(String, bool)> {
 }
 
 /// An attribute's text with its character references resolved (`&amp;`,
-/// `&#39;`, `&#x27;`, ...); one it cannot resolve (an HTML-only name such
-/// as `&nbsp;`) leaves the text as written, so the link is then judged as
-/// it stands.
+/// `&#39;`, `&#x27;`, ...), each on its own: one that cannot be resolved
+/// (an HTML-only name such as `&nbsp;`, a bare `&`) stays as written and
+/// the others are still resolved.
 fn html_unescape(s: &str) -> String {
-    quick_xml::escape::unescape(s).map_or_else(|_| s.to_string(), |t| t.into_owned())
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(i) = rest.find('&') {
+        out.push_str(&rest[..i]);
+        let tail = &rest[i..];
+        match tail[1..].find(['&', ';']).map(|j| j + 1) {
+            Some(j) if tail.as_bytes()[j] == b';' => {
+                let r = &tail[..=j];
+                match quick_xml::escape::unescape(r) {
+                    Ok(t) => out.push_str(&t),
+                    Err(_) => out.push_str(r),
+                }
+                rest = &tail[j + 1..];
+            }
+            _ => {
+                out.push('&');
+                rest = &tail[1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// A relative path percent-encoded segment by segment.
@@ -377,13 +398,16 @@ mod tests {
         // `&amp;lt;` is the text `&lt;`, not `<`; numeric references too;
         // a name HTML alone knows stays as written.
         let page = r#"<a href="a&amp;lt;b">1</a><a href="it&#39;s&#x21;">2</a>
-<a href="sp&nbsp;ace">3</a>"#;
+<a href="sp&nbsp;ace">3</a><a href="x&amp;y&nbsp;z">4</a><a href="p&q&amp;r;">5</a>"#;
         assert_eq!(
             parse_index(page),
             vec![
                 ("a&lt;b".to_string(), false),
                 ("it's!".to_string(), false),
-                ("sp&nbsp;ace".to_string(), false)
+                ("sp&nbsp;ace".to_string(), false),
+                // One reference it cannot resolve leaves the others resolved.
+                ("x&y&nbsp;z".to_string(), false),
+                ("p&q&r;".to_string(), false)
             ]
         );
     }

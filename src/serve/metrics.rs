@@ -16,8 +16,10 @@ pub struct MetricsServer {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
     addr: SocketAddr,
-    /// The listening socket, shut down to wake the thread's `accept`.
-    fd: std::os::fd::RawFd,
+    /// The listening socket (a second descriptor of it, owned here so it
+    /// stays open until the drop), shut down to wake the thread's
+    /// `accept`.
+    wake: TcpListener,
 }
 
 /// Serves `text()` at `/metrics` on 127.0.0.1:`port` (0: any free port);
@@ -43,7 +45,7 @@ pub fn serve_on(
         )
     })?;
     let addr: SocketAddr = listener.local_addr()?;
-    let fd = std::os::fd::AsRawFd::as_raw_fd(&listener);
+    let wake = listener.try_clone()?;
     let stop = Arc::new(AtomicBool::new(false));
     let s = Arc::clone(&stop);
     let thread = std::thread::Builder::new()
@@ -67,7 +69,7 @@ pub fn serve_on(
         stop,
         thread: Some(thread),
         addr,
-        fd,
+        wake,
     })
 }
 
@@ -111,10 +113,11 @@ fn answer(mut conn: TcpStream, text: &impl Fn() -> String) {
 impl Drop for MetricsServer {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        // SAFETY: the listener is open until the thread (joined below)
-        // ends; shutting a listening socket down makes a blocked accept
+        // Shutting the listening socket down (through our own descriptor
+        // of it, open until this struct is gone) makes a blocked accept
         // return EINVAL on Linux.
-        unsafe { libc::shutdown(self.fd, libc::SHUT_RDWR) };
+        // SAFETY: `wake` is an open socket owned by `self`.
+        unsafe { libc::shutdown(std::os::fd::AsRawFd::as_raw_fd(&self.wake), libc::SHUT_RDWR) };
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }

@@ -12,7 +12,8 @@
 //! - path-style S3, each folder of the root a bucket: GetObject and
 //!   HeadObject are the same answers at `/bucket/key`; ListObjectsV2 at
 //!   `GET /bucket?list-type=2` (prefix, delimiter, max-keys, start-after,
-//!   continuation tokens; V1's `marker` too, answered in V2's XML); errors
+//!   continuation tokens; V1's `marker` too, answered in V2's XML with a
+//!   `NextMarker`); errors
 //!   as S3's XML (`NoSuchKey`, `NoSuchBucket`,
 //!   `InvalidRange`, `PreconditionFailed`, `SlowDown`). A request is taken
 //!   as S3's when it carries `Authorization`, an `x-amz-*` header or an S3
@@ -795,9 +796,10 @@ fn bucket(
         .unwrap_or(xml::MAX_KEYS);
     let token = q.get("continuation-token").cloned();
     let start_after = q.get("start-after").cloned();
-    // ListObjects (V1) pages by `marker` (the last key a client saw); its
-    // answer here is V2's XML, whose Contents and IsTruncated V1 clients
-    // read the same.
+    // ListObjects (V1) pages by `marker` (the last key a client saw, or
+    // the page's NextMarker with a delimiter); its answer here is V2's XML
+    // with NextMarker added, whose Contents, CommonPrefixes and
+    // IsTruncated V1 clients read the same.
     let marker = q.get("marker").cloned();
     let query = xml::ListQuery {
         prefix: q.get("prefix").cloned().unwrap_or_default(),
@@ -806,6 +808,7 @@ fn bucket(
         after: token.clone().or_else(|| start_after.clone()).or(marker),
         continuation_token: token,
         start_after,
+        v1: !q.contains_key("list-type"),
     };
     let mut r = Response::new(Reply::text(xml::list_objects_v2(name, &entries, &query)));
     r.headers_mut().insert(

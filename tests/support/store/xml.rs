@@ -39,6 +39,10 @@ pub struct ListQuery {
     /// Echoed back as S3 does.
     pub continuation_token: Option<String>,
     pub start_after: Option<String>,
+    /// A ListObjects (V1) request (no `list-type=2`): a truncated page
+    /// also names its `NextMarker` (the last key or common prefix), which
+    /// V1 clients page by when a delimiter is given.
+    pub v1: bool,
 }
 
 /// S3's largest page (and default `max-keys`).
@@ -119,6 +123,9 @@ pub fn list_objects_v2(bucket: &str, entries: &[Entry], q: &ListQuery) -> String
                 "<NextContinuationToken>{}</NextContinuationToken>",
                 escape(l)
             );
+            if q.v1 {
+                x += &format!("<NextMarker>{}</NextMarker>", escape(l));
+            }
         }
     }
     for e in contents {
