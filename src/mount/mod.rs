@@ -1,7 +1,7 @@
 //! A file system over a dataset's source, for code that only knows paths
 //! (`from_pretrained(dir)`, `torch.load(path)`, `ImageFolder`, a
 //! WebDataset file pattern): `ringfeed mount SOURCE MOUNTPOINT` speaks
-//! the FUSE protocol (the CLI, `cli/src/mount.rs`) and answers with
+//! the FUSE protocol (the CLI, `cli/src/mount/`) and answers with
 //! what [`Fs`] says. Sources are an `s3://bucket/prefix/`, an `http(s)://`
 //! directory whose server gives a listing page, and a local directory.
 //!
@@ -9,9 +9,13 @@
 //!   directory's children from its last listing, kept for `ttl`.
 //! - [`source`]: what a source lists, one directory at a time, and the
 //!   object behind a path.
+//! - `read.rs`: opening to read and answering reads (local files, cache
+//!   entries, a remote file's blocks); `write.rs`: new files written,
+//!   completed, aborted. Both are `impl Fs` blocks; the directory
+//!   operations, handles and counters stay here.
 //! - [`readahead`]: how far ahead of a handle's reads its blocks are
-//!   fetched (a stream's window doubles up to the most; random reads
-//!   fetch only what they cover) — pure.
+//!   fetched (a stream's window is twice what it has read, up to the
+//!   most; random reads fetch only what they cover) — pure.
 //! - [`blocks`]: a remote file's blocks of `part_size`, fetched with the
 //!   engine's ranged reads on io_uring network threads, shared by every
 //!   handle and process, held in a memory budget; the node's cache
@@ -28,10 +32,12 @@
 //! (`EROFS`).
 
 pub mod blocks;
+mod read;
 pub mod readahead;
 pub mod source;
 pub mod tree;
 pub mod upload;
+mod write;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -44,10 +50,10 @@ use crate::fetch::NetOptions;
 use crate::log::{Level, log};
 use crate::net::retry::Jitter;
 use blocks::{Block, RemoteFile, Store};
-use readahead::{Ahead, Limits};
-use source::{Object, Source};
+use readahead::Ahead;
+use source::Source;
 use tree::{Kind, ROOT, Tree};
-use upload::{Refused, Upload};
+use upload::Upload;
 
 pub use tree::Kind as FileKind;
 
@@ -427,243 +433,6 @@ impl Fs {
         fh
     }
 
-    /// Opens `ino`: for reading (the answer's `bool`: the kernel may keep
-    /// the pages it cached, the version being the one it read), or for
-    /// writing when `flags` ask for it (see [`Fs::create`]).
-    pub fn open(&self, ino: u64, flags: i32, tid: u32) -> FsResult<(u64, bool)> {
-        let node = lock(&self.tree)
-            .get(ino)
-            .cloned()
-            .ok_or(Errno(libc::ENOENT))?;
-        if node.kind == Kind::Dir {
-            return Err(Errno(libc::EISDIR));
-        }
-        let rel = node.rel.clone();
-        if flags & libc::O_ACCMODE != libc::O_RDONLY {
-            return self
-                .open_write(ino, &node, flags, tid)
-                .map(|fh| (fh, false));
-        }
-        if node.local {
-            return Err(self.refuse(libc::EPERM, || {
-                format!(
-                    "mount: `{rel}` is being written; it can be read once closed (open refused, EPERM)"
-                )
-            }));
-        }
-        let obj = self.source.object(&rel).map_err(|e| {
-            log(Level::Warn, || format!("mount: `{rel}`: {e}"));
-            Errno(libc::EIO)
-        })?;
-        let (reading, keep) = match obj {
-            Object::Local(path) => {
-                let f = std::fs::File::open(&path)
-                    .map_err(|e| Errno(e.raw_os_error().unwrap_or(libc::EIO)))?;
-                (Reading::Local(f), false)
-            }
-            Object::Remote(obj) => {
-                let (file, same) = self.remote_file(ino, &node, obj, true);
-                self.prefetch_after(&node);
-                (Reading::Remote(file), same)
-            }
-        };
-        let fh = self.new_fh(Handle::Read(Arc::new(ReadHandle {
-            ino,
-            reading,
-            ahead: Mutex::new(Ahead::default()),
-        })));
-        Ok((fh, keep))
-    }
-
-    /// The current version of remote file `ino` (made anew when the
-    /// listing shows another size or ETag), and whether it is the one
-    /// opened before; `open` counts a handle.
-    fn remote_file(
-        &self,
-        ino: u64,
-        node: &tree::Node,
-        obj: Arc<crate::net::http::HttpObject>,
-        open: bool,
-    ) -> (Arc<RemoteFile>, bool) {
-        let mut files = lock(&self.files);
-        let etag = node
-            .etag
-            .clone()
-            .filter(|t| crate::net::version::is_strong(t));
-        let same = files
-            .get(&ino)
-            .is_some_and(|(f, _)| f.size == node.size && f.etag == etag);
-        if !same {
-            let f = RemoteFile::new(
-                self.source.url(&node.rel),
-                obj,
-                node.size,
-                node.etag.clone(),
-            );
-            let opens = files.get(&ino).map_or(0, |e| e.1);
-            files.insert(ino, (Arc::new(f), opens));
-        }
-        let e = files.get_mut(&ino).expect("inserted above");
-        if open {
-            e.1 += 1;
-        }
-        (Arc::clone(&e.0), same)
-    }
-
-    /// Files opened one after another in a directory's name order (a
-    /// dataset of small files walked by one reader or several, each its
-    /// share): the next [`DIR_AHEAD`] small files are fetched before they
-    /// are opened, as a stream's blocks are.
-    fn prefetch_after(&self, node: &tree::Node) {
-        let Some(store) = &self.store else { return };
-        let name = node.rel.rsplit('/').next().unwrap_or(&node.rel).to_string();
-        let (walking, next) = {
-            let t = lock(&self.tree);
-            let before = t.neighbours(node.parent, &name, 4, false);
-            let mut recent = lock(&self.recent);
-            let seen = recent.entry(node.parent).or_default();
-            let walking = before.iter().any(|(n, _)| seen.contains(n));
-            seen.push_back(name.clone());
-            if seen.len() > 64 {
-                seen.pop_front();
-            }
-            let next: Vec<(u64, tree::Node)> = if walking {
-                t.neighbours(node.parent, &name, DIR_AHEAD, true)
-                    .into_iter()
-                    .filter_map(|(_, i)| t.get(i).cloned().map(|n| (i, n)))
-                    .filter(|(_, n)| {
-                        n.kind == Kind::File
-                            && !n.local
-                            && n.size > 0
-                            && n.size <= store.block_size()
-                    })
-                    .collect()
-            } else {
-                Vec::new()
-            };
-            (walking, next)
-        };
-        if !walking {
-            return;
-        }
-        for (ino, n) in next {
-            if let Ok(Object::Remote(obj)) = self.source.object(&n.rel) {
-                let (file, _) = self.remote_file(ino, &n, obj, false);
-                if !store.holds(&file, 0) {
-                    store.block(&file, 0);
-                    self.counts.add(&self.counts.prefetched, 1);
-                }
-            }
-        }
-    }
-
-    fn open_write(&self, ino: u64, node: &tree::Node, flags: i32, tid: u32) -> FsResult<u64> {
-        let rel = node.rel.clone();
-        if !self.source.writable() {
-            return Err(self.refuse(libc::EROFS, || {
-                format!("mount: `{rel}`: an http(s):// source takes no writes (EROFS)")
-            }));
-        }
-        if node.local {
-            return Err(self.refuse(libc::EPERM, || {
-                format!("mount: `{rel}` is being written by another handle (open refused, EPERM)")
-            }));
-        }
-        if !self.opts.allow_overwrite {
-            return Err(self.refuse(libc::EPERM, || {
-                format!(
-                    "mount: `{rel}` exists; overwriting an object is refused (EPERM): mount with \
-                     --allow-overwrite to replace objects opened with O_TRUNC"
-                )
-            }));
-        }
-        if flags & libc::O_TRUNC == 0 {
-            return Err(self.refuse(libc::EPERM, || {
-                format!(
-                    "mount: `{rel}` exists; it can be replaced only whole, opened with O_TRUNC \
-                     (EPERM)"
-                )
-            }));
-        }
-        let name = rel.rsplit('/').next().unwrap_or(&rel).to_string();
-        self.start_upload(ino, node.parent, &name, &rel, tid)
-    }
-
-    fn start_upload(
-        &self,
-        ino: u64,
-        parent: u64,
-        name: &str,
-        rel: &str,
-        tid: u32,
-    ) -> FsResult<u64> {
-        let url = self.source.url(rel);
-        if let Source::Local(root) = &self.source
-            && let Some(dir) = root.join(rel).parent()
-        {
-            // A directory made in the mount exists on disk once a file is
-            // written in it, as a prefix does in S3.
-            std::fs::create_dir_all(dir).map_err(|e| {
-                log(Level::Warn, || {
-                    format!("mount: cannot make `{}`: {e}", dir.display())
-                });
-                Errno(e.raw_os_error().unwrap_or(libc::EIO))
-            })?;
-        }
-        let writer = crate::object::Writer::open(&url, &self.cfg, None).map_err(|e| {
-            log(Level::Warn, || format!("mount: cannot start `{url}`: {e}"));
-            Errno(if e.to_string().contains("exists") {
-                libc::EEXIST
-            } else {
-                libc::EIO
-            })
-        })?;
-        if let Some(n) = lock(&self.tree).get_mut(ino) {
-            n.local = true;
-            n.size = 0;
-        }
-        let w = Arc::new(WriteHandle {
-            ino,
-            opener: upload::tgid(tid),
-            parent,
-            name: name.to_string(),
-            url,
-            upload: Mutex::new(Upload::new(writer)),
-        });
-        lock(&self.writing).insert(ino, Arc::clone(&w));
-        Ok(self.new_fh(Handle::Write(w)))
-    }
-
-    /// Makes the new file `name` in `parent` and opens it for writing.
-    pub fn create(&self, parent: u64, name: &str, flags: i32, tid: u32) -> FsResult<(Attr, u64)> {
-        self.fresh(parent)?;
-        let existing = lock(&self.tree).child(parent, name);
-        if let Some(ino) = existing {
-            if flags & libc::O_EXCL != 0 {
-                return Err(Errno(libc::EEXIST));
-            }
-            let (fh, _) = self.open(ino, flags | libc::O_WRONLY, tid)?;
-            return Ok((self.getattr(ino)?, fh));
-        }
-        if !self.source.writable() {
-            return Err(self.refuse(libc::EROFS, || {
-                format!("mount: `{name}`: an http(s):// source takes no writes (EROFS)")
-            }));
-        }
-        let (ino, rel) = {
-            let mut t = lock(&self.tree);
-            let ino = t.add_local(parent, name, Kind::File);
-            (ino, t.get(ino).map(|n| n.rel.clone()).unwrap_or_default())
-        };
-        match self.start_upload(ino, parent, name, &rel, tid) {
-            Ok(fh) => Ok((self.getattr(ino)?, fh)),
-            Err(e) => {
-                lock(&self.tree).remove(parent, name);
-                Err(e)
-            }
-        }
-    }
-
     /// A directory made here: shown until the time-to-live of its
     /// parent's listing, and for good once a file in it is written.
     pub fn mkdir(&self, parent: u64, name: &str) -> FsResult<Attr> {
@@ -681,248 +450,6 @@ impl Fs {
         t.set_listing(ino, &[], Instant::now());
         let n = t.get(ino).cloned().ok_or(Errno(libc::EIO))?;
         Ok(self.attr_of(ino, &n))
-    }
-
-    /// Reads `size` bytes at `off` through handle `fh`.
-    pub fn read(&self, fh: u64, off: u64, size: u32) -> FsResult<Data> {
-        let h = match lock(&self.handles).get(&fh) {
-            Some(Handle::Read(h)) => Arc::clone(h),
-            Some(Handle::Write(_)) => return Err(Errno(libc::EBADF)),
-            None => return Err(Errno(libc::EBADF)),
-        };
-        let data = match &h.reading {
-            Reading::Local(f) => {
-                use std::os::unix::fs::FileExt;
-                let mut buf = vec![0u8; size as usize];
-                let mut n = 0;
-                while n < buf.len() {
-                    match f.read_at(&mut buf[n..], off + n as u64) {
-                        Ok(0) => break,
-                        Ok(k) => n += k,
-                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                        Err(e) => return Err(Errno(e.raw_os_error().unwrap_or(libc::EIO))),
-                    }
-                }
-                buf.truncate(n);
-                Data::Owned(buf)
-            }
-            Reading::Remote(file) => self.read_remote(&h, file, off, size)?,
-        };
-        self.counts.add(&self.counts.reads, 1);
-        self.counts
-            .add(&self.counts.bytes_read, data.bytes().len() as u64);
-        Ok(data)
-    }
-
-    fn read_remote(
-        &self,
-        h: &ReadHandle,
-        file: &Arc<RemoteFile>,
-        off: u64,
-        size: u32,
-    ) -> FsResult<Data> {
-        let store = self.store.as_ref().ok_or(Errno(libc::EIO))?;
-        if off >= file.size || size == 0 {
-            return Ok(Data::Owned(Vec::new()));
-        }
-        let end = (off + size as u64).min(file.size);
-        let block = store.block_size();
-        let lim = Limits {
-            block,
-            max: self.opts.readahead,
-            // Relaxed: see set_kernel_readahead.
-            slack: self.kernel_readahead.load(Ordering::Relaxed),
-        };
-        let (first, last) = lock(&h.ahead).on_read(off, end, file.size, lim);
-        let stream = lock(&h.ahead).window() > 0 || file.size <= block;
-        if let Some(e) = store.entry(file, off == 0 && stream)
-            && let Some(bytes) = store.read_entry(file, &e, off, end)
-        {
-            return Ok(Data::Owned(bytes));
-        }
-        // Every block the read covers and the window ahead, asked for at
-        // once; then the covered ones waited for in order.
-        let need_last = end.div_ceil(block);
-        let mut covered = Vec::new();
-        for i in first..last {
-            let b = store.block(file, i);
-            if i < need_last {
-                covered.push((i, b));
-            }
-        }
-        let mut parts = Vec::with_capacity(covered.len());
-        for (i, b) in covered {
-            let r = b.wait();
-            if let Err(why) = r {
-                store.forget(file, i, &b);
-                log(Level::Warn, || {
-                    format!(
-                        "mount: reading `{}` (inode {}) at byte {}: {why}",
-                        file.name,
-                        h.ino,
-                        i * block
-                    )
-                });
-                return Err(Errno(libc::EIO));
-            }
-            parts.push((i, b));
-        }
-        if off == 0 && stream {
-            // The version is known now if the listing gave none: a fill
-            // starts with the first block in.
-            store.entry(file, true);
-        }
-        store.advance_fill(file);
-        if parts.len() == 1 {
-            let (i, b) = parts.pop().expect("one");
-            let base = i * block;
-            return Ok(Data::Block(b, (off - base) as usize..(end - base) as usize));
-        }
-        let mut out = Vec::with_capacity((end - off) as usize);
-        for (i, b) in parts {
-            let base = i * block;
-            let from = off.max(base) - base;
-            let to = end.min(base + b.bytes().len() as u64) - base;
-            out.extend_from_slice(&b.bytes()[from as usize..to as usize]);
-        }
-        Ok(Data::Owned(out))
-    }
-
-    /// Writes `data` at `off` through handle `fh`.
-    pub fn write(&self, fh: u64, off: u64, data: &[u8]) -> FsResult<u32> {
-        let w = match lock(&self.handles).get(&fh) {
-            Some(Handle::Write(w)) => Arc::clone(w),
-            _ => return Err(Errno(libc::EBADF)),
-        };
-        let r = lock(&w.upload).write(off, data);
-        match r {
-            Ok(()) => {
-                self.counts
-                    .add(&self.counts.bytes_written, data.len() as u64);
-                Ok(data.len() as u32)
-            }
-            Err(Refused::OutOfOrder { at, end }) => Err(self.refuse(libc::EINVAL, || {
-                format!(
-                    "mount: `{}`: a write at byte {at} is not at the end ({end}); objects are \
-                     written in order only (EINVAL)",
-                    w.url
-                )
-            })),
-            Err(Refused::Closed) => Err(self.refuse(libc::EBADF, || {
-                format!(
-                    "mount: `{}`: a write after the file was closed or synced (its object is \
-                     complete) (EBADF)",
-                    w.url
-                )
-            })),
-            Err(Refused::Broken(_)) => Err(Errno(libc::EIO)),
-            Err(Refused::Failed(why)) => {
-                log(Level::Error, || {
-                    format!("mount: writing `{}` failed: {why}", w.url)
-                });
-                self.counts.add(&self.counts.uploads_aborted, 1);
-                self.drop_local(&w);
-                Err(Errno(libc::EIO))
-            }
-        }
-    }
-
-    /// A file whose upload did not complete is gone: from its directory,
-    /// and its inode (a name the kernel still caches finds nothing).
-    fn drop_local(&self, w: &WriteHandle) {
-        let mut t = lock(&self.tree);
-        if t.get(w.ino).is_some_and(|n| n.local) {
-            t.remove(w.parent, &w.name);
-            t.forget(w.ino);
-        }
-    }
-
-    /// Completes the upload of `w`: the object is there, or the error.
-    fn complete(&self, w: &WriteHandle) -> FsResult<()> {
-        let (first, r) = {
-            let mut u = lock(&w.upload);
-            (u.is_open(), u.complete())
-        };
-        match r {
-            Ok(size) => {
-                if first {
-                    self.counts.add(&self.counts.uploads, 1);
-                    let mut t = lock(&self.tree);
-                    if let Some(n) = t.get_mut(w.ino) {
-                        n.local = false;
-                        n.size = size;
-                        n.etag = None;
-                        n.mtime = SystemTime::now();
-                    }
-                    log(Level::Info, || {
-                        format!("mount: wrote `{}` ({size} bytes)", w.url)
-                    });
-                }
-                Ok(())
-            }
-            Err(why) => {
-                if first {
-                    log(Level::Error, || {
-                        format!("mount: `{}` was not written: {why}", w.url)
-                    });
-                    self.counts.add(&self.counts.uploads_aborted, 1);
-                    self.drop_local(w);
-                }
-                Err(Errno(libc::EIO))
-            }
-        }
-    }
-
-    /// A `close` of a descriptor of `fh` by thread `tid`: completes a
-    /// write handle's upload — or aborts it when `tid` is exiting on a
-    /// signal (the writer was killed mid-file).
-    pub fn flush(&self, fh: u64, tid: u32) -> FsResult<()> {
-        let w = match lock(&self.handles).get(&fh) {
-            Some(Handle::Write(w)) => Arc::clone(w),
-            _ => return Ok(()),
-        };
-        if upload::tgid(tid) != w.opener {
-            // Another process's copy of the descriptor (a forked child's).
-            return Ok(());
-        }
-        if upload::killed(tid) {
-            let aborted = lock(&w.upload).abort("the writer was killed before it closed the file");
-            match aborted {
-                Ok(true) => {
-                    self.counts.add(&self.counts.uploads_aborted, 1);
-                    self.drop_local(&w);
-                    log(Level::Warn, || {
-                        format!(
-                            "mount: the writer of `{}` (thread {tid}) was killed before closing \
-                             it: upload aborted, no object written",
-                            w.url
-                        )
-                    });
-                }
-                Ok(false) => {}
-                Err(e) => log(Level::Error, || {
-                    format!("mount: aborting the upload of `{}` failed: {e}", w.url)
-                }),
-            }
-            return Err(Errno(libc::EIO));
-        }
-        if lock(&w.upload).size() == 0 {
-            // Nothing written yet: a descriptor closed after it was
-            // duplicated (a shell's redirection); the release completes
-            // an empty file.
-            return Ok(());
-        }
-        self.complete(&w)
-    }
-
-    /// `fsync`: completes a write handle's upload (later writes are
-    /// refused), answering its error.
-    pub fn fsync(&self, fh: u64) -> FsResult<()> {
-        let w = match lock(&self.handles).get(&fh) {
-            Some(Handle::Write(w)) => Arc::clone(w),
-            _ => return Ok(()),
-        };
-        self.complete(&w)
     }
 
     /// The last reference to `fh` is gone.

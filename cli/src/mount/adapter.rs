@@ -1,40 +1,32 @@
-//! `ringfeed mount SOURCE MOUNTPOINT`: the library's file system
-//! (`ringfeed::mount::Fs`) spoken over FUSE with the `fuser` crate
-//! (mounted through `fusermount3`, no libfuse). The kernel's requests are
-//! taken on fuser's one session thread and answered from a pool of
-//! threads, so a read waiting for the store never holds up a `stat` or
-//! another file's read. Runs until SIGINT, SIGTERM or SIGHUP (then
-//! unmounts) or until unmounted from outside (`fusermount3 -u`); with
-//! `--daemon` it returns once the file system is mounted.
+//! The FUSE side of `ringfeed mount`: the kernel's requests turned into
+//! calls of the library's file system (`ringfeed::mount::Fs`) and its
+//! answers and errnos into replies. Requests are taken on fuser's one
+//! session thread; those that may wait on the store are answered from a
+//! pool of threads (writes stay on the session thread, in order).
 
 use std::ffi::OsStr;
 use std::path::Path;
-use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use fuser::{
-    FileAttr, FileType, Filesystem, KernelConfig, MountOption, ReplyAttr, ReplyCreate, ReplyData,
+    FileAttr, FileType, Filesystem, KernelConfig, ReplyAttr, ReplyCreate, ReplyData,
     ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, Request,
     TimeOrNow,
 };
-use serde_json::json;
 
-use ringfeed::mount::{Attr, FileKind, Fs, FsResult, MountOptions};
-
-use crate::AnyResult;
-use crate::args::{MountArgs, object_config};
+use ringfeed::mount::{Attr, FileKind, Fs, FsResult};
 
 type Job = Box<dyn FnOnce() + Send>;
 
 /// Threads that run the answers that may wait on the store.
-struct Pool {
+pub(super) struct Pool {
     tx: Sender<Job>,
 }
 
 impl Pool {
-    fn new(threads: usize) -> Pool {
+    pub(super) fn new(threads: usize) -> Pool {
         let (tx, rx) = channel::<Job>();
         let rx = Arc::new(Mutex::new(rx));
         for i in 0..threads.max(1) {
@@ -62,10 +54,10 @@ impl Pool {
     }
 }
 
-struct Adapter {
-    fs: Arc<Fs>,
-    pool: Pool,
-    ttl: Duration,
+pub(super) struct Adapter {
+    pub(super) fs: Arc<Fs>,
+    pub(super) pool: Pool,
+    pub(super) ttl: Duration,
 }
 
 fn file_attr(a: &Attr) -> FileAttr {
@@ -463,255 +455,4 @@ impl Filesystem for Adapter {
         let path = self.fs.path_of(ino);
         reply.error(self.fs.refused("lock", &path, libc::ENOLCK).0);
     }
-}
-
-static SIGNALLED: AtomicI32 = AtomicI32::new(0);
-
-extern "C" fn on_signal(sig: libc::c_int) {
-    SIGNALLED.store(sig, Ordering::SeqCst);
-}
-
-/// Sets the kernel's read-ahead for the file system mounted on `dir`:
-/// the backing device info named by the mount's device number, once that
-/// mount is a FUSE one (this one, never the disk below it).
-/// Written after the kernel's INIT has been answered (the `stat` below
-/// waits for it): the answer lowers the read-ahead to what INIT offered,
-/// 128 KiB.
-fn set_kernel_read_ahead(dir: &Path, bytes: u64) -> Result<(), String> {
-    use std::os::unix::fs::MetadataExt;
-    let dev = std::fs::metadata(dir)
-        .map_err(|e| format!("stat `{}`: {e}", dir.display()))?
-        .dev();
-    let dev = format!("{}:{}", libc::major(dev), libc::minor(dev));
-    match mount_entry(dir) {
-        Some((d, kind)) if d == dev && (kind == "fuse" || kind.starts_with("fuse.")) => {}
-        other => {
-            return Err(format!(
-                "`{}` is not this mount in /proc/self/mountinfo ({other:?}, device {dev})",
-                dir.display()
-            ));
-        }
-    }
-    let file = format!("/sys/class/bdi/{dev}/read_ahead_kb");
-    let kb = bytes.div_ceil(1024);
-    std::fs::write(&file, format!("{kb}\n")).map_err(|e| format!("{file}: {e}"))?;
-    eprintln!("ringfeed mount: kernel read-ahead {kb} KiB ({file})");
-    Ok(())
-}
-
-/// Whether `dir` is a mount point now (`/proc/self/mountinfo`).
-fn mounted(dir: &Path) -> bool {
-    mount_entry(dir).is_some()
-}
-
-/// The top mount on `dir` in `/proc/self/mountinfo`: its device number
-/// (`major:minor`) and file system type.
-fn mount_entry(dir: &Path) -> Option<(String, String)> {
-    let canon = dir.canonicalize().ok()?;
-    let want = canon.to_string_lossy().replace(' ', "\\040");
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    info.lines().rev().find_map(|l| {
-        let f: Vec<&str> = l.split(' ').collect();
-        if f.get(4) != Some(&want.as_str()) {
-            return None;
-        }
-        let kind = f.iter().skip_while(|x| **x != "-").nth(1)?;
-        Some((f.get(2)?.to_string(), kind.to_string()))
-    })
-}
-
-/// `--daemon`: the same command again in the background (a session of
-/// its own, its log to a file), this one returning once it has mounted —
-/// or with its log when it failed.
-fn daemonize(a: &MountArgs) -> AnyResult<()> {
-    use std::os::unix::process::CommandExt;
-    let log = a.log_file.clone().unwrap_or_else(|| {
-        std::env::temp_dir().join(format!("ringfeed-mount-{}.log", std::process::id()))
-    });
-    let file =
-        std::fs::File::create(&log).map_err(|e| format!("--log-file `{}`: {e}", log.display()))?;
-    let args: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|x| x != "--daemon")
-        .collect();
-    let mut cmd = std::process::Command::new(std::env::current_exe()?);
-    cmd.args(args)
-        .stdin(std::process::Stdio::null())
-        .stdout(file.try_clone()?)
-        .stderr(file);
-    // SAFETY: setsid is async-signal-safe; nothing else runs in the child
-    // before exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::setsid();
-            Ok(())
-        });
-    }
-    let mut child = cmd.spawn()?;
-    let until = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        // Mounted and said so: the line comes once the mount is set up
-        // (its kernel read-ahead included), not when the kernel first
-        // lists it.
-        let said = std::fs::read_to_string(&log).is_ok_and(|t| t.contains(" mounted on "));
-        if said && mounted(&a.mountpoint) {
-            eprintln!(
-                "ringfeed mount: {} mounted on {} (pid {}, log {})",
-                a.source,
-                a.mountpoint.display(),
-                child.id(),
-                log.display()
-            );
-            return Ok(());
-        }
-        if let Some(status) = child.try_wait()? {
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
-            return Err(format!("the mount exited ({status}) before mounting:\n{text}").into());
-        }
-        if std::time::Instant::now() > until {
-            let _ = child.kill();
-            return Err("the mount did not come up within 60 s".into());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-pub(crate) fn mount_cmd(a: MountArgs) -> AnyResult<()> {
-    if a.daemon {
-        return daemonize(&a);
-    }
-    if !a.metadata_ttl.is_finite() || a.metadata_ttl < 0.0 {
-        return Err("--metadata-ttl must be a number of seconds, 0 or more".into());
-    }
-    match std::fs::metadata(&a.mountpoint) {
-        Ok(m) if m.is_dir() => {}
-        Ok(_) => return Err(format!("`{}` is not a directory", a.mountpoint.display()).into()),
-        Err(e) => return Err(format!("mount point `{}`: {e}", a.mountpoint.display()).into()),
-    }
-    if mounted(&a.mountpoint) {
-        return Err(format!("`{}` is already a mount point", a.mountpoint.display()).into());
-    }
-    let mut more = Vec::new();
-    if let Some(d) = &a.cache_dir {
-        more.push(("cache_dir", json!(d.to_string_lossy())));
-    }
-    let cfg = object_config(&a.opts, &more)?;
-    let ttl = Duration::from_secs_f64(a.metadata_ttl);
-    let opts = MountOptions {
-        ttl,
-        allow_overwrite: a.allow_overwrite,
-        readahead: a.read_ahead,
-        kernel_readahead: a.kernel_read_ahead,
-        memory: a.memory,
-        ..MountOptions::default()
-    };
-    ringfeed::log::set(
-        Some(Box::new(|level, msg| {
-            let what = match level {
-                ringfeed::log::Level::Error => "error",
-                ringfeed::log::Level::Warn => "warning",
-                _ => "info",
-            };
-            let t = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0.0, |d| d.as_secs_f64());
-            use std::io::Write as _;
-            let _ = writeln!(std::io::stderr(), "ringfeed: {t:.3} {what}: {msg}");
-        })),
-        ringfeed::log::Level::Info,
-    );
-    let fs = Arc::new(Fs::new(&a.source, &cfg, opts)?);
-    let _metrics = match a.metrics_port {
-        Some(port) => {
-            let f = Arc::clone(&fs);
-            let ip = a
-                .metrics_addr
-                .unwrap_or(std::net::Ipv4Addr::LOCALHOST.into());
-            let m = ringfeed::serve::metrics::serve_on(ip, port, move || {
-                let mut t = f.counts.prometheus();
-                t.push_str(&format!(
-                    "# TYPE ringfeed_mount_block_bytes gauge\nringfeed_mount_block_bytes {}\n",
-                    f.held()
-                ));
-                t
-            })?;
-            eprintln!("ringfeed mount: metrics at http://{}/metrics", m.addr());
-            Some(m)
-        }
-        None => None,
-    };
-    let mut options = vec![
-        MountOption::FSName(ringfeed::redact::url(&a.source).into_owned()),
-        MountOption::Subtype("ringfeed".into()),
-        MountOption::NoDev,
-        MountOption::NoSuid,
-        MountOption::DefaultPermissions,
-    ];
-    if a.allow_other {
-        options.push(MountOption::AllowOther);
-    }
-    let adapter = Adapter {
-        fs: Arc::clone(&fs),
-        pool: Pool::new(a.threads),
-        ttl,
-    };
-    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-        // SAFETY: the handler only stores to an atomic.
-        unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
-    }
-    let session = fuser::spawn_mount2(adapter, &a.mountpoint, &options)
-        .map_err(|e| format!("cannot mount on `{}`: {e}", a.mountpoint.display()))?;
-    // The kernel's default read-ahead, in force unless ours is set.
-    let mut in_force = 128 << 10;
-    if a.kernel_read_ahead > 0 {
-        match set_kernel_read_ahead(&a.mountpoint, a.kernel_read_ahead) {
-            Ok(()) => in_force = a.kernel_read_ahead,
-            Err(why) => eprintln!(
-                "ringfeed mount: warning: the kernel's read-ahead stays at its default \
-                 (reads of at most 128 KiB, slower streams and mappings): {why}"
-            ),
-        }
-    }
-    fs.set_kernel_readahead(in_force);
-    eprintln!(
-        "ringfeed mount: {} mounted on {}",
-        ringfeed::redact::url(&a.source),
-        a.mountpoint.display()
-    );
-    loop {
-        let sig = SIGNALLED.load(Ordering::SeqCst);
-        if sig != 0 {
-            eprintln!("ringfeed mount: signal {sig}: unmounting");
-            break;
-        }
-        if session.guard.is_finished() {
-            eprintln!("ringfeed mount: unmounted from outside");
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    drop(session);
-    if mounted(&a.mountpoint) {
-        // Busy: a process still has a file open or mapped. Detached
-        // now (a lazy unmount): new opens no longer see it, and what is
-        // open fails once this process is gone.
-        eprintln!(
-            "ringfeed mount: `{}` is busy (files still open): detaching it (fusermount3 -u -z)",
-            a.mountpoint.display()
-        );
-        let _ = std::process::Command::new("fusermount3")
-            .args(["-u", "-z"])
-            .arg(&a.mountpoint)
-            .status();
-    }
-    fs.shutdown();
-    let c = fs.counts.all();
-    eprintln!(
-        "ringfeed mount: done: {}",
-        c.iter()
-            .map(|(k, v)| format!("{k} {v}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    Ok(())
 }

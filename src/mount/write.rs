@@ -1,0 +1,263 @@
+//! The write side of [`Fs`]: new files (and, allowed, replaced ones) as
+//! one upload each, taking bytes in order, completed by the opener's
+//! close or `fsync` and aborted when the writer was killed.
+
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use super::source::Source;
+use super::upload::{self, Refused, Upload};
+use super::{Attr, Errno, Fs, FsResult, Handle, Kind, WriteHandle, lock, tree};
+use crate::log::{Level, log};
+
+impl Fs {
+    pub(super) fn open_write(
+        &self,
+        ino: u64,
+        node: &tree::Node,
+        flags: i32,
+        tid: u32,
+    ) -> FsResult<u64> {
+        let rel = node.rel.clone();
+        if !self.source.writable() {
+            return Err(self.refuse(libc::EROFS, || {
+                format!("mount: `{rel}`: an http(s):// source takes no writes (EROFS)")
+            }));
+        }
+        if node.local {
+            return Err(self.refuse(libc::EPERM, || {
+                format!("mount: `{rel}` is being written by another handle (open refused, EPERM)")
+            }));
+        }
+        if !self.opts.allow_overwrite {
+            return Err(self.refuse(libc::EPERM, || {
+                format!(
+                    "mount: `{rel}` exists; overwriting an object is refused (EPERM): mount with \
+                     --allow-overwrite to replace objects opened with O_TRUNC"
+                )
+            }));
+        }
+        if flags & libc::O_TRUNC == 0 {
+            return Err(self.refuse(libc::EPERM, || {
+                format!(
+                    "mount: `{rel}` exists; it can be replaced only whole, opened with O_TRUNC \
+                     (EPERM)"
+                )
+            }));
+        }
+        let name = rel.rsplit('/').next().unwrap_or(&rel).to_string();
+        self.start_upload(ino, node.parent, &name, &rel, tid)
+    }
+
+    fn start_upload(
+        &self,
+        ino: u64,
+        parent: u64,
+        name: &str,
+        rel: &str,
+        tid: u32,
+    ) -> FsResult<u64> {
+        let url = self.source.url(rel);
+        if let Source::Local(root) = &self.source
+            && let Some(dir) = root.join(rel).parent()
+        {
+            // A directory made in the mount exists on disk once a file is
+            // written in it, as a prefix does in S3.
+            std::fs::create_dir_all(dir).map_err(|e| {
+                log(Level::Warn, || {
+                    format!("mount: cannot make `{}`: {e}", dir.display())
+                });
+                Errno(e.raw_os_error().unwrap_or(libc::EIO))
+            })?;
+        }
+        let writer = crate::object::Writer::open(&url, &self.cfg, None).map_err(|e| {
+            log(Level::Warn, || format!("mount: cannot start `{url}`: {e}"));
+            Errno(if e.to_string().contains("exists") {
+                libc::EEXIST
+            } else {
+                libc::EIO
+            })
+        })?;
+        if let Some(n) = lock(&self.tree).get_mut(ino) {
+            n.local = true;
+            n.size = 0;
+        }
+        let w = Arc::new(WriteHandle {
+            ino,
+            opener: upload::tgid(tid),
+            parent,
+            name: name.to_string(),
+            url,
+            upload: Mutex::new(Upload::new(writer)),
+        });
+        lock(&self.writing).insert(ino, Arc::clone(&w));
+        Ok(self.new_fh(Handle::Write(w)))
+    }
+
+    /// Makes the new file `name` in `parent` and opens it for writing.
+    pub fn create(&self, parent: u64, name: &str, flags: i32, tid: u32) -> FsResult<(Attr, u64)> {
+        self.fresh(parent)?;
+        let existing = lock(&self.tree).child(parent, name);
+        if let Some(ino) = existing {
+            if flags & libc::O_EXCL != 0 {
+                return Err(Errno(libc::EEXIST));
+            }
+            let (fh, _) = self.open(ino, flags | libc::O_WRONLY, tid)?;
+            return Ok((self.getattr(ino)?, fh));
+        }
+        if !self.source.writable() {
+            return Err(self.refuse(libc::EROFS, || {
+                format!("mount: `{name}`: an http(s):// source takes no writes (EROFS)")
+            }));
+        }
+        let (ino, rel) = {
+            let mut t = lock(&self.tree);
+            let ino = t.add_local(parent, name, Kind::File);
+            (ino, t.get(ino).map(|n| n.rel.clone()).unwrap_or_default())
+        };
+        match self.start_upload(ino, parent, name, &rel, tid) {
+            Ok(fh) => Ok((self.getattr(ino)?, fh)),
+            Err(e) => {
+                lock(&self.tree).remove(parent, name);
+                Err(e)
+            }
+        }
+    }
+
+    /// Writes `data` at `off` through handle `fh`.
+    pub fn write(&self, fh: u64, off: u64, data: &[u8]) -> FsResult<u32> {
+        let w = match lock(&self.handles).get(&fh) {
+            Some(Handle::Write(w)) => Arc::clone(w),
+            _ => return Err(Errno(libc::EBADF)),
+        };
+        let r = lock(&w.upload).write(off, data);
+        match r {
+            Ok(()) => {
+                self.counts
+                    .add(&self.counts.bytes_written, data.len() as u64);
+                Ok(data.len() as u32)
+            }
+            Err(Refused::OutOfOrder { at, end }) => Err(self.refuse(libc::EINVAL, || {
+                format!(
+                    "mount: `{}`: a write at byte {at} is not at the end ({end}); objects are \
+                     written in order only (EINVAL)",
+                    w.url
+                )
+            })),
+            Err(Refused::Closed) => Err(self.refuse(libc::EBADF, || {
+                format!(
+                    "mount: `{}`: a write after the file was closed or synced (its object is \
+                     complete) (EBADF)",
+                    w.url
+                )
+            })),
+            Err(Refused::Broken(_)) => Err(Errno(libc::EIO)),
+            Err(Refused::Failed(why)) => {
+                log(Level::Error, || {
+                    format!("mount: writing `{}` failed: {why}", w.url)
+                });
+                self.counts.add(&self.counts.uploads_aborted, 1);
+                self.drop_local(&w);
+                Err(Errno(libc::EIO))
+            }
+        }
+    }
+
+    /// A file whose upload did not complete is gone: from its directory,
+    /// and its inode (a name the kernel still caches finds nothing).
+    fn drop_local(&self, w: &WriteHandle) {
+        let mut t = lock(&self.tree);
+        if t.get(w.ino).is_some_and(|n| n.local) {
+            t.remove(w.parent, &w.name);
+            t.forget(w.ino);
+        }
+    }
+
+    /// Completes the upload of `w`: the object is there, or the error.
+    pub(super) fn complete(&self, w: &WriteHandle) -> FsResult<()> {
+        let (first, r) = {
+            let mut u = lock(&w.upload);
+            (u.is_open(), u.complete())
+        };
+        match r {
+            Ok(size) => {
+                if first {
+                    self.counts.add(&self.counts.uploads, 1);
+                    let mut t = lock(&self.tree);
+                    if let Some(n) = t.get_mut(w.ino) {
+                        n.local = false;
+                        n.size = size;
+                        n.etag = None;
+                        n.mtime = SystemTime::now();
+                    }
+                    log(Level::Info, || {
+                        format!("mount: wrote `{}` ({size} bytes)", w.url)
+                    });
+                }
+                Ok(())
+            }
+            Err(why) => {
+                if first {
+                    log(Level::Error, || {
+                        format!("mount: `{}` was not written: {why}", w.url)
+                    });
+                    self.counts.add(&self.counts.uploads_aborted, 1);
+                    self.drop_local(w);
+                }
+                Err(Errno(libc::EIO))
+            }
+        }
+    }
+
+    /// A `close` of a descriptor of `fh` by thread `tid`: completes a
+    /// write handle's upload — or aborts it when `tid` is exiting on a
+    /// signal (the writer was killed mid-file).
+    pub fn flush(&self, fh: u64, tid: u32) -> FsResult<()> {
+        let w = match lock(&self.handles).get(&fh) {
+            Some(Handle::Write(w)) => Arc::clone(w),
+            _ => return Ok(()),
+        };
+        if upload::tgid(tid) != w.opener {
+            // Another process's copy of the descriptor (a forked child's).
+            return Ok(());
+        }
+        if upload::killed(tid) {
+            let aborted = lock(&w.upload).abort("the writer was killed before it closed the file");
+            match aborted {
+                Ok(true) => {
+                    self.counts.add(&self.counts.uploads_aborted, 1);
+                    self.drop_local(&w);
+                    log(Level::Warn, || {
+                        format!(
+                            "mount: the writer of `{}` (thread {tid}) was killed before closing \
+                             it: upload aborted, no object written",
+                            w.url
+                        )
+                    });
+                }
+                Ok(false) => {}
+                Err(e) => log(Level::Error, || {
+                    format!("mount: aborting the upload of `{}` failed: {e}", w.url)
+                }),
+            }
+            return Err(Errno(libc::EIO));
+        }
+        if lock(&w.upload).size() == 0 {
+            // Nothing written yet: a descriptor closed after it was
+            // duplicated (a shell's redirection); the release completes
+            // an empty file.
+            return Ok(());
+        }
+        self.complete(&w)
+    }
+
+    /// `fsync`: completes a write handle's upload (later writes are
+    /// refused), answering its error.
+    pub fn fsync(&self, fh: u64) -> FsResult<()> {
+        let w = match lock(&self.handles).get(&fh) {
+            Some(Handle::Write(w)) => Arc::clone(w),
+            _ => return Ok(()),
+        };
+        self.complete(&w)
+    }
+}
