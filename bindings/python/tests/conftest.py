@@ -7,8 +7,10 @@ import io
 import json
 import os
 import select
+import shutil
 import subprocess
 import tarfile
+import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -293,3 +295,15 @@ def run_s3_server(tmp, *args):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture()
+def runtime_dir(monkeypatch):
+    """A private XDG_RUNTIME_DIR for node sockets, short whatever pytest's
+    own temporary paths are: a socket's path holds at most 107 bytes, and
+    `tmp_path` grows with the test's name and with pytest's run counter
+    (`/tmp/pytest-of-root/pytest-104/...` on a machine that ran it often)."""
+    d = Path(tempfile.mkdtemp(prefix="rf-", dir="/tmp"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(d))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)

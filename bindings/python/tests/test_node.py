@@ -25,11 +25,10 @@ from conftest import cli, gen, require, skip_for_environment, synth_content
 
 
 @pytest.fixture()
-def runtime(tmp_path, monkeypatch):
+def runtime(runtime_dir, monkeypatch):
     """A private directory for node sockets, and a short linger."""
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     monkeypatch.setenv("RINGFEED_NODE_LINGER_MS", "300")
-    return tmp_path / "ringfeed"
+    return runtime_dir / "ringfeed"
 
 
 @pytest.fixture(scope="module")

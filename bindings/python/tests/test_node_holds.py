@@ -31,11 +31,10 @@ from ringfeed.torch import RingfeedDataset  # noqa: E402
 
 
 @pytest.fixture()
-def runtime(tmp_path, monkeypatch):
+def runtime(runtime_dir, monkeypatch):
     """A private directory for node sockets; one engine for the whole test."""
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     monkeypatch.setenv("RINGFEED_NODE_LINGER_MS", "60000")
-    return tmp_path / "ringfeed"
+    return runtime_dir / "ringfeed"
 
 
 @pytest.fixture(scope="module")
