@@ -85,6 +85,13 @@ mod tests {
         max: 64 * MB,
         slack: 8 * MB,
     };
+    /// The mount's defaults: 8 MiB blocks, 256 MiB window, the kernel
+    /// reading 16 MiB ahead.
+    const KERNEL_16M: Limits = Limits {
+        block: 8 * MB,
+        max: 256 * MB,
+        slack: 16 * MB,
+    };
 
     #[test]
     fn a_stream_grows_its_window_to_the_most() {
@@ -112,12 +119,7 @@ mod tests {
         // would take the window to the most; counted by bytes it is twice
         // the run's 16 MiB.
         let mut a = Ahead::default();
-        let (size, block) = (1 << 30, 8 * MB);
-        let lim = Limits {
-            block,
-            max: 256 * MB,
-            slack: 16 * MB,
-        };
+        let (size, lim) = (1 << 30, KERNEL_16M);
         a.on_read(0, 4096, size, lim);
         for i in 0..16 {
             a.on_read(500 * MB + i * MB, 501 * MB + i * MB, size, lim);
@@ -148,12 +150,7 @@ mod tests {
         // 32 MiB read, then the kernel's next 16 MiB asked as sixteen
         // 1 MiB requests answered by as many threads: the last first.
         let mut a = Ahead::default();
-        let (size, block) = (1 << 30, 8 * MB);
-        let lim = Limits {
-            block,
-            max: 256 * MB,
-            slack: 16 * MB,
-        };
+        let (size, lim) = (1 << 30, KERNEL_16M);
         for i in 0..32 {
             a.on_read(i * MB, (i + 1) * MB, size, lim);
         }
@@ -169,12 +166,7 @@ mod tests {
     #[test]
     fn a_new_stream_after_a_jump_does_not_keep_the_old_ones_front() {
         let mut a = Ahead::default();
-        let (size, block) = (1 << 30, 8 * MB);
-        let lim = Limits {
-            block,
-            max: 256 * MB,
-            slack: 16 * MB,
-        };
+        let (size, lim) = (1 << 30, KERNEL_16M);
         // A tensor at the end, then one far before it.
         a.on_read(900 * MB, 901 * MB, size, lim);
         a.on_read(901 * MB, 902 * MB, size, lim);
@@ -182,7 +174,7 @@ mod tests {
         assert_eq!((first, last, a.window()), (12, 13, 0));
         a.on_read(101 * MB, 102 * MB, size, lim);
         // Its own 2 MiB span, not the 802 MiB to the old front.
-        assert_eq!(a.window(), block);
+        assert_eq!(a.window(), lim.block);
     }
 
     #[test]

@@ -616,6 +616,7 @@ def test_bad_arguments_and_sources_fail_with_named_errors(tmp_path, store):
     fails(["s3://Bad Bucket!/", tmp_path / "m"], "not a valid bucket name")
     fails([tmp_path, tmp_path / "m", "--metadata-ttl=-1"], "--metadata-ttl")
     fails([tmp_path, tmp_path / "m", "--read-ahead", "lots"], "lots")
+    fails([tmp_path, tmp_path / "m", "--kernel-read-ahead", "16 furlongs"], "16 furlongs")
     # A bucket the server does not have: the listing's error is logged and
     # the directory cannot be read; the mount stays up.
     with mount(f"s3://no-such-bucket/", tmp_path, "--endpoint-url", store.endpoint,

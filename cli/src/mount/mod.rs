@@ -276,3 +276,37 @@ pub(crate) fn mount_cmd(a: MountArgs) -> AnyResult<()> {
     );
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_read_ahead_of_a_directory_that_is_not_a_fuse_mount_is_left_alone() {
+        // `/` is the disk's (or an overlay's) mount: its device's
+        // read-ahead must never be written. The file the write would go
+        // to keeps its value.
+        let dev = {
+            use std::os::unix::fs::MetadataExt;
+            let d = std::fs::metadata("/").unwrap().dev();
+            format!("{}:{}", libc::major(d), libc::minor(d))
+        };
+        let file = format!("/sys/class/bdi/{dev}/read_ahead_kb");
+        let before = std::fs::read_to_string(&file).ok();
+        let err = set_kernel_read_ahead(Path::new("/"), 64 << 20).unwrap_err();
+        assert!(err.contains("is not this mount"), "{err}");
+        assert_eq!(std::fs::read_to_string(&file).ok(), before);
+        // A directory that is no mount point at all.
+        let tmp = tempfile::tempdir().unwrap();
+        let err = set_kernel_read_ahead(tmp.path(), 64 << 20).unwrap_err();
+        assert!(err.contains("is not this mount"), "{err}");
+    }
+
+    #[test]
+    fn mountinfo_names_the_top_mount_and_its_type() {
+        let (dev, kind) = mount_entry(Path::new("/proc")).unwrap();
+        assert_eq!(kind, "proc");
+        assert!(dev.contains(':'), "{dev}");
+        assert!(mount_entry(Path::new("/definitely/not/here")).is_none());
+    }
+}
