@@ -719,8 +719,24 @@ fn keys(cfg: Config, seed: u64) -> Vec<Vec<u8>> {
     every_sample(&loader, seed).into_iter().collect()
 }
 
+/// Samples one epoch of `cfg` delivers (repeats included), and its stats;
+/// or the loader's first error.
+fn delivered(cfg: Config) -> ringfeed::Result<(u64, Stats)> {
+    let loader = Loader::open(cfg)?;
+    let mut n = 0;
+    loop {
+        match loader.next(Some(Duration::from_secs(60)))? {
+            ringfeed::Next::Batch(b) => n += b.len() as u64,
+            ringfeed::Next::EndOfEpoch(_) => {}
+            ringfeed::Next::Finished => break,
+            ringfeed::Next::Timeout => panic!("stalled"),
+        }
+    }
+    Ok((n, loader.stats()))
+}
+
 #[test]
-fn counts_learned_in_one_epoch_split_remote_data_exactly_among_ranks() {
+fn counts_learned_in_one_epoch_serve_one_consumer_and_never_split_ranks() {
     let data = tempfile::tempdir().unwrap();
     let cache = tempfile::tempdir().unwrap();
     let d = dataset(data.path(), 51);
@@ -729,31 +745,35 @@ fn counts_learned_in_one_epoch_split_remote_data_exactly_among_ranks() {
         config(
             &urls(&server),
             cache.path(),
-            serde_json::json!({"world_size": 2, "rank": rank, "remainder": "drop"}),
+            serde_json::json!({"world_size": 2, "rank": rank, "batch_size": 1}),
         )
     };
-    // Remote shards, no manifest, nothing learned: the split cannot be made.
-    let e = Loader::open(ranks(0))
-        .err()
-        .expect("a split without counts");
-    assert!(e.to_string().contains("cache_dir"), "{e}");
+    let by_shard = |s: &Stats| s.notes.iter().any(|n| n.contains("split by shard"));
+    // Remote shards, no manifest, nothing learned: the ranks split by shard.
+    let (_, s) = delivered(ranks(0)).unwrap();
+    assert!(by_shard(&s), "{:?}", s.notes);
 
     let all = keys(
         config(&urls(&server), cache.path(), serde_json::json!({})),
         51,
     );
     assert!(all.iter().cloned().collect::<BTreeSet<_>>() == d.all());
-    let mut split = keys(ranks(0), 51);
-    let one = keys(ranks(1), 51);
-    // Equal shares, disjoint, and together all but the dropped remainder.
-    assert_eq!(split.len(), one.len());
-    assert_eq!(split.len(), all.len() / 2);
-    split.extend(one);
-    let mut unique = split.clone();
-    unique.sort();
-    unique.dedup();
-    assert_eq!(unique.len(), split.len(), "a sample went to both ranks");
-    assert!(split.iter().all(|k| all.contains(k)));
+    // The cache holds every count now; the ranks still split by shard: a
+    // node's cache is no source for a split that every rank must make alike.
+    let (_, s) = delivered(ranks(1)).unwrap();
+    assert!(by_shard(&s), "{:?}", s.notes);
+    // A single consumer plans from it: `samples_per_epoch` past the data
+    // repeats samples to reach it, counted.
+    let n = all.len() as u64;
+    let spe = serde_json::json!({"samples_per_epoch": n + 10});
+    let (got, s) = delivered(config(&urls(&server), cache.path(), spe.clone())).unwrap();
+    assert!(!by_shard(&s), "{:?}", s.notes);
+    assert_eq!((got, s.samples_padded), (n + 10, 10));
+    // Control: with an empty cache the same consumer knows no counts, so the
+    // length is a nominal epoch its shards cannot fill: a named error.
+    let empty = tempfile::tempdir().unwrap();
+    let e = delivered(config(&urls(&server), empty.path(), spe)).unwrap_err();
+    assert!(e.to_string().contains("nominal epoch"), "{e}");
 }
 
 #[test]

@@ -23,6 +23,9 @@ use ringfeed::{Config, Error, Loader};
 
 const BUCKET: &str = "ringfeed-data";
 
+#[path = "s3/split.rs"]
+mod split;
+
 /// Three shards in `root/BUCKET/` and the same three under
 /// `root/BUCKET/train/` next to a file that is not a shard.
 fn dataset(root: &Path, seed: u64) -> (Vec<(String, u64)>, usize) {

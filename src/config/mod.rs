@@ -84,6 +84,8 @@ impl Config {
             consumers: self.consumers(),
             consumer: self.rank * self.loader_workers + self.loader_worker,
             streams,
+            // Set at open where the counts are missing (`crate::engine`).
+            nominal: None,
         }
     }
 

@@ -11,21 +11,33 @@
 //! line, so a job starts without listing or `HEAD`s, and the plan knows each
 //! shard's sample count without reading it (`ringfeed index` writes one).
 //!
+//! A WebDataset shard index (`shardindex.json`) names shards with their
+//! counts too, given as a URL or found beside the shards (`counts.rs`).
+//!
 //! `parse.rs` is the pure part (URLs, braces, manifest lines; no I/O),
+//! `shardindex.rs` the pure reading of a shard index, `counts.rs` the
+//! manifests and indexes read (local or remote) and found beside shards,
+//! `estimate.rs` what a nominal epoch is planned from when no counts are
+//! found (every shard's size, the samples in a few shards' first bytes),
 //! `glob.rs` the pure key patterns,
 //! `resolve.rs` the part that stats, lists, looks up hosts and checks the
 //! first remote shard of each; this file
 //! holds what they produce, the [`Shard`]s.
 
+mod counts;
+mod estimate;
 pub(crate) mod glob;
 pub(crate) mod parse;
 mod resolve;
+pub(crate) mod shardindex;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::net::http::HttpObject;
 
+pub use counts::{BESIDE, counts_beside};
+pub use estimate::sample_shards;
 pub use resolve::{
     cache_identity, cache_version, head_sizes, learn_counts, resolve, resolve_config,
     resolve_objects, resolve_with,

@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::glob::{Glob, is_glob};
-use super::parse::{expand_braces, local_path, parse_manifest};
+use super::parse::{expand_braces, local_path};
 use super::{Shard, Source};
 use crate::cache::{Cache, Identity};
 use crate::error::{Error, IoOp, Result};
@@ -67,6 +67,10 @@ pub fn resolve_with(
     for url in urls {
         if url.ends_with(".manifest") {
             r.manifest(url)?;
+            continue;
+        }
+        if url.ends_with(".json") {
+            r.shardindex(url)?;
             continue;
         }
         for one in expand_braces(url)? {
@@ -218,7 +222,7 @@ const HEADS_IN_FLIGHT: usize = 32;
 /// `HEADS_IN_FLIGHT` at once, each thread with its own connections; in
 /// order. The first failure in the list's order is the error, and after any
 /// failure no new request starts.
-fn parallel_sizes<T: Send + Sync>(
+pub(super) fn parallel_sizes<T: Send + Sync>(
     todo: &[usize],
     net: &NetOptions,
     size: impl Fn(usize, &mut HttpPool, &mut Jitter) -> Result<T> + Sync,
@@ -267,22 +271,27 @@ fn parallel_sizes<T: Send + Sync>(
     Ok(out)
 }
 
-struct Resolver<'a> {
-    net: &'a NetOptions,
+pub(super) struct Resolver<'a> {
+    pub(super) net: &'a NetOptions,
     s3_config: &'a S3Config,
     env: &'a Env,
     s3: Option<S3Client>,
     /// Each HTTP host's addresses, looked up once.
     hosts: HashMap<(String, u16), Vec<SocketAddr>>,
-    jitter: Jitter,
-    shards: Vec<Shard>,
+    pub(super) jitter: Jitter,
+    pub(super) shards: Vec<Shard>,
     /// Whole objects: directories and prefixes give every file, not only
     /// `.tar` ones.
     objects: bool,
 }
 
 impl<'a> Resolver<'a> {
-    fn new(net: &'a NetOptions, s3: &'a S3Config, env: &'a Env, objects: bool) -> Resolver<'a> {
+    pub(super) fn new(
+        net: &'a NetOptions,
+        s3: &'a S3Config,
+        env: &'a Env,
+        objects: bool,
+    ) -> Resolver<'a> {
         Resolver {
             net,
             s3_config: s3,
@@ -309,7 +318,7 @@ impl<'a> Resolver<'a> {
 
 impl Resolver<'_> {
     /// One expanded URL; `size` from a manifest.
-    fn one(&mut self, one: &str, size: Option<u64>) -> Result<()> {
+    pub(super) fn one(&mut self, one: &str, size: Option<u64>) -> Result<()> {
         if one.starts_with("s3://") {
             return self.s3_url(one, size);
         }
@@ -365,7 +374,7 @@ impl Resolver<'_> {
     }
 
     /// The object at an `http(s)://` URL, its host looked up once.
-    fn http_object(&mut self, url: &str) -> Result<HttpObject> {
+    pub(super) fn http_object(&mut self, url: &str) -> Result<HttpObject> {
         let bad = |reason| Error::Url {
             url: url.to_string(),
             reason,
@@ -383,7 +392,7 @@ impl Resolver<'_> {
         HttpObject::new(url, addrs).map_err(bad)
     }
 
-    fn s3_client(&mut self) -> Result<&S3Client> {
+    pub(super) fn s3_client(&mut self) -> Result<&S3Client> {
         if self.s3.is_none() {
             self.s3 = Some(S3Client::new(self.s3_config, self.env)?);
         }
@@ -470,53 +479,6 @@ impl Resolver<'_> {
             }));
         }
         self.shards.extend(found);
-        Ok(())
-    }
-
-    /// Each line of a manifest: `URL [size]`; `#` starts a comment. Relative
-    /// local paths are taken from the manifest's directory.
-    fn manifest(&mut self, m: &str) -> Result<()> {
-        if m.contains("://") && !m.starts_with("file://") {
-            return Err(Error::Url {
-                url: m.to_string(),
-                reason: "manifests are read from local files (a path or file://); copy it first"
-                    .into(),
-            });
-        }
-        let path = local_path(m)?;
-        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(IoOp::Open, &path, &e))?;
-        let entries = parse_manifest(&text).map_err(|reason| Error::Url {
-            url: m.to_string(),
-            reason,
-        })?;
-        if entries.is_empty() {
-            return Err(Error::Url {
-                url: m.to_string(),
-                reason: "the manifest lists no shards".into(),
-            });
-        }
-        let dir = path.parent().map(PathBuf::from).unwrap_or_default();
-        for (url, size, samples) in entries {
-            let url = if !url.contains("://") && !url.starts_with('/') {
-                dir.join(&url).display().to_string()
-            } else {
-                url
-            };
-            let before = self.shards.len();
-            self.one(&url, size)?;
-            if samples.is_some() {
-                if self.shards.len() != before + 1 {
-                    return Err(Error::Url {
-                        url: m.to_string(),
-                        reason: format!(
-                            "`{url}` names {} shards; a sample count belongs to one",
-                            self.shards.len() - before
-                        ),
-                    });
-                }
-                self.shards[before].samples = samples;
-            }
-        }
         Ok(())
     }
 }
@@ -614,7 +576,7 @@ mod tests {
     }
 
     #[test]
-    fn manifests_are_local_files_and_name_shards_from_their_directory() {
+    fn manifests_name_shards_from_their_directory() {
         let d = tempfile::tempdir().unwrap();
         std::fs::write(d.path().join("x.tar"), b"0123").unwrap();
         let mp = d.path().join("set.manifest");
@@ -628,8 +590,6 @@ mod tests {
         };
         let shards = resolve(&[mp.display().to_string()], &net).unwrap();
         assert_eq!((shards.len(), shards[0].size), (1, Some(4)));
-        let e = resolve(&["s3://b/x.manifest".into()], &net).unwrap_err();
-        assert!(e.to_string().contains("local files"), "{e}");
         std::fs::write(&mp, "# nothing\n").unwrap();
         let e = resolve(&[mp.display().to_string()], &net).unwrap_err();
         assert!(e.to_string().contains("lists no shards"), "{e}");

@@ -15,7 +15,7 @@ use crate::dataset::Source;
 use crate::dataset::{self, Shard};
 use crate::engine::counters::Counters;
 use crate::engine::loader::{Loader, Setup};
-use crate::engine::planning::{learn_cached_counts, plan_setup, worker_count};
+use crate::engine::planning::{counts_or_nominal, plan_setup, worker_count};
 use crate::engine::setup::{
     EngineNet, MIN_SHARE, auto_chunk, check_placement_keys, fixed_buffers, own_pool, place,
     read_span, register_cuda, remote_budget,
@@ -130,11 +130,13 @@ impl Loader {
         check_placement_keys(&cfg, &topo, &allowed)?;
         let workers = worker_count(&cfg, &shards);
         let mut shards = shards;
-        if make.is_none() {
-            learn_cached_counts(&cfg, &mut shards, &net, workers)?;
-        }
+        // Scripted readers (the engine's unit tests) carry their counts.
+        let nominal = match make {
+            None => counts_or_nominal(&cfg, &mut shards, &net, workers)?,
+            Some(_) => None,
+        };
         let (plan_opts, counts, start, base_delivered, replay, fingerprint) =
-            plan_setup(&cfg, &net, &shards, workers)?;
+            plan_setup(&cfg, &net, &shards, workers, nominal.as_ref())?;
         let chunk_note = match cfg.chunk_size {
             0 => {
                 let (size, note) = auto_chunk(&cfg, &shards);
@@ -204,6 +206,12 @@ impl Loader {
                 (pool, 0, Vec::new(), None, notes, cuda_later)
             }
         };
+        if let Some(n) = &nominal {
+            notes.push(format!(
+                "no sample counts for some shards: split by shard, a nominal epoch of {}",
+                n.why
+            ));
+        }
         let (backend, uring_flags) = match cfg.io_backend {
             _ if make.is_some() => (BackendKind::Threads, ""),
             IoBackend::Threads => (BackendKind::Threads, ""),
@@ -386,6 +394,7 @@ impl Loader {
             delivered: AtomicU64::new(0),
             stop: AtomicBool::new(false),
             lead_done: AtomicBool::new(false),
+            full_below: AtomicU64::new(0),
             failure: Mutex::new(None),
             owner_base,
             started,

@@ -9,41 +9,91 @@ use crate::config::{AUTO_WORKERS, Config};
 use crate::dataset::{self, Shard, Source};
 use crate::error::{Error, Result};
 use crate::fetch::NetOptions;
+use crate::log::Level;
+use crate::net::s3::Env;
 use crate::plan::resume::{self, Start, State};
-use crate::plan::{Delivered, PlanOptions, plan_epoch};
+use crate::plan::{Delivered, Nominal, PlanOptions, estimated_length, given_length, plan_epoch};
 
-/// The dataset of `cfg`, each local shard's samples counted when the
+/// The dataset of `cfg`, each shard's samples counted or found where the
 /// plan's split needs them: what a node engine resolves once for all its
 /// consumers' loaders (each would count every shard again).
 pub(crate) fn resolve_counted(cfg: &Config) -> Result<Vec<Shard>> {
     let net = NetOptions::for_config(cfg);
     let mut shards = dataset::resolve_config(cfg, &net)?;
     let workers = worker_count(cfg, &shards);
-    learn_cached_counts(cfg, &mut shards, &net, workers)?;
-    if cfg.plan_options(workers).needs_counts() {
-        for s in shards.iter_mut() {
-            s.samples = counted(s)?;
-        }
-    }
+    counts_or_nominal(cfg, &mut shards, &net, workers)?;
     Ok(shards)
 }
 
-/// Remote shards' sample counts from the cache, when the plan needs
-/// counts (a split among consumers, a resume) and a cache is configured:
-/// what an earlier run learned reading them whole, for the current
-/// versions of the objects.
-pub(super) fn learn_cached_counts(
+/// Each shard's sample count where the plan needs them (a split among
+/// consumers, `samples_per_epoch`, `resampled`), from what every consumer
+/// of the job sees the same: a manifest or shard index (given, or found
+/// beside the shards), local shards' headers; for a single consumer, the
+/// cache's counts too. Where some remain unknown, the nominal epoch the
+/// plan then splits by shard (`plan::PlanOptions::nominal`), said once.
+pub(super) fn counts_or_nominal(
     cfg: &Config,
     shards: &mut [Shard],
     net: &NetOptions,
     workers: usize,
-) -> Result<()> {
+) -> Result<Option<Nominal>> {
+    let opts = cfg.plan_options(workers);
+    if !opts.needs_counts() {
+        return Ok(None);
+    }
+    for s in shards.iter_mut() {
+        s.samples = counted(s)?;
+    }
+    if opts.consumers == 1 {
+        learn_cached_counts(cfg, shards, net)?;
+    }
+    if shards.iter().any(|s| s.samples.is_none()) {
+        let found = dataset::counts_beside(shards, &cfg.s3, &Env::process(), net)?;
+        if !found.is_empty() {
+            crate::log::once(&format!("counts {}", found.join(" ")), Level::Info, || {
+                format!("sample counts from {}", found.join(", "))
+            });
+        }
+    }
+    let unknown = shards.iter().filter(|s| s.samples.is_none()).count();
+    if unknown == 0 || opts.resampled {
+        // `resampled` without counts is the plan's error, named there.
+        return Ok(None);
+    }
+    let nominal = if opts.samples_per_epoch > 0 {
+        given_length(opts.samples_per_epoch / opts.consumers, opts.batch_size)?
+    } else {
+        let sampled = dataset::sample_shards(shards, net)?;
+        let sizes: Vec<u64> = shards.iter().map(|s| s.size.unwrap_or(0)).collect();
+        estimated_length(&sizes, sampled, opts.consumers, opts.batch_size)?
+    };
+    let n = shards.len();
+    crate::log::once(
+        &format!("nominal {n} {} {}", opts.consumers, nominal.samples),
+        Level::Info,
+        || {
+            format!(
+                "{unknown} of {n} shards have no known sample count (no manifest or \
+                 `shardindex.json` beside them): the {} consumers split the shards whole, each \
+                 yielding a nominal epoch of {}; the rest of each one's shards is left out and \
+                 counted (`samples_dropped`). Sample counts make the split exact: `ringfeed \
+                 index URL... -o shardindex.json`, put beside the shards",
+                opts.consumers, nominal.why
+            )
+        },
+    );
+    Ok(Some(nominal))
+}
+
+/// Remote shards' sample counts from the cache, when a cache is
+/// configured: what an earlier run learned reading them whole, for the
+/// current versions of the objects. Only a single consumer's plan uses
+/// them: a cache is one node's and fills while consumers open, so two
+/// consumers could plan one epoch from different counts.
+fn learn_cached_counts(cfg: &Config, shards: &mut [Shard], net: &NetOptions) -> Result<()> {
     let Some(o) = cfg.cache_options() else {
         return Ok(());
     };
-    if !cfg.plan_options(workers).needs_counts() && cfg.resume.is_empty() {
-        return Ok(());
-    }
     if shards.iter().all(|s| s.samples.is_some()) {
         return Ok(());
     }
@@ -114,8 +164,10 @@ pub(super) fn plan_setup(
     net: &NetOptions,
     shards: &[Shard],
     workers: usize,
+    nominal: Option<&Nominal>,
 ) -> Result<PlanSetup> {
-    let opts = cfg.plan_options(workers);
+    let mut opts = cfg.plan_options(workers);
+    opts.nominal = nominal.map(|n| n.samples);
     let ids: Vec<(&str, Option<u64>)> = shards.iter().map(|s| (s.name.as_str(), s.size)).collect();
     let fingerprint = resume::fingerprint(&ids, &opts);
     let states = cfg

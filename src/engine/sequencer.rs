@@ -1,7 +1,9 @@
 //! The sequencer: one thread that takes the streams' batches round-robin
 //! (the plan's delivery order, `crate::plan::Delivery`), merges the streams'
 //! short last batches at the end of each epoch, skips what a resume state
-//! says was delivered, and feeds the ring that `Loader::next` pops.
+//! says was delivered, ends a nominal epoch at its length (passing over
+//! what the streams made past it), and feeds the ring that `Loader::next`
+//! pops.
 
 use std::sync::atomic::Ordering;
 
@@ -55,14 +57,21 @@ pub(super) fn sequence(sh: &Shared) -> Result<()> {
             }
             sh.push(Item::Batch(b))
         };
+        // A nominal epoch ends after its length, in whole batches.
+        let cap = plan.nominal.then(|| plan.samples.unwrap_or(0));
+        let full = |samples: u64| cap.is_some_and(|c| samples >= c);
         let mut order = Delivery::new(sh.streams.len());
+        let mut ended = vec![false; sh.streams.len()];
         let mut tails: Vec<Option<BatchBuilder>> = (0..sh.streams.len()).map(|_| None).collect();
-        while let Some(s) = order.next_stream() {
+        while !full(samples)
+            && let Some(s) = order.next_stream()
+        {
             match sh.streams[s].pop_until(None) {
                 Ok(Item::Batch(b)) => deliver(b, &mut samples)?,
                 Ok(Item::Tail(t)) => {
                     tails[s] = Some(t);
                     order.ended(s);
+                    ended[s] = true;
                 }
                 Ok(Item::EndOfEpoch(_)) => {
                     return Err(Error::Internal(
@@ -72,25 +81,59 @@ pub(super) fn sequence(sh: &Shared) -> Result<()> {
                 Err(_) => return Err(Error::Closed),
             }
         }
-        let mut carry = BatchBuilder::new(bs);
-        let mut full = Vec::new();
-        for t in tails.into_iter().flatten() {
-            carry.absorb(t, |b| full.push(sh.seal(b, epoch, NO_OWNER)));
+        let mut left_out = 0u64;
+        if full(samples) {
+            // The rest of the streams' epoch is left out: the workers stop
+            // at their next shard, and what they made is passed over.
+            sh.epoch_full(epoch);
+            for (s, done) in ended.iter().enumerate() {
+                if !done {
+                    left_out += pass_over(sh, s)?;
+                }
+            }
         }
-        for b in full {
+        let mut carry = BatchBuilder::new(bs);
+        let mut whole = Vec::new();
+        for t in tails.into_iter().flatten() {
+            if full(samples) {
+                left_out += t.len() as u64;
+                continue;
+            }
+            carry.absorb(t, |b| whole.push(sh.seal(b, epoch, NO_OWNER)));
+        }
+        for b in whole {
+            if full(samples) {
+                left_out += b.len() as u64;
+                continue;
+            }
             deliver(b, &mut samples)?;
         }
         if !carry.is_empty() {
-            if sh.cfg.drop_last {
-                samples += carry.len() as u64;
-                sh.counters
-                    .samples_dropped
-                    .fetch_add(carry.len() as u64, Ordering::Relaxed);
+            if sh.cfg.drop_last || cap.is_some() {
+                left_out += carry.len() as u64;
             } else {
                 let b = sh.seal(&mut carry, epoch, NO_OWNER);
                 deliver(b, &mut samples)?;
             }
         }
+        if let Some(c) = cap
+            && samples < c
+        {
+            return Err(Error::Plan {
+                shard: "(epoch)".into(),
+                message: format!(
+                    "the nominal epoch {epoch} is {c} samples per consumer, but this \
+                     consumer's shards held {samples} (the length was estimated from the \
+                     shards' sizes and first bytes, which their samples do not follow): give \
+                     the sample counts (`ringfeed index URL... -o set.manifest`, or a \
+                     `shardindex.json` beside the shards), or a smaller `samples_per_epoch`"
+                ),
+            });
+        }
+        sh.counters
+            .samples_dropped
+            .fetch_add(left_out, Ordering::Relaxed);
+        samples += if cap.is_some() { 0 } else { left_out };
         if skip > 0 {
             return Err(Error::State(format!(
                 "the state is {} batches into epoch {epoch}, which has only {}",
@@ -119,4 +162,22 @@ pub(super) fn sequence(sh: &Shared) -> Result<()> {
         epoch += 1;
     }
     Ok(())
+}
+
+/// Passes over what stream `s` made of the epoch after its nominal length,
+/// up to its short last batch: the samples left out.
+fn pass_over(sh: &Shared, s: usize) -> Result<u64> {
+    let mut left_out = 0;
+    loop {
+        match sh.streams[s].pop_until(None) {
+            Ok(Item::Batch(b)) => left_out += b.len() as u64,
+            Ok(Item::Tail(t)) => return Ok(left_out + t.len() as u64),
+            Ok(Item::EndOfEpoch(_)) => {
+                return Err(Error::Internal(
+                    "a worker sent an end-of-epoch marker".into(),
+                ));
+            }
+            Err(_) => return Err(Error::Closed),
+        }
+    }
 }

@@ -87,6 +87,9 @@ pub(crate) struct Shared {
     /// Stream 0's worker can give no first batch on its own (see
     /// `await_first_batch`).
     pub(super) lead_done: AtomicBool,
+    /// Epochs below this one delivered their nominal length (see
+    /// `plan::PlanOptions::nominal`): their workers read no further shards.
+    pub(super) full_below: AtomicU64,
     pub(super) failure: Mutex<Option<Error>>,
     /// This loader's first owner number in the pool: 0 in its own pool,
     /// the one `ChunkPool::join` gave in a shared one (a node engine's).
@@ -260,6 +263,20 @@ impl Shared {
     pub fn stopping(&self) -> bool {
         // Acquire: pairs with the Release store in `stop_all`.
         self.stop.load(Ordering::Acquire)
+    }
+
+    /// Says `epoch` delivered its nominal length: what its workers read
+    /// from now on would be left out.
+    pub(super) fn epoch_full(&self, epoch: u64) {
+        // Relaxed: a hint that spares reads; a worker that misses it reads
+        // shards the sequencer then leaves out, which is correct.
+        self.full_below.fetch_max(epoch + 1, Ordering::Relaxed);
+    }
+
+    /// Whether `epoch` delivered its nominal length already.
+    pub(super) fn is_full(&self, epoch: u64) -> bool {
+        // Relaxed: see `epoch_full`.
+        epoch < self.full_below.load(Ordering::Relaxed)
     }
 
     /// The pool's owner number of `stream`'s chunks.

@@ -61,6 +61,20 @@ pub fn consumer_order(
     order_of_plan(opts, counts, &plan)
 }
 
+/// [`consumer_order`] of a nominal epoch (`PlanOptions::nominal`): planned
+/// without the counts, as the engine plans it, and run on them. A consumer
+/// whose shards hold fewer than the nominal samples comes out short (the
+/// engine's error).
+pub fn nominal_order(
+    opts: &PlanOptions,
+    counts: &[u64],
+    epoch: u64,
+) -> Result<Vec<Vec<SampleRef>>> {
+    let unknown = vec![None; counts.len()];
+    let plan = plan_epoch(opts, &unknown, epoch, None)?;
+    order_of_plan(opts, counts, &plan)
+}
+
 /// [`consumer_order`] of a plan already made.
 pub fn order_of_plan(
     opts: &PlanOptions,
@@ -168,6 +182,11 @@ fn simulate<T: Copy>(
     }
     if !carry.is_empty() && !opts.drop_last {
         out.push(carry);
+    }
+    if plan.nominal {
+        // A nominal epoch ends after its whole batches of `samples`; one
+        // whose shards hold fewer is the engine's error.
+        out.truncate((plan.samples.unwrap_or(0) / bs as u64) as usize);
     }
     out
 }

@@ -54,6 +54,15 @@ pub struct PlanOptions {
     pub consumers: u64,
     pub consumer: u64,
     pub streams: usize,
+    /// Samples each consumer yields when the shards' sample counts are not
+    /// all known (a *nominal epoch*, set at open by `crate::engine`): the
+    /// shards are then split whole, consumer `c` reading the epoch order's
+    /// positions `c, c + C, c + 2C, ...` (WebDataset's split by node and
+    /// worker), and each consumer's epoch ends after this many samples, the
+    /// rest of its shards left out. A multiple of `batch_size`, so every
+    /// consumer yields the same number of whole batches. `None` where every
+    /// count is known (the split by sample index, exact).
+    pub nominal: Option<u64>,
 }
 
 impl Default for PlanOptions {
@@ -71,6 +80,7 @@ impl Default for PlanOptions {
             consumers: 1,
             consumer: 0,
             streams: 1,
+            nominal: None,
         }
     }
 }
@@ -146,6 +156,10 @@ pub struct ConsumerPlan {
     pub padded: u64,
     /// Samples of this consumer's share left out to even out the epoch.
     pub dropped: u64,
+    /// A nominal epoch (`PlanOptions::nominal`): the shards are read whole
+    /// and the epoch ends after `samples`; what is left out is counted as it
+    /// is seen, and an epoch that runs out first is an error.
+    pub nominal: bool,
 }
 
 /// The shard order of an epoch.
@@ -187,10 +201,11 @@ pub fn plan_epoch(
             "`resampled` draws shards for ever: set `samples_per_epoch` to give epochs a length",
         ));
     }
-    let need = opts.needs_counts() || delivered.is_some();
+    let need = opts.needs_counts() || opts.nominal.is_some() || delivered.is_some();
     let known: Option<Vec<u64>> = counts.iter().copied().collect();
     let segments;
     let (mut samples, mut padded, mut dropped) = (None, 0, 0);
+    let mut nominal = false;
     match (need, known) {
         (false, _) => {
             segments = shard_order(opts, counts.len(), epoch)
@@ -201,17 +216,34 @@ pub fn plan_epoch(
                 samples = Some(c.iter().sum());
             }
         }
-        (true, None) => {
-            let missing = counts.iter().filter(|c| c.is_none()).count();
-            return Err(Error::config(format!(
-                "{missing} of {} shards have no known sample count, and splitting among {} consumers, \
-                 `samples_per_epoch`, `resampled` and elastic resume need them: list the shards in a \
-                 manifest with their counts (`ringfeed index URL... > set.manifest`), or read them \
-                 whole once with a `cache_dir`, which keeps the counts",
-                counts.len(),
-                opts.consumers
-            )));
-        }
+        (true, None) => match opts.nominal {
+            Some(l) if !opts.resampled && delivered.is_none() => {
+                segments = by_shard(opts, counts.len(), epoch)?;
+                samples = Some(l);
+                nominal = true;
+            }
+            _ => {
+                let missing = counts.iter().filter(|c| c.is_none()).count();
+                let what = if opts.resampled {
+                    "`resampled` draws shards by their sample counts".to_string()
+                } else if delivered.is_some() {
+                    "an elastic resume leaves out what the old layout delivered, by sample index"
+                        .to_string()
+                } else {
+                    format!(
+                        "the split among {} consumers by sample index needs them (no nominal \
+                         epoch length was given)",
+                        opts.consumers
+                    )
+                };
+                return Err(Error::config(format!(
+                    "{missing} of {} shards have no known sample count, and {what}: give the \
+                     counts in a manifest (`ringfeed index URL... -o set.manifest`) or a \
+                     `shardindex.json` beside the shards",
+                    counts.len(),
+                )));
+            }
+        },
         (true, Some(counts)) if opts.resampled => {
             let l = opts.samples_per_epoch / opts.consumers;
             segments = resample(opts, &counts, epoch, l)?;
@@ -241,7 +273,27 @@ pub fn plan_epoch(
         samples,
         padded,
         dropped,
+        nominal,
     })
+}
+
+/// A nominal epoch's share: the shards at this consumer's positions of the
+/// epoch order, whole. Every consumer needs one shard at least.
+fn by_shard(opts: &PlanOptions, shards: usize, epoch: u64) -> Result<Vec<Segment>> {
+    if (shards as u64) < opts.consumers {
+        return Err(Error::config(format!(
+            "{shards} shards for {} consumers, and no sample counts to split a shard by: \
+             give the counts (a manifest from `ringfeed index`, or a `shardindex.json` beside \
+             the shards), or use fewer ranks or DataLoader workers",
+            opts.consumers
+        )));
+    }
+    Ok(shard_order(opts, shards, epoch)
+        .into_iter()
+        .enumerate()
+        .filter(|&(p, _)| p as u64 % opts.consumers == opts.consumer)
+        .map(|(_, shard)| Segment::whole(shard))
+        .collect())
 }
 
 /// Shards drawn with replacement until `l` samples.
@@ -455,6 +507,65 @@ mod tests {
         }
     }
 
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        /// A nominal epoch: every consumer reads whole shards of its own
+        /// (positions `c, c + C, ...` of the epoch order), yields exactly the
+        /// nominal number of whole batches when its shards hold that many,
+        /// and no sample goes to two consumers or twice to one.
+        #[test]
+        fn a_nominal_epoch_splits_by_shard_equal_and_at_most_once(
+            (counts, c, s, seed, buf, bs) in layout(), k in 0u64..6, epoch in 0u64..3,
+        ) {
+            prop_assume!(counts.len() as u64 >= c);
+            let mut o = opts(c, s, seed, buf, bs, Remainder::Pad);
+            o.nominal = Some(k * bs as u64);
+            let order = shard_order(&o, counts.len(), epoch);
+            let mut seen = std::collections::HashSet::new();
+            for consumer in 0..c {
+                let oc = PlanOptions { consumer, ..o.clone() };
+                let mine: Vec<usize> = order.iter().enumerate()
+                    .filter(|&(p, _)| p as u64 % c == consumer).map(|(_, &sh)| sh).collect();
+                let share: u64 = mine.iter().map(|&sh| counts[sh]).sum();
+                let batches = crate::plan::nominal_order(&oc, &counts, epoch).unwrap();
+                if share >= k * bs as u64 {
+                    prop_assert_eq!(batches.len() as u64, k, "every consumer the same batches");
+                    prop_assert!(batches.iter().all(|b| b.len() == bs), "whole batches");
+                } else {
+                    prop_assert!((flat(&batches).len() as u64) < k * bs as u64, "short: the engine's error");
+                }
+                for &(shard, i, pad) in &flat(&batches) {
+                    prop_assert!(!pad);
+                    prop_assert!(mine.contains(&shard), "a sample of another consumer's shard");
+                    prop_assert!(seen.insert((shard, i)), "a sample twice");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_nominal_epoch_needs_a_shard_for_every_consumer() {
+        let o = PlanOptions {
+            consumers: 4,
+            consumer: 3,
+            nominal: Some(8),
+            ..PlanOptions::default()
+        };
+        let e = plan_epoch(&o, &[None, None, None], 0, None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("3 shards for 4 consumers"), "{e}");
+        let p = plan_epoch(&o, &[None; 4], 0, None).unwrap();
+        assert!(p.nominal);
+        assert_eq!(p.samples, Some(8));
+        assert_eq!(p.streams, vec![vec![Segment::whole(3)]]);
+        // Known counts: the exact split, whatever the nominal length.
+        let p = plan_epoch(&o, &[Some(5); 4], 0, None).unwrap();
+        assert!(!p.nominal);
+        assert_eq!(p.samples, Some(5));
+    }
+
     #[test]
     fn the_generator_is_pinned() {
         // The order must not change between builds or machines: pin the
@@ -488,6 +599,12 @@ mod tests {
             e.contains("1 of 2 shards have no known sample count"),
             "{e}"
         );
+        // With a nominal length the same layout splits by shard.
+        let nominal = PlanOptions {
+            nominal: Some(1),
+            ..two.clone()
+        };
+        assert!(plan_epoch(&nominal, &counts, 0, None).unwrap().nominal);
         let r = PlanOptions {
             resampled: true,
             ..one

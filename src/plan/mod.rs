@@ -34,21 +34,24 @@
 //! One file per concern: `rng.rs` (the seeded generator), `epoch.rs` (the
 //! options, the shard order and the split: [`plan_epoch`]), `buffer.rs`
 //! ([`ShuffleBuffer`]), `delivery.rs` ([`Delivery`] and the simulation of a
-//! plan's order), `resume.rs` (resume states and where to start).
+//! plan's order), `resume.rs` (resume states and where to start),
+//! `nominal.rs` (a nominal epoch's length when the counts are unknown).
 
 mod buffer;
 mod delivery;
 mod epoch;
 #[cfg(test)]
 mod fixtures;
+mod nominal;
 pub mod resume;
 mod rng;
 
 // What tests and bindings outside the crate may ask of the plan is public:
 // the options, and the order a consumer gets. The rest is the engine's.
-pub use delivery::{SampleRef, consumer_order};
+pub use delivery::{SampleRef, consumer_order, nominal_order};
 pub use epoch::{PlanOptions, Remainder};
 
 pub(crate) use buffer::ShuffleBuffer;
 pub(crate) use delivery::{Delivery, delivered_by, replayed};
 pub(crate) use epoch::{ConsumerPlan, Delivered, Segment, plan_epoch};
+pub(crate) use nominal::{Nominal, Sampled, estimated_length, given_length};

@@ -199,6 +199,11 @@ pub fn fingerprint(shards: &[(&str, Option<u64>)], opts: &PlanOptions) -> u64 {
     ] {
         eat(&v.to_le_bytes());
     }
+    // A nominal epoch's length: states of exact epochs hash as before.
+    if let Some(l) = opts.nominal {
+        eat(b"nominal");
+        eat(&l.to_le_bytes());
+    }
     h
 }
 

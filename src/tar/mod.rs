@@ -30,6 +30,8 @@
 //!   arbitrary segment splits;
 //! - `count.rs`: [`count_samples`] and [`count_file_samples`], the
 //!   header-only counter;
+//! - `prefix.rs`: [`count_prefix`], the samples a shard's first bytes hold
+//!   whole (the estimate behind a nominal epoch);
 //! - `sample.rs`: [`split_name`] and [`lowercase_field`], a member's sample
 //!   key and field as WebDataset names them.
 
@@ -37,10 +39,12 @@ pub(crate) mod count;
 #[cfg(test)]
 mod fixtures;
 mod header;
+pub(crate) mod prefix;
 pub(crate) mod sample;
 pub(crate) mod walk;
 
 pub use count::count_file_samples;
+pub(crate) use prefix::count_prefix;
 
 #[cfg(test)]
 pub(crate) use header::{BLOCK, parse_number};
