@@ -33,8 +33,10 @@ pub(crate) enum Command {
     Serve(ServeArgs),
     /// List the shards a dataset resolves to, with sizes (and sample counts).
     Ls(LsArgs),
-    /// Write a manifest (`URL size samples` per line) of the dataset: with
-    /// it, loaders split the data among ranks without counting samples.
+    /// Write a manifest (`URL size samples` per line) of the dataset, or
+    /// WebDataset's `shardindex.json` with `-o NAME.json`: with either
+    /// (given as the dataset, or put beside the shards) loaders split the
+    /// data among ranks exactly, by sample.
     Index(IndexArgs),
     /// Print each sample's key and field sizes, or one field's raw bytes.
     Cat(CatArgs),
@@ -157,7 +159,8 @@ pub(crate) struct IndexArgs {
     /// Dataset URLs or paths (brace expansion allowed).
     #[arg(required = true)]
     pub(crate) urls: Vec<String>,
-    /// Write the manifest here instead of to stdout.
+    /// Write the manifest here instead of to stdout; a name ending in
+    /// `.json` writes WebDataset's shard index (`shardindex.json`).
     #[arg(long, short)]
     pub(crate) output: Option<PathBuf>,
     #[command(flatten)]

@@ -156,22 +156,31 @@ pub fn index(urls: Vec<String>, output: Option<&std::path::Path>, a: &LoaderArgs
     bar.set_style(indicatif::ProgressStyle::with_template(
         "{spinner} indexing {pos}/{len} shards {msg}",
     )?);
-    let mut text = format!(
-        "# ringfeed manifest: URL size samples ({} shards)\n",
-        shards.len()
-    );
-    let mut total = 0u64;
+    let mut counts = Vec::with_capacity(shards.len());
     for s in &shards {
         bar.set_message(s.name.clone());
         let n = match &s.source {
             ringfeed::dataset::Source::File(path) => ringfeed::tar::count_file_samples(path)?,
             _ => count_shard(&s.name, a)?.samples,
         };
-        total += n;
-        text.push_str(&format!("{} {} {n}\n", s.name, size(s)));
+        counts.push(n);
         bar.inc(1);
     }
     bar.finish_and_clear();
+    let total: u64 = counts.iter().sum();
+    let json = output.is_some_and(|p| p.extension().is_some_and(|e| e == "json"));
+    let text = if json {
+        shardindex(&shards, &counts)
+    } else {
+        let mut text = format!(
+            "# ringfeed manifest: URL size samples ({} shards)\n",
+            shards.len()
+        );
+        for (s, n) in shards.iter().zip(&counts) {
+            text.push_str(&format!("{} {} {n}\n", s.name, size(s)));
+        }
+        text
+    };
     match output {
         Some(p) => {
             std::fs::write(p, &text).map_err(|e| format!("write `{}`: {e}", p.display()))?;
@@ -182,6 +191,37 @@ pub fn index(urls: Vec<String>, output: Option<&std::path::Path>, a: &LoaderArgs
         }
     }
     Ok(())
+}
+
+/// WebDataset's shard index (`shardindex.json`, as its `wids` readers and
+/// ringfeed read it): the shards named within their common folder, which
+/// `base` names, so the file works beside the shards and anywhere else.
+fn shardindex(shards: &[ringfeed::dataset::Shard], counts: &[u64]) -> String {
+    let folder = |name: &str| name.rfind('/').map_or("", |i| &name[..i]).to_string();
+    let base = folder(&shards[0].name);
+    let common = shards.iter().all(|s| folder(&s.name) == base);
+    let list: Vec<serde_json::Value> = shards
+        .iter()
+        .zip(counts)
+        .map(|(s, n)| {
+            let url = match common {
+                true => s.name[base.len() + 1..].to_string(),
+                false => s.name.clone(),
+            };
+            serde_json::json!({"url": url, "nsamples": n, "filesize": size(s)})
+        })
+        .collect();
+    let mut index = serde_json::json!({
+        "__kind__": "wids-shard-index-v1",
+        "wids_version": 1,
+        "shardlist": list,
+    });
+    if common && !base.is_empty() {
+        index["base"] = serde_json::json!(format!("{base}/"));
+    }
+    let mut text = serde_json::to_string_pretty(&index).unwrap_or_default();
+    text.push('\n');
+    text
 }
 
 /// Ok(false) when stdout was closed by the reader (`| head`): stop quietly.

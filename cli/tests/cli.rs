@@ -328,6 +328,29 @@ fn index_writes_a_manifest_that_splits_the_dataset_among_ranks() {
     }
     assert_eq!(got, samples);
     fails(&["index", "/nonexistent/x.tar"], "/nonexistent/x.tar");
+
+    // `-o NAME.json`: WebDataset's shard index, its names within `base`,
+    // read back as the dataset with the same counts.
+    let j = dir.path().join("shardindex.json");
+    let j_s = j.to_str().unwrap();
+    ok(&["index", &pattern(dir.path()), "-o", j_s]);
+    let index: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&j).unwrap()).unwrap();
+    assert_eq!(index["wids_version"], 1);
+    assert_eq!(
+        index["base"].as_str().unwrap(),
+        format!("{}/", dir.path().display())
+    );
+    let list = index["shardlist"].as_array().unwrap();
+    assert!(
+        list.iter()
+            .all(|e| !e["url"].as_str().unwrap().contains('/'))
+    );
+    let total: u64 = list.iter().map(|e| e["nsamples"].as_u64().unwrap()).sum();
+    assert_eq!(total, samples);
+    let out = ok(&["bench", j_s, "--json", "--verify", &SEED.to_string()]);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["samples"].as_u64().unwrap(), samples);
 }
 
 #[test]
