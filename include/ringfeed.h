@@ -745,6 +745,21 @@ int32_t ringfeed_writer_finish(struct ringfeed_writer *writer);
 // removed); the handle is gone after this call.
 int32_t ringfeed_writer_abort(struct ringfeed_writer *writer);
 
+// Writes into `buf`, NUL-terminated, what the consumer that
+// `config_json` describes gets in the epoch `"epoch"` names, as JSON:
+// `{"split": "samples" | "shards" | "none", "consumers": C, "samples": N
+// or null, "batches": B or null, "shards": S, "nominal": text or null}`.
+// `"shards"` is a nominal epoch (no sample counts known: the shards split
+// whole, every consumer the same `batches`). It resolves the dataset as
+// `ringfeed_loader_open` does (listing, `HEAD`s, the shards' first bytes
+// when it must estimate) and reads no more. Sizes as
+// `ringfeed_loader_stats_json`: 4 KiB is always enough.
+//
+// # Safety
+// `config_json` must be NULL or a NUL-terminated string; `buf` NULL or
+// `len` writable bytes; `needed` NULL or writable.
+int32_t ringfeed_plan_json(const char *config_json, char *buf, size_t len, size_t *needed);
+
 // Writes a snapshot of the loader's counters to `*out`. Set `out->size`
 // to `sizeof(ringfeed_stats)` first: at most that many bytes are written,
 // and `out->size` is then the bytes written (fewer when the library is

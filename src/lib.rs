@@ -35,5 +35,5 @@ pub mod tar; // the tar walk over chunks, header parsing, counting
 pub mod topology; // NICs, queues, NUMA nodes; where the I/O threads run
 
 pub use config::Config;
-pub use engine::{Loader, Next, Stats};
+pub use engine::{Loader, Next, PlanSummary, Stats, plan_summary};
 pub use error::{Error, Result};

@@ -54,5 +54,6 @@ pub use counters::{
 };
 pub use loader::{Loader, Next};
 pub(crate) use planning::resolve_counted;
+pub use planning::{PlanSummary, plan_summary};
 pub(crate) use setup::{EngineNet, engine_net_threads};
 pub use stats::{Stats, prometheus};

@@ -25,6 +25,64 @@ pub(crate) fn resolve_counted(cfg: &Config) -> Result<Vec<Shard>> {
     Ok(shards)
 }
 
+/// What one consumer's epoch holds, worked out without reading it (the
+/// dataset resolved, the counts found or the nominal length estimated, as
+/// a loader's open does): what a caller asks ahead, such as Python's
+/// `len()` of a dataset.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PlanSummary {
+    /// How the epoch is split: `"samples"` (every count known: by sample
+    /// index, exact), `"shards"` (a nominal epoch, split by shard), or
+    /// `"none"` (one consumer reading every shard).
+    pub split: &'static str,
+    /// Consumers of the layout: ranks × loader workers.
+    pub consumers: u64,
+    /// Samples this consumer yields in the epoch, where known.
+    pub samples: Option<u64>,
+    /// Batches it yields, where known: the same on every consumer.
+    pub batches: Option<u64>,
+    pub shards: usize,
+    /// How a nominal length was reached.
+    pub nominal: Option<String>,
+}
+
+/// The [`PlanSummary`] of `cfg`'s consumer in its epoch `cfg.epoch`.
+pub fn plan_summary(cfg: &Config) -> Result<PlanSummary> {
+    cfg.validate()?;
+    let net = NetOptions::for_config(cfg);
+    let mut shards = dataset::resolve_config(cfg, &net)?;
+    if shards.is_empty() {
+        return Err(Error::config("`urls` names no shard"));
+    }
+    let workers = worker_count(cfg, &shards);
+    let mut opts = cfg.plan_options(workers);
+    // The length is asked even where the plan needs no counts: look for
+    // them all the same.
+    find_counts(cfg, &mut shards, &net, &opts)?;
+    let nominal = nominal_where_unknown(&mut shards, &net, &opts)?;
+    opts.nominal = nominal.as_ref().map(|n| n.samples);
+    let counts: Vec<Option<u64>> = shards.iter().map(counted).collect::<Result<Vec<_>>>()?;
+    let plan = plan_epoch(&opts, &counts, cfg.epoch, None)?;
+    let bs = cfg.batch_size.max(1) as u64;
+    let batches = plan.samples.map(|l| match plan.nominal || cfg.drop_last {
+        true => l / bs,
+        false => l.div_ceil(bs),
+    });
+    let split = match (plan.nominal, opts.consumers > 1) {
+        (true, _) => "shards",
+        (false, true) => "samples",
+        (false, false) => "none",
+    };
+    Ok(PlanSummary {
+        split,
+        consumers: opts.consumers,
+        samples: plan.samples,
+        batches,
+        shards: shards.len(),
+        nominal: nominal.map(|n| n.why),
+    })
+}
+
 /// Each shard's sample count where the plan needs them (a split among
 /// consumers, `samples_per_epoch`, `resampled`), from what every consumer
 /// of the job sees the same: a manifest or shard index (given, or found
@@ -41,19 +99,18 @@ pub(super) fn counts_or_nominal(
     if !opts.needs_counts() {
         return Ok(None);
     }
-    for s in shards.iter_mut() {
-        s.samples = counted(s)?;
-    }
-    if opts.consumers == 1 {
-        learn_cached_counts(cfg, shards, net)?;
-    }
-    if shards.iter().any(|s| s.samples.is_none()) {
-        let found = dataset::counts_beside(shards, &cfg.s3, &Env::process(), net)?;
-        if !found.is_empty() {
-            crate::log::once(&format!("counts {}", found.join(" ")), Level::Info, || {
-                format!("sample counts from {}", found.join(", "))
-            });
-        }
+    find_counts(cfg, shards, net, &opts)?;
+    nominal_where_unknown(shards, net, &opts)
+}
+
+/// The nominal epoch of a plan that needs counts some shards lack.
+fn nominal_where_unknown(
+    shards: &mut [Shard],
+    net: &NetOptions,
+    opts: &PlanOptions,
+) -> Result<Option<Nominal>> {
+    if !opts.needs_counts() {
+        return Ok(None);
     }
     let unknown = shards.iter().filter(|s| s.samples.is_none()).count();
     if unknown == 0 || opts.resampled {
@@ -83,6 +140,32 @@ pub(super) fn counts_or_nominal(
         },
     );
     Ok(Some(nominal))
+}
+
+/// Every shard's count that can be had without reading the data: local
+/// headers, a manifest or index beside the shards, and for a single
+/// consumer the cache's.
+fn find_counts(
+    cfg: &Config,
+    shards: &mut [Shard],
+    net: &NetOptions,
+    opts: &PlanOptions,
+) -> Result<()> {
+    for s in shards.iter_mut() {
+        s.samples = counted(s)?;
+    }
+    if opts.consumers == 1 {
+        learn_cached_counts(cfg, shards, net)?;
+    }
+    if shards.iter().any(|s| s.samples.is_none()) {
+        let found = dataset::counts_beside(shards, &cfg.s3, &Env::process(), net)?;
+        if !found.is_empty() {
+            crate::log::once(&format!("counts {}", found.join(" ")), Level::Info, || {
+                format!("sample counts from {}", found.join(", "))
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Remote shards' sample counts from the cache, when a cache is

@@ -21,8 +21,8 @@
 //!   `ringfeed_stats` and the constants of its fields are the engine's
 //!   `Counts` (`crate::engine::counters`), which cbindgen reads too;
 //! - [`loader`], [`batch`], [`stats`], [`object`] (whole objects read and
-//!   written, and writer handles): the entry points, by the object they
-//!   act on; `config`: the keys a configuration may hold; [`version`]:
+//!   written, and writer handles), [`plan`] (an epoch's length asked
+//!   ahead): the entry points, by the object they act on; `config`: the keys a configuration may hold; [`version`]:
 //!   the library's version; [`log`]: the log callback.
 //!
 //! `include/ringfeed.h` is generated from this module tree by cbindgen (run
@@ -41,6 +41,7 @@ mod image;
 mod loader;
 mod log;
 mod object;
+mod plan;
 mod stats;
 pub mod status;
 mod types;
@@ -52,6 +53,7 @@ pub use image::*;
 pub use loader::*;
 pub use log::*;
 pub use object::*;
+pub use plan::*;
 pub use stats::*;
 pub use status::*;
 pub use types::*;

@@ -122,6 +122,47 @@ static void bad_open_arguments(void) {
     free(good);
 }
 
+/* ringfeed_plan_json: the same checks as an open (it reads the dataset
+ * the same way), and the buffer rules of the other text outputs. */
+static void plan_misuse(void) {
+    printf("plan:\n");
+    char buf[4096];
+    size_t needed = 0;
+    EXPECT_ERROR(ringfeed_plan_json(NULL, buf, sizeof buf, &needed), RINGFEED_ERR_INVALID_ARGUMENT,
+                 "config_json");
+    EXPECT_ERROR(ringfeed_plan_json("\xc3", buf, sizeof buf, &needed),
+                 RINGFEED_ERR_INVALID_ARGUMENT, "UTF-8");
+    EXPECT_ERROR(ringfeed_plan_json("{\"urls\": ", buf, sizeof buf, &needed), RINGFEED_ERR_CONFIG,
+                 "not valid JSON");
+    EXPECT_ERROR(ringfeed_plan_json("{\"urls\": \"a.tar\", \"bogus_key\": 1}", buf, sizeof buf,
+                                    &needed),
+                 RINGFEED_ERR_CONFIG, "bogus_key");
+    char *missing = path_in_scratch("no-such-shard.tar");
+    char *config = make_config(&missing, 1, SMALL);
+    EXPECT_ERROR(ringfeed_plan_json(config, buf, sizeof buf, &needed), RINGFEED_ERR_DATASET,
+                 missing);
+    free(config);
+    /* Two consumers over the local shards: counted from their headers, the
+     * split by sample, every consumer the same batches. */
+    char *two = make_config(shards, n_shards, "\"world_size\": 2, \"rank\": 1, \"batch_size\": 7");
+    EXPECT_ERROR(ringfeed_plan_json(two, NULL, sizeof buf, &needed), RINGFEED_ERR_INVALID_ARGUMENT,
+                 "buf");
+    needed = 0;
+    EXPECT_ERROR(ringfeed_plan_json(two, buf, 2, &needed), RINGFEED_ERR_BUFFER_TOO_SMALL, "bytes");
+    CHECK(needed > 20 && needed < sizeof buf, "the plan needs %zu bytes", needed);
+    EXPECT_STATUS(ringfeed_plan_json(two, buf, sizeof buf, &needed), RINGFEED_OK);
+    CHECK(strlen(buf) == needed, "wrote %zu bytes, said %zu", strlen(buf), needed);
+    char want[256];
+    uint64_t per = (n_samples + 1) / 2;
+    snprintf(want, sizeof want,
+             "{\"split\":\"samples\",\"consumers\":2,\"samples\":%" PRIu64
+             ",\"batches\":%" PRIu64 ",\"shards\":%zu,\"nominal\":null}",
+             per, (per + 6) / 7, n_shards);
+    CHECK(strcmp(buf, want) == 0, "plan %s, expected %s", buf, want);
+    free(two);
+    free(missing);
+}
+
 /*
  * Opens `config` and streams it, expecting `want` with a message holding
  * every string of `needles` (NULL-terminated): at open, or from next after
@@ -777,6 +818,7 @@ int main(int argc, char **argv) {
     poll_with_timeout_zero();
     close_while_waiting();
     image_transform_misuse();
+    plan_misuse();
     printf("abi_misuse: all checks passed\n");
     return 0;
 }

@@ -23,7 +23,7 @@ from __future__ import annotations
 from . import _ffi
 from ._log import set_log_level
 from ._batch import Batch, FieldView
-from ._loader import Loader, config_keys
+from ._loader import Loader, config_keys, plan
 from .errors import (
     BufferTooSmallError,
     ClosedError,
@@ -108,6 +108,7 @@ __all__ = [
     "list_objects",
     "load_safetensors",
     "object_exists",
+    "plan",
     "open_object",
     "read_object",
     "read_object_into",

@@ -224,6 +224,15 @@ FUNCTIONS = {
             ("size_t *", "needed"),
         ],
     ),
+    "ringfeed_plan_json": (
+        "int32_t",
+        [
+            ("const char *", "config_json"),
+            ("char *", "buf"),
+            ("size_t", "len"),
+            ("size_t *", "needed"),
+        ],
+    ),
     "ringfeed_loader_state": (
         "int32_t",
         [

@@ -88,6 +88,41 @@ def _url_value(urls):
     return [os.fspath(u) for u in items]
 
 
+def _config(urls: Urls, batch_size: int, config: dict[str, Any], who: str) -> dict[str, Any]:
+    """The engine's configuration from Python's arguments, every key checked."""
+    known = config_keys()
+    for key in config:
+        if key not in known or key in ("urls", "batch_size"):
+            raise TypeError(
+                f"{who} got an unexpected keyword argument {key!r}; "
+                f"configuration keys: {', '.join(k for k in known if k not in ('urls', 'batch_size'))}"
+            )
+    cfg = {"urls": _url_value(urls), "batch_size": batch_size}
+    for key, value in config.items():
+        if key == "resume":
+            value = _resume_value(value)
+        cfg[key] = json_value(key, value)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int):
+        raise TypeError(f"batch_size must be an int, not {type(batch_size).__name__}")
+    return cfg
+
+
+def plan(urls: Urls, batch_size: int = 32, **config: Any) -> dict[str, Any]:
+    """What one consumer's epoch holds, asked without opening a loader
+    (``ringfeed_plan_json``): ``{"split": "samples" | "shards" | "none",
+    "consumers": C, "samples": N or None, "batches": B or None, "shards": S,
+    "nominal": text or None}``. The keywords are `Loader`'s (``rank``,
+    ``world_size``, ``loader_worker``, ``loader_workers`` and ``epoch`` say
+    which consumer and epoch). ``"shards"`` is a nominal epoch: no sample
+    counts are known, the shards split whole and every consumer yields the
+    same ``batches``. It resolves the dataset as opening does (listing,
+    ``HEAD``s, a few shards' first bytes when it estimates) and reads no
+    more."""
+    cfg = _config(urls, batch_size, config, "plan()")
+    text = text_out(lambda buf, size, needed: _lib.ringfeed_plan_json(json.dumps(cfg).encode(), buf, size, needed), 4096)
+    return json.loads(text.decode())
+
+
 class Loader:
     """A ringfeed engine streaming batches from WebDataset shards.
 
@@ -125,20 +160,7 @@ class Loader:
         self._closed = True
         self._lock = threading.Lock()
         self._generation = fork_generation()
-        known = config_keys()
-        for key in config:
-            if key not in known or key in ("urls", "batch_size"):
-                raise TypeError(
-                    f"Loader() got an unexpected keyword argument {key!r}; "
-                    f"configuration keys: {', '.join(k for k in known if k not in ('urls', 'batch_size'))}"
-                )
-        cfg = {"urls": _url_value(urls), "batch_size": batch_size}
-        for key, value in config.items():
-            if key == "resume":
-                value = _resume_value(value)
-            cfg[key] = json_value(key, value)
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int):
-            raise TypeError(f"batch_size must be an int, not {type(batch_size).__name__}")
+        cfg = _config(urls, batch_size, config, "Loader()")
         handle = ctypes.c_void_p()
         st = _lib.ringfeed_loader_open(json.dumps(cfg).encode(), ctypes.byref(handle))
         if st != _ffi.RINGFEED_OK:

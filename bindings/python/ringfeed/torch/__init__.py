@@ -76,6 +76,7 @@ import copy
 import gc
 import json
 import os
+import sys
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import numpy as np
@@ -84,7 +85,7 @@ import torch
 import torch.utils.data
 
 from .._lease import fork_generation
-from .._loader import Loader, _resume_value
+from .._loader import Loader, _resume_value, plan
 from .._log import logger
 from ..decode import DecodeError, Decoder
 from ._ragged import Ragged
@@ -213,6 +214,39 @@ class _MapTuple:
         return tuple(v if f is None else f(v) for f, v in zip(self.fns, sample))
 
 
+_BATCHED_AGAIN = (
+    "RingfeedDataset yields whole batches (each item is one engine batch of `batch_size` "
+    "samples), and this DataLoader batches them again (batch_size={}): create it with "
+    "batch_size=None, as in DataLoader(ds, batch_size=None, num_workers=...). Its default "
+    "batch_size=1 would add a dimension of 1 to every tensor; to combine several engine "
+    "batches on purpose, pass your own collate_fn"
+)
+
+
+def _collates_by_default(fn) -> bool:
+    return fn in (torch.utils.data.default_collate, torch.utils.data._utils.collate.default_collate)
+
+
+def _refuse_batching_again(frame) -> None:
+    """Raises `TypeError` when the code asking for this dataset's items is a
+    DataLoader's fetcher that batches them again with the default collate
+    (``DataLoader(ds)`` without ``batch_size=None``). `frame` is the one
+    that asked for the first item; the fetcher is found among its callers, in
+    the DataLoader's main process and in its workers alike."""
+    base = getattr(getattr(torch.utils.data._utils, "fetch", None), "_BaseDatasetFetcher", None)
+    if base is None:
+        return
+    for _ in range(6):
+        if frame is None:
+            return
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, base):
+            if owner.auto_collation and _collates_by_default(owner.collate_fn):
+                raise TypeError(_BATCHED_AGAIN.format(len(frame.f_locals.get("possibly_batched_index") or ()) or "N"))
+            return
+        frame = frame.f_back
+
+
 class RingfeedDataset(torch.utils.data.IterableDataset):
     """``RingfeedDataset(urls, batch_size=32, transform=None, **config)``.
 
@@ -282,6 +316,7 @@ class RingfeedDataset(torch.utils.data.IterableDataset):
         self._reset_engine()
 
     def _reset_engine(self):
+        self._len_known = None
         self._loader = None
         self._loader_key = None
         self._loader_epoch = None  # the epoch whose start the open engine is at
@@ -357,6 +392,63 @@ class RingfeedDataset(torch.utils.data.IterableDataset):
         wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
         return {"rank": rank, "world_size": world, "loader_worker": wid, "loader_workers": nw}
 
+    def __len__(self) -> int:
+        """Batches this rank yields in an epoch: what a DataLoader
+        (``len(loader)``), a progress bar or a learning-rate schedule asks.
+        Every consumer (rank × DataLoader worker) yields the same number of
+        batches, so it is that number times the workers of the DataLoader
+        that reads this dataset (found by its reference to it; none: this
+        process alone). The engine works it out without reading the data
+        (`ringfeed.plan`): from the counts where they are known, else from
+        the nominal epoch of a split by shard. Raises `TypeError` (which
+        ``len()``'s callers take as "no length") where it is not defined: one
+        consumer reading shards whose counts are unknown."""
+        caller = sys._getframe(1).f_locals.get("self")
+        if isinstance(caller, torch.utils.data.DataLoader) and caller.dataset is self:
+            # `len(loader)`: that DataLoader asks.
+            if caller.batch_size is not None and _collates_by_default(caller.collate_fn):
+                raise TypeError(_BATCHED_AGAIN.format(caller.batch_size))
+            workers = max(1, caller.num_workers)
+        else:
+            reader = self._reading_loader()
+            workers = max(1, reader[1]) if reader is not None else 1
+        rank, world = rank_and_world()
+        consumer = {"rank": rank, "world_size": world, "loader_worker": 0, "loader_workers": workers}
+        key = (self._epoch, rank, world, workers)
+        if self._len_known is None or self._len_known[0] != key:
+            cfg = self._engine_config(self._epoch, consumer, None)
+            cfg.pop("epochs", None)
+            p = plan(self.urls, batch_size=self.batch_size, **cfg)
+            self._len_known = (key, p)
+        p = self._len_known[1]
+        if p["batches"] is None:
+            raise TypeError(
+                "len() of this RingfeedDataset is not known: its shards' sample counts are "
+                f"unknown and one consumer reads them all ({p['shards']} shards). Give the counts "
+                "(`ringfeed index URLS... -o shardindex.json`, put beside the shards) or "
+                "`samples_per_epoch`"
+            )
+        return p["batches"] * workers
+
+    def _reading_loader(self):
+        """(a DataLoader or one of its iterators that reads this dataset, its
+        worker count), or None: found by the objects that refer to this
+        one, as `_worker_reader` does; a DataLoader that batches the items
+        again is refused here too."""
+        loaders = (torch.utils.data.DataLoader, torch.utils.data.dataloader._BaseDataLoaderIter)
+        for ref in gc.get_referrers(self):
+            owners = gc.get_referrers(ref) if isinstance(ref, dict) else [ref]
+            for owner in owners:
+                if isinstance(owner, torch.utils.data.DataLoader) and owner.dataset is self:
+                    if owner.batch_size is not None and _collates_by_default(owner.collate_fn):
+                        raise TypeError(_BATCHED_AGAIN.format(owner.batch_size))
+                    return owner, owner.num_workers
+                if isinstance(owner, torch.utils.data.dataloader._BaseDataLoaderIter) and owner._dataset is self:
+                    if owner._auto_collation and _collates_by_default(owner._collate_fn):
+                        raise TypeError(_BATCHED_AGAIN.format("N"))
+                    return owner, owner._num_workers
+        return None
+
     def _engine_config(self, epoch, consumer, resume):
         cfg = dict(self.config)
         cfg.setdefault("workers", max(1, _ENGINE_THREADS // consumer["loader_workers"]))
@@ -393,6 +485,7 @@ class RingfeedDataset(torch.utils.data.IterableDataset):
         self._reset_engine()
 
     def __iter__(self) -> Iterator[Any]:
+        _refuse_batching_again(sys._getframe(1))
         epoch = self._epoch
         resume, self._resume = self._resume, None
         consumer = self.consumer()
