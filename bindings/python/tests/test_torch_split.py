@@ -113,6 +113,13 @@ def test_len_is_the_batches_a_rank_yields_and_a_type_error_where_unknown(s3_serv
     assert len(items) == n and n > 0
     p = ringfeed.plan(urls, batch_size=8, loader_workers=2, **cfg)
     assert (p["split"], p["consumers"], p["batches"] * 2) == ("shards", 2, n)
+    assert p["samples"] == 8 * p["batches"] and "per consumer" in p["nominal"]
+    with pytest.raises(TypeError, match="bogus"):
+        ringfeed.plan(urls, bogus=1)
+    with pytest.raises(ringfeed.ConfigError, match="batch_size"):
+        ringfeed.plan(urls, batch_size=0, **cfg)
+    with pytest.raises(ringfeed.DatasetError, match="absent"):
+        ringfeed.plan(f"s3://{s3_server.bucket}/len/absent-{{0..3}}.tar", **cfg)
     # With the counts known, the length is exact: ceil(share / batch) a worker.
     index_urls, index_counts = shards(s3_server, "len-index", n=4, index=True)
     total = sum(index_counts)
