@@ -376,3 +376,32 @@ fn an_estimate_its_shards_do_not_follow_stops_the_epoch_by_name() {
     let (epochs, _, _) = epochs(cfg, 61);
     assert_eq!(epochs[0].iter().map(Vec::len).sum::<usize>(), 400);
 }
+
+#[test]
+fn a_nominal_epoch_resumes_where_it_stopped() {
+    let root = tempfile::tempdir().unwrap();
+    shards(root.path(), 8, 150_000, 64);
+    let server = S3Server::start(root.path());
+    let urls = urls(8);
+    let whole = epochs(consumer(&server, &urls, 1, 0, serde_json::json!({})), 64).0;
+    let whole = &whole[0];
+    // Three batches, a state, and a new loader from it: the rest of the
+    // uninterrupted epoch, batch for batch, and its nominal length in all.
+    let loader = Loader::open(consumer(&server, &urls, 1, 0, serde_json::json!({}))).unwrap();
+    let mut first = Vec::new();
+    while first.len() < 3 {
+        match loader.next(Some(Duration::from_secs(60))).unwrap() {
+            Next::Batch(b) => first.push(b.samples().map(|s| s.key().to_vec()).collect::<Vec<_>>()),
+            other => panic!("{other:?}"),
+        }
+    }
+    let state = loader.state().to_hex();
+    drop(loader);
+    let rest = epochs(
+        consumer(&server, &urls, 1, 0, serde_json::json!({"resume": state})),
+        64,
+    )
+    .0;
+    assert_eq!(first[..], whole[..3]);
+    assert_eq!(rest[0][..], whole[3..]);
+}
