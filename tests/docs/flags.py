@@ -10,6 +10,7 @@ and their comments):
   ``command`` — from ``ringfeed SUB`` (or ``cargo run --release -- SUB``)
   to the end of that command (``|``, ``&&``, ``;``, ``&``, a redirection):
   each ``--flag`` is SUB's;
+- in a code span that starts with a subcommand's name (`` `demo --local` ``);
 - alone, in a paragraph or a table row (`` `--overwrite` ``): it is the
   flag of the command the unit names nearest before it — a ``ringfeed
   SUB`` span, or a span that is a subcommand's bare name (`` `get` and
@@ -168,7 +169,10 @@ def uses_in_units(path: Path, subs: set[str]) -> list[Use]:
                 elif text.strip(" ,") not in ("", "and", "or", "and the"):
                     prev_was_sub = False
                 continue
+            # `demo --local`: a subcommand's bare name starts the span.
             cmds = commands(text, subs)
+            if not cmds and FLAG.search(text) and text.split()[0] in bare_subs:
+                cmds = commands(f"ringfeed {text}", subs)
             if cmds:
                 for sub, flags in cmds:
                     out += [Use(unit.where(), sub, f, "command line") for f in flags]
@@ -244,6 +248,7 @@ CONTROLS = {
     "a made-up flag in a command line": ("```sh\nringfeed mount s3://b/ /mnt --region us-east-1\n```\n", 1),
     "another subcommand's flag, named": ("`ringfeed serve` takes `--overwrite`.\n", 1),
     "a bare flag under no command": ("Give it `--overwrite`.\n", 1),
+    "a span of a subcommand's name with another's flag": ("Run `serve --overwrite`.\n", 1),
     "the controls' control: flags where they are": (
         "```sh\nringfeed get s3://b/k -o x --overwrite | cat\n```\n\n"
         "`get` and `put` take `--endpoint-url` (alias `--s3-endpoint`); fio takes `--direct=1`.\n", 0),
