@@ -203,7 +203,8 @@ phase "docs"
 # block marked `doctest` in README.md and docs/*.md runs as written against
 # the S3-compatible server of examples/s3_server.rs (built by the Rust
 # tests' cli/tests/objects.rs), its output checked; each with its controls
-# first. About two minutes on CI's 2 CPUs, most of it the torchrun recipes.
+# first. About a minute on a 2-CPU machine, most of it the two torchrun
+# recipes (the torch imports of their ranks and DataLoader workers).
 docs_status=0
 .venv/bin/python tests/docs/flags.py --self-test || docs_status=$?
 .venv/bin/python tests/docs/programs.py --self-test || docs_status=$?

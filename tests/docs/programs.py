@@ -35,8 +35,8 @@ to it), so a page's commands run as written there. The world they run in:
 Each block is listed with its outcome; a marked block that cannot be run
 (an unknown language or word, a program no command runs) fails, it is
 never skipped. `--self-test` first runs the controls: a failing command, a
-wrong output, an unknown language and a program nothing runs must each be
-reported as failures.
+wrong output, an unknown language, a program nothing runs and C that
+compiles with a warning must each be reported as failures.
 """
 
 from __future__ import annotations
@@ -348,6 +348,8 @@ CONTROLS = {
     "an unknown language": "```brainfuck doctest\n+.\n```\n",
     "an unknown word": "```sh doctest timeout=5\ntrue\n```\n",
     "a program nothing runs": "```python doctest file=x.py\nprint(1)\n```\n",
+    "C that warns": "```c doctest file=w.c\nint main(void) { int unused; return 0; }\n```\n\n"
+                    "```sh doctest\ncc -o w w.c && ./w\n```\n",
     "an output of an unmarked block": "```sh\ntrue\n```\n\n```text doctest-output\n\n```\n",
 }
 
