@@ -3,7 +3,7 @@
 # against without, and a later run from the cache files against fio reading
 # the same files.
 #
-# A benchmark program, not a test (STYLE.md rule 9): it prints ringfeed's
+# A benchmark program, not a test (docs/design.md): it prints ringfeed's
 # figures as ratios against references measured in the same run, interleaved
 # round by round, so a noisy machine moves them alike. PASS/MISS marks the
 # targets only (STRICT=1 turns a MISS into exit status 1).
@@ -50,7 +50,7 @@
 #             ringfeed's arena huge pages where it gets them (the summary
 #             says which): on a virtual disk that takes at most 254 segments
 #             a request, that alone makes ringfeed's O_DIRECT requests larger
-#             (README, local_vs_fio.sh COLD=1).
+#             (docs/benchmarks.md, local_vs_fio.sh COLD=1).
 # After a drop, the ringfeed and fio binaries and their libraries are read
 # back into memory (not the data), so a cold run times the data's reads and
 # not the loading of a 50 MB executable.

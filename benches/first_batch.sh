@@ -3,7 +3,7 @@
 # plain and right after another process used and freed memory (the case
 # where huge pages must be compacted first).
 #
-# A benchmark program, not a test (STYLE.md rule 9). Each open is a fresh
+# A benchmark program, not a test (docs/design.md). Each open is a fresh
 # `ringfeed bench` process, timed two ways: whole process, from just before
 # it is spawned to its first batch (the CLOCK_MONOTONIC instant `bench`
 # reports, `first_batch_monotonic_ns`, against the same clock read by the

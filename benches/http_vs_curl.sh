@@ -2,7 +2,7 @@
 # ringfeed over HTTP and S3 against the receive floor, curl and boto3, all
 # reading the same objects from one nginx.
 #
-# A benchmark program, not a test (STYLE.md rule 9): it prints ringfeed's
+# A benchmark program, not a test (docs/design.md): it prints ringfeed's
 # figures as ratios against references measured in the same run, interleaved
 # round by round, so a noisy machine moves them alike. PASS/MISS marks the
 # targets of issue 11 only (STRICT=1 turns a MISS into exit status 1).

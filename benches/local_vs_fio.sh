@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ringfeed against fio on page-cache-hot local shards.
 #
-# A benchmark program, not a test (STYLE.md rule 9): it prints ringfeed's
+# A benchmark program, not a test (docs/design.md): it prints ringfeed's
 # throughput as a ratio against fio reading the same files in the same run,
 # interleaved round by round, so a noisy machine moves both alike. Nothing
 # here decides a test's pass or fail; PASS/MISS marks the targets only

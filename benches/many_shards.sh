@@ -4,7 +4,7 @@
 # keep-alive) that sleeps DELAY_MS before every response, so each request
 # costs at least one round trip of DELAY_MS whatever the machine.
 #
-# A benchmark program, not a test (STYLE.md rule 9). Each contender is a
+# A benchmark program, not a test (docs/design.md). Each contender is a
 # fresh process timed whole (open included), from its start to its exit:
 #   reference   curl fetching the first shard once (one request: the round
 #               trip's cost, process start included);

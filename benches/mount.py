@@ -3,7 +3,7 @@
 rclone mount, and against ringfeed's and webdataset's own readers, over the
 project's object-store emulator, each reader a whole process.
 
-A benchmark program, not a test (STYLE.md rule 9): every figure is a median
+A benchmark program, not a test (docs/design.md): every figure is a median
 over ROUNDS interleaved rounds (each round in its own seeded order, so no
 contender always runs after the same neighbour), after one warm-up run of
 each contender (not counted; a contender failing it is left out, with its

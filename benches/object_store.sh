@@ -4,7 +4,7 @@
 # a request-rate limit) on one machine, every client reading the same
 # objects from the same emulator in one run.
 #
-# A benchmark program, not a test (STYLE.md rule 9): every contender is
+# A benchmark program, not a test (docs/design.md): every contender is
 # timed over its whole process by benches/timed.py (spawn to exit, CPU from
 # wait4, start-up and every thread included) and counted in the objects'
 # bytes; ROUNDS interleaved rounds, a rotating order, medians, ratios of
@@ -89,9 +89,9 @@
 #                 order decides part of its time. warm: 2 GiB of huge
 #                 pages touched and freed just before each contender;
 #                 cold: 5 s idle before each; asis: nothing (the figures
-#                 in the README)
+#                 in docs/benchmarks.md)
 #
-# Measured: README, "An object store's shape" (2026-12-03, commit 4cf4d38).
+# Measured: docs/benchmarks.md, "An object store's shape" (2026-12-03, commit 4cf4d38).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -2,7 +2,7 @@
 """Whole objects: ringfeed's read_object, write_object and load_safetensors
 against curl and boto3, on one machine, each contender a whole process.
 
-A benchmark program, not a test (STYLE.md rule 9): every figure is a median
+A benchmark program, not a test (docs/design.md): every figure is a median
 over ROUNDS interleaved rounds (each round in its own seeded order, so no
 contender always runs on a warmer machine or after the same neighbour), and ringfeed is judged by ratios of medians
 measured in the same run, so a noisy machine moves all contenders alike.

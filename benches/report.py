@@ -5,7 +5,7 @@ report.png (a bar chart of GB/s, a panel per comparison).
 
     benches/report.py [--quick] [--only cache,local_vs_fio] [--from DIR]
 
-A benchmark program, not a test (STYLE.md rule 9): every figure comes from
+A benchmark program, not a test (docs/design.md): every figure comes from
 the benchmark scripts' own summary.json, medians over rounds interleaved
 with a reference measured in the same run; this script only runs them and
 lays out what they wrote. On a shared machine the absolute GB/s are a

@@ -2,7 +2,7 @@
 # ringfeed with a 10,000-sample shuffle buffer against ringfeed without
 # shuffling, on the same page-cache-hot shards, in the same run.
 #
-# A benchmark program, not a test (STYLE.md rule 9): the two configurations
+# A benchmark program, not a test (docs/design.md): the two configurations
 # run interleaved round by round, so a noisy machine moves both alike, and it
 # prints their ratio. PASS/MISS marks the targets only (STRICT=1 turns a
 # MISS into exit status 1).

@@ -500,7 +500,7 @@ const char *ringfeed_config_keys(void);
 // the transform `spec_json` would for the sample at `position` of
 // `epoch` under `seed` (the loader's keys of its random choices), into
 // `out` (`out_len` bytes; its size and shape follow from the spec: see
-// the README, "Images"). `info` (NULL, or written) says what was done;
+// docs/images.md). `info` (NULL, or written) says what was done;
 // its `out_bytes` is written also when `out` is too small
 // (`RINGFEED_ERR_BUFFER_TOO_SMALL`). A spec that is not valid is
 // `RINGFEED_ERR_CONFIG`; an image that cannot be decoded is
@@ -521,7 +521,7 @@ int32_t ringfeed_image_transform(const char *spec_json,
                                  uint64_t out_len,
                                  struct ringfeed_image_info *info);
 
-// Opens a loader from a JSON configuration (see the README's reference).
+// Opens a loader from a JSON configuration (see docs/configuration.md).
 // On success writes the handle to `*out` and returns `RINGFEED_OK`; on
 // failure writes NULL and returns an error status.
 //

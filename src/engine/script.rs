@@ -1,5 +1,5 @@
 //! A scripted [`Reader`] for the engine's unit tests (the mock and
-//! failure-injecting source of STYLE.md rule 8): it serves objects held in
+//! failure-injecting source of docs/design.md, "Tests and benchmarks"): it serves objects held in
 //! memory, so a whole loader runs without files or sockets, and it plays the
 //! ways a real backend behaves and breaks, drawn from a seed:
 //! - completions in any order, and held back for some `wait` calls (delays

@@ -135,7 +135,7 @@ impl Shuffler {
             detail: format!(
                 "the shuffle buffer of worker {} holds {} samples ({} bytes) in {} chunks of {} bytes, \
                  and may pin {} of the {} a worker holds: lower `shuffle_buffer` or raise \
-                 `memory_budget` (see the README on the memory cost of shuffling)",
+                 `memory_budget` (see docs/epochs.md, \"Memory cost of shuffling\")",
                 self.stream,
                 self.buf.len(),
                 self.bytes,

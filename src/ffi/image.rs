@@ -40,7 +40,7 @@ pub struct ringfeed_image_info {
 /// the transform `spec_json` would for the sample at `position` of
 /// `epoch` under `seed` (the loader's keys of its random choices), into
 /// `out` (`out_len` bytes; its size and shape follow from the spec: see
-/// the README, "Images"). `info` (NULL, or written) says what was done;
+/// docs/images.md). `info` (NULL, or written) says what was done;
 /// its `out_bytes` is written also when `out` is too small
 /// (`RINGFEED_ERR_BUFFER_TOO_SMALL`). A spec that is not valid is
 /// `RINGFEED_ERR_CONFIG`; an image that cannot be decoded is

@@ -20,7 +20,7 @@ use super::status::{
 use super::types::{ringfeed_batch, ringfeed_loader};
 use crate::node::{AnyNext, Attached};
 
-/// Opens a loader from a JSON configuration (see the README's reference).
+/// Opens a loader from a JSON configuration (see docs/configuration.md).
 /// On success writes the handle to `*out` and returns `RINGFEED_OK`; on
 /// failure writes NULL and returns an error status.
 ///

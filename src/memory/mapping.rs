@@ -304,7 +304,7 @@ fn errno() -> i32 {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
 
-/// `MLOCK_ONFAULT` (Linux 4.4, include/uapi/asm-generic/mman-common.h); the
+/// `MLOCK_ONFAULT` (Linux 4.4, linux/include/uapi/asm-generic/mman-common.h); the
 /// libc crate has it for Android only.
 const MLOCK_ONFAULT: libc::c_uint = 1;
 

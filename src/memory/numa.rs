@@ -5,7 +5,7 @@
 
 use memmap2::MmapMut;
 
-/// `MPOL_PREFERRED` (include/uapi/linux/mempolicy.h).
+/// `MPOL_PREFERRED` (linux/include/uapi/linux/mempolicy.h).
 const MPOL_PREFERRED: libc::c_long = 1;
 /// `MPOL_F_ADDR` of `get_mempolicy`: the policy of the given address.
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! Where the I/O threads run and where the arena lives: the machine's NICs,
 //! their receive queues and the CPUs that take those queues' interrupts,
 //! the NUMA nodes, the CPUs this process may use, and the choice of one CPU
-//! per I/O thread (DESIGN.md, "Topology" and "Where it runs").
+//! per I/O thread (docs/memory.md, "Topology and placement"; docs/design.md,
+//! "Where the work runs").
 //!
 //! - `discover.rs` reads `/sys` and `/proc` under roots it is given (tests
 //!   build fake trees) into a [`Topology`]; a file it cannot read is never

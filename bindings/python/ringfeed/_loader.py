@@ -128,8 +128,7 @@ class Loader:
 
     ``Loader(urls, batch_size=32, **config)``: `urls` is a path, URL or brace
     pattern (``"/data/shard-{000000..000127}.tar"``) or a list of them; the
-    keywords are the C configuration's JSON keys (README, "Configuration
-    reference"): ``workers=2, memory_budget="512MiB", epochs=2, ...``. An
+    keywords are the C configuration's JSON keys (docs/configuration.md): ``workers=2, memory_budget="512MiB", epochs=2, ...``. An
     unknown keyword raises TypeError naming it; a bad value raises
     `ringfeed.ConfigError` (a ValueError) with the engine's message naming
     the key; other failures raise the `ringfeed.Error` subclass of the status.

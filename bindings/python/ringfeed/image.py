@@ -12,8 +12,8 @@ against Pillow's or torchvision's, before a long run:
     ((3, 224, 224), dtype('uint8'))
     >>> top, left, height, width = info["crop"]  # in the source's pixels
 
-The spec is the ``transform`` JSON (a dict or its text): see the README,
-"Images". A bad spec raises `ConfigError`; an image that cannot be decoded
+The spec is the ``transform`` JSON (a dict or its text): see
+docs/images.md. A bad spec raises `ConfigError`; an image that cannot be decoded
 raises `FormatError`, naming the field.
 """
 

@@ -3,8 +3,7 @@ what a URL names, write one from bytes or through a file-like writer.
 
 URLs are those of the loader: ``s3://bucket/key``, ``http(s)://...`` (read
 only), a local path or ``file://`` URL. The keyword arguments are the
-loader's configuration keys without ``urls`` (README, "Configuration
-reference"): S3 endpoint and credentials, ``part_size``,
+loader's configuration keys without ``urls`` (docs/configuration.md): S3 endpoint and credentials, ``part_size``,
 ``parts_in_flight``, ``checksum``, ``overwrite``, ``io_backend``,
 ``memory_kind``. A key the engine does not know, or a bad value, raises
 `ConfigError` naming it.

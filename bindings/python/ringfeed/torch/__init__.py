@@ -263,7 +263,7 @@ class RingfeedDataset(torch.utils.data.IterableDataset):
     per-sample stages (`decode`, `map`, `to_tuple`, `map_tuple`) replace it.
 
     `transform` may instead be the engine's image pipeline: a ``transform``
-    spec (a dict, or its JSON text; see the README, "Images", and
+    spec (a dict, or its JSON text; see docs/images.md, and
     `ringfeed.torch.from_torchvision`). The engine then decodes, crops,
     resizes and flips on its own threads, and each item is a tuple of
     tensors viewing the batch's memory (no copy): the image fields'

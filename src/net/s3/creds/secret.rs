@@ -6,7 +6,7 @@
 //! not go with it. `Credentials` keeps its secret key and session token
 //! here. The copies a signature needs while it is computed, and a request's
 //! `X-Amz-Security-Token` header, live on the heap for that request only:
-//! those are not covered, and the README says so.
+//! those are not covered, and docs/observability.md says so.
 
 use std::fmt;
 
