@@ -17,7 +17,10 @@
 //!    or up (`pad`: the short consumers repeat samples of their own share,
 //!    counted as padded), or `samples_per_epoch / C` when that is set.
 //!    `resampled` draws shards with replacement instead (endless data, with
-//!    an epoch of `samples_per_epoch`).
+//!    an epoch of `samples_per_epoch`). Where the counts are not all known
+//!    a *nominal epoch* splits the shards whole instead (consumer `c` takes
+//!    the order's positions `c, c + C, ...`) and every consumer stops after
+//!    the same `PlanOptions::nominal` samples (`nominal.rs` works it out).
 //! 4. **Streams.** The consumer's segments are dealt round-robin to its
 //!    `streams` (one reading thread each). Each stream runs its own seeded
 //!    shuffle buffer and cuts its output into batches.
