@@ -67,8 +67,11 @@ if ! command -v valgrind >/dev/null; then
     apt-get update -qq && apt-get install -y -qq valgrind >/dev/null
 fi
 # tests/install.rs builds the CMake example and a pkg-config program against
-# an install (scripts/install.sh); the library's JPEG decoder (libjpeg-turbo,
-# src/image) is built with CMake, and with nasm for its SIMD code.
+# an install (scripts/install.sh). The library itself needs neither CMake nor
+# nasm (its JPEG decoder, libjpeg-turbo in src/image, is built by the `cc`
+# crate): nasm gives the release build libjpeg-turbo's SIMD code, which the
+# release build below is checked to have, and the lint and test builds are
+# made without either ("PATH without CMake and nasm" below).
 if ! command -v cmake >/dev/null || ! command -v pkg-config >/dev/null || ! command -v nasm >/dev/null; then
     apt-get update -qq && apt-get install -y -qq cmake pkg-config nasm >/dev/null
 fi
@@ -126,9 +129,34 @@ python_deps() {
 }
 python_deps >"$python_deps_log" 2>&1 &
 python_deps=$!
+
+phase "PATH without CMake and nasm"
+# The library must build with Rust and a C compiler alone, as `cargo build`
+# users expect. The lint and test builds (the debug profile) run with a PATH
+# on which CMake and nasm are absent (scripts/path_without.sh: links to every
+# other program). Their libjpeg-turbo is then built without its SIMD code,
+# which the debug tests do not need, and says so; the release build keeps
+# nasm and SIMD. This costs the run nothing but the links (~3 s) and the
+# demo below (~5 s): the debug build is made once either way, and without
+# nasm it assembles nothing.
+bare_path=$PWD/target/tmp/path-without-cmake-nasm
+scripts/path_without.sh "$bare_path" cmake nasm
+# A debug libjpeg-turbo left by an earlier build with nasm (its build
+# script does not run again when PATH changes) is removed, so the builds
+# below make it without nasm; a clean clone has none.
+if grep -qs WITH_SIMD target/debug/build/mozjpeg-sys-*/out/include/jconfig.h; then
+    cargo clean -p mozjpeg-sys
+fi
+# `jpeg_simd FILE`: whether the build whose JSON messages FILE holds says
+# libjpeg-turbo got its SIMD code: build.rs sets `ringfeed_jpeg_simd` from
+# the configuration that libjpeg-turbo's build wrote (and warns without it).
+jpeg_simd() {
+    grep '"reason":"build-script-executed"' "$1" | grep -F '#ringfeed@' | grep -q '"ringfeed_jpeg_simd"'
+}
+
 phase "fmt and clippy"
 cargo fmt --all -- --check
-cargo clippy --workspace --all-targets --locked -- -D warnings
+PATH=$bare_path cargo clippy --workspace --all-targets --locked -- -D warnings
 # The release build first: tests/install.rs runs scripts/install.sh, whose
 # `cargo build --release` then has nothing left to do. The Python package
 # below bundles it too (pip runs the same build), and its tests generate
@@ -136,14 +164,40 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 # examples/s3_server.rs (its debug build, made by the test build below:
 # Cargo.toml optimizes the crates it spends its time in).
 phase "release build"
-cargo build --release --locked
+cargo build --release --locked --message-format=json-render-diagnostics >target/tmp/release-build.json
+# nasm is on this PATH (installed above): the release library, which the
+# Python package bundles and the benchmarks time, must have libjpeg-turbo's
+# SIMD code, by the build's word and in its symbols.
+if ! jpeg_simd target/tmp/release-build.json ||
+    ! nm target/release/libringfeed.so | grep -q -E ' jsimd_idct_islow_(avx2|sse2|neon)$'; then
+    echo "test.sh: the release build's JPEG decoder has no SIMD code although nasm is installed" >&2
+    exit 1
+fi
 # A Rust test that finds what it needs missing calls tests/support/skip.rs,
 # which fails under RINGFEED_EXPECT_INSTALLED=1 (this machine has everything
 # the suite needs) and elsewhere records the skip in skipped-tests.txt, listed
 # here after the run so a skip never reads as a pass.
 rm -f target/tmp/skipped-tests.txt
 phase "Rust test build"
-cargo test --workspace --all-targets --locked --no-run
+PATH=$bare_path cargo test --workspace --all-targets --locked --no-run \
+    --message-format=json-render-diagnostics >target/tmp/test-build.json
+# The control: built without nasm, the debug libjpeg-turbo has no SIMD (on
+# x86, where only nasm assembles it), so it was built under that PATH, not
+# taken from a build that had nasm.
+case "$(uname -m)" in
+x86_64 | i?86)
+    if jpeg_simd target/tmp/test-build.json; then
+        echo "test.sh: the debug build, made without nasm, says its JPEG decoder has SIMD" >&2
+        exit 1
+    fi
+    ;;
+esac
+phase "demo, built without CMake and nasm"
+# The README's first command, from the build made without them (its debug
+# build: the release one has nasm): 0.5 GB of shards generated, served on
+# loopback, streamed over http:// and every byte checked; about 5 s at
+# opt-level 0 on 2 CPUs.
+target/debug/ringfeed demo
 phase "Rust tests"
 # The binaries run several at once, each one's output printed whole when it
 # ends; every one runs even when another fails (as --no-fail-fast), and the
