@@ -39,7 +39,8 @@ use crate::log::Level;
 
 /// Whether libjpeg-turbo was built with its SIMD code (build.rs reads the
 /// configuration the `mozjpeg-sys` build exports). Without it (no `nasm`
-/// on PATH when an x86 build ran) decoding is about 1.5-2x slower.
+/// on PATH when an x86 build ran) a whole JPEG decodes 1.6x slower, a
+/// random-resized crop to 224 1.07x (docs/decisions.md, "Image decoding").
 pub const SIMD: bool = cfg!(ringfeed_jpeg_simd);
 
 /// libjpeg's `JMSG_LENGTH_MAX`: the buffer `format_message` writes its
@@ -389,8 +390,8 @@ fn say_without_simd() {
     SAID.store(true, Ordering::Relaxed);
     crate::log::once("jpeg-no-simd", Level::Warn, || {
         "JPEG decoding without SIMD: this build of the library found no nasm \
-         (libjpeg-turbo's x86 SIMD code is assembled with it), so it decodes \
-         about 1.5-2x slower; install nasm and rebuild"
+         (libjpeg-turbo's x86 SIMD code is assembled with it), so a whole JPEG \
+         decodes about 1.6x slower; install nasm and rebuild"
             .into()
     });
 }
