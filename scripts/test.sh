@@ -150,8 +150,10 @@ fi
 # `jpeg_simd FILE`: whether the build whose JSON messages FILE holds says
 # libjpeg-turbo got its SIMD code: build.rs sets `ringfeed_jpeg_simd` from
 # the configuration that libjpeg-turbo's build wrote (and warns without it).
+# (The last grep reads all its input, not -q: under pipefail, a writer cut
+# off by an early exit would fail the pipeline.)
 jpeg_simd() {
-    grep '"reason":"build-script-executed"' "$1" | grep -F '#ringfeed@' | grep -q '"ringfeed_jpeg_simd"'
+    grep '"reason":"build-script-executed"' "$1" | grep -F '#ringfeed@' | grep '"ringfeed_jpeg_simd"' >/dev/null
 }
 
 phase "fmt and clippy"
@@ -169,7 +171,7 @@ cargo build --release --locked --message-format=json-render-diagnostics >target/
 # Python package bundles and the benchmarks time, must have libjpeg-turbo's
 # SIMD code, by the build's word and in its symbols.
 if ! jpeg_simd target/tmp/release-build.json ||
-    ! nm target/release/libringfeed.so | grep -q -E ' jsimd_idct_islow_(avx2|sse2|neon)$'; then
+    ! nm target/release/libringfeed.so | grep -E ' jsimd_idct_islow_(avx2|sse2|neon)$' >/dev/null; then
     echo "test.sh: the release build's JPEG decoder has no SIMD code although nasm is installed" >&2
     exit 1
 fi
