@@ -136,17 +136,11 @@ phase "PATH without CMake and nasm"
 # on which CMake and nasm are absent (scripts/path_without.sh: links to every
 # other program). Their libjpeg-turbo is then built without its SIMD code,
 # which the debug tests do not need, and says so; the release build keeps
-# nasm and SIMD. This costs the run nothing but the links (~3 s) and the
-# demo below (~5 s): the debug build is made once either way, and without
-# nasm it assembles nothing.
+# nasm and SIMD. This costs the run the links (a few seconds) and the demo
+# below (~5 s): the debug build is made once either way, and without nasm
+# it assembles nothing.
 bare_path=$PWD/target/tmp/path-without-cmake-nasm
 scripts/path_without.sh "$bare_path" cmake nasm
-# A debug libjpeg-turbo left by an earlier build with nasm (its build
-# script does not run again when PATH changes) is removed, so the builds
-# below make it without nasm; a clean clone has none.
-if grep -qs WITH_SIMD target/debug/build/mozjpeg-sys-*/out/include/jconfig.h; then
-    cargo clean -p mozjpeg-sys
-fi
 # `jpeg_simd FILE`: whether the build whose JSON messages FILE holds says
 # libjpeg-turbo got its SIMD code: build.rs sets `ringfeed_jpeg_simd` from
 # the configuration that libjpeg-turbo's build wrote (and warns without it).
@@ -155,10 +149,31 @@ fi
 jpeg_simd() {
     grep '"reason":"build-script-executed"' "$1" | grep -F '#ringfeed@' | grep '"ringfeed_jpeg_simd"' >/dev/null
 }
+# `bare_cargo FILE COMMAND ARGS...`: `cargo COMMAND ARGS` on that PATH, its
+# JSON messages in FILE. On x86, where only nasm assembles the SIMD code, the build must say
+# it has none: that is the control that it was built there. A debug
+# libjpeg-turbo built earlier with nasm (a build script does not run again
+# when PATH changes; a clean clone has none) says it has SIMD: it is removed
+# and the build made again.
+bare_cargo() {
+    local json=$1 command=$2
+    shift 2
+    PATH=$bare_path cargo "$command" --message-format=json-render-diagnostics "$@" >"$json"
+    case "$(uname -m)" in x86_64 | i?86) ;; *) return 0 ;; esac
+    if jpeg_simd "$json"; then
+        echo "test.sh: libjpeg-turbo was built earlier with nasm: building it again without" >&2
+        cargo clean -p mozjpeg-sys
+        PATH=$bare_path cargo "$command" --message-format=json-render-diagnostics "$@" >"$json"
+        if jpeg_simd "$json"; then
+            echo "test.sh: the debug build, made without nasm, says its JPEG decoder has SIMD" >&2
+            return 1
+        fi
+    fi
+}
 
 phase "fmt and clippy"
 cargo fmt --all -- --check
-PATH=$bare_path cargo clippy --workspace --all-targets --locked -- -D warnings
+bare_cargo target/tmp/clippy.json clippy --workspace --all-targets --locked -- -D warnings
 # The release build first: tests/install.rs runs scripts/install.sh, whose
 # `cargo build --release` then has nothing left to do. The Python package
 # below bundles it too (pip runs the same build), and its tests generate
@@ -181,19 +196,7 @@ fi
 # here after the run so a skip never reads as a pass.
 rm -f target/tmp/skipped-tests.txt
 phase "Rust test build"
-PATH=$bare_path cargo test --workspace --all-targets --locked --no-run \
-    --message-format=json-render-diagnostics >target/tmp/test-build.json
-# The control: built without nasm, the debug libjpeg-turbo has no SIMD (on
-# x86, where only nasm assembles it), so it was built under that PATH, not
-# taken from a build that had nasm.
-case "$(uname -m)" in
-x86_64 | i?86)
-    if jpeg_simd target/tmp/test-build.json; then
-        echo "test.sh: the debug build, made without nasm, says its JPEG decoder has SIMD" >&2
-        exit 1
-    fi
-    ;;
-esac
+bare_cargo target/tmp/test-build.json test --workspace --all-targets --locked --no-run
 phase "demo, built without CMake and nasm"
 # The README's first command, from the build made without them (its debug
 # build: the release one has nasm): 0.5 GB of shards generated, served on
