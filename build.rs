@@ -13,9 +13,14 @@
 //! link `libringfeed.so.<MAJOR>` -> `libringfeed.so` here, before the
 //! library is linked (a dangling link until then), and such a program
 //! runs as built.
+//!
+//! It also says what the JPEG decoder's build got (`jpeg_simd`): the
+//! library's code knows it as `cfg(ringfeed_jpeg_simd)`, and a build
+//! without SIMD where it matters is a warning.
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
+    jpeg_simd();
     let major = env!("CARGO_PKG_VERSION_MAJOR");
     let os = std::env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
     // -soname is an ELF linker flag; the library is Linux-only (io_uring).
@@ -58,5 +63,44 @@ fn soname_link(major: &str) {
                 println!("cargo:warning=cannot link {}: {e}", link.display());
             }
         }
+    }
+}
+
+/// Whether libjpeg-turbo (`mozjpeg-sys`, whose build ran before this one)
+/// got its SIMD code: that build writes `#define WITH_SIMD 1` into the
+/// `jconfig.h` it compiles with, and exports that header's directory as
+/// `DEP_JPEG_INCLUDE` (its `links = "jpeg"`), only when it assembled or
+/// compiled the SIMD code: on x86 only where `nasm -v` ran. Cargo runs
+/// this script again whenever that build ran again.
+fn jpeg_simd() {
+    println!("cargo::rustc-check-cfg=cfg(ringfeed_jpeg_simd)");
+    let arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
+    let Some(dirs) = std::env::var_os("DEP_JPEG_INCLUDE") else {
+        println!(
+            "cargo:warning=mozjpeg-sys exported no DEP_JPEG_INCLUDE: cannot tell whether its JPEG decoder has SIMD"
+        );
+        return;
+    };
+    let simd = std::env::split_paths(&dirs).any(|dir| {
+        std::fs::read_to_string(dir.join("jconfig.h")).is_ok_and(|h| {
+            h.lines()
+                .any(|l| l.split_whitespace().eq(["#define", "WITH_SIMD", "1"]))
+        })
+    });
+    if simd {
+        println!("cargo:rustc-cfg=ringfeed_jpeg_simd");
+    } else if arch == "x86_64" || arch == "x86" {
+        println!(
+            "cargo:warning=the JPEG decoder (libjpeg-turbo) was built without SIMD: \
+             nasm was not found on PATH, so the image pipeline decodes JPEG slower; \
+             install nasm and rebuild (`cargo clean -p mozjpeg-sys` first) for the SIMD build"
+        );
+    }
+    // libjpeg's fatal errors unwind to the decoder's catch (src/image/jpeg.rs).
+    if std::env::var("CARGO_CFG_PANIC").as_deref() == Ok("abort") {
+        println!(
+            "cargo:warning=built with panic=abort: a corrupt JPEG then aborts the process \
+             instead of failing its sample"
+        );
     }
 }

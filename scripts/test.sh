@@ -69,8 +69,11 @@ if ! command -v valgrind >/dev/null; then
     apt-get update -qq && apt-get install -y -qq valgrind >/dev/null
 fi
 # tests/install.rs builds the CMake example and a pkg-config program against
-# an install (scripts/install.sh); the library's JPEG decoder (libjpeg-turbo,
-# src/image) is built with CMake, and with nasm for its SIMD code.
+# an install (scripts/install.sh). The library itself needs neither CMake nor
+# nasm (its JPEG decoder, libjpeg-turbo in src/image, is built by the `cc`
+# crate): nasm gives the release build libjpeg-turbo's SIMD code, which the
+# release build below is checked to have, and the lint and test builds are
+# made without either ("PATH without CMake and nasm" below).
 if ! command -v cmake >/dev/null || ! command -v pkg-config >/dev/null || ! command -v nasm >/dev/null; then
     apt-get update -qq && apt-get install -y -qq cmake pkg-config nasm >/dev/null
 fi
@@ -136,9 +139,51 @@ phase "doc paths"
 # (tests/docs/paths.py, with its controls; the system Python, no
 # dependency; about a second).
 python3 tests/docs/paths.py --self-test
+
+phase "PATH without CMake and nasm"
+# The library must build with Rust and a C compiler alone, as `cargo build`
+# users expect. The lint and test builds (the debug profile) run with a PATH
+# on which CMake and nasm are absent (scripts/path_without.sh: links to every
+# other program). Their libjpeg-turbo is then built without its SIMD code,
+# which the debug tests do not need, and says so; the release build keeps
+# nasm and SIMD. This costs the run the links (a few seconds) and the demo
+# below (~5 s): the debug build is made once either way, and without nasm
+# it assembles nothing.
+bare_path=$PWD/target/tmp/path-without-cmake-nasm
+scripts/path_without.sh "$bare_path" cmake nasm
+# `jpeg_simd FILE`: whether the build whose JSON messages FILE holds says
+# libjpeg-turbo got its SIMD code: build.rs sets `ringfeed_jpeg_simd` from
+# the configuration that libjpeg-turbo's build wrote (and warns without it).
+# (The last grep reads all its input, not -q: under pipefail, a writer cut
+# off by an early exit would fail the pipeline.)
+jpeg_simd() {
+    grep '"reason":"build-script-executed"' "$1" | grep -F '#ringfeed@' | grep '"ringfeed_jpeg_simd"' >/dev/null
+}
+# `bare_cargo FILE COMMAND ARGS...`: `cargo COMMAND ARGS` on that PATH, its
+# JSON messages in FILE. On x86, where only nasm assembles the SIMD code, the build must say
+# it has none: that is the control that it was built there. A debug
+# libjpeg-turbo built earlier with nasm (a build script does not run again
+# when PATH changes; a clean clone has none) says it has SIMD: it is removed
+# and the build made again.
+bare_cargo() {
+    local json=$1 command=$2
+    shift 2
+    PATH=$bare_path cargo "$command" --message-format=json-render-diagnostics "$@" >"$json"
+    case "$(uname -m)" in x86_64 | i?86) ;; *) return 0 ;; esac
+    if jpeg_simd "$json"; then
+        echo "test.sh: libjpeg-turbo was built earlier with nasm: building it again without" >&2
+        cargo clean -p mozjpeg-sys
+        PATH=$bare_path cargo "$command" --message-format=json-render-diagnostics "$@" >"$json"
+        if jpeg_simd "$json"; then
+            echo "test.sh: the debug build, made without nasm, says its JPEG decoder has SIMD" >&2
+            return 1
+        fi
+    fi
+}
+
 phase "fmt and clippy"
 cargo fmt --all -- --check
-cargo clippy --workspace --all-targets --locked -- -D warnings
+bare_cargo target/tmp/clippy.json clippy --workspace --all-targets --locked -- -D warnings
 # The release build first: tests/install.rs runs scripts/install.sh, whose
 # `cargo build --release` then has nothing left to do. The Python package
 # below bundles it too (pip runs the same build), and its tests generate
@@ -146,14 +191,28 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 # examples/s3_server.rs (its debug build, made by the test build below:
 # Cargo.toml optimizes the crates it spends its time in).
 phase "release build"
-cargo build --release --locked
+cargo build --release --locked --message-format=json-render-diagnostics >target/tmp/release-build.json
+# nasm is on this PATH (installed above): the release library, which the
+# Python package bundles and the benchmarks time, must have libjpeg-turbo's
+# SIMD code, by the build's word and in its symbols.
+if ! jpeg_simd target/tmp/release-build.json ||
+    ! nm target/release/libringfeed.so | grep -E ' jsimd_idct_islow_(avx2|sse2|neon)$' >/dev/null; then
+    echo "test.sh: the release build's JPEG decoder has no SIMD code although nasm is installed" >&2
+    exit 1
+fi
 # A Rust test that finds what it needs missing calls tests/support/skip.rs,
 # which fails under RINGFEED_EXPECT_INSTALLED=1 (this machine has everything
 # the suite needs) and elsewhere records the skip in skipped-tests.txt, listed
 # here after the run so a skip never reads as a pass.
 rm -f target/tmp/skipped-tests.txt
 phase "Rust test build"
-cargo test --workspace --all-targets --locked --no-run
+bare_cargo target/tmp/test-build.json test --workspace --all-targets --locked --no-run
+phase "demo, built without CMake and nasm"
+# The README's first command, from the build made without them (its debug
+# build: the release one has nasm): 0.5 GB of shards generated, served on
+# loopback, streamed over http:// and every byte checked; about 5 s at
+# opt-level 0 on 2 CPUs.
+target/debug/ringfeed demo
 phase "Rust tests"
 # The binaries run several at once, each one's output printed whole when it
 # ends; every one runs even when another fails (as --no-fail-fast), and the

@@ -6,8 +6,9 @@
 //!   JSON), parsed and checked, each error naming the field and option;
 //! - `draw`: a sample's random choices, keyed by seed, epoch, position
 //!   and field, and the crop boxes they give (torchvision's rules);
-//! - `decode`: JPEG (libjpeg-turbo, reduced and windowed to the crop) and
-//!   PNG to 8-bit RGB or gray;
+//! - `decode`: image bytes to 8-bit RGB or gray: PNG, and JPEG through
+//!   `jpeg` (libjpeg-turbo's libjpeg API, reduced and windowed to the
+//!   crop);
 //! - `output`: the resize, the flip, the write in the output's layout
 //!   and type.
 //!
@@ -16,6 +17,7 @@
 
 pub mod decode;
 pub mod draw;
+mod jpeg;
 pub mod output;
 pub mod spec;
 

@@ -3,7 +3,7 @@
 //! types and flips against each other. Pixels against Pillow and
 //! torchvision are checked from Python (`bindings/python/tests/test_image.py`).
 
-use turbojpeg_sys as tj;
+use mozjpeg_sys as lj;
 
 use super::*;
 
@@ -26,43 +26,56 @@ fn picture(w: u32, h: u32) -> Vec<u8> {
     px
 }
 
-/// `px` (RGB, `w` × `h`) as a JPEG of quality 90, 4:2:0.
+/// The test encoder's `error_exit`: a failure here is the test's.
+unsafe extern "C-unwind" fn encoder_failed(_: &mut lj::jpeg_common_struct) {
+    panic!("libjpeg could not encode the test picture");
+}
+
+/// `px` (RGB, `w` × `h`) as a JPEG of quality 90, 4:2:0, written as
+/// libjpeg-turbo writes it: mozjpeg's fastest profile is libjpeg-turbo's
+/// defaults (baseline, the standard tables, no trellis quantization), and
+/// `progressive` adds libjpeg's standard progression.
 fn jpeg(px: &[u8], w: u32, h: u32, progressive: bool) -> Vec<u8> {
-    // SAFETY: a compressor handle used and destroyed here; the source is
-    // `h` rows of `w * 3` bytes; TurboJPEG allocates the output, copied
-    // out and freed with tj3Free.
+    assert_eq!(px.len(), (w * h * 3) as usize);
+    // SAFETY: a compressor made, used and destroyed here, zeroed first as
+    // libjpeg's examples start (its fields are integers, raw pointers,
+    // function pointers and C enums whose 0 is a value); its errors panic;
+    // each row written is `w * 3` bytes of `px`; libjpeg allocates the
+    // output with malloc, copied out and freed here.
     unsafe {
-        let c = tj::tj3Init(tj::TJINIT_TJINIT_COMPRESS as i32);
-        assert!(!c.is_null());
-        assert_eq!(tj::tj3Set(c, tj::TJPARAM_TJPARAM_QUALITY as i32, 90), 0);
-        assert_eq!(
-            tj::tj3Set(c, tj::TJPARAM_TJPARAM_SUBSAMP as i32, tj::TJSAMP_TJSAMP_420),
-            0
-        );
-        assert_eq!(
-            tj::tj3Set(
-                c,
-                tj::TJPARAM_TJPARAM_PROGRESSIVE as i32,
-                i32::from(progressive)
-            ),
-            0
-        );
+        let mut err: lj::jpeg_error_mgr = std::mem::zeroed();
+        let mut c: lj::jpeg_compress_struct = std::mem::zeroed();
+        c.common.err = lj::jpeg_std_error(&mut err);
+        (*c.common.err).error_exit = Some(encoder_failed);
+        lj::jpeg_create_compress(&mut c);
         let mut out: *mut u8 = std::ptr::null_mut();
-        let mut len: tj::size_t = 0;
-        let rc = tj::tj3Compress8(
-            c,
-            px.as_ptr(),
-            w as i32,
-            (w * 3) as i32,
-            h as i32,
-            tj::TJPF_TJPF_RGB,
-            &mut out,
-            &mut len,
+        let mut len: std::ffi::c_ulong = 0;
+        lj::jpeg_mem_dest(&mut c, &mut out, &mut len);
+        c.image_width = w;
+        c.image_height = h;
+        c.input_components = 3;
+        c.in_color_space = lj::J_COLOR_SPACE::JCS_EXT_RGB;
+        // Before the defaults, which follow the profile.
+        lj::jpeg_c_set_int_param(
+            &mut c,
+            lj::J_INT_PARAM::JINT_COMPRESS_PROFILE,
+            lj::JINT_COMPRESS_PROFILE_VALUE::JCP_FASTEST as std::ffi::c_int,
         );
-        assert_eq!(rc, 0);
+        // YCbCr with luma sampled 2x2 and chroma 1x1: 4:2:0.
+        lj::jpeg_set_defaults(&mut c);
+        lj::jpeg_set_quality(&mut c, 90, 1);
+        if progressive {
+            lj::jpeg_simple_progression(&mut c);
+        }
+        lj::jpeg_start_compress(&mut c, 1);
+        for row in px.chunks_exact(w as usize * 3) {
+            let rows = [row.as_ptr()];
+            assert_eq!(lj::jpeg_write_scanlines(&mut c, rows.as_ptr(), 1), 1);
+        }
+        lj::jpeg_finish_compress(&mut c);
         let v = std::slice::from_raw_parts(out, len as usize).to_vec();
-        tj::tj3Free(out.cast());
-        tj::tj3Destroy(c);
+        libc::free(out.cast());
+        lj::jpeg_destroy_compress(&mut c);
         v
     }
 }
@@ -308,4 +321,66 @@ fn reduced_decodes_never_put_the_box_outside_their_window() {
         }
     }
     assert!(reduced > 100, "{reduced}");
+}
+
+#[test]
+fn a_file_cut_short_fails_where_the_window_needs_the_missing_rows() {
+    let (w, h) = (96, 320);
+    let data = jpeg(&picture(w, h), w, h, false);
+    let cut = &data[..data.len() * 2 / 3];
+    let color = spec::Color::Rgb;
+    let window = |y0: f64, y1: f64| decode::Want {
+        x0: 0.0,
+        y0,
+        x1: 40.0,
+        y1,
+        need: (1.0, 1.0),
+        reduce: true,
+    };
+    // The bottom rows are in the part cut off: libjpeg warns that the
+    // file ended early and fills them with gray; that is an error.
+    let bottom = window(280.0, 320.0);
+    let whole = decode::decode(decode::Kind::Jpeg, &data, color, bottom).unwrap();
+    assert_eq!((whole.w, whole.h), (48, 40), "windowed to the bottom rows");
+    let e = decode::decode(decode::Kind::Jpeg, cut, color, bottom).unwrap_err();
+    assert_eq!(e, "JPEG: Premature end of JPEG file");
+    // The top rows are whole: the rows below a window are skipped without
+    // being read (as TurboJPEG's cropped decode does), so the window's
+    // pixels, which are right, come back.
+    let top = window(0.0, 24.0);
+    let a = decode::decode(decode::Kind::Jpeg, cut, color, top).unwrap();
+    let b = decode::decode(decode::Kind::Jpeg, &data, color, top).unwrap();
+    assert_eq!((a.w, a.h, &a.buf), (48, 24, &b.buf));
+    // The whole image of the cut file is refused.
+    let full = decode::Want {
+        reduce: false,
+        ..top
+    };
+    let e = decode::decode(decode::Kind::Jpeg, cut, color, full).unwrap_err();
+    assert_eq!(e, "JPEG: Premature end of JPEG file");
+}
+
+#[test]
+fn extraneous_bytes_between_segments_are_skipped_as_pillow_skips_them() {
+    let (w, h) = (64, 48);
+    let data = jpeg(&picture(w, h), w, h, false);
+    // Bytes that are no marker between two segments: libjpeg skips them
+    // with a warning, and the image is whole.
+    assert_eq!(&data[2..4], &[0xff, 0xe0], "the JFIF segment first");
+    let after_jfif = 4 + usize::from(u16::from_be_bytes([data[4], data[5]]));
+    let mut junk = data[..after_jfif].to_vec();
+    junk.extend_from_slice(b"junk");
+    junk.extend_from_slice(&data[after_jfif..]);
+    let full = decode::Want {
+        x0: 0.0,
+        y0: 0.0,
+        x1: f64::from(w),
+        y1: f64::from(h),
+        need: (1.0, 1.0),
+        reduce: false,
+    };
+    let a = decode::decode(decode::Kind::Jpeg, &junk, spec::Color::Rgb, full).unwrap();
+    let b = decode::decode(decode::Kind::Jpeg, &data, spec::Color::Rgb, full).unwrap();
+    assert_eq!((a.w, a.h), (w, h));
+    assert_eq!(a.buf, b.buf);
 }
