@@ -347,4 +347,8 @@ fail_kinds! {
     /// The object changed during a read pinned to one version (another
     /// ETag or size, or 412 to `If-Match`): another attempt would splice.
     Changed = "changed", retry: false;
+    /// A redirect that is not followed: a loop, a chain past the bound
+    /// (`crate::net::redirect::MAX_REDIRECTS`), `https` to `http`, a
+    /// `Location` that is no http(s) URL.
+    Redirect = "redirect", retry: false;
 }

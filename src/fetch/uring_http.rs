@@ -22,7 +22,8 @@
 //! The parts: this file holds the slab, the routing of completions and
 //! the send and body steps; `connect.rs` a fresh connection's socket and
 //! connect, and the quick ACKs each request asks for; `head.rs` the
-//! response head's step;
+//! response head's step; `redirect.rs` the redirects followed, and the
+//! ranges that wait for one of their object's to find its target;
 //! `tls.rs` the handshake and the records of https; `failure.rs` retries
 //! and failures; `hedge.rs` the hedges.
 //!
@@ -42,6 +43,7 @@ use io_uring::{IoUring, opcode, squeue, types};
 
 use super::uring_tls::{self, TlsConn};
 use super::{Answered, Completion, NetOptions, ReadRequest};
+use crate::net::hop::Route;
 use crate::net::http::{self, Fail, FailKind, HttpObject};
 use crate::net::rate::Admit;
 use crate::net::retry::{Jitter, Tries};
@@ -52,6 +54,7 @@ mod connect;
 mod failure;
 mod head;
 mod hedge;
+mod redirect;
 mod tls;
 
 /// Marks a `user_data` as belonging to the HTTP path (file reads use the
@@ -85,6 +88,9 @@ enum Step {
     /// The cancel of a hedged range's other request; only the cancelled
     /// step's own completion matters.
     Cancel = 10,
+    /// Waiting, with nothing on the ring, for another range of its object
+    /// to find where the object's redirect leads (`redirect.rs`).
+    Parked = 11,
 }
 
 struct Conn {
@@ -100,10 +106,23 @@ struct Conn {
 /// Idle connections are kept per host, port and transport.
 type PoolKey = (String, u16, bool);
 
+/// The idle pool's key of `obj`'s connections.
+fn pool_key(obj: &HttpObject) -> PoolKey {
+    (obj.host.clone(), obj.port, obj.tls)
+}
+
 /// One range in flight.
 struct Op {
     req_id: u64,
+    /// The object read, as the reader named it: what messages name.
     obj: Arc<HttpObject>,
+    /// Where the request goes (`route`'s object): `obj`, or the target a
+    /// redirect led to. Connections, pacing and tails are this host's.
+    at: Arc<HttpObject>,
+    route: Route,
+    /// This range is the one finding where `obj` redirects to: ranges of
+    /// the object parked behind it start once it knows (`redirect.rs`).
+    resolver: bool,
     start: u64,
     buf: *mut u8,
     len: usize,
@@ -200,6 +219,11 @@ pub struct HttpDriver {
     /// until the timer's completion).
     ticks: Vec<(u32, Instant, Box<types::Timespec>)>,
     tick_id: u32,
+    /// Objects a range is finding the redirect target of (by address),
+    /// with the ranges parked behind it (`redirect.rs`).
+    resolving: HashMap<usize, Vec<usize>>,
+    /// Parked ranges to start: their resolver is done.
+    woken: Vec<usize>,
 }
 
 fn user_data(slot: usize, generation: u32, step: Step) -> u64 {
@@ -257,6 +281,8 @@ impl HttpDriver {
             budget: HedgeBudget::default(),
             ticks: Vec::new(),
             tick_id: 0,
+            resolving: HashMap::new(),
+            woken: Vec::new(),
         }
     }
 
@@ -278,13 +304,31 @@ impl HttpDriver {
         req: &ReadRequest,
         obj: Arc<HttpObject>,
     ) -> Option<Completion> {
-        let obj_tls = obj.tls;
+        let c = self.start_op(ring, req, obj);
+        self.start_woken(ring);
+        c
+    }
+
+    fn start_op(
+        &mut self,
+        ring: &mut IoUring,
+        req: &ReadRequest,
+        obj: Arc<HttpObject>,
+    ) -> Option<Completion> {
+        let route = Route::new(&obj);
+        let at = route.target(&obj);
+        // The head buffer's size is the transport's: a redirect to another
+        // scheme makes a new one (`redirect.rs`).
+        let obj_tls = at.tls;
         let slot = self.alloc_slot();
         // SAFETY: sockaddr_storage is plain data; zeroed is valid.
         let addr: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
         let op = Box::new(Op {
             req_id: req.id,
             obj,
+            at,
+            route,
+            resolver: false,
             start: req.offset,
             buf: req.buf,
             len: req.len,
@@ -323,7 +367,7 @@ impl HttpDriver {
             replacing: false,
         });
         self.slots[slot] = Some(op);
-        self.begin(ring, slot)
+        self.go(ring, slot)
     }
 
     /// (Re)starts the request of `slot` for the bytes not yet received,
@@ -331,7 +375,7 @@ impl HttpDriver {
     fn begin(&mut self, ring: &mut IoUring, slot: usize) -> Option<Completion> {
         let op = self.slots[slot].as_mut().expect("live slot");
         if !op.paced {
-            match self.net.pace.admit(&op.obj.url) {
+            match self.net.pace.admit(&op.at.url) {
                 (sent, Admit::Go(wait)) => {
                     op.sent_at = sent;
                     if !wait.is_zero() {
@@ -354,13 +398,13 @@ impl HttpDriver {
         }
         self.watch_head(ring, slot);
         let op = self.slots[slot].as_mut().expect("live slot");
-        let if_match = op.pin.as_deref().and_then(VersionPin::if_match);
+        let if_match = op.route.if_match(&op.obj, op.pin.as_deref());
         let (at, rest) = (op.start + op.got as u64, (op.len - op.got) as u64);
-        match http::range_request(&op.obj, at, rest, if_match) {
+        match http::range_request(&op.at, at, rest, if_match) {
             Ok(r) => op.request = r,
             Err(f) => return self.fail(ring, slot, f),
         }
-        let key = (op.obj.host.clone(), op.obj.port, op.obj.tls);
+        let key = pool_key(&op.at);
         // A hedge goes on a connection of its own: an idle one may be the
         // slow one's peer on the same overloaded path, and a stale one
         // would cost it a round trip.
@@ -505,6 +549,12 @@ impl HttpDriver {
 
     /// Routes one completion; may finish a range.
     pub fn complete(&mut self, ring: &mut IoUring, ud: u64, res: i32) -> Option<Completion> {
+        let c = self.complete_step(ring, ud, res);
+        self.start_woken(ring);
+        c
+    }
+
+    fn complete_step(&mut self, ring: &mut IoUring, ud: u64, res: i32) -> Option<Completion> {
         let (slot, generation, step) = decode(ud);
         if step == Step::Timer as u8 || step == Step::Cancel as u8 {
             return None;
@@ -615,13 +665,16 @@ impl HttpDriver {
                 }
                 self.recv(ring, slot, Step::Body)
             }
-            Step::Timer | Step::Tick | Step::Cancel => None,
+            Step::Timer | Step::Tick | Step::Cancel | Step::Parked => None,
         }
     }
 
     fn free_slot(&mut self, slot: usize) -> Box<Op> {
         let op = self.slots[slot].take().expect("live slot");
         self.free.push(slot);
+        if op.resolver {
+            self.unpark(&op.obj);
+        }
         op
     }
 
@@ -634,12 +687,9 @@ impl HttpDriver {
             // keys with life in them.
             && c.tls.as_ref().is_none_or(|t| t.pending() == 0 && op.pend == 0 && !t.worn())
         {
-            self.idle
-                .entry((op.obj.host.clone(), op.obj.port, op.obj.tls))
-                .or_default()
-                .push(c);
+            self.idle.entry(pool_key(&op.at)).or_default().push(c);
         }
-        let paced = Some(self.net.pace.rate(&op.obj.url)).filter(|r| *r > 0.0);
+        let paced = Some(self.net.pace.rate(&op.at.url)).filter(|r| *r > 0.0);
         Some(Completion {
             id: op.req_id,
             result: Ok(op.len),
@@ -669,6 +719,11 @@ impl Drop for HttpDriver {
         // driver (a network thread's ring is torn down after it): its
         // buffers are left to that step rather than freed under it.
         for mut op in self.slots.drain(..).flatten() {
+            // A parked range has nothing on the ring.
+            if op.step == Step::Parked {
+                drop(op);
+                continue;
+            }
             // A plain socket may close (the ring holds its own reference
             // to the file); a TLS one's buffers go with the op.
             if op.conn.as_ref().is_some_and(|c| c.tls.is_none()) {

@@ -76,6 +76,7 @@ impl Source {
             let client = reqwest::blocking::Client::builder()
                 .connect_timeout(Duration::from_secs(10))
                 .timeout(Duration::from_secs(60))
+                .redirect(crate::net::redirect::reqwest_policy())
                 .build()
                 .map_err(|e| Error::Config(format!("HTTP client: {e}")))?;
             return Ok(Source::Http {

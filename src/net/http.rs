@@ -5,7 +5,8 @@
 
 use std::fmt;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Adds per-request headers, e.g. an S3 SigV4 signature. Called for every
@@ -31,8 +32,21 @@ pub struct HttpObject {
     /// Every address DNS gave; connections spread over them.
     pub addrs: Vec<SocketAddr>,
     next_addr: AtomicUsize,
-    /// Signs each request (S3); `None` for plain HTTP.
+    /// Signs each request (S3, a bearer token); `None` for plain HTTP.
+    /// Never sent to another origin than this object's
+    /// (`super::redirect`).
     pub signer: Option<std::sync::Arc<dyn RequestSigner>>,
+    /// Where this object's last redirect chain ended: its later requests
+    /// go there at once, one redirect per shard rather than per range
+    /// (`super::hop`).
+    route: Mutex<Option<Arc<HttpObject>>>,
+    /// The object answers with redirects (it did, or its source always
+    /// does, as the Hub's `resolve/` URLs): a request to it carries no
+    /// `If-Match` (a validator of the target's, which a redirecting host
+    /// does not know), and on io_uring a range waits for one in flight to
+    /// find the target rather than ask for a redirect of its own.
+    /// Relaxed: a hint; either value gives correct reads.
+    redirects: AtomicBool,
 }
 
 impl HttpObject {
@@ -47,6 +61,8 @@ impl HttpObject {
             addrs,
             next_addr: AtomicUsize::new(0),
             signer: None,
+            route: Mutex::new(None),
+            redirects: AtomicBool::new(false),
         })
     }
 
@@ -54,6 +70,65 @@ impl HttpObject {
     pub fn with_signer(mut self, signer: std::sync::Arc<dyn RequestSigner>) -> HttpObject {
         self.signer = Some(signer);
         self
+    }
+
+    /// The same object named `name` in messages (an `hf://` URL for the
+    /// Hub's `resolve/` URL it is read from); redacted as a URL is.
+    pub fn with_name(mut self, name: &str) -> HttpObject {
+        self.url = crate::redact::url(name).into_owned();
+        self
+    }
+
+    /// The same object, known to answer with a redirect (see `redirects`).
+    pub fn redirecting(self) -> HttpObject {
+        self.redirects.store(true, Ordering::Relaxed);
+        self
+    }
+
+    /// Whether the object is known to answer with redirects.
+    pub fn expects_redirect(&self) -> bool {
+        self.redirects.load(Ordering::Relaxed)
+    }
+
+    /// The object answered with a redirect.
+    pub fn saw_redirect(&self) {
+        self.redirects.store(true, Ordering::Relaxed);
+    }
+
+    /// Where the object's last redirect chain ended, if it redirected.
+    pub fn route(&self) -> Option<Arc<HttpObject>> {
+        self.route.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The object's requests go to `target` from now on.
+    pub fn remember(&self, target: &Arc<HttpObject>) {
+        *self.route.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(target));
+    }
+
+    /// `target` answered as an expired signed URL does: the object's
+    /// requests go to the object itself again (and are redirected anew).
+    /// Whether `target` was still the route (another request may have
+    /// found a new one already).
+    pub fn forget(&self, target: &Arc<HttpObject>) -> bool {
+        let mut route = self.route.lock().unwrap_or_else(|p| p.into_inner());
+        if route.as_ref().is_some_and(|r| Arc::ptr_eq(r, target)) {
+            *route = None;
+            return true;
+        }
+        false
+    }
+
+    /// The URL a request to this object asks, whole (its query included):
+    /// what a relative `Location` is resolved against. Holds what `target`
+    /// holds (a presigned query): never for messages.
+    pub fn request_url(&self) -> String {
+        let scheme = if self.tls { "https" } else { "http" };
+        let host = if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        };
+        format!("{scheme}://{host}:{}{}", self.port, self.target)
     }
 
     fn signed(&self, method: &str, range: Option<&str>) -> Result<String, Fail> {
@@ -227,6 +302,38 @@ pub struct ResponseHead {
     pub retry_after: Option<u64>,
     /// The first 200 bytes of an error body are not here: see `error_code`.
     pub reason: String,
+    /// `Location`, as sent: where a redirect points (`super::redirect`).
+    pub location: Option<String>,
+    /// `X-Error-Code` and `X-Error-Message`, which the Hugging Face Hub
+    /// sends with its refusals (`RepoNotFound`, `GatedRepo`, ...).
+    pub x_error: Option<(String, String)>,
+}
+
+/// Longest `X-Error-Message` kept: the Hub's are one sentence; a longer one
+/// is cut, so a server cannot fill a message with its text.
+const MAX_X_ERROR: usize = 300;
+
+impl ResponseHead {
+    /// `HTTP 404 Not Found`, with the server's `X-Error-Code` and message
+    /// when it sent them: what an error names of a refusal.
+    pub fn status_text(&self) -> String {
+        match &self.x_error {
+            Some((code, msg)) if msg.is_empty() => {
+                format!("HTTP {} {} ({code})", self.status, self.reason)
+            }
+            Some((code, msg)) => format!("HTTP {} {} ({code}: {msg})", self.status, self.reason),
+            None => format!("HTTP {} {}", self.status, self.reason),
+        }
+    }
+}
+
+/// A header value a server controls, made fit for a message: control
+/// characters dropped, at most `MAX_X_ERROR` characters.
+fn printable(v: &str) -> String {
+    v.chars()
+        .filter(|c| !c.is_control())
+        .take(MAX_X_ERROR)
+        .collect()
 }
 
 /// Largest response head accepted. S3's are under 1 KiB.
@@ -264,7 +371,11 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<ResponseHead>, String> {
         etag: None,
         retry_after: None,
         reason: r.reason.unwrap_or("").to_string(),
+        location: None,
+        x_error: None,
     };
+    let mut x_code = None;
+    let mut x_message = String::new();
     for hd in r.headers.iter() {
         let v = std::str::from_utf8(hd.value).unwrap_or("").trim();
         if hd.name.eq_ignore_ascii_case("content-length") {
@@ -289,8 +400,15 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<ResponseHead>, String> {
             h.etag = Some(v.to_string());
         } else if hd.name.eq_ignore_ascii_case("retry-after") {
             h.retry_after = v.parse().ok();
+        } else if hd.name.eq_ignore_ascii_case("location") && !v.is_empty() {
+            h.location = Some(v.to_string());
+        } else if hd.name.eq_ignore_ascii_case("x-error-code") && !v.is_empty() {
+            x_code = Some(printable(v));
+        } else if hd.name.eq_ignore_ascii_case("x-error-message") {
+            x_message = printable(v);
         }
     }
+    h.x_error = x_code.map(|c| (c, x_message));
     Ok(Some(h))
 }
 
@@ -481,7 +599,7 @@ pub fn check_range_response(
             };
         }
         s if s >= 300 => {
-            let mut f = Fail::new(FailKind::of_status(s), format!("HTTP {s} {}", h.reason));
+            let mut f = Fail::new(FailKind::of_status(s), h.status_text());
             f.retry_after = h.retry_after.map(Duration::from_secs);
             return Err(f);
         }
