@@ -5,10 +5,12 @@
 //! garbage, ignoring `Range`), so the engine's retries are tested against sockets, not
 //! mocks. `s3` is the S3-compatible server, `proxy` puts the same faults
 //! in front of any server, `virtual_shards` computes shards on the fly,
-//! `store` emulates an object store's latency, bandwidth and throttling.
+//! `store` emulates an object store's latency, bandwidth and throttling,
+//! `hub` the Hugging Face Hub (its API, its redirects, its content host).
 
 #![allow(dead_code)]
 
+pub mod hub;
 pub mod node;
 mod proxy;
 pub mod refresh;
