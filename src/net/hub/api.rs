@@ -147,12 +147,9 @@ impl HubClient {
         loop {
             let (body, next) = self.get(&url, at, net, jitter)?;
             let before = out.len();
-            for item in shaped::<Vec<Item>>(&body, at, "tree")? {
-                out.push(
-                    item.entry(dir, recursive)
-                        .map_err(|why| at.error(200, None, format!("the tree API listed {why}")))?,
-                );
-            }
+            out.extend(
+                page_entries(&body, dir, recursive).map_err(|why| at.error(200, None, why))?,
+            );
             if out.len() > MAX_ENTRIES {
                 return Err(at.error(
                     200,
@@ -396,23 +393,38 @@ impl Item {
     }
 }
 
+/// The entries of one page of the tree API's answer for `dir` (pure: the
+/// fuzz target `hub_answer` runs it); what is wrong with it otherwise.
+pub fn page_entries(
+    body: &[u8],
+    dir: &str,
+    recursive: bool,
+) -> std::result::Result<Vec<Entry>, String> {
+    let items: Vec<Item> = shaped_as(body, "tree")?;
+    items
+        .into_iter()
+        .map(|item| {
+            item.entry(dir, recursive)
+                .map_err(|why| format!("the tree API listed {why}"))
+        })
+        .collect()
+}
+
 /// `body` read as `T`; the error says whether it was no JSON or another
 /// shape, and of which call.
+fn shaped_as<T: for<'de> Deserialize<'de>>(
+    body: &[u8],
+    call: &str,
+) -> std::result::Result<T, String> {
+    let value: serde_json::Value = serde_json::from_slice(body)
+        .map_err(|e| format!("the {call} API's answer is not JSON ({e})"))?;
+    serde_json::from_value(value)
+        .map_err(|e| format!("the {call} API's answer is not the JSON it documents ({e})"))
+}
+
+/// [`shaped_as`], its error named at `at`.
 fn shaped<T: for<'de> Deserialize<'de>>(body: &[u8], at: &At<'_>, call: &str) -> Result<T> {
-    let value: serde_json::Value = serde_json::from_slice(body).map_err(|e| {
-        at.error(
-            200,
-            None,
-            format!("the {call} API's answer is not JSON ({e})"),
-        )
-    })?;
-    serde_json::from_value(value).map_err(|e| {
-        at.error(
-            200,
-            None,
-            format!("the {call} API's answer is not the JSON it documents ({e})"),
-        )
-    })
+    shaped_as(body, call).map_err(|why| at.error(200, None, why))
 }
 
 /// A git commit id: 40 (SHA-1) or 64 (SHA-256) hexadecimal digits.
