@@ -294,18 +294,22 @@ fn loops_and_chains_past_the_bound_are_named() {
 }
 
 /// `https` to `http` is refused by name; `https` to `https` (the
-/// control) is followed.
+/// controls), within the host and to another TLS server (its own
+/// certificate and name checked), is followed.
 #[test]
 fn https_to_http_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let (names, sizes, samples) = dataset(dir.path(), 1, 65);
     let plain = Server::start(dir.path().to_path_buf());
     let (tls, pem) = Server::start_tls(dir.path().to_path_buf());
+    let (other, other_pem) = Server::start_tls(dir.path().to_path_buf());
     let ca = dir.path().join("ca.pem");
-    std::fs::write(&ca, pem).unwrap();
+    std::fs::write(&ca, format!("{pem}{other_pem}")).unwrap();
     tls.faults.redirect("/down.tar", 302, &plain.url(&names[0]));
     tls.faults
         .redirect("/same.tar", 302, &format!("/{}", names[0]));
+    tls.faults
+        .redirect("/cross.tar", 307, &other.https_url("localhost", &names[0]));
     let ca = serde_json::json!({"ca_bundle": ca});
     for backend in BACKENDS {
         let url = tls.https_url("localhost", "down.tar");
@@ -317,10 +321,17 @@ fn https_to_http_is_refused() {
         }
         assert_eq!(plain.faults.gets.load(Ordering::SeqCst), 0);
         assert_eq!(plain.faults.heads.load(Ordering::SeqCst), 0);
-        let url = tls.https_url("localhost", "same.tar");
-        let loader = Loader::open(config(vec![url], backend, ca.clone())).unwrap();
-        assert_eq!(stream(&loader, 65), samples, "{backend}");
+        for path in ["same.tar", "cross.tar"] {
+            let url = tls.https_url("localhost", path);
+            let loader = Loader::open(config(vec![url], backend, ca.clone())).unwrap();
+            assert_eq!(stream(&loader, 65), samples, "{backend} {path}");
+        }
     }
+    assert_eq!(
+        other.faults.gets.load(Ordering::SeqCst),
+        2 * ranges(sizes[0]),
+        "the other server served every range, on both backends"
+    );
 }
 
 /// An S3 object's request is signed; its redirect to another origin
