@@ -1,8 +1,9 @@
-//! `ringfeed ls`, `cat` and `bench` over `hf://` URLs, against the Hub
+//! `ringfeed ls`, `cat`, `get` and `bench` over `hf://` URLs, against the Hub
 //! emulator (tests/support/hub) run in this process, its endpoint given to
 //! each command in its own environment (`HF_ENDPOINT`, `HF_TOKEN`, an
 //! empty `HF_HOME`): the listing shows the tree's sizes, `cat`'s bytes are
-//! the generator's, `bench` reads every sample, and a private dataset
+//! the generator's, `get` writes the file as it is, `bench` reads every
+//! sample, and a private dataset
 //! without the token fails naming it, never the token.
 
 use std::path::Path;
@@ -117,6 +118,15 @@ fn ls_cat_and_bench_read_hub_datasets() {
     }
     let all = ok(run(&hub, h, Some(TOKEN), &["cat", url]), "cat all");
     assert_eq!(all.lines().count() as u64, made.samples);
+
+    // A whole object: the file's bytes, as they are on the Hub.
+    let got = root.path().join("got.tar");
+    let g = got.to_str().unwrap();
+    ok(run(&hub, h, Some(TOKEN), &["get", &shard, "-o", g]), "get");
+    assert_eq!(
+        std::fs::read(&got).unwrap(),
+        std::fs::read(&made.paths[1]).unwrap()
+    );
 
     let out = run(&hub, h, Some(TOKEN), &["bench", url, "--epochs", "1"]);
     let report = format!("{}{}", text(&out.stdout), text(&out.stderr));
