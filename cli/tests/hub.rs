@@ -3,8 +3,8 @@
 //! each command in its own environment (`HF_ENDPOINT`, `HF_TOKEN`, an
 //! empty `HF_HOME`): the listing shows the tree's sizes, `cat`'s bytes are
 //! the generator's, `get` writes the file as it is, `bench` reads every
-//! sample, and a private dataset
-//! without the token fails naming it, never the token.
+//! sample, and a private dataset without the token fails naming it, never
+//! the token.
 
 use std::path::Path;
 use std::process::{Command, Output};
