@@ -89,7 +89,10 @@
 #define RINGFEED_ERR_CONFIG -3
 
 // A dataset URL is malformed, unsupported, or names nothing, or the server
-// refused it for good (HTTP 4xx; S3 NoSuchKey, NoSuchBucket, AccessDenied),
+// refused it for good (HTTP 4xx; S3 NoSuchKey, NoSuchBucket, AccessDenied;
+// the Hugging Face Hub's RepoNotFound, GatedRepo, RevisionNotFound,
+// EntryNotFound), or a redirect was not followed (a loop, too many, https
+// to http),
 // or an object changed while it was read (another ETag or size, or 412 to
 // `If-Match`): no bytes of two versions are returned.
 #define RINGFEED_ERR_DATASET -4

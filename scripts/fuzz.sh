@@ -17,7 +17,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 secs=${1:-60}
-all="tar_walk http_response http_request config manifest resume s3_xml cache_entry key_glob node_proto image_bytes"
+all="tar_walk http_response http_request config manifest resume s3_xml cache_entry key_glob node_proto image_bytes hub_answer"
 read -r -a targets <<<"${FUZZ_TARGETS:-$all}"
 
 if ! cargo +nightly fuzz --help >/dev/null 2>&1; then

@@ -8,12 +8,15 @@
 //! an error message, a log line, a stat, a metric or a cache entry's header.
 //! The names stay (a reader still sees the URL was presigned); each value
 //! becomes `REDACTED`. A user name and password before the host go the same
-//! way.
+//! way, and so do tokens: a bearer token after `Bearer ` (an
+//! `Authorization` header a server echoed) and a Hugging Face token
+//! (`hf_...`) wherever it stands.
 //!
 //! Two entry points: [`url`] for a string that is one URL, and [`text`] for
 //! a message that may hold URLs anywhere (the log sink and the stats' notes
 //! pass every line through it, as the last guard). Both are pure and cheap
-//! when there is nothing to take out (no `=` or `@`: the text is borrowed).
+//! when there is nothing to take out (no `=`, `@` or token: the text is
+//! borrowed).
 
 use std::borrow::Cow;
 
@@ -49,6 +52,64 @@ pub fn is_secret_param(name: &str) -> bool {
     SECRET_PARAMS.contains(&lower.as_str())
 }
 
+/// The least a Hugging Face token holds after its `hf_`: its real ones
+/// have 34; a name such as `hf_dataset` is no token.
+const HF_TOKEN_MIN: usize = 20;
+
+/// A byte of a bearer token (RFC 6750's `b64token`).
+fn in_token(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'+' | b'/' | b'=')
+}
+
+/// Whether `bytes` may hold a token that [`token_cuts`] takes out.
+fn has_token(bytes: &[u8]) -> bool {
+    bytes
+        .windows(3)
+        .any(|w| w == b"hf_" || w.eq_ignore_ascii_case(b"er "))
+}
+
+/// The tokens of a text, as values to cut: what follows `Bearer ` (an
+/// `Authorization` header a server echoed), and a Hugging Face token
+/// (`hf_` and at least [`HF_TOKEN_MIN`] letters and digits) wherever it
+/// stands. The last guard: the Hub's client never puts its token in a
+/// message, but a server may.
+fn token_cuts(s: &str) -> Vec<(usize, usize)> {
+    let b = s.as_bytes();
+    let mut cuts = Vec::new();
+    let run = |from: usize, ok: fn(u8) -> bool| {
+        let mut k = from;
+        while k < b.len() && ok(b[k]) {
+            k += 1;
+        }
+        k
+    };
+    let mut i = 0;
+    while i < b.len() {
+        if b.len() - i >= 7 && b[i..i + 7].eq_ignore_ascii_case(b"bearer ") {
+            let start = i + 7;
+            let end = run(start, in_token);
+            if end > start {
+                cuts.push((start, end));
+            }
+            i = end.max(i + 1);
+            continue;
+        }
+        if b[i..].starts_with(b"hf_")
+            && (i == 0 || !(b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_'))
+        {
+            let start = i + 3;
+            let end = run(start, |c| c.is_ascii_alphanumeric());
+            if end - start >= HF_TOKEN_MIN {
+                cuts.push((start, end));
+            }
+            i = end.max(i + 1);
+            continue;
+        }
+        i += 1;
+    }
+    cuts
+}
+
 /// `u`, one URL, with every credential in it replaced by `REDACTED`.
 pub fn url(u: &str) -> Cow<'_, str> {
     text(u)
@@ -72,7 +133,7 @@ fn in_name(b: u8) -> bool {
 /// after `?` or `&`) and every `user:password@` after `://` replaced.
 pub fn text(s: &str) -> Cow<'_, str> {
     let bytes = s.as_bytes();
-    if !bytes.iter().any(|&b| b == b'=' || b == b'@') {
+    if !bytes.iter().any(|&b| b == b'=' || b == b'@') && !has_token(bytes) {
         return Cow::Borrowed(s);
     }
     // (start, end) of each value to replace, in order, never overlapping.
@@ -119,9 +180,20 @@ pub fn text(s: &str) -> Cow<'_, str> {
             _ => i += 1,
         }
     }
+    cuts.extend(token_cuts(s));
     if cuts.is_empty() {
         return Cow::Borrowed(s);
     }
+    // The tokens' cuts may fall inside a parameter's: merged, in order.
+    cuts.sort_unstable();
+    let mut merged: Vec<(usize, usize)> = Vec::with_capacity(cuts.len());
+    for (a, b) in cuts {
+        match merged.last_mut() {
+            Some(last) if a <= last.1 => last.1 = last.1.max(b),
+            _ => merged.push((a, b)),
+        }
+    }
+    let cuts = merged;
     let mut out = String::with_capacity(s.len());
     let mut at = 0;
     for (a, b) in cuts {
@@ -170,6 +242,40 @@ mod tests {
     fn user_information_is_taken_out() {
         let r = text("dataset URL `https://alice:hunter2@h:8080/x.tar`: bad");
         assert_eq!(r, "dataset URL `https://REDACTED@h:8080/x.tar`: bad");
+    }
+
+    /// A bearer token a server echoed, and a Hugging Face token anywhere.
+    #[test]
+    fn tokens_are_taken_out() {
+        let t = "hf_AbCdEfGhIjKlMnOpQrStUvWxYz01234567";
+        for (m, want) in [
+            (
+                format!("HTTP 401: Invalid credentials (got `Bearer {t}`)"),
+                "HTTP 401: Invalid credentials (got `Bearer REDACTED`)".to_string(),
+            ),
+            (
+                "authorization: bearer abc.DEF-123".to_string(),
+                "authorization: bearer REDACTED".to_string(),
+            ),
+            (
+                format!("token {t} leaked"),
+                "token hf_REDACTED leaked".to_string(),
+            ),
+            (
+                format!("http://h/x?token=1&v={t}"),
+                "http://h/x?token=REDACTED&v=hf_REDACTED".to_string(),
+            ),
+        ] {
+            assert_eq!(text(&m), want, "{m}");
+        }
+        // Names that only look like one stay.
+        for s in [
+            "hf_dataset_v2.tar",
+            "my_hf_AbCdEfGhIjKlMnOpQrStUvWxYz",
+            "a bearer",
+        ] {
+            assert_eq!(text(s), s);
+        }
     }
 
     #[test]

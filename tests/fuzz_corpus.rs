@@ -66,6 +66,11 @@ fn resume_corpus() {
 }
 
 #[test]
+fn hub_answer_corpus() {
+    replay("hub_answer", checks::hub::check);
+}
+
+#[test]
 fn s3_xml_corpus() {
     replay("s3_xml", checks::s3::check);
 }

@@ -6,7 +6,9 @@
 //! a directory whose `.tar` files are taken in name order, an `http(s)://`
 //! URL (its size learned by its first read), an `s3://bucket/key` object, an
 //! `s3://bucket/prefix/` to list at every depth (see `crate::net::s3`), or a
-//! key pattern `s3://bucket/train/**/shard-*.tar` (`glob.rs`), or a manifest
+//! key pattern `s3://bucket/train/**/shard-*.tar` (`glob.rs`), a Hugging
+//! Face Hub dataset's file, directory or pattern
+//! (`hf://datasets/ORG/NAME[@REVISION]/PATH`, `hub.rs`), or a manifest
 //! (`*.manifest`, or the `manifest` key): one `URL [size [samples]]` per
 //! line, so a job starts without listing or `HEAD`s, and the plan knows each
 //! shard's sample count without reading it (`ringfeed index` writes one).
@@ -21,12 +23,13 @@
 //! found (every shard's size, the samples in a few shards' first bytes),
 //! `glob.rs` the pure key patterns,
 //! `resolve.rs` the part that stats, lists, looks up hosts and checks the
-//! first remote shard of each; this file
+//! first remote shard of each, `hub.rs` its part for the Hub; this file
 //! holds what they produce, the [`Shard`]s.
 
 mod counts;
 mod estimate;
 pub(crate) mod glob;
+mod hub;
 pub(crate) mod parse;
 mod resolve;
 pub(crate) mod shardindex;

@@ -70,7 +70,7 @@ pub fn local_path(url: &str) -> Result<PathBuf> {
     }
     if let Some((scheme, _)) = url.split_once("://") {
         return Err(match scheme {
-            "s3" | "http" | "https" => err("not a local path (resolved as a network URL)"),
+            "s3" | "http" | "https" | "hf" => err("not a local path (resolved as a network URL)"),
             _ => err(&format!(
                 "unsupported scheme `{scheme}`; use a local path or file://"
             )),

@@ -1,8 +1,8 @@
 //! The resolver: the half of naming a dataset that touches the world. It
 //! expands each URL (`parse.rs`), then stats local files and lists
-//! directories, resolves each HTTP or S3 host once, and lists S3 prefixes
-//! (which give sizes), so that every shard comes out with a source before
-//! the plan is made.
+//! directories, resolves each HTTP or S3 host once, lists S3 prefixes and
+//! Hub datasets (`hub.rs`; both give sizes), so that every shard comes out
+//! with a source before the plan is made.
 //!
 //! A remote shard named one by one (an `http(s)://` URL, a brace expansion
 //! of them, an `s3://bucket/key` object) is not sized here: its first ranged
@@ -21,6 +21,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::glob::{Glob, is_glob};
+use super::hub::HubResolver;
 use super::parse::{expand_braces, local_path};
 use super::{Shard, Source};
 use crate::cache::{Cache, Identity};
@@ -283,6 +284,8 @@ pub(super) struct Resolver<'a> {
     /// Whole objects: directories and prefixes give every file, not only
     /// `.tar` ones.
     objects: bool,
+    /// The Hub's client, commits and listings, for `hf://` URLs.
+    hub: HubResolver,
 }
 
 impl<'a> Resolver<'a> {
@@ -301,6 +304,7 @@ impl<'a> Resolver<'a> {
             jitter: Jitter::new(0x5eed ^ 3),
             shards: Vec::new(),
             objects,
+            hub: HubResolver::default(),
         }
     }
 
@@ -321,6 +325,22 @@ impl Resolver<'_> {
     pub(super) fn one(&mut self, one: &str, size: Option<u64>) -> Result<()> {
         if one.starts_with("s3://") {
             return self.s3_url(one, size);
+        }
+        if one.starts_with(crate::net::hub::url::SCHEME) {
+            let objects = self.objects;
+            let keeps = move |name: &str| objects || name.ends_with(".tar");
+            let wanted = self.wanted();
+            let found = self.hub.shards(
+                one,
+                size,
+                &keeps,
+                wanted,
+                self.env,
+                self.net,
+                &mut self.jitter,
+            )?;
+            self.shards.extend(found);
+            return Ok(());
         }
         if one.starts_with("http://") || one.starts_with("https://") {
             let obj = self.http_object(one)?;

@@ -103,6 +103,25 @@ pub enum Error {
         code: String,
         explain: Option<&'static str>,
     },
+    /// The Hugging Face Hub refused a request for good (an `hf://` URL:
+    /// 401 or 403 for a private or gated dataset, 404 for a repository,
+    /// revision or path it does not have, with the Hub's `X-Error-Code`),
+    /// or answered what its API does not (not JSON, another shape, a page
+    /// past the bound). Names the repository, the revision and the path;
+    /// never the token.
+    #[error("Hugging Face Hub {at}: {}", crate::redact::text(message))]
+    Hub {
+        /// The repository, revision and path (boxed: an `Error` stays
+        /// small, as every `Result` carries one).
+        at: Box<HubPlace>,
+        /// The answer's HTTP status (a 200 for an answer of the wrong
+        /// shape).
+        status: u16,
+        /// The Hub's `X-Error-Code` (`RepoNotFound`, `GatedRepo`,
+        /// `RevisionNotFound`, `EntryNotFound`), when it sent one.
+        code: Option<String>,
+        message: String,
+    },
     /// No usable AWS credentials, or their source failed.
     #[error("AWS credentials: {0}")]
     Credentials(String),
@@ -171,6 +190,27 @@ pub enum Error {
          one else may write into (give `cache_dir` a new path, which is made with mode 0700)"
     )]
     CacheDir { dir: PathBuf, why: CacheDirRefusal },
+}
+
+/// Where on the Hub an [`Error::Hub`] happened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HubPlace {
+    /// `ORG/NAME`.
+    pub repo: String,
+    /// As the URL gave it (`main` when it gave none).
+    pub revision: String,
+    /// In the repository; empty for the whole repository.
+    pub path: String,
+}
+
+impl std::fmt::Display for HubPlace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "dataset `{}` at revision `{}`", self.repo, self.revision)?;
+        if !self.path.is_empty() {
+            write!(f, ", path `{}`", self.path)?;
+        }
+        Ok(())
+    }
 }
 
 /// Why a cache directory is refused ([`Error::CacheDir`]).
@@ -347,4 +387,8 @@ fail_kinds! {
     /// The object changed during a read pinned to one version (another
     /// ETag or size, or 412 to `If-Match`): another attempt would splice.
     Changed = "changed", retry: false;
+    /// A redirect that is not followed: a loop, a chain past the bound
+    /// (`crate::net::redirect::MAX_REDIRECTS`), `https` to `http`, a
+    /// `Location` that is no http(s) URL.
+    Redirect = "redirect", retry: false;
 }

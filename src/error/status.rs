@@ -73,7 +73,10 @@ statuses! {
     /// directory (`cache_dir`) is not private to this user.
     RINGFEED_ERR_CONFIG = -3;
     /// A dataset URL is malformed, unsupported, or names nothing, or the server
-    /// refused it for good (HTTP 4xx; S3 NoSuchKey, NoSuchBucket, AccessDenied),
+    /// refused it for good (HTTP 4xx; S3 NoSuchKey, NoSuchBucket, AccessDenied;
+    /// the Hugging Face Hub's RepoNotFound, GatedRepo, RevisionNotFound,
+    /// EntryNotFound), or a redirect was not followed (a loop, too many, https
+    /// to http),
     /// or an object changed while it was read (another ETag or size, or 412 to
     /// `If-Match`): no bytes of two versions are returned.
     RINGFEED_ERR_DATASET = -4;
@@ -138,6 +141,13 @@ impl Error {
             // S3's 5xx codes (InternalError, SlowDown) are the network's.
             Error::S3 { status, .. } if *status < 500 => RINGFEED_ERR_DATASET,
             Error::S3 { .. } => RINGFEED_ERR_NETWORK,
+            // The Hub's refusals (a private, gated or missing dataset,
+            // revision or path) are the dataset's; its 5xx, and answers
+            // its API does not document, the network's.
+            Error::Hub { status, .. } if (400..500).contains(status) && *status != 429 => {
+                RINGFEED_ERR_DATASET
+            }
+            Error::Hub { .. } => RINGFEED_ERR_NETWORK,
             Error::Credentials(_) => RINGFEED_ERR_CONFIG,
             Error::State(_) | Error::Plan { .. } => RINGFEED_ERR_STATE,
             Error::Node(_) => RINGFEED_ERR_NODE,
@@ -221,7 +231,22 @@ mod tests {
             code: "c".into(),
             explain: None,
         };
+        let hub = |status| Error::Hub {
+            at: Box::new(crate::error::HubPlace {
+                repo: "o/n".into(),
+                revision: "main".into(),
+                path: String::new(),
+            }),
+            status,
+            code: None,
+            message: "m".into(),
+        };
         let mut cases = vec![
+            (hub(401), RINGFEED_ERR_DATASET),
+            (hub(404), RINGFEED_ERR_DATASET),
+            (hub(429), RINGFEED_ERR_NETWORK),
+            (hub(502), RINGFEED_ERR_NETWORK),
+            (hub(200), RINGFEED_ERR_NETWORK),
             (Error::Config("c".into()), RINGFEED_ERR_CONFIG),
             (
                 Error::Url {
@@ -362,6 +387,7 @@ mod tests {
                 | Error::Http { .. }
                 | Error::Throttled { .. }
                 | Error::S3 { .. }
+                | Error::Hub { .. }
                 | Error::Credentials(_)
                 | Error::State(_)
                 | Error::Plan { .. }

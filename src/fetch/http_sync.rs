@@ -1,6 +1,7 @@
 //! Ranged HTTP reads over blocking sockets, with keep-alive connections per
 //! host and the retry policy. Used by the thread backend for every HTTP range,
-//! and for `HEAD` at open. The response head is read into a small buffer; the
+//! and for `HEAD` at open. Both follow redirects along the object's
+//! [`Route`] (`crate::net::hop`). The response head is read into a small buffer; the
 //! body bytes that arrive with it are copied into the destination (and
 //! counted), the rest is received straight into it.
 
@@ -12,6 +13,7 @@ use std::time::Duration;
 
 use rustls::pki_types::ServerName;
 
+use crate::net::hop::{Route, Turn};
 use crate::net::http::{self, Fail, FailKind, HttpObject, MAX_HEAD};
 use crate::net::tls::TlsSetup;
 use crate::net::version::VersionPin;
@@ -61,9 +63,12 @@ impl Stream {
 /// 64 KiB bounds what a misbehaving server can make us buffer.
 pub const MAX_ERROR_BODY: usize = 64 << 10;
 
+/// Idle connections are kept per host, port and transport.
+type PoolKey = (String, u16, bool);
+
 /// Idle keep-alive connections and the stall time-out.
 pub struct HttpPool {
-    idle: HashMap<(String, u16, bool), Vec<Stream>>,
+    idle: HashMap<PoolKey, Vec<Stream>>,
     stall: Duration,
     head_buf: Vec<u8>,
     tls: Arc<TlsSetup>,
@@ -90,7 +95,7 @@ impl HttpPool {
         }
     }
 
-    fn key(obj: &HttpObject) -> (String, u16, bool) {
+    fn key(obj: &HttpObject) -> PoolKey {
         (obj.host.clone(), obj.port, obj.tls)
     }
 
@@ -190,8 +195,36 @@ impl HttpPool {
         pin: Option<&VersionPin>,
     ) -> Result<Fetched, Fail> {
         let len = buf.len() as u64;
-        let req = http::range_request(obj, start, len, pin.and_then(VersionPin::if_match))?;
-        let (mut s, h, extra) = self.exchange(obj, &req)?;
+        let mut route = Route::new(obj);
+        let (s, h, extra) = loop {
+            let at = route.at(obj);
+            let req = http::range_request(at, start, len, route.if_match(obj, pin))?;
+            let (s, h, extra) = self.exchange(at, &req)?;
+            let key = Self::key(at);
+            match route.answered(obj, &h)? {
+                Turn::Final => break (s, h, extra),
+                Turn::Again => self.discard(key, s, &h, extra, false),
+            }
+        };
+        let got = self.take_range(route.at(obj), obj, start, buf, open_end, pin, (s, h, extra))?;
+        route.arrived(obj);
+        Ok(got)
+    }
+
+    /// The answer `(s, h, extra)` to a ranged GET of `obj` at its target
+    /// `at`, read into `buf` (see `fetch`).
+    #[allow(clippy::too_many_arguments)]
+    fn take_range(
+        &mut self,
+        at: &HttpObject,
+        obj: &HttpObject,
+        start: u64,
+        buf: &mut [u8],
+        open_end: bool,
+        pin: Option<&VersionPin>,
+        (mut s, h, extra): (Stream, http::ResponseHead, usize),
+    ) -> Result<Fetched, Fail> {
+        let len = buf.len() as u64;
         // The connection is not reused after a changed answer: its body
         // was not read.
         if let Some(p) = pin {
@@ -201,7 +234,7 @@ impl HttpPool {
             Ok(b) => b,
             Err(mut f) => {
                 if h.status >= 300
-                    && let Some(code) = self.error_code(obj, s, &h, extra)
+                    && let Some(code) = self.error_code(at, s, &h, extra)
                 {
                     f.message = format!("{}, S3 error code {code}", f.message);
                     if crate::net::retry::is_throttling_code(&code) {
@@ -217,7 +250,7 @@ impl HttpPool {
             // An empty object (`open_end`): nothing to read; the connection
             // is reused only when no error body follows.
             if h.keep_alive && h.content_length == Some(0) && extra == 0 {
-                self.put_back(obj, s);
+                self.put_back(at, s);
             }
             return Ok(Fetched {
                 copied: 0,
@@ -237,27 +270,27 @@ impl HttpPool {
                 "the server sent more than the range",
             ));
         }
-        let mut at = from_head;
-        while at < buf.len() {
-            match s.read(&mut buf[at..]) {
+        let mut got = from_head;
+        while got < buf.len() {
+            match s.read(&mut buf[got..]) {
                 Ok(0) => {
                     return Err(Fail::new(
                         FailKind::Truncated,
-                        format!("{}: the body ended after {at} of {len} bytes", obj.url),
+                        format!("{}: the body ended after {got} of {len} bytes", obj.url),
                     ));
                 }
-                Ok(n) => at += n,
+                Ok(n) => got += n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => {
                     return Err(Fail::new(
                         FailKind::of_io(&e),
-                        format!("{}: after {at} of {len} bytes: {e}", obj.url),
+                        format!("{}: after {got} of {len} bytes: {e}", obj.url),
                     ));
                 }
             }
         }
         if h.keep_alive {
-            self.put_back(obj, s);
+            self.put_back(at, s);
         }
         Ok(Fetched {
             copied: from_head,
@@ -297,15 +330,27 @@ impl HttpPool {
     }
 
     /// `HEAD`: the object's size and its `ETag` as sent (`None` when the
-    /// server gives none).
+    /// server gives none), at the end of its redirects (which becomes the
+    /// object's route).
     pub fn head_version(&mut self, obj: &HttpObject) -> Result<(u64, Option<String>), Fail> {
-        let req = http::head_request(obj)?;
-        let (s, h, _) = self.exchange(obj, &req)?;
+        let mut route = Route::new(obj);
+        let (s, h) = loop {
+            let at = route.at(obj);
+            let req = http::head_request(at)?;
+            let (s, h, extra) = self.exchange(at, &req)?;
+            let key = Self::key(at);
+            match route.answered(obj, &h)? {
+                Turn::Final => break (s, h),
+                Turn::Again => self.discard(key, s, &h, extra, true),
+            }
+        };
         if h.status >= 300 {
-            return Err(Fail::new(
+            let mut f = Fail::new(
                 FailKind::of_status(h.status),
-                format!("{}: HTTP {} {}", obj.url, h.status, h.reason),
-            ));
+                format!("{}: {}", obj.url, h.status_text()),
+            );
+            f.retry_after = h.retry_after.map(Duration::from_secs);
+            return Err(f);
         }
         let size = h.content_length.ok_or_else(|| {
             Fail::new(
@@ -314,8 +359,41 @@ impl HttpPool {
             )
         })?;
         if h.keep_alive {
-            self.put_back(obj, s);
+            self.put_back(route.at(obj), s);
         }
+        route.arrived(obj);
         Ok((size, h.etag))
+    }
+
+    /// An answer not wanted (a redirect's, an expired target's): its
+    /// connection goes back to the pool when its body is read to its end
+    /// (small, with a length; a `HEAD`'s has none), else it is closed.
+    fn discard(
+        &mut self,
+        key: PoolKey,
+        mut s: Stream,
+        h: &http::ResponseHead,
+        extra: usize,
+        head: bool,
+    ) {
+        if !h.keep_alive {
+            return;
+        }
+        if head {
+            if extra == 0 {
+                self.idle.entry(key).or_default().push(s);
+            }
+            return;
+        }
+        let Some(n) = h.content_length.and_then(|n| usize::try_from(n).ok()) else {
+            return;
+        };
+        if h.chunked || n > MAX_ERROR_BODY || extra > n {
+            return;
+        }
+        let mut rest = vec![0; n - extra];
+        if s.read_exact(&mut rest).is_ok() {
+            self.idle.entry(key).or_default().push(s);
+        }
     }
 }

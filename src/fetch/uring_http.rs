@@ -20,9 +20,12 @@
 //! destination: only the winner of a head race reaches its body.
 //!
 //! The parts: this file holds the slab, the routing of completions and
-//! the send and body steps; `connect.rs` a fresh connection's socket and
-//! connect, and the quick ACKs each request asks for; `head.rs` the
-//! response head's step;
+//! what the body's receives do; `io.rs` the send and receive steps on the
+//! ring, each with its linked stall time-out; `connect.rs` a fresh
+//! connection's socket and connect, and the quick ACKs each request asks
+//! for; `head.rs` the
+//! response head's step; `redirect.rs` the redirects followed, and the
+//! ranges that wait for one of their object's to find its target;
 //! `tls.rs` the handshake and the records of https; `failure.rs` retries
 //! and failures; `hedge.rs` the hedges.
 //!
@@ -33,15 +36,16 @@
 //! completion of its current step arrives; only then does it move on or free.
 
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use io_uring::{IoUring, opcode, squeue, types};
+use io_uring::{IoUring, squeue, types};
 
 use super::uring_tls::{self, TlsConn};
 use super::{Answered, Completion, NetOptions, ReadRequest};
+use crate::net::hop::Route;
 use crate::net::http::{self, Fail, FailKind, HttpObject};
 use crate::net::rate::Admit;
 use crate::net::retry::{Jitter, Tries};
@@ -52,6 +56,8 @@ mod connect;
 mod failure;
 mod head;
 mod hedge;
+mod io;
+mod redirect;
 mod tls;
 
 /// Marks a `user_data` as belonging to the HTTP path (file reads use the
@@ -85,6 +91,9 @@ enum Step {
     /// The cancel of a hedged range's other request; only the cancelled
     /// step's own completion matters.
     Cancel = 10,
+    /// Waiting, with nothing on the ring, for another range of its object
+    /// to find where the object's redirect leads (`redirect.rs`).
+    Parked = 11,
 }
 
 struct Conn {
@@ -100,10 +109,23 @@ struct Conn {
 /// Idle connections are kept per host, port and transport.
 type PoolKey = (String, u16, bool);
 
+/// The idle pool's key of `obj`'s connections.
+fn pool_key(obj: &HttpObject) -> PoolKey {
+    (obj.host.clone(), obj.port, obj.tls)
+}
+
 /// One range in flight.
 struct Op {
     req_id: u64,
+    /// The object read, as the reader named it: what messages name.
     obj: Arc<HttpObject>,
+    /// Where the request goes (`route`'s object): `obj`, or the target a
+    /// redirect led to. Connections, pacing and tails are this host's.
+    at: Arc<HttpObject>,
+    route: Route,
+    /// This range is the one finding where `obj` redirects to: ranges of
+    /// the object parked behind it start once it knows (`redirect.rs`).
+    resolver: bool,
     start: u64,
     buf: *mut u8,
     len: usize,
@@ -200,6 +222,11 @@ pub struct HttpDriver {
     /// until the timer's completion).
     ticks: Vec<(u32, Instant, Box<types::Timespec>)>,
     tick_id: u32,
+    /// Objects a range is finding the redirect target of (by address),
+    /// with the ranges parked behind it (`redirect.rs`).
+    resolving: HashMap<usize, Vec<usize>>,
+    /// Parked ranges to start: their resolver is done.
+    woken: Vec<usize>,
 }
 
 fn user_data(slot: usize, generation: u32, step: Step) -> u64 {
@@ -257,6 +284,8 @@ impl HttpDriver {
             budget: HedgeBudget::default(),
             ticks: Vec::new(),
             tick_id: 0,
+            resolving: HashMap::new(),
+            woken: Vec::new(),
         }
     }
 
@@ -278,13 +307,31 @@ impl HttpDriver {
         req: &ReadRequest,
         obj: Arc<HttpObject>,
     ) -> Option<Completion> {
-        let obj_tls = obj.tls;
+        let c = self.start_op(ring, req, obj);
+        self.start_woken(ring);
+        c
+    }
+
+    fn start_op(
+        &mut self,
+        ring: &mut IoUring,
+        req: &ReadRequest,
+        obj: Arc<HttpObject>,
+    ) -> Option<Completion> {
+        let route = Route::new(&obj);
+        let at = route.target(&obj);
+        // The head buffer's size is the transport's: a redirect to another
+        // scheme makes a new one (`redirect.rs`).
+        let obj_tls = at.tls;
         let slot = self.alloc_slot();
         // SAFETY: sockaddr_storage is plain data; zeroed is valid.
         let addr: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
         let op = Box::new(Op {
             req_id: req.id,
             obj,
+            at,
+            route,
+            resolver: false,
             start: req.offset,
             buf: req.buf,
             len: req.len,
@@ -323,7 +370,7 @@ impl HttpDriver {
             replacing: false,
         });
         self.slots[slot] = Some(op);
-        self.begin(ring, slot)
+        self.go(ring, slot)
     }
 
     /// (Re)starts the request of `slot` for the bytes not yet received,
@@ -331,7 +378,7 @@ impl HttpDriver {
     fn begin(&mut self, ring: &mut IoUring, slot: usize) -> Option<Completion> {
         let op = self.slots[slot].as_mut().expect("live slot");
         if !op.paced {
-            match self.net.pace.admit(&op.obj.url) {
+            match self.net.pace.admit(&op.at.url) {
                 (sent, Admit::Go(wait)) => {
                     op.sent_at = sent;
                     if !wait.is_zero() {
@@ -354,13 +401,13 @@ impl HttpDriver {
         }
         self.watch_head(ring, slot);
         let op = self.slots[slot].as_mut().expect("live slot");
-        let if_match = op.pin.as_deref().and_then(VersionPin::if_match);
+        let if_match = op.route.if_match(&op.obj, op.pin.as_deref());
         let (at, rest) = (op.start + op.got as u64, (op.len - op.got) as u64);
-        match http::range_request(&op.obj, at, rest, if_match) {
+        match http::range_request(&op.at, at, rest, if_match) {
             Ok(r) => op.request = r,
             Err(f) => return self.fail(ring, slot, f),
         }
-        let key = (op.obj.host.clone(), op.obj.port, op.obj.tls);
+        let key = pool_key(&op.at);
         // A hedge goes on a connection of its own: an idle one may be the
         // slow one's peer on the same overloaded path, and a stale one
         // would cost it a round trip.
@@ -391,120 +438,14 @@ impl HttpDriver {
         self.send(ring, slot)
     }
 
-    fn send(&mut self, ring: &mut IoUring, slot: usize) -> Option<Completion> {
-        let op = self.slots[slot].as_mut().expect("live slot");
-        op.step = Step::Send;
-        let fd = op.conn.as_ref().expect("connected").fd.as_raw_fd();
-        let rest = &op.request[op.sent..];
-        let e = opcode::Send::new(types::Fd(fd), rest.as_ptr(), rest.len() as u32)
-            .flags(libc::MSG_NOSIGNAL)
-            .build()
-            .flags(squeue::Flags::IO_LINK)
-            .user_data(user_data(slot, op.generation, Step::Send));
-        let generation = op.generation;
-        match self.push_with_stall(ring, &e, slot, generation) {
-            Ok(()) => None,
-            Err(f) => self.fail(ring, slot, f),
-        }
-    }
-
-    fn recv(&mut self, ring: &mut IoUring, slot: usize, step: Step) -> Option<Completion> {
-        let op = self.slots[slot].as_mut().expect("live slot");
-        op.step = step;
-        let conn = op.conn.as_mut().expect("connected");
-        let fd = conn.fd.as_raw_fd();
-        let (ptr, len) = match (step, conn.tls.as_mut()) {
-            // https: the head's records come into the small buffer, a whole
-            // record at a time once its header is in (so that little of the
-            // body comes with it).
-            (Step::Head, Some(tls)) => {
-                let want = match tls.next_len() {
-                    Ok(Some(n)) => n - tls.pending(),
-                    Ok(None) => HEAD_RECV,
-                    Err(f) => return self.fail(ring, slot, f),
-                };
-                match tls.recv_room(want) {
-                    Ok(r) => r,
-                    Err(f) => return self.fail(ring, slot, f),
-                }
-            }
-            // https, the end of a record that does not fit in the rest of
-            // the destination: its header, then exactly the rest of it.
-            (_, Some(tls)) if op.small => {
-                let want = match tls.next_len() {
-                    Ok(Some(n)) => n - tls.pending(),
-                    Ok(None) => uring_tls::HEADER - tls.pending(),
-                    Err(f) => return self.fail(ring, slot, f),
-                };
-                match tls.recv_room(want) {
-                    Ok(r) => r,
-                    Err(f) => return self.fail(ring, slot, f),
-                }
-            }
-            // https: ciphertext into the rest of the destination, after the
-            // partial record already there.
-            // SAFETY: got + pend < len.
-            (_, Some(_)) => (
-                unsafe { op.buf.add(op.got + op.pend) },
-                op.len - op.got - op.pend,
-            ),
-            (Step::Head, None) => {
-                let room = (op.head.len() - op.head_got).min(HEAD_RECV);
-                // SAFETY: head_got < head.len().
-                (unsafe { op.head.as_mut_ptr().add(op.head_got) }, room)
-            }
-            // SAFETY: got < len: the rest of the destination.
-            _ => (unsafe { op.buf.add(op.got) }, op.len - op.got),
-        };
-        // The body is received with MSG_WAITALL: one completion for the whole
-        // range instead of one per socket-buffer's worth, which is what the
-        // receiving thread's CPU goes into besides the copy. When the stall
-        // time-out cancels it, the kernel reports the bytes it did receive
-        // (positive), and the next receive carries on from there; only a
-        // receive that gets nothing at all fails as stalled.
-        let flags = if step == Step::Body && !op.small {
-            libc::MSG_WAITALL
-        } else {
-            0
-        };
-        let e = opcode::Recv::new(types::Fd(fd), ptr, len.min(u32::MAX as usize) as u32)
-            .flags(flags)
-            .build()
-            .flags(squeue::Flags::IO_LINK)
-            .user_data(user_data(slot, op.generation, step));
-        let generation = op.generation;
-        match self.push_with_stall(ring, &e, slot, generation) {
-            Ok(()) => None,
-            Err(f) => self.fail(ring, slot, f),
-        }
-    }
-
-    /// Pushes step `e` (flagged IO_LINK) and its linked stall time-out.
-    fn push_with_stall(
-        &self,
-        ring: &mut IoUring,
-        e: &squeue::Entry,
-        slot: usize,
-        generation: u32,
-    ) -> Result<(), Fail> {
-        let t = opcode::LinkTimeout::new(&*self.stall)
-            .build()
-            .user_data(user_data(slot, generation, Step::Timer));
-        // Both must be in the same submission: make room for two first.
-        let room = {
-            let sq = ring.submission();
-            sq.capacity() - sq.len()
-        };
-        if room < 2 {
-            ring.submit()
-                .map_err(|e| Fail::new(FailKind::Reset, format!("io_uring submit: {e}")))?;
-        }
-        push(ring, e)?;
-        push(ring, &t)
-    }
-
     /// Routes one completion; may finish a range.
     pub fn complete(&mut self, ring: &mut IoUring, ud: u64, res: i32) -> Option<Completion> {
+        let c = self.complete_step(ring, ud, res);
+        self.start_woken(ring);
+        c
+    }
+
+    fn complete_step(&mut self, ring: &mut IoUring, ud: u64, res: i32) -> Option<Completion> {
         let (slot, generation, step) = decode(ud);
         if step == Step::Timer as u8 || step == Step::Cancel as u8 {
             return None;
@@ -615,13 +556,16 @@ impl HttpDriver {
                 }
                 self.recv(ring, slot, Step::Body)
             }
-            Step::Timer | Step::Tick | Step::Cancel => None,
+            Step::Timer | Step::Tick | Step::Cancel | Step::Parked => None,
         }
     }
 
     fn free_slot(&mut self, slot: usize) -> Box<Op> {
         let op = self.slots[slot].take().expect("live slot");
         self.free.push(slot);
+        if op.resolver {
+            self.unpark(&op.obj);
+        }
         op
     }
 
@@ -634,12 +578,9 @@ impl HttpDriver {
             // keys with life in them.
             && c.tls.as_ref().is_none_or(|t| t.pending() == 0 && op.pend == 0 && !t.worn())
         {
-            self.idle
-                .entry((op.obj.host.clone(), op.obj.port, op.obj.tls))
-                .or_default()
-                .push(c);
+            self.idle.entry(pool_key(&op.at)).or_default().push(c);
         }
-        let paced = Some(self.net.pace.rate(&op.obj.url)).filter(|r| *r > 0.0);
+        let paced = Some(self.net.pace.rate(&op.at.url)).filter(|r| *r > 0.0);
         Some(Completion {
             id: op.req_id,
             result: Ok(op.len),
@@ -669,6 +610,11 @@ impl Drop for HttpDriver {
         // driver (a network thread's ring is torn down after it): its
         // buffers are left to that step rather than freed under it.
         for mut op in self.slots.drain(..).flatten() {
+            // A parked range has nothing on the ring.
+            if op.step == Step::Parked {
+                drop(op);
+                continue;
+            }
             // A plain socket may close (the ring holds its own reference
             // to the file); a TLS one's buffers go with the op.
             if op.conn.as_ref().is_some_and(|c| c.tls.is_none()) {

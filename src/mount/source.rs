@@ -49,6 +49,13 @@ impl Source {
             url: crate::redact::url(url).into_owned(),
             reason,
         };
+        if url.starts_with(crate::net::hub::url::SCHEME) {
+            return Err(bad(
+                "a Hugging Face Hub dataset is read by the loader and `ringfeed ls`/`cat`/`get`, \
+                 not mounted"
+                    .into(),
+            ));
+        }
         if url.starts_with("s3://") {
             let u = S3Url::parse(url).map_err(bad)?;
             let mut prefix = u.key.clone();
@@ -76,6 +83,7 @@ impl Source {
             let client = reqwest::blocking::Client::builder()
                 .connect_timeout(Duration::from_secs(10))
                 .timeout(Duration::from_secs(60))
+                .redirect(crate::net::redirect::reqwest_policy())
                 .build()
                 .map_err(|e| Error::Config(format!("HTTP client: {e}")))?;
             return Ok(Source::Http {

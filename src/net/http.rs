@@ -1,88 +1,13 @@
 //! HTTP/1.1 for the data plane, as pure functions: URLs, the ranged `GET`
 //! request, the response head (parsed with httparse), and what each failure
-//! means for a retry. The sockets live in `crate::fetch` (`http_sync.rs`,
-//! `uring_http.rs`); nothing here does I/O.
+//! means for a retry. The object requests are made for is
+//! [`HttpObject`] (`super::object`). The sockets live in `crate::fetch`
+//! (`http_sync.rs`, `uring_http.rs`); nothing here does I/O.
 
 use std::fmt;
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-/// Adds per-request headers, e.g. an S3 SigV4 signature. Called for every
-/// request, so it may refresh credentials. Must never put a secret in an
-/// error message.
-pub trait RequestSigner: Send + Sync + fmt::Debug {
-    /// Header lines (`Name: value\r\n` each) for `method` on `obj`, with
-    /// the `Range` header value (`bytes=a-b`) when there is one.
-    fn sign(&self, method: &str, obj: &HttpObject, range: Option<&str>) -> Result<String, Fail>;
-}
-
-/// An object on an HTTP server, read by byte ranges.
-#[derive(Debug)]
-pub struct HttpObject {
-    /// The URL as given, for messages, its credentials redacted
-    /// (`crate::redact`): requests are made from `target`, never from it.
-    pub url: String,
-    pub host: String,
-    pub port: u16,
-    pub tls: bool,
-    /// Path and query, as sent in the request line.
-    pub target: String,
-    /// Every address DNS gave; connections spread over them.
-    pub addrs: Vec<SocketAddr>,
-    next_addr: AtomicUsize,
-    /// Signs each request (S3); `None` for plain HTTP.
-    pub signer: Option<std::sync::Arc<dyn RequestSigner>>,
-}
-
-impl HttpObject {
-    pub fn new(url: &str, addrs: Vec<SocketAddr>) -> Result<HttpObject, String> {
-        let p = parse_url(url)?;
-        Ok(HttpObject {
-            url: crate::redact::url(url).into_owned(),
-            host: p.host,
-            port: p.port,
-            tls: p.tls,
-            target: p.target,
-            addrs,
-            next_addr: AtomicUsize::new(0),
-            signer: None,
-        })
-    }
-
-    /// The same object with requests signed by `signer`.
-    pub fn with_signer(mut self, signer: std::sync::Arc<dyn RequestSigner>) -> HttpObject {
-        self.signer = Some(signer);
-        self
-    }
-
-    fn signed(&self, method: &str, range: Option<&str>) -> Result<String, Fail> {
-        match &self.signer {
-            Some(s) => s.sign(method, self, range),
-            None => Ok(String::new()),
-        }
-    }
-
-    /// The address for the next connection: round robin over `addrs`.
-    pub fn pick_addr(&self) -> Option<SocketAddr> {
-        if self.addrs.is_empty() {
-            return None;
-        }
-        // Relaxed: only spreads connections; any interleaving is fine.
-        let i = self.next_addr.fetch_add(1, Ordering::Relaxed);
-        Some(self.addrs[i % self.addrs.len()])
-    }
-
-    /// `Host:` header value.
-    pub fn host_header(&self) -> String {
-        let default = if self.tls { 443 } else { 80 };
-        if self.port == default {
-            self.host.clone()
-        } else {
-            format!("{}:{}", self.host, self.port)
-        }
-    }
-}
+pub use super::object::{HttpObject, RequestSigner};
 
 /// The parts of an `http://` or `https://` URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -227,6 +152,38 @@ pub struct ResponseHead {
     pub retry_after: Option<u64>,
     /// The first 200 bytes of an error body are not here: see `error_code`.
     pub reason: String,
+    /// `Location`, as sent: where a redirect points (`super::redirect`).
+    pub location: Option<String>,
+    /// `X-Error-Code` and `X-Error-Message`, which the Hugging Face Hub
+    /// sends with its refusals (`RepoNotFound`, `GatedRepo`, ...).
+    pub x_error: Option<(String, String)>,
+}
+
+/// Longest `X-Error-Message` kept: the Hub's are one sentence; a longer one
+/// is cut, so a server cannot fill a message with its text.
+const MAX_X_ERROR: usize = 300;
+
+impl ResponseHead {
+    /// `HTTP 404 Not Found`, with the server's `X-Error-Code` and message
+    /// when it sent them: what an error names of a refusal.
+    pub fn status_text(&self) -> String {
+        match &self.x_error {
+            Some((code, msg)) if msg.is_empty() => {
+                format!("HTTP {} {} ({code})", self.status, self.reason)
+            }
+            Some((code, msg)) => format!("HTTP {} {} ({code}: {msg})", self.status, self.reason),
+            None => format!("HTTP {} {}", self.status, self.reason),
+        }
+    }
+}
+
+/// A header value a server controls, made fit for a message: control
+/// characters dropped, at most `MAX_X_ERROR` characters.
+fn printable(v: &str) -> String {
+    v.chars()
+        .filter(|c| !c.is_control())
+        .take(MAX_X_ERROR)
+        .collect()
 }
 
 /// Largest response head accepted. S3's are under 1 KiB.
@@ -264,7 +221,11 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<ResponseHead>, String> {
         etag: None,
         retry_after: None,
         reason: r.reason.unwrap_or("").to_string(),
+        location: None,
+        x_error: None,
     };
+    let mut x_code = None;
+    let mut x_message = String::new();
     for hd in r.headers.iter() {
         let v = std::str::from_utf8(hd.value).unwrap_or("").trim();
         if hd.name.eq_ignore_ascii_case("content-length") {
@@ -289,8 +250,15 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<ResponseHead>, String> {
             h.etag = Some(v.to_string());
         } else if hd.name.eq_ignore_ascii_case("retry-after") {
             h.retry_after = v.parse().ok();
+        } else if hd.name.eq_ignore_ascii_case("location") && !v.is_empty() {
+            h.location = Some(v.to_string());
+        } else if hd.name.eq_ignore_ascii_case("x-error-code") && !v.is_empty() {
+            x_code = Some(printable(v));
+        } else if hd.name.eq_ignore_ascii_case("x-error-message") {
+            x_message = printable(v);
         }
     }
+    h.x_error = x_code.map(|c| (c, x_message));
     Ok(Some(h))
 }
 
@@ -481,7 +449,7 @@ pub fn check_range_response(
             };
         }
         s if s >= 300 => {
-            let mut f = Fail::new(FailKind::of_status(s), format!("HTTP {s} {}", h.reason));
+            let mut f = Fail::new(FailKind::of_status(s), h.status_text());
             f.retry_after = h.retry_after.map(Duration::from_secs);
             return Err(f);
         }

@@ -5,10 +5,12 @@
 //! garbage, ignoring `Range`), so the engine's retries are tested against sockets, not
 //! mocks. `s3` is the S3-compatible server, `proxy` puts the same faults
 //! in front of any server, `virtual_shards` computes shards on the fly,
-//! `store` emulates an object store's latency, bandwidth and throttling.
+//! `store` emulates an object store's latency, bandwidth and throttling,
+//! `hub` the Hugging Face Hub (its API, its redirects, its content host).
 
 #![allow(dead_code)]
 
+pub mod hub;
 pub mod node;
 mod proxy;
 pub mod refresh;
@@ -202,6 +204,42 @@ pub struct Faults {
     /// acknowledges each request at once (see `serve`). Read by each
     /// connection as it starts.
     pub nagle: AtomicBool,
+    /// Requests of these paths (the query left out) are answered with a
+    /// redirect instead: `(path, status, Location)`, a `Location` as it
+    /// is sent (relative or absolute).
+    pub redirects: std::sync::Mutex<Vec<(String, u16, String)>>,
+    /// Every request head, as received, when `record` is set: what a
+    /// client sent (its `Authorization`, its `Range`).
+    pub record: AtomicBool,
+    pub requests: std::sync::Mutex<Vec<String>>,
+    /// The n-th GETs (1 for the first) answered `403 Forbidden`, as a
+    /// content host answers an expired signed URL.
+    pub forbid: std::sync::Mutex<Vec<usize>>,
+}
+
+impl Faults {
+    /// Answers requests of `path` with a `status` redirect to `location`.
+    pub fn redirect(&self, path: &str, status: u16, location: &str) {
+        self.redirects
+            .lock()
+            .unwrap()
+            .push((path.to_string(), status, location.to_string()));
+    }
+
+    /// The request heads recorded (`record`) whose request line names
+    /// `path` (the query left out), lower-cased.
+    pub fn requests_of(&self, path: &str) -> Vec<String> {
+        self.requests
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|h| {
+                let target = h.split(' ').nth(1).unwrap_or("");
+                target.split('?').next() == Some(path)
+            })
+            .map(|h| h.to_lowercase())
+            .collect()
+    }
 }
 
 impl Faults {
@@ -444,6 +482,12 @@ fn serve(mut conn: impl Read + Write, fd: i32, root: &std::path::Path, f: &Fault
                     .and_then(|v| v.strip_prefix("bytes="))
                     .and_then(|v| v.split_once('-'))
                     .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)));
+                if f.record.load(Ordering::SeqCst) {
+                    f.requests
+                        .lock()
+                        .unwrap()
+                        .push(String::from_utf8_lossy(&buf[..n]).into_owned());
+                }
                 break (
                     req.method.unwrap_or("").to_string(),
                     req.path.unwrap_or("").to_string(),
@@ -479,6 +523,28 @@ fn serve(mut conn: impl Read + Write, fd: i32, root: &std::path::Path, f: &Fault
         if f.garbage.load(Ordering::SeqCst) {
             let _ = conn.write_all(b"SSH-2.0-OpenSSH_9.2\r\n\r\n\r\n");
             return;
+        }
+        let redirect = {
+            let bare = path.split('?').next().unwrap_or("");
+            f.redirects
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|(p, _, _)| p == bare)
+                .map(|(_, status, to)| (*status, to.clone()))
+        };
+        if let Some((status, to)) = redirect {
+            let body: &[u8] = if method == "HEAD" {
+                b""
+            } else {
+                b"redirecting"
+            };
+            let _ = write!(
+                conn,
+                "HTTP/1.1 {status} Redirect\r\nLocation: {to}\r\nContent-Length: 11\r\n\r\n"
+            );
+            let _ = conn.write_all(body);
+            continue;
         }
         // The query (a presigned URL's) names no file.
         let file = root.join(path.split('?').next().unwrap_or("").trim_start_matches('/'));
@@ -520,6 +586,10 @@ fn serve(mut conn: impl Read + Write, fd: i32, root: &std::path::Path, f: &Fault
         let n = f.gets.fetch_add(1, Ordering::SeqCst) + 1;
         if let Some(r) = range {
             f.ranges.lock().unwrap().push(r);
+        }
+        if f.forbid.lock().unwrap().contains(&n) {
+            let _ = error_answer(&mut conn, "403 Forbidden", b"Request has expired");
+            continue;
         }
         if !f.within_rate() {
             f.limited.fetch_add(1, Ordering::SeqCst);

@@ -12,6 +12,7 @@ pub mod cache;
 pub mod config;
 pub mod glob;
 pub mod http;
+pub mod hub;
 pub mod image;
 pub mod manifest;
 pub mod node;

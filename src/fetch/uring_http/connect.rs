@@ -17,13 +17,13 @@ impl HttpDriver {
     /// a hedge's own).
     pub(super) fn connect(&mut self, ring: &mut IoUring, slot: usize) -> Option<Completion> {
         let op = self.slots[slot].as_mut().expect("live slot");
-        let tls = if op.obj.tls {
+        let tls = if op.at.tls {
             let made = self
                 .net
                 .tls
                 .config()
                 .map_err(|e| Fail::new(FailKind::Tls, e))
-                .and_then(|cfg| TlsConn::new(cfg, &op.obj.host, op.obj.port));
+                .and_then(|cfg| TlsConn::new(cfg, &op.at.host, op.at.port));
             match made {
                 Ok(t) => Some(Box::new(t)),
                 Err(f) => return self.fail(ring, slot, f),
@@ -31,8 +31,8 @@ impl HttpDriver {
         } else {
             None
         };
-        let Some(sa) = op.obj.pick_addr() else {
-            let f = Fail::new(FailKind::Dns, format!("`{}` has no address", op.obj.host));
+        let Some(sa) = op.at.pick_addr() else {
+            let f = Fail::new(FailKind::Dns, format!("`{}` has no address", op.at.host));
             return self.fail(ring, slot, f);
         };
         let (storage, len) = sockaddr(sa);

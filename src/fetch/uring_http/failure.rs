@@ -45,7 +45,7 @@ impl HttpDriver {
         if f.kind == FailKind::Throttled {
             self.net
                 .pace
-                .answered(&op.obj.url, op.sent_at, Some(f.retry_after));
+                .answered(&op.at.url, op.sent_at, Some(f.retry_after));
         }
         // One of a raced pair failed: the other carries the range on.
         if self.twin_carries_on(slot) {
@@ -61,7 +61,7 @@ impl HttpDriver {
         {
             Ok(d) => {
                 self.net.stats.retried(&op.obj.url, &f);
-                let d = crate::net::retry_wait(&self.net, &op.obj.url, &f, d);
+                let d = crate::net::retry_wait(&self.net, &op.at.url, &f, d);
                 if d.is_zero() {
                     return self.begin(ring, slot);
                 }

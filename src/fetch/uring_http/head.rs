@@ -1,6 +1,7 @@
 //! The response head's step: the head is received into the op's small
-//! buffer (for https, opened out of its records there), parsed, and
-//! checked against the range asked for and the version pinned; the first
+//! buffer (for https, opened out of its records there), parsed, followed
+//! when it redirects (`redirect.rs`), and checked against the range asked
+//! for and the version pinned; the first
 //! head of a raced range wins; body bytes that came with the head are
 //! copied to the destination, and the body's receives begin.
 
@@ -9,8 +10,9 @@ use std::time::Instant;
 use io_uring::IoUring;
 
 use super::tls::open_head;
-use super::{HttpDriver, Step, io_fail};
+use super::{HttpDriver, Step, io_fail, pool_key};
 use crate::fetch::Completion;
+use crate::net::hop::Turn;
 use crate::net::http::{self, Fail, FailKind};
 
 impl HttpDriver {
@@ -53,6 +55,14 @@ impl HttpDriver {
             Err(e) => return self.fail(ring, slot, Fail::new(FailKind::Protocol, e)),
         };
         op.conn.as_mut().expect("connected").reused = false;
+        // A redirect, or a remembered target that expired: the request
+        // goes again (`redirect.rs`).
+        let key = pool_key(&op.at);
+        match op.route.answered(&op.obj, &h) {
+            Ok(Turn::Final) => {}
+            Ok(Turn::Again) => return self.hop(ring, slot, &h, key),
+            Err(f) => return self.fail(ring, slot, f),
+        }
         // Another version's answer is never taken (its body is not
         // read, so the connection goes).
         if let Some(Err(f)) = op.pin.as_deref().map(|p| p.check(&op.obj.url, &h)) {
@@ -62,7 +72,11 @@ impl HttpDriver {
         let want = (op.len - op.got) as u64;
         let body = match http::check_range_response(&h, at, want, op.open_end) {
             Ok(b) => {
-                self.net.pace.answered(&op.obj.url, op.sent_at, None);
+                self.net.pace.answered(&op.at.url, op.sent_at, None);
+                // The object's later ranges go where this one's chain
+                // ended, and those parked behind it go now.
+                op.route.arrived(&op.obj);
+                self.resolved(slot);
                 b
             }
             Err(mut f) => {

@@ -59,7 +59,7 @@ impl HttpDriver {
         }
         let wait = self
             .tails
-            .get(authority(&op.obj.url))
+            .get(authority(&op.at.url))
             .map_or(crate::net::tail::COLD_HEAD, Tail::head_wait);
         self.arm_tick(ring, wait);
     }
@@ -73,7 +73,7 @@ impl HttpDriver {
         let rest = op.len - op.got;
         let wait = self
             .tails
-            .get(authority(&op.obj.url))
+            .get(authority(&op.at.url))
             .map_or(crate::net::tail::COLD_BODY, |t| t.body_wait(rest));
         self.arm_tick(ring, wait);
     }
@@ -113,7 +113,7 @@ impl HttpDriver {
             if op.cancelled || op.replacing || op.paced {
                 continue;
             }
-            let tail = self.tails.get(authority(&op.obj.url));
+            let tail = self.tails.get(authority(&op.at.url));
             let (kind, wait, since) = match (op.step, op.asked, op.body_at) {
                 (Step::Body, _, Some((at, _))) if self.may_hand_over(op) => (
                     Late::Body,
@@ -169,6 +169,9 @@ impl HttpDriver {
         let twin = Box::new(Op {
             req_id: p.req_id,
             obj: p.obj.clone(),
+            at: p.at.clone(),
+            route: p.route.clone(),
+            resolver: false,
             start: p.start,
             buf: p.buf,
             len: p.len,
@@ -265,17 +268,21 @@ impl HttpDriver {
     pub(super) fn head_arrived(&mut self, ring: &mut IoUring, slot: usize) {
         let op = self.slots[slot].as_deref_mut().expect("live slot");
         if let Some(asked) = op.asked {
-            let url = op.obj.url.clone();
+            let url = op.at.url.clone();
             self.tail_mut(&url).head.push(asked.elapsed().as_secs_f64());
         }
         let op = self.slots[slot].as_deref_mut().expect("live slot");
         let Some((other, generation)) = op.twin.take() else {
             return;
         };
+        let mut resolver = false;
         match self.slots.get_mut(other).and_then(|o| o.as_deref_mut()) {
             Some(o) if o.generation == generation && !o.cancelled => {
                 o.cancelled = true;
                 o.twin = None;
+                // The winner finds the object's target for the ranges
+                // parked behind the loser.
+                resolver = std::mem::take(&mut o.resolver);
                 let target = user_data(other, o.generation, o.step);
                 let e = opcode::AsyncCancel::new(target)
                     .build()
@@ -285,6 +292,9 @@ impl HttpDriver {
                 let _ = push(ring, &e);
             }
             _ => {}
+        }
+        if resolver {
+            self.slots[slot].as_deref_mut().expect("live slot").resolver = true;
         }
     }
 
@@ -305,6 +315,11 @@ impl HttpDriver {
             return false;
         }
         self.unlink(slot);
+        // The twin finds the object's target for the parked ranges now.
+        let op = self.slots[slot].as_deref_mut().expect("live slot");
+        if std::mem::take(&mut op.resolver) {
+            self.slots[other].as_deref_mut().expect("alive").resolver = true;
+        }
         drop(self.free_slot(slot));
         true
     }
@@ -330,7 +345,7 @@ impl HttpDriver {
             && op.len > from
         {
             let per_byte = at.elapsed().as_secs_f64() / (op.len - from) as f64;
-            self.tail_mut(&op.obj.url).body.push(per_byte);
+            self.tail_mut(&op.at.url).body.push(per_byte);
         }
     }
 }

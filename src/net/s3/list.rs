@@ -117,6 +117,12 @@ impl S3Client {
             // that stalls longer is failed (and retried) rather than hung.
             .connect_timeout(Duration::from_secs(10))
             .timeout(Duration::from_secs(60))
+            // A request signed for one URL is never sent to another: its
+            // signature and session token would go with it (reqwest drops
+            // only `Authorization` across hosts). S3's redirects (301 or
+            // 307 to a bucket's region) name the endpoint in their XML,
+            // which the error then shows.
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| Error::Config(format!("HTTP client: {e}")))?;
         Ok(S3Client {

@@ -45,8 +45,9 @@ pub fn encode_query(v: &str) -> String {
     utf8_percent_encode(v, SIGV4_ENCODE).to_string()
 }
 
-/// The environment the S3 settings and the credential chain read: variables
-/// and the home directory. `Env::process()` takes the real one; tests build
+/// The environment the S3 settings and the credential chain read, and the
+/// Hugging Face Hub's settings (`crate::net::hub`): variables and the home
+/// directory. `Env::process()` takes the real one; tests build
 /// their own. Its `Debug` shows the variable names only (values may be secrets).
 #[derive(Clone, Default)]
 pub struct Env {
@@ -64,11 +65,20 @@ impl fmt::Debug for Env {
 }
 
 impl Env {
-    /// The process's `AWS_*` variables and `$HOME`.
+    /// The process's `AWS_*` and `HF_*` variables (with the older
+    /// `HUGGING_FACE_HUB_TOKEN` and `TRANSFORMERS_OFFLINE`, and
+    /// `XDG_CACHE_HOME`, where the Hub's token file is found) and `$HOME`.
     pub fn process() -> Env {
         Env {
             vars: std::env::vars()
-                .filter(|(k, _)| k.starts_with("AWS_"))
+                .filter(|(k, _)| {
+                    k.starts_with("AWS_")
+                        || k.starts_with("HF_")
+                        || matches!(
+                            k.as_str(),
+                            "HUGGING_FACE_HUB_TOKEN" | "TRANSFORMERS_OFFLINE" | "XDG_CACHE_HOME"
+                        )
+                })
                 .collect(),
             home: std::env::var_os("HOME").map(PathBuf::from),
         }

@@ -1,0 +1,164 @@
+//! The object a reader's requests are for: an HTTP server's address (its
+//! host, port and transport, every address DNS gave), the request target,
+//! the signer that adds its credentials (SigV4, a bearer token), the name
+//! messages give it, and what its redirects taught (where its last chain
+//! ended, and whether it redirects at all: `super::hop`). Shared by the
+//! reads in flight of one shard (an `Arc`); the requests themselves are
+//! `super::http`'s.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::http::{Fail, parse_url};
+
+/// Adds per-request headers, e.g. an S3 SigV4 signature. Called for every
+/// request, so it may refresh credentials. Must never put a secret in an
+/// error message.
+pub trait RequestSigner: Send + Sync + fmt::Debug {
+    /// Header lines (`Name: value\r\n` each) for `method` on `obj`, with
+    /// the `Range` header value (`bytes=a-b`) when there is one.
+    fn sign(&self, method: &str, obj: &HttpObject, range: Option<&str>) -> Result<String, Fail>;
+}
+
+/// An object on an HTTP server, read by byte ranges.
+#[derive(Debug)]
+pub struct HttpObject {
+    /// The URL as given, for messages, its credentials redacted
+    /// (`crate::redact`): requests are made from `target`, never from it.
+    pub url: String,
+    pub host: String,
+    pub port: u16,
+    pub tls: bool,
+    /// Path and query, as sent in the request line.
+    pub target: String,
+    /// Every address DNS gave; connections spread over them.
+    pub addrs: Vec<SocketAddr>,
+    next_addr: AtomicUsize,
+    /// Signs each request (S3, a bearer token); `None` for plain HTTP.
+    /// Never sent to another origin than this object's
+    /// (`super::redirect`).
+    pub signer: Option<std::sync::Arc<dyn RequestSigner>>,
+    /// Where this object's last redirect chain ended: its later requests
+    /// go there at once, one redirect per shard rather than per range
+    /// (`super::hop`).
+    route: Mutex<Option<Arc<HttpObject>>>,
+    /// The object answers with redirects (it did, or its source always
+    /// does, as the Hub's `resolve/` URLs): a request to it carries no
+    /// `If-Match` (a validator of the target's, which a redirecting host
+    /// does not know), and on io_uring a range waits for one in flight to
+    /// find the target rather than ask for a redirect of its own.
+    /// Relaxed: a hint; either value gives correct reads.
+    redirects: AtomicBool,
+}
+
+impl HttpObject {
+    pub fn new(url: &str, addrs: Vec<SocketAddr>) -> Result<HttpObject, String> {
+        let p = parse_url(url)?;
+        Ok(HttpObject {
+            url: crate::redact::url(url).into_owned(),
+            host: p.host,
+            port: p.port,
+            tls: p.tls,
+            target: p.target,
+            addrs,
+            next_addr: AtomicUsize::new(0),
+            signer: None,
+            route: Mutex::new(None),
+            redirects: AtomicBool::new(false),
+        })
+    }
+
+    /// The same object with requests signed by `signer`.
+    pub fn with_signer(mut self, signer: std::sync::Arc<dyn RequestSigner>) -> HttpObject {
+        self.signer = Some(signer);
+        self
+    }
+
+    /// The same object named `name` in messages (an `hf://` URL for the
+    /// Hub's `resolve/` URL it is read from); redacted as a URL is.
+    pub fn with_name(mut self, name: &str) -> HttpObject {
+        self.url = crate::redact::url(name).into_owned();
+        self
+    }
+
+    /// The same object, known to answer with a redirect (see `redirects`).
+    pub fn redirecting(self) -> HttpObject {
+        self.redirects.store(true, Ordering::Relaxed);
+        self
+    }
+
+    /// Whether the object is known to answer with redirects.
+    pub fn expects_redirect(&self) -> bool {
+        self.redirects.load(Ordering::Relaxed)
+    }
+
+    /// The object answered with a redirect.
+    pub fn saw_redirect(&self) {
+        self.redirects.store(true, Ordering::Relaxed);
+    }
+
+    /// Where the object's last redirect chain ended, if it redirected.
+    pub fn route(&self) -> Option<Arc<HttpObject>> {
+        self.route.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The object's requests go to `target` from now on.
+    pub fn remember(&self, target: &Arc<HttpObject>) {
+        *self.route.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(target));
+    }
+
+    /// `target` answered as an expired signed URL does: the object's
+    /// requests go to the object itself again (and are redirected anew).
+    /// Whether `target` was still the route (another request may have
+    /// found a new one already).
+    pub fn forget(&self, target: &Arc<HttpObject>) -> bool {
+        let mut route = self.route.lock().unwrap_or_else(|p| p.into_inner());
+        if route.as_ref().is_some_and(|r| Arc::ptr_eq(r, target)) {
+            *route = None;
+            return true;
+        }
+        false
+    }
+
+    /// The URL a request to this object asks, whole (its query included):
+    /// what a relative `Location` is resolved against. Holds what `target`
+    /// holds (a presigned query): never for messages.
+    pub fn request_url(&self) -> String {
+        let scheme = if self.tls { "https" } else { "http" };
+        let host = if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        };
+        format!("{scheme}://{host}:{}{}", self.port, self.target)
+    }
+
+    pub(super) fn signed(&self, method: &str, range: Option<&str>) -> Result<String, Fail> {
+        match &self.signer {
+            Some(s) => s.sign(method, self, range),
+            None => Ok(String::new()),
+        }
+    }
+
+    /// The address for the next connection: round robin over `addrs`.
+    pub fn pick_addr(&self) -> Option<SocketAddr> {
+        if self.addrs.is_empty() {
+            return None;
+        }
+        // Relaxed: only spreads connections; any interleaving is fine.
+        let i = self.next_addr.fetch_add(1, Ordering::Relaxed);
+        Some(self.addrs[i % self.addrs.len()])
+    }
+
+    /// `Host:` header value.
+    pub fn host_header(&self) -> String {
+        let default = if self.tls { 443 } else { 80 };
+        if self.port == default {
+            self.host.clone()
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
+}
