@@ -832,3 +832,108 @@ fn redirects_cost_one_request_a_shard() {
     assert_eq!(n(&hub.stats().resolves), 8);
     assert_eq!(n(&hub.stats().served), all);
 }
+
+/// Two ranks over a private Hub dataset with no counts split its shards
+/// whole (a nominal epoch, equal and at most once); a `shardindex.json`
+/// beside the shards, read like them (the token, the pinned commit, the
+/// content host's redirect), makes the split exact.
+#[test]
+fn ranks_split_a_hub_dataset_by_shard_and_exactly_with_a_shardindex() {
+    let root = tempfile::tempdir().unwrap();
+    let repo = "org/private";
+    let dir = root.path().join(repo).join("train");
+    let o = GenOptions {
+        shards: 4,
+        shard_bytes: 300_000,
+        sample_bytes: 4_000,
+        spread: 0.5,
+        fields: vec!["jpg".into(), "cls".into()],
+        seed: 75,
+    };
+    let counts = synth::generate(&dir, &o, |_| {}).unwrap().shard_samples;
+    let total: u64 = counts.iter().sum();
+    let hub = start(
+        root.path(),
+        Options {
+            token: Some(TOKEN.into()),
+            private: vec![repo.into()],
+            ..Options::default()
+        },
+    );
+    let _env = hub_env(&hub, Some(TOKEN));
+    let url = "hf://datasets/org/private/train/shard-{000000..000003}.tar";
+    let ranks = || -> (Vec<usize>, Vec<Vec<u8>>, Vec<Vec<String>>) {
+        let (mut lengths, mut keys, mut notes) = (Vec::new(), Vec::new(), Vec::new());
+        for rank in 0..2 {
+            let cfg = config(
+                vec![url.into()],
+                "io_uring",
+                serde_json::json!({"world_size": 2, "rank": rank, "remainder": "drop"}),
+            );
+            let loader = Loader::open(cfg).unwrap();
+            let mut batches = 0;
+            loop {
+                match loader
+                    .next(Some(std::time::Duration::from_secs(60)))
+                    .unwrap()
+                {
+                    ringfeed::Next::Batch(b) => {
+                        batches += 1;
+                        for s in b.samples() {
+                            for (name, data) in s.fields() {
+                                assert!(synth::verify(75, s.key(), name, data), "bad bytes");
+                            }
+                            keys.push(s.key().to_vec());
+                        }
+                    }
+                    ringfeed::Next::EndOfEpoch(_) => {}
+                    ringfeed::Next::Finished => break,
+                    ringfeed::Next::Timeout => panic!("stalled"),
+                }
+            }
+            lengths.push(batches);
+            notes.push(loader.stats().notes);
+        }
+        (lengths, keys, notes)
+    };
+    let split = |notes: &[Vec<String>]| {
+        notes
+            .iter()
+            .all(|n| n.iter().any(|n| n.contains("split by shard")))
+    };
+    // No counts: by shard, equal, no sample twice.
+    let (lengths, keys, notes) = ranks();
+    assert!(split(&notes), "{notes:?}");
+    assert_eq!(lengths[0], lengths[1]);
+    let unique: std::collections::BTreeSet<_> = keys.iter().collect();
+    assert_eq!(unique.len(), keys.len(), "a sample twice");
+    // A shard index beside the shards, as `ringfeed index` writes one.
+    let list: Vec<serde_json::Value> = counts
+        .iter()
+        .enumerate()
+        .map(|(i, n)| serde_json::json!({"url": synth::shard_name(i, 4), "nsamples": n}))
+        .collect();
+    std::fs::write(
+        dir.join("shardindex.json"),
+        serde_json::json!({"wids_version": 1, "shardlist": list}).to_string(),
+    )
+    .unwrap();
+    hub.stats().resolved_revisions.lock().unwrap().clear();
+    let (lengths, keys, notes) = ranks();
+    assert!(
+        !notes.iter().flatten().any(|n| n.contains("split by shard")),
+        "{notes:?}"
+    );
+    assert_eq!(lengths[0], lengths[1]);
+    let unique: std::collections::BTreeSet<_> = keys.iter().collect();
+    assert_eq!(unique.len(), keys.len(), "a sample twice");
+    assert_eq!(
+        keys.len() as u64,
+        total / 2 * 2,
+        "every sample but the odd one"
+    );
+    let sha = HubEmulator::commit(repo, "main");
+    let asked = hub.stats().resolved_revisions.lock().unwrap().clone();
+    assert!(asked.iter().all(|r| *r == sha), "{asked:?}, not all {sha}");
+    assert_eq!(n(&hub.stats().bad_signature) + n(&hub.stats().expired), 0);
+}

@@ -21,7 +21,9 @@ use crate::error::{Error, IoOp, Result};
 use crate::fetch::http_sync::HttpPool;
 use crate::fetch::{NetOptions, with_retries};
 use crate::net::http::FailKind;
-use crate::net::s3::{Env, S3Config, S3Url};
+use crate::net::http::HttpObject;
+use crate::net::retry::Jitter;
+use crate::net::s3::S3Url;
 
 /// The names looked for beside the shards, in this order: WebDataset's
 /// shard index (as `widsindex create` names it), then a manifest under the
@@ -121,48 +123,76 @@ impl Resolver<'_> {
             }
             std::fs::read(&path).map_err(|e| Error::io(IoOp::Read, &path, &e))?
         } else {
-            let obj = if url.starts_with("s3://") {
+            let obj: Arc<HttpObject> = if url.starts_with("s3://") {
                 let u = S3Url::parse(url).map_err(bad)?;
-                self.s3_client()?.object(&u)?
-            } else {
-                self.http_object(url)?
-            };
-            let net = self.net;
-            let mut pool = HttpPool::new(net.stall, Arc::clone(&net.tls));
-            let mut absent = false;
-            let mut buf = vec![0u8; FIRST_READ];
-            let first = with_retries(net, &mut self.jitter, &obj.url, || {
-                pool.fetch(&obj, 0, &mut buf, true, None).inspect_err(|f| {
-                    absent = optional && f.kind == FailKind::Client;
-                })
-            });
-            let first = match first {
-                Ok(f) => f,
-                Err(_) if absent => return Ok(None),
-                Err(e) => return Err(e),
-            };
-            let total = first.total.unwrap_or(first.len as u64);
-            if total > MAX_TEXT as u64 {
-                return Err(bad(format!("{total} bytes, more than {MAX_TEXT}")));
-            }
-            buf.truncate(first.len);
-            if (first.len as u64) < total {
-                let mut rest = vec![0u8; total as usize - first.len];
-                let at = first.len as u64;
-                let more = with_retries(net, &mut self.jitter, &obj.url, || {
-                    pool.fetch(&obj, at, &mut rest, false, None)
-                })?;
-                if more.total.is_some_and(|t| t != total) {
-                    return Err(bad("it changed while it was read".into()));
+                Arc::new(self.s3_client()?.object(&u)?)
+            } else if url.starts_with(crate::net::hub::url::SCHEME) {
+                // The Hub's file at the commit its revision names.
+                let before = self.shards.len();
+                self.one(url, None)?;
+                let found = self.shards.split_off(before);
+                match found.into_iter().next().map(|s| s.source) {
+                    Some(Source::Http(obj)) => obj,
+                    _ => return Err(bad("names no file".into())),
                 }
-                buf.extend_from_slice(&rest);
+            } else {
+                Arc::new(self.http_object(url)?)
+            };
+            match remote_bytes(&obj, self.net, &mut self.jitter, optional)? {
+                Some(b) => b,
+                None => return Ok(None),
             }
-            buf
         };
         String::from_utf8(bytes)
             .map(Some)
             .map_err(|_| bad("not UTF-8 text".into()))
     }
+}
+
+/// A small remote file's bytes, read with one GET or two (retried as any
+/// request), at most `MAX_TEXT`; with `optional`, `None` for a 4xx answer
+/// (not found, or refused as S3 answers for a missing key to a client that
+/// may not list).
+fn remote_bytes(
+    obj: &HttpObject,
+    net: &NetOptions,
+    jitter: &mut Jitter,
+    optional: bool,
+) -> Result<Option<Vec<u8>>> {
+    let bad = |reason: String| Error::Url {
+        url: obj.url.clone(),
+        reason,
+    };
+    let mut pool = HttpPool::new(net.stall, Arc::clone(&net.tls));
+    let mut absent = false;
+    let mut buf = vec![0u8; FIRST_READ];
+    let first = with_retries(net, jitter, &obj.url, || {
+        pool.fetch(obj, 0, &mut buf, true, None).inspect_err(|f| {
+            absent = optional && f.kind == FailKind::Client;
+        })
+    });
+    let first = match first {
+        Ok(f) => f,
+        Err(_) if absent => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let total = first.total.unwrap_or(first.len as u64);
+    if total > MAX_TEXT as u64 {
+        return Err(bad(format!("{total} bytes, more than {MAX_TEXT}")));
+    }
+    buf.truncate(first.len);
+    if (first.len as u64) < total {
+        let mut rest = vec![0u8; total as usize - first.len];
+        let at = first.len as u64;
+        let more = with_retries(net, jitter, &obj.url, || {
+            pool.fetch(obj, at, &mut rest, false, None)
+        })?;
+        if more.total.is_some_and(|t| t != total) {
+            return Err(bad("it changed while it was read".into()));
+        }
+        buf.extend_from_slice(&rest);
+    }
+    Ok(Some(buf))
 }
 
 /// Where a manifest or index lies, for joining the names it lists: a URL
@@ -178,50 +208,54 @@ fn location(m: &str) -> Result<String> {
 /// Counts of remote shards that have none, from a shard index or a
 /// manifest found beside them (`BESIDE`, in each folder that holds such
 /// shards, up to `MAX_FOLDERS`): a shard gets the count of the entry that
-/// names it, and its size too where it had none. Returns the files that
+/// names it, and its size too where it had none. The files are asked for
+/// beside a shard of the folder, with its origin and credentials (so an
+/// `hf://` dataset's at its pinned commit). Returns the files that
 /// gave counts. A file that is there but cannot be read as what its name
 /// says gives none (a warning names it).
-pub fn counts_beside(
-    shards: &mut [Shard],
-    s3: &S3Config,
-    env: &Env,
-    net: &NetOptions,
-) -> Result<Vec<String>> {
-    let mut folders: Vec<String> = Vec::new();
+pub fn counts_beside(shards: &mut [Shard], net: &NetOptions) -> Result<Vec<String>> {
+    // Each folder once, with a shard of it to ask beside (its origin and
+    // its credentials: an S3 signature, a Hub token).
+    let mut folders: Vec<(String, Arc<HttpObject>)> = Vec::new();
     for s in shards.iter() {
-        if s.samples.is_none() && matches!(s.source, Source::Http(_)) {
+        if let (None, Source::Http(obj)) = (s.samples, &s.source) {
             let f = folder_of(&s.name);
-            if !folders.contains(&f) {
-                folders.push(f);
+            if !folders.iter().any(|(g, _)| *g == f) {
+                folders.push((f, Arc::clone(obj)));
             }
         }
     }
     if folders.is_empty() || folders.len() > MAX_FOLDERS {
         return Ok(Vec::new());
     }
-    let mut r = Resolver::new(net, s3, env, false);
+    let mut jitter = Jitter::new(0x5eed ^ 7);
     let mut used = Vec::new();
-    for folder in folders {
+    for (folder, shard) in folders {
         for name in BESIDE {
-            let url = format!("{folder}/{name}");
-            let Some(text) = r.text(&url, true)? else {
+            let obj = shard.beside(name);
+            let Some(bytes) = remote_bytes(&obj, net, &mut jitter, true)? else {
                 continue;
             };
+            // Entries are named as the shards are (an `hf://` name, an
+            // `s3://` one), from the shards' folder.
+            let url = format!("{folder}/{name}");
             let parsed: std::result::Result<HashMap<String, (u64, Option<u64>)>, String> =
-                if name.ends_with(".json") {
-                    parse_shardindex(&text, &url).map(|entries| {
-                        entries
-                            .into_iter()
-                            .map(|e| (e.url, (e.samples, e.size)))
-                            .collect()
-                    })
-                } else {
-                    parse_manifest(&text).map(|lines| {
+                match String::from_utf8(bytes) {
+                    Err(_) => Err("not UTF-8 text".into()),
+                    Ok(text) if name.ends_with(".json") => {
+                        parse_shardindex(&text, &url).map(|entries| {
+                            entries
+                                .into_iter()
+                                .map(|e| (e.url, (e.samples, e.size)))
+                                .collect()
+                        })
+                    }
+                    Ok(text) => parse_manifest(&text).map(|lines| {
                         lines
                             .into_iter()
                             .filter_map(|(u, size, n)| n.map(|n| (join(&folder, &u), (n, size))))
                             .collect()
-                    })
+                    }),
                 };
             // Not a file the user named: one that cannot be read as what
             // its name says (a server's "not found" page answered 200, an

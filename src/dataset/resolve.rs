@@ -70,7 +70,7 @@ pub fn resolve_with(
             r.manifest(url)?;
             continue;
         }
-        if url.ends_with(".json") {
+        if url.ends_with(".json") && !is_glob(url) {
             r.shardindex(url)?;
             continue;
         }

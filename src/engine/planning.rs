@@ -10,7 +10,6 @@ use crate::dataset::{self, Shard, Source};
 use crate::error::{Error, Result};
 use crate::fetch::NetOptions;
 use crate::log::Level;
-use crate::net::s3::Env;
 use crate::plan::resume::{self, Start, State};
 use crate::plan::{Delivered, Nominal, PlanOptions, estimated_length, given_length, plan_epoch};
 
@@ -158,7 +157,7 @@ fn find_counts(
         learn_cached_counts(cfg, shards, net)?;
     }
     if shards.iter().any(|s| s.samples.is_none()) {
-        let found = dataset::counts_beside(shards, &cfg.s3, &Env::process(), net)?;
+        let found = dataset::counts_beside(shards, net)?;
         if !found.is_empty() {
             crate::log::once(&format!("counts {}", found.join(" ")), Level::Info, || {
                 format!("sample counts from {}", found.join(", "))

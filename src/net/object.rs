@@ -83,6 +83,37 @@ impl HttpObject {
         self
     }
 
+    /// The object named `name` (one path segment, not encoded) in this
+    /// one's folder: the same origin, addresses and signer (a signer signs
+    /// each request for its own target), no query (a presigned URL's
+    /// signature is for its own path), named in messages beside this one's
+    /// name. For the files a dataset keeps beside its shards (an index).
+    pub fn beside(&self, name: &str) -> HttpObject {
+        let folder = |s: &str| {
+            let path = s.split('?').next().unwrap_or(s);
+            path[..path.rfind('/').map_or(0, |i| i + 1)].to_string()
+        };
+        // RFC 3986's unreserved characters stay as they are.
+        const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+            .remove(b'-')
+            .remove(b'.')
+            .remove(b'_')
+            .remove(b'~');
+        let encoded = percent_encoding::utf8_percent_encode(name, SEGMENT).to_string();
+        HttpObject {
+            url: format!("{}{name}", folder(&self.url)),
+            host: self.host.clone(),
+            port: self.port,
+            tls: self.tls,
+            target: format!("{}{encoded}", folder(&self.target)),
+            addrs: self.addrs.clone(),
+            next_addr: AtomicUsize::new(0),
+            signer: self.signer.clone(),
+            route: Mutex::new(None),
+            redirects: AtomicBool::new(self.expects_redirect()),
+        }
+    }
+
     /// The same object, known to answer with a redirect (see `redirects`).
     pub fn redirecting(self) -> HttpObject {
         self.redirects.store(true, Ordering::Relaxed);
