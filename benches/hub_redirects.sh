@@ -7,7 +7,7 @@
 # models off), both with the same first-byte latency LATENCY on every
 # request, so each round trip costs what a far server's does.
 #
-# A benchmark program, not a test (STYLE.md rule 9). For each contender it
+# A benchmark program, not a test (docs/design.md). For each contender it
 # prints the median GB/s over ROUNDS interleaved rounds (the ratio hf/http
 # is the redirects' cost), and the requests each read made: ringfeed's own
 # count (`http_requests`: API calls and GETs, retries included) and, for
