@@ -207,6 +207,12 @@ fi
 rm -f target/tmp/skipped-tests.txt
 phase "Rust test build"
 bare_cargo target/tmp/test-build.json test --workspace --all-targets --locked --no-run
+# The servers the Python tests and the doc test start as programs
+# (target/debug/examples/NAME): the S3-compatible server, the object-store
+# emulator and the Hugging Face Hub emulator. Their crates are built above;
+# this links them.
+bare_cargo target/tmp/examples-build.json build --locked \
+    --example s3_server --example store_emulator --example hub_emulator
 phase "demo, built without CMake and nasm"
 # The README's first command, from the build made without them (its debug
 # build: the release one has nasm): 0.5 GB of shards generated, served on
