@@ -168,6 +168,9 @@ class World:
             PATH=f"{CLI_DIR}:{PYTHON.parent}:{self.env.get('PATH', '/usr/bin:/bin')}",
             XDG_RUNTIME_DIR=str(self.run_dir),
             PYTHONUNBUFFERED="1",
+            # A Python process that dies of a signal (a fatal error, an
+            # abort) prints its threads' stacks: a rare failure says where.
+            PYTHONFAULTHANDLER="1",
             AWS_EC2_METADATA_DISABLED="true",
             # No profile files of whoever runs this: the environment alone.
             AWS_CONFIG_FILE=str(root / "no-aws-config"),
