@@ -32,6 +32,7 @@
 //! (`EROFS`).
 
 pub mod blocks;
+pub mod closer;
 mod read;
 pub mod readahead;
 pub mod source;
