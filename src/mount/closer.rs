@@ -81,7 +81,7 @@ impl std::fmt::Display for Unseen {
                 "the kernel gave pid 0: the closing process is in a pid namespace this mount \
                  cannot see (another pod or container)"
             ),
-            Unseen::ForeignProc(why) => write!(f, "this mount's /proc {why}"),
+            Unseen::ForeignProc(why) => write!(f, "the mount's /proc {why}"),
             Unseen::Unreadable { pid, error } => write!(
                 f,
                 "/proc/{pid} cannot be read by this mount ({error}; /proc mounted with hidepid?)"
@@ -113,14 +113,14 @@ impl Proc {
             Ok(status) => match nspid_levels(&status) {
                 Some(1) => None,
                 Some(n) => Some(format!(
-                    "is of another pid namespace than this mount's (NSpid has {n} levels): its \
-                     pids are not the kernel's"
+                    "is of a pid namespace other than the mount's own (NSpid has {n} levels), so \
+                     the pids the kernel gives name other processes in it"
                 )),
                 None => match std::fs::read_link(root.join("self")) {
                     Ok(p) if p.to_str() == Some(&std::process::id().to_string()) => None,
                     Ok(p) => Some(format!(
-                        "is of another pid namespace than this mount's (self is {}, the \
-                         mount is pid {})",
+                        "is of a pid namespace other than the mount's own (self is {} while \
+                         the mount is pid {})",
                         p.display(),
                         std::process::id()
                     )),
@@ -322,7 +322,9 @@ mod tests {
         let root = fake_proc("30645\t1", &tasks);
         let p = Proc::probe(root.path());
         assert!(
-            p.foreign().unwrap().contains("another pid namespace"),
+            p.foreign()
+                .unwrap()
+                .contains("a pid namespace other than the mount's own"),
             "{p:?}"
         );
         assert!(matches!(

@@ -308,9 +308,9 @@ def test_a_mount_whose_proc_is_another_pid_namespaces_sees_no_writer(tmp_path):
         log = m.log_text()
     assert sorted(p.name for p in src.iterdir()) == ["synced.bin"]
     assert (src / "synced.bin").read_bytes() == WHOLE
-    assert "mount: /proc is of another pid namespace than this mount's" in log, log
-    assert re.search(rf"`{re.escape(str(src / 'half.bin'))}` {UNSEEN} \(this mount's /proc is of "
-                     "another pid namespace", log), log
+    assert "mount: /proc is of a pid namespace other than the mount's own" in log, log
+    assert re.search(rf"`{re.escape(str(src / 'half.bin'))}` {UNSEEN} \(the mount's /proc is of "
+                     "a pid namespace other than", log), log
 
 
 def test_under_hidepid_a_writer_is_unseen_and_completes_by_fsync(tmp_path):
