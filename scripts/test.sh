@@ -88,6 +88,13 @@ fi
 if ! command -v fusermount3 >/dev/null; then
     apt-get update -qq && apt-get install -y -qq fuse3 >/dev/null
 fi
+# Its writer tests make the layouts a mount meets on Kubernetes (the mount
+# and the writer in different pid namespaces, a /proc with hidepid) with
+# util-linux's unshare, nsenter and setpriv, as root:
+# bindings/python/tests/test_mount_writers.py.
+if ! command -v unshare >/dev/null || ! command -v nsenter >/dev/null || ! command -v setpriv >/dev/null; then
+    apt-get update -qq && apt-get install -y -qq util-linux >/dev/null
+fi
 
 # The Python tests' dependencies, downloaded and installed into .venv in the
 # background while the Rust code is linted, built and tested (it is mostly

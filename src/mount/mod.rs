@@ -20,8 +20,11 @@
 //!   engine's ranged reads on io_uring network threads, shared by every
 //!   handle and process, held in a memory budget; the node's cache
 //!   entries (`cache_dir`) read and filled.
-//! - [`upload`]: new files as one upload each, visible once closed whole,
-//!   aborted when their writer was killed.
+//! - [`upload`]: new files as one upload each, visible once their writer
+//!   is known to have finished them (its close seen to be a close, or an
+//!   `fsync`), aborted otherwise; [`closer`]: who closed a file, as the
+//!   mount's `/proc` shows the thread the kernel names (or why it cannot
+//!   tell a close from a kill: another pid namespace, `hidepid`).
 //!
 //! What is refused, and with which errno (as Mountpoint for Amazon S3
 //! answers, so its users' expectations hold), each with a log line
@@ -32,6 +35,7 @@
 //! (`EROFS`).
 
 pub mod blocks;
+pub mod closer;
 mod read;
 pub mod readahead;
 pub mod source;
@@ -53,7 +57,7 @@ use blocks::{Block, RemoteFile, Store};
 use readahead::Ahead;
 use source::Source;
 use tree::{Kind, ROOT, Tree};
-use upload::Upload;
+use upload::{Closes, Upload};
 
 pub use tree::Kind as FileKind;
 
@@ -192,6 +196,19 @@ pub struct Attr {
     pub perm: u16,
 }
 
+/// What the kernel may keep of an open file's pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Caching {
+    /// A version of a file the kernel holds pages of: kept.
+    Keep,
+    /// Pages of an earlier version dropped.
+    Drop,
+    /// A file being written: no page cache (FUSE's direct I/O), so each
+    /// `write` reaches the mount as its writer's request, naming the
+    /// writer's descriptor table (`upload::Closes`).
+    Direct,
+}
+
 /// A read's bytes: a slice of one block (no copy), or gathered.
 pub enum Data {
     Block(Arc<Block>, std::ops::Range<usize>),
@@ -220,12 +237,13 @@ struct ReadHandle {
 
 struct WriteHandle {
     ino: u64,
-    /// The process that opened it: only its closes complete the upload.
-    opener: Option<u32>,
     parent: u64,
     name: String,
     url: String,
     upload: Mutex<Upload>,
+    /// Who wrote and what closes told; locked inside `upload` when both
+    /// are (never the other way round).
+    closes: Mutex<Closes>,
 }
 
 enum Handle {
@@ -255,6 +273,8 @@ pub struct Fs {
     /// The names last opened in each directory (the newest last), by
     /// which a walk in name order is seen.
     recent: Mutex<HashMap<u64, std::collections::VecDeque<String>>>,
+    /// The `/proc` a close's thread is looked up in.
+    proc: closer::Proc,
 }
 
 impl Fs {
@@ -296,6 +316,17 @@ impl Fs {
         let mut cfg = cfg.clone();
         cfg.overwrite = opts.allow_overwrite;
         let opts_kernel_readahead = opts.kernel_readahead;
+        let proc = closer::Proc::probe(std::path::Path::new("/proc"));
+        if let Some(why) = proc.foreign()
+            && source.writable()
+        {
+            log(Level::Warn, || {
+                format!(
+                    "mount: /proc {why}: no close through this mount can be told from a \
+                     writer's death, so only fsync completes a file written here"
+                )
+            });
+        }
         Ok(Fs {
             source,
             cfg,
@@ -311,6 +342,7 @@ impl Fs {
             counts,
             recent: Mutex::new(HashMap::new()),
             kernel_readahead: AtomicU64::new(opts_kernel_readahead),
+            proc,
         })
     }
 
@@ -457,9 +489,9 @@ impl Fs {
         let h = lock(&self.handles).remove(&fh);
         match h {
             Some(Handle::Write(w)) => {
-                // No flush came (the kernel sends one per close): complete
-                // it now rather than leave an upload open.
-                let _ = self.complete(&w);
+                // Every close is a flush before this: an upload still
+                // open had nothing written by a close that decided.
+                self.released(&w);
                 let mut writing = lock(&self.writing);
                 if writing.get(&w.ino).is_some_and(|x| Arc::ptr_eq(x, &w)) {
                     writing.remove(&w.ino);

@@ -9,14 +9,17 @@ use std::sync::{Arc, Mutex};
 use super::blocks::RemoteFile;
 use super::readahead::{Ahead, Limits};
 use super::source::Object;
-use super::{DIR_AHEAD, Data, Errno, Fs, FsResult, Handle, Kind, ReadHandle, Reading, lock, tree};
+use super::{
+    Caching, DIR_AHEAD, Data, Errno, Fs, FsResult, Handle, Kind, ReadHandle, Reading, lock, tree,
+};
 use crate::log::{Level, log};
 
 impl Fs {
-    /// Opens `ino`: for reading (the answer's `bool`: the kernel may keep
-    /// the pages it cached, the version being the one it read), or for
-    /// writing when `flags` ask for it (see [`Fs::create`]).
-    pub fn open(&self, ino: u64, flags: i32, tid: u32) -> FsResult<(u64, bool)> {
+    /// Opens `ino`: for reading (the kernel may keep the pages it cached
+    /// when the version is the one it read: [`Caching::Keep`]), or for
+    /// writing when `flags` ask for it (see [`Fs::create`]; always
+    /// [`Caching::Direct`]).
+    pub fn open(&self, ino: u64, flags: i32) -> FsResult<(u64, Caching)> {
         let node = lock(&self.tree)
             .get(ino)
             .cloned()
@@ -27,8 +30,8 @@ impl Fs {
         let rel = node.rel.clone();
         if flags & libc::O_ACCMODE != libc::O_RDONLY {
             return self
-                .open_write(ino, &node, flags, tid)
-                .map(|fh| (fh, false));
+                .open_write(ino, &node, flags)
+                .map(|fh| (fh, Caching::Direct));
         }
         if node.local {
             return Err(self.refuse(libc::EPERM, || {
@@ -58,7 +61,7 @@ impl Fs {
             reading,
             ahead: Mutex::new(Ahead::default()),
         })));
-        Ok((fh, keep))
+        Ok((fh, if keep { Caching::Keep } else { Caching::Drop }))
     }
 
     /// The current version of remote file `ino` (made anew when the

@@ -1,25 +1,34 @@
 //! New files written through the mount: one object each, written as it
 //! comes (`crate::object::Writer`: a multipart upload with parts in
 //! flight, or a local temporary file) and made visible only when the
-//! writer closes it whole.
+//! writer is known to have finished it.
 //!
 //! - Writes must come in order (each at the end of the last); any other
 //!   is refused (`EINVAL`), as an object cannot be written in place.
-//! - A `close` (FUSE's flush) by the process that opened the file, once
-//!   it has written, or an `fsync`, completes the upload and answers its
-//!   error, if any, to the writer; later writes are refused (`EBADF`),
-//!   later closes answer the same outcome. A close by another process (a
-//!   forked child exiting with the descriptor it inherited) or before the
-//!   first write (a shell's `>`: the file is opened, its descriptor
-//!   duplicated onto stdout and the original closed) completes nothing;
-//!   the last reference's release completes what is left.
-//! - A writer killed by a signal still closes its files (the kernel does,
-//!   as the process exits), but its file is half-done: the flush that
-//!   comes from a process exiting on a signal aborts the upload instead,
-//!   so no object and no open multipart upload is left. The kernel tells
-//!   by the calling thread's `/proc/<tid>/stat`: the exiting flag in its
-//!   flags and the signal in its exit code ([`killed`]).
+//! - `fsync` (or `fdatasync`), by any process, completes the upload: the
+//!   bytes written so far are the object, later writes are refused
+//!   (`EBADF`), later closes answer the same outcome.
+//! - A close (FUSE's flush) is told apart from a kill only by looking at
+//!   the closing thread (`super::closer`); [`Closes`] decides what each
+//!   close does. The writer is the descriptor tables (processes, each
+//!   with its threads) whose bytes the file holds: the kernel gives each
+//!   direct-I/O write and each flush the same lock owner for one table.
+//!   A close by a table that wrote nothing, once bytes are in, is another
+//!   process's copy (a forked child's, one closed at an `exec`) and does
+//!   nothing. A close by the writer completes the upload when the mount
+//!   sees a close (the thread is not exiting, or exits by `exit`), and
+//!   aborts it when the thread is dying of a signal or cannot be seen
+//!   (pid 0 from another pid namespace, a `/proc` that hides it): a
+//!   half-written file never becomes a whole object.
+//! - Before the first write, any close may be the writer's: one dying of
+//!   a signal aborts; one seen to be a close does nothing (a shell's `>`
+//!   duplicates the descriptor and closes the original before writing),
+//!   and the last release completes the empty file; one that cannot be
+//!   seen answers `EIO` (`touch` fails) but aborts nothing yet, since
+//!   the process may write on through a duplicate and `fsync` (`dd
+//!   of=F` does), and the last release aborts what is still empty.
 
+use super::closer::{Closer, End, Unseen};
 use crate::error::Error;
 use crate::object::Writer;
 
@@ -117,69 +126,100 @@ impl Upload {
     }
 }
 
-/// Whether thread `tid` is exiting because a signal killed it: what a
-/// flush from a writer that was killed mid-file looks like.
-pub fn killed(tid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{tid}/stat")) {
-        Ok(stat) => killed_by_stat(&stat),
-        // Gone already: it cannot have closed its file on purpose now.
-        Err(_) => false,
+/// Who wrote a file and what its closes told: what each close and the
+/// last release do to an upload still open. Pure.
+#[derive(Debug, Default)]
+pub struct Closes {
+    /// The descriptor tables (the kernel's lock owners) that wrote.
+    writers: Vec<u64>,
+    /// A write came without its table (the kernel names it for direct
+    /// I/O writes only): any close may then be the writer's.
+    anonymous: bool,
+    /// A close the mount saw to be a close, not a death, came.
+    seen: bool,
+    /// A close before any write came from where the mount cannot see.
+    unseen: Option<Unseen>,
+}
+
+/// What a close does to an upload still open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Nothing: another process's copy, or a close before any write.
+    Leave,
+    /// Nothing yet, but this close does not make a file (`EIO` to it): a
+    /// close before any write that cannot be told from a death. The same
+    /// process may go on writing through a duplicate and `fsync` (`dd`
+    /// opens its output, moves it onto stdout and closes the original).
+    Unsure(Unseen),
+    /// The writer closed it: the object is complete.
+    Complete,
+    /// No object: why.
+    Abort(Abort),
+}
+
+/// Why an upload is aborted at a close.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Abort {
+    /// The closing thread is dying of this signal.
+    Killed(i32),
+    /// The close cannot be told from a kill.
+    Unseen(Unseen),
+    /// The last descriptor went with no close seen to be one and nothing
+    /// completing it.
+    NoClose,
+}
+
+impl Closes {
+    /// Table `owner` (`None`: not named) wrote bytes in.
+    pub fn wrote(&mut self, owner: Option<u64>) {
+        match owner {
+            Some(o) if !self.writers.contains(&o) => self.writers.push(o),
+            Some(_) => {}
+            None => self.anonymous = true,
+        }
     }
-}
 
-/// The process (thread group) of thread `tid`, from `/proc/<tid>/status`.
-pub fn tgid(tid: u32) -> Option<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Tgid:"))
-        .and_then(|v| v.trim().parse().ok())
-}
+    /// A descriptor closed by table `owner`, by `closer`, with `written`
+    /// bytes in so far.
+    pub fn close(&mut self, owner: u64, closer: &Closer, written: u64) -> Verdict {
+        let writer = self.anonymous || self.writers.contains(&owner);
+        if !writer && written > 0 {
+            return Verdict::Leave;
+        }
+        match closer {
+            Closer::Unseen(why) if written == 0 => {
+                self.unseen = Some(why.clone());
+                Verdict::Unsure(why.clone())
+            }
+            Closer::Unseen(why) => Verdict::Abort(Abort::Unseen(why.clone())),
+            Closer::Seen(End::Killed(signal)) => Verdict::Abort(Abort::Killed(*signal)),
+            Closer::Seen(End::Running | End::Exited(_)) => {
+                self.seen = true;
+                if written == 0 {
+                    Verdict::Leave
+                } else {
+                    Verdict::Complete
+                }
+            }
+        }
+    }
 
-/// `PF_EXITING`, the flag the kernel sets as a task begins to exit.
-const PF_EXITING: u64 = 0x4;
-
-/// [`killed`] on the text of a `/proc/<tid>/stat`: the flags (field 9)
-/// hold `PF_EXITING` and the exit code (field 52) is a signal's.
-pub fn killed_by_stat(stat: &str) -> bool {
-    // Fields after the command name, which may hold spaces and `)`.
-    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
-        return false;
-    };
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // `rest` starts at field 3 (the state).
-    let field = |n: usize| f.get(n - 3).and_then(|v| v.parse::<u64>().ok());
-    let (Some(flags), Some(code)) = (field(9), field(52)) else {
-        return false;
-    };
-    flags & PF_EXITING != 0 && code & 0x7f != 0
+    /// The last reference went, the upload still open with `written`
+    /// bytes: an empty file whose closes were all seen to be closes is
+    /// complete; one closed from where the mount cannot see is not, nor
+    /// anything else (bytes no writer's close decided on).
+    pub fn release(&self, written: u64) -> Verdict {
+        match (&self.unseen, written) {
+            (Some(why), 0) => Verdict::Abort(Abort::Unseen(why.clone())),
+            (None, 0) if self.seen => Verdict::Complete,
+            _ => Verdict::Abort(Abort::NoClose),
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn stat(flags: u64, code: u64) -> String {
-        let mut f: Vec<String> = (3..=52).map(|_| "0".to_string()).collect();
-        f[0] = "R".into();
-        f[9 - 3] = flags.to_string();
-        f[52 - 3] = code.to_string();
-        format!("1234 (py) th)read) {}", f.join(" "))
-    }
-
-    #[test]
-    fn a_thread_exiting_on_a_signal_is_killed_and_others_are_not() {
-        assert!(killed_by_stat(&stat(0x4 | 0x40, 9)));
-        assert!(killed_by_stat(&stat(0x4, 15)));
-        // Exiting normally (exit(0), exit(1)): the code is status << 8.
-        assert!(!killed_by_stat(&stat(0x4, 0)));
-        assert!(!killed_by_stat(&stat(0x4, 1 << 8)));
-        // Alive (a plain close).
-        assert!(!killed_by_stat(&stat(0x40, 0)));
-        for bad in ["", "1 (x", "1 (x) R 2", "garbage )"] {
-            assert!(!killed_by_stat(bad), "{bad}");
-        }
-    }
 
     fn writer(path: &std::path::Path) -> Writer {
         let cfg = crate::config::Config::for_objects("{}").unwrap();
@@ -221,12 +261,102 @@ mod tests {
         );
     }
 
+    const A: u64 = 0xa;
+    const B: u64 = 0xb;
+
+    fn seen(end: End) -> Closer {
+        Closer::Seen(end)
+    }
+
     #[test]
-    fn this_thread_is_not_killed_and_belongs_to_this_process() {
-        // SAFETY: plain getter.
-        let tid = unsafe { libc::gettid() } as u32;
-        assert!(!killed(tid));
-        assert_eq!(tgid(tid), Some(std::process::id()));
-        assert_eq!(tgid(u32::MAX), None);
+    fn the_writers_close_completes_and_other_tables_closes_do_nothing() {
+        let mut c = Closes::default();
+        c.wrote(Some(A));
+        // A forked child (table B) closing its copy, alive or killed, or
+        // from where the mount cannot see it.
+        assert_eq!(c.close(B, &seen(End::Running), 10), Verdict::Leave);
+        assert_eq!(c.close(B, &seen(End::Killed(9)), 10), Verdict::Leave);
+        assert_eq!(
+            c.close(B, &Closer::Unseen(Unseen::PidZero), 10),
+            Verdict::Leave
+        );
+        // The writer: a close, an exit, a kill, an unseen close.
+        assert_eq!(c.close(A, &seen(End::Running), 10), Verdict::Complete);
+        assert_eq!(c.close(A, &seen(End::Exited(0)), 10), Verdict::Complete);
+        assert_eq!(c.close(A, &seen(End::Exited(3)), 10), Verdict::Complete);
+        assert_eq!(
+            c.close(A, &seen(End::Killed(9)), 10),
+            Verdict::Abort(Abort::Killed(9))
+        );
+        for why in [
+            Unseen::PidZero,
+            Unseen::ExitHidden { pid: 7 },
+            Unseen::Unreadable {
+                pid: 7,
+                error: "No such file or directory".into(),
+            },
+            Unseen::ForeignProc("is of another pid namespace".into()),
+        ] {
+            assert_eq!(
+                c.close(A, &Closer::Unseen(why.clone()), 10),
+                Verdict::Abort(Abort::Unseen(why))
+            );
+        }
+        // A child that also wrote is a writer too.
+        c.wrote(Some(B));
+        assert_eq!(
+            c.close(B, &seen(End::Killed(15)), 20),
+            Verdict::Abort(Abort::Killed(15))
+        );
+    }
+
+    #[test]
+    fn before_the_first_write_a_seen_close_waits_and_a_kill_aborts() {
+        let mut c = Closes::default();
+        // A shell's `>`: the original descriptor closed before writing.
+        assert_eq!(c.close(A, &seen(End::Running), 0), Verdict::Leave);
+        assert_eq!(c.close(B, &seen(End::Exited(0)), 0), Verdict::Leave);
+        // The empty file is complete at the release after a seen close...
+        assert_eq!(c.release(0), Verdict::Complete);
+        // ...but not without one, nor with bytes no close decided on.
+        assert_eq!(Closes::default().release(0), Verdict::Abort(Abort::NoClose));
+        assert_eq!(c.release(5), Verdict::Abort(Abort::NoClose));
+        // Killed before writing: it may have been the writer.
+        assert_eq!(
+            c.close(B, &seen(End::Killed(9)), 0),
+            Verdict::Abort(Abort::Killed(9))
+        );
+    }
+
+    #[test]
+    fn before_the_first_write_an_unseen_close_is_unsure_and_the_release_aborts() {
+        let mut c = Closes::default();
+        // `dd of=F`, `touch F` from another pid namespace: EIO to the
+        // close, nothing aborted yet (dd goes on writing through stdout).
+        assert_eq!(
+            c.close(A, &Closer::Unseen(Unseen::PidZero), 0),
+            Verdict::Unsure(Unseen::PidZero)
+        );
+        // A seen close after does not make the empty file whole.
+        assert_eq!(c.close(B, &seen(End::Running), 0), Verdict::Leave);
+        assert_eq!(c.release(0), Verdict::Abort(Abort::Unseen(Unseen::PidZero)));
+        // dd's writes through its duplicate, then its close, decide as
+        // any writer's (its fsync, before, would have completed it).
+        c.wrote(Some(A));
+        assert_eq!(
+            c.close(A, &Closer::Unseen(Unseen::PidZero), 8),
+            Verdict::Abort(Abort::Unseen(Unseen::PidZero))
+        );
+    }
+
+    #[test]
+    fn writes_without_a_table_make_every_close_the_writers() {
+        let mut c = Closes::default();
+        c.wrote(None);
+        assert_eq!(c.close(B, &seen(End::Running), 4), Verdict::Complete);
+        assert_eq!(
+            c.close(B, &Closer::Unseen(Unseen::PidZero), 4),
+            Verdict::Abort(Abort::Unseen(Unseen::PidZero))
+        );
     }
 }

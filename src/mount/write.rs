@@ -1,23 +1,18 @@
 //! The write side of [`Fs`]: new files (and, allowed, replaced ones) as
-//! one upload each, taking bytes in order, completed by the opener's
-//! close or `fsync` and aborted when the writer was killed.
+//! one upload each, taking bytes in order, completed by an `fsync` or by
+//! the writer's close when the mount sees it is one (`upload::Closes`
+//! decides, on who closed: `closer`), aborted otherwise.
 
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use super::source::Source;
-use super::upload::{self, Refused, Upload};
+use super::upload::{Abort, Closes, Refused, Upload, Verdict};
 use super::{Attr, Errno, Fs, FsResult, Handle, Kind, WriteHandle, lock, tree};
 use crate::log::{Level, log};
 
 impl Fs {
-    pub(super) fn open_write(
-        &self,
-        ino: u64,
-        node: &tree::Node,
-        flags: i32,
-        tid: u32,
-    ) -> FsResult<u64> {
+    pub(super) fn open_write(&self, ino: u64, node: &tree::Node, flags: i32) -> FsResult<u64> {
         let rel = node.rel.clone();
         if !self.source.writable() {
             return Err(self.refuse(libc::EROFS, || {
@@ -46,17 +41,10 @@ impl Fs {
             }));
         }
         let name = rel.rsplit('/').next().unwrap_or(&rel).to_string();
-        self.start_upload(ino, node.parent, &name, &rel, tid)
+        self.start_upload(ino, node.parent, &name, &rel)
     }
 
-    fn start_upload(
-        &self,
-        ino: u64,
-        parent: u64,
-        name: &str,
-        rel: &str,
-        tid: u32,
-    ) -> FsResult<u64> {
+    fn start_upload(&self, ino: u64, parent: u64, name: &str, rel: &str) -> FsResult<u64> {
         let url = self.source.url(rel);
         if let Source::Local(root) = &self.source
             && let Some(dir) = root.join(rel).parent()
@@ -84,25 +72,26 @@ impl Fs {
         }
         let w = Arc::new(WriteHandle {
             ino,
-            opener: upload::tgid(tid),
             parent,
             name: name.to_string(),
             url,
             upload: Mutex::new(Upload::new(writer)),
+            closes: Mutex::new(Closes::default()),
         });
         lock(&self.writing).insert(ino, Arc::clone(&w));
         Ok(self.new_fh(Handle::Write(w)))
     }
 
-    /// Makes the new file `name` in `parent` and opens it for writing.
-    pub fn create(&self, parent: u64, name: &str, flags: i32, tid: u32) -> FsResult<(Attr, u64)> {
+    /// Makes the new file `name` in `parent` and opens it for writing
+    /// (the handle's caching is [`super::Caching::Direct`]).
+    pub fn create(&self, parent: u64, name: &str, flags: i32) -> FsResult<(Attr, u64)> {
         self.fresh(parent)?;
         let existing = lock(&self.tree).child(parent, name);
         if let Some(ino) = existing {
             if flags & libc::O_EXCL != 0 {
                 return Err(Errno(libc::EEXIST));
             }
-            let (fh, _) = self.open(ino, flags | libc::O_WRONLY, tid)?;
+            let (fh, _) = self.open(ino, flags | libc::O_WRONLY)?;
             return Ok((self.getattr(ino)?, fh));
         }
         if !self.source.writable() {
@@ -115,7 +104,7 @@ impl Fs {
             let ino = t.add_local(parent, name, Kind::File);
             (ino, t.get(ino).map(|n| n.rel.clone()).unwrap_or_default())
         };
-        match self.start_upload(ino, parent, name, &rel, tid) {
+        match self.start_upload(ino, parent, name, &rel) {
             Ok(fh) => Ok((self.getattr(ino)?, fh)),
             Err(e) => {
                 lock(&self.tree).remove(parent, name);
@@ -124,13 +113,21 @@ impl Fs {
         }
     }
 
-    /// Writes `data` at `off` through handle `fh`.
-    pub fn write(&self, fh: u64, off: u64, data: &[u8]) -> FsResult<u32> {
+    /// Writes `data` at `off` through handle `fh`, for descriptor table
+    /// `owner` (the kernel's lock owner of a direct-I/O write).
+    pub fn write(&self, fh: u64, off: u64, data: &[u8], owner: Option<u64>) -> FsResult<u32> {
         let w = match lock(&self.handles).get(&fh) {
             Some(Handle::Write(w)) => Arc::clone(w),
             _ => return Err(Errno(libc::EBADF)),
         };
-        let r = lock(&w.upload).write(off, data);
+        let r = {
+            let mut u = lock(&w.upload);
+            let r = u.write(off, data);
+            if r.is_ok() {
+                lock(&w.closes).wrote(owner);
+            }
+            r
+        };
         match r {
             Ok(()) => {
                 self.counts
@@ -209,46 +206,99 @@ impl Fs {
         }
     }
 
-    /// A `close` of a descriptor of `fh` by thread `tid`: completes a
-    /// write handle's upload — or aborts it when `tid` is exiting on a
-    /// signal (the writer was killed mid-file).
-    pub fn flush(&self, fh: u64, tid: u32) -> FsResult<()> {
+    /// A `close` of a descriptor of `fh` by thread `pid` (as the kernel
+    /// numbers it) of descriptor table `owner` (the kernel's lock owner):
+    /// [`Closes::close`] decides on who closed ([`super::closer`]) —
+    /// nothing; nothing yet but `EIO` (closed empty from where the mount
+    /// cannot see); the object completed; or no object (`EIO`, and a line
+    /// saying why). Once the upload is done, every close answers its
+    /// outcome.
+    pub fn flush(&self, fh: u64, pid: u32, owner: u64) -> FsResult<()> {
         let w = match lock(&self.handles).get(&fh) {
             Some(Handle::Write(w)) => Arc::clone(w),
             _ => return Ok(()),
         };
-        if upload::tgid(tid) != w.opener {
-            // Another process's copy of the descriptor (a forked child's).
-            return Ok(());
-        }
-        if upload::killed(tid) {
-            let aborted = lock(&w.upload).abort("the writer was killed before it closed the file");
-            match aborted {
-                Ok(true) => {
-                    self.counts.add(&self.counts.uploads_aborted, 1);
-                    self.drop_local(&w);
-                    log(Level::Warn, || {
-                        format!(
-                            "mount: the writer of `{}` (thread {tid}) was killed before closing \
-                             it: upload aborted, no object written",
-                            w.url
-                        )
-                    });
-                }
-                Ok(false) => {}
-                Err(e) => log(Level::Error, || {
-                    format!("mount: aborting the upload of `{}` failed: {e}", w.url)
-                }),
+        // While this is answered the closing thread waits: its pid names
+        // it and no other.
+        let closer = self.proc.closer(pid);
+        let verdict = {
+            let u = lock(&w.upload);
+            if u.is_open() {
+                let written = u.size();
+                Some(lock(&w.closes).close(owner, &closer, written))
+            } else {
+                None
             }
-            return Err(Errno(libc::EIO));
+        };
+        match verdict {
+            Some(Verdict::Leave) => Ok(()),
+            Some(Verdict::Unsure(_)) => Err(Errno(libc::EIO)),
+            Some(Verdict::Abort(why)) => {
+                self.abort(&w, &why, pid);
+                Err(Errno(libc::EIO))
+            }
+            Some(Verdict::Complete) | None => self.complete(&w),
         }
-        if lock(&w.upload).size() == 0 {
-            // Nothing written yet: a descriptor closed after it was
-            // duplicated (a shell's redirection); the release completes
-            // an empty file.
-            return Ok(());
+    }
+
+    /// The last reference to `w` went: an upload still open is decided
+    /// by [`Closes::release`].
+    pub(super) fn released(&self, w: &WriteHandle) {
+        let verdict = {
+            let u = lock(&w.upload);
+            u.is_open().then(|| lock(&w.closes).release(u.size()))
+        };
+        match verdict {
+            Some(Verdict::Complete) => {
+                let _ = self.complete(w);
+            }
+            Some(Verdict::Abort(why)) => self.abort(w, &why, 0),
+            Some(Verdict::Leave | Verdict::Unsure(_)) | None => {}
         }
-        self.complete(&w)
+    }
+
+    /// Aborts `w`'s upload for `why` (closed by thread `pid`): no object,
+    /// no upload left, and a line naming the file and why.
+    fn abort(&self, w: &WriteHandle, why: &Abort, pid: u32) {
+        let (level, text) = match why {
+            Abort::Killed(signal) => (
+                Level::Warn,
+                format!(
+                    "the writer of `{}` (thread {pid}, signal {signal}) was killed before closing \
+                     it: upload aborted, no object written",
+                    w.url
+                ),
+            ),
+            Abort::Unseen(unseen) => (
+                Level::Error,
+                format!(
+                    "`{}` was closed before an fsync by a process whose close cannot be told from \
+                     its death ({unseen}): upload aborted, no object written (fsync a file \
+                     before closing it to complete it from there)",
+                    w.url
+                ),
+            ),
+            Abort::NoClose => (
+                Level::Error,
+                format!(
+                    "`{}`: its last descriptor went with no close seen to complete it: upload \
+                     aborted, no object written",
+                    w.url
+                ),
+            ),
+        };
+        let aborted = lock(&w.upload).abort(&text);
+        match aborted {
+            Ok(true) => {
+                self.counts.add(&self.counts.uploads_aborted, 1);
+                self.drop_local(w);
+                log(level, || format!("mount: {text}"));
+            }
+            Ok(false) => {}
+            Err(e) => log(Level::Error, || {
+                format!("mount: aborting the upload of `{}` failed: {e}", w.url)
+            }),
+        }
     }
 
     /// `fsync`: completes a write handle's upload (later writes are

@@ -16,7 +16,7 @@ use fuser::{
     TimeOrNow,
 };
 
-use ringfeed::mount::{Attr, FileKind, Fs, FsResult};
+use ringfeed::mount::{Attr, Caching, FileKind, Fs, FsResult};
 
 type Job = Box<dyn FnOnce() + Send>;
 
@@ -114,6 +114,18 @@ fn answer<R: Fails, T>(reply: R, r: FsResult<T>, ok: impl FnOnce(R, T)) {
     match r {
         Ok(v) => ok(reply, v),
         Err(e) => reply.fail(e.0),
+    }
+}
+
+/// The kernel's flags for an open file's caching. A file being written
+/// is opened for direct I/O: its writes skip the page cache, so each
+/// comes from the writer itself, with the lock owner that names its
+/// descriptor table (what tells its close from another process's).
+fn open_flags(caching: Caching) -> u32 {
+    match caching {
+        Caching::Keep => fuser::consts::FOPEN_KEEP_CACHE,
+        Caching::Drop => 0,
+        Caching::Direct => fuser::consts::FOPEN_DIRECT_IO,
     }
 }
 
@@ -261,16 +273,11 @@ impl Filesystem for Adapter {
         reply.error(self.fs.refused("link", &path, libc::EPERM).0);
     }
 
-    fn open(&mut self, req: &Request<'_>, ino: u64, flags: i32, reply: ReplyOpen) {
-        let (fs, tid) = (Arc::clone(&self.fs), req.pid());
+    fn open(&mut self, _req: &Request<'_>, ino: u64, flags: i32, reply: ReplyOpen) {
+        let fs = Arc::clone(&self.fs);
         self.pool.run(move || {
-            answer(reply, fs.open(ino, flags, tid), |reply, (fh, keep)| {
-                let flags = if keep {
-                    fuser::consts::FOPEN_KEEP_CACHE
-                } else {
-                    0
-                };
-                reply.opened(fh, flags)
+            answer(reply, fs.open(ino, flags), |reply, (fh, caching)| {
+                reply.opened(fh, open_flags(caching))
             })
         });
     }
@@ -305,7 +312,7 @@ impl Filesystem for Adapter {
         data: &[u8],
         _write_flags: u32,
         _flags: i32,
-        _lock_owner: Option<u64>,
+        lock_owner: Option<u64>,
         reply: ReplyWrite,
     ) {
         // In the session thread: writes of one file are taken in the order
@@ -313,22 +320,18 @@ impl Filesystem for Adapter {
         // part's upload waits only when the parts in flight are full.
         answer(
             reply,
-            self.fs.write(fh, offset.max(0) as u64, data),
+            self.fs.write(fh, offset.max(0) as u64, data, lock_owner),
             |reply, n| reply.written(n),
         )
     }
 
-    fn flush(
-        &mut self,
-        req: &Request<'_>,
-        _ino: u64,
-        fh: u64,
-        _lock_owner: u64,
-        reply: ReplyEmpty,
-    ) {
-        let (fs, tid) = (Arc::clone(&self.fs), req.pid());
+    fn flush(&mut self, req: &Request<'_>, _ino: u64, fh: u64, lock_owner: u64, reply: ReplyEmpty) {
+        // The pid is the closing thread's in the mount's pid namespace (0
+        // when it is not visible there); the lock owner names its
+        // descriptor table, whatever the namespace.
+        let (fs, pid) = (Arc::clone(&self.fs), req.pid());
         self.pool
-            .run(move || answer(reply, fs.flush(fh, tid), |reply, ()| reply.ok()));
+            .run(move || answer(reply, fs.flush(fh, pid, lock_owner), |reply, ()| reply.ok()));
     }
 
     fn fsync(
@@ -397,7 +400,7 @@ impl Filesystem for Adapter {
 
     fn create(
         &mut self,
-        req: &Request<'_>,
+        _req: &Request<'_>,
         parent: u64,
         name: &OsStr,
         _mode: u32,
@@ -408,13 +411,11 @@ impl Filesystem for Adapter {
         let Some(name) = name_of(name) else {
             return reply.error(libc::EINVAL);
         };
-        let (fs, ttl, tid) = (Arc::clone(&self.fs), self.ttl, req.pid());
+        let (fs, ttl) = (Arc::clone(&self.fs), self.ttl);
         self.pool.run(move || {
-            answer(
-                reply,
-                fs.create(parent, &name, flags, tid),
-                |reply, (a, fh)| reply.created(&ttl, &file_attr(&a), 0, fh, 0),
-            )
+            answer(reply, fs.create(parent, &name, flags), |reply, (a, fh)| {
+                reply.created(&ttl, &file_attr(&a), 0, fh, open_flags(Caching::Direct))
+            })
         });
     }
 
