@@ -23,6 +23,7 @@ use std::io::Write as _;
 mod args;
 mod bench;
 mod cache;
+mod csi;
 mod demo;
 mod generate;
 mod get;
