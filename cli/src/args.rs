@@ -365,6 +365,25 @@ pub(crate) struct MountArgs {
     /// allow_other; needs user_allow_other in /etc/fuse.conf unless root).
     #[arg(long)]
     pub(crate) allow_other: bool,
+    /// Mount read-only: every write, new file or directory is refused
+    /// (EROFS), and no write bits are shown.
+    #[arg(long)]
+    pub(crate) read_only: bool,
+    /// The user id that owns every file and directory (default: the
+    /// mounting user's).
+    #[arg(long, value_name = "UID")]
+    pub(crate) uid: Option<u32>,
+    /// The group id of every file and directory (default: the mounting
+    /// user's group).
+    #[arg(long, value_name = "GID")]
+    pub(crate) gid: Option<u32>,
+    /// The permission bits of files, in octal (default 0644; the write
+    /// bits are dropped on a read-only mount or an http(s):// source).
+    #[arg(long, value_name = "MODE", value_parser = mode_arg)]
+    pub(crate) file_mode: Option<u16>,
+    /// The permission bits of directories, in octal (default 0755).
+    #[arg(long, value_name = "MODE", value_parser = mode_arg)]
+    pub(crate) dir_mode: Option<u16>,
     /// Return once mounted, leaving the mount running in the background;
     /// its log goes to --log-file (default: a file named on stderr).
     #[arg(long)]
@@ -438,11 +457,13 @@ pub(crate) struct S3Args {
         value_name = "URL"
     )]
     pub(crate) s3_endpoint: Option<String>,
-    /// S3 region (default: AWS_REGION, the profile's, else us-east-1).
-    #[arg(long)]
+    /// S3 region, as the AWS CLI's `--region` (key `s3_region`; default:
+    /// AWS_REGION, the profile's, else us-east-1).
+    #[arg(long = "region", visible_alias = "s3-region", value_name = "REGION")]
     pub(crate) s3_region: Option<String>,
-    /// Address buckets as a path (endpoint/bucket/key), not a host name.
-    #[arg(long)]
+    /// Address buckets as a path (endpoint/bucket/key), not a host name
+    /// (`--force-path-style`, as Mountpoint for Amazon S3 names it).
+    #[arg(long, visible_alias = "force-path-style")]
     pub(crate) s3_path_style: bool,
     /// Send unsigned requests, no credentials looked up (public buckets), as
     /// the AWS CLI's option (key `s3_unsigned`).
@@ -455,6 +476,17 @@ pub(crate) struct S3Args {
 
 fn size_arg(s: &str) -> Result<u64, String> {
     parse_size(s)
+}
+
+/// Permission bits in octal (`644`, `0644`, `0o644`), at most 0777.
+pub(crate) fn mode_arg(s: &str) -> Result<u16, String> {
+    let digits = s.strip_prefix("0o").unwrap_or(s);
+    match u16::from_str_radix(digits, 8) {
+        Ok(m) if m <= 0o777 && !digits.is_empty() && !digits.starts_with('+') => Ok(m),
+        _ => Err(format!(
+            "`{s}` is not permission bits in octal, 0 to 0777 (e.g. 0644)"
+        )),
+    }
 }
 
 pub(crate) fn config_for(urls: Vec<String>, a: &LoaderArgs) -> AnyResult<Config> {
