@@ -58,6 +58,10 @@ pub(crate) enum Command {
     /// Write a file or stdin as one object (S3 or local), visible only once
     /// whole; never replaces one unless --overwrite.
     Put(PutArgs),
+    /// Serve volumes to Kubernetes pods: a CSI node driver (gRPC on a Unix
+    /// socket, driver name csi.ringfeed.dev) that runs a `ringfeed mount`
+    /// for each volume published on the node.
+    Csi(CsiArgs),
     /// Show what a cache directory (`cache_dir`) holds, or write the
     /// manifest of the sample counts its loaders learned.
     Cache(CacheArgs),
@@ -400,6 +404,28 @@ pub(crate) struct MountArgs {
     pub(crate) metrics_addr: Option<std::net::IpAddr>,
     #[command(flatten)]
     pub(crate) opts: ObjectArgs,
+}
+
+#[derive(Args)]
+pub(crate) struct CsiArgs {
+    /// The socket the kubelet calls, as its registrar gives it
+    /// (unix:///PATH or a path).
+    #[arg(long, default_value = "unix:///csi/csi.sock", value_name = "URL")]
+    pub(crate) endpoint: String,
+    /// This node's id, as the kubelet knows it (the node's name: the
+    /// downward API's spec.nodeName).
+    #[arg(long, value_name = "NAME")]
+    pub(crate) node_id: String,
+    /// Where the driver keeps a record of each published volume, so that a
+    /// driver started again finds the mounts an earlier one made (a
+    /// hostPath that lives as long as the node's mounts).
+    #[arg(long, default_value = "/run/ringfeed/csi", value_name = "DIR")]
+    pub(crate) state_dir: PathBuf,
+    /// The node's cache directory (the node engine's `cache_dir`): every
+    /// volume's mount reads it and fills it, unless the volume says
+    /// `cache: none`.
+    #[arg(long, value_name = "DIR")]
+    pub(crate) cache_dir: Option<PathBuf>,
 }
 
 #[derive(Args)]

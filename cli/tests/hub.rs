@@ -11,9 +11,13 @@ use std::process::{Command, Output};
 
 use ringfeed::synth::{self, GenOptions};
 
+// Shared with the root crate, whose rust-version (1.85) has no `if let`
+// chains: clippy's suggestion of them (for this crate's 1.88) is not taken.
+#[allow(clippy::collapsible_if)]
 #[path = "../../tests/support/store/mod.rs"]
 mod store;
 
+#[allow(clippy::collapsible_if)]
 #[path = "../../tests/support/hub/mod.rs"]
 mod hub;
 
