@@ -5,9 +5,10 @@
 
 use std::path::{Path, PathBuf};
 
-/// The file system type `ringfeed mount` mounts with (`fuse.` and the
-/// subtype it gives the kernel).
-pub(crate) const OURS: &str = "fuse.ringfeed";
+/// The file system type `ringfeed mount` mounts with through
+/// `fusermount3` (`fuse.` and its subtype); mounted by the system call
+/// itself (as root), it is plain `fuse`.
+const OURS: &str = "fuse.ringfeed";
 
 /// The top mount on a path.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,6 +17,18 @@ pub(crate) struct Entry {
     pub(crate) fstype: String,
     /// What the mount names as its source (ours: the URL, redacted).
     pub(crate) source: String,
+}
+
+impl Entry {
+    /// Whether this is a `ringfeed mount`: of our type, or a plain FUSE
+    /// mount whose source is the URL a ringfeed mount names itself by.
+    pub(crate) fn is_ringfeed(&self) -> bool {
+        self.fstype == OURS
+            || (self.fstype == "fuse"
+                && ["s3://", "http://", "https://"]
+                    .iter()
+                    .any(|s| self.source.starts_with(s)))
+    }
 }
 
 /// A mountinfo field unescaped: the kernel writes space, tab, newline

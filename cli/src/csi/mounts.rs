@@ -24,13 +24,20 @@ const MOUNT_LIMIT: Duration = Duration::from_secs(60);
 const EXIT_LIMIT: Duration = Duration::from_secs(20);
 
 /// The start time of process `pid` (`/proc/PID/stat`'s 22nd field, in
-/// clock ticks since boot): with the pid, names one process for good.
+/// clock ticks since boot), while it runs: with the pid, names one
+/// process for good.
 pub(crate) fn started(pid: u32) -> Option<u64> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The name (field 2) is in parentheses and may hold anything: the
     // fields after its last `)` start at field 3.
     let rest = &text[text.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
+    let mut fields = rest.split_whitespace();
+    // A zombie (state Z) has ended; it waits only for its parent to
+    // reap it.
+    if fields.next()? == "Z" {
+        return None;
+    }
+    fields.nth(18)?.parse().ok()
 }
 
 /// Whether the mount process of `r` still runs.
@@ -170,9 +177,10 @@ fn fusermount(target: &Path) -> Result<(), String> {
 }
 
 /// Whether the mount on `target` answers: a FUSE mount whose process is
-/// gone answers `ENOTCONN` to a `stat`.
+/// gone answers `ENOTCONN` to opening its root (a `stat` may still be
+/// answered from the kernel's cache of attributes).
 pub(crate) fn answers(target: &Path) -> bool {
-    std::fs::metadata(target).is_ok()
+    std::fs::read_dir(target).is_ok()
 }
 
 /// The parent directory of `target`, which the kubelet makes.

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tonic::{Code, Request, Response, Status};
 
-use super::mountinfo::{self, OURS};
+use super::mountinfo;
 use super::mounts;
 use super::proto::identity_server::Identity;
 use super::proto::node_server::Node;
@@ -69,7 +69,7 @@ impl Driver {
         let mut records = HashMap::new();
         for (target, r) in found {
             match mountinfo::mounted(&target) {
-                Ok(Some(e)) if e.fstype == OURS => {
+                Ok(Some(e)) if e.is_ringfeed() => {
                     let how = if mounts::alive(&r) {
                         format!("serving (pid {})", r.pid)
                     } else {
@@ -145,7 +145,7 @@ impl Driver {
             .map_err(|e| Refusal::new(Code::Internal, format!("/proc/self/mountinfo: {e}")))?;
         let record = lock(&self.records).get(&p.target).cloned();
         match (there, record) {
-            (Some(e), _) if e.fstype != OURS => {
+            (Some(e), _) if !e.is_ringfeed() => {
                 return Err(Refusal::new(
                     Code::FailedPrecondition,
                     format!(
@@ -246,7 +246,7 @@ impl Driver {
             .map_err(|e| Refusal::new(Code::Internal, format!("/proc/self/mountinfo: {e}")))?;
         let record = lock(&self.records).get(target).cloned();
         if let Some(e) = &there
-            && e.fstype != OURS
+            && !e.is_ringfeed()
         {
             return Err(Refusal::new(
                 Code::FailedPrecondition,
