@@ -58,6 +58,10 @@ pub(crate) enum Command {
     /// Write a file or stdin as one object (S3 or local), visible only once
     /// whole; never replaces one unless --overwrite.
     Put(PutArgs),
+    /// Serve volumes to Kubernetes pods: a CSI node driver (gRPC on a Unix
+    /// socket, driver name csi.ringfeed.dev) that runs a `ringfeed mount`
+    /// for each volume published on the node.
+    Csi(CsiArgs),
     /// Show what a cache directory (`cache_dir`) holds, or write the
     /// manifest of the sample counts its loaders learned.
     Cache(CacheArgs),
@@ -365,6 +369,25 @@ pub(crate) struct MountArgs {
     /// allow_other; needs user_allow_other in /etc/fuse.conf unless root).
     #[arg(long)]
     pub(crate) allow_other: bool,
+    /// Mount read-only: every write, new file or directory is refused
+    /// (EROFS), and no write bits are shown.
+    #[arg(long)]
+    pub(crate) read_only: bool,
+    /// The user id that owns every file and directory (default: the
+    /// mounting user's).
+    #[arg(long, value_name = "UID")]
+    pub(crate) uid: Option<u32>,
+    /// The group id of every file and directory (default: the mounting
+    /// user's group).
+    #[arg(long, value_name = "GID")]
+    pub(crate) gid: Option<u32>,
+    /// The permission bits of files, in octal (default 0644; the write
+    /// bits are dropped on a read-only mount or an http(s):// source).
+    #[arg(long, value_name = "MODE", value_parser = mode_arg)]
+    pub(crate) file_mode: Option<u16>,
+    /// The permission bits of directories, in octal (default 0755).
+    #[arg(long, value_name = "MODE", value_parser = mode_arg)]
+    pub(crate) dir_mode: Option<u16>,
     /// Return once mounted, leaving the mount running in the background;
     /// its log goes to --log-file (default: a file named on stderr).
     #[arg(long)]
@@ -381,6 +404,28 @@ pub(crate) struct MountArgs {
     pub(crate) metrics_addr: Option<std::net::IpAddr>,
     #[command(flatten)]
     pub(crate) opts: ObjectArgs,
+}
+
+#[derive(Args)]
+pub(crate) struct CsiArgs {
+    /// The socket the kubelet calls, as its registrar gives it
+    /// (unix:///PATH or a path).
+    #[arg(long, default_value = "unix:///csi/csi.sock", value_name = "URL")]
+    pub(crate) endpoint: String,
+    /// This node's id, as the kubelet knows it (the node's name: the
+    /// downward API's spec.nodeName).
+    #[arg(long, value_name = "NAME")]
+    pub(crate) node_id: String,
+    /// Where the driver keeps a record of each published volume, so that a
+    /// driver started again finds the mounts an earlier one made (a
+    /// hostPath that lives as long as the node's mounts).
+    #[arg(long, default_value = "/run/ringfeed/csi", value_name = "DIR")]
+    pub(crate) state_dir: PathBuf,
+    /// The node's cache directory (the node engine's `cache_dir`): every
+    /// volume's mount reads it and fills it, unless the volume says
+    /// `cache: none`.
+    #[arg(long, value_name = "DIR")]
+    pub(crate) cache_dir: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -438,11 +483,13 @@ pub(crate) struct S3Args {
         value_name = "URL"
     )]
     pub(crate) s3_endpoint: Option<String>,
-    /// S3 region (default: AWS_REGION, the profile's, else us-east-1).
-    #[arg(long)]
+    /// S3 region, as the AWS CLI's `--region` (key `s3_region`; default:
+    /// AWS_REGION, the profile's, else us-east-1).
+    #[arg(long = "region", visible_alias = "s3-region", value_name = "REGION")]
     pub(crate) s3_region: Option<String>,
-    /// Address buckets as a path (endpoint/bucket/key), not a host name.
-    #[arg(long)]
+    /// Address buckets as a path (endpoint/bucket/key), not a host name
+    /// (`--force-path-style`, as Mountpoint for Amazon S3 names it).
+    #[arg(long, visible_alias = "force-path-style")]
     pub(crate) s3_path_style: bool,
     /// Send unsigned requests, no credentials looked up (public buckets), as
     /// the AWS CLI's option (key `s3_unsigned`).
@@ -455,6 +502,17 @@ pub(crate) struct S3Args {
 
 fn size_arg(s: &str) -> Result<u64, String> {
     parse_size(s)
+}
+
+/// Permission bits in octal (`644`, `0644`, `0o644`), at most 0777.
+pub(crate) fn mode_arg(s: &str) -> Result<u16, String> {
+    let digits = s.strip_prefix("0o").unwrap_or(s);
+    match u16::from_str_radix(digits, 8) {
+        Ok(m) if m <= 0o777 && !digits.is_empty() && !digits.starts_with('+') => Ok(m),
+        _ => Err(format!(
+            "`{s}` is not permission bits in octal, 0 to 0777 (e.g. 0644)"
+        )),
+    }
 }
 
 pub(crate) fn config_for(urls: Vec<String>, a: &LoaderArgs) -> AnyResult<Config> {

@@ -4,8 +4,9 @@
 //! `topology` prints what the engine reads of the machine and where a
 //! loader's workers would run, `node` runs a node engine, and `demo`
 //! generates shards in a temporary directory and streams them from an
-//! embedded loopback server; `get` and `put` read and write whole objects, and `mount` shows a
-//! source as a file system (FUSE).
+//! embedded loopback server; `get` and `put` read and write whole objects, `mount` shows a
+//! source as a file system (FUSE), and `csi` serves such mounts to
+//! Kubernetes pods as volumes (a CSI node driver).
 //!
 //! This file parses the command line and dispatches; the flags are in
 //! `args.rs`, each command in its own file (`generate.rs`, `bench.rs`,
@@ -23,6 +24,7 @@ use std::io::Write as _;
 mod args;
 mod bench;
 mod cache;
+mod csi;
 mod demo;
 mod generate;
 mod get;
@@ -70,6 +72,7 @@ fn main() -> ExitCode {
         Command::Get(a) => get::get(a),
         Command::Put(a) => put::put(a),
         Command::Mount(a) => mount::mount_cmd(a),
+        Command::Csi(a) => csi::csi_cmd(a),
         Command::Cache(a) => cache::cache_cmd(a),
         Command::Demo {
             size,

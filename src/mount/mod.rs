@@ -92,9 +92,21 @@ pub struct MountOptions {
     pub memory: u64,
     /// Network threads receiving the blocks.
     pub net_threads: usize,
+    /// The owner every file and directory shows.
     pub uid: u32,
     pub gid: u32,
+    /// The permission bits files and directories show (the kernel checks
+    /// them: the CLI mounts with `default_permissions`); the write bits
+    /// are taken off where no write is taken.
+    pub file_mode: u16,
+    pub dir_mode: u16,
+    /// Mounted read-only (the CLI mounts with the kernel's `ro`, which
+    /// answers every write `EROFS`): no write bits shown.
+    pub read_only: bool,
 }
+
+/// The write bits of a mode.
+const WRITE_BITS: u16 = 0o222;
 
 impl Default for MountOptions {
     fn default() -> MountOptions {
@@ -109,6 +121,10 @@ impl Default for MountOptions {
             uid: unsafe { libc::getuid() },
             // SAFETY: as above.
             gid: unsafe { libc::getgid() },
+            // A local file system's defaults for a umask of 022.
+            file_mode: 0o644,
+            dir_mode: 0o755,
+            read_only: false,
         }
     }
 }
@@ -191,8 +207,9 @@ pub struct Attr {
     pub mtime: SystemTime,
     pub uid: u32,
     pub gid: u32,
-    /// Permission bits (0755 for directories, 0644 for files; no write
-    /// bits on a source that takes no writes).
+    /// Permission bits (`dir_mode` or `file_mode`, 0755 and 0644 unless
+    /// set; no write bits on a source that takes no writes or a read-only
+    /// mount).
     pub perm: u16,
 }
 
@@ -346,6 +363,18 @@ impl Fs {
         })
     }
 
+    /// Lists the root of `source_url` once, as a mount's first listing
+    /// would: whether the source is there and may be listed (a missing
+    /// bucket, a denied prefix, a server that does not answer), as the
+    /// listing's error. An S3 prefix with no objects under it is there
+    /// (S3 has no directories).
+    pub fn probe(source_url: &str, cfg: &Config) -> Result<()> {
+        let source = Source::open(source_url, cfg)?;
+        let net = NetOptions::for_config(cfg);
+        source.list("", &net, &mut Jitter::new(0x70726f6265))?;
+        Ok(())
+    }
+
     /// The kernel's read-ahead actually in force on the mount (the one
     /// asked for could not be set: the kernel's default then).
     pub fn set_kernel_readahead(&self, bytes: u64) {
@@ -372,7 +401,11 @@ impl Fs {
     }
 
     fn attr_of(&self, ino: u64, n: &tree::Node) -> Attr {
-        let writable = self.source.writable();
+        let writable = self.source.writable() && !self.opts.read_only;
+        let mode = match n.kind {
+            Kind::Dir => self.opts.dir_mode,
+            Kind::File => self.opts.file_mode,
+        };
         Attr {
             ino,
             kind: n.kind,
@@ -380,12 +413,7 @@ impl Fs {
             mtime: n.mtime,
             uid: self.opts.uid,
             gid: self.opts.gid,
-            perm: match (n.kind, writable) {
-                (Kind::Dir, true) => 0o755,
-                (Kind::Dir, false) => 0o555,
-                (Kind::File, true) => 0o644,
-                (Kind::File, false) => 0o444,
-            },
+            perm: if writable { mode } else { mode & !WRITE_BITS },
         }
     }
 

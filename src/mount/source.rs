@@ -15,6 +15,8 @@ use crate::error::{Error, IoOp, Result};
 use crate::fetch::http_sync::HttpPool;
 use crate::fetch::{NetOptions, with_retries};
 use crate::net::http::HttpObject;
+use crate::net::hub::api::At;
+use crate::net::hub::{HubClient, HubUrl};
 use crate::net::retry::Jitter;
 use crate::net::s3::list::S3Client;
 use crate::net::s3::{Env, S3Url};
@@ -39,6 +41,15 @@ pub enum Source {
         addrs: Vec<SocketAddr>,
         client: reqwest::blocking::Client,
     },
+    /// A Hugging Face Hub dataset (`hf://datasets/ORG/NAME[@REV][/PATH]`)
+    /// at the commit its revision named when mounted: listed with the
+    /// Hub's tree API, each file read at `resolve/{commit}/` with the
+    /// token (read-only).
+    Hub {
+        client: HubClient,
+        url: HubUrl,
+        sha: String,
+    },
 }
 
 impl Source {
@@ -50,11 +61,25 @@ impl Source {
             reason,
         };
         if url.starts_with(crate::net::hub::url::SCHEME) {
-            return Err(bad(
-                "a Hugging Face Hub dataset is read by the loader and `ringfeed ls`/`cat`/`get`, \
-                 not mounted"
-                    .into(),
-            ));
+            let u = crate::net::hub::url::parse(url).map_err(bad)?;
+            let client = HubClient::new(&Env::process(), url)?;
+            let at = At {
+                repo: &u.repo,
+                revision: u.revision(),
+                path: &u.path,
+            };
+            // The mount shows one commit for its life, as a loader reads
+            // one: the revision is resolved once, here.
+            let sha = client.commit(
+                &at,
+                &NetOptions::for_config(cfg),
+                &mut Jitter::new(0x6875_626d_6e74),
+            )?;
+            return Ok(Source::Hub {
+                client,
+                url: u,
+                sha,
+            });
         }
         if url.starts_with("s3://") {
             let u = S3Url::parse(url).map_err(bad)?;
@@ -107,12 +132,14 @@ impl Source {
             Source::Local(root) => root.join(rel).to_string_lossy().into_owned(),
             Source::S3 { bucket, prefix, .. } => format!("s3://{bucket}/{prefix}{rel}"),
             Source::Http { base, .. } => format!("{base}{}", encode_path(rel)),
+            Source::Hub { url, .. } => url.name_of(&hub_path(&url.path, rel)),
         }
     }
 
-    /// Whether new files can be written here (not over HTTP).
+    /// Whether new files can be written here (not over HTTP, not to the
+    /// Hub).
     pub fn writable(&self) -> bool {
-        !matches!(self, Source::Http { .. })
+        matches!(self, Source::Local(_) | Source::S3 { .. })
     }
 
     /// The object at `rel`.
@@ -132,6 +159,11 @@ impl Source {
                 let o = HttpObject::new(&url, addrs.clone())
                     .map_err(|reason| Error::Url { url, reason })?;
                 Object::Remote(Arc::new(o))
+            }
+            Source::Hub { client, url, sha } => {
+                let path = hub_path(&url.path, rel);
+                let name = url.name_of(&path);
+                Object::Remote(Arc::new(client.object(&url.repo, sha, &path, &name)?))
             }
         })
     }
@@ -218,6 +250,34 @@ impl Source {
                         etag,
                         mtime: None,
                     });
+                }
+                Ok(out)
+            }
+            Source::Hub { client, url, sha } => {
+                let dir = hub_path(&url.path, rel);
+                let at = At {
+                    repo: &url.repo,
+                    revision: url.revision(),
+                    path: &dir,
+                };
+                let entries = client.tree(&at, sha, &dir, false, net, jitter)?;
+                let mut out = Vec::new();
+                for e in entries {
+                    let name = match e.path.strip_prefix(&dir) {
+                        Some(n) if !dir.is_empty() => n.trim_start_matches('/'),
+                        _ => e.path.as_str(),
+                    };
+                    if usable(name) {
+                        out.push(Listed {
+                            name: name.to_string(),
+                            kind: if e.dir { Kind::Dir } else { Kind::File },
+                            size: if e.dir { 0 } else { e.size },
+                            // The content host's, learned by the first
+                            // read (the file is pinned by the commit).
+                            etag: None,
+                            mtime: None,
+                        });
+                    }
                 }
                 Ok(out)
             }
@@ -364,6 +424,16 @@ fn encode_path(rel: &str) -> String {
 /// When a local file was last changed, for its attributes.
 pub fn local_mtime(path: &std::path::Path) -> Option<SystemTime> {
     std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+/// The path in a Hub repository of `rel` under the mounted `base`
+/// (either may be empty).
+fn hub_path(base: &str, rel: &str) -> String {
+    match (base.is_empty(), rel.is_empty()) {
+        (_, true) => base.to_string(),
+        (true, false) => rel.to_string(),
+        (false, false) => format!("{base}/{rel}"),
+    }
 }
 
 #[cfg(test)]

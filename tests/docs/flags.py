@@ -245,7 +245,7 @@ def problems(uses: list[Use], flags: dict[str, set[str]]) -> list[str]:
 
 
 CONTROLS = {
-    "a made-up flag in a command line": ("```sh\nringfeed mount s3://b/ /mnt --region us-east-1\n```\n", 1),
+    "a made-up flag in a command line": ("```sh\nringfeed mount s3://b/ /mnt --bucket-region us-east-1\n```\n", 1),
     "another subcommand's flag, named": ("`ringfeed serve` takes `--overwrite`.\n", 1),
     "a bare flag under no command": ("Give it `--overwrite`.\n", 1),
     "a span of a subcommand's name with another's flag": ("Run `serve --overwrite`.\n", 1),

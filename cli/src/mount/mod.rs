@@ -85,7 +85,6 @@ fn mount_entry(dir: &Path) -> Option<(String, String)> {
 /// its own, its log to a file), this one returning once it has mounted —
 /// or with its log when it failed.
 fn daemonize(a: &MountArgs) -> AnyResult<()> {
-    use std::os::unix::process::CommandExt;
     let log = a.log_file.clone().unwrap_or_else(|| {
         std::env::temp_dir().join(format!("ringfeed-mount-{}.log", std::process::id()))
     });
@@ -95,11 +94,31 @@ fn daemonize(a: &MountArgs) -> AnyResult<()> {
         .skip(1)
         .filter(|x| x != "--daemon")
         .collect();
+    let mut child = spawn_detached(&args, file)?;
+    wait_mounted(&mut child, &log, &a.mountpoint, Duration::from_secs(60))?;
+    eprintln!(
+        "ringfeed mount: {} mounted on {} (pid {}, log {})",
+        a.source,
+        a.mountpoint.display(),
+        child.id(),
+        log.display()
+    );
+    Ok(())
+}
+
+/// This program run with `args` in a session of its own (no terminal's
+/// signals reach it; it outlives the process that started it), its
+/// stdout and stderr to `log`.
+pub(crate) fn spawn_detached(
+    args: &[String],
+    log: std::fs::File,
+) -> std::io::Result<std::process::Child> {
+    use std::os::unix::process::CommandExt;
     let mut cmd = std::process::Command::new(std::env::current_exe()?);
     cmd.args(args)
         .stdin(std::process::Stdio::null())
-        .stdout(file.try_clone()?)
-        .stderr(file);
+        .stdout(log.try_clone()?)
+        .stderr(log);
     // SAFETY: setsid is async-signal-safe; nothing else runs in the child
     // before exec.
     unsafe {
@@ -108,30 +127,35 @@ fn daemonize(a: &MountArgs) -> AnyResult<()> {
             Ok(())
         });
     }
-    let mut child = cmd.spawn()?;
-    let until = std::time::Instant::now() + Duration::from_secs(60);
+    cmd.spawn()
+}
+
+/// Waits until `child`, a mount process writing its log to `log`, has
+/// mounted on `mountpoint` and said so; its log is the error when it
+/// exits first, and it is killed when `limit` passes first.
+pub(crate) fn wait_mounted(
+    child: &mut std::process::Child,
+    log: &Path,
+    mountpoint: &Path,
+    limit: Duration,
+) -> AnyResult<()> {
+    let until = std::time::Instant::now() + limit;
     loop {
         // Mounted and said so: the line comes once the mount is set up
         // (its kernel read-ahead included), not when the kernel first
         // lists it.
-        let said = std::fs::read_to_string(&log).is_ok_and(|t| t.contains(" mounted on "));
-        if said && mounted(&a.mountpoint) {
-            eprintln!(
-                "ringfeed mount: {} mounted on {} (pid {}, log {})",
-                a.source,
-                a.mountpoint.display(),
-                child.id(),
-                log.display()
-            );
+        let said = std::fs::read_to_string(log).is_ok_and(|t| t.contains(" mounted on "));
+        if said && mounted(mountpoint) {
             return Ok(());
         }
         if let Some(status) = child.try_wait()? {
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let text = std::fs::read_to_string(log).unwrap_or_default();
             return Err(format!("the mount exited ({status}) before mounting:\n{text}").into());
         }
         if std::time::Instant::now() > until {
             let _ = child.kill();
-            return Err("the mount did not come up within 60 s".into());
+            let _ = child.wait();
+            return Err(format!("the mount did not come up within {} s", limit.as_secs()).into());
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -164,7 +188,15 @@ pub(crate) fn mount_cmd(a: MountArgs) -> AnyResult<()> {
         readahead: a.read_ahead,
         kernel_readahead: a.kernel_read_ahead,
         memory: a.memory,
+        read_only: a.read_only,
         ..MountOptions::default()
+    };
+    let opts = MountOptions {
+        uid: a.uid.unwrap_or(opts.uid),
+        gid: a.gid.unwrap_or(opts.gid),
+        file_mode: a.file_mode.unwrap_or(opts.file_mode),
+        dir_mode: a.dir_mode.unwrap_or(opts.dir_mode),
+        ..opts
     };
     ringfeed::log::set(
         Some(Box::new(|level, msg| {
@@ -210,6 +242,9 @@ pub(crate) fn mount_cmd(a: MountArgs) -> AnyResult<()> {
     ];
     if a.allow_other {
         options.push(MountOption::AllowOther);
+    }
+    if a.read_only {
+        options.push(MountOption::RO);
     }
     let adapter = Adapter {
         fs: Arc::clone(&fs),
