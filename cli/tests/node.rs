@@ -2,8 +2,9 @@
 //! batches, and when it dies (killed) every attached consumer gets a named
 //! error — after the batches it already had — never a hang; the socket a
 //! killed engine leaves is replaced by the next engine, never one a live
-//! engine answers on; `ringfeed bench` with `"node"` in its `--config`
-//! reads the whole dataset through it.
+//! engine answers on; SIGTERM stops it, its socket removed; `ringfeed
+//! bench` with `"node"` in its `--config` reads the whole dataset through
+//! it.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -203,6 +204,41 @@ fn a_killed_engines_socket_is_replaced_and_a_live_ones_never() {
     assert_eq!(pid, Some(engine.id() as u64));
     engine.kill().unwrap();
     engine.wait().unwrap();
+}
+
+#[test]
+fn sigterm_stops_the_engine_and_removes_its_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = shards(dir.path());
+    let socket = dir.path().join("node.sock");
+    let mut engine = Command::new(BIN)
+        .arg("node")
+        .args(&paths)
+        .arg("--socket")
+        .arg(&socket)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_listening(&socket, &mut engine);
+    // SAFETY: plain arguments; the engine is this test's child.
+    assert_eq!(unsafe { libc::kill(engine.id() as i32, libc::SIGTERM) }, 0);
+    let start = Instant::now();
+    while engine.try_wait().unwrap().is_none() {
+        if start.elapsed() > Duration::from_secs(60) {
+            engine.kill().unwrap();
+            panic!("SIGTERM did not stop the engine");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = engine.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}: {err}", out.status);
+    assert!(
+        err.contains("signal 15: removed the socket; exiting"),
+        "{err}"
+    );
+    assert!(!socket.exists());
 }
 
 /// Runs `ringfeed bench --json` and returns its report.

@@ -3,7 +3,8 @@
 //! one when none runs (`ringfeed node --daemon`, fed its configuration on
 //! standard input), how an engine takes its socket over from one that was
 //! killed ([`listen`]), and the engine process's own body ([`run`]: listen,
-//! detach, serve the metrics, serve consumers until it lingers out). The
+//! detach, serve the metrics, serve consumers until it lingers out or is
+//! told to stop by SIGTERM or SIGINT). The
 //! CLI's `ringfeed node` parses its flags and calls [`run`].
 
 use std::os::fd::OwnedFd;
@@ -251,8 +252,8 @@ pub struct NodeRun {
 }
 
 /// Runs a node engine in this process, as [`NodeRun`] says, until it
-/// lingers out (or, with `daemon`, returns in the parent once the socket
-/// listens). Progress goes to standard error: where it listens, where its
+/// lingers out or gets SIGTERM or SIGINT (or, with `daemon`, returns in the
+/// parent once the socket listens). Progress goes to standard error: where it listens, where its
 /// metrics are, and why it exits.
 ///
 /// With `daemon`, call it before this process starts any thread: it forks.
@@ -312,10 +313,14 @@ pub fn run(r: NodeRun) -> Result<()> {
         config: r.config,
         linger: r.linger,
     };
+    super::serve::stop_on_signals();
     serve_with_metrics(listener, opts, |m| {
         let _ = source.set(m);
     })?;
-    eprintln!("ringfeed node: no consumer for a while; exiting");
+    match super::serve::stopped_by() {
+        Some(sig) => eprintln!("ringfeed node: signal {sig}: removed the socket; exiting"),
+        None => eprintln!("ringfeed node: no consumer for a while; exiting"),
+    }
     Ok(())
 }
 
