@@ -16,7 +16,8 @@
 # image's layers would carry them). About 75 MB.
 #
 # RINGFEED_DEBIAN_MIRROR and RINGFEED_DEBIAN_SECURITY name other mirrors.
-# Runs as root (mmdebstrap's root mode).
+# Runs as root (mmdebstrap's root mode); the test command runs it
+# (deploy/tests/test_images.py, docs/containers-and-abi-checks.md).
 set -euo pipefail
 
 image=${1:-localhost/ringfeed-base:bookworm}
