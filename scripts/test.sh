@@ -7,9 +7,12 @@
 # (scripts/install.sh) with a CMake and a pkg-config program built on it,
 # then the Python package: installed by pip into .venv (which builds and
 # bundles the release library) and tested with pytest, torch included; a
-# dependency that cannot be installed fails the run. Last, the docs: the
-# programs README.md and docs/ show are run, and the `ringfeed` flags and
-# the files they name are checked (tests/docs/, docs/testing.md).
+# dependency that cannot be installed fails the run. Then the deployment:
+# the manifests checked, and the container images built from Debian's
+# packages and the release build and run as the manifests say
+# (deploy/tests/). Last, the docs: the programs README.md and docs/ show
+# are run, and the `ringfeed` flags and the files they name are checked
+# (tests/docs/, docs/testing.md).
 #
 # CI runs this on a clean clone of 2 CPUs within a time limit, so the script
 # keeps its wall time down without running less: each phase prints how long
@@ -267,8 +270,40 @@ phase "deploy checks"
 # deploy/ and docker/: schemas, the seccomp profile, the Dockerfile's lint,
 # the pods' settings against the engine configuration they carry.
 deploy_status=0
-.venv/bin/python -m pytest deploy/tests -q -rs -p no:cacheprovider || deploy_status=$?
+.venv/bin/python -m pytest deploy/tests/test_deploy.py -q -rs -p no:cacheprovider || deploy_status=$?
 [ "$status" -ne 0 ] || status=$deploy_status
+phase "container images"
+# The images built and run here, with no registry and no Docker daemon
+# (deploy/tests/test_images.py, docs/containers-and-abi-checks.md): a base
+# from Debian's packages (mmdebstrap), both images of docker/Dockerfile
+# built on it from the release build above (podman), then the DaemonSet's
+# and the Job's containers run as the manifests say (runc), the engine
+# killed and started again. podman, runc and mmdebstrap come from Debian's
+# packages; where they cannot be installed at all (not root, not Debian)
+# the test is skipped and the run says so at its end, never as a pass; on
+# a Debian machine as root, a failed install fails the run. About two
+# minutes on CI's machine, most of it the base and the builds; nothing is
+# kept between runs.
+images_status=0
+images_skip=""
+if [ "$(id -u)" -ne 0 ]; then
+    images_skip="not root: the image test runs podman and makes a network namespace as root"
+elif ! command -v podman >/dev/null || ! command -v runc >/dev/null || ! command -v mmdebstrap >/dev/null ||
+    ! command -v ip >/dev/null; then
+    if ! command -v apt-get >/dev/null; then
+        images_skip="no apt-get: podman, runc and mmdebstrap install from Debian's packages"
+    else
+        apt-get update -qq && apt-get install -y -qq --no-install-recommends podman runc mmdebstrap iproute2 \
+            >/dev/null || images_status=$?
+    fi
+fi
+if [ -n "$images_skip" ]; then
+    echo "test.sh: SKIPPED deploy/tests/test_images.py: $images_skip" >&2
+    echo "SKIPPED deploy/tests/test_images.py: $images_skip" >>target/tmp/skipped-tests.txt
+elif [ "$images_status" -eq 0 ]; then
+    .venv/bin/python -m pytest deploy/tests/test_images.py -q -s -rs -p no:cacheprovider || images_status=$?
+fi
+[ "$status" -ne 0 ] || status=$images_status
 phase "docs"
 # The docs that run (docs/testing.md): every `--flag` the docs give the
 # `ringfeed` command is one of that subcommand's (a few seconds), and every
@@ -282,4 +317,8 @@ docs_status=0
 .venv/bin/python tests/docs/programs.py --self-test || docs_status=$?
 [ "$status" -ne 0 ] || status=$docs_status
 phase ""
+if [ -s target/tmp/skipped-tests.txt ]; then
+    echo "test.sh: skipped, not passed:" >&2
+    cat target/tmp/skipped-tests.txt >&2
+fi
 exit "$status"

@@ -1,7 +1,10 @@
 //! `ringfeed node` as its own process: consumers attached to it take their
 //! batches, and when it dies (killed) every attached consumer gets a named
-//! error — after the batches it already had — never a hang; `ringfeed
-//! bench` with `"node"` in its `--config` reads the whole dataset through it.
+//! error — after the batches it already had — never a hang; the socket a
+//! killed engine leaves is replaced by the next engine, never one a live
+//! engine answers on; SIGTERM stops it, its socket removed; `ringfeed
+//! bench` with `"node"` in its `--config` reads the whole dataset through
+//! it.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -118,6 +121,124 @@ fn an_engine_that_dies_is_an_error_for_its_consumers_not_a_hang() {
         .flat_map(|f| unsafe { std::slice::from_raw_parts(f.data, f.len) }.to_vec())
         .collect();
     assert_eq!(copy, again);
+}
+
+/// The samples of one epoch of `cfg`'s loader (in this process, or
+/// attached to an engine by its `node` key).
+fn epoch_samples(cfg: &serde_json::Value) -> (usize, Option<u64>) {
+    let l = Attached::open_json(&cfg.to_string()).unwrap();
+    let mut samples = 0;
+    loop {
+        match l.next(Some(Duration::from_secs(60))).unwrap() {
+            AnyNext::Batch(b) => samples += b.len(),
+            AnyNext::EndOfEpoch(_) | AnyNext::Finished => break,
+            AnyNext::Timeout => panic!("no batch within 60 s"),
+        }
+    }
+    let (stats, _) = l.stats().unwrap();
+    let stats: serde_json::Value = serde_json::from_str(&stats).unwrap();
+    (samples, stats["node"]["pid"].as_u64())
+}
+
+/// `ringfeed node` at `socket`, expected to fail: its standard error.
+/// Killed (and the test failed) if it is still running after 60 s.
+fn refused_engine(paths: &[String], socket: &Path) -> String {
+    let mut engine = Command::new(BIN)
+        .arg("node")
+        .args(paths)
+        .arg("--socket")
+        .arg(socket)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while engine.try_wait().unwrap().is_none() {
+        if start.elapsed() > Duration::from_secs(60) {
+            engine.kill().unwrap();
+            panic!("a second engine at a live engine's socket started serving");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = engine.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn a_killed_engines_socket_is_replaced_and_a_live_ones_never() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = shards(dir.path());
+    let socket = dir.path().join("node.sock");
+    let cfg = json!({"urls": paths, "batch_size": 4});
+    let (alone, _) = epoch_samples(&cfg);
+    let attached = json!({"urls": paths, "batch_size": 4, "node": socket});
+    // SIGKILL, as the OOM killer or `kubectl delete --force` kill: the
+    // engine cannot remove its socket.
+    let mut killed = start_engine(&paths, &socket, &["--batch-size", "4"]);
+    killed.kill().unwrap();
+    killed.wait().unwrap();
+    use std::os::unix::fs::FileTypeExt;
+    let left = std::fs::symlink_metadata(&socket).expect("the killed engine's socket");
+    assert!(left.file_type().is_socket());
+    let e = ringfeed::node::sock::connect(&socket).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ECONNREFUSED), "{e}");
+    // Control: binding it as it is fails, as every restart did before the
+    // engine replaced a socket nobody answers on.
+    let e = ringfeed::node::sock::listen(&socket).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse, "{e}");
+    // The next engine takes it over and serves the whole epoch.
+    let mut engine = start_engine(&paths, &socket, &["--batch-size", "4"]);
+    let (served, pid) = epoch_samples(&attached);
+    assert_eq!(served, alone);
+    assert_eq!(pid, Some(engine.id() as u64));
+    // A third engine at the socket the second holds is refused by name and
+    // exits; the second keeps its socket and serves on.
+    let err = refused_engine(&paths, &socket);
+    assert!(
+        err.contains("a node engine answers there already: not replacing it"),
+        "{err}"
+    );
+    let (again, pid) = epoch_samples(&attached);
+    assert_eq!(again, alone);
+    assert_eq!(pid, Some(engine.id() as u64));
+    engine.kill().unwrap();
+    engine.wait().unwrap();
+}
+
+#[test]
+fn sigterm_stops_the_engine_and_removes_its_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = shards(dir.path());
+    let socket = dir.path().join("node.sock");
+    let mut engine = Command::new(BIN)
+        .arg("node")
+        .args(&paths)
+        .arg("--socket")
+        .arg(&socket)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_listening(&socket, &mut engine);
+    // SAFETY: plain arguments; the engine is this test's child.
+    assert_eq!(unsafe { libc::kill(engine.id() as i32, libc::SIGTERM) }, 0);
+    let start = Instant::now();
+    while engine.try_wait().unwrap().is_none() {
+        if start.elapsed() > Duration::from_secs(60) {
+            engine.kill().unwrap();
+            panic!("SIGTERM did not stop the engine");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = engine.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}: {err}", out.status);
+    assert!(
+        err.contains("signal 15: removed the socket; exiting"),
+        "{err}"
+    );
+    assert!(!socket.exists());
 }
 
 /// Runs `ringfeed bench --json` and returns its report.

@@ -1,6 +1,7 @@
 //! `"node": "auto"`: the first consumer starts this user's engine for the
 //! dataset (`ringfeed node --daemon`), the next attaches to the same one, and
-//! the engine exits once the last has left. One test in its own binary: it
+//! the engine exits once the last has left; one killed (SIGKILL: its socket
+//! stays) is replaced by the next consumer's. One test in its own binary: it
 //! sets environment variables (where the engine lives and which program it
 //! is), which no other test thread may read meanwhile.
 
@@ -89,4 +90,33 @@ fn auto_starts_one_engine_that_stops_after_the_last_consumer() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(!run.join("ringfeed").join(&sockets[0]).exists());
+    // An engine killed with SIGKILL leaves its socket; the next consumer
+    // finds nobody answering there and starts an engine that replaces it.
+    let c = Attached::open_json(&cfg(0)).unwrap();
+    let killed = engine_pid(&c);
+    // SAFETY: plain arguments; the engine is this test's grandchild.
+    assert_eq!(unsafe { libc::kill(killed as i32, libc::SIGKILL) }, 0);
+    // Dead once nobody answers on its socket: its thread-group leader
+    // shows as a zombie (`exited`) while its io_uring workers, which share
+    // its descriptors, are still closing the listening socket.
+    let socket = run.join("ringfeed").join(&sockets[0]);
+    let start = Instant::now();
+    while ringfeed::node::sock::connect(&socket)
+        .map_err(|e| e.raw_os_error())
+        .err()
+        != Some(Some(libc::ECONNREFUSED))
+    {
+        assert!(start.elapsed() < Duration::from_secs(60), "SIGKILL ignored");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(c);
+    assert!(socket.exists());
+    let d = Attached::open_json(&cfg(0)).unwrap();
+    assert_ne!(engine_pid(&d), killed);
+    let log = std::fs::read_to_string(socket.with_extension("log")).unwrap();
+    assert!(log.contains("replaced the stale socket"), "{log}");
+    assert!(matches!(
+        d.next(Some(Duration::from_secs(60))).unwrap(),
+        AnyNext::Batch(_)
+    ));
 }

@@ -18,11 +18,22 @@
 - docker/Dockerfile passes hadolint; a Dockerfile with known faults does
   not (the control).
 - The node engine's pod has what its configuration needs (huge pages for
-  `memory_kind: hugetlb`, IPC_LOCK for `lock_memory: on`, memory, the
-  seccomp profile, the cache and socket mounts, the metrics port), and the
-  training job agrees with the engine on the job's keys (world size,
-  batch size, DataLoader workers); each check fails on a copy with that
-  one setting broken (the controls).
+  `memory_kind: hugetlb`, memory, the seccomp profile, the cache and
+  socket mounts, the metrics port; `lock_memory: on` only in a root
+  container with IPC_LOCK, the one kind Kubernetes gives an added
+  capability), and the training job agrees with the engine on the job's
+  keys (world size, batch size, DataLoader workers); each check fails on a
+  copy with that one setting broken (the controls).
+- The pods run as the images' user (docker/Dockerfile's USER), the trainers
+  as the engine (its socket is that user's alone), and the hostPath
+  folders the kubelet makes root's are given to that user by the init
+  container before the engine starts; the pods' images are the two the
+  Dockerfile builds, named as kustomization.yaml's `images:` says, tagged
+  with the release's version (the controls: a trainer of another user, an
+  init container that gives the folders to root, a registry image that
+  nothing here builds).
+
+The images themselves are built and run in test_images.py.
 """
 
 import copy
@@ -34,11 +45,10 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 import kubernetes_validate
 
-DEPLOY = Path(__file__).resolve().parents[1]
-REPO = DEPLOY.parent
+from manifests import DEPLOY, REPO, documents, dockerfile_users, images, kustomization, pod_specs, \
+    release_version, resources, security
 # The oldest Kubernetes in EKS standard support when this was written, and
 # the newest the validator has schemas for.
 VERSIONS = ["1.31.0", kubernetes_validate.latest_version()]
@@ -56,20 +66,6 @@ FORBIDDEN = {
 IO_URING = {"io_uring_setup", "io_uring_enter", "io_uring_register"}
 # CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET
 CLONE_NEW_MASK = 2114060288
-
-
-def resources():
-    k = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
-    return k["resources"]
-
-
-def documents():
-    """{(kind, name): manifest} of every resource kustomization.yaml lists."""
-    out = {}
-    for f in resources():
-        for d in yaml.safe_load_all((DEPLOY / f).read_text()):
-            out[(d["kind"], d["metadata"]["name"])] = d
-    return out
 
 
 def test_every_manifest_is_valid_against_the_kubernetes_schemas():
@@ -236,8 +232,12 @@ def pod_problems(docs):
     if size(res["limits"].get("memory", 0)) < 1 << 30:
         out.append("memory limit below the process's own 1 GiB")
     caps = engine["securityContext"].get("capabilities", {}).get("add", [])
-    if cfg.get("lock_memory") == "on" and "IPC_LOCK" not in caps:
-        out.append("lock_memory is on without IPC_LOCK")
+    # Kubernetes gives an added capability to a root container only: in a
+    # container of another user it stays in the bounding set, out of the
+    # process's effective set (no ambient capabilities in the CRI).
+    engine_sc = security(spec, engine)
+    if cfg.get("lock_memory") == "on" and ("IPC_LOCK" not in caps or engine_sc.get("runAsUser") != 0):
+        out.append("lock_memory is on, but only a root container with IPC_LOCK may lock the budget")
     sp = engine["securityContext"].get("seccompProfile", {})
     installed = " ".join(" ".join(c.get("command", [])) for c in spec.get("initContainers", []))
     host_seccomp = [m["mountPath"] for c in spec.get("initContainers", []) for m in c["volumeMounts"]
@@ -284,7 +284,120 @@ def pod_problems(docs):
     sa = docs[("ServiceAccount", jspec["serviceAccountName"])]
     if "eks.amazonaws.com/role-arn" not in sa["metadata"].get("annotations", {}):
         out.append("the trainers' service account has no IRSA role")
+    out += user_problems(docs)
     return out
+
+
+def user_of(sc):
+    return f"{sc.get('runAsUser')}:{sc.get('runAsGroup')}"
+
+
+def user_problems(docs, dockerfile=None):
+    """Whether the pods run as the images' user, the trainers as the
+    engine, and the host folders the engine writes are given to it."""
+    out = []
+    users = dockerfile_users(dockerfile)
+    names = images()
+    pods = pod_specs(docs)
+    spec, job = pods["node engine"], pods["training job"]
+    (engine,), (trainer,) = spec["containers"], job["containers"]
+    for what, pod, c in (("engine", spec, engine), ("trainers", job, trainer)):
+        target = c["image"].removeprefix("ringfeed-")
+        sc = security(pod, c)
+        if sc.get("runAsNonRoot") is not True:
+            out.append(f"the {what} may run as root (runAsNonRoot is not true)")
+        if user_of(sc) != users.get(target):
+            out.append(f"the {what} run as {user_of(sc)}, the {target} image as {users.get(target)}")
+    if user_of(security(job, trainer)) != user_of(security(spec, engine)):
+        out.append(f"the trainers run as {user_of(security(job, trainer))}, the engine as "
+                   f"{user_of(security(spec, engine))}: they would refuse its socket")
+    # Every folder the engine writes on the node (the socket's, the
+    # cache), a hostPath the kubelet may make (root's, 0755), is given to
+    # the engine's user by an init container running as root with CHOWN.
+    vols = {v["name"]: v for v in spec["volumes"]}
+    written = {m["mountPath"]: m["name"] for m in engine["volumeMounts"]
+               if vols[m["name"]].get("hostPath", {}).get("type") == "DirectoryOrCreate"}
+    given = set()
+    for init in spec.get("initContainers", []):
+        command = " ".join(init.get("command", []))
+        m = re.search(r"chown (\d+):(\d+) ([^&;]+)", command)
+        isc = security(spec, init)
+        if not m or isc.get("runAsUser") != 0 or "CHOWN" not in isc.get("capabilities", {}).get("add", []):
+            continue
+        if f"{m.group(1)}:{m.group(2)}" != user_of(security(spec, engine)):
+            out.append(f"an init container gives the engine's folders to {m.group(1)}:{m.group(2)}, "
+                       f"not to the engine's user {user_of(security(spec, engine))}")
+            continue
+        mounted = {mm["mountPath"]: mm["name"] for mm in init["volumeMounts"]}
+        given |= {mounted[p] for p in m.group(3).split() if p in mounted}
+    for path, name in sorted(written.items()):
+        if name not in given:
+            out.append(f"{path} (hostPath {vols[name]['hostPath']['path']}) is not given to the engine's user")
+    # The images are the two docker/Dockerfile builds, under the names
+    # kustomization.yaml gives them.
+    for pod in pods.values():
+        for c in pod.get("initContainers", []) + pod["containers"]:
+            if c["image"] not in names:
+                out.append(f"container {c['name']} runs {c['image']}, which kustomization.yaml does not name")
+    return out
+
+
+def image_problems(k, script=None, dockerfile=None):
+    """Whether kustomization.yaml's images are what docker/build-images.sh
+    builds by default: localhost/ringfeed-TARGET:VERSION for each target of
+    docker/Dockerfile."""
+    script = (REPO / "docker" / "build-images.sh").read_text() if script is None else script
+    targets = set(dockerfile_users(dockerfile)) & {"node", "trainer"}
+    out = []
+    if 'image=$registry/ringfeed-$name:$tag' not in script or "registry=localhost" not in script \
+            or "tag=$version" not in script or "for name in node trainer" not in script:
+        out.append("docker/build-images.sh does not name its images localhost/ringfeed-TARGET:VERSION")
+    want = {f"ringfeed-{t}": f"localhost/ringfeed-{t}:{release_version()}" for t in sorted(targets)}
+    if images(k) != want:
+        out.append(f"kustomization.yaml's images are {images(k)}, docker/build-images.sh builds {want}")
+    return out
+
+
+def test_the_pods_run_the_images_built_here_as_their_user():
+    docs = documents()
+    assert user_problems(docs) == []
+    k = kustomization()
+    assert image_problems(k) == []
+    ds = ("DaemonSet", "ringfeed-node")
+
+    def broken(change):
+        d = copy.deepcopy(docs)
+        change(d)
+        return user_problems(d)
+
+    def pod(d, key):
+        return d[key]["spec"]["template"]["spec"]
+
+    def init(d, name):
+        return next(c for c in pod(d, ds)["initContainers"] if c["name"] == name)
+
+    # Controls, each with one setting broken.
+    got = broken(lambda d: pod(d, ("Job", "ringfeed-train"))["securityContext"].update(runAsUser=10002))
+    assert "the trainers run as 10002:10001, the engine as 10001:10001: they would refuse its socket" in got
+    assert "the trainers run as 10002:10001, the trainer image as 10001:10001" in got
+    got = broken(lambda d: init(d, "own-host-dirs").update(
+        command=[c.replace("chown 10001:10001", "chown 0:0") for c in init(d, "own-host-dirs")["command"]]))
+    assert any("gives the engine's folders to 0:0" in g for g in got), got
+    assert "/run/ringfeed (hostPath /run/ringfeed) is not given to the engine's user" in got
+    got = broken(lambda d: pod(d, ds).update(
+        initContainers=[c for c in pod(d, ds)["initContainers"] if c["name"] != "own-host-dirs"]))
+    assert "/cache (hostPath /mnt/nvme/ringfeed-cache) is not given to the engine's user" in got
+    got = broken(lambda d: pod(d, ds)["containers"][0].update(image="ghcr.io/ringfeed/ringfeed-node:0.2.0"))
+    assert "container engine runs ghcr.io/ringfeed/ringfeed-node:0.2.0, which kustomization.yaml does not name" in got
+    got = user_problems(docs, dockerfile=(REPO / "docker" / "Dockerfile").read_text().replace(
+        "USER 10001:10001", "USER 10002:10002"))
+    assert "the engine run as 10001:10001, the node image as 10002:10002" in got
+    bad = copy.deepcopy(k)
+    bad["images"][0]["newTag"] = "0.0.1"
+    assert any("kustomization.yaml's images are" in g for g in image_problems(bad))
+    got = image_problems(k, script=(REPO / "docker" / "build-images.sh").read_text().replace(
+        "registry=localhost", "registry=ghcr.io/ringfeed"))
+    assert got == ["docker/build-images.sh does not name its images localhost/ringfeed-TARGET:VERSION"]
 
 
 def test_the_pods_have_what_the_engine_configuration_needs():
@@ -313,7 +426,8 @@ def test_the_pods_have_what_the_engine_configuration_needs():
     cfg_with = lambda **kw: json.dumps({**cfg, **kw})  # noqa: E731
     cases = {
         "hugepages-2Mi limits below memory_budget": ((*ds, "resources", "limits", "hugepages-2Mi"), "1Gi"),
-        "lock_memory is on without IPC_LOCK": ((*ds, "securityContext", "capabilities", "add"), []),
+        "lock_memory is on, but only a root container with IPC_LOCK may lock the budget":
+            (cm, cfg_with(lock_memory="on")),
         "the Localhost seccomp profile is not installed where the kubelet reads it":
             ((*ds, "securityContext", "seccompProfile", "localhostProfile"), "other.json"),
         "world_size 8 is not 2 nodes x 8 ranks": (cm, cfg_with(world_size=8)),

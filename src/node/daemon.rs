@@ -1,10 +1,13 @@
 //! A node engine's life as a process: where its socket is when consumers
 //! find it by their configuration (`"node": "auto"`), how a consumer starts
 //! one when none runs (`ringfeed node --daemon`, fed its configuration on
-//! standard input), and the engine process's own body ([`run`]: listen,
-//! detach, serve the metrics, serve consumers until it lingers out). The
+//! standard input), how an engine takes its socket over from one that was
+//! killed ([`listen`]), and the engine process's own body ([`run`]: listen,
+//! detach, serve the metrics, serve consumers until it lingers out or is
+//! told to stop by SIGTERM or SIGINT). The
 //! CLI's `ringfeed node` parses its flags and calls [`run`].
 
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
@@ -102,8 +105,8 @@ pub(super) fn start_engine(socket: &Path, config: &Map<String, Value>) -> Result
     if sock::connect(socket).is_ok() {
         return Ok(());
     }
-    // No engine answers: what is there is a stale socket of one that died.
-    let _ = std::fs::remove_file(socket);
+    // No engine answers: a socket left there by one that died is the new
+    // engine's to replace ([`listen`]).
     let program = node_program();
     let log = socket.with_extension("log");
     let log_file = std::fs::File::create(&log)
@@ -143,6 +146,91 @@ pub(super) fn start_engine(socket: &Path, config: &Map<String, Value>) -> Result
     Ok(())
 }
 
+/// Listens at `socket` for a new engine. A socket already there is
+/// replaced when nobody answers on it: an engine killed by SIGKILL or the
+/// OOM killer leaves its socket file behind, and every later bind would
+/// fail with "address in use". One a live engine answers on is never
+/// replaced (two engines would split the node's consumers), nor is
+/// anything that is not a socket. Engines starting at the same path check
+/// and replace one at a time, under a lock file beside the socket
+/// (`SOCKET.lock`), so none removes a socket another has just bound.
+pub fn listen(socket: &Path) -> Result<OwnedFd> {
+    let fail = |why: String| Error::Node(format!("cannot listen on `{}`: {why}", socket.display()));
+    let mut lock_path = socket.as_os_str().to_owned();
+    lock_path.push(".lock");
+    let lock = crate::cache::private::open_lock(Path::new(&lock_path)).map_err(|e| {
+        fail(
+            unwritable(socket, &e)
+                .unwrap_or_else(|| format!("`{}`: {e}", Path::new(&lock_path).display())),
+        )
+    })?;
+    // SAFETY: a valid descriptor; blocks until the lock is ours (another
+    // engine holds it only while it checks and binds). Released when `lock`
+    // is closed, at the end of this function.
+    unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) };
+    let in_use = match sock::listen(socket) {
+        Ok(fd) => return Ok(fd),
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => e,
+        Err(e) => {
+            return Err(fail(
+                unwritable(socket, &e).unwrap_or_else(|| e.to_string()),
+            ));
+        }
+    };
+    use std::os::unix::fs::FileTypeExt;
+    let meta = std::fs::symlink_metadata(socket).map_err(|e| fail(e.to_string()))?;
+    if !meta.file_type().is_socket() {
+        return Err(fail(format!(
+            "{in_use}, and it is not a socket: not replacing it"
+        )));
+    }
+    match sock::connect(socket) {
+        Ok(_) => {
+            return Err(fail(
+                "a node engine answers there already: not replacing it (stop it, or give \
+                 another --socket)"
+                    .to_string(),
+            ));
+        }
+        Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => {}
+        Err(e) => {
+            return Err(fail(format!(
+                "{in_use}, and whether an engine answers there cannot be told ({e}): not \
+                 replacing it"
+            )));
+        }
+    }
+    // Nobody listens: the socket of an engine that was killed.
+    std::fs::remove_file(socket)
+        .map_err(|e| fail(format!("removing the stale socket there: {e}")))?;
+    eprintln!(
+        "ringfeed node: replaced the stale socket {} (no engine answered on it)",
+        socket.display()
+    );
+    sock::listen(socket).map_err(|e| fail(e.to_string()))
+}
+
+/// Why `e`, met making `socket` or its lock, is the folder's permissions,
+/// if it is: said with the folder's owner and mode and this user, so a
+/// folder made for another user (a Kubernetes hostPath the kubelet made,
+/// root's and 0755) is named as the cause.
+fn unwritable(socket: &Path, e: &std::io::Error) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    if e.kind() != std::io::ErrorKind::PermissionDenied {
+        return None;
+    }
+    let dir = socket.parent().filter(|d| !d.as_os_str().is_empty())?;
+    let m = std::fs::metadata(dir).ok()?;
+    Some(format!(
+        "{e}: the folder `{}` (user {}, mode {:o}) may not be written by this user ({}); \
+         make it this user's",
+        dir.display(),
+        m.uid(),
+        m.mode() & 0o7777,
+        crate::cache::private::euid()
+    ))
+}
+
 /// How the engine process runs (`ringfeed node`'s flags).
 pub struct NodeRun {
     /// The engine's configuration.
@@ -164,8 +252,8 @@ pub struct NodeRun {
 }
 
 /// Runs a node engine in this process, as [`NodeRun`] says, until it
-/// lingers out (or, with `daemon`, returns in the parent once the socket
-/// listens). Progress goes to standard error: where it listens, where its
+/// lingers out or gets SIGTERM or SIGINT (or, with `daemon`, returns in the
+/// parent once the socket listens). Progress goes to standard error: where it listens, where its
 /// metrics are, and why it exits.
 ///
 /// With `daemon`, call it before this process starts any thread: it forks.
@@ -174,8 +262,7 @@ pub fn run(r: NodeRun) -> Result<()> {
         Some(s) => s,
         None => auto_socket(&r.config)?,
     };
-    let listener = sock::listen(&socket)
-        .map_err(|e| Error::Node(format!("cannot listen on `{}`: {e}", socket.display())))?;
+    let listener = listen(&socket)?;
     eprintln!(
         "ringfeed node: listening on {} (pid {})",
         socket.display(),
@@ -226,9 +313,64 @@ pub fn run(r: NodeRun) -> Result<()> {
         config: r.config,
         linger: r.linger,
     };
+    super::serve::stop_on_signals();
     serve_with_metrics(listener, opts, |m| {
         let _ = source.set(m);
     })?;
-    eprintln!("ringfeed node: no consumer for a while; exiting");
+    match super::serve::stopped_by() {
+        Some(sig) => eprintln!("ringfeed node: signal {sig}: removed the socket; exiting"),
+        None => eprintln!("ringfeed node: no consumer for a while; exiting"),
+    }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What an engine killed by SIGKILL leaves: its socket file, bound once
+    /// and listened on by no one.
+    fn left_by_a_killed_engine(path: &Path) {
+        drop(sock::listen(path).unwrap());
+        assert!(path.exists());
+    }
+
+    #[test]
+    fn a_socket_nobody_answers_on_is_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("node.sock");
+        left_by_a_killed_engine(&path);
+        let refused = sock::connect(&path).unwrap_err();
+        assert_eq!(refused.raw_os_error(), Some(libc::ECONNREFUSED));
+        // Control: binding it as is fails, as every restart did.
+        let e = sock::listen(&path).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse, "{e}");
+        let listener = listen(&path).unwrap();
+        let _client = sock::connect(&path).unwrap();
+        sock::accept(&listener).unwrap();
+    }
+
+    #[test]
+    fn a_socket_a_live_engine_answers_on_is_never_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("node.sock");
+        let live = sock::listen(&path).unwrap();
+        let e = listen(&path).unwrap_err().to_string();
+        assert!(e.contains("a node engine answers there already"), "{e}");
+        // The live one still has its socket: a consumer reaches it (past
+        // the probe the refused engine made).
+        let _client = sock::connect(&path).unwrap();
+        sock::accept(&live).unwrap();
+        sock::accept(&live).unwrap();
+    }
+
+    #[test]
+    fn what_is_not_a_socket_is_never_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("node.sock");
+        std::fs::write(&path, b"not a socket").unwrap();
+        let e = listen(&path).unwrap_err().to_string();
+        assert!(e.contains("it is not a socket: not replacing it"), "{e}");
+        assert_eq!(std::fs::read(&path).unwrap(), b"not a socket");
+    }
 }

@@ -1,12 +1,14 @@
 //! The node engine's accept loop: a thread per connection (`session.rs`),
-//! at most [`MAX_CONNECTIONS`] at once, and the engine's end when it was
-//! started on demand (`linger`): once no consumer or holder has been
-//! attached for that long, it removes its socket and returns.
+//! at most [`MAX_CONNECTIONS`] at once, and the engine's end: when it was
+//! started on demand (`linger`), once no consumer or holder has been
+//! attached for that long; and, in a process that asked for it
+//! ([`stop_on_signals`]), at SIGTERM or SIGINT. Either way it removes its
+//! socket and returns.
 
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use super::engine::Engine;
@@ -36,6 +38,35 @@ pub const MAX_CONNECTIONS: usize = 1024;
 
 /// The engine's metrics in the Prometheus text format, made when asked.
 pub type MetricsSource = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// The signal that asked the engine to stop (0: none yet), stored by the
+/// handler [`stop_on_signals`] installs.
+static STOP: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_stop(sig: libc::c_int) {
+    // Relaxed: a lone flag, read by the accept loop at its next turn; no
+    // other memory is published with it.
+    STOP.store(sig, Ordering::Relaxed);
+}
+
+/// Makes SIGTERM and SIGINT end [`serve`] in this process (the engine
+/// removes its socket and returns), for a process whose body is the engine
+/// (`ringfeed node`). Needed where it runs as a container's first process
+/// (pid 1, as in a pod): there a signal without a handler is ignored, and
+/// the kubelet's SIGTERM did nothing until its SIGKILL, a grace period
+/// later, which leaves the socket behind.
+pub fn stop_on_signals() {
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        // SAFETY: the handler only stores to an atomic.
+        unsafe { libc::signal(sig, on_stop as *const () as libc::sighandler_t) };
+    }
+}
+
+/// The signal that ended [`serve`], if one did.
+pub fn stopped_by() -> Option<i32> {
+    // Relaxed: see `on_stop`.
+    Some(STOP.load(Ordering::Relaxed)).filter(|&s| s != 0)
+}
 
 /// Takes one off a count when dropped (on unwinding too).
 struct CountOut(Arc<AtomicUsize>);
@@ -102,6 +133,10 @@ pub fn serve_with_metrics(
             Some(l) if !ever => Some(l.max(FIRST_WAIT)),
             other => other,
         };
+        if stopped_by().is_some() {
+            let _ = std::fs::remove_file(&opts.socket);
+            return Ok(());
+        }
         let attached = engine.whole.consumers.load(Ordering::Acquire)
             + engine.whole.holders.load(Ordering::Acquire);
         if attached > 0 {
