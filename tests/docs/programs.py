@@ -245,9 +245,20 @@ def tail(text: str, n: int = 40) -> str:
     return "\n".join(text.rstrip().splitlines()[-n:])
 
 
+def ends(text: str, first: int = 60, last: int = 25) -> str:
+    """The first and the last lines of a failed program's stderr: a rank's
+    own words (a Python traceback, the fault handler's stacks of a signal)
+    come first; a launcher's summary of the failure (torchrun's, some 30
+    lines) comes last and would push them out of a tail."""
+    lines = text.rstrip().splitlines()
+    if len(lines) <= first + last:
+        return "\n".join(lines)
+    return "\n".join(lines[:first] + [f"[... {len(lines) - first - last} lines ...]"] + lines[-last:])
+
+
 def check_output(block: Block, code: int, out: str, err: str) -> tuple[bool, str]:
     if code != 0:
-        return False, f"exit status {code}\n--- stdout\n{tail(out)}\n--- stderr\n{tail(err)}"
+        return False, f"exit status {code}\n--- stdout\n{tail(out)}\n--- stderr\n{ends(err)}"
     if block.output is not None and not matches(block.output.text, out):
         return False, (f"output does not match {block.output.where()}\n--- expected\n{block.output.text}"
                        f"--- got\n{tail(out)}\n--- stderr\n{tail(err)}")
