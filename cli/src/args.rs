@@ -402,6 +402,12 @@ pub(crate) struct MountArgs {
     /// The address the metrics are served on (default 127.0.0.1).
     #[arg(long, value_name = "ADDR", requires = "metrics_port")]
     pub(crate) metrics_addr: Option<std::net::IpAddr>,
+    /// Serve a mount already made on MOUNTPOINT by a privileged parent,
+    /// through its /dev/fuse descriptor FD, inherited (the CSI driver
+    /// mounts as root and runs the mount as the cache's owner): nothing is
+    /// mounted or unmounted by this process.
+    #[arg(long, value_name = "FD", conflicts_with = "daemon")]
+    pub(crate) fuse_fd: Option<i32>,
     #[command(flatten)]
     pub(crate) opts: ObjectArgs,
 }

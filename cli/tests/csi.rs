@@ -78,8 +78,13 @@ struct Driver {
 
 impl Driver {
     fn start(dir: &Path, cache: Option<&Path>) -> Driver {
+        Driver::start_from(Path::new(BIN), dir, cache)
+    }
+
+    /// The driver run from the program `bin`.
+    fn start_from(bin: &Path, dir: &Path, cache: Option<&Path>) -> Driver {
         let socket = dir.join("plugin").join("csi.sock");
-        let mut cmd = Command::new(BIN);
+        let mut cmd = Command::new(bin);
         cmd.arg("csi")
             .arg("--endpoint")
             .arg(format!("unix://{}", socket.display()))
@@ -569,6 +574,138 @@ fn a_driver_killed_and_started_again_leaves_its_mounts_serving_and_unpublishes_t
     assert_eq!(std::fs::read(t.join("weights.bin")).unwrap(), data);
     ok(k.unpublish("vol-keep", &t.to_string_lossy()));
     assert_eq!(mounted(&t), None);
+}
+
+/// The node engine's user in the manifests (the images' user).
+const ENGINE_UID: u32 = 10001;
+
+/// The user id of process `pid` (`/proc/PID/status`, its real uid).
+fn uid_of(pid: u32) -> u32 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|u| u.parse().ok())
+        .unwrap()
+}
+
+#[test]
+fn a_volume_on_the_node_engines_cache_is_served_by_the_caches_owner() {
+    if !root_or_skip() {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt as _;
+    use std::os::unix::process::CommandExt as _;
+    let s3 = s3::S3::start(&[BUCKET]);
+    let data = bytes((6 << 20) + 77, 7);
+    s3.put(BUCKET, "engine/shard-0.tar", &data);
+    // The kubelet's directories are root's alone; the node engine's cache
+    // is its user's, 0700, on a disk others may search (a hostPath the init
+    // container gave it); the program is where any user may run it.
+    let tmp = tempfile::tempdir().unwrap();
+    let node = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(node.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = node.path().join("ringfeed");
+    std::fs::copy(BIN, &bin).unwrap();
+    let cache = node.path().join("cache");
+    std::fs::create_dir(&cache).unwrap();
+    std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::os::unix::fs::chown(&cache, Some(ENGINE_UID), Some(ENGINE_UID)).unwrap();
+
+    // The control: a mount of root's refuses the engine's cache (it trusts
+    // a directory of its own user only), so a driver that ran its mounts as
+    // itself could not share it.
+    let mut root_mount = Command::new(&bin);
+    root_mount
+        .arg("mount")
+        .arg(format!("s3://{BUCKET}/engine/"))
+        .arg(tmp.path())
+        .arg("--cache-dir")
+        .arg(&cache)
+        .args(["--endpoint-url", &s3.endpoint, "--s3-path-style"]);
+    let refused = s3::with_credentials(&mut root_mount).output().unwrap();
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{why}");
+    assert!(
+        why.contains(&format!(
+            "belongs to uid {ENGINE_UID}, not to this user (uid 0)"
+        )),
+        "{why}"
+    );
+
+    let driver = Driver::start_from(&bin, tmp.path(), Some(&cache));
+    let mut k = Kubelet::connect(&driver.socket);
+    let t = target(tmp.path(), "pod-1", "pv-engine");
+    let mut url = String::new();
+    let ctx = source(&s3, "engine/", &mut url);
+    ok(k.publish(publish(
+        "vol-engine",
+        &t,
+        capability(Mode::MultiNodeReaderOnly, &[]),
+        true,
+        &ctx,
+    )));
+    assert_eq!(mounted(&t).as_deref(), Some("fuse.ringfeed"));
+    let pid = mount_pid(&t);
+    assert_eq!(uid_of(pid), ENGINE_UID);
+    assert!(
+        driver.log().contains(&format!(
+            "is served by uid {ENGINE_UID}:{ENGINE_UID}, the owner of the node's cache"
+        )),
+        "{}",
+        driver.log()
+    );
+    // Read through the mount by a pod of another user (any may: the
+    // volume's modes), byte for byte.
+    let read = Command::new("sha256sum")
+        .arg(t.join("shard-0.tar"))
+        .uid(1234)
+        .gid(1234)
+        .output()
+        .unwrap();
+    assert!(
+        read.status.success(),
+        "{}",
+        String::from_utf8_lossy(&read.stderr)
+    );
+    assert_eq!(
+        std::fs::read(t.join("shard-0.tar")).unwrap(),
+        data,
+        "the bytes through the mount"
+    );
+    // Unpublished, the mount writes out its fill and ends.
+    ok(k.unpublish("vol-engine", &t.to_string_lossy()));
+    assert_eq!(mounted(&t), None);
+    // The entry is the engine user's: its loaders read it as their own.
+    let listed = Command::new(&bin)
+        .args(["cache", "ls"])
+        .arg(&cache)
+        .uid(ENGINE_UID)
+        .gid(ENGINE_UID)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&listed.stdout);
+    assert!(
+        listed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&listed.stderr)
+    );
+    let entries: Vec<&str> = text.lines().filter(|l| l.starts_with("s3://")).collect();
+    assert_eq!(entries.len(), 1, "{text}");
+    assert!(
+        entries[0].starts_with(&format!("s3://{BUCKET}/engine/shard-0.tar\t{}", data.len())),
+        "{text}"
+    );
+    for e in std::fs::read_dir(&cache).unwrap().flatten() {
+        let m = e.metadata().unwrap();
+        assert_eq!(
+            m.uid(),
+            ENGINE_UID,
+            "{} is not the engine user's",
+            e.path().display()
+        );
+    }
 }
 
 /// The pid of the `ringfeed mount` process serving `target`.

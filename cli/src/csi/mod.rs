@@ -19,6 +19,7 @@
 //! earlier driver left, and serves until SIGTERM or SIGINT; the mounts
 //! stay when it exits.
 
+mod handover;
 mod mountinfo;
 mod mounts;
 pub(crate) mod proto;

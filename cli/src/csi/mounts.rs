@@ -11,9 +11,9 @@ use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::mountinfo;
 use super::state::Record;
 use super::volume::Plan;
+use super::{handover, mountinfo};
 
 /// How long a mount may take to come up: its source is listed before (by
 /// the driver); mounting itself takes milliseconds, so this bounds a hung
@@ -67,10 +67,47 @@ pub(crate) fn start(plan: &Plan, log: &Path) -> Result<Record, String> {
         .mode(0o600)
         .open(log)
         .map_err(|e| format!("mount log `{}`: {e}", log.display()))?;
-    let mut child = crate::mount::spawn_detached(&plan.args, file)
-        .map_err(|e| format!("cannot start `ringfeed mount`: {e}"))?;
+    // A mount that fills the node engine's cache runs as its owner, on a
+    // mount the driver makes (handover.rs); any other runs as the driver.
+    let handover = handover::plan(&plan.args)?;
+    let mut child = match &handover {
+        None => crate::mount::spawn_detached(&plan.args, file, None)
+            .map_err(|e| format!("cannot start `ringfeed mount`: {e}"))?,
+        Some(h) => {
+            let fuse = h.mount()?;
+            let as_owner = crate::mount::Handed {
+                fd: fuse,
+                at: handover::CHILD_FD,
+                uid: h.uid,
+                gid: h.gid,
+            };
+            match crate::mount::spawn_detached(
+                &handover::child_args(&plan.args),
+                file,
+                Some(as_owner),
+            ) {
+                Ok(c) => c,
+                Err(e) => {
+                    handover::undo(&plan.target);
+                    return Err(format!("cannot start `ringfeed mount`: {e}"));
+                }
+            }
+        }
+    };
     if let Err(e) = crate::mount::wait_mounted(&mut child, log, &plan.target, MOUNT_LIMIT) {
+        if handover.is_some() {
+            handover::undo(&plan.target);
+        }
         return Err(ringfeed::redact::text(&e.to_string()).into_owned());
+    }
+    if let Some(h) = &handover {
+        h.set_read_ahead();
+        eprintln!(
+            "ringfeed csi: `{}` is served by uid {}:{}, the owner of the node's cache",
+            plan.target.display(),
+            h.uid,
+            h.gid
+        );
     }
     let pid = child.id();
     let record = Record {

@@ -38,7 +38,7 @@ extern "C" fn on_signal(sig: libc::c_int) {
 /// Written after the kernel's INIT has been answered (the `stat` below
 /// waits for it): the answer lowers the read-ahead to what INIT offered,
 /// 128 KiB.
-fn set_kernel_read_ahead(dir: &Path, bytes: u64) -> Result<(), String> {
+pub(crate) fn set_kernel_read_ahead(dir: &Path, bytes: u64) -> Result<(), String> {
     use std::os::unix::fs::MetadataExt;
     let dev = std::fs::metadata(dir)
         .map_err(|e| format!("stat `{}`: {e}", dir.display()))?
@@ -94,7 +94,7 @@ fn daemonize(a: &MountArgs) -> AnyResult<()> {
         .skip(1)
         .filter(|x| x != "--daemon")
         .collect();
-    let mut child = spawn_detached(&args, file)?;
+    let mut child = spawn_detached(&args, file, None)?;
     wait_mounted(&mut child, &log, &a.mountpoint, Duration::from_secs(60))?;
     eprintln!(
         "ringfeed mount: {} mounted on {} (pid {}, log {})",
@@ -112,22 +112,57 @@ fn daemonize(a: &MountArgs) -> AnyResult<()> {
 pub(crate) fn spawn_detached(
     args: &[String],
     log: std::fs::File,
+    handed: Option<Handed>,
 ) -> std::io::Result<std::process::Child> {
+    use std::os::fd::AsRawFd as _;
     use std::os::unix::process::CommandExt;
     let mut cmd = std::process::Command::new(std::env::current_exe()?);
     cmd.args(args)
         .stdin(std::process::Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
-    // SAFETY: setsid is async-signal-safe; nothing else runs in the child
-    // before exec.
+    let fd = match &handed {
+        Some(h) => {
+            cmd.uid(h.uid).gid(h.gid);
+            Some((h.fd.as_raw_fd(), h.at))
+        }
+        None => None,
+    };
+    // SAFETY: setsid, dup2 and fcntl are async-signal-safe; nothing else
+    // runs in the child before exec. (`uid`/`gid` are set by the standard
+    // library before this runs; supplementary groups are dropped with them.)
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
             libc::setsid();
+            if let Some((from, at)) = fd {
+                // The descriptor at the number the mount is told, without
+                // close-on-exec (dup2 clears it; the same number keeps it,
+                // so it is cleared by hand).
+                if from == at {
+                    if libc::fcntl(at, libc::F_SETFD, 0) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                } else if libc::dup2(from, at) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
             Ok(())
         });
     }
-    cmd.spawn()
+    let child = cmd.spawn();
+    // The parent's copy of the descriptor closes here (`handed` dropped):
+    // the child's is the session's only one.
+    drop(handed);
+    child
+}
+
+/// A `/dev/fuse` descriptor a mount process is to serve (`--fuse-fd`), at
+/// descriptor number `at`, run as `uid`:`gid`.
+pub(crate) struct Handed {
+    pub(crate) fd: std::os::fd::OwnedFd,
+    pub(crate) at: i32,
+    pub(crate) uid: u32,
+    pub(crate) gid: u32,
 }
 
 /// Waits until `child`, a mount process writing its log to `log`, has
@@ -161,6 +196,36 @@ pub(crate) fn wait_mounted(
     }
 }
 
+/// The session over `/dev/fuse` descriptor `fd`, inherited from the
+/// parent that mounted it (`--fuse-fd`), answering every user with
+/// `allow_other` (the kernel's `default_permissions` checks the modes), or
+/// the mount's user only.
+fn inherited_session(
+    adapter: Adapter,
+    fd: i32,
+    allow_other: bool,
+) -> AnyResult<fuser::BackgroundSession> {
+    use std::os::fd::{FromRawFd as _, OwnedFd};
+    // SAFETY: F_GETFD only reads the descriptor's flags: it fails on a
+    // descriptor that is not open, which is refused before it is owned.
+    if fd < 3 || unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        return Err(
+            format!("--fuse-fd {fd}: not an open descriptor this process inherited").into(),
+        );
+    }
+    // SAFETY: the descriptor is open (above) and this process's alone to
+    // use: the parent handed it over for this session.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    let acl = if allow_other {
+        fuser::SessionACL::All
+    } else {
+        fuser::SessionACL::Owner
+    };
+    Ok(fuser::Session::from_fd(adapter, owned, acl)
+        .spawn()
+        .map_err(|e| format!("--fuse-fd {fd}: {e}"))?)
+}
+
 pub(crate) fn mount_cmd(a: MountArgs) -> AnyResult<()> {
     if a.daemon {
         return daemonize(&a);
@@ -168,12 +233,23 @@ pub(crate) fn mount_cmd(a: MountArgs) -> AnyResult<()> {
     if !a.metadata_ttl.is_finite() || a.metadata_ttl < 0.0 {
         return Err("--metadata-ttl must be a number of seconds, 0 or more".into());
     }
-    match std::fs::metadata(&a.mountpoint) {
-        Ok(m) if m.is_dir() => {}
-        Ok(_) => return Err(format!("`{}` is not a directory", a.mountpoint.display()).into()),
-        Err(e) => return Err(format!("mount point `{}`: {e}", a.mountpoint.display()).into()),
+    // With --fuse-fd the mount point is already this process's mount (a
+    // `stat` of it would wait for this process to answer), and may lie
+    // under directories its user cannot search (the kubelet's).
+    match a
+        .fuse_fd
+        .map_or_else(|| Some(std::fs::metadata(&a.mountpoint)), |_| None)
+    {
+        None => {}
+        Some(Ok(m)) if m.is_dir() => {}
+        Some(Ok(_)) => {
+            return Err(format!("`{}` is not a directory", a.mountpoint.display()).into());
+        }
+        Some(Err(e)) => {
+            return Err(format!("mount point `{}`: {e}", a.mountpoint.display()).into());
+        }
     }
-    if mounted(&a.mountpoint) {
+    if a.fuse_fd.is_none() && mounted(&a.mountpoint) {
         return Err(format!("`{}` is already a mount point", a.mountpoint.display()).into());
     }
     let mut more = Vec::new();
@@ -255,11 +331,17 @@ pub(crate) fn mount_cmd(a: MountArgs) -> AnyResult<()> {
         // SAFETY: the handler only stores to an atomic.
         unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
     }
-    let session = fuser::spawn_mount2(adapter, &a.mountpoint, &options)
-        .map_err(|e| format!("cannot mount on `{}`: {e}", a.mountpoint.display()))?;
-    // The kernel's default read-ahead, in force unless ours is set.
+    let session = match a.fuse_fd {
+        Some(fd) => inherited_session(adapter, fd, a.allow_other)?,
+        None => fuser::spawn_mount2(adapter, &a.mountpoint, &options)
+            .map_err(|e| format!("cannot mount on `{}`: {e}", a.mountpoint.display()))?,
+    };
+    // The kernel's default read-ahead, in force unless ours is set (by the
+    // parent that mounted, with --fuse-fd: sysfs is root's).
     let mut in_force = 128 << 10;
-    if a.kernel_read_ahead > 0 {
+    if a.fuse_fd.is_some() {
+        in_force = a.kernel_read_ahead.max(in_force);
+    } else if a.kernel_read_ahead > 0 {
         match set_kernel_read_ahead(&a.mountpoint, a.kernel_read_ahead) {
             Ok(()) => in_force = a.kernel_read_ahead,
             Err(why) => eprintln!(
@@ -287,7 +369,7 @@ pub(crate) fn mount_cmd(a: MountArgs) -> AnyResult<()> {
         std::thread::sleep(Duration::from_millis(100));
     }
     drop(session);
-    if mounted(&a.mountpoint) {
+    if a.fuse_fd.is_none() && mounted(&a.mountpoint) {
         // Busy: a process still has a file open or mapped. Detached
         // now (a lazy unmount): new opens no longer see it, and what is
         // open fails once this process is gone.
