@@ -22,6 +22,11 @@ with ``.decode("torchrgb8")``. Every ``--ckpt-every`` steps each rank saves the 
 and its loader's state (torchdata's StatefulDataLoader, which asks each
 worker's `RingfeedDataset.state_dict()`) to ``OUT/ckpt-rank<r>.pt``, written
 to a temporary file and renamed, so a crash never leaves half a checkpoint.
+With ``--ckpt-dir DIR`` (a write-once mount of the object store: ``ringfeed
+mount`` or a volume of the CSI driver, where a file is one object once
+closed and nothing is renamed) each checkpoint is a file of its own,
+``DIR/ckpt-rank<r>-step<step>.pt``, written once; a restart loads the
+latest step every rank saved.
 
 Started again on the same OUT after a crash, it loads the checkpoints and
 continues the epoch exactly where the checkpoint was taken: the same samples
@@ -139,6 +144,29 @@ def save_atomically(obj, path):
     os.replace(tmp, path)
 
 
+def save_once(obj, path):
+    """Writes a new file, never replacing one: on a write-once mount the
+    file becomes one object at its close, and a writer killed before leaves
+    none."""
+    import torch
+
+    with open(path, "xb") as f:
+        torch.save(obj, f)
+
+
+def latest_common_step(ckpt_dir, rank):
+    """The latest step whose checkpoint every rank saved in `ckpt_dir` (0:
+    none): a rank killed while saving leaves the others a step ahead."""
+    import torch
+    import torch.distributed as dist
+
+    steps = [int(p.name.rsplit("step", 1)[1].removesuffix(".pt"))
+             for p in ckpt_dir.glob(f"ckpt-rank{rank}-step*.pt")]
+    t = torch.tensor([max(steps, default=0)])
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t)
+
+
 def train(a):
     import torch
     import torch.distributed as dist
@@ -174,7 +202,12 @@ def train(a):
         timeout=120 if workers else 0,
     )
 
-    ckpt = out / f"ckpt-rank{rank}.pt"
+    ckpt_dir = Path(a.ckpt_dir) if a.ckpt_dir else None
+    if ckpt_dir is None:
+        ckpt = out / f"ckpt-rank{rank}.pt"
+    else:
+        common = latest_common_step(ckpt_dir, rank)
+        ckpt = ckpt_dir / f"ckpt-rank{rank}-step{common:08d}.pt"
     log_path = out / f"keys-rank{rank}.log"
     step = epoch = 0
     if ckpt.exists():
@@ -184,7 +217,8 @@ def train(a):
         loader.load_state_dict(state["loader"])
         step, epoch = state["step"], state["epoch"]
         # Steps after the checkpoint were lost with the crash: cut them.
-        kept = [ln for ln in log_path.read_text().splitlines() if int(ln.split()[0]) <= step]
+        logged = log_path.read_text().splitlines() if log_path.exists() else []
+        kept = [ln for ln in logged if int(ln.split()[0]) <= step]
         log_path.write_text("".join(ln + "\n" for ln in kept))
         print(f"rank {rank}: resumed at epoch {epoch}, step {step}", flush=True)
     log = open(log_path, "a")
@@ -205,11 +239,12 @@ def train(a):
             log.flush()
             if step % a.ckpt_every == 0:
                 # The loader's state now says: after this step's batch.
-                save_atomically(
-                    {"model": model.module.state_dict(), "optim": opt.state_dict(),
-                     "loader": loader.state_dict(), "step": step, "epoch": epoch},
-                    ckpt,
-                )
+                state = {"model": model.module.state_dict(), "optim": opt.state_dict(),
+                         "loader": loader.state_dict(), "step": step, "epoch": epoch}
+                if ckpt_dir is None:
+                    save_atomically(state, ckpt)
+                else:
+                    save_once(state, ckpt_dir / f"ckpt-rank{rank}-step{step:08d}.pt")
             if rank == 0 and step == a.kill_at_step:
                 print(f"rank 0: killing myself after step {step}", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -240,6 +275,8 @@ def main():
     t.add_argument("--node", help="a node engine's socket to attach to (with --pipeline workers)")
     t.add_argument("--seed", type=int, default=7)
     t.add_argument("--ckpt-every", type=int, default=4)
+    t.add_argument("--ckpt-dir", help="checkpoints as files written once, one a step and rank "
+                   "(a write-once mount of the object store); default: OUT, one a rank, replaced")
     t.add_argument("--kill-at-step", type=int, default=-1)
     a = ap.parse_args()
     if a.cmd == "make-data":

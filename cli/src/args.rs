@@ -420,8 +420,19 @@ pub(crate) struct CsiArgs {
     pub(crate) endpoint: String,
     /// This node's id, as the kubelet knows it (the node's name: the
     /// downward API's spec.nodeName).
-    #[arg(long, value_name = "NAME")]
+    #[arg(
+        long,
+        value_name = "NAME",
+        required_unless_present = "check_volume",
+        default_value = ""
+    )]
     pub(crate) node_id: String,
+    /// Check a PersistentVolume (JSON, as `kubectl get pv NAME -o json`
+    /// prints it; `-` for stdin) as a publish of it would: print the
+    /// `ringfeed mount` command it becomes, or the refusal and its CSI code
+    /// (exit status 1). Nothing is served or mounted.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) check_volume: Option<PathBuf>,
     /// Where the driver keeps a record of each published volume, so that a
     /// driver started again finds the mounts an earlier one made (a
     /// hostPath that lives as long as the node's mounts).

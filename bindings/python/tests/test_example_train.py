@@ -104,6 +104,12 @@ def test_killed_mid_epoch_and_resumed_trains_on_exactly_the_uninterrupted_sample
     text = second.stdout + second.stderr
     assert "rank 0: resumed at epoch 0, step 4" in text and "rank 1: resumed at epoch 0, step 4" in text
 
+    exactly_the_uninterrupted_samples(out, urls, pipeline)
+
+
+def exactly_the_uninterrupted_samples(out, urls, pipeline):
+    """Every rank's log is, epoch by epoch, what it trains on without a
+    stop, and the ranks together train on every sample once an epoch."""
     everything = []
     for rank in range(RANKS):
         got = logged(out, rank)
@@ -117,3 +123,47 @@ def test_killed_mid_epoch_and_resumed_trains_on_exactly_the_uninterrupted_sample
     for epoch in range(EPOCHS):
         trained = sorted(k for e, k in everything if e == epoch)
         assert trained == keys, f"epoch {epoch}: every sample once across the ranks"
+
+
+def test_checkpoints_written_once_through_a_mount_of_the_store_resume_exactly(tmp_path):
+    """The Kubernetes layout (deploy/training-job.yaml): checkpoints go to a
+    write-once mount of the object store (the CSI driver's volume is a
+    `ringfeed mount`), one file a step and rank, each one object once
+    closed; rank 0 is killed mid-epoch and the job, started again, resumes
+    from the latest step every rank saved."""
+    from conftest import run_s3_server
+    from test_mount import mount, s3_env  # skips where FUSE cannot mount
+
+    data, out = tmp_path / "data", tmp_path / "run"
+    made = subprocess.run(
+        [sys.executable, str(EXAMPLE), "make-data", str(data), "--shards", "4", "--per-shard", "48"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert made.returncode == 0, made.stderr
+    urls = sorted(str(p) for p in data.glob("train-*.tar"))
+    (tmp_path / "s3").mkdir()
+    with run_s3_server(tmp_path / "s3") as server:
+        bucket = server.root / server.bucket
+
+        def objects():
+            return sorted(p.name for p in (bucket / "ckpt").glob("*")) if (bucket / "ckpt").exists() else []
+
+        with mount(f"s3://{server.bucket}/ckpt/", tmp_path, "--endpoint-url", server.endpoint,
+                   env=s3_env(server)) as m:
+            args = ["train", str(data), str(out), "--epochs", str(EPOCHS), "--ckpt-every", "4",
+                    "--ckpt-dir", str(m.path)]
+            first = torchrun(*args, "--kill-at-step", "5", cwd=tmp_path)
+            assert first.returncode != 0, "rank 0 killed itself"
+            assert "killing myself after step 5" in first.stdout + first.stderr
+            assert objects() == [f"ckpt-rank{r}-step00000004.pt" for r in range(RANKS)]
+
+            second = torchrun(*args, cwd=tmp_path)
+            assert second.returncode == 0, second.stdout + second.stderr
+            text = second.stdout + second.stderr
+            assert "rank 0: resumed at epoch 0, step 4" in text and "rank 1: resumed at epoch 0, step 4" in text
+        # 12 steps, a checkpoint every 4: three a rank, each an object whole.
+        assert objects() == [f"ckpt-rank{r}-step{s:08d}.pt" for r in range(RANKS) for s in (4, 8, 12)]
+        for name in objects():
+            state = torch.load(bucket / "ckpt" / name, weights_only=False)
+            assert f"step{state['step']:08d}" in name, name
+    exactly_the_uninterrupted_samples(out, urls, "engine")

@@ -11,6 +11,10 @@
 //!   answered with its CSI code.
 //! - `mounts.rs`: each volume a `ringfeed mount` process in a session of
 //!   its own, outliving the driver; unmounting.
+//! - `handover.rs`: a mount on the node engine's cache made by the driver
+//!   and served by a process of the cache's owner.
+//! - `check.rs`: `--check-volume`, a PersistentVolume checked as a publish
+//!   of it would be, nothing served.
 //! - `state.rs`: a record per published target under `--state-dir`, read
 //!   back by a driver started again; `mountinfo.rs`: the kernel's mount
 //!   table, which the records are checked against.
@@ -19,6 +23,7 @@
 //! earlier driver left, and serves until SIGTERM or SIGINT; the mounts
 //! stay when it exits.
 
+mod check;
 mod handover;
 mod mountinfo;
 mod mounts;
@@ -80,6 +85,9 @@ fn listen(path: &Path) -> AnyResult<tokio::net::UnixListener> {
 }
 
 pub(crate) fn csi_cmd(a: CsiArgs) -> AnyResult<()> {
+    if let Some(file) = &a.check_volume {
+        return check::check_volume(file, a.cache_dir.as_deref());
+    }
     if a.node_id.is_empty() || a.node_id.len() > volume::MAX_STRING {
         return Err(format!(
             "--node-id must be 1 to {} bytes (the node's name)",
