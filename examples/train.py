@@ -145,13 +145,17 @@ def save_atomically(obj, path):
 
 
 def save_once(obj, path):
-    """Writes a new file, never replacing one: on a write-once mount the
-    file becomes one object at its close, and a writer killed before leaves
-    none."""
+    """Writes a new file, never replacing one, and fsyncs it before its
+    close: on a write-once mount the file becomes one object then, and a
+    writer killed before leaves none. (Through a CSI volume the mount runs
+    in another pod's pid namespace and cannot tell a close from a death:
+    there only the fsync completes a file.)"""
     import torch
 
     with open(path, "xb") as f:
         torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def latest_common_step(ckpt_dir, rank):

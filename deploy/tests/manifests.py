@@ -59,9 +59,11 @@ def dockerfile_users(text=None):
 
 
 def pod_specs(docs):
-    """{what: the pod spec} of the node engine's DaemonSet and the Job."""
+    """{what: the pod spec} of the node engine's DaemonSet, the CSI
+    driver's and the Job."""
     return {
         "node engine": docs[("DaemonSet", "ringfeed-node")]["spec"]["template"]["spec"],
+        "csi driver": docs[("DaemonSet", "ringfeed-csi")]["spec"]["template"]["spec"],
         "training job": docs[("Job", "ringfeed-train")]["spec"]["template"]["spec"],
     }
 

@@ -10,7 +10,11 @@ profile (`Localhost`: the file under the node's kubelet root, where the
 init container put it), and the volumes: a hostPath under the test's node
 folder, made as the kubelet makes one (`DirectoryOrCreate`: root's, mode
 0755; `Directory`: must be there), a ConfigMap's keys as files, an
-emptyDir as a folder of mode 0777 (`medium: Memory`: a tmpfs).
+emptyDir as a folder of mode 0777 (`medium: Memory`: a tmpfs), and a
+PersistentVolumeClaim as a folder of the claim's own (the CSI driver's
+mount that serves a claim on a node is run and tested as the kubelet
+drives it in cli/tests/csi.rs; here the trainer's claims are only
+mounted, and the image test's trainer writes nothing there).
 
 What a pod gets from Kubernetes that podman would give otherwise:
 - An added capability reaches a container of another user than root only
@@ -75,6 +79,13 @@ class Node:
                 raise Unsupported(f"hostPath {source['path']} (type Directory) is not there: the pod would not start")
         else:
             raise Unsupported(f"hostPath type {kind!r}")
+        return path
+
+    def claim(self, name):
+        """The folder standing for claim `name` on this node."""
+        path = self.root / "claims" / name
+        path.mkdir(parents=True, exist_ok=True)
+        os.chmod(path, 0o777)
         return path
 
     def configmap(self, name):
@@ -165,6 +176,8 @@ def mount(volume, m, node):
         source = node.host_path(volume["hostPath"])
     elif "configMap" in volume:
         source = node.configmap(volume["configMap"]["name"])
+    elif "persistentVolumeClaim" in volume:
+        source = node.claim(volume["persistentVolumeClaim"]["claimName"])
     elif "emptyDir" in volume:
         medium = volume["emptyDir"].get("medium", "")
         if medium == "Memory":

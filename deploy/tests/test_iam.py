@@ -157,3 +157,45 @@ def test_the_trust_policies_name_the_service_accounts_deploy_runs_as():
     [st] = pod_identity["Statement"]
     assert st["Principal"] == {"Service": "pods.eks.amazonaws.com"}
     assert set(as_list(st["Action"])) == {"sts:AssumeRole", "sts:TagSession"}
+
+
+def deployed_uses():
+    """What deploy/'s pods do on S3: the engine and the trainers read the
+    dataset's shards (engine.json's `urls`), the CSI driver lists and
+    reads each volume's prefix and writes the write-once ones."""
+    out = []
+    docs = []
+    for f in DEPLOY.glob("*.yaml"):
+        docs += [d for d in yaml.safe_load_all(f.read_text()) if d]
+
+    def parts(url):
+        m = re.fullmatch(r"s3://([^/]+)/(.*)", url)
+        assert m, url
+        return m.groups()
+
+    for d in docs:
+        if d.get("kind") == "ConfigMap" and "engine.json" in d.get("data", {}):
+            bucket, key = parts(json.loads(d["data"]["engine.json"])["urls"])
+            prefix = key.rsplit("/", 1)[0] + "/"
+            out.append(("s3:GetObject", f"arn:aws:s3:::{bucket}/{key}", None))
+            out.append(("s3:ListBucket", f"arn:aws:s3:::{bucket}", prefix))
+        if d.get("kind") == "PersistentVolume":
+            attrs = d["spec"]["csi"]["volumeAttributes"]
+            bucket, prefix = parts(attrs["source"])
+            out.append(("s3:ListBucket", f"arn:aws:s3:::{bucket}", prefix))
+            out.append(("s3:GetObject", f"arn:aws:s3:::{bucket}/{prefix}x", None))
+            if attrs.get("access") == "write-once":
+                for action in ("s3:PutObject", "s3:AbortMultipartUpload"):
+                    out.append((action, f"arn:aws:s3:::{bucket}/{prefix}ckpt-rank0-step00000004.pt", None))
+    return out
+
+
+def test_the_policy_allows_what_deploys_pods_do():
+    policy = load("ringfeed-policy.json")
+    uses = deployed_uses()
+    assert {a for a, _, _ in uses} == {"s3:GetObject", "s3:ListBucket", "s3:PutObject", "s3:AbortMultipartUpload"}
+    for u in uses:
+        assert allows(policy, *u), f"deploy/ does {u}, which the policy does not allow"
+    # Control: a volume moved to a bucket the policy does not name.
+    moved = [(a, r.replace("my-training-bucket", "other-bucket"), p) for a, r, p in uses]
+    assert not any(allows(policy, *u) for u in moved)

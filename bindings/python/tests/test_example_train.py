@@ -27,10 +27,10 @@ EXAMPLE = REPO / "examples" / "train.py"
 RANKS, WORKERS, EPOCHS = 2, 2, 2
 
 
-def torchrun(*args, cwd):
+def torchrun(*args, cwd, prefix=()):
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
     return subprocess.run(
-        [torchrun, "--standalone", "--nproc_per_node", str(RANKS), str(EXAMPLE), *args],
+        [*prefix, torchrun, "--standalone", "--nproc_per_node", str(RANKS), str(EXAMPLE), *args],
         cwd=cwd, capture_output=True, text=True, timeout=240,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
@@ -128,11 +128,16 @@ def exactly_the_uninterrupted_samples(out, urls, pipeline):
 def test_checkpoints_written_once_through_a_mount_of_the_store_resume_exactly(tmp_path):
     """The Kubernetes layout (deploy/training-job.yaml): checkpoints go to a
     write-once mount of the object store (the CSI driver's volume is a
-    `ringfeed mount`), one file a step and rank, each one object once
-    closed; rank 0 is killed mid-epoch and the job, started again, resumes
-    from the latest step every rank saved."""
+    `ringfeed mount`) running in a pid namespace of its own (the driver's
+    pod), the ranks in another (the trainer's), so that only an fsync
+    completes a file; one file a step and rank, each one object; rank 0 is
+    killed mid-epoch and the job, started again, resumes from the latest
+    step every rank saved."""
     from conftest import run_s3_server
-    from test_mount import mount, s3_env  # skips where FUSE cannot mount
+    from test_mount import s3_env
+    # Skips where namespaces or FUSE mounts cannot be made.
+    from test_mount_writers import OWN_PIDNS, private_mounts
+    from test_mount_writers import mount as mount_in
 
     data, out = tmp_path / "data", tmp_path / "run"
     made = subprocess.run(
@@ -148,19 +153,21 @@ def test_checkpoints_written_once_through_a_mount_of_the_store_resume_exactly(tm
         def objects():
             return sorted(p.name for p in (bucket / "ckpt").glob("*")) if (bucket / "ckpt").exists() else []
 
-        with mount(f"s3://{server.bucket}/ckpt/", tmp_path, "--endpoint-url", server.endpoint,
-                   env=s3_env(server)) as m:
+        with private_mounts(tmp_path) as ns, \
+                mount_in(ns, OWN_PIDNS, f"s3://{server.bucket}/ckpt/", tmp_path, "--endpoint-url",
+                         server.endpoint, env=s3_env(server)) as m:
             args = ["train", str(data), str(out), "--epochs", str(EPOCHS), "--ckpt-every", "4",
                     "--ckpt-dir", str(m.path)]
-            first = torchrun(*args, "--kill-at-step", "5", cwd=tmp_path)
+            first = torchrun(*args, "--kill-at-step", "5", cwd=tmp_path, prefix=ns.cmd())
             assert first.returncode != 0, "rank 0 killed itself"
             assert "killing myself after step 5" in first.stdout + first.stderr
             assert objects() == [f"ckpt-rank{r}-step00000004.pt" for r in range(RANKS)]
 
-            second = torchrun(*args, cwd=tmp_path)
+            second = torchrun(*args, cwd=tmp_path, prefix=ns.cmd())
             assert second.returncode == 0, second.stdout + second.stderr
             text = second.stdout + second.stderr
             assert "rank 0: resumed at epoch 0, step 4" in text and "rank 1: resumed at epoch 0, step 4" in text
+            assert "was closed before an fsync" not in m.log_text()
         # 12 steps, a checkpoint every 4: three a rank, each an object whole.
         assert objects() == [f"ckpt-rank{r}-step{s:08d}.pt" for r in range(RANKS) for s in (4, 8, 12)]
         for name in objects():
