@@ -83,8 +83,21 @@ impl Driver {
 
     /// The driver run from the program `bin`.
     fn start_from(bin: &Path, dir: &Path, cache: Option<&Path>) -> Driver {
+        Driver::start_under(&[], bin, dir, cache)
+    }
+
+    /// The driver run from `bin` under the command `wrap` (a namespace's
+    /// entry: `nsenter ... unshare ... --`).
+    fn start_under(wrap: &[String], bin: &Path, dir: &Path, cache: Option<&Path>) -> Driver {
         let socket = dir.join("plugin").join("csi.sock");
-        let mut cmd = Command::new(bin);
+        let mut cmd = match wrap.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(bin);
+                c
+            }
+            None => Command::new(bin),
+        };
         cmd.arg("csi")
             .arg("--endpoint")
             .arg(format!("unix://{}", socket.display()))
@@ -706,6 +719,160 @@ fn a_volume_on_the_node_engines_cache_is_served_by_the_caches_owner() {
             e.path().display()
         );
     }
+}
+
+/// A mount namespace of the test's own, held by a sleeping process, in
+/// which `dir` is a shared mount: the driver's pod and the trainer's pod
+/// of one node see the same mounts below it (the kubelet's folder).
+struct Holder(Child);
+
+impl Holder {
+    fn start(dir: &Path) -> Holder {
+        let mut child = Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+            .arg(r#"mount --bind "$0" "$0" && mount --make-shared "$0" && echo ready && exec sleep 3600"#)
+            .arg(dir)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line, "ready\n", "the test's mount namespace was not made");
+        Holder(child)
+    }
+
+    /// `nsenter` into the namespace, then `args`.
+    fn enter(&self, args: &[&str]) -> Vec<String> {
+        let mut v = vec![
+            "nsenter".to_string(),
+            format!("--mount=/proc/{}/ns/mnt", self.0.id()),
+            "--".to_string(),
+        ];
+        v.extend(args.iter().map(|a| a.to_string()));
+        v
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A writer of 12 MiB through the volume: `kill` SIGKILLs itself after 6;
+/// `fsync` fsyncs, then closes; `close` closes with no fsync.
+const WRITER: &str = r#"
+import os, signal, sys
+path, how = sys.argv[1], sys.argv[2]
+block = bytes(range(256)) * 4096
+f = open(path, "wb")
+for _ in range(6):
+    f.write(block)
+f.flush()
+if how == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+for _ in range(6):
+    f.write(block)
+f.flush()
+if how == "fsync":
+    os.fsync(f.fileno())
+try:
+    f.close()
+except OSError as e:
+    print("close:", os.strerror(e.errno))
+    sys.exit(5)
+print("closed")
+"#;
+
+#[test]
+fn a_writer_in_another_pid_namespace_than_the_driver_leaves_an_object_only_when_whole() {
+    if !root_or_skip() {
+        return;
+    }
+    if Command::new("unshare")
+        .args(["--mount", "--pid", "--fork", "true"])
+        .status()
+        .map(|s| !s.success())
+        .unwrap_or(true)
+    {
+        skip::skip("`unshare --mount --pid` is refused here: the pods' namespaces cannot be made");
+        return;
+    }
+    let s3 = s3::S3::start(&[BUCKET]);
+    let tmp = tempfile::tempdir().unwrap();
+    let ns = Holder::start(tmp.path());
+    // The driver in a pid namespace of its own (its pod's), its mounts
+    // reaching the namespace the writers run in (the trainer's pod): the
+    // kernel names a writer's requests to the mount by pid 0.
+    let wrap = ns.enter(&[
+        "unshare",
+        "--pid",
+        "--fork",
+        "--kill-child",
+        "--mount-proc",
+        "--propagation",
+        "unchanged",
+        "--",
+    ]);
+    let driver = Driver::start_under(&wrap, Path::new(BIN), tmp.path(), None);
+    let mut k = Kubelet::connect(&driver.socket);
+    let t = target(tmp.path(), "pod-1", "pv-ckpt");
+    let mut url = String::new();
+    let mut ctx = source(&s3, "ckpt/", &mut url);
+    ctx.extend([("access", "write-once"), ("cache", "none")]);
+    ok(k.publish(publish(
+        "vol-ckpt",
+        &t,
+        capability(Mode::MultiNodeMultiWriter, &[PART]),
+        false,
+        &ctx,
+    )));
+    let write = |name: &str, how: &str| {
+        let path = t.join(name).to_string_lossy().into_owned();
+        let argv = ns.enter(&["python3", "-c", WRITER, &path, how]);
+        let out = Command::new(&argv[0]).args(&argv[1..]).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        eprintln!("writer {name} {how}: {:?} {text:?}", out.status);
+        (out.status, text)
+    };
+    let whole: Vec<u8> = (0..12)
+        .flat_map(|_| (0..=255u8).cycle().take(256 * 4096))
+        .collect();
+
+    let (status, _) = write("killed.bin", "kill");
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(libc::SIGKILL)
+    );
+    let (status, text) = write("closed.bin", "close");
+    assert_eq!(
+        (status.code(), text.as_str()),
+        (Some(5), "close: Input/output error")
+    );
+    // The control: the same writer, fsync'd, then closed: the whole file.
+    let (status, text) = write("synced.bin", "fsync");
+    assert!(status.success() && text == "closed", "{status:?} {text}");
+    assert_eq!(
+        s3.stored(BUCKET, "ckpt/synced.bin").as_deref(),
+        Some(&whole[..])
+    );
+
+    // Unpublished (the mount ends, every upload settled): the killed
+    // writer's file and the one closed unsynced never became objects, and
+    // no multipart upload is left open.
+    ok(k.unpublish("vol-ckpt", &t.to_string_lossy()));
+    assert_eq!(s3.stored(BUCKET, "ckpt/killed.bin"), None);
+    assert_eq!(s3.stored(BUCKET, "ckpt/closed.bin"), None);
+    let uploads: Vec<_> = std::fs::read_dir(s3.root.path())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(".upload-"))
+        .collect();
+    assert!(uploads.is_empty(), "{uploads:?}");
+    drop(driver);
 }
 
 /// The pid of the `ringfeed mount` process serving `target`.
