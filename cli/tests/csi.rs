@@ -136,6 +136,24 @@ impl Driver {
         self.log.lock().unwrap().clone()
     }
 
+    /// The log once it holds every line of `want` (it reaches the test
+    /// through a pipe and a thread: a line the driver wrote before its
+    /// answer may come in after it).
+    fn wait_log(&self, want: &[&str]) -> String {
+        let until = Instant::now() + CALL_LIMIT;
+        loop {
+            let log = self.log();
+            if want.iter().all(|w| log.contains(w)) {
+                return log;
+            }
+            assert!(
+                Instant::now() < until,
+                "{want:?} not in the driver's log:\n{log}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// SIGKILL, as a node's driver dies without a word.
     fn kill(mut self) {
         self.child.kill().unwrap();
@@ -362,6 +380,7 @@ fn volumes_are_published_read_written_and_unpublished_as_the_kubelet_asks() {
     s3.put(BUCKET, "data/dir/small.bin", &small);
     let tmp = tempfile::tempdir().unwrap();
     let cache = tmp.path().join("cache");
+    let _cache_fs = CacheFs::mount(&cache, "mode=0700");
     let driver = Driver::start(tmp.path(), Some(&cache));
     let mut k = Kubelet::connect(&driver.socket);
 
@@ -496,11 +515,7 @@ fn volumes_are_published_read_written_and_unpublished_as_the_kubelet_asks() {
         assert!(!t.exists(), "{} left", t.display());
         ok(k.unpublish(vol, &t.to_string_lossy()));
     }
-    let log = driver.log();
-    assert!(
-        log.contains("NodeUnpublishVolume volume `vol-data`") && log.contains("ok (not mounted)"),
-        "{log}"
-    );
+    driver.wait_log(&["NodeUnpublishVolume volume `vol-data`", "ok (not mounted)"]);
     // The store's objects are as they were, the checkpoint added.
     assert_eq!(s3.stored(BUCKET, "data/big.bin").as_deref(), Some(&big[..]));
 }
@@ -537,11 +552,7 @@ fn a_driver_killed_and_started_again_leaves_its_mounts_serving_and_unpublishes_t
     );
 
     let driver = Driver::start(tmp.path(), None);
-    let log = driver.log();
-    assert!(
-        log.contains("found volume `vol-keep` on") && log.contains("serving (pid"),
-        "{log}"
-    );
+    let log = driver.wait_log(&["found volume `vol-keep` on", "serving (pid"]);
     let pid: u32 = log
         .split("serving (pid ")
         .nth(1)
@@ -551,7 +562,7 @@ fn a_driver_killed_and_started_again_leaves_its_mounts_serving_and_unpublishes_t
     let mut k = Kubelet::connect(&driver.socket);
     // The kubelet asking again (as after its own restart): done already.
     ok(k.publish(req.clone()));
-    assert!(driver.log().contains("ok (already published)"));
+    driver.wait_log(&["ok (already published)"]);
     ok(k.unpublish("vol-keep", &t.to_string_lossy()));
     assert_eq!(mounted(&t), None);
     // Its process ended with its mount (gone, or a zombie left to init).
@@ -579,14 +590,37 @@ fn a_driver_killed_and_started_again_leaves_its_mounts_serving_and_unpublishes_t
     let err = std::fs::read_dir(&t).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::ENOTCONN), "{err}");
     ok(k.publish(req.clone()));
-    assert!(
-        driver
-            .log()
-            .contains("no longer answers: mounting it again")
-    );
+    driver.wait_log(&["no longer answers: mounting it again"]);
     assert_eq!(std::fs::read(t.join("weights.bin")).unwrap(), data);
     ok(k.unpublish("vol-keep", &t.to_string_lossy()));
     assert_eq!(mounted(&t), None);
+}
+
+/// A file system of its own for a node's cache (a tmpfs of 256 MiB,
+/// unmounted when dropped): the cache keeps 10% of its file system free,
+/// so one on the machine's own disk would fill nothing where that disk is
+/// nearly full; a node's cache has its NVMe.
+struct CacheFs(PathBuf);
+
+impl CacheFs {
+    fn mount(dir: &Path, options: &str) -> CacheFs {
+        std::fs::create_dir_all(dir).unwrap();
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o"])
+            .arg(format!("size=256m,{options}"))
+            .arg("ringfeed-test-cache")
+            .arg(dir)
+            .status()
+            .unwrap();
+        assert!(status.success(), "mount -t tmpfs on {}", dir.display());
+        CacheFs(dir.to_path_buf())
+    }
+}
+
+impl Drop for CacheFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
 }
 
 /// The node engine's user in the manifests (the images' user).
@@ -622,9 +656,10 @@ fn a_volume_on_the_node_engines_cache_is_served_by_the_caches_owner() {
     let bin = node.path().join("ringfeed");
     std::fs::copy(BIN, &bin).unwrap();
     let cache = node.path().join("cache");
-    std::fs::create_dir(&cache).unwrap();
-    std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o700)).unwrap();
-    std::os::unix::fs::chown(&cache, Some(ENGINE_UID), Some(ENGINE_UID)).unwrap();
+    let _cache_fs = CacheFs::mount(
+        &cache,
+        &format!("mode=0700,uid={ENGINE_UID},gid={ENGINE_UID}"),
+    );
 
     // The control: a mount of root's refuses the engine's cache (it trusts
     // a directory of its own user only), so a driver that ran its mounts as
@@ -662,13 +697,9 @@ fn a_volume_on_the_node_engines_cache_is_served_by_the_caches_owner() {
     assert_eq!(mounted(&t).as_deref(), Some("fuse.ringfeed"));
     let pid = mount_pid(&t);
     assert_eq!(uid_of(pid), ENGINE_UID);
-    assert!(
-        driver.log().contains(&format!(
-            "is served by uid {ENGINE_UID}:{ENGINE_UID}, the owner of the node's cache"
-        )),
-        "{}",
-        driver.log()
-    );
+    driver.wait_log(&[&format!(
+        "is served by uid {ENGINE_UID}:{ENGINE_UID}, the owner of the node's cache"
+    )]);
     // Read through the mount by a pod of another user (any may: the
     // volume's modes), byte for byte.
     let read = Command::new("sha256sum")
