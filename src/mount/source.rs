@@ -191,7 +191,11 @@ impl Source {
                 let l = client.list_dir(bucket, &dir, net, jitter)?;
                 let mut out = Vec::new();
                 for (key, size, etag) in l.objects {
-                    let name = &key[dir.len().min(key.len())..];
+                    // A key outside the directory asked for is no entry
+                    // of it (a server's answer is outside input).
+                    let Some(name) = key.strip_prefix(dir.as_str()) else {
+                        continue;
+                    };
                     // The directory's own marker (`dir/` as an empty
                     // object) and names a file system cannot show.
                     if usable(name) {
@@ -205,7 +209,10 @@ impl Source {
                     }
                 }
                 for p in l.prefixes {
-                    let name = p[dir.len().min(p.len())..].trim_end_matches('/');
+                    let Some(name) = p.strip_prefix(dir.as_str()) else {
+                        continue;
+                    };
+                    let name = name.trim_end_matches('/');
                     if usable(name) {
                         out.push(Listed {
                             name: name.to_string(),
