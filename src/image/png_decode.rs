@@ -124,7 +124,7 @@ pub(super) fn decode<'b>(
     }
     let Some(at) = tries.iter().position(|t| budget.fits(cost(t))) else {
         budget.note_refused();
-        let least = tries.last().map_or(0, |t| cost(t));
+        let least = tries.last().map_or(0, &cost);
         return Err(fail(format!(
             "image of {w}x{h} pixels: {}",
             budget.over(least)
@@ -240,8 +240,8 @@ impl Sink {
         for x in x0..x1 {
             self.pixel(&row[x * self.step..(x + 1) * self.step], &mut px);
             let at = (x - x0) / k as usize * c;
-            for ch in 0..c {
-                self.sums[at + ch] += u32::from(px[ch]);
+            for (sum, v) in self.sums[at..at + c].iter_mut().zip(px) {
+                *sum += u32::from(v);
             }
         }
         self.rows += 1;

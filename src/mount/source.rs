@@ -306,7 +306,7 @@ fn usable(name: &str) -> bool {
 fn list_local(root: &Root, rel: &str) -> Result<Vec<Listed>> {
     let entries = root
         .list(rel)
-        .map_err(|e| Error::io(IoOp::Open, &root.join(rel), &e))?;
+        .map_err(|e| Error::io(IoOp::Open, root.join(rel), &e))?;
     Ok(entries
         .into_iter()
         .map(|e| Listed {
