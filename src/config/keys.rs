@@ -377,6 +377,17 @@ config_keys! {
     // the CPUs, as the I/O threads mostly wait.
     [Engine] transform_threads: usize = 0 => integer(key, v)? as usize;
 
+    /// The memory the `transform`'s image decodes may hold at once,
+    /// shared by its threads: each decode reserves its pixels, the JPEG
+    /// decoder's buffers and the resize's scratch before it sizes a
+    /// buffer, waiting while the others hold too much; an image over the
+    /// whole budget is decoded smaller (never below the output's size) or
+    /// refused, an error `image_errors` fails or skips. Reported in the
+    /// stats (`decode_memory_peak`, `images_over_budget`).
+    // 1 GiB: the largest image Pillow accepts (179 M pixels) still decodes
+    // whole, one at a time (src/image/budget.rs).
+    [Engine] decode_memory: u64 = crate::image::budget::DEFAULT_DECODE_MEMORY => positive_size(key, v)?;
+
     /// Passes over the dataset; 0 repeats forever.
     [Consumer] epochs: u64 = 1 => integer(key, v)?;
 

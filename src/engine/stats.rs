@@ -39,6 +39,13 @@ pub struct Stats {
     /// configured `cpus`; empty when not pinned (one node, `pin_cpus`
     /// false).
     pub transform_cpus: Vec<usize>,
+    /// The `transform`'s decode memory budget (`decode_memory`; 0: no
+    /// transform), the most of it its decodes held at once, the images
+    /// decoded smaller to fit it, and those refused as over it.
+    pub decode_memory: u64,
+    pub decode_memory_peak: u64,
+    pub images_reduced_for_budget: u64,
+    pub images_over_budget: u64,
     /// Threads receiving the workers' HTTP ranges; 0 when each worker
     /// receives its own (thread backend, or local shards only).
     pub net_threads: usize,
@@ -154,6 +161,10 @@ impl Loader {
                 .transform
                 .as_ref()
                 .map_or(Vec::new(), |t| t.cpus().to_vec()),
+            decode_memory: sh.transform.as_ref().map_or(0, |t| t.budget().limit()),
+            decode_memory_peak: sh.transform.as_ref().map_or(0, |t| t.budget().peak()),
+            images_reduced_for_budget: sh.transform.as_ref().map_or(0, |t| t.budget().reduced()),
+            images_over_budget: sh.transform.as_ref().map_or(0, |t| t.budget().refused()),
             net_threads: sh.net_links.len(),
             local_reads: sh.direct.path_name(),
             local_files_direct: sh.direct.files().0,

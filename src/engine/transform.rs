@@ -28,6 +28,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::config::{Config, Toggle};
 use crate::error::{Error, Result};
+use crate::image::budget::Budget;
 use crate::image::{self, LabelType, OnError, Scratch, Transform};
 use crate::memory::{Arena, ArenaOptions, Batch, RawField, cuda};
 
@@ -139,6 +140,8 @@ pub(crate) struct Transformer {
     cuda_later: Option<&'static cuda::Runtime>,
     /// What the slots' memory did not get (huge pages, mlock, CUDA).
     notes: Vec<String>,
+    /// The decode memory the threads share (`decode_memory`).
+    budget: Arc<Budget>,
 }
 
 fn label_bytes(t: LabelType) -> usize {
@@ -219,6 +222,7 @@ impl Transformer {
             }),
             cuda_later,
             notes,
+            budget: Arc::new(Budget::new(cfg.decode_memory)),
         }))
     }
 
@@ -289,7 +293,7 @@ impl Transformer {
                         // where the process may run, which is correct.
                         let _ = crate::topology::pin_current_thread_to(cpus);
                     }
-                    let mut scratch = Scratch::default();
+                    let mut scratch = Scratch::with_budget(Arc::clone(&self.budget));
                     for s in lo..hi {
                         let mine = &at[s * per..(s + 1) * per];
                         if let Err(e) =
@@ -373,6 +377,11 @@ impl Transformer {
                 .map(|e| format!("`transform` tensors: {}", cuda::not_registered(e))),
         );
         n
+    }
+
+    /// The decode memory budget the threads share, and what it saw.
+    pub(crate) fn budget(&self) -> &Budget {
+        &self.budget
     }
 
     /// Threads a batch is split among.

@@ -19,7 +19,9 @@
 
 use std::io::Cursor;
 
+use super::budget::{Budget, Reservation};
 use super::jpeg;
+use super::png_decode;
 use super::spec::Color;
 
 /// The most pixels an image may have: Pillow's `MAX_IMAGE_PIXELS` error
@@ -72,6 +74,48 @@ pub struct Want {
     pub need: (f64, f64),
     /// Whether a reduced or windowed decode is allowed.
     pub reduce: bool,
+    /// Whether a decode over the memory budget may be made smaller (never
+    /// below `need`) or windowed to fit, though `reduce` is false (a
+    /// resize before the crop): its pixels then differ a little from a
+    /// full decode's, which could not be held.
+    pub shrink: bool,
+    /// The output's width and height, for the resize's scratch.
+    pub out: (u32, u32),
+    /// Whether the output step copies the box out of a full-scale window
+    /// (a crop taken first: `output::write`).
+    pub copies: bool,
+}
+
+/// Bytes a decoder's own state may hold besides the buffers counted
+/// (libjpeg's pools and row buffers, the PNG decoder's inflate window and
+/// rows): 1 MiB, some four times what either was seen to take for a
+/// 13000-pixel-wide image.
+pub(super) const DECODER_STATE: u64 = 1 << 20;
+
+/// Bytes the steps after a decode hold while its window of `w` x `h`
+/// pixels of `c` channels (at `scale` 1 or not) lives: the box copied out
+/// of it (a crop taken first, at full scale), and the resize's scratch
+/// (`fast_image_resize`'s two passes: an image of the output's width by
+/// the window's height, or the reverse, and the output; its filter
+/// weights, some 16 bytes per source pixel of a side).
+pub(super) fn after_decode_bytes(w: u64, h: u64, c: u64, want: &Want, full_scale: bool) -> u64 {
+    let (ow, oh) = (u64::from(want.out.0), u64::from(want.out.1));
+    let copy = match want.copies && full_scale {
+        true => w * h * c,
+        false => 0,
+    };
+    copy + ((ow * h).max(w * oh) + ow * oh) * c + (w + h) * 16
+}
+
+/// The least eighth (1 to 8) whose decode still gives the resize at least
+/// one decoded pixel per output pixel.
+pub(super) fn least_eighth(need: (f64, f64)) -> u32 {
+    (1..=8u32)
+        .find(|n| {
+            let s = f64::from(*n) / 8.0;
+            s >= need.0 && s >= need.1
+        })
+        .unwrap_or(8)
 }
 
 /// A JPEG or PNG's size, read from its header.
@@ -100,11 +144,19 @@ pub(super) fn check_pixels(w: u32, h: u32) -> Result<(), String> {
     Ok(())
 }
 
-/// Decodes `want` of the image in `data` to `color`.
-pub fn decode(kind: Kind, data: &[u8], color: Color, want: Want) -> Result<Pixels, String> {
+/// Decodes `want` of the image in `data` to `color`, holding what the
+/// decode and the steps after it need of `budget` (given back when the
+/// reservation returned with the pixels drops).
+pub fn decode<'b>(
+    kind: Kind,
+    data: &[u8],
+    color: Color,
+    want: Want,
+    budget: &'b Budget,
+) -> Result<(Pixels, Reservation<'b>), String> {
     match kind {
-        Kind::Jpeg => jpeg::decode(data, color, want),
-        Kind::Png => png_decode(data, color),
+        Kind::Jpeg => jpeg::decode(data, color, want, budget),
+        Kind::Png => png_decode::decode(data, color, want, budget),
     }
 }
 
@@ -139,56 +191,6 @@ pub(super) fn rgb_to_gray(rgb: &[u8]) -> Vec<u8> {
         .collect()
 }
 
-fn png_decode(data: &[u8], color: Color) -> Result<Pixels, String> {
-    let mut d = png::Decoder::new(Cursor::new(data));
-    d.set_transformations(png::Transformations::EXPAND | png::Transformations::STRIP_16);
-    let mut r = d.read_info().map_err(|e| format!("PNG: {e}"))?;
-    let (w, h) = r.info().size();
-    check_pixels(w, h).map_err(|e| format!("PNG: {e}"))?;
-    let len = r
-        .output_buffer_size()
-        .ok_or_else(|| format!("PNG: image of {w}x{h} pixels too large to hold"))?;
-    let mut buf = vec![0u8; len];
-    let info = r.next_frame(&mut buf).map_err(|e| format!("PNG: {e}"))?;
-    buf.truncate(info.buffer_size());
-    let n = (w * h) as usize;
-    let rgb = |buf: &[u8], step: usize, gray: bool| -> Vec<u8> {
-        let mut out = Vec::with_capacity(n * 3);
-        for p in buf.chunks_exact(step) {
-            match gray {
-                true => out.extend_from_slice(&[p[0], p[0], p[0]]),
-                false => out.extend_from_slice(&p[..3]),
-            }
-        }
-        out
-    };
-    let step = match info.color_type {
-        png::ColorType::Grayscale => 1,
-        png::ColorType::GrayscaleAlpha => 2,
-        png::ColorType::Rgb => 3,
-        png::ColorType::Rgba => 4,
-        png::ColorType::Indexed => return Err("PNG: a palette left unexpanded".into()),
-    };
-    let gray_in = step <= 2;
-    if buf.len() != n * step {
-        return Err(format!("PNG: {} bytes of pixels for {w}x{h}", buf.len()));
-    }
-    let (buf, channels) = match (color, gray_in) {
-        (Color::Gray, true) if step == 1 => (buf, 1),
-        (Color::Gray, true) => (buf.chunks_exact(2).map(|p| p[0]).collect(), 1),
-        (Color::Gray, false) => (rgb_to_gray(&rgb(&buf, step, false)), 1),
-        (Color::Rgb, g) => (rgb(&buf, step, g), 3),
-    };
-    Ok(Pixels {
-        buf,
-        w,
-        h,
-        channels,
-        origin: (0.0, 0.0),
-        scale: 1.0,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -210,6 +212,9 @@ mod tests {
             y1: 8.0,
             need: (1.0, 1.0),
             reduce: true,
+            shrink: true,
+            out: (8, 8),
+            copies: true,
         };
         for data in [
             &b"\xff\xd8\xff"[..],
@@ -217,7 +222,7 @@ mod tests {
             b"\x89PNG\r\n\x1a\nxx",
         ] {
             let kind = Kind::sniff(data).unwrap();
-            assert!(decode(kind, data, Color::Rgb, want).is_err());
+            assert!(decode(kind, data, Color::Rgb, want, &Budget::default()).is_err());
             assert!(size(kind, data).is_err());
         }
     }

@@ -33,7 +33,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use mozjpeg_sys as lj;
 use mozjpeg_sys::J_COLOR_SPACE::{JCS_CMYK, JCS_EXT_RGB, JCS_GRAYSCALE, JCS_YCCK};
 
-use super::decode::{Pixels, Want, check_pixels, cmyk_to_rgb, rgb_to_gray};
+use super::budget::{Budget, Reservation};
+use super::decode::{
+    DECODER_STATE, Pixels, Want, after_decode_bytes, check_pixels, cmyk_to_rgb, least_eighth,
+    rgb_to_gray,
+};
 use super::spec::Color;
 use crate::log::Level;
 
@@ -47,6 +51,13 @@ pub const SIMD: bool = cfg!(ringfeed_jpeg_simd);
 /// message into (the crate's binding types it as 80 bytes, the C writes
 /// up to this many).
 const MSG_LEN: usize = 200;
+
+/// The most scans a JPEG may have: 500, the limit libjpeg-turbo's own
+/// fuzz targets set (`TJPARAM_SCANLIMIT`). Encoders write 1 (baseline) or
+/// about 10 (progressive); a file of thousands of tiny scans makes the
+/// decoder pass over its whole coefficient buffer once per scan, a CPU
+/// bomb of a few KB.
+pub(super) const MAX_SCANS: i32 = 500;
 
 /// The payload of a fatal libjpeg error on its way to [`guarded`]: the
 /// library's message.
@@ -96,6 +107,26 @@ unsafe extern "C-unwind" fn error_exit(cinfo: &mut lj::jpeg_common_struct) {
     resume_unwind(Box::new(Failure(message(cinfo))))
 }
 
+/// The progress monitor: a file past [`MAX_SCANS`] scans is a fatal error
+/// (TurboJPEG's scan limit, done the same way). libjpeg calls it as each
+/// scan's input is consumed.
+unsafe extern "C-unwind" fn scan_limit(cinfo: &mut lj::jpeg_common_struct) {
+    if cinfo.is_decompressor == 0 {
+        return;
+    }
+    let d = (cinfo as *mut lj::jpeg_common_struct).cast::<lj::jpeg_decompress_struct>();
+    // SAFETY: a decompressor's common part is the first member of its
+    // `jpeg_decompress_struct` (as libjpeg itself casts it), which lives
+    // in the decompressor's box while libjpeg runs.
+    let scans = unsafe { (*d).input_scan_number };
+    if scans > MAX_SCANS {
+        resume_unwind(Box::new(Failure(format!(
+            "{scans} scans, past the limit of {MAX_SCANS} (a progressive file of many \
+             tiny scans is a decoding bomb)"
+        ))))
+    }
+}
+
 /// `emit_message`: trace messages (level >= 0) are dropped; a warning
 /// (level -1) is counted, and a file cut short remembered.
 unsafe extern "C-unwind" fn emit_message(cinfo: &mut lj::jpeg_common_struct, level: c_int) {
@@ -131,6 +162,8 @@ struct ErrorMgr {
 struct State {
     cinfo: lj::jpeg_decompress_struct,
     err: ErrorMgr,
+    /// Checks the scan count ([`scan_limit`]).
+    progress: lj::jpeg_progress_mgr,
 }
 
 /// One libjpeg decompressor reading bytes that live for `'a` (its source
@@ -167,7 +200,10 @@ impl<'a> Decompressor<'a> {
                 public: unsafe { std::mem::zeroed() },
                 truncated: None,
             },
+            // SAFETY: as `cinfo`.
+            progress: unsafe { std::mem::zeroed() },
         });
+        s.progress.progress_monitor = Some(scan_limit);
         // SAFETY: jpeg_std_error fills the struct it is given and returns it.
         unsafe { lj::jpeg_std_error(&mut s.err.public) };
         s.err.public.error_exit = Some(error_exit);
@@ -182,6 +218,9 @@ impl<'a> Decompressor<'a> {
         // SAFETY: the struct has its error manager (boxed, so it stays
         // where the pointer says); its errors unwind to `guarded`.
         unsafe { lj::jpeg_create_decompress(cinfo) };
+        // After the create, which zeroes the rest of the struct; boxed with
+        // it, so the pointer stays good.
+        cinfo.common.progress = &raw mut d.s.progress;
         // SAFETY: `data` outlives the decompressor ('a); libjpeg reads no
         // further than its length. An empty one is an error.
         unsafe { lj::jpeg_mem_src(cinfo, data.as_ptr(), data.len() as c_ulong) };
@@ -228,22 +267,144 @@ impl<'a> Decompressor<'a> {
         }
     }
 
-    fn decode(mut self, color: Color, want: Want) -> Result<Pixels, String> {
-        // The reduced size: the least eighth whose window still gives the
-        // resize at least one window pixel per output pixel.
-        let num = match want.reduce {
-            true => (1..=8u32)
-                .find(|n| {
-                    let s = f64::from(*n) / 8.0;
-                    s >= want.need.0 && s >= want.need.1
-                })
-                .unwrap_or(8),
-            false => 8,
-        };
-        let windowed = want.reduce && self.usual_sampling();
-        let cmyk = matches!(self.s.cinfo.jpeg_color_space, JCS_CMYK | JCS_YCCK);
-        let one_component = self.s.cinfo.num_components == 1;
+    /// Bytes of the coefficient buffers libjpeg keeps for a file of
+    /// several scans (progressive, or components in scans of their own):
+    /// every block of every component at full size, whatever the scale or
+    /// the window (jdcoefct.c's whole-image arrays, rounded up to whole
+    /// iMCUs as it rounds them). 0 for a file of one scan.
+    fn coefficient_bytes(&self) -> u64 {
+        // SAFETY: the header was read (DSTATE_READY), as the call needs.
+        if unsafe { lj::jpeg_has_multiple_scans(&self.s.cinfo) } == 0 {
+            return 0;
+        }
+        let c = &self.s.cinfo;
+        let n = usize::try_from(c.num_components).unwrap_or(0);
+        if c.comp_info.is_null() {
+            return 0;
+        }
+        // SAFETY: as in `sampling`.
+        let comps = unsafe { std::slice::from_raw_parts(c.comp_info, n) };
+        let round = |v: u32, m: c_int| u64::from(v).next_multiple_of(m.max(1) as u64);
+        comps
+            .iter()
+            .map(|c| {
+                // 64 coefficients of 2 bytes a block (JBLOCK).
+                round(c.width_in_blocks, c.h_samp_factor)
+                    * round(c.height_in_blocks, c.v_samp_factor)
+                    * 128
+            })
+            .sum()
+    }
+
+    /// The window to decode at `num` / 8, in scaled pixels of an image of
+    /// `sw` x `sh`: `want`'s box, its left edge on an iMCU column, when
+    /// `windowed`; else the whole.
+    fn window(&self, want: &Want, num: u32, windowed: bool, (sw, sh): (u32, u32)) -> [u32; 4] {
+        let s = f64::from(num) / 8.0;
+        let clamp = |v: f64, max: u32| (v.max(0.0) as u32).min(max);
+        let (mut x0, y0) = (
+            clamp((want.x0 * s).floor(), sw),
+            clamp((want.y0 * s).floor(), sh),
+        );
+        let (x1, y1) = (
+            clamp((want.x1 * s).ceil(), sw),
+            clamp((want.y1 * s).ceil(), sh),
+        );
+        if !(windowed && x1 > x0 && y1 > y0) {
+            return [0, 0, sw, sh];
+        }
+        // libjpeg's iMCU column in scaled pixels (jpeg_crop_scanline's
+        // `align`): the scaled block times luma's horizontal factor.
         let max_h = u32::try_from(self.s.cinfo.max_h_samp_factor.max(1)).unwrap_or(1);
+        let mcu = match self.s.cinfo.num_components == 1 {
+            true => num,
+            false => num * max_h,
+        };
+        x0 -= x0 % mcu;
+        // The right edge past the next iMCU column: the upsampling of
+        // subsampled chroma reads the column beyond a pixel's, and a
+        // window that ends at the pixel treats it as the image's edge
+        // (the last column then differs from a full decode's by up to
+        // 9 levels).
+        let x1 = (x1 + 1).next_multiple_of(mcu).min(sw);
+        [x0, y0, x1, y1]
+    }
+
+    /// The scale (eighths), whether windowed, and the bytes the decode
+    /// and the steps after it hold, chosen to fit `budget`: the decode
+    /// `want` asks for when it fits, else (where `want.shrink` allows) a
+    /// windowed one, then smaller eighths down to the output's size;
+    /// refused with the numbers when none fits.
+    fn plan(&self, color: Color, want: &Want, budget: &Budget) -> Result<Plan, String> {
+        let (w, h) = (self.s.cinfo.image_width, self.s.cinfo.image_height);
+        let cmyk = matches!(self.s.cinfo.jpeg_color_space, JCS_CMYK | JCS_YCCK);
+        let usual = self.usual_sampling();
+        let coef = self.coefficient_bytes();
+        let components = u64::try_from(self.s.cinfo.num_components.max(1)).unwrap_or(4);
+        let least = least_eighth(want.need);
+        let mut tries = vec![match want.reduce {
+            true => (least, usual),
+            false => (8, false),
+        }];
+        if want.shrink && !want.reduce {
+            tries.push((8, usual));
+            tries.extend((least..8).rev().map(|n| (n, usual)));
+        }
+        let cost = |&(num, windowed): &(u32, bool)| {
+            let scaled = |v: u32| (u64::from(v) * u64::from(num)).div_ceil(8) as u32;
+            let (sw, sh) = (scaled(w), scaled(h));
+            let [x0, y0, x1, y1] = self.window(want, num, windowed, (sw, sh));
+            let (cw, ch) = (u64::from(x1 - x0), u64::from(y1 - y0));
+            // libjpeg's own: the coefficients, its pools, and its row
+            // buffers (the main controller's and the upsampler's, a few
+            // iMCU rows of every component: 64 rows is a bound).
+            let library = coef + DECODER_STATE + u64::from(sw) * 64 * components;
+            let pixels = match cmyk {
+                // The CMYK rows, then their RGB (and gray) conversion.
+                true => cw * ch * 8,
+                false => cw * ch * color.channels() as u64,
+            };
+            let after = after_decode_bytes(cw, ch, color.channels() as u64, want, num == 8);
+            (library, library + pixels + after)
+        };
+        let Some(at) = tries.iter().position(|t| budget.fits(cost(t).1)) else {
+            budget.note_refused();
+            let least = tries.last().map_or(0, |t| cost(t).1);
+            let what = match coef > 0 {
+                true => format!(
+                    " (a file of several scans keeps every coefficient, {} MiB, whatever \
+                     the scale)",
+                    coef.div_ceil(1 << 20)
+                ),
+                false => String::new(),
+            };
+            return Err(format!(
+                "JPEG: image of {w}x{h} pixels: {}{what}",
+                budget.over(least)
+            ));
+        };
+        if at > 0 {
+            budget.note_reduced();
+        }
+        let (library, bytes) = cost(&tries[at]);
+        Ok(Plan {
+            num: tries[at].0,
+            windowed: tries[at].1,
+            library,
+            bytes,
+        })
+    }
+
+    fn decode<'b>(
+        mut self,
+        color: Color,
+        want: Want,
+        budget: &'b Budget,
+    ) -> Result<(Pixels, Reservation<'b>), String> {
+        let plan = self.plan(color, &want, budget)?;
+        let held = budget.reserve(plan.bytes)?;
+        let (num, windowed) = (plan.num, plan.windowed);
+        let cmyk = matches!(self.s.cinfo.jpeg_color_space, JCS_CMYK | JCS_YCCK);
         let cinfo = &mut self.s.cinfo;
         cinfo.out_color_space = match (cmyk, color) {
             (true, _) => JCS_CMYK,
@@ -256,38 +417,22 @@ impl<'a> Decompressor<'a> {
         // smooth chroma upsampling.
         cinfo.dct_method = lj::J_DCT_METHOD::JDCT_ISLOW;
         cinfo.do_fancy_upsampling = 1;
+        // libjpeg's share of the reservation (TurboJPEG's
+        // TJPARAM_MAXMEMORY, done the same way): coefficient buffers past
+        // it would need a backing store, which this build has not, so
+        // libjpeg fails ("Backing store not supported") instead of
+        // allocating them.
+        // SAFETY: `mem` is the memory manager jpeg_create_decompress made.
+        unsafe {
+            (*cinfo.common.mem).max_memory_to_use =
+                std::ffi::c_long::try_from(plan.library).unwrap_or(std::ffi::c_long::MAX)
+        };
         // SAFETY: the header was read and the parameters are set.
         unsafe { lj::jpeg_start_decompress(cinfo) };
         let (sw, sh) = (cinfo.output_width, cinfo.output_height);
         let s = f64::from(num) / 8.0;
-        // The window in scaled pixels, its left edge on an iMCU column.
-        let clamp = |v: f64, max: u32| (v.max(0.0) as u32).min(max);
-        let (mut x0, y0) = (
-            clamp((want.x0 * s).floor(), sw),
-            clamp((want.y0 * s).floor(), sh),
-        );
-        let (x1, y1) = (
-            clamp((want.x1 * s).ceil(), sw),
-            clamp((want.y1 * s).ceil(), sh),
-        );
-        let (x0, y0, x1, y1) = if windowed && x1 > x0 && y1 > y0 {
-            // libjpeg's iMCU column in scaled pixels (jpeg_crop_scanline's
-            // `align`): the scaled block times luma's horizontal factor.
-            let mcu = match one_component {
-                true => num,
-                false => num * max_h,
-            };
-            x0 -= x0 % mcu;
-            // The right edge past the next iMCU column: the upsampling of
-            // subsampled chroma reads the column beyond a pixel's, and a
-            // window that ends at the pixel treats it as the image's edge
-            // (the last column then differs from a full decode's by up to
-            // 9 levels).
-            let x1 = (x1 + 1).next_multiple_of(mcu).min(sw);
-            (x0, y0, x1, y1)
-        } else {
-            (0, 0, sw, sh)
-        };
+        let [x0, y0, x1, y1] = self.window(&want, num, windowed, (sw, sh));
+        let cinfo = &mut self.s.cinfo;
         let (mut cx, mut cw) = (x0, x1 - x0);
         if cw != sw {
             // SAFETY: decompression started, no row read yet; the window
@@ -352,15 +497,27 @@ impl<'a> Decompressor<'a> {
             (true, Color::Rgb) => (cmyk_to_rgb(&buf), 3),
             (true, Color::Gray) => (rgb_to_gray(&cmyk_to_rgb(&buf)), 1),
         };
-        Ok(Pixels {
-            buf,
-            w: cw,
-            h: wh,
-            channels,
-            origin: (f64::from(cx) / s, f64::from(y0) / s),
-            scale: s,
-        })
+        Ok((
+            Pixels {
+                buf,
+                w: cw,
+                h: wh,
+                channels,
+                origin: (f64::from(cx) / s, f64::from(y0) / s),
+                scale: s,
+            },
+            held,
+        ))
     }
+}
+
+/// What a decode will be: its scale in eighths, whether windowed, and
+/// the bytes libjpeg and the whole decode may hold.
+struct Plan {
+    num: u32,
+    windowed: bool,
+    library: u64,
+    bytes: u64,
 }
 
 /// A JPEG's width and height, read from its header.
@@ -368,10 +525,22 @@ pub(super) fn size(data: &[u8]) -> Result<(u32, u32), String> {
     guarded(|| Decompressor::open(data).map(|(_, w, h)| (w, h)))
 }
 
-/// Decodes `want` of the JPEG in `data` to `color`.
-pub(super) fn decode(data: &[u8], color: Color, want: Want) -> Result<Pixels, String> {
+/// Decodes `want` of the JPEG in `data` to `color` within `budget`.
+pub(super) fn decode<'b>(
+    data: &[u8],
+    color: Color,
+    want: Want,
+    budget: &'b Budget,
+) -> Result<(Pixels, Reservation<'b>), String> {
     say_without_simd();
-    guarded(|| Decompressor::open(data).and_then(|(d, _, _)| d.decode(color, want)))
+    guarded(|| Decompressor::open(data).and_then(|(d, _, _)| d.decode(color, want, budget)))
+        .map_err(|e| match e.contains("Backing store") {
+            true => format!(
+                "{e}: its coefficient buffers need more than its share of the decode memory \
+                 budget (`decode_memory`)"
+            ),
+            false => e,
+        })
 }
 
 /// Without SIMD on x86 (no `nasm` when the library was built), decoding

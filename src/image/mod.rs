@@ -6,26 +6,36 @@
 //!   JSON), parsed and checked, each error naming the field and option;
 //! - `draw`: a sample's random choices, keyed by seed, epoch, position
 //!   and field, and the crop boxes they give (torchvision's rules);
-//! - `decode`: image bytes to 8-bit RGB or gray: PNG, and JPEG through
-//!   `jpeg` (libjpeg-turbo's libjpeg API, reduced and windowed to the
-//!   crop);
+//! - `decode`: image bytes to 8-bit RGB or gray: PNG through
+//!   `png_decode` (row by row, keeping the crop's window), and JPEG
+//!   through `jpeg` (libjpeg-turbo's libjpeg API, reduced and windowed to
+//!   the crop, its scans and memory limited);
+//! - `budget`: the decode memory a loader's decodes share, which each
+//!   decode reserves before it sizes a buffer (reduced or refused when
+//!   over it);
 //! - `output`: the resize, the flip, the write in the output's layout
 //!   and type.
 //!
 //! `apply` runs them for one field of one sample into the caller's memory
 //! (a slot of a batch's tensor); `label` reads a label field.
 
+pub mod budget;
 pub mod decode;
 pub mod draw;
 mod jpeg;
 pub mod output;
+mod png_decode;
 pub mod spec;
 
 pub use spec::{
     Color, Crop, Dtype, ImageSpec, LabelSpec, LabelType, Layout, OnError, Size, Transform,
 };
 
+use std::sync::Arc;
+
 use fast_image_resize::Resizer;
+
+use budget::Budget;
 
 use crate::error::{Error, Result};
 
@@ -41,10 +51,28 @@ pub struct Applied {
     pub scale: f64,
 }
 
-/// A worker's reusable state for `apply` (the resizer's scratch buffers).
+/// A worker's reusable state for `apply` (the resizer's scratch buffers)
+/// and the decode memory budget it shares with the loader's other
+/// workers.
 #[derive(Default)]
 pub struct Scratch {
     resizer: Resizer,
+    budget: Arc<Budget>,
+}
+
+impl Scratch {
+    /// A worker's state drawing on `budget`.
+    pub fn with_budget(budget: Arc<Budget>) -> Scratch {
+        Scratch {
+            resizer: Resizer::default(),
+            budget,
+        }
+    }
+
+    /// The budget this worker's decodes draw on.
+    pub fn budget(&self) -> &Budget {
+        &self.budget
+    }
 }
 
 /// Transforms the image `data` of field `spec.field` of the sample at
@@ -98,8 +126,14 @@ pub fn apply(
         y1: r.top + r.h + my,
         need: (f64::from(plan.out.w) / r.w, f64::from(plan.out.h) / r.h),
         reduce: spec.reduce && plan.crop_first,
+        shrink: spec.reduce,
+        out: (plan.out.w, plan.out.h),
+        copies: plan.crop_first,
     };
-    let px = decode::decode(kind, data, spec.color, want).map_err(fail)?;
+    // Held until the output is written: the pixels and the resize's
+    // scratch are what it counts.
+    let (px, _held) =
+        decode::decode(kind, data, spec.color, want, &scratch.budget).map_err(fail)?;
     output::write(&px, &plan, spec, &mut scratch.resizer, out).map_err(fail)?;
     Ok(Applied {
         format: kind,

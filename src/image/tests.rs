@@ -329,6 +329,7 @@ fn a_file_cut_short_fails_where_the_window_needs_the_missing_rows() {
     let data = jpeg(&picture(w, h), w, h, false);
     let cut = &data[..data.len() * 2 / 3];
     let color = spec::Color::Rgb;
+    let budget = budget::Budget::default();
     let window = |y0: f64, y1: f64| decode::Want {
         x0: 0.0,
         y0,
@@ -336,27 +337,36 @@ fn a_file_cut_short_fails_where_the_window_needs_the_missing_rows() {
         y1,
         need: (1.0, 1.0),
         reduce: true,
+        shrink: true,
+        out: (40, 40),
+        copies: true,
     };
     // The bottom rows are in the part cut off: libjpeg warns that the
     // file ended early and fills them with gray; that is an error.
     let bottom = window(280.0, 320.0);
-    let whole = decode::decode(decode::Kind::Jpeg, &data, color, bottom).unwrap();
+    let whole = decode::decode(decode::Kind::Jpeg, &data, color, bottom, &budget)
+        .unwrap()
+        .0;
     assert_eq!((whole.w, whole.h), (48, 40), "windowed to the bottom rows");
-    let e = decode::decode(decode::Kind::Jpeg, cut, color, bottom).unwrap_err();
+    let e = decode::decode(decode::Kind::Jpeg, cut, color, bottom, &budget).unwrap_err();
     assert_eq!(e, "JPEG: Premature end of JPEG file");
     // The top rows are whole: the rows below a window are skipped without
     // being read (as TurboJPEG's cropped decode does), so the window's
     // pixels, which are right, come back.
     let top = window(0.0, 24.0);
-    let a = decode::decode(decode::Kind::Jpeg, cut, color, top).unwrap();
-    let b = decode::decode(decode::Kind::Jpeg, &data, color, top).unwrap();
+    let a = decode::decode(decode::Kind::Jpeg, cut, color, top, &budget)
+        .unwrap()
+        .0;
+    let b = decode::decode(decode::Kind::Jpeg, &data, color, top, &budget)
+        .unwrap()
+        .0;
     assert_eq!((a.w, a.h, &a.buf), (48, 24, &b.buf));
     // The whole image of the cut file is refused.
     let full = decode::Want {
         reduce: false,
         ..top
     };
-    let e = decode::decode(decode::Kind::Jpeg, cut, color, full).unwrap_err();
+    let e = decode::decode(decode::Kind::Jpeg, cut, color, full, &budget).unwrap_err();
     assert_eq!(e, "JPEG: Premature end of JPEG file");
 }
 
@@ -371,6 +381,7 @@ fn extraneous_bytes_between_segments_are_skipped_as_pillow_skips_them() {
     let mut junk = data[..after_jfif].to_vec();
     junk.extend_from_slice(b"junk");
     junk.extend_from_slice(&data[after_jfif..]);
+    let budget = budget::Budget::default();
     let full = decode::Want {
         x0: 0.0,
         y0: 0.0,
@@ -378,9 +389,16 @@ fn extraneous_bytes_between_segments_are_skipped_as_pillow_skips_them() {
         y1: f64::from(h),
         need: (1.0, 1.0),
         reduce: false,
+        shrink: false,
+        out: (w, h),
+        copies: false,
     };
-    let a = decode::decode(decode::Kind::Jpeg, &junk, spec::Color::Rgb, full).unwrap();
-    let b = decode::decode(decode::Kind::Jpeg, &data, spec::Color::Rgb, full).unwrap();
+    let a = decode::decode(decode::Kind::Jpeg, &junk, spec::Color::Rgb, full, &budget)
+        .unwrap()
+        .0;
+    let b = decode::decode(decode::Kind::Jpeg, &data, spec::Color::Rgb, full, &budget)
+        .unwrap()
+        .0;
     assert_eq!((a.w, a.h), (w, h));
     assert_eq!(a.buf, b.buf);
 }

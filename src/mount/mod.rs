@@ -9,6 +9,8 @@
 //!   directory's children from its last listing, kept for `ttl`.
 //! - [`source`]: what a source lists, one directory at a time, and the
 //!   object behind a path.
+//! - [`beneath`]: a local source's files and directories opened from
+//!   its root's descriptor, never through a symbolic link.
 //! - `read.rs`: opening to read and answering reads (local files, cache
 //!   entries, a remote file's blocks); `write.rs`: new files written,
 //!   completed, aborted. Both are `impl Fs` blocks; the directory
@@ -34,6 +36,7 @@
 //! `ENOSYS`), locks (`ENOLCK`), writing to an `http(s)://` source
 //! (`EROFS`).
 
+pub mod beneath;
 pub mod blocks;
 pub mod closer;
 mod read;

@@ -45,9 +45,8 @@ impl Fs {
             Errno(libc::EIO)
         })?;
         let (reading, keep) = match obj {
-            Object::Local(path) => {
-                let f = std::fs::File::open(&path)
-                    .map_err(|e| Errno(e.raw_os_error().unwrap_or(libc::EIO)))?;
+            Object::Local(opened) => {
+                let f = opened.map_err(|e| Errno(e.raw_os_error().unwrap_or(libc::EIO)))?;
                 (Reading::Local(f), false)
             }
             Object::Remote(obj) => {

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use super::beneath::Root;
 use super::tree::{Kind, Listed};
 use crate::config::Config;
 use crate::error::{Error, IoOp, Result};
@@ -23,12 +24,15 @@ use crate::net::s3::{Env, S3Url};
 
 /// Where a file's bytes are read from.
 pub enum Object {
-    Local(PathBuf),
+    /// A local file, opened beneath the root (or why not).
+    Local(std::io::Result<std::fs::File>),
     Remote(Arc<HttpObject>),
 }
 
 pub enum Source {
-    Local(PathBuf),
+    /// A local directory: every open starts from its descriptor
+    /// (`beneath`).
+    Local(Root),
     S3 {
         client: S3Client,
         bucket: String,
@@ -119,7 +123,9 @@ impl Source {
         }
         let path = PathBuf::from(url.strip_prefix("file://").unwrap_or(url));
         match std::fs::metadata(&path) {
-            Ok(m) if m.is_dir() => Ok(Source::Local(path)),
+            Ok(m) if m.is_dir() => Root::open(&path)
+                .map(Source::Local)
+                .map_err(|e| Error::io(IoOp::Open, &path, &e)),
             Ok(_) => Err(bad("is not a directory".into())),
             Err(e) => Err(Error::io(IoOp::Open, &path, &e)),
         }
@@ -145,7 +151,7 @@ impl Source {
     /// The object at `rel`.
     pub fn object(&self, rel: &str) -> Result<Object> {
         Ok(match self {
-            Source::Local(root) => Object::Local(root.join(rel)),
+            Source::Local(root) => Object::Local(root.open_file(rel)),
             Source::S3 {
                 client,
                 bucket,
@@ -171,7 +177,7 @@ impl Source {
     /// The directory at `rel` (empty: the root), one level.
     pub fn list(&self, rel: &str, net: &NetOptions, jitter: &mut Jitter) -> Result<Vec<Listed>> {
         match self {
-            Source::Local(root) => list_local(&root.join(rel)),
+            Source::Local(root) => list_local(root, rel),
             Source::S3 {
                 client,
                 bucket,
@@ -185,7 +191,11 @@ impl Source {
                 let l = client.list_dir(bucket, &dir, net, jitter)?;
                 let mut out = Vec::new();
                 for (key, size, etag) in l.objects {
-                    let name = &key[dir.len().min(key.len())..];
+                    // A key outside the directory asked for is no entry
+                    // of it (a server's answer is outside input).
+                    let Some(name) = key.strip_prefix(dir.as_str()) else {
+                        continue;
+                    };
                     // The directory's own marker (`dir/` as an empty
                     // object) and names a file system cannot show.
                     if usable(name) {
@@ -199,7 +209,10 @@ impl Source {
                     }
                 }
                 for p in l.prefixes {
-                    let name = p[dir.len().min(p.len())..].trim_end_matches('/');
+                    let Some(name) = p.strip_prefix(dir.as_str()) else {
+                        continue;
+                    };
+                    let name = name.trim_end_matches('/');
                     if usable(name) {
                         out.push(Listed {
                             name: name.to_string(),
@@ -290,30 +303,20 @@ fn usable(name: &str) -> bool {
     !name.is_empty() && name != "." && name != ".." && !name.contains('/') && !name.contains('\0')
 }
 
-fn list_local(dir: &std::path::Path) -> Result<Vec<Listed>> {
-    let rd = std::fs::read_dir(dir).map_err(|e| Error::io(IoOp::Open, dir, &e))?;
-    let mut out = Vec::new();
-    for e in rd.flatten() {
-        let Ok(m) = e.metadata() else { continue };
-        let Some(name) = e.file_name().to_str().map(str::to_string) else {
-            continue;
-        };
-        let kind = if m.is_dir() {
-            Kind::Dir
-        } else if m.is_file() {
-            Kind::File
-        } else {
-            continue;
-        };
-        out.push(Listed {
-            name,
-            kind,
-            size: if kind == Kind::File { m.len() } else { 0 },
+fn list_local(root: &Root, rel: &str) -> Result<Vec<Listed>> {
+    let entries = root
+        .list(rel)
+        .map_err(|e| Error::io(IoOp::Open, root.join(rel), &e))?;
+    Ok(entries
+        .into_iter()
+        .map(|e| Listed {
+            name: e.name,
+            kind: if e.dir { Kind::Dir } else { Kind::File },
+            size: e.size,
             etag: None,
-            mtime: m.modified().ok(),
-        });
-    }
-    Ok(out)
+            mtime: e.mtime,
+        })
+        .collect())
 }
 
 fn get_text(

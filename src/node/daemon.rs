@@ -9,6 +9,7 @@
 
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -93,10 +94,14 @@ pub fn node_program() -> PathBuf {
 pub(super) fn start_engine(socket: &Path, config: &Map<String, Value>) -> Result<()> {
     use std::io::Write;
     let lock_path = socket.with_extension("lock");
+    // Beside the socket (a `--socket` may name a shared directory): 0600
+    // and never through a link planted at the name.
     let lock = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
         .open(&lock_path)
         .map_err(|e| Error::Node(format!("`{}`: {e}", lock_path.display())))?;
     // SAFETY: a valid descriptor; blocks until the lock is ours. Released
@@ -109,7 +114,13 @@ pub(super) fn start_engine(socket: &Path, config: &Map<String, Value>) -> Result
     // engine's to replace ([`listen`]).
     let program = node_program();
     let log = socket.with_extension("log");
-    let log_file = std::fs::File::create(&log)
+    let log_file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&log)
         .map_err(|e| Error::Node(format!("`{}`: {e}", log.display())))?;
     let mut child = std::process::Command::new(&program)
         .arg("node")

@@ -12,7 +12,7 @@
 
 mod adapter;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -85,11 +85,7 @@ fn mount_entry(dir: &Path) -> Option<(String, String)> {
 /// its own, its log to a file), this one returning once it has mounted —
 /// or with its log when it failed.
 fn daemonize(a: &MountArgs) -> AnyResult<()> {
-    let log = a.log_file.clone().unwrap_or_else(|| {
-        std::env::temp_dir().join(format!("ringfeed-mount-{}.log", std::process::id()))
-    });
-    let file =
-        std::fs::File::create(&log).map_err(|e| format!("--log-file `{}`: {e}", log.display()))?;
+    let (log, file) = daemon_log(a.log_file.as_deref())?;
     let args: Vec<String> = std::env::args()
         .skip(1)
         .filter(|x| x != "--daemon")
@@ -104,6 +100,40 @@ fn daemonize(a: &MountArgs) -> AnyResult<()> {
         log.display()
     );
     Ok(())
+}
+
+/// The daemon's log: `--log-file` (created or emptied), else
+/// `mount-<pid>.log` in this user's private directory
+/// (`$XDG_RUNTIME_DIR/ringfeed` or `/tmp/ringfeed-<uid>`, 0700, checked to
+/// be this user's), made anew. Either way mode 0600 (the log names the
+/// mount's source and errors) and never through a symbolic link: a link
+/// planted at the name (in /tmp, where another user may make one) is
+/// refused instead of followed to a file this user may write.
+fn daemon_log(named: Option<&Path>) -> AnyResult<(PathBuf, std::fs::File)> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let (log, fresh) = match named {
+        Some(p) => (p.to_path_buf(), false),
+        None => {
+            let dir = ringfeed::node::runtime_dir().map_err(|e| format!("mount log: {e}"))?;
+            (dir.join(format!("mount-{}.log", std::process::id())), true)
+        }
+    };
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .create_new(fresh)
+        .truncate(!fresh)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&log)
+        .map_err(|e| {
+            let why = match e.raw_os_error() {
+                Some(libc::ELOOP) => " (a symbolic link: refused, not followed)".to_string(),
+                _ => String::new(),
+            };
+            format!("mount log `{}`: {e}{why}", log.display())
+        })?;
+    Ok((log, file))
 }
 
 /// This program run with `args` in a session of its own (no terminal's
