@@ -330,6 +330,20 @@ impl s3s::S3 for Fs {
         if let Some((e, _)) = self.state.fault(Op::UploadPart, Some(input.part_number)) {
             return Err(e);
         }
+        let hold = self.state.hold_parts.lock().unwrap().clone();
+        if let Some(file) = hold.filter(|f| f.exists()) {
+            self.state.parts_held.fetch_add(1, Ordering::Relaxed);
+            eprintln!(
+                "s3_server: holding UploadPart {} of {}/{}",
+                input.part_number, input.bucket, input.key
+            );
+            // Polled: a test releases the parts by removing the file, from
+            // another process; 10 ms is nothing beside a part's transfer.
+            while file.exists() {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            self.state.parts_held.fetch_sub(1, Ordering::Relaxed);
+        }
         if !(1..=10_000).contains(&input.part_number) {
             return Err(s3_error!(
                 InvalidArgument,

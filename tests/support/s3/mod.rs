@@ -149,6 +149,13 @@ struct State {
     completion: Mutex<Option<(Completion, Option<u32>)>>,
     /// Completions held so far. Relaxed: a counter a test polls.
     held: AtomicU64,
+    /// While this file exists, every UploadPart (its body read) waits
+    /// before it is answered: a store slow to take parts, held as long as
+    /// a test needs and released by removing the file.
+    hold_parts: Mutex<Option<std::path::PathBuf>>,
+    /// UploadParts waiting under `hold_parts` now. Relaxed: a gauge a
+    /// test polls.
+    parts_held: AtomicU64,
     /// Upload ids completed: a retried completion with `If-None-Match`
     /// meets PreconditionFailed (the object is there), without it
     /// NoSuchUpload. One entry per upload of a test.
@@ -449,6 +456,18 @@ impl S3Server {
             return;
         }
         *self.state.completion.lock().unwrap() = Some((mode, times));
+    }
+
+    /// Every UploadPart waits, unanswered, while `file` exists (its
+    /// body already read), and says so on stderr: `s3_server: holding
+    /// UploadPart N of BUCKET/KEY`.
+    pub fn hold_parts_while(&self, file: &Path) {
+        *self.state.hold_parts.lock().unwrap() = Some(file.to_path_buf());
+    }
+
+    /// UploadParts waiting under [`S3Server::hold_parts_while`] now.
+    pub fn parts_held(&self) -> u64 {
+        self.state.parts_held.load(Ordering::Relaxed)
     }
 
     /// CompleteMultipartUploads held so far (`Completion::Hold`).
