@@ -258,6 +258,12 @@ struct WriteHandle {
     name: String,
     url: String,
     upload: Mutex<Upload>,
+    /// The bytes taken so far (the object's size once complete): what
+    /// `getattr` shows, read without `upload`'s lock, which a write
+    /// waiting for a part's room or a completion and its retries hold
+    /// for as long as the store takes. Relaxed: a size for `stat`, set
+    /// under `upload`'s lock and ordered with nothing else.
+    size: AtomicU64,
     /// Who wrote and what closes told; locked inside `upload` when both
     /// are (never the other way round).
     closes: Mutex<Closes>,
@@ -462,10 +468,11 @@ impl Fs {
         let n = t.get(ino).ok_or(Errno(libc::ENOENT))?;
         let mut a = self.attr_of(ino, n);
         drop(t);
-        // A file being written shows what was written so far.
-        let w = lock(&self.writing).get(&ino).cloned();
-        if let Some(w) = w {
-            a.size = lock(&w.upload).size();
+        // A file being written shows what was written so far, never
+        // waiting on its upload.
+        if let Some(w) = lock(&self.writing).get(&ino) {
+            // Relaxed: see `WriteHandle::size`.
+            a.size = w.size.load(Ordering::Relaxed);
         }
         Ok(a)
     }
@@ -485,6 +492,13 @@ impl Fs {
             }
         }
         Ok(out)
+    }
+
+    /// Whether `fh` is a handle of a file being written (its writes,
+    /// closes and syncs may wait on the store for long: the FUSE side
+    /// answers them on threads of their own, in order).
+    pub fn writes(&self, fh: u64) -> bool {
+        matches!(lock(&self.handles).get(&fh), Some(Handle::Write(_)))
     }
 
     fn new_fh(&self, h: Handle) -> u64 {

@@ -3,6 +3,7 @@
 //! the writer's close when the mount sees it is one (`upload::Closes`
 //! decides, on who closed: `closer`), aborted otherwise.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
@@ -76,6 +77,7 @@ impl Fs {
             name: name.to_string(),
             url,
             upload: Mutex::new(Upload::new(writer)),
+            size: AtomicU64::new(0),
             closes: Mutex::new(Closes::default()),
         });
         lock(&self.writing).insert(ino, Arc::clone(&w));
@@ -126,6 +128,8 @@ impl Fs {
             if r.is_ok() {
                 lock(&w.closes).wrote(owner);
             }
+            // Relaxed: see `WriteHandle::size`.
+            w.size.store(u.size(), Ordering::Relaxed);
             r
         };
         match r {
@@ -174,7 +178,10 @@ impl Fs {
     pub(super) fn complete(&self, w: &WriteHandle) -> FsResult<()> {
         let (first, r) = {
             let mut u = lock(&w.upload);
-            (u.is_open(), u.complete())
+            let r = (u.is_open(), u.complete());
+            // Relaxed: see `WriteHandle::size`.
+            w.size.store(u.size(), Ordering::Relaxed);
+            r
         };
         match r {
             Ok(size) => {

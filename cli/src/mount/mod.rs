@@ -24,7 +24,7 @@ use ringfeed::mount::{Fs, MountOptions};
 
 use crate::AnyResult;
 use crate::args::{MountArgs, object_config};
-use adapter::{Adapter, Pool};
+use adapter::{Adapter, Lanes, Pool};
 
 static SIGNALLED: AtomicI32 = AtomicI32::new(0);
 
@@ -248,7 +248,8 @@ pub(crate) fn mount_cmd(a: MountArgs) -> AnyResult<()> {
     }
     let adapter = Adapter {
         fs: Arc::clone(&fs),
-        pool: Pool::new(a.threads),
+        pool: Pool::new(a.threads, "rf-mount"),
+        lanes: Lanes::new(a.threads),
         ttl,
     };
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
