@@ -185,9 +185,13 @@ impl Source {
                 let l = client.list_dir(bucket, &dir, net, jitter)?;
                 let mut out = Vec::new();
                 for (key, size, etag) in l.objects {
-                    let name = &key[dir.len().min(key.len())..];
-                    // The directory's own marker (`dir/` as an empty
-                    // object) and names a file system cannot show.
+                    // A key outside the directory (a server that ignores
+                    // the prefix) is no entry, wherever its bytes fall;
+                    // the directory's own marker (`dir/` as an empty
+                    // object) and names a file system cannot show neither.
+                    let Some(name) = under(&key, &dir) else {
+                        continue;
+                    };
                     if usable(name) {
                         out.push(Listed {
                             name: name.to_string(),
@@ -199,7 +203,10 @@ impl Source {
                     }
                 }
                 for p in l.prefixes {
-                    let name = p[dir.len().min(p.len())..].trim_end_matches('/');
+                    let Some(name) = under(&p, &dir) else {
+                        continue;
+                    };
+                    let name = name.trim_end_matches('/');
                     if usable(name) {
                         out.push(Listed {
                             name: name.to_string(),
@@ -283,6 +290,13 @@ impl Source {
             }
         }
     }
+}
+
+/// The rest of `key` after the directory `dir` (a key prefix), or `None`
+/// when `key` is not under it: a string comparison, never a cut at a byte
+/// count, which inside a character of another key would panic.
+fn under<'a>(key: &'a str, dir: &str) -> Option<&'a str> {
+    key.strip_prefix(dir)
 }
 
 /// A name a directory entry can hold.
@@ -503,6 +517,19 @@ mod tests {
         ] {
             assert!(parse_index(page).is_empty(), "{page:?}");
         }
+    }
+
+    #[test]
+    fn a_listed_key_outside_the_directory_is_no_entry() {
+        // `dir/` is 4 bytes; `éa` cut at 4 bytes would split `é` (bytes
+        // 3-4 of `abcé...`): the old cut by length panicked there.
+        assert_eq!(under("abcéa", "dir/"), None);
+        assert!(std::panic::catch_unwind(|| &"abcéa"[4..]).is_err());
+        assert_eq!(under("dir/x.bin", "dir/"), Some("x.bin"));
+        assert_eq!(under("dir/", "dir/"), Some(""));
+        assert_eq!(under("di", "dir/"), None);
+        assert_eq!(under("other/x", "dir/"), None);
+        assert_eq!(under("x", ""), Some("x"));
     }
 
     #[test]
