@@ -161,6 +161,11 @@ pub struct RemoteFile {
     /// The strong ETag the listing gave, if any: what reads are pinned
     /// to and the cache entry is keyed by.
     pub etag: Option<String>,
+    /// The `Last-Modified` the listing gave, if any: pinned too while no
+    /// strong ETag is (`VersionPin`).
+    pub modified: Option<String>,
+    /// The listing this version was made from (`tree::Node::listing`).
+    pub listing: u64,
     pin: Arc<VersionPin>,
     blocks: Mutex<HashMap<u64, Arc<Block>>>,
     /// The node's cache entry of this version, once found or filled.
@@ -171,14 +176,28 @@ pub struct RemoteFile {
 }
 
 impl RemoteFile {
-    pub fn new(name: String, obj: Arc<HttpObject>, size: u64, etag: Option<String>) -> RemoteFile {
+    /// The version of `name` (read through `obj`) a listing showed:
+    /// `size` bytes, its validators `etag` and `modified` (`Last-Modified`),
+    /// from listing number `listing`.
+    pub fn new(
+        name: String,
+        obj: Arc<HttpObject>,
+        size: u64,
+        etag: Option<String>,
+        modified: Option<String>,
+        listing: u64,
+    ) -> RemoteFile {
         let etag = etag.filter(|t| crate::net::version::is_strong(t));
         RemoteFile {
-            pin: Arc::new(VersionPin::planned(etag.clone(), Some(size))),
+            pin: Arc::new(
+                VersionPin::planned(etag.clone(), Some(size)).with_modified(modified.clone()),
+            ),
             name,
             obj,
             size,
             etag,
+            modified,
+            listing,
             blocks: Mutex::new(HashMap::new()),
             entry: Mutex::new(None),
             filling: Mutex::new(None),

@@ -64,9 +64,13 @@ impl Fs {
         Ok((fh, if keep { Caching::Keep } else { Caching::Drop }))
     }
 
-    /// The current version of remote file `ino` (made anew when the
-    /// listing shows another size or ETag), and whether it is the one
-    /// opened before; `open` counts a handle.
+    /// The current version of remote file `ino`, and whether it is the
+    /// one opened before (its blocks, and the kernel's pages, kept); `open`
+    /// counts a handle. Made anew when the listing shows another size,
+    /// ETag or `Last-Modified` — and, without a strong ETag, whenever its
+    /// directory was listed again since: a server with no strong validator
+    /// cannot say the bytes are the same, so nothing read before is kept
+    /// (one version per open, never old pages beside new blocks).
     fn remote_file(
         &self,
         ino: u64,
@@ -79,15 +83,20 @@ impl Fs {
             .etag
             .clone()
             .filter(|t| crate::net::version::is_strong(t));
-        let same = files
-            .get(&ino)
-            .is_some_and(|(f, _)| f.size == node.size && f.etag == etag);
+        let same = files.get(&ino).is_some_and(|(f, _)| {
+            f.size == node.size
+                && f.etag == etag
+                && f.modified == node.modified
+                && (etag.is_some() || f.listing == node.listing || self.source.pinned())
+        });
         if !same {
             let f = RemoteFile::new(
                 self.source.url(&node.rel),
                 obj,
                 node.size,
                 node.etag.clone(),
+                node.modified.clone(),
+                node.listing,
             );
             let opens = files.get(&ino).map_or(0, |e| e.1);
             files.insert(ino, (Arc::new(f), opens));

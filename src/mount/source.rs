@@ -142,6 +142,12 @@ impl Source {
         matches!(self, Source::Local(_) | Source::S3 { .. })
     }
 
+    /// Whether every file's bytes are fixed for the mount's life whatever
+    /// its listing says (the Hub's: read at one commit).
+    pub fn pinned(&self) -> bool {
+        matches!(self, Source::Hub { .. })
+    }
+
     /// The object at `rel`.
     pub fn object(&self, rel: &str) -> Result<Object> {
         Ok(match self {
@@ -198,6 +204,7 @@ impl Source {
                             kind: Kind::File,
                             size,
                             etag,
+                            modified: None,
                             mtime: None,
                         });
                     }
@@ -213,6 +220,7 @@ impl Source {
                             kind: Kind::Dir,
                             size: 0,
                             etag: None,
+                            modified: None,
                             mtime: None,
                         });
                     }
@@ -239,6 +247,7 @@ impl Source {
                             kind: Kind::Dir,
                             size: 0,
                             etag: None,
+                            modified: None,
                             mtime: None,
                         });
                         continue;
@@ -248,13 +257,14 @@ impl Source {
                     let url = format!("{dir_url}{}", encode_path(&name));
                     let obj = HttpObject::new(&url, addrs.clone())
                         .map_err(|reason| Error::Url { url, reason })?;
-                    let (size, etag) =
-                        with_retries(net, jitter, &obj.url, || pool.head_version(&obj))?;
+                    let (size, etag, modified) =
+                        with_retries(net, jitter, &obj.url, || pool.head_validators(&obj))?;
                     out.push(Listed {
                         name,
                         kind: Kind::File,
                         size,
                         etag,
+                        modified,
                         mtime: None,
                     });
                 }
@@ -282,6 +292,7 @@ impl Source {
                             // The content host's, learned by the first
                             // read (the file is pinned by the commit).
                             etag: None,
+                            modified: None,
                             mtime: None,
                         });
                     }
@@ -324,6 +335,7 @@ fn list_local(dir: &std::path::Path) -> Result<Vec<Listed>> {
             kind,
             size: if kind == Kind::File { m.len() } else { 0 },
             etag: None,
+            modified: None,
             mtime: m.modified().ok(),
         });
     }

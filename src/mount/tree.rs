@@ -26,6 +26,9 @@ pub struct Listed {
     pub size: u64,
     /// The object's ETag, where the listing gave one.
     pub etag: Option<String>,
+    /// Its `Last-Modified` as the server sent it, where the listing read
+    /// one (an HTTP server's `HEAD`): the validator left without an ETag.
+    pub modified: Option<String>,
     pub mtime: Option<SystemTime>,
 }
 
@@ -38,6 +41,12 @@ pub struct Node {
     pub kind: Kind,
     pub size: u64,
     pub etag: Option<String>,
+    /// `Last-Modified`, as [`Listed::modified`].
+    pub modified: Option<String>,
+    /// The listing that last showed it (numbered from 1 for the mount's
+    /// life): a file with no strong ETag listed again may be another
+    /// version of the same size, so it is read anew.
+    pub listing: u64,
     pub mtime: SystemTime,
     /// Made by this mount and not in the store yet (a file being
     /// written, a new directory): kept when a listing does not show it.
@@ -56,6 +65,8 @@ pub struct Tree {
     dirs: HashMap<u64, Dir>,
     by_rel: HashMap<String, u64>,
     next: u64,
+    /// Listings taken so far (the number of the last).
+    listings: u64,
     pub started: SystemTime,
 }
 
@@ -67,6 +78,7 @@ impl Tree {
             dirs: HashMap::new(),
             by_rel: HashMap::new(),
             next: ROOT + 1,
+            listings: 0,
             started,
         };
         t.nodes.insert(
@@ -77,6 +89,8 @@ impl Tree {
                 kind: Kind::Dir,
                 size: 0,
                 etag: None,
+                modified: None,
+                listing: 0,
                 mtime: started,
                 local: false,
             },
@@ -162,6 +176,8 @@ impl Tree {
             kind: l.kind,
             size: l.size,
             etag: l.etag.clone(),
+            modified: l.modified.clone(),
+            listing: self.listings,
             mtime,
             local,
         };
@@ -187,6 +203,7 @@ impl Tree {
             d.children.clear();
             d.listed = Some(at);
         }
+        self.listings += 1;
         for l in listed {
             // A file of the same name as a directory (S3 allows both `a`
             // and `a/...`): the directory wins, as Mountpoint shows it.
@@ -212,6 +229,7 @@ impl Tree {
             kind,
             size: 0,
             etag: None,
+            modified: None,
             mtime: Some(SystemTime::now()),
         };
         self.put(dir, &l, true)
@@ -249,6 +267,7 @@ mod tests {
             kind: Kind::File,
             size,
             etag: Some(format!("\"{size}\"")),
+            modified: None,
             mtime: None,
         }
     }
@@ -259,6 +278,7 @@ mod tests {
             kind: Kind::Dir,
             size: 0,
             etag: None,
+            modified: None,
             mtime: None,
         }
     }
@@ -277,6 +297,21 @@ mod tests {
         assert_eq!(t.child(ROOT, "d"), None, "gone from the listing");
         t.set_listing(ROOT, &[file("a", 2), dir("d")], Instant::now());
         assert_eq!(t.child(ROOT, "d"), Some(d));
+    }
+
+    #[test]
+    fn each_listing_has_its_number_on_what_it_showed() {
+        let mut t = Tree::new();
+        t.set_listing(ROOT, &[file("a", 1), file("b", 1)], Instant::now());
+        let a = t.child(ROOT, "a").unwrap();
+        let b = t.child(ROOT, "b").unwrap();
+        assert_eq!(
+            (t.get(a).unwrap().listing, t.get(b).unwrap().listing),
+            (1, 1)
+        );
+        t.set_listing(ROOT, &[file("a", 1)], Instant::now());
+        assert_eq!(t.get(a).unwrap().listing, 2);
+        assert_eq!(t.get(b).unwrap().listing, 1, "not listed again");
     }
 
     #[test]

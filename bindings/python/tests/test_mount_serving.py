@@ -16,13 +16,17 @@ a file or an error.
   the kernel's pages for a file left alone.
 """
 
+import errno
 import http.server
+import io
 import os
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+
+import pytest
 
 from conftest import run_s3_server
 from test_mount import MiB, _Quiet, mount, put, random_bytes, s3_env, stored, wait_for
@@ -115,3 +119,119 @@ def test_reads_and_stat_answer_while_an_upload_is_held(tmp_path):
             assert writer.wait(timeout=120) == 0, writer.stderr.read()
             assert stored(server, "ds/ckpt.bin") == data
             assert os.stat(m.path / "ckpt.bin").st_size == len(data)
+
+
+class _RangedNoETag(http.server.SimpleHTTPRequestHandler):
+    """Python's `http.server` (listing pages, `Last-Modified`, no ETag)
+    answering `Range: bytes=A-B` with 206, as servers without ETags
+    (nginx with `etag off`, a plain file server) do."""
+
+    def log_message(self, *args):
+        pass
+
+    def send_head(self):
+        rng = self.headers.get("Range")
+        path = self.translate_path(self.path)
+        if not rng or not os.path.isfile(path):
+            return super().send_head()
+        a, b = rng.removeprefix("bytes=").split("-")
+        f = open(path, "rb")
+        st = os.fstat(f.fileno())
+        a, b = int(a), min(int(b) if b else st.st_size - 1, st.st_size - 1)
+        f.seek(a)
+        self.send_response(206)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Range", f"bytes {a}-{b}/{st.st_size}")
+        self.send_header("Content-Length", str(b - a + 1))
+        self.send_header("Last-Modified", self.date_time_string(st.st_mtime))
+        self.end_headers()
+        return io.BytesIO(f.read(b - a + 1))
+
+
+def serve(root, handler):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), lambda *a: handler(*a, directory=str(root)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def rewrite(path, data, later):
+    """`path` rewritten with `data` (the same size), its time `later`
+    seconds on (0: the same Last-Modified as before)."""
+    st = os.stat(path)
+    path.write_bytes(data)
+    os.utime(path, (st.st_atime + later, st.st_mtime + later))
+
+
+def test_without_etags_a_file_listed_again_is_read_anew_and_never_mixed(tmp_path):
+    """Over a server without ETags, a file rewritten with the same size is
+    read whole anew once its directory is listed again: no block or page
+    of the earlier open is kept (before, the first MiB, read before the
+    rewrite, came back old in front of the new rest). Within one open, a
+    block asked for after the rewrite is EIO (Last-Modified pinned), never
+    the new bytes in the old file; its control reads the old bytes."""
+    root = tmp_path / "site"
+    root.mkdir()
+    old, new = random_bytes(6 * MiB, 41), random_bytes(6 * MiB, 42)
+    (root / "w.bin").write_bytes(old)
+    (root / "pinned.bin").write_bytes(old)
+    (root / "calm.bin").write_bytes(old)
+    server = serve(root, _RangedNoETag)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/"
+        with mount(url, tmp_path, "--part-size", "1MiB", "--metadata-ttl", "0",
+                   "--metrics-port", "0") as m:
+            # Rewritten keeping its time (a copy that keeps times, or
+            # within the same second): nothing but the listing tells.
+            with open(m.path / "w.bin", "rb") as f:
+                assert f.read(MiB) == old[:MiB]
+            rewrite(root / "w.bin", new, 0)
+            assert (m.path / "w.bin").read_bytes() == new
+            # And with a new time.
+            with open(m.path / "w.bin", "rb") as f:
+                assert f.read(MiB) == new[:MiB]
+            rewrite(root / "w.bin", old, 10)
+            assert (m.path / "w.bin").read_bytes() == old
+            # Listed again with nothing changed: still read anew (a server
+            # without a strong validator cannot say it is the same), each
+            # block once.
+            gets = m.metrics()["ringfeed_mount_gets_total"]
+            assert (m.path / "w.bin").read_bytes() == old
+            assert m.metrics()["ringfeed_mount_gets_total"] - gets == 6
+
+            # One open: the rewrite is seen by Last-Modified; the control
+            # (no rewrite) reads the old bytes.
+            for name, changed in (("calm.bin", False), ("pinned.bin", True)):
+                fd = os.open(m.path / name, os.O_RDONLY)
+                try:
+                    assert os.pread(fd, 4096, 0) == old[:4096]
+                    if changed:
+                        rewrite(root / name, new, 10)
+                        with pytest.raises(OSError) as e:
+                            os.pread(fd, 4096, 5 * MiB)
+                        assert e.value.errno == errno.EIO
+                    else:
+                        assert os.pread(fd, 4096, 5 * MiB) == old[5 * MiB:5 * MiB + 4096]
+                finally:
+                    os.close(fd)
+            assert "Last-Modified" in m.log_text(), m.log_text()
+    finally:
+        server.shutdown()
+
+
+def test_with_strong_etags_a_file_listed_again_keeps_its_blocks(tmp_path):
+    """The control over the S3 server (strong ETags): a file listed again
+    and unchanged is the same version, its blocks kept (no new GET); a
+    rewrite of the same size is a new ETag, read whole anew."""
+    with run_s3_server(tmp_path) as server:
+        old, new = random_bytes(6 * MiB, 51), random_bytes(6 * MiB, 52)
+        put(server, "v/w.bin", old)
+        with mount(f"s3://{server.bucket}/v/", tmp_path, "--endpoint-url", server.endpoint,
+                   "--part-size", "1MiB", "--metadata-ttl", "0", "--metrics-port", "0",
+                   env=s3_env(server)) as m:
+            assert (m.path / "w.bin").read_bytes() == old
+            gets = m.metrics()["ringfeed_mount_gets_total"]
+            assert (m.path / "w.bin").read_bytes() == old
+            assert m.metrics()["ringfeed_mount_gets_total"] == gets
+            put(server, "v/w.bin", new)
+            assert (m.path / "w.bin").read_bytes() == new
+            assert m.metrics()["ringfeed_mount_gets_total"] - gets == 6

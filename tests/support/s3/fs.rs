@@ -210,7 +210,18 @@ impl s3s::S3 for Fs {
         self.enter(Op::ListObjectsV2, None)?;
         let prefix = req.input.prefix.clone().unwrap_or_default();
         self.state.denied(&req.input.bucket, &prefix)?;
-        self.inner.list_objects_v2(req).await
+        let bucket = req.input.bucket.clone();
+        let mut resp = self.inner.list_objects_v2(req).await?;
+        // s3s-fs lists no ETags; S3 lists each object's, the one its GET
+        // answers with (what a client may pin its reads to).
+        for o in resp.output.contents.iter_mut().flatten() {
+            if o.e_tag.is_none()
+                && let Some(key) = &o.key
+            {
+                o.e_tag = listed_etag(&self.root, &bucket, key).map(s3s::dto::ETag::Strong);
+            }
+        }
+        Ok(resp)
     }
 
     async fn put_object(
@@ -500,4 +511,31 @@ impl s3s::S3 for Fs {
         self.state.uploads.lock().unwrap().remove(&upload_id);
         Ok(resp)
     }
+}
+
+/// The ETag s3s-fs answers a GET of `bucket/key` with: the one it saved
+/// for the object (a multipart upload's), else the MD5 of its bytes.
+fn listed_etag(root: &Path, bucket: &str, key: &str) -> Option<String> {
+    use base64::Engine as _;
+    use md5::Digest as _;
+    let b64 = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+    let info = root.join(format!(
+        ".bucket-{}.object-{}.internal.json",
+        b64(bucket),
+        b64(key)
+    ));
+    let saved = std::fs::read(info)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|v| v.get("e_tag").and_then(|t| t.as_str()).map(str::to_string));
+    if saved.is_some() {
+        return saved;
+    }
+    let data = std::fs::read(root.join(bucket).join(key)).ok()?;
+    Some(
+        md5::Md5::digest(&data)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect(),
+    )
 }
