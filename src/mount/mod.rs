@@ -36,6 +36,7 @@
 
 pub mod blocks;
 pub mod closer;
+pub mod flight;
 mod read;
 pub mod readahead;
 pub mod source;
@@ -298,6 +299,8 @@ pub struct Fs {
     recent: Mutex<HashMap<u64, std::collections::VecDeque<String>>>,
     /// The `/proc` a close's thread is looked up in.
     proc: closer::Proc,
+    /// The directories being listed now (one listing each at a time).
+    flights: flight::Flights,
 }
 
 impl Fs {
@@ -366,6 +369,7 @@ impl Fs {
             recent: Mutex::new(HashMap::new()),
             kernel_readahead: AtomicU64::new(opts_kernel_readahead),
             proc,
+            flights: flight::Flights::default(),
         })
     }
 
@@ -423,33 +427,44 @@ impl Fs {
         }
     }
 
-    /// Lists `dir` again when its listing is older than the time-to-live.
+    /// Lists `dir` again when its listing is older than the time-to-live;
+    /// while another thread lists it, waits and takes that listing (one
+    /// that ended after this was asked is fresh enough).
     fn fresh(&self, dir: u64) -> FsResult<()> {
-        let rel = {
-            let t = lock(&self.tree);
-            let node = t.get(dir).ok_or(Errno(libc::ENOENT))?;
-            if node.kind != Kind::Dir {
-                return Err(Errno(libc::ENOTDIR));
+        let asked = Instant::now();
+        loop {
+            let rel = {
+                let t = lock(&self.tree);
+                let node = t.get(dir).ok_or(Errno(libc::ENOENT))?;
+                if node.kind != Kind::Dir {
+                    return Err(Errno(libc::ENOTDIR));
+                }
+                if t.listed(dir)
+                    .is_some_and(|at| at.elapsed() < self.opts.ttl || at >= asked)
+                {
+                    return Ok(());
+                }
+                node.rel.clone()
+            };
+            if let Some(r) = self.flights.run(dir, || self.list_now(dir, &rel)) {
+                return r;
             }
-            if t.listed(dir).is_some_and(|at| at.elapsed() < self.opts.ttl) {
-                return Ok(());
-            }
-            node.rel.clone()
-        };
+        }
+    }
+
+    /// Lists `dir` (at `rel`) from the source now.
+    fn list_now(&self, dir: u64, rel: &str) -> FsResult<()> {
         let mut jitter = lock(&self.jitter).clone();
-        let listed = self
-            .source
-            .list(&rel, &self.net, &mut jitter)
-            .map_err(|e| {
-                log(Level::Warn, || {
-                    format!("mount: listing `{}` failed: {e}", self.source.url(&rel))
-                });
-                Errno(match e {
-                    crate::Error::S3 { status: 403, .. } => libc::EACCES,
-                    crate::Error::Io { .. } => libc::ENOENT,
-                    _ => libc::EIO,
-                })
-            })?;
+        let listed = self.source.list(rel, &self.net, &mut jitter).map_err(|e| {
+            log(Level::Warn, || {
+                format!("mount: listing `{}` failed: {e}", self.source.url(rel))
+            });
+            Errno(match e {
+                crate::Error::S3 { status: 403, .. } => libc::EACCES,
+                crate::Error::Io { .. } => libc::ENOENT,
+                _ => libc::EIO,
+            })
+        })?;
         self.counts.add(&self.counts.listings, 1);
         lock(&self.tree).set_listing(dir, &listed, Instant::now());
         Ok(())
