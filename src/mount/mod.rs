@@ -270,9 +270,16 @@ struct WriteHandle {
     closes: Mutex<Closes>,
 }
 
+/// A directory's entries as one `readdir` pass sees them.
+type Entries = Arc<Vec<(u64, Kind, String)>>;
+
 enum Handle {
     Read(Arc<ReadHandle>),
     Write(Arc<WriteHandle>),
+    /// An open directory: the entries its pass from offset 0 took, which
+    /// the later pages of that pass are cut from (each page is then as
+    /// long as it is, not as long as the directory).
+    Dir(Mutex<Option<Entries>>),
 }
 
 /// The file system: answers each operation, or the errno to refuse it.
@@ -516,6 +523,36 @@ impl Fs {
         matches!(lock(&self.handles).get(&fh), Some(Handle::Write(_)))
     }
 
+    /// Opens directory `dir` for `readdir` passes.
+    pub fn opendir(&self, dir: u64) -> FsResult<u64> {
+        match lock(&self.tree).get(dir) {
+            Some(n) if n.kind == Kind::Dir => {}
+            Some(_) => return Err(Errno(libc::ENOTDIR)),
+            None => return Err(Errno(libc::ENOENT)),
+        }
+        Ok(self.new_fh(Handle::Dir(Mutex::new(None))))
+    }
+
+    /// The entries of directory `dir` for a `readdir` at `offset` through
+    /// handle `fh` (from [`Fs::opendir`]): taken anew at offset 0 (a new
+    /// pass, `rewinddir`), else the ones that pass took. A handle that is
+    /// not a directory's (fuser's 0 when `opendir` was not asked) takes
+    /// them anew each time.
+    pub fn readdir_at(&self, fh: u64, dir: u64, offset: u64) -> FsResult<Entries> {
+        let h = lock(&self.handles).get(&fh).and_then(|h| match h {
+            Handle::Dir(e) => lock(e).clone().filter(|_| offset > 0),
+            _ => None,
+        });
+        if let Some(e) = h {
+            return Ok(e);
+        }
+        let e = Arc::new(self.readdir(dir)?);
+        if let Some(Handle::Dir(slot)) = lock(&self.handles).get(&fh) {
+            *lock(slot) = Some(Arc::clone(&e));
+        }
+        Ok(e)
+    }
+
     fn new_fh(&self, h: Handle) -> u64 {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         lock(&self.handles).insert(fh, h);
@@ -567,7 +604,7 @@ impl Fs {
                     }
                 }
             }
-            None => {}
+            Some(Handle::Dir(_)) | None => {}
         }
     }
 

@@ -147,7 +147,7 @@ impl Fs {
         for (ino, n) in next {
             if let Ok(Object::Remote(obj)) = self.source.object(&n.rel) {
                 let (file, _) = self.remote_file(ino, &n, obj, false);
-                if !store.holds(&file, 0) {
+                if !store.holds(&file, 0) && store.may_read_ahead() {
                     store.block(&file, 0);
                     self.counts.add(&self.counts.prefetched, 1);
                 }
@@ -159,8 +159,7 @@ impl Fs {
     pub fn read(&self, fh: u64, off: u64, size: u32) -> FsResult<Data> {
         let h = match lock(&self.handles).get(&fh) {
             Some(Handle::Read(h)) => Arc::clone(h),
-            Some(Handle::Write(_)) => return Err(Errno(libc::EBADF)),
-            None => return Err(Errno(libc::EBADF)),
+            Some(Handle::Write(_) | Handle::Dir(_)) | None => return Err(Errno(libc::EBADF)),
         };
         let data = match &h.reading {
             Reading::Local(f) => {
@@ -217,6 +216,11 @@ impl Fs {
         let need_last = end.div_ceil(block);
         let mut covered = Vec::new();
         for i in first..last {
+            // Ahead of the read only while the memory budget has room for
+            // what is on its way (`Store::may_read_ahead`).
+            if i >= need_last && !store.holds(file, i) && !store.may_read_ahead() {
+                break;
+            }
             let b = store.block(file, i);
             if i < need_last {
                 covered.push((i, b));

@@ -235,3 +235,66 @@ def test_with_strong_etags_a_file_listed_again_keeps_its_blocks(tmp_path):
             put(server, "v/w.bin", new)
             assert (m.path / "w.bin").read_bytes() == new
             assert m.metrics()["ringfeed_mount_gets_total"] - gets == 6
+
+
+def test_memory_bounds_the_read_ahead_of_many_streams(tmp_path):
+    """Four files read as streams at once, each reader's read-ahead up to
+    64 MiB: under --memory 16MiB the blocks held stay within the budget
+    and the blocks the four reads cover (sampled all along); the control,
+    the same reads under the default 1 GiB, holds far more than that
+    bound, so the sampling sees read-ahead where it is allowed."""
+    readers, size, part = 4, 24 * MiB, MiB
+    bound = 16 * MiB + readers * 2 * part
+    with run_s3_server(tmp_path) as server:
+        files = [random_bytes(size, 60 + i) for i in range(readers)]
+        for i, d in enumerate(files):
+            put(server, f"m/f{i}.bin", d)
+        peaks = {}
+        for label, memory in (("bounded", "16MiB"), ("control", "1GiB")):
+            with mount(f"s3://{server.bucket}/m/", tmp_path, "--endpoint-url", server.endpoint,
+                       "--part-size", "1MiB", "--read-ahead", "64MiB", "--memory", memory,
+                       "--kernel-read-ahead", "0", "--metrics-port", "0",
+                       env=s3_env(server), name=label) as m:
+                got, peak, done = [None] * readers, [0], threading.Event()
+
+                def read(i):
+                    with open(m.path / f"f{i}.bin", "rb") as f:
+                        got[i] = f.read()
+
+                def sample():
+                    while not done.is_set():
+                        peak[0] = max(peak[0], m.metrics()["ringfeed_mount_block_bytes"])
+
+                threads = [threading.Thread(target=read, args=(i,)) for i in range(readers)]
+                sampler = threading.Thread(target=sample)
+                sampler.start()
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                done.set()
+                sampler.join()
+                assert got == files
+                peaks[label] = peak[0]
+        print(f"blocks held at most: {peaks['bounded'] / MiB:.0f} MiB under --memory 16MiB, "
+              f"{peaks['control'] / MiB:.0f} MiB under 1GiB (bound {bound / MiB:.0f} MiB)")
+        assert peaks["bounded"] <= bound, peaks
+        assert peaks["control"] > bound, peaks
+
+
+def test_a_large_directory_is_listed_whole_in_pages_of_one_pass(tmp_path):
+    """A directory of 20,000 entries read in the kernel's pages (a few
+    hundred entries each): every name once, in name order, and a second
+    pass (a new open) the same; each page is cut from its pass's entries,
+    not made from the whole directory again."""
+    src = tmp_path / "src"
+    src.mkdir()
+    names = sorted(f"n{i:05d}.bin" for i in range(20000))
+    for n in names:
+        (src / n).touch()
+    with mount(src, tmp_path) as m:
+        t0 = time.monotonic()
+        assert sorted(os.listdir(m.path)) == names
+        first = time.monotonic() - t0
+        assert [e.name for e in os.scandir(m.path)] == names
+        print(f"20,000 entries listed in {first:.2f} s")

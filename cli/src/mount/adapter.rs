@@ -467,31 +467,49 @@ impl Filesystem for Adapter {
         }
     }
 
+    fn opendir(&mut self, _req: &Request<'_>, ino: u64, _flags: i32, reply: ReplyOpen) {
+        answer(reply, self.fs.opendir(ino), |reply, fh| reply.opened(fh, 0))
+    }
+
     fn readdir(
         &mut self,
         _req: &Request<'_>,
         ino: u64,
-        _fh: u64,
+        fh: u64,
         offset: i64,
         reply: ReplyDirectory,
     ) {
         let fs = Arc::clone(&self.fs);
         self.pool.run(move || {
-            answer(reply, fs.readdir(ino), |mut reply, entries| {
-                for (i, (child, kind, name)) in
-                    entries.into_iter().enumerate().skip(offset as usize)
-                {
+            let from = offset.max(0) as u64;
+            answer(reply, fs.readdir_at(fh, ino, from), |mut reply, entries| {
+                // The page from `offset` on, cut from the pass's entries:
+                // the cost of a page is its length.
+                let rest = entries.get(from as usize..).unwrap_or(&[]);
+                for (i, (child, kind, name)) in rest.iter().enumerate() {
                     let kind = match kind {
                         FileKind::Dir => FileType::Directory,
                         FileKind::File => FileType::RegularFile,
                     };
-                    if reply.add(child, i as i64 + 1, kind, name) {
+                    if reply.add(*child, from as i64 + i as i64 + 1, kind, name) {
                         break;
                     }
                 }
                 reply.ok();
             })
         });
+    }
+
+    fn releasedir(
+        &mut self,
+        _req: &Request<'_>,
+        _ino: u64,
+        fh: u64,
+        _flags: i32,
+        reply: ReplyEmpty,
+    ) {
+        self.fs.release(fh);
+        reply.ok();
     }
 
     fn statfs(&mut self, _req: &Request<'_>, _ino: u64, reply: ReplyStatfs) {
