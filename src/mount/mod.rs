@@ -349,6 +349,7 @@ impl Fs {
         let mut cfg = cfg.clone();
         cfg.overwrite = opts.allow_overwrite;
         let opts_kernel_readahead = opts.kernel_readahead;
+        let opts_ttl = opts.ttl;
         let proc = closer::Proc::probe(std::path::Path::new("/proc"));
         if let Some(why) = proc.foreign()
             && source.writable()
@@ -365,7 +366,11 @@ impl Fs {
             cfg,
             net,
             opts,
-            tree: Mutex::new(Tree::new()),
+            tree: Mutex::new({
+                let mut t = Tree::new();
+                t.ttl = opts_ttl;
+                t
+            }),
             store,
             files: Mutex::new(HashMap::new()),
             handles: Mutex::new(HashMap::new()),
@@ -477,12 +482,35 @@ impl Fs {
         Ok(())
     }
 
+    /// The entry `name` in `parent`, counted as one lookup the kernel
+    /// holds until it forgets it ([`Fs::forget`]).
     pub fn lookup(&self, parent: u64, name: &str) -> FsResult<Attr> {
         self.fresh(parent)?;
-        let t = lock(&self.tree);
+        let mut t = lock(&self.tree);
         let ino = t.child(parent, name).ok_or(Errno(libc::ENOENT))?;
+        t.looked_up(ino);
         let n = t.get(ino).ok_or(Errno(libc::ENOENT))?;
         Ok(self.attr_of(ino, n))
+    }
+
+    /// The kernel forgot `n` lookups of `ino`: a path no listing shows
+    /// and the kernel no longer holds is dropped, with its file's blocks
+    /// once no handle reads them.
+    pub fn forget(&self, ino: u64, n: u64) {
+        if !lock(&self.tree).forgot(ino, n) {
+            return;
+        }
+        let mut files = lock(&self.files);
+        if files.get(&ino).is_some_and(|e| e.1 == 0) {
+            files.remove(&ino);
+        }
+        drop(files);
+        lock(&self.recent).remove(&ino);
+    }
+
+    /// Inodes remembered now (the root included).
+    pub fn inodes(&self) -> usize {
+        lock(&self.tree).len()
     }
 
     pub fn getattr(&self, ino: u64) -> FsResult<Attr> {
@@ -573,6 +601,7 @@ impl Fs {
             return Err(Errno(libc::EEXIST));
         }
         let ino = t.add_local(parent, name, Kind::Dir);
+        t.looked_up(ino);
         t.set_listing(ino, &[], Instant::now());
         let n = t.get(ino).cloned().ok_or(Errno(libc::EIO))?;
         Ok(self.attr_of(ino, &n))

@@ -94,6 +94,7 @@ impl Fs {
                 return Err(Errno(libc::EEXIST));
             }
             let (fh, _) = self.open(ino, flags | libc::O_WRONLY)?;
+            lock(&self.tree).looked_up(ino);
             return Ok((self.getattr(ino)?, fh));
         }
         if !self.source.writable() {
@@ -104,6 +105,8 @@ impl Fs {
         let (ino, rel) = {
             let mut t = lock(&self.tree);
             let ino = t.add_local(parent, name, Kind::File);
+            // The kernel holds the entry `create` answers.
+            t.looked_up(ino);
             (ino, t.get(ino).map(|n| n.rel.clone()).unwrap_or_default())
         };
         match self.start_upload(ino, parent, name, &rel) {

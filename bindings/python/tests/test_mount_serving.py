@@ -298,3 +298,32 @@ def test_a_large_directory_is_listed_whole_in_pages_of_one_pass(tmp_path):
         first = time.monotonic() - t0
         assert [e.name for e in os.scandir(m.path)] == names
         print(f"20,000 entries listed in {first:.2f} s")
+
+
+def test_paths_gone_and_forgotten_are_not_remembered(tmp_path):
+    """2,000 files looked up, then removed from the source: once the
+    directory is listed again and the kernel forgets them (its caches
+    dropped), the mount remembers the root and the directory only. The
+    control, before the removal: the same drop leaves every listed path
+    remembered (a listing still shows them)."""
+    if os.geteuid() != 0:
+        from conftest import skip_for_environment
+        skip_for_environment("dropping the kernel's caches needs root")
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    names = [f"f{i:04d}" for i in range(2000)]
+    for n in names:
+        (src / "sub" / n).write_bytes(b"x")
+    with mount(src, tmp_path, "--metadata-ttl", "1", "--metrics-port", "0") as m:
+        inodes = lambda: m.metrics()["ringfeed_mount_inodes"]
+        for n in names:
+            os.stat(m.path / "sub" / n)
+        assert inodes() == 2 + len(names)  # the root, sub, its files
+        Path("/proc/sys/vm/drop_caches").write_text("2\n")
+        assert inodes() == 2 + len(names), "still listed: kept"
+        for n in names:
+            (src / "sub" / n).unlink()
+        # Listed again once the listing is a second old.
+        assert wait_for(lambda: os.listdir(m.path / "sub") == [])
+        Path("/proc/sys/vm/drop_caches").write_text("2\n")
+        assert wait_for(lambda: inodes() == 2), inodes()

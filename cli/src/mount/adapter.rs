@@ -253,6 +253,10 @@ impl Filesystem for Adapter {
         });
     }
 
+    fn forget(&mut self, _req: &Request<'_>, ino: u64, nlookup: u64) {
+        self.fs.forget(ino, nlookup);
+    }
+
     fn getattr(&mut self, _req: &Request<'_>, ino: u64, _fh: Option<u64>, reply: ReplyAttr) {
         answer(reply, self.fs.getattr(ino), |reply, a| {
             reply.attr(&self.ttl, &file_attr(&a))

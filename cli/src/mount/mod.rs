@@ -223,8 +223,10 @@ pub(crate) fn mount_cmd(a: MountArgs) -> AnyResult<()> {
             let m = ringfeed::serve::metrics::serve_on(ip, port, move || {
                 let mut t = f.counts.prometheus();
                 t.push_str(&format!(
-                    "# TYPE ringfeed_mount_block_bytes gauge\nringfeed_mount_block_bytes {}\n",
-                    f.held()
+                    "# TYPE ringfeed_mount_block_bytes gauge\nringfeed_mount_block_bytes {}\n\
+                     # TYPE ringfeed_mount_inodes gauge\nringfeed_mount_inodes {}\n",
+                    f.held(),
+                    f.inodes()
                 ));
                 t
             })?;
