@@ -37,6 +37,7 @@
 pub mod blocks;
 pub mod closer;
 pub mod flight;
+pub mod leftovers;
 mod read;
 pub mod readahead;
 pub mod source;
@@ -315,6 +316,7 @@ impl Fs {
     /// the engine's keys in `cfg` (S3, retries, `part_size`, `cache_dir`,
     /// `overwrite` is set from `opts`).
     pub fn new(source_url: &str, cfg: &Config, opts: MountOptions) -> Result<Fs> {
+        leftovers::started();
         let source = Source::open(source_url, cfg)?;
         let net = NetOptions::for_config(cfg);
         let counts = Arc::new(MountCounts::default());

@@ -323,6 +323,9 @@ fn list_local(dir: &std::path::Path) -> Result<Vec<Listed>> {
         let Some(name) = e.file_name().to_str().map(str::to_string) else {
             continue;
         };
+        if super::leftovers::hide(dir, &name, m.modified().ok()) {
+            continue;
+        }
         let kind = if m.is_dir() {
             Kind::Dir
         } else if m.is_file() {

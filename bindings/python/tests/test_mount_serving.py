@@ -327,3 +327,40 @@ def test_paths_gone_and_forgotten_are_not_remembered(tmp_path):
         assert wait_for(lambda: os.listdir(m.path / "sub") == [])
         Path("/proc/sys/vm/drop_caches").write_text("2\n")
         assert wait_for(lambda: inodes() == 2), inodes()
+
+
+def test_a_killed_mounts_temporary_file_is_hidden_and_removed_by_the_next(tmp_path):
+    """A local directory's mount killed (SIGKILL) while a file is written
+    through it leaves the writer's temporary file beside the files (the
+    control: it is there after the kill); the next mount shows none of
+    it and removes it."""
+    from test_mount import cli, mounted_paths
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "kept.bin").write_bytes(b"kept")
+    mnt, log = tmp_path / "killed", tmp_path / "killed.log"
+    mnt.mkdir()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([str(cli()), "mount", str(src), str(mnt)],
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+    try:
+        assert wait_for(lambda: str(mnt) in mounted_paths() and " mounted on " in log.read_text(), 60)
+        fd = os.open(mnt / "ckpt.bin", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        os.write(fd, b"half" * 1000)
+        proc.kill()
+        proc.wait()
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        subprocess.run(["fusermount3", "-u", "-z", str(mnt)])
+    left = [n for n in os.listdir(src) if n.endswith(".tmp")]
+    assert len(left) == 1 and left[0].startswith(".ckpt.bin.ringfeed-"), os.listdir(src)
+    with mount(src, tmp_path, name="next") as m:
+        assert sorted(os.listdir(m.path)) == ["kept.bin"]
+        assert sorted(os.listdir(src)) == ["kept.bin"]
+        assert "left by writer" in m.log_text()
