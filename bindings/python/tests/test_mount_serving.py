@@ -364,3 +364,43 @@ def test_a_killed_mounts_temporary_file_is_hidden_and_removed_by_the_next(tmp_pa
         assert sorted(os.listdir(m.path)) == ["kept.bin"]
         assert sorted(os.listdir(src)) == ["kept.bin"]
         assert "left by writer" in m.log_text()
+
+
+def test_owner_and_modes_hold_for_other_users_with_allow_other(tmp_path):
+    """--allow-other with --uid/--gid/--file-mode/--dir-mode: other users
+    reach the mount, and the kernel checks the owner and bits shown: the
+    owner reads, another user is refused. The control, without
+    --allow-other: even the owner shown is refused (FUSE lets only the
+    mounting user in)."""
+    if os.geteuid() != 0:
+        from conftest import skip_for_environment
+        skip_for_environment("acting as other users needs root")
+    import shutil
+    import tempfile
+    base = Path(tempfile.mkdtemp(prefix="rf-owner-", dir="/tmp"))
+    try:
+        os.chmod(base, 0o755)
+        src = base / "src"
+        (src / "sub").mkdir(parents=True)
+        (src / "a.bin").write_bytes(b"secret")
+
+        def as_user(uid, *cmd):
+            return subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+                                   *map(str, cmd)], capture_output=True)
+
+        owner = ("--uid", "1234", "--gid", "1234", "--file-mode", "0640", "--dir-mode", "0750")
+        with mount(src, base, "--allow-other", *owner, name="shared") as m:
+            st = os.stat(m.path / "a.bin")
+            assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (1234, 1234, 0o640)
+            assert os.stat(m.path / "sub").st_mode & 0o7777 == 0o750
+            r = as_user(1234, "cat", m.path / "a.bin")
+            assert (r.returncode, r.stdout) == (0, b"secret"), r.stderr
+            r = as_user(4321, "cat", m.path / "a.bin")
+            assert r.returncode != 0 and b"Permission denied" in r.stderr, r
+            r = as_user(4321, "ls", m.path / "sub")
+            assert r.returncode != 0 and b"Permission denied" in r.stderr, r
+        with mount(src, base, *owner, name="private") as m:
+            r = as_user(1234, "cat", m.path / "a.bin")
+            assert r.returncode != 0 and b"Permission denied" in r.stderr, r
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
