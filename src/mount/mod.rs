@@ -480,8 +480,33 @@ impl Fs {
             })
         })?;
         self.counts.add(&self.counts.listings, 1);
-        lock(&self.tree).set_listing(dir, &listed, Instant::now());
+        let dropped = {
+            let mut t = lock(&self.tree);
+            t.set_listing(dir, &listed, Instant::now());
+            t.take_dropped()
+        };
+        self.drop_inodes(&dropped);
         Ok(())
+    }
+
+    /// What is kept by inode for `inos`, paths no longer remembered: a
+    /// remote file's version (its blocks) once no handle reads it, and a
+    /// directory's recent opens.
+    fn drop_inodes(&self, inos: &[u64]) {
+        if inos.is_empty() {
+            return;
+        }
+        let mut files = lock(&self.files);
+        for ino in inos {
+            if files.get(ino).is_some_and(|e| e.1 == 0) {
+                files.remove(ino);
+            }
+        }
+        drop(files);
+        let mut recent = lock(&self.recent);
+        for ino in inos {
+            recent.remove(ino);
+        }
     }
 
     /// The entry `name` in `parent`, counted as one lookup the kernel
@@ -499,15 +524,12 @@ impl Fs {
     /// and the kernel no longer holds is dropped, with its file's blocks
     /// once no handle reads them.
     pub fn forget(&self, ino: u64, n: u64) {
-        if !lock(&self.tree).forgot(ino, n) {
-            return;
-        }
-        let mut files = lock(&self.files);
-        if files.get(&ino).is_some_and(|e| e.1 == 0) {
-            files.remove(&ino);
-        }
-        drop(files);
-        lock(&self.recent).remove(&ino);
+        let dropped = {
+            let mut t = lock(&self.tree);
+            t.forgot(ino, n);
+            t.take_dropped()
+        };
+        self.drop_inodes(&dropped);
     }
 
     /// Inodes remembered now (the root included).

@@ -80,6 +80,9 @@ pub struct Tree {
     swept_at: usize,
     /// How long a listing is trusted: one older is swept.
     pub ttl: std::time::Duration,
+    /// Inodes dropped since [`Tree::take_dropped`] last took them (what
+    /// the file system keeps by inode goes with them).
+    dropped: Vec<u64>,
     pub started: SystemTime,
 }
 
@@ -97,6 +100,7 @@ impl Tree {
             listings: 0,
             swept_at: 0,
             ttl: std::time::Duration::from_secs(60),
+            dropped: Vec::new(),
             started,
         };
         t.nodes.insert(
@@ -286,6 +290,7 @@ impl Tree {
         }
         let rel = n.rel.clone();
         self.nodes.remove(&ino);
+        self.dropped.push(ino);
         if self.by_rel.get(&rel) == Some(&ino) {
             self.by_rel.remove(&rel);
         }
@@ -330,6 +335,11 @@ impl Tree {
             }
         }
         self.swept_at = self.nodes.len();
+    }
+
+    /// The inodes dropped since the last call.
+    pub fn take_dropped(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.dropped)
     }
 
     /// Inodes remembered now.
@@ -445,9 +455,13 @@ mod tests {
         assert!(t.get(b).is_some());
         // Gone from the listing: `b` and `d` (and `x` below it), which the
         // kernel does not hold, at once; `a`, held, once forgotten twice.
+        t.take_dropped();
         t.set_listing(ROOT, &[], Instant::now());
         assert!(t.get(b).is_none() && t.get(d).is_none() && t.get(x).is_none());
         assert_eq!(t.len(), 2);
+        let mut dropped = t.take_dropped();
+        dropped.sort();
+        assert_eq!(dropped, [b, d, x]);
         assert!(!t.forgot(a, 1));
         assert!(t.get(a).is_some(), "one lookup left");
         assert!(t.forgot(a, 1));

@@ -409,6 +409,9 @@ impl Filesystem for Adapter {
         // In the file's lane: taken in the order the kernel sends them
         // (the upload takes them only in order), and a write waiting for
         // room among the parts in flight holds up this file alone.
+        if !self.fs.writes(fh) {
+            return reply.error(libc::EBADF);
+        }
         let (fs, data) = (Arc::clone(&self.fs), data.to_vec());
         self.lanes.run(fh, false, move || {
             answer(
