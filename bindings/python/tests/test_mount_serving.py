@@ -14,6 +14,11 @@ a file or an error.
   again after its directory is listed again is the new file, whole; the
   control over the tests' S3 server (strong ETags) keeps its blocks and
   the kernel's pages for a file left alone.
+- The mount's lows: --memory bounds the read-ahead of many streams; a
+  large directory is listed in pages of one pass; paths gone and
+  forgotten by the kernel are not remembered; a killed mount's temporary
+  file is hidden and removed by the next mount; --uid/--gid and the modes
+  hold for other users with --allow-other. Each with its control.
 """
 
 import errno
