@@ -218,7 +218,10 @@ impl s3s::S3 for Fs {
             if o.e_tag.is_none()
                 && let Some(key) = &o.key
             {
-                o.e_tag = listed_etag(&self.root, &bucket, key).map(s3s::dto::ETag::Strong);
+                o.e_tag = self
+                    .state
+                    .listed_etag(&self.root, &bucket, key)
+                    .map(s3s::dto::ETag::Strong);
             }
         }
         Ok(resp)
@@ -511,31 +514,4 @@ impl s3s::S3 for Fs {
         self.state.uploads.lock().unwrap().remove(&upload_id);
         Ok(resp)
     }
-}
-
-/// The ETag s3s-fs answers a GET of `bucket/key` with: the one it saved
-/// for the object (a multipart upload's), else the MD5 of its bytes.
-fn listed_etag(root: &Path, bucket: &str, key: &str) -> Option<String> {
-    use base64::Engine as _;
-    use md5::Digest as _;
-    let b64 = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
-    let info = root.join(format!(
-        ".bucket-{}.object-{}.internal.json",
-        b64(bucket),
-        b64(key)
-    ));
-    let saved = std::fs::read(info)
-        .ok()
-        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-        .and_then(|v| v.get("e_tag").and_then(|t| t.as_str()).map(str::to_string));
-    if saved.is_some() {
-        return saved;
-    }
-    let data = std::fs::read(root.join(bucket).join(key)).ok()?;
-    Some(
-        md5::Md5::digest(&data)
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect(),
-    )
 }
