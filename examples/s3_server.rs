@@ -5,7 +5,7 @@
 //! ```text
 //! s3_server ROOT [--port N] [--addr IP] [--bucket NAME]... [--fail-part N:CODE]...
 //!                [--deny BUCKET/PREFIX:CODE]... [--hold-complete]
-//!                [--threads N] [--ignore-stdin]
+//!                [--hold-parts FILE] [--threads N] [--ignore-stdin]
 //! ```
 //!
 //! Serves ROOT (created if missing), each folder of it a bucket; `--bucket`
@@ -23,6 +23,10 @@
 //! makes every CompleteMultipartUpload wait, never answered, and print
 //! `s3_server: holding CompleteMultipartUpload of BUCKET/KEY` on stderr: a
 //! test kills its writer there, after every part is uploaded.
+//! `--hold-parts FILE` makes every UploadPart wait, unanswered, while FILE
+//! exists (its body read first), printing `s3_server: holding UploadPart N
+//! of BUCKET/KEY` on stderr: a store slow to take a checkpoint's parts, for
+//! as long as the test keeps the file.
 //!
 //! Requests must be signed (SigV4, any region) with the test credentials:
 //! access key `AKIARINGFEEDTEST`, secret key
@@ -52,13 +56,14 @@ struct Args {
     fail_parts: Vec<(i32, s3s::S3ErrorCode)>,
     denials: Vec<(String, String, s3s::S3ErrorCode)>,
     hold_complete: bool,
+    hold_parts: Option<PathBuf>,
     threads: usize,
     ignore_stdin: bool,
 }
 
 const USAGE: &str = "usage: s3_server ROOT [--port N] [--addr IP] [--bucket NAME]... \
                      [--fail-part N:CODE]... [--deny BUCKET/PREFIX:CODE]... \
-                     [--hold-complete] [--threads N] [--ignore-stdin]";
+                     [--hold-complete] [--hold-parts FILE] [--threads N] [--ignore-stdin]";
 
 fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut root = None;
@@ -70,6 +75,7 @@ fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
         fail_parts: Vec::new(),
         denials: Vec::new(),
         hold_complete: false,
+        hold_parts: None,
         threads: DEFAULT_THREADS,
         ignore_stdin: false,
     };
@@ -90,6 +96,7 @@ fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
             "--fail-part" => args.fail_parts.push(fail_part(&value()?)?),
             "--deny" => args.denials.push(deny(&value()?)?),
             "--hold-complete" => args.hold_complete = true,
+            "--hold-parts" => args.hold_parts = Some(PathBuf::from(value()?)),
             "--threads" => {
                 let v = value()?;
                 args.threads = v
@@ -157,6 +164,9 @@ fn run(args: Args) -> Result<(), String> {
     }
     if args.hold_complete {
         server.complete_as(s3::Completion::Hold, None);
+    }
+    if let Some(file) = &args.hold_parts {
+        server.hold_parts_while(file);
     }
     let mut out = std::io::stdout().lock();
     writeln!(out, "{}", server.endpoint())

@@ -333,6 +333,15 @@ impl HttpPool {
     /// server gives none), at the end of its redirects (which becomes the
     /// object's route).
     pub fn head_version(&mut self, obj: &HttpObject) -> Result<(u64, Option<String>), Fail> {
+        self.head_validators(obj)
+            .map(|(size, etag, _)| (size, etag))
+    }
+
+    /// [`HttpPool::head_version`] with the object's `Last-Modified` too.
+    pub fn head_validators(
+        &mut self,
+        obj: &HttpObject,
+    ) -> Result<(u64, Option<String>, Option<String>), Fail> {
         let mut route = Route::new(obj);
         let (s, h) = loop {
             let at = route.at(obj);
@@ -362,7 +371,7 @@ impl HttpPool {
             self.put_back(route.at(obj), s);
         }
         route.arrived(obj);
-        Ok((size, h.etag))
+        Ok((size, h.etag, h.last_modified))
     }
 
     /// An answer not wanted (a redirect's, an expired target's): its

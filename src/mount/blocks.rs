@@ -161,6 +161,11 @@ pub struct RemoteFile {
     /// The strong ETag the listing gave, if any: what reads are pinned
     /// to and the cache entry is keyed by.
     pub etag: Option<String>,
+    /// The `Last-Modified` the listing gave, if any: pinned too while no
+    /// strong ETag is (`VersionPin`).
+    pub modified: Option<String>,
+    /// The listing this version was made from (`tree::Node::listing`).
+    pub listing: u64,
     pin: Arc<VersionPin>,
     blocks: Mutex<HashMap<u64, Arc<Block>>>,
     /// The node's cache entry of this version, once found or filled.
@@ -171,14 +176,28 @@ pub struct RemoteFile {
 }
 
 impl RemoteFile {
-    pub fn new(name: String, obj: Arc<HttpObject>, size: u64, etag: Option<String>) -> RemoteFile {
+    /// The version of `name` (read through `obj`) a listing showed:
+    /// `size` bytes, its validators `etag` and `modified` (`Last-Modified`),
+    /// from listing number `listing`.
+    pub fn new(
+        name: String,
+        obj: Arc<HttpObject>,
+        size: u64,
+        etag: Option<String>,
+        modified: Option<String>,
+        listing: u64,
+    ) -> RemoteFile {
         let etag = etag.filter(|t| crate::net::version::is_strong(t));
         RemoteFile {
-            pin: Arc::new(VersionPin::planned(etag.clone(), Some(size))),
+            pin: Arc::new(
+                VersionPin::planned(etag.clone(), Some(size)).with_modified(modified.clone()),
+            ),
             name,
             obj,
             size,
             etag,
+            modified,
+            listing,
             blocks: Mutex::new(HashMap::new()),
             entry: Mutex::new(None),
             filling: Mutex::new(None),
@@ -224,6 +243,10 @@ pub struct Store {
     turn: AtomicUsize,
     inbox: Arc<Inbox>,
     pending: Arc<Mutex<HashMap<u64, Arc<Block>>>>,
+    /// Bytes of the blocks being received now: these cannot be dropped,
+    /// so read-ahead stops while they fill half the budget
+    /// ([`Store::may_read_ahead`]).
+    receiving: Arc<AtomicU64>,
     next_id: AtomicU64,
     lru: Mutex<Lru>,
     spare: Arc<Spare>,
@@ -260,16 +283,18 @@ impl Store {
             );
             links.push(link);
         }
-        let (ib, p, s, c) = (
+        let receiving = Arc::new(AtomicU64::new(0));
+        let (ib, p, s, c, r) = (
             Arc::clone(&inbox),
             Arc::clone(&pending),
             Arc::clone(&stop),
             Arc::clone(&counts),
+            Arc::clone(&receiving),
         );
         threads.push(
             std::thread::Builder::new()
                 .name("rf-mount-done".into())
-                .spawn(move || complete(&ib, &p, &s, &c))?,
+                .spawn(move || complete(&ib, &p, &s, &c, &r))?,
         );
         Ok(Store {
             block: block.max(4096),
@@ -278,6 +303,7 @@ impl Store {
             turn: AtomicUsize::new(0),
             inbox,
             pending,
+            receiving,
             next_id: AtomicU64::new(1),
             lru: Mutex::new(Lru::default()),
             spare: Arc::new(Spare {
@@ -303,6 +329,16 @@ impl Store {
         lock(&self.lru).bytes
     }
 
+    /// Whether a block may be fetched ahead of what is read now: the
+    /// blocks being received (which cannot be dropped) fill less than
+    /// half the memory budget, the other half left to the blocks read.
+    /// Without it, N streams each with `--read-ahead` in flight held N
+    /// times that, whatever `--memory` said.
+    pub fn may_read_ahead(&self) -> bool {
+        // Relaxed: a bound checked per block, not ordered with the bytes.
+        self.receiving.load(Ordering::Relaxed) + self.block <= self.memory / 2
+    }
+
     /// Whether block `i` of `file` is held (read or being read).
     pub fn holds(&self, file: &RemoteFile, i: u64) -> bool {
         lock(&file.blocks).contains_key(&i)
@@ -323,6 +359,8 @@ impl Store {
         blocks.insert(i, Arc::clone(&b));
         drop(blocks);
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        // Relaxed: see `may_read_ahead`.
+        self.receiving.fetch_add(len as u64, Ordering::Relaxed);
         lock(&self.pending).insert(id, Arc::clone(&b));
         let req = ReadRequest {
             id,
@@ -541,6 +579,7 @@ fn complete(
     pending: &Mutex<HashMap<u64, Arc<Block>>>,
     stop: &AtomicBool,
     counts: &MountCounts,
+    receiving: &AtomicU64,
 ) {
     let mut out = Vec::new();
     loop {
@@ -559,6 +598,8 @@ fn complete(
             let Some(b) = lock(pending).remove(&c.id) else {
                 continue;
             };
+            // Relaxed: see `Store::may_read_ahead`.
+            receiving.fetch_sub(b.len as u64, Ordering::Relaxed);
             let state = match c.result {
                 Ok(n) if n == b.len => {
                     counts.add(&counts.bytes_fetched, n as u64);

@@ -39,6 +39,8 @@
 pub mod beneath;
 pub mod blocks;
 pub mod closer;
+pub mod flight;
+pub mod leftovers;
 mod read;
 pub mod readahead;
 pub mod source;
@@ -261,14 +263,27 @@ struct WriteHandle {
     name: String,
     url: String,
     upload: Mutex<Upload>,
+    /// The bytes taken so far (the object's size once complete): what
+    /// `getattr` shows, read without `upload`'s lock, which a write
+    /// waiting for a part's room or a completion and its retries hold
+    /// for as long as the store takes. Relaxed: a size for `stat`, set
+    /// under `upload`'s lock and ordered with nothing else.
+    size: AtomicU64,
     /// Who wrote and what closes told; locked inside `upload` when both
     /// are (never the other way round).
     closes: Mutex<Closes>,
 }
 
+/// A directory's entries as one `readdir` pass sees them.
+type Entries = Arc<Vec<(u64, Kind, String)>>;
+
 enum Handle {
     Read(Arc<ReadHandle>),
     Write(Arc<WriteHandle>),
+    /// An open directory: the entries its pass from offset 0 took, which
+    /// the later pages of that pass are cut from (each page is then as
+    /// long as it is, not as long as the directory).
+    Dir(Mutex<Option<Entries>>),
 }
 
 /// The file system: answers each operation, or the errno to refuse it.
@@ -295,6 +310,8 @@ pub struct Fs {
     recent: Mutex<HashMap<u64, std::collections::VecDeque<String>>>,
     /// The `/proc` a close's thread is looked up in.
     proc: closer::Proc,
+    /// The directories being listed now (one listing each at a time).
+    flights: flight::Flights,
 }
 
 impl Fs {
@@ -302,6 +319,7 @@ impl Fs {
     /// the engine's keys in `cfg` (S3, retries, `part_size`, `cache_dir`,
     /// `overwrite` is set from `opts`).
     pub fn new(source_url: &str, cfg: &Config, opts: MountOptions) -> Result<Fs> {
+        leftovers::started();
         let source = Source::open(source_url, cfg)?;
         let net = NetOptions::for_config(cfg);
         let counts = Arc::new(MountCounts::default());
@@ -336,6 +354,7 @@ impl Fs {
         let mut cfg = cfg.clone();
         cfg.overwrite = opts.allow_overwrite;
         let opts_kernel_readahead = opts.kernel_readahead;
+        let opts_ttl = opts.ttl;
         let proc = closer::Proc::probe(std::path::Path::new("/proc"));
         if let Some(why) = proc.foreign()
             && source.writable()
@@ -352,7 +371,11 @@ impl Fs {
             cfg,
             net,
             opts,
-            tree: Mutex::new(Tree::new()),
+            tree: Mutex::new({
+                let mut t = Tree::new();
+                t.ttl = opts_ttl;
+                t
+            }),
             store,
             files: Mutex::new(HashMap::new()),
             handles: Mutex::new(HashMap::new()),
@@ -363,6 +386,7 @@ impl Fs {
             recent: Mutex::new(HashMap::new()),
             kernel_readahead: AtomicU64::new(opts_kernel_readahead),
             proc,
+            flights: flight::Flights::default(),
         })
     }
 
@@ -420,44 +444,100 @@ impl Fs {
         }
     }
 
-    /// Lists `dir` again when its listing is older than the time-to-live.
+    /// Lists `dir` again when its listing is older than the time-to-live;
+    /// while another thread lists it, waits and takes that listing (one
+    /// that ended after this was asked is fresh enough).
     fn fresh(&self, dir: u64) -> FsResult<()> {
-        let rel = {
-            let t = lock(&self.tree);
-            let node = t.get(dir).ok_or(Errno(libc::ENOENT))?;
-            if node.kind != Kind::Dir {
-                return Err(Errno(libc::ENOTDIR));
+        let asked = Instant::now();
+        loop {
+            let rel = {
+                let t = lock(&self.tree);
+                let node = t.get(dir).ok_or(Errno(libc::ENOENT))?;
+                if node.kind != Kind::Dir {
+                    return Err(Errno(libc::ENOTDIR));
+                }
+                if t.listed(dir)
+                    .is_some_and(|at| at.elapsed() < self.opts.ttl || at >= asked)
+                {
+                    return Ok(());
+                }
+                node.rel.clone()
+            };
+            if let Some(r) = self.flights.run(dir, || self.list_now(dir, &rel)) {
+                return r;
             }
-            if t.listed(dir).is_some_and(|at| at.elapsed() < self.opts.ttl) {
-                return Ok(());
-            }
-            node.rel.clone()
-        };
+        }
+    }
+
+    /// Lists `dir` (at `rel`) from the source now.
+    fn list_now(&self, dir: u64, rel: &str) -> FsResult<()> {
         let mut jitter = lock(&self.jitter).clone();
-        let listed = self
-            .source
-            .list(&rel, &self.net, &mut jitter)
-            .map_err(|e| {
-                log(Level::Warn, || {
-                    format!("mount: listing `{}` failed: {e}", self.source.url(&rel))
-                });
-                Errno(match e {
-                    crate::Error::S3 { status: 403, .. } => libc::EACCES,
-                    crate::Error::Io { .. } => libc::ENOENT,
-                    _ => libc::EIO,
-                })
-            })?;
+        let listed = self.source.list(rel, &self.net, &mut jitter).map_err(|e| {
+            log(Level::Warn, || {
+                format!("mount: listing `{}` failed: {e}", self.source.url(rel))
+            });
+            Errno(match e {
+                crate::Error::S3 { status: 403, .. } => libc::EACCES,
+                crate::Error::Io { .. } => libc::ENOENT,
+                _ => libc::EIO,
+            })
+        })?;
         self.counts.add(&self.counts.listings, 1);
-        lock(&self.tree).set_listing(dir, &listed, Instant::now());
+        let dropped = {
+            let mut t = lock(&self.tree);
+            t.set_listing(dir, &listed, Instant::now());
+            t.take_dropped()
+        };
+        self.drop_inodes(&dropped);
         Ok(())
     }
 
+    /// What is kept by inode for `inos`, paths no longer remembered: a
+    /// remote file's version (its blocks) once no handle reads it, and a
+    /// directory's recent opens.
+    fn drop_inodes(&self, inos: &[u64]) {
+        if inos.is_empty() {
+            return;
+        }
+        let mut files = lock(&self.files);
+        for ino in inos {
+            if files.get(ino).is_some_and(|e| e.1 == 0) {
+                files.remove(ino);
+            }
+        }
+        drop(files);
+        let mut recent = lock(&self.recent);
+        for ino in inos {
+            recent.remove(ino);
+        }
+    }
+
+    /// The entry `name` in `parent`, counted as one lookup the kernel
+    /// holds until it forgets it ([`Fs::forget`]).
     pub fn lookup(&self, parent: u64, name: &str) -> FsResult<Attr> {
         self.fresh(parent)?;
-        let t = lock(&self.tree);
+        let mut t = lock(&self.tree);
         let ino = t.child(parent, name).ok_or(Errno(libc::ENOENT))?;
+        t.looked_up(ino);
         let n = t.get(ino).ok_or(Errno(libc::ENOENT))?;
         Ok(self.attr_of(ino, n))
+    }
+
+    /// The kernel forgot `n` lookups of `ino`: a path no listing shows
+    /// and the kernel no longer holds is dropped, with its file's blocks
+    /// once no handle reads them.
+    pub fn forget(&self, ino: u64, n: u64) {
+        let dropped = {
+            let mut t = lock(&self.tree);
+            t.forgot(ino, n);
+            t.take_dropped()
+        };
+        self.drop_inodes(&dropped);
+    }
+
+    /// Inodes remembered now (the root included).
+    pub fn inodes(&self) -> usize {
+        lock(&self.tree).len()
     }
 
     pub fn getattr(&self, ino: u64) -> FsResult<Attr> {
@@ -465,10 +545,11 @@ impl Fs {
         let n = t.get(ino).ok_or(Errno(libc::ENOENT))?;
         let mut a = self.attr_of(ino, n);
         drop(t);
-        // A file being written shows what was written so far.
-        let w = lock(&self.writing).get(&ino).cloned();
-        if let Some(w) = w {
-            a.size = lock(&w.upload).size();
+        // A file being written shows what was written so far, never
+        // waiting on its upload.
+        if let Some(w) = lock(&self.writing).get(&ino) {
+            // Relaxed: see `WriteHandle::size`.
+            a.size = w.size.load(Ordering::Relaxed);
         }
         Ok(a)
     }
@@ -488,6 +569,43 @@ impl Fs {
             }
         }
         Ok(out)
+    }
+
+    /// Whether `fh` is a handle of a file being written (its writes,
+    /// closes and syncs may wait on the store for long: the FUSE side
+    /// answers them on threads of their own, in order).
+    pub fn writes(&self, fh: u64) -> bool {
+        matches!(lock(&self.handles).get(&fh), Some(Handle::Write(_)))
+    }
+
+    /// Opens directory `dir` for `readdir` passes.
+    pub fn opendir(&self, dir: u64) -> FsResult<u64> {
+        match lock(&self.tree).get(dir) {
+            Some(n) if n.kind == Kind::Dir => {}
+            Some(_) => return Err(Errno(libc::ENOTDIR)),
+            None => return Err(Errno(libc::ENOENT)),
+        }
+        Ok(self.new_fh(Handle::Dir(Mutex::new(None))))
+    }
+
+    /// The entries of directory `dir` for a `readdir` at `offset` through
+    /// handle `fh` (from [`Fs::opendir`]): taken anew at offset 0 (a new
+    /// pass, `rewinddir`), else the ones that pass took. A handle that is
+    /// not a directory's (fuser's 0 when `opendir` was not asked) takes
+    /// them anew each time.
+    pub fn readdir_at(&self, fh: u64, dir: u64, offset: u64) -> FsResult<Entries> {
+        let h = lock(&self.handles).get(&fh).and_then(|h| match h {
+            Handle::Dir(e) => lock(e).clone().filter(|_| offset > 0),
+            _ => None,
+        });
+        if let Some(e) = h {
+            return Ok(e);
+        }
+        let e = Arc::new(self.readdir(dir)?);
+        if let Some(Handle::Dir(slot)) = lock(&self.handles).get(&fh) {
+            *lock(slot) = Some(Arc::clone(&e));
+        }
+        Ok(e)
     }
 
     fn new_fh(&self, h: Handle) -> u64 {
@@ -510,6 +628,7 @@ impl Fs {
             return Err(Errno(libc::EEXIST));
         }
         let ino = t.add_local(parent, name, Kind::Dir);
+        t.looked_up(ino);
         t.set_listing(ino, &[], Instant::now());
         let n = t.get(ino).cloned().ok_or(Errno(libc::EIO))?;
         Ok(self.attr_of(ino, &n))
@@ -541,7 +660,7 @@ impl Fs {
                     }
                 }
             }
-            None => {}
+            Some(Handle::Dir(_)) | None => {}
         }
     }
 

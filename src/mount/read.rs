@@ -63,9 +63,13 @@ impl Fs {
         Ok((fh, if keep { Caching::Keep } else { Caching::Drop }))
     }
 
-    /// The current version of remote file `ino` (made anew when the
-    /// listing shows another size or ETag), and whether it is the one
-    /// opened before; `open` counts a handle.
+    /// The current version of remote file `ino`, and whether it is the
+    /// one opened before (its blocks, and the kernel's pages, kept); `open`
+    /// counts a handle. Made anew when the listing shows another size,
+    /// ETag or `Last-Modified` — and, without a strong ETag, whenever its
+    /// directory was listed again since: a server with no strong validator
+    /// cannot say the bytes are the same, so nothing read before is kept
+    /// (one version per open, never old pages beside new blocks).
     fn remote_file(
         &self,
         ino: u64,
@@ -78,15 +82,20 @@ impl Fs {
             .etag
             .clone()
             .filter(|t| crate::net::version::is_strong(t));
-        let same = files
-            .get(&ino)
-            .is_some_and(|(f, _)| f.size == node.size && f.etag == etag);
+        let same = files.get(&ino).is_some_and(|(f, _)| {
+            f.size == node.size
+                && f.etag == etag
+                && f.modified == node.modified
+                && (etag.is_some() || f.listing == node.listing || self.source.pinned())
+        });
         if !same {
             let f = RemoteFile::new(
                 self.source.url(&node.rel),
                 obj,
                 node.size,
                 node.etag.clone(),
+                node.modified.clone(),
+                node.listing,
             );
             let opens = files.get(&ino).map_or(0, |e| e.1);
             files.insert(ino, (Arc::new(f), opens));
@@ -137,7 +146,7 @@ impl Fs {
         for (ino, n) in next {
             if let Ok(Object::Remote(obj)) = self.source.object(&n.rel) {
                 let (file, _) = self.remote_file(ino, &n, obj, false);
-                if !store.holds(&file, 0) {
+                if !store.holds(&file, 0) && store.may_read_ahead() {
                     store.block(&file, 0);
                     self.counts.add(&self.counts.prefetched, 1);
                 }
@@ -149,8 +158,7 @@ impl Fs {
     pub fn read(&self, fh: u64, off: u64, size: u32) -> FsResult<Data> {
         let h = match lock(&self.handles).get(&fh) {
             Some(Handle::Read(h)) => Arc::clone(h),
-            Some(Handle::Write(_)) => return Err(Errno(libc::EBADF)),
-            None => return Err(Errno(libc::EBADF)),
+            Some(Handle::Write(_) | Handle::Dir(_)) | None => return Err(Errno(libc::EBADF)),
         };
         let data = match &h.reading {
             Reading::Local(f) => {
@@ -207,6 +215,11 @@ impl Fs {
         let need_last = end.div_ceil(block);
         let mut covered = Vec::new();
         for i in first..last {
+            // Ahead of the read only while the memory budget has room for
+            // what is on its way (`Store::may_read_ahead`).
+            if i >= need_last && !store.holds(file, i) && !store.may_read_ahead() {
+                break;
+            }
             let b = store.block(file, i);
             if i < need_last {
                 covered.push((i, b));

@@ -148,6 +148,12 @@ impl Source {
         matches!(self, Source::Local(_) | Source::S3 { .. })
     }
 
+    /// Whether every file's bytes are fixed for the mount's life whatever
+    /// its listing says (the Hub's: read at one commit).
+    pub fn pinned(&self) -> bool {
+        matches!(self, Source::Hub { .. })
+    }
+
     /// The object at `rel`.
     pub fn object(&self, rel: &str) -> Result<Object> {
         Ok(match self {
@@ -191,25 +197,26 @@ impl Source {
                 let l = client.list_dir(bucket, &dir, net, jitter)?;
                 let mut out = Vec::new();
                 for (key, size, etag) in l.objects {
-                    // A key outside the directory asked for is no entry
-                    // of it (a server's answer is outside input).
-                    let Some(name) = key.strip_prefix(dir.as_str()) else {
+                    // A key outside the directory (a server that ignores
+                    // the prefix) is no entry, wherever its bytes fall;
+                    // the directory's own marker (`dir/` as an empty
+                    // object) and names a file system cannot show neither.
+                    let Some(name) = under(&key, &dir) else {
                         continue;
                     };
-                    // The directory's own marker (`dir/` as an empty
-                    // object) and names a file system cannot show.
                     if usable(name) {
                         out.push(Listed {
                             name: name.to_string(),
                             kind: Kind::File,
                             size,
                             etag,
+                            modified: None,
                             mtime: None,
                         });
                     }
                 }
                 for p in l.prefixes {
-                    let Some(name) = p.strip_prefix(dir.as_str()) else {
+                    let Some(name) = under(&p, &dir) else {
                         continue;
                     };
                     let name = name.trim_end_matches('/');
@@ -219,6 +226,7 @@ impl Source {
                             kind: Kind::Dir,
                             size: 0,
                             etag: None,
+                            modified: None,
                             mtime: None,
                         });
                     }
@@ -245,6 +253,7 @@ impl Source {
                             kind: Kind::Dir,
                             size: 0,
                             etag: None,
+                            modified: None,
                             mtime: None,
                         });
                         continue;
@@ -254,13 +263,14 @@ impl Source {
                     let url = format!("{dir_url}{}", encode_path(&name));
                     let obj = HttpObject::new(&url, addrs.clone())
                         .map_err(|reason| Error::Url { url, reason })?;
-                    let (size, etag) =
-                        with_retries(net, jitter, &obj.url, || pool.head_version(&obj))?;
+                    let (size, etag, modified) =
+                        with_retries(net, jitter, &obj.url, || pool.head_validators(&obj))?;
                     out.push(Listed {
                         name,
                         kind: Kind::File,
                         size,
                         etag,
+                        modified,
                         mtime: None,
                     });
                 }
@@ -288,6 +298,7 @@ impl Source {
                             // The content host's, learned by the first
                             // read (the file is pinned by the commit).
                             etag: None,
+                            modified: None,
                             mtime: None,
                         });
                     }
@@ -296,6 +307,13 @@ impl Source {
             }
         }
     }
+}
+
+/// The rest of `key` after the directory `dir` (a key prefix), or `None`
+/// when `key` is not under it: a string comparison, never a cut at a byte
+/// count, which inside a character of another key would panic.
+fn under<'a>(key: &'a str, dir: &str) -> Option<&'a str> {
+    key.strip_prefix(dir)
 }
 
 /// A name a directory entry can hold.
@@ -307,13 +325,18 @@ fn list_local(root: &Root, rel: &str) -> Result<Vec<Listed>> {
     let entries = root
         .list(rel)
         .map_err(|e| Error::io(IoOp::Open, root.join(rel), &e))?;
+    let dir = root.join(rel);
     Ok(entries
         .into_iter()
+        // A killed mount's temporary files are never shown (and removed
+        // once their writer is gone: leftovers.rs).
+        .filter(|e| !super::leftovers::hide(&dir, &e.name, e.mtime))
         .map(|e| Listed {
             name: e.name,
             kind: if e.dir { Kind::Dir } else { Kind::File },
             size: e.size,
             etag: None,
+            modified: None,
             mtime: e.mtime,
         })
         .collect())
@@ -506,6 +529,19 @@ mod tests {
         ] {
             assert!(parse_index(page).is_empty(), "{page:?}");
         }
+    }
+
+    #[test]
+    fn a_listed_key_outside_the_directory_is_no_entry() {
+        // `dir/` is 4 bytes; `éa` cut at 4 bytes would split `é` (bytes
+        // 3-4 of `abcé...`): the old cut by length panicked there.
+        assert_eq!(under("abcéa", "dir/"), None);
+        assert!(std::panic::catch_unwind(|| &"abcéa"[4..]).is_err());
+        assert_eq!(under("dir/x.bin", "dir/"), Some("x.bin"));
+        assert_eq!(under("dir/", "dir/"), Some(""));
+        assert_eq!(under("di", "dir/"), None);
+        assert_eq!(under("other/x", "dir/"), None);
+        assert_eq!(under("x", ""), Some("x"));
     }
 
     #[test]

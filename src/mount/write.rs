@@ -3,6 +3,7 @@
 //! the writer's close when the mount sees it is one (`upload::Closes`
 //! decides, on who closed: `closer`), aborted otherwise.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
@@ -76,6 +77,7 @@ impl Fs {
             name: name.to_string(),
             url,
             upload: Mutex::new(Upload::new(writer)),
+            size: AtomicU64::new(0),
             closes: Mutex::new(Closes::default()),
         });
         lock(&self.writing).insert(ino, Arc::clone(&w));
@@ -92,6 +94,7 @@ impl Fs {
                 return Err(Errno(libc::EEXIST));
             }
             let (fh, _) = self.open(ino, flags | libc::O_WRONLY)?;
+            lock(&self.tree).looked_up(ino);
             return Ok((self.getattr(ino)?, fh));
         }
         if !self.source.writable() {
@@ -102,6 +105,8 @@ impl Fs {
         let (ino, rel) = {
             let mut t = lock(&self.tree);
             let ino = t.add_local(parent, name, Kind::File);
+            // The kernel holds the entry `create` answers.
+            t.looked_up(ino);
             (ino, t.get(ino).map(|n| n.rel.clone()).unwrap_or_default())
         };
         match self.start_upload(ino, parent, name, &rel) {
@@ -126,6 +131,8 @@ impl Fs {
             if r.is_ok() {
                 lock(&w.closes).wrote(owner);
             }
+            // Relaxed: see `WriteHandle::size`.
+            w.size.store(u.size(), Ordering::Relaxed);
             r
         };
         match r {
@@ -174,7 +181,10 @@ impl Fs {
     pub(super) fn complete(&self, w: &WriteHandle) -> FsResult<()> {
         let (first, r) = {
             let mut u = lock(&w.upload);
-            (u.is_open(), u.complete())
+            let r = (u.is_open(), u.complete());
+            // Relaxed: see `WriteHandle::size`.
+            w.size.store(u.size(), Ordering::Relaxed);
+            r
         };
         match r {
             Ok(size) => {

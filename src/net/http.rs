@@ -147,6 +147,9 @@ pub struct ResponseHead {
     pub chunked: bool,
     /// The `ETag` as sent (`"abc"`, or a weak `W/"abc"`).
     pub etag: Option<String>,
+    /// `Last-Modified` as sent (printable characters, cut at 300): the
+    /// validator of a server that sends no ETag (`python -m http.server`).
+    pub last_modified: Option<String>,
     /// `Retry-After` in seconds (RFC 9110 §10.2.3), when given as a number;
     /// the HTTP-date form is not read (no server of ours sends it).
     pub retry_after: Option<u64>,
@@ -219,6 +222,7 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<ResponseHead>, String> {
         keep_alive: r.version == Some(1),
         chunked: false,
         etag: None,
+        last_modified: None,
         retry_after: None,
         reason: r.reason.unwrap_or("").to_string(),
         location: None,
@@ -248,6 +252,8 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<ResponseHead>, String> {
             h.chunked = v.to_ascii_lowercase().contains("chunked");
         } else if hd.name.eq_ignore_ascii_case("etag") && !v.is_empty() {
             h.etag = Some(v.to_string());
+        } else if hd.name.eq_ignore_ascii_case("last-modified") && !v.is_empty() {
+            h.last_modified = Some(printable(v));
         } else if hd.name.eq_ignore_ascii_case("retry-after") {
             h.retry_after = v.parse().ok();
         } else if hd.name.eq_ignore_ascii_case("location") && !v.is_empty() {

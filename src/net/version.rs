@@ -53,6 +53,11 @@ pub struct VersionPin {
     etag: std::sync::OnceLock<Option<String>>,
     /// The object's size the read was planned for, or the first answer's.
     size: std::sync::OnceLock<u64>,
+    /// The `Last-Modified` planned for or first answered, compared while
+    /// no strong ETag is pinned: the one validator a server without ETags
+    /// (`python -m http.server`) gives. One second of resolution: a
+    /// rewrite of the same size within the same second goes unseen.
+    modified: std::sync::OnceLock<Option<String>>,
 }
 
 impl VersionPin {
@@ -67,6 +72,14 @@ impl VersionPin {
             let _ = pin.size.set(n);
         }
         pin
+    }
+
+    /// Pinned to `Last-Modified` too, as the listing's `HEAD` gave it.
+    pub fn with_modified(self, modified: Option<String>) -> VersionPin {
+        if modified.is_some() {
+            let _ = self.modified.set(modified);
+        }
+        self
     }
 
     /// The `If-Match` value for the next request: the pinned ETag when it
@@ -133,6 +146,20 @@ impl VersionPin {
             if *pinned != h.etag {
                 return Err(Fail::changed(url, named(pinned), named(&h.etag)));
             }
+            // No strong ETag: `Last-Modified` is what is left to tell two
+            // versions of one size apart (compared where both have one).
+            let strong = pinned.as_deref().is_some_and(is_strong);
+            let modified = self.modified.get_or_init(|| h.last_modified.clone());
+            if !strong
+                && let (Some(was), Some(now)) = (modified, &h.last_modified)
+                && was != now
+            {
+                return Err(Fail::changed(
+                    url,
+                    format!("Last-Modified {was}"),
+                    format!("Last-Modified {now}"),
+                ));
+            }
         }
         Ok(())
     }
@@ -143,6 +170,47 @@ mod tests {
     use super::*;
     use crate::error::{Error, FailKind};
     use crate::net::http::parse_head;
+
+    /// Without ETags, `Last-Modified` tells two versions of one size
+    /// apart; with a strong ETag it is not looked at (the ETag decides).
+    #[test]
+    fn without_an_etag_last_modified_is_the_version() {
+        let head = |s: &str| parse_head(s.as_bytes()).unwrap().unwrap();
+        let at = |t: &str, tag: &str| {
+            head(&format!(
+                "HTTP/1.1 206 P\r\n{tag}Last-Modified: {t}\r\nContent-Range: bytes 0-9/100\r\n\r\n"
+            ))
+        };
+        let (t1, t2) = (
+            "Sun, 06 Dec 2026 10:00:00 GMT",
+            "Sun, 06 Dec 2026 10:00:01 GMT",
+        );
+        let pin = VersionPin::default();
+        pin.check("u", &at(t1, "")).unwrap();
+        pin.check("u", &at(t1, "")).unwrap();
+        let f = pin.check("u", &at(t2, "")).unwrap_err();
+        assert_eq!(f.kind, FailKind::Changed);
+        assert_eq!(
+            f.changed.as_deref(),
+            Some(&(format!("Last-Modified {t1}"), format!("Last-Modified {t2}")))
+        );
+        // Planned by the listing's HEAD: the first GET is held to it.
+        let planned = VersionPin::planned(None, Some(100)).with_modified(Some(t1.into()));
+        assert_eq!(
+            planned.check("u", &at(t2, "")).unwrap_err().kind,
+            FailKind::Changed
+        );
+        // An answer without the header has nothing to compare.
+        let bare = head("HTTP/1.1 206 P\r\nContent-Range: bytes 0-9/100\r\n\r\n");
+        VersionPin::planned(None, Some(100))
+            .with_modified(Some(t1.into()))
+            .check("u", &bare)
+            .unwrap();
+        // Control: a strong ETag decides alone.
+        let tagged = VersionPin::default();
+        tagged.check("u", &at(t1, "ETag: \"a\"\r\n")).unwrap();
+        tagged.check("u", &at(t2, "ETag: \"a\"\r\n")).unwrap();
+    }
 
     /// One read, one version: the first answer (or the plan) pins the
     /// ETag and size, every later answer is compared, a 412 is a change,

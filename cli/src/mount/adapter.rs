@@ -1,13 +1,19 @@
 //! The FUSE side of `ringfeed mount`: the kernel's requests turned into
 //! calls of the library's file system (`ringfeed::mount::Fs`) and its
 //! answers and errnos into replies. Requests are taken on fuser's one
-//! session thread; those that may wait on the store are answered from a
-//! pool of threads (writes stay on the session thread, in order).
+//! session thread, which never waits on the store: those that may are
+//! answered from a pool of threads, and a file being written has a lane
+//! of its own on a second pool ([`Lanes`]): its writes, closes, syncs and
+//! release run there one after another in the order the kernel sent them
+//! (the upload takes bytes only in order), so a write waiting for room
+//! among the parts in flight, or a completion and its retries, holds up
+//! that file only — never a `stat` or another file's read.
 
+use std::collections::{HashMap, VecDeque};
 use std::ffi::OsStr;
 use std::path::Path;
 use std::sync::mpsc::{Sender, channel};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
@@ -20,27 +26,31 @@ use ringfeed::mount::{Attr, Caching, FileKind, Fs, FsResult};
 
 type Job = Box<dyn FnOnce() + Send>;
 
-/// Threads that run the answers that may wait on the store.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Threads that run the answers that may wait on the store. A job that
+/// panics is caught: its reply, dropped unsent, answers `EIO` (fuser's
+/// reply does on drop), the panic is logged, and the thread takes the
+/// next job — a pool never shrinks.
 pub(super) struct Pool {
     tx: Sender<Job>,
 }
 
 impl Pool {
-    pub(super) fn new(threads: usize) -> Pool {
+    pub(super) fn new(threads: usize, name: &str) -> Pool {
         let (tx, rx) = channel::<Job>();
         let rx = Arc::new(Mutex::new(rx));
         for i in 0..threads.max(1) {
             let rx = Arc::clone(&rx);
             let _ = std::thread::Builder::new()
-                .name(format!("rf-mount-{i}"))
+                .name(format!("{name}-{i}"))
                 .spawn(move || {
                     loop {
-                        let job = match rx.lock() {
-                            Ok(r) => r.recv(),
-                            Err(_) => return,
-                        };
+                        let job = lock(&rx).recv();
                         match job {
-                            Ok(job) => job(),
+                            Ok(job) => run_caught(job),
                             Err(_) => return,
                         }
                     }
@@ -49,14 +59,91 @@ impl Pool {
         Pool { tx }
     }
 
-    fn run(&self, job: impl FnOnce() + Send + 'static) {
+    pub(super) fn run(&self, job: impl FnOnce() + Send + 'static) {
         let _ = self.tx.send(Box::new(job));
+    }
+}
+
+/// Runs `job`, a panic in it logged and not taken further.
+fn run_caught(job: Job) {
+    if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)) {
+        let what = p
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic".into());
+        ringfeed::log::log(ringfeed::log::Level::Error, || {
+            format!("mount: a request failed (EIO) on a panic: {what}")
+        });
+    }
+}
+
+/// One lane's jobs, and whether a thread is running them.
+#[derive(Default)]
+struct Lane {
+    jobs: VecDeque<Job>,
+    running: bool,
+}
+
+/// The requests of each file being written (by handle), each run after
+/// the one before, on a pool of their own: a lane holds one thread at a
+/// time, and only while it has requests.
+pub(super) struct Lanes {
+    pool: Pool,
+    lanes: Arc<Mutex<HashMap<u64, Arc<Mutex<Lane>>>>>,
+}
+
+impl Lanes {
+    pub(super) fn new(threads: usize) -> Lanes {
+        Lanes {
+            pool: Pool::new(threads, "rf-mount-w"),
+            lanes: Arc::default(),
+        }
+    }
+
+    /// Runs `job` in `fh`'s lane, after what was put there before; the
+    /// lane goes with `last` (the handle's release).
+    fn run(&self, fh: u64, last: bool, job: impl FnOnce() + Send + 'static) {
+        let lane = Arc::clone(lock(&self.lanes).entry(fh).or_default());
+        let job: Job = if last {
+            let lanes = Arc::clone(&self.lanes);
+            Box::new(move || {
+                job();
+                lock(&lanes).remove(&fh);
+            })
+        } else {
+            Box::new(job)
+        };
+        {
+            let mut l = lock(&lane);
+            l.jobs.push_back(job);
+            if l.running {
+                return;
+            }
+            l.running = true;
+        }
+        self.pool.run(move || {
+            loop {
+                let next = {
+                    let mut l = lock(&lane);
+                    match l.jobs.pop_front() {
+                        Some(j) => j,
+                        None => {
+                            l.running = false;
+                            return;
+                        }
+                    }
+                };
+                run_caught(next);
+            }
+        });
     }
 }
 
 pub(super) struct Adapter {
     pub(super) fs: Arc<Fs>,
     pub(super) pool: Pool,
+    pub(super) lanes: Lanes,
     pub(super) ttl: Duration,
 }
 
@@ -164,6 +251,10 @@ impl Filesystem for Adapter {
                 reply.entry(&ttl, &file_attr(&a), 0)
             })
         });
+    }
+
+    fn forget(&mut self, _req: &Request<'_>, ino: u64, nlookup: u64) {
+        self.fs.forget(ino, nlookup);
     }
 
     fn getattr(&mut self, _req: &Request<'_>, ino: u64, _fh: Option<u64>, reply: ReplyAttr) {
@@ -315,14 +406,20 @@ impl Filesystem for Adapter {
         lock_owner: Option<u64>,
         reply: ReplyWrite,
     ) {
-        // In the session thread: writes of one file are taken in the order
-        // the kernel sends them (the upload takes them only in order); a
-        // part's upload waits only when the parts in flight are full.
-        answer(
-            reply,
-            self.fs.write(fh, offset.max(0) as u64, data, lock_owner),
-            |reply, n| reply.written(n),
-        )
+        // In the file's lane: taken in the order the kernel sends them
+        // (the upload takes them only in order), and a write waiting for
+        // room among the parts in flight holds up this file alone.
+        if !self.fs.writes(fh) {
+            return reply.error(libc::EBADF);
+        }
+        let (fs, data) = (Arc::clone(&self.fs), data.to_vec());
+        self.lanes.run(fh, false, move || {
+            answer(
+                reply,
+                fs.write(fh, offset.max(0) as u64, &data, lock_owner),
+                |reply, n| reply.written(n),
+            )
+        });
     }
 
     fn flush(&mut self, req: &Request<'_>, _ino: u64, fh: u64, lock_owner: u64, reply: ReplyEmpty) {
@@ -330,8 +427,12 @@ impl Filesystem for Adapter {
         // when it is not visible there); the lock owner names its
         // descriptor table, whatever the namespace.
         let (fs, pid) = (Arc::clone(&self.fs), req.pid());
-        self.pool
-            .run(move || answer(reply, fs.flush(fh, pid, lock_owner), |reply, ()| reply.ok()));
+        let job = move || answer(reply, fs.flush(fh, pid, lock_owner), |reply, ()| reply.ok());
+        if self.fs.writes(fh) {
+            self.lanes.run(fh, false, job);
+        } else {
+            self.pool.run(job);
+        }
     }
 
     fn fsync(
@@ -343,8 +444,12 @@ impl Filesystem for Adapter {
         reply: ReplyEmpty,
     ) {
         let fs = Arc::clone(&self.fs);
-        self.pool
-            .run(move || answer(reply, fs.fsync(fh), |reply, ()| reply.ok()));
+        let job = move || answer(reply, fs.fsync(fh), |reply, ()| reply.ok());
+        if self.fs.writes(fh) {
+            self.lanes.run(fh, false, job);
+        } else {
+            self.pool.run(job);
+        }
     }
 
     fn release(
@@ -358,37 +463,60 @@ impl Filesystem for Adapter {
         reply: ReplyEmpty,
     ) {
         let fs = Arc::clone(&self.fs);
-        self.pool.run(move || {
+        let job = move || {
             fs.release(fh);
             reply.ok();
-        });
+        };
+        if self.fs.writes(fh) {
+            self.lanes.run(fh, true, job);
+        } else {
+            self.pool.run(job);
+        }
+    }
+
+    fn opendir(&mut self, _req: &Request<'_>, ino: u64, _flags: i32, reply: ReplyOpen) {
+        answer(reply, self.fs.opendir(ino), |reply, fh| reply.opened(fh, 0))
     }
 
     fn readdir(
         &mut self,
         _req: &Request<'_>,
         ino: u64,
-        _fh: u64,
+        fh: u64,
         offset: i64,
         reply: ReplyDirectory,
     ) {
         let fs = Arc::clone(&self.fs);
         self.pool.run(move || {
-            answer(reply, fs.readdir(ino), |mut reply, entries| {
-                for (i, (child, kind, name)) in
-                    entries.into_iter().enumerate().skip(offset as usize)
-                {
+            let from = offset.max(0) as u64;
+            answer(reply, fs.readdir_at(fh, ino, from), |mut reply, entries| {
+                // The page from `offset` on, cut from the pass's entries:
+                // the cost of a page is its length.
+                let rest = entries.get(from as usize..).unwrap_or(&[]);
+                for (i, (child, kind, name)) in rest.iter().enumerate() {
                     let kind = match kind {
                         FileKind::Dir => FileType::Directory,
                         FileKind::File => FileType::RegularFile,
                     };
-                    if reply.add(child, i as i64 + 1, kind, name) {
+                    if reply.add(*child, from as i64 + i as i64 + 1, kind, name) {
                         break;
                     }
                 }
                 reply.ok();
             })
         });
+    }
+
+    fn releasedir(
+        &mut self,
+        _req: &Request<'_>,
+        _ino: u64,
+        fh: u64,
+        _flags: i32,
+        reply: ReplyEmpty,
+    ) {
+        self.fs.release(fh);
+        reply.ok();
     }
 
     fn statfs(&mut self, _req: &Request<'_>, _ino: u64, reply: ReplyStatfs) {
@@ -455,5 +583,68 @@ impl Filesystem for Adapter {
         }
         let path = self.fs.path_of(ino);
         reply.error(self.fs.refused("lock", &path, libc::ENOLCK).0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc::sync_channel;
+
+    const LONG: Duration = Duration::from_secs(60);
+
+    #[test]
+    fn a_job_that_panics_leaves_its_thread_to_take_the_next() {
+        // One thread: the job after the panic runs only if that thread
+        // lived on. Control: the same panic on a thread of its own ends
+        // that thread.
+        let pool = Pool::new(1, "rf-test");
+        let (tx, rx) = sync_channel(4);
+        for i in 0..3 {
+            let tx = tx.clone();
+            pool.run(move || {
+                if i == 1 {
+                    panic!("cut inside a character");
+                }
+                tx.send(i).unwrap();
+            });
+        }
+        assert_eq!(rx.recv_timeout(LONG), Ok(0));
+        assert_eq!(rx.recv_timeout(LONG), Ok(2));
+        let bare = std::thread::spawn(|| panic!("cut inside a character"));
+        assert!(bare.join().is_err(), "a panic ends a thread not caught");
+    }
+
+    #[test]
+    fn a_lane_runs_its_jobs_in_order_and_a_held_lane_holds_no_other() {
+        let lanes = Lanes::new(2);
+        let (release, held) = sync_channel::<()>(0);
+        let (tx, rx) = channel();
+        // Lane 1's first job waits until released; its later jobs queue
+        // behind it, while lane 2's run at once on the other thread.
+        let t = tx.clone();
+        lanes.run(1, false, move || {
+            held.recv().unwrap();
+            t.send((1, 0)).unwrap();
+        });
+        for i in 1..50 {
+            let t = tx.clone();
+            lanes.run(1, i == 49, move || t.send((1, i)).unwrap());
+        }
+        for i in 0..50 {
+            let t = tx.clone();
+            lanes.run(2, false, move || t.send((2, i)).unwrap());
+        }
+        let first: Vec<_> = (0..50).map(|_| rx.recv_timeout(LONG).unwrap()).collect();
+        assert_eq!(first, (0..50).map(|i| (2, i)).collect::<Vec<_>>());
+        release.send(()).unwrap();
+        let then: Vec<_> = (0..50).map(|_| rx.recv_timeout(LONG).unwrap()).collect();
+        assert_eq!(then, (0..50).map(|i| (1, i)).collect::<Vec<_>>());
+        // Lane 1 went with its last job; lane 2 is still there.
+        let deadline = std::time::Instant::now() + LONG;
+        while lock(&lanes.lanes).contains_key(&1) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(lock(&lanes.lanes).keys().copied().collect::<Vec<_>>(), [2]);
     }
 }

@@ -24,7 +24,7 @@ use ringfeed::mount::{Fs, MountOptions};
 
 use crate::AnyResult;
 use crate::args::{MountArgs, object_config};
-use adapter::{Adapter, Pool};
+use adapter::{Adapter, Lanes, Pool};
 
 static SIGNALLED: AtomicI32 = AtomicI32::new(0);
 
@@ -329,8 +329,10 @@ pub(crate) fn mount_cmd(a: MountArgs) -> AnyResult<()> {
             let m = ringfeed::serve::metrics::serve_on(ip, port, move || {
                 let mut t = f.counts.prometheus();
                 t.push_str(&format!(
-                    "# TYPE ringfeed_mount_block_bytes gauge\nringfeed_mount_block_bytes {}\n",
-                    f.held()
+                    "# TYPE ringfeed_mount_block_bytes gauge\nringfeed_mount_block_bytes {}\n\
+                     # TYPE ringfeed_mount_inodes gauge\nringfeed_mount_inodes {}\n",
+                    f.held(),
+                    f.inodes()
                 ));
                 t
             })?;
@@ -354,7 +356,8 @@ pub(crate) fn mount_cmd(a: MountArgs) -> AnyResult<()> {
     }
     let adapter = Adapter {
         fs: Arc::clone(&fs),
-        pool: Pool::new(a.threads),
+        pool: Pool::new(a.threads, "rf-mount"),
+        lanes: Lanes::new(a.threads),
         ttl,
     };
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {

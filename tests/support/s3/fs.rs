@@ -210,7 +210,21 @@ impl s3s::S3 for Fs {
         self.enter(Op::ListObjectsV2, None)?;
         let prefix = req.input.prefix.clone().unwrap_or_default();
         self.state.denied(&req.input.bucket, &prefix)?;
-        self.inner.list_objects_v2(req).await
+        let bucket = req.input.bucket.clone();
+        let mut resp = self.inner.list_objects_v2(req).await?;
+        // s3s-fs lists no ETags; S3 lists each object's, the one its GET
+        // answers with (what a client may pin its reads to).
+        for o in resp.output.contents.iter_mut().flatten() {
+            if o.e_tag.is_none()
+                && let Some(key) = &o.key
+            {
+                o.e_tag = self
+                    .state
+                    .listed_etag(&self.root, &bucket, key)
+                    .map(s3s::dto::ETag::Strong);
+            }
+        }
+        Ok(resp)
     }
 
     async fn put_object(
@@ -329,6 +343,20 @@ impl s3s::S3 for Fs {
         let body = read_body(input.body.take(), input.content_length).await?;
         if let Some((e, _)) = self.state.fault(Op::UploadPart, Some(input.part_number)) {
             return Err(e);
+        }
+        let hold = self.state.hold_parts.lock().unwrap().clone();
+        if let Some(file) = hold.filter(|f| f.exists()) {
+            self.state.parts_held.fetch_add(1, Ordering::Relaxed);
+            eprintln!(
+                "s3_server: holding UploadPart {} of {}/{}",
+                input.part_number, input.bucket, input.key
+            );
+            // Polled: a test releases the parts by removing the file, from
+            // another process; 10 ms is nothing beside a part's transfer.
+            while file.exists() {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            self.state.parts_held.fetch_sub(1, Ordering::Relaxed);
         }
         if !(1..=10_000).contains(&input.part_number) {
             return Err(s3_error!(

@@ -149,6 +149,17 @@ struct State {
     completion: Mutex<Option<(Completion, Option<u32>)>>,
     /// Completions held so far. Relaxed: a counter a test polls.
     held: AtomicU64,
+    /// While this file exists, every UploadPart (its body read) waits
+    /// before it is answered: a store slow to take parts, held as long as
+    /// a test needs and released by removing the file.
+    hold_parts: Mutex<Option<std::path::PathBuf>>,
+    /// UploadParts waiting under `hold_parts` now. Relaxed: a gauge a
+    /// test polls.
+    parts_held: AtomicU64,
+    /// The MD5 ETags listings computed, by object file, with the size and
+    /// time they were computed at: a listing hashes an object once, not
+    /// at every listing of it.
+    listed_md5: Mutex<HashMap<PathBuf, (u64, std::time::SystemTime, String)>>,
     /// Upload ids completed: a retried completion with `If-None-Match`
     /// meets PreconditionFailed (the object is there), without it
     /// NoSuchUpload. One entry per upload of a test.
@@ -174,6 +185,47 @@ struct State {
     expired: AtomicU64,
     /// The issued keys requests were signed with.
     used: Mutex<std::collections::BTreeSet<String>>,
+}
+
+impl State {
+    /// The ETag s3s-fs answers a GET of `bucket/key` with: the one it
+    /// saved for the object (a multipart upload's), else the MD5 of its
+    /// bytes (kept while the file's size and time stay).
+    fn listed_etag(&self, root: &Path, bucket: &str, key: &str) -> Option<String> {
+        use base64::Engine as _;
+        use md5::Digest as _;
+        let b64 = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+        let info = root.join(format!(
+            ".bucket-{}.object-{}.internal.json",
+            b64(bucket),
+            b64(key)
+        ));
+        let saved = std::fs::read(info)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .and_then(|v| v.get("e_tag").and_then(|t| t.as_str()).map(str::to_string));
+        if saved.is_some() {
+            return saved;
+        }
+        let path = root.join(bucket).join(key);
+        let meta = std::fs::metadata(&path).ok()?;
+        let stamp = (meta.len(), meta.modified().ok()?);
+        if let Some((n, t, tag)) = self.listed_md5.lock().unwrap().get(&path)
+            && (*n, *t) == stamp
+        {
+            return Some(tag.clone());
+        }
+        let data = std::fs::read(&path).ok()?;
+        let tag: String = md5::Md5::digest(&data)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        self.listed_md5
+            .lock()
+            .unwrap()
+            .insert(path, (stamp.0, stamp.1, tag.clone()));
+        Some(tag)
+    }
 }
 
 /// The server's key check: the issued keys, each until its expiry.
@@ -449,6 +501,18 @@ impl S3Server {
             return;
         }
         *self.state.completion.lock().unwrap() = Some((mode, times));
+    }
+
+    /// Every UploadPart waits, unanswered, while `file` exists (its
+    /// body already read), and says so on stderr: `s3_server: holding
+    /// UploadPart N of BUCKET/KEY`.
+    pub fn hold_parts_while(&self, file: &Path) {
+        *self.state.hold_parts.lock().unwrap() = Some(file.to_path_buf());
+    }
+
+    /// UploadParts waiting under [`S3Server::hold_parts_while`] now.
+    pub fn parts_held(&self) -> u64 {
+        self.state.parts_held.load(Ordering::Relaxed)
     }
 
     /// CompleteMultipartUploads held so far (`Completion::Hold`).
