@@ -6,6 +6,7 @@
 //! (`crate::fetch`) send `If-Match` and call [`VersionPin::check`] on each
 //! response head (`super::http`).
 
+#[cfg(feature = "test-hooks")]
 use std::sync::atomic::Ordering;
 
 use super::http::{Fail, ResponseHead};
