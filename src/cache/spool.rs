@@ -112,6 +112,10 @@ struct Line {
     work: Condvar,
     /// Signalled when a piece leaves the queue.
     room: Condvar,
+    /// Bytes the spool's thread wrote, and the time it spent writing them
+    /// (its pace: what the disk takes). Relaxed: figures for an estimate.
+    wrote: AtomicU64,
+    busy_ns: AtomicU64,
 }
 
 impl Line {
@@ -152,6 +156,12 @@ pub struct Spool {
 /// Pieces queued for an `Always` fill before its reader waits: 8 chunks of
 /// 8 MiB is 64 MiB, about 25 ms of a fast NVMe drive's writes.
 const DEPTH: usize = 8;
+
+/// A reader's close waits for the spare fills' queued writes for at most
+/// a twentieth of the time it read (then it gives the rest up): the 0.9x
+/// of uncached speed `benches/cache.sh` checks the first epoch against,
+/// with room for the writes' own CPU.
+const CLOSE_SHARE: u128 = 20;
 
 /// The bytes the spool may keep alive alone before spare fills are given
 /// up, unless the owner of the memory sets its own
@@ -206,6 +216,8 @@ impl Spool {
             q: Mutex::new(Queue::default()),
             work: Condvar::new(),
             room: Condvar::new(),
+            wrote: AtomicU64::new(0),
+            busy_ns: AtomicU64::new(0),
         });
         let (c, l) = (Arc::clone(&cache), Arc::clone(&line));
         let pace = hooks::write_pace();
@@ -250,6 +262,31 @@ impl Spool {
         if queued {
             let _ = wait.recv();
         }
+    }
+
+    /// Gives up the spare fills that would hold up the reader's close: it
+    /// waits for what is queued, so a fill whose queued pieces the disk
+    /// would take longer than [`CLOSE_SHARE`] of the reading (`elapsed`) to
+    /// write goes (the fills with the most queued first), and the rest are
+    /// written. On a disk that kept up over the epoch little is left and
+    /// every fill completes; on one slower than the reads, the epoch does
+    /// not wait for it. Nothing under [`FillMode::Always`].
+    pub fn close_spare(&self, elapsed: std::time::Duration) {
+        if self.mode != FillMode::Spare {
+            return;
+        }
+        // Relaxed: figures for an estimate.
+        let wrote = self.line.wrote.load(Ordering::Relaxed);
+        let busy = self.line.busy_ns.load(Ordering::Relaxed).max(1);
+        // What the disk writes in the share of the reading's time (none,
+        // before it wrote anything).
+        let budget = (wrote as u128 * elapsed.as_nanos() / busy as u128 / CLOSE_SHARE) as u64;
+        let mut shed = Vec::new();
+        {
+            let mut q = self.line.lock();
+            shed_where(&mut q, budget, &self.fills, &mut shed, |_| true);
+        }
+        drop(shed);
     }
 
     /// Whether a new fill may start: always under [`FillMode::Always`];
@@ -367,8 +404,20 @@ impl SpoolFill {
 /// bytes: the fill holding the most of them first. Their pieces leave the
 /// queue into `shed` (dropped by the caller, outside the lock).
 fn shed_over(q: &mut Queue, hold: u64, fills: &FillCount, shed: &mut Vec<Job>) {
-    // Under the bound, even if none of it were shared.
-    if q.bytes <= hold {
+    shed_where(q, hold, fills, shed, |p| !p.hold.shared());
+}
+
+/// Gives up fills while the queued pieces that `counts` pass `limit`
+/// bytes, the fill with the most of them first (see `shed_over`).
+fn shed_where(
+    q: &mut Queue,
+    limit: u64,
+    fills: &FillCount,
+    shed: &mut Vec<Job>,
+    counts: impl Fn(&Piece) -> bool,
+) {
+    // Under the bound, even if every piece counted.
+    if q.bytes <= limit {
         return;
     }
     loop {
@@ -376,13 +425,13 @@ fn shed_over(q: &mut Queue, hold: u64, fills: &FillCount, shed: &mut Vec<Job>) {
         let mut total = 0;
         for job in &q.jobs {
             if let Job::Append(slot, p) = job
-                && !p.hold.shared()
+                && counts(p)
             {
                 *alone.entry(Arc::as_ptr(slot)).or_default() += p.len as u64;
                 total += p.len as u64;
             }
         }
-        if total <= hold {
+        if total <= limit {
             return;
         }
         let Some((&worst, _)) = alone.iter().max_by_key(|(_, b)| **b) else {
@@ -454,6 +503,7 @@ fn spool_main(cache: &Cache, line: &Line, pace: u64) {
                 let Some(filler) = f.as_mut() else {
                     continue;
                 };
+                let t0 = std::time::Instant::now();
                 hooks::pace(pace, piece.len);
                 // SAFETY: `piece.hold` keeps the bytes alive and unwritten
                 // by their reader.
@@ -462,6 +512,10 @@ fn spool_main(cache: &Cache, line: &Line, pace: u64) {
                     f.take();
                     cache.write_failed(&e);
                 }
+                // Relaxed: figures for an estimate.
+                line.wrote.fetch_add(piece.len as u64, Ordering::Relaxed);
+                line.busy_ns
+                    .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
             }
             Job::Flush(done) => {
                 let _ = done.send(());
@@ -483,9 +537,8 @@ fn spool_main(cache: &Cache, line: &Line, pace: u64) {
                         drop(_lock);
                     }
                     _ => cache.not_cached(
-                        "a shard's fill was given up: the cache writer held more of the \
-                         reads' memory than it may (`cache_fill` \"spare\"); a later read \
-                         fills it",
+                        "a shard's fill was given up: the disk could not write it without \
+                         holding the reads up (`cache_fill` \"spare\"); a later read fills it",
                     ),
                 }
             }
@@ -722,6 +775,46 @@ mod tests {
                 );
                 assert!(c.lookup(&k).is_none());
             }
+        }
+    }
+
+    /// A reader's close gives up the spare fills whose queued writes the
+    /// disk, at the pace it wrote so far, would take longer than a
+    /// twentieth of the reading to finish, and keeps (and completes) them
+    /// when it would not: the same queue, closed after a short read and
+    /// after a long one.
+    #[test]
+    fn a_close_waits_only_for_what_the_disk_writes_in_a_share_of_the_read() {
+        for (read_ms, kept) in [(20u64, false), (1000, true)] {
+            let dir = tempfile::tempdir().unwrap();
+            let c = cache(dir.path());
+            let spool = Spool::start(Arc::clone(&c), FillMode::Spare).unwrap();
+            // The disk so far: 4096 bytes a millisecond.
+            spool.line.wrote.store(4096, Ordering::Relaxed);
+            spool.line.busy_ns.store(1_000_000, Ordering::Relaxed);
+            let piece = vec![4u8; 4096];
+            let k = id("close", 4096 * 8);
+            let Fill::Write(f) = c.fill(&k, Duration::from_secs(1)) else {
+                panic!("no fill");
+            };
+            let mut fill = spool.take(f, k.len).unwrap();
+            let slot = Arc::clone(&fill.slot);
+            let stall = slot.filler.lock().unwrap();
+            let batch = Arc::new(());
+            for _ in 0..8 {
+                // SAFETY: `piece` outlives the spool (flushed below).
+                let hold = Box::new(Shared(Arc::clone(&batch)));
+                assert!(unsafe { fill.append(piece.as_ptr(), piece.len(), hold) });
+            }
+            fill.finish(Some(1));
+            // 20 ms of reading: 4 KiB may wait; 7 pieces are queued (the
+            // writer holds the first). 1 s: 200 KiB may.
+            spool.close_spare(Duration::from_millis(read_ms));
+            drop(stall);
+            drop(slot);
+            spool.flush();
+            assert_eq!(c.lookup(&k).is_some(), kept, "after {read_ms} ms");
+            assert_eq!(c.stats.snapshot().uncached, u64::from(!kept));
         }
     }
 
