@@ -165,7 +165,13 @@ const CLOSE_SHARE: u128 = 20;
 
 /// The bytes the spool may keep alive alone before spare fills are given
 /// up, unless the owner of the memory sets its own
-/// ([`Spool::hold_at_most`]): 64 MiB, what [`DEPTH`] pieces of 8 MiB hold.
+/// ([`Spool::hold_at_most`]): 64 MiB, what [`DEPTH`] pieces of 8 MiB hold,
+/// as the queue held before it took pieces the batches still hold. Memory
+/// the spool holds is memory the reads take fresh chunks for: on a VM that
+/// backs pages at first touch, an eighth of a 1.5 GiB arena held this way
+/// (192 MiB) made the first epoch 0.39x uncached on a disk capped at 0.2
+/// GB/s (`benches/cache.sh`, `SLOW_DISK=200000000`). A burst of reads the
+/// batches still hold is not counted, whatever its size.
 const HOLD: u64 = 64 << 20;
 
 /// A fill handed to the spool: append pieces in order, then finish;

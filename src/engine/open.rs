@@ -325,16 +325,6 @@ impl Loader {
             )),
             None => None,
         };
-        if let Some(spool) = &cache {
-            // Spare fills hold at most an eighth of the arena that the
-            // reads could use (memory the consumer released and the disk
-            // has not written): the reads keep 7/8 of it when the disk is
-            // slower than the network, which keeps the first epoch within
-            // the 0.9x of uncached speed that benches/cache.sh checks with
-            // SLOW_DISK (docs/cache.md), and a burst of reads of memory the
-            // consumer still holds is queued whole, whatever its size.
-            spool.hold_at_most((pool.chunk_count() * pool.chunk_size()) as u64 / 8);
-        }
         // Auto reads entries direct: a cache holds what the page cache
         // does not keep.
         let cache_direct = DirectIo::new(
