@@ -271,10 +271,10 @@ impl Spool {
     }
 
     /// Gives up the spare fills that would hold up the reader's close: it
-    /// waits for what is queued, so a fill whose queued pieces the disk
-    /// would take longer than [`CLOSE_SHARE`] of the reading (`elapsed`) to
-    /// write goes (the fills with the most queued first), and the rest are
-    /// written. On a disk that kept up over the epoch little is left and
+    /// waits for what is queued, so while the queued pieces are more than
+    /// the disk writes in [`CLOSE_SHARE`] of the reading (`elapsed`), and
+    /// more than the bytes the writer may hold alone ([`HOLD`]), the fill
+    /// with the most queued goes; the rest are written. On a disk that kept up over the epoch little is left and
     /// every fill completes; on one slower than the reads, the epoch does
     /// not wait for it. Nothing under [`FillMode::Always`].
     pub fn close_spare(&self, elapsed: std::time::Duration) {
@@ -285,8 +285,12 @@ impl Spool {
         let wrote = self.line.wrote.load(Ordering::Relaxed);
         let busy = self.line.busy_ns.load(Ordering::Relaxed).max(1);
         // What the disk writes in the share of the reading's time (none,
-        // before it wrote anything).
-        let budget = (wrote as u128 * elapsed.as_nanos() / busy as u128 / CLOSE_SHARE) as u64;
+        // before it wrote anything), and at least the bytes the writer may
+        // hold alone during the reading (the reads could wait on no more
+        // then either).
+        let share = (wrote as u128 * elapsed.as_nanos() / busy as u128 / CLOSE_SHARE) as u64;
+        // Relaxed: a bound set once by the memory's owner.
+        let budget = share.max(self.fills.hold.load(Ordering::Relaxed));
         let mut shed = Vec::new();
         {
             let mut q = self.line.lock();
@@ -795,6 +799,7 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             let c = cache(dir.path());
             let spool = Spool::start(Arc::clone(&c), FillMode::Spare).unwrap();
+            spool.fills.hold.store(4096, Ordering::Relaxed);
             // The disk so far: 4096 bytes a millisecond.
             spool.line.wrote.store(4096, Ordering::Relaxed);
             spool.line.busy_ns.store(1_000_000, Ordering::Relaxed);
