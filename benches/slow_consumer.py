@@ -15,7 +15,7 @@ Usage (the shards served over HTTP with ranges and ETags, e.g. by the nginx
 benches/cache.sh starts; RINGFEED_LIB picks the library to measure):
 
     benches/slow_consumer.py 'http://127.0.0.1:18090/b/shard-{000000..000001}.tar' \
-        /var/tmp/rf-cache --runs 3
+        /var/tmp/rf-cache --runs 3 --cache-min-free 1GiB
 """
 
 import argparse
@@ -33,6 +33,7 @@ def main():
     ap.add_argument("cache_dir")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--cache-min-free", help="cache_min_free (default: ringfeed's, 10%% of the disk)")
     ap.add_argument("--json", action="store_true", help="one JSON line per run")
     a = ap.parse_args()
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bindings", "python"))
@@ -43,7 +44,8 @@ def main():
     for run in range(1, a.runs + 1):
         t0 = time.monotonic()
         nbytes = 0
-        with ringfeed.Loader(a.url, batch_size=a.batch_size, cache_dir=a.cache_dir) as loader:
+        kw = {"cache_min_free": a.cache_min_free} if a.cache_min_free else {}
+        with ringfeed.Loader(a.url, batch_size=a.batch_size, cache_dir=a.cache_dir, **kw) as loader:
             for b in loader:
                 with b:
                     for name in b.fields:
