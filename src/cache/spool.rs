@@ -813,8 +813,8 @@ mod tests {
             let stall = slot.filler.lock().unwrap();
             let batch = Arc::new(());
             for _ in 0..8 {
-                // SAFETY: `piece` outlives the spool (flushed below).
                 let hold = Box::new(Shared(Arc::clone(&batch)));
+                // SAFETY: `piece` outlives the spool (flushed below).
                 assert!(unsafe { fill.append(piece.as_ptr(), piece.len(), hold) });
             }
             fill.finish(Some(1));
