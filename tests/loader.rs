@@ -161,11 +161,30 @@ fn every_sample_arrives_once_per_epoch_across_chunk_sizes_backends_and_workers()
 #[test]
 fn generated_content_verifies_byte_for_byte() {
     let dir = tempfile::tempdir().unwrap();
-    let paths = make_shards(dir.path(), 3, 2 << 20, 30_000, 11);
-    let loader = Loader::open(config(urls(&paths), serde_json::json!({}))).unwrap();
+    let o = GenOptions {
+        shards: 3,
+        shard_bytes: 2 << 20,
+        sample_bytes: 30_000,
+        spread: 0.9,
+        fields: vec!["jpg".into(), "cls".into(), "json".into()],
+        seed: 11,
+    };
+    let made = synth::generate(dir.path(), &o, |_| {}).unwrap();
+    let loader = Loader::open(config(urls(&made.paths), serde_json::json!({}))).unwrap();
     let (got, _) = epoch(&loader);
-    let mut n = 0;
+    // Every key the generator wrote, each once, with every field.
+    // A map: its keys come sorted.
+    let keys: Vec<&String> = got.keys().collect();
+    let mut expected: Vec<String> = (0..o.shards)
+        .flat_map(|i| (0..made.shard_samples[i]).map(move |j| synth::sample_key(i, j)))
+        .collect();
+    expected.sort();
+    assert_eq!(keys, expected.iter().collect::<Vec<_>>());
+    let mut n = 0u64;
     for (key, fields) in &got {
+        let mut names: Vec<&str> = fields.iter().map(|(f, _)| f.as_str()).collect();
+        names.sort();
+        assert_eq!(names, ["cls", "jpg", "json"], "{key}");
         for (name, data) in fields {
             assert!(
                 synth::verify(11, key.as_bytes(), name.as_bytes(), data),
@@ -174,7 +193,7 @@ fn generated_content_verifies_byte_for_byte() {
             n += 1;
         }
     }
-    assert!(n > 100);
+    assert_eq!(n, made.samples * 3);
 }
 
 /// Shards written by the `tar` crate and by GNU tar: long names, pax paths,

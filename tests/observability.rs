@@ -27,7 +27,8 @@ unsafe extern "C" fn collect(user: *mut c_void, level: i32, message: *const c_ch
     LOGGED.lock().unwrap().push((level, text));
 }
 
-fn generate(dir: &std::path::Path, seed: u64) -> Vec<String> {
+/// Two shards in `dir`: their paths, and the samples the generator wrote.
+fn generate(dir: &std::path::Path, seed: u64) -> (Vec<String>, usize) {
     let o = GenOptions {
         shards: 2,
         shard_bytes: 1 << 20,
@@ -36,12 +37,9 @@ fn generate(dir: &std::path::Path, seed: u64) -> Vec<String> {
         fields: vec!["jpg".into(), "cls".into()],
         seed,
     };
-    synth::generate(dir, &o, |_| {})
-        .unwrap()
-        .paths
-        .iter()
-        .map(|p| p.display().to_string())
-        .collect()
+    let made = synth::generate(dir, &o, |_| {}).unwrap();
+    let paths = made.paths.iter().map(|p| p.display().to_string()).collect();
+    (paths, made.samples as usize)
 }
 
 fn config(urls: serde_json::Value, extra: serde_json::Value) -> Config {
@@ -110,14 +108,14 @@ fn fallbacks_and_retries_reach_the_log_callback_and_metrics_are_prometheus_text(
 
     // Direct reads asked for shards on tmpfs: refused, read buffered.
     let shm = tempfile::tempdir_in("/dev/shm").unwrap();
-    let urls = generate(shm.path(), 3);
+    let (urls, samples) = generate(shm.path(), 3);
     for _ in 0..2 {
         let loader = Loader::open(config(
             serde_json::json!(urls),
             serde_json::json!({"direct_io": "on"}),
         ))
         .unwrap();
-        assert!(support::stream(&loader, 3) > 0);
+        assert_eq!(support::stream(&loader, 3), samples);
     }
     let logged = LOGGED.lock().unwrap().clone();
     let direct: Vec<_> = logged
@@ -134,7 +132,7 @@ fn fallbacks_and_retries_reach_the_log_callback_and_metrics_are_prometheus_text(
 
     // Retries: a server that throttles twice.
     let data = tempfile::tempdir().unwrap();
-    generate(data.path(), 4);
+    let (_, samples) = generate(data.path(), 4);
     let server = support::Server::start(data.path().to_path_buf());
     server.faults.throttle.store(2, Ordering::SeqCst);
     let loader = Loader::open(config(
@@ -142,7 +140,7 @@ fn fallbacks_and_retries_reach_the_log_callback_and_metrics_are_prometheus_text(
         serde_json::json!({}),
     ))
     .unwrap();
-    assert!(support::stream(&loader, 4) > 0);
+    assert_eq!(support::stream(&loader, 4), samples);
     let logged = LOGGED.lock().unwrap().clone();
     let retries: Vec<_> = logged
         .iter()

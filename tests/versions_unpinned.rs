@@ -11,7 +11,7 @@
 mod common;
 mod support;
 
-use common::{SHARD, other_version, parts_of, run, shards};
+use common::{SHARD, other_version, parts_of, run};
 use ringfeed::object;
 use support::s3::S3Server;
 use support::{Replace, Server, pattern};
@@ -39,7 +39,7 @@ fn unpinned_a_shard_rewritten_between_its_ranges_is_delivered_spliced() {
     unpinned();
     // Over HTTP.
     let data = tempfile::tempdir().unwrap();
-    let v1 = shards(data.path());
+    let (v1, counts) = common::generated(data.path());
     let server = Server::start(data.path().to_path_buf());
     replace(&server, &format!("/{SHARD}"), 1, other_version(&v1));
     let r = run(common::config(
@@ -47,21 +47,23 @@ fn unpinned_a_shard_rewritten_between_its_ranges_is_delivered_spliced() {
         serde_json::json!({}),
     ));
     assert!(r.error.is_none(), "{:?}", r.error);
-    // One read of one shard: samples of both versions.
+    // One read of one shard: samples of both versions, every one of it.
     assert!(r.first_good > 0 && r.first_bad > 0, "{r:?}");
+    assert_eq!((r.first_good + r.first_bad) as u64, counts[0], "{r:?}");
     assert_eq!(r.others_bad, 0);
     let served = server.faults.served.lock().unwrap().clone();
     assert!(versions(&served).len() >= 3, "{served:?}");
 
     // On S3.
     let root = tempfile::tempdir().unwrap();
-    let v1 = shards(&root.path().join("data"));
+    let (v1, counts) = common::generated(&root.path().join("data"));
     let s3 = S3Server::start(root.path());
     s3.replace_after("data", SHARD, 1, other_version(&v1));
     let urls = vec!["s3://data/shard-{000000..000001}.tar".to_string()];
     let r = run(common::s3_config(&s3, &urls, serde_json::json!({})));
     assert!(r.error.is_none(), "{:?}", r.error);
     assert!(r.first_good > 0 && r.first_bad > 0, "{r:?}");
+    assert_eq!((r.first_good + r.first_bad) as u64, counts[0], "{r:?}");
     assert_eq!(s3.precondition_failed(), 0);
 }
 
@@ -99,13 +101,14 @@ fn unpinned_a_cache_fill_of_a_changing_shard_stores_the_mix_and_serves_it_again(
     unpinned();
     let data = tempfile::tempdir().unwrap();
     let cache = tempfile::tempdir().unwrap();
-    let v1 = shards(data.path());
+    let (v1, counts) = common::generated(data.path());
     let server = Server::start(data.path().to_path_buf());
     let urls = vec![server.url("shard-{000000..000001}.tar")];
     replace(&server, &format!("/{SHARD}"), 1, other_version(&v1));
     let r = run(common::cache_config(&urls, cache.path()));
     assert!(r.error.is_none(), "{:?}", r.error);
     assert!(r.first_good > 0 && r.first_bad > 0, "{r:?}");
+    assert_eq!((r.first_good + r.first_bad) as u64, counts[0], "{r:?}");
     *server.faults.replace.lock().unwrap() = None;
     std::fs::write(data.path().join(SHARD), &v1).unwrap();
     let again = run(common::cache_config(&urls, cache.path()));

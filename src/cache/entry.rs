@@ -365,9 +365,49 @@ pub struct Writer {
     data_offset: u64,
     len: u64,
     written: u64,
-    table: Vec<u32>,
-    block: Digest,
+    sums: BlockSums,
     done: bool,
+}
+
+/// The CRC32C of each [`BLOCK`] of a data stream fed in pieces of any
+/// size: an entry's checksum table.
+pub struct BlockSums {
+    fed: u64,
+    block: Digest,
+    table: Vec<u32>,
+}
+
+impl BlockSums {
+    /// The sums of a stream of `len` bytes.
+    pub fn new(len: u64) -> BlockSums {
+        BlockSums {
+            fed: 0,
+            block: Digest::new(CrcAlgorithm::Crc32Iscsi),
+            table: Vec::with_capacity(blocks(len)),
+        }
+    }
+
+    /// Takes the next bytes of the stream into the sums.
+    pub fn update(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            let in_block = (self.fed % BLOCK as u64) as usize;
+            let take = (BLOCK - in_block).min(bytes.len());
+            self.block.update(&bytes[..take]);
+            self.fed += take as u64;
+            if self.fed % BLOCK as u64 == 0 {
+                self.table.push(self.block.finalize_reset() as u32);
+            }
+            bytes = &bytes[take..];
+        }
+    }
+
+    /// The table, the last partial block's sum included.
+    pub fn finish(mut self) -> Vec<u32> {
+        if self.fed % BLOCK as u64 != 0 {
+            self.table.push(self.block.finalize_reset() as u32);
+        }
+        self.table
+    }
 }
 
 impl Writer {
@@ -402,8 +442,7 @@ impl Writer {
             text,
             len: id.len,
             written: 0,
-            table: Vec::with_capacity(blocks(id.len)),
-            block: Digest::new(CrcAlgorithm::Crc32Iscsi),
+            sums: BlockSums::new(id.len),
             done: false,
         })
     }
@@ -414,7 +453,7 @@ impl Writer {
     }
 
     /// Appends the next bytes of the data.
-    pub fn append(&mut self, mut bytes: &[u8]) -> std::io::Result<()> {
+    pub fn append(&mut self, bytes: &[u8]) -> std::io::Result<()> {
         if self.written + bytes.len() as u64 > self.len {
             return Err(std::io::Error::other(format!(
                 "{} bytes appended to a cache entry of {}",
@@ -440,40 +479,66 @@ impl Writer {
             }
             _ => self.file.write_all_at(bytes, at)?,
         }
-        while !bytes.is_empty() {
-            let in_block = (self.written % BLOCK as u64) as usize;
-            let take = (BLOCK - in_block).min(bytes.len());
-            self.block.update(&bytes[..take]);
-            self.written += take as u64;
-            if self.written % BLOCK as u64 == 0 {
-                self.table.push(self.block.finalize_reset() as u32);
-            }
-            bytes = &bytes[take..];
-        }
+        // Summed after the write: bytes that change while they are
+        // written show in the sums (and fail `finish_as`).
+        self.sums.update(bytes);
+        self.written += bytes.len() as u64;
         Ok(())
     }
 
     /// Completes the entry (every byte of the data appended) with its
     /// sample count, and renames it into place. Returns its path and its
     /// size on disk.
-    pub fn finish(mut self, samples: Option<u64>) -> std::io::Result<(PathBuf, u64)> {
+    pub fn finish(self, samples: Option<u64>) -> std::io::Result<(PathBuf, u64)> {
+        self.complete(samples, None)
+    }
+
+    /// [`finish`](Writer::finish) with the checksum table `taken` when the
+    /// data was read, before anyone else could write its memory: the entry
+    /// is kept only when the bytes written have those sums (so bytes
+    /// changed in memory between their read and their write are never
+    /// stored, with sums of their own or not).
+    pub fn finish_as(
+        self,
+        samples: Option<u64>,
+        taken: Vec<u32>,
+    ) -> std::io::Result<(PathBuf, u64)> {
+        self.complete(samples, Some(taken))
+    }
+
+    fn complete(
+        mut self,
+        samples: Option<u64>,
+        taken: Option<Vec<u32>>,
+    ) -> std::io::Result<(PathBuf, u64)> {
         if self.written != self.len {
             return Err(std::io::Error::other(format!(
                 "a cache entry of {} bytes finished after {}",
                 self.len, self.written
             )));
         }
-        if self.written % BLOCK as u64 != 0 {
-            self.table.push(self.block.finalize_reset() as u32);
-        }
-        let table = table_bytes(&self.table);
+        let sums = std::mem::replace(&mut self.sums, BlockSums::new(0)).finish();
+        let table = match taken {
+            Some(t) if t != sums => {
+                let block = t.iter().zip(&sums).position(|(a, b)| a != b);
+                return Err(std::io::Error::other(format!(
+                    "the data changed in memory between its read and its write to the cache \
+                     (block {} of {}): a consumer wrote into a batch; the entry is not kept",
+                    block.unwrap_or(t.len().min(sums.len())),
+                    sums.len()
+                )));
+            }
+            Some(t) => t,
+            None => sums,
+        };
+        let table_raw = table_bytes(&table);
         let end = self.data_offset + self.len;
-        self.file.write_all_at(&table, end)?;
+        self.file.write_all_at(&table_raw, end)?;
         self.file
-            .write_all_at(&header(&self.text, self.len, samples, &self.table), 0)?;
+            .write_all_at(&header(&self.text, self.len, samples, &table), 0)?;
         std::fs::rename(&self.tmp, &self.path)?;
         self.done = true;
-        Ok((self.path.clone(), end + table.len() as u64))
+        Ok((self.path.clone(), end + table_raw.len() as u64))
     }
 }
 

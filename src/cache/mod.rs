@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 pub use entry::{Bad, Entry, Identity};
-pub use spool::{FillMode, Spool, SpoolFill};
+pub use spool::{FillMode, Held, Spool, SpoolFill, hooks};
 
 use crate::error::Result;
 

@@ -135,6 +135,12 @@ impl Loader {
         // The cache's writes of what the workers read are done: its entries
         // are whole, and the chunks they held are back.
         if let Some(spool) = &self.shared.cache {
+            // A writer of this loader's own (a node engine's serves its
+            // other consumers too): the fills the disk could not keep up
+            // with are given up rather than waited for.
+            if !self.shared.pool.is_shared() {
+                spool.close_spare(self.shared.started.elapsed());
+            }
             spool.flush();
         }
         // The workers are gone: their CPUs are free for other engines.

@@ -502,8 +502,8 @@ impl<'a> Worker<'a> {
                         *tier = Tier::None;
                         if let Some(spool) = &sh.cache {
                             spool.cache().not_cached(&format!(
-                                "`{}`: the disk fell behind the reads (`cache_fill` \"spare\"); \
-                                 a later read fills it",
+                                "`{}`: the disk could not write it without holding the reads \
+                                 up (`cache_fill` \"spare\"); a later read fills it",
                                 shard.name
                             ));
                         }

@@ -5,11 +5,13 @@
 
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char};
+use std::sync::Arc;
 
 use super::boundary::{BATCHES, Fail, HeldBatch, boundary, check, invalid, lock, write_text};
 use super::fork;
 use super::status::{RINGFEED_ERR_INVALID_HANDLE, RINGFEED_OK};
 use super::types::ringfeed_batch;
+use crate::node::AnyBatch;
 
 /// Releases a batch: its chunks may be reused, and every pointer it held
 /// becomes invalid. Zeroes `*batch`. Releasing a batch twice, or a batch that
@@ -68,17 +70,31 @@ pub unsafe extern "C" fn ringfeed_batch_sample_source(
     needed: *mut usize,
 ) -> i32 {
     boundary(|| {
-        let batches = lock(&BATCHES);
-        // SAFETY: forwarded from this function's contract.
-        let held = unsafe { held_batch(&batches, batch) }?;
-        let (b, l) = (&held.batch, &held.loader);
-        if sample >= b.len() {
-            return Err(invalid(format!(
-                "sample {sample} is past the batch's {} samples",
-                b.len()
-            )));
-        }
-        let name = l.source(b, sample)?.unwrap_or_default();
+        // The table's lock is held only to find the batch: a node engine's
+        // batch asks its engine for the name, a round trip that must not
+        // hold up every other batch call of the process (nor a fork, whose
+        // handler takes this lock).
+        let asked = {
+            let batches = lock(&BATCHES);
+            // SAFETY: forwarded from this function's contract.
+            let held = unsafe { held_batch(&batches, batch) }?;
+            let b = &held.batch;
+            if sample >= b.len() {
+                return Err(invalid(format!(
+                    "sample {sample} is past the batch's {} samples",
+                    b.len()
+                )));
+            }
+            match b {
+                AnyBatch::Local(b) => Ok(b.source(sample).map(str::to_string)),
+                AnyBatch::Node(b) => Err((Arc::clone(&held.loader), b.source_index(sample))),
+            }
+        };
+        let name = match asked {
+            Ok(name) => name,
+            Err((loader, index)) => loader.source_of(index)?,
+        };
+        let name = name.unwrap_or_default();
         // SAFETY: forwarded from this function's contract.
         unsafe { write_text(&name, "source", buf, len, needed) }
     })

@@ -46,6 +46,15 @@ impl ChunkRef {
         self.pool.first_use(self.start)
     }
 
+    /// Whether another reference to the run lives besides this one (a
+    /// batch, a reader): if not, this one alone keeps the run from the
+    /// pool.
+    pub fn shared(&self) -> bool {
+        // Relaxed: a hint for the cache writer's bound on what it holds;
+        // nothing is read through it.
+        self.pool.refs[self.start as usize].load(Ordering::Relaxed) > 1
+    }
+
     pub fn same_run(&self, other: &ChunkRef) -> bool {
         self.start == other.start && Arc::ptr_eq(&self.pool, &other.pool)
     }

@@ -6,27 +6,37 @@
 //! (`crate::fetch`) send `If-Match` and call [`VersionPin::check`] on each
 //! response head (`super::http`).
 
+#[cfg(feature = "test-hooks")]
 use std::sync::atomic::Ordering;
 
 use super::http::{Fail, ResponseHead};
 
 /// Whether reads check their answers against their [`VersionPin`]: always,
 /// except in the test that shows what the check prevents
-/// (`tests/versions_unpinned.rs`). Relaxed: a flag set once before the
-/// reads it governs start.
+/// (`tests/versions_unpinned.rs`, built with the `test-hooks` feature).
+/// Relaxed: a flag set once before the reads it governs start.
+#[cfg(feature = "test-hooks")]
 static VERSION_CHECKS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
 
 /// Turns the version checks of every read in the process off (no
 /// `If-Match` sent, answers' ETags and sizes not compared, fills cached
 /// whatever their pieces were). Only for the test that shows the splice
-/// the checks prevent; never in a program.
+/// the checks prevent: only in a build with the `test-hooks` feature,
+/// which no program ships.
+#[cfg(feature = "test-hooks")]
 #[doc(hidden)]
 pub fn set_version_checks(on: bool) {
     VERSION_CHECKS.store(on, Ordering::Relaxed);
 }
 
+#[cfg(feature = "test-hooks")]
 fn version_checks() -> bool {
     VERSION_CHECKS.load(Ordering::Relaxed)
+}
+
+#[cfg(not(feature = "test-hooks"))]
+fn version_checks() -> bool {
+    true
 }
 
 /// Whether an `ETag` is a strong validator: not `W/` (RFC 9110 §8.8.1: a

@@ -53,17 +53,25 @@ struct Link {
     /// capability, the batch's key (`NodeBatch::key`).
     socket: PathBuf,
     engine: EngineId,
+    /// The connection to the engine (a duplicate), polled for its hang-up
+    /// only: whether the engine is still there.
+    conn: OwnedFd,
 }
 
-/// How long a release waits for room in a full ring before it gives up:
-/// the engine drains the ring at every wake-up, so a full ring means an
-/// engine that no longer reads it (then its batches are nobody's).
+/// How long a release waits for room in a full ring before it asks
+/// whether the engine is still there, and says (once a process) that
+/// releases wait: the engine drains the ring at every wake-up, so a ring
+/// full for this long is an engine far behind, or gone.
 const RELEASE_PATIENCE: Duration = Duration::from_millis(200);
 
 impl Link {
+    /// Writes a release into the ring, waiting for room while the engine
+    /// lives: a release is never dropped while its engine could still take
+    /// it. Once the engine is gone its batches are nobody's, and the
+    /// release is moot.
     fn release(&self, entry: u64) {
         let _g = lock(&self.releasing);
-        let t0 = Instant::now();
+        let mut since = Instant::now();
         loop {
             if self.gone.load(Ordering::Acquire) {
                 return;
@@ -72,13 +80,32 @@ impl Link {
                 sock::notify(&self.wake);
                 return;
             }
-            if t0.elapsed() >= RELEASE_PATIENCE {
-                return;
+            if since.elapsed() >= RELEASE_PATIENCE {
+                if self.engine_gone() {
+                    self.gone.store(true, Ordering::Release);
+                    return;
+                }
+                crate::log::once("node-release-wait", crate::log::Level::Warn, || {
+                    format!(
+                        "a batch release waits: the node engine at {} has not drained this \
+                         consumer's release ring for {} ms; waiting while it runs",
+                        self.socket.display(),
+                        RELEASE_PATIENCE.as_millis()
+                    )
+                });
+                since = Instant::now();
             }
             // The engine is behind on releases: nudge it and give it time.
             sock::notify(&self.wake);
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+
+    /// Whether the engine's end of the connection hung up (its process
+    /// exited, or it closed this consumer).
+    fn engine_gone(&self) -> bool {
+        sock::poll(&[(&self.conn, false)], Some(Duration::ZERO))
+            .map_or(true, |r| r.first().is_none_or(|r| r.hangup))
     }
 }
 
@@ -210,6 +237,9 @@ impl NodeLoader {
                 Err(e) => cuda_note = Some(cuda::not_registered(&e)),
             }
         }
+        let hangup = conn
+            .try_clone()
+            .map_err(|e| Error::Node(format!("duplicating the connection: {e}")))?;
         Ok(NodeLoader {
             cuda,
             cuda_note,
@@ -223,6 +253,7 @@ impl NodeLoader {
                 gone: AtomicBool::new(false),
                 socket: socket.to_path_buf(),
                 engine,
+                conn: hangup,
             }),
             ready,
             taking: Mutex::new(Taking {

@@ -173,6 +173,16 @@ impl Attached {
         }
     }
 
+    /// The name of the shard at `index` of a batch of this loader
+    /// (`NodeBatch::source_index`): a node engine is asked; a loader in
+    /// this process has no such batches.
+    pub fn source_of(&self, index: Option<u32>) -> Result<Option<String>> {
+        match (self, index) {
+            (Attached::Node(n), Some(s)) => n.shard_name(s),
+            _ => Ok(None),
+        }
+    }
+
     pub fn close(&self) {
         match self {
             Attached::Local(l) => l.close(),

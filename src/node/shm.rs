@@ -10,7 +10,11 @@
 //!
 //! The counters count bytes (or entries) since the start and never wrap in
 //! practice (u64). Both sides check what the other wrote before using it: a
-//! broken peer is an error, never an out-of-bounds access. The file is
+//! broken peer is an error, never an out-of-bounds access. The engine keeps
+//! its own two counters (record bytes written, releases read) in its own
+//! memory and only publishes them on the page: a consumer may write every
+//! byte of the page, and the engine never reads its own place in a ring
+//! back from there. The file is
 //! sealed against shrinking and growing (and its seals sealed): a consumer
 //! that may write every byte of it still cannot take the pages from under
 //! the engine's mapping. A holder's link uses the release ring alone.
@@ -66,6 +70,12 @@ pub struct Rings {
     map: MmapRaw,
     record_bytes: u64,
     release_slots: u64,
+    /// The engine side's record bytes written and releases read, kept
+    /// here (the page's copies are for the consumer to read); unused on
+    /// the consumer's side. Relaxed: each has one writer, the engine's one
+    /// thread on its ring, which alone reads it.
+    rec_head: AtomicU64,
+    rel_tail: AtomicU64,
 }
 
 // SAFETY: every access to the mapping goes through atomics (the counters) or
@@ -117,6 +127,8 @@ impl Rings {
                 map,
                 record_bytes: RECORD_BYTES,
                 release_slots: RELEASE_SLOTS,
+                rec_head: AtomicU64::new(0),
+                rel_tail: AtomicU64::new(0),
             },
             file,
         ))
@@ -157,6 +169,8 @@ impl Rings {
             map,
             record_bytes: rb,
             release_slots: rs,
+            rec_head: AtomicU64::new(0),
+            rel_tail: AtomicU64::new(0),
         })
     }
 
@@ -195,7 +209,8 @@ impl Rings {
         );
         let h = self.header();
         let cap = self.record_bytes;
-        let head = h.rec_head.load(Ordering::Relaxed);
+        // Relaxed: this thread's own counter (see the field).
+        let head = self.rec_head.load(Ordering::Relaxed);
         // Acquire: the consumer is done with the bytes it has passed.
         let tail = h.rec_tail.load(Ordering::Acquire);
         let free = cap.saturating_sub(head.wrapping_sub(tail));
@@ -217,6 +232,8 @@ impl Rings {
             base.add(at as usize).cast::<u32>().write(rec.len() as u32);
             std::ptr::copy_nonoverlapping(rec.as_ptr(), base.add(at as usize + 4), rec.len());
         }
+        // Relaxed: as above.
+        self.rec_head.store(head + skip + need, Ordering::Relaxed);
         // Release: the bytes above are visible before the new head.
         h.rec_head.store(head + skip + need, Ordering::Release);
         true
@@ -267,7 +284,8 @@ impl Rings {
 
     /// Record bytes written so far (engine side: its own counter).
     pub fn written(&self) -> u64 {
-        self.header().rec_head.load(Ordering::Relaxed)
+        // Relaxed: as in `push_record`.
+        self.rec_head.load(Ordering::Relaxed)
     }
 
     /// Record bytes the consumer says it has read (engine side): untrusted,
@@ -309,7 +327,8 @@ impl Rings {
     /// counter is an error.
     pub fn drain_releases(&self, out: &mut Vec<u64>) -> Result<(), String> {
         let h = self.header();
-        let mut tail = h.rel_tail.load(Ordering::Relaxed);
+        // Relaxed: this thread's own counter (see the field).
+        let mut tail = self.rel_tail.load(Ordering::Relaxed);
         // Acquire: the consumer's entries up to head are visible.
         let head = h.rel_head.load(Ordering::Acquire);
         if head.wrapping_sub(tail) > self.release_slots {
@@ -324,6 +343,8 @@ impl Rings {
             });
             tail += 1;
         }
+        // Relaxed: as above.
+        self.rel_tail.store(tail, Ordering::Relaxed);
         // Release: the slots may be written again.
         h.rel_tail.store(tail, Ordering::Release);
         Ok(())
@@ -372,6 +393,40 @@ mod tests {
         assert_eq!(got.len() as u64, RELEASE_SLOTS);
         assert_eq!(got[5], 5);
         assert!(consumer.push_release(9));
+    }
+
+    /// A consumer that writes the engine's counters on the page (its
+    /// record head, its release tail) changes nothing the engine does: it
+    /// writes its next record where it belongs, republishes its head, and
+    /// reads the releases from where it left off. The control is the page
+    /// itself: it held the garbage, which the engine once read back.
+    #[test]
+    fn the_engines_counters_are_its_own_whatever_the_page_says() {
+        let (engine, file) = Rings::create().unwrap();
+        let consumer = Rings::attach(&file).unwrap();
+        assert!(engine.push_record(b"first"));
+        let written = engine.written();
+        assert!(consumer.push_release(41));
+        let page = consumer.header();
+        page.rec_head.store(1 << 40, Ordering::Release);
+        page.rel_tail.store(u64::MAX / 3, Ordering::Release);
+        // The control: what reading the page back would have given.
+        assert_eq!(engine.header().rec_head.load(Ordering::Acquire), 1 << 40);
+        assert_eq!(engine.written(), written);
+        let mut got = Vec::new();
+        engine.drain_releases(&mut got).unwrap();
+        assert_eq!(got, [41]);
+        // The page's head is the engine's again after its next record,
+        // and the consumer reads both records in order (it read nothing
+        // before: its tail is still 0).
+        assert!(engine.push_record(b"second"));
+        assert_eq!(page.rec_head.load(Ordering::Acquire), engine.written());
+        assert!(engine.written() > written);
+        let mut out = Vec::new();
+        assert!(consumer.pop_record(&mut out).unwrap());
+        assert_eq!(out, b"first");
+        assert!(consumer.pop_record(&mut out).unwrap());
+        assert_eq!(out, b"second");
     }
 
     #[test]

@@ -15,7 +15,13 @@ pub const SHARD: &str = "shard-000000.tar";
 
 /// Two shards of about 2 MiB (read in 256 KiB ranges) in `dir`; the
 /// bytes of the first.
+#[allow(dead_code)] // versions_unpinned.rs takes `generated`'s counts too
 pub fn shards(dir: &Path) -> Vec<u8> {
+    generated(dir).0
+}
+
+/// `shards`, and the samples the generator wrote in each shard.
+pub fn generated(dir: &Path) -> (Vec<u8>, Vec<u64>) {
     let o = GenOptions {
         shards: 2,
         shard_bytes: 2 << 20,
@@ -24,8 +30,8 @@ pub fn shards(dir: &Path) -> Vec<u8> {
         fields: vec!["jpg".into(), "cls".into()],
         seed: SEED,
     };
-    synth::generate(dir, &o, |_| {}).unwrap();
-    std::fs::read(dir.join(SHARD)).unwrap()
+    let made = synth::generate(dir, &o, |_| {}).unwrap();
+    (std::fs::read(dir.join(SHARD)).unwrap(), made.shard_samples)
 }
 
 /// Another version of a shard, of the same size and layout: every member's

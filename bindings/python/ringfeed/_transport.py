@@ -308,6 +308,10 @@ class Mapping:
             os.close(f)
         if hasattr(mmap, "MADV_DONTFORK"):
             self.mm.madvise(mmap.MADV_DONTFORK)
+        # Batch memory stays out of this process's core dumps, as the
+        # worker's own mapping of it does (the arena may hold private data).
+        if hasattr(mmap, "MADV_DONTDUMP"):
+            self.mm.madvise(mmap.MADV_DONTDUMP)
         self._anchor = ctypes.c_char.from_buffer(self.mm)
         self.address = ctypes.addressof(self._anchor)
         self.length = length

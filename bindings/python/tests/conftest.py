@@ -97,6 +97,20 @@ def gen(dest, shards=2, shard_size="1MiB", sample_size="10KB", fields="jpg,cls",
     return sorted(str(p) for p in Path(dest).glob("shard-*.tar"))
 
 
+def tar_keys(paths):
+    """The sample keys the shards at `paths` hold, read from the tar files
+    themselves with Python's tarfile: a key is a member's path up to the
+    first dot of its base name (docs/webdataset-compat.md)."""
+    keys = set()
+    for p in paths:
+        with tarfile.open(p) as t:
+            for m in t.getmembers():
+                if m.isfile():
+                    d, _, base = m.name.rpartition("/")
+                    keys.add((d + "/" if d else "") + base.split(".", 1)[0])
+    return keys
+
+
 def synth_content(seed, key, field, n):
     """The bytes `ringfeed gen` writes for (key, field) of length n (src/synth.rs)."""
     h = (0xCBF29CE484222325 ^ seed) & MASK

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import ringfeed
-from conftest import REPO, cli, gen, require, synth_content
+from conftest import REPO, cli, gen, require, synth_content, tar_keys
 
 TOKEN = "hf_PythonEmulatorToken0123456789abcdef"
 SEED = 13
@@ -40,7 +40,8 @@ def hub_binary():
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
     """The emulator over two copies of four shards: `org/shards` (public)
-    and `org/private` (the token's); yields (endpoint, shard count)."""
+    and `org/private` (the token's); yields (endpoint, shard count, the
+    shards' sample keys as their tar files hold them)."""
     root = tmp_path_factory.mktemp("hub")
     shards = gen(root / "org" / "shards" / "train", shards=4, shard_size="512KiB",
                  sample_size="8KB", seed=SEED)
@@ -58,7 +59,7 @@ def hub(tmp_path_factory):
             proc.wait()
             pytest.fail(f"the Hub emulator did not start (first line {line!r}): {log.read_text()}",
                         pytrace=False)
-        yield line, len(shards)
+        yield line, len(shards), tar_keys(shards)
     finally:
         proc.stdin.close()
         try:
@@ -71,7 +72,7 @@ def hub(tmp_path_factory):
 @pytest.fixture()
 def hub_env(hub, monkeypatch, tmp_path):
     """The Hub's variables for the emulator, no token, an empty HF_HOME."""
-    endpoint, _ = hub
+    endpoint, _, _ = hub
     for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH", "HF_HUB_OFFLINE"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HF_ENDPOINT", endpoint)
@@ -90,7 +91,7 @@ def check_sample(key, fields):
 
 
 def test_loader_reads_a_hub_dataset(hub, hub_env):
-    endpoint, shards = hub
+    endpoint, shards, keys = hub
     before = stats(endpoint)
     url = "hf://datasets/org/shards/train/shard-{000000..000003}.tar"
     seen = {}
@@ -101,7 +102,7 @@ def test_loader_reads_a_hub_dataset(hub, hub_env):
                     assert key not in seen, key
                     seen[key] = {name: bytes(b[name][i]) for name in b.fields}
         assert loader.stats()["shards_total"] == shards
-    assert seen
+    assert set(seen) == keys
     for key, fields in seen.items():
         assert set(fields) == {"jpg", "cls"}
         check_sample(key, fields)
@@ -128,7 +129,8 @@ def test_a_private_dataset_needs_the_token(hub, hub_env):
                 for i, key in enumerate(b.keys):
                     check_sample(key, {name: bytes(b[name][i]) for name in b.fields})
                     n += 1
-    assert n > 0
+    # The private copy holds the public one's shards.
+    assert n == len(hub[2])
     with pytest.raises(ringfeed.DatasetError) as e:
         ringfeed.Loader("hf://datasets/org/private/train/missing.tar", batch_size=8)
     assert TOKEN not in str(e.value) and "no such file or directory" in str(e.value)
