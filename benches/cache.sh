@@ -21,10 +21,11 @@
 #             run), so the network path is what is timed.
 #   fill      the same with --config {"cache_dir": CACHE_DIR, ...}, CACHE_DIR
 #             emptied first: epoch 1 with cache writing, as configured by
-#             default (`cache_fill` "spare": a shard whose pieces find the
-#             cache writer behind is left for a later epoch to fill, so the
-#             reads never wait for the disk). The process's exit includes
-#             the cache writer finishing (close waits for pending writes).
+#             default (`cache_fill` "spare": the reads never wait for the
+#             disk; the writer queues what the batches still hold and gives
+#             a fill up only when it alone holds more than 64 MiB, and close
+#             waits at most a twentieth of the reading time for unfinished
+#             fills: docs/cache.md). The process's exit includes that wait.
 #             The report must say every shard missed; how many entries it
 #             wrote is printed. The write-back of what it left dirty in the
 #             page cache (`sync` right after the run) is timed apart and
