@@ -47,12 +47,6 @@ impl<T: Send + Sync> Held for Arc<T> {
     }
 }
 
-impl Held for crate::memory::ChunkRef {
-    fn shared(&self) -> bool {
-        crate::memory::ChunkRef::shared(self)
-    }
-}
-
 /// Bytes the spool is to write, kept alive (and unchanged) by `hold`
 /// until written.
 struct Piece {

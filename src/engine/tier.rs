@@ -153,3 +153,12 @@ pub(super) fn consult(
     };
     (tier, Some((file, fd)), Some(size), etag)
 }
+
+/// A chunk the engine hands the cache's writer: shared while a batch (or
+/// the reads) still hold it. Here, above both parts (the cache and the
+/// arena are of one rank and name neither: docs/architecture.md).
+impl crate::cache::Held for crate::memory::ChunkRef {
+    fn shared(&self) -> bool {
+        crate::memory::ChunkRef::shared(self)
+    }
+}
