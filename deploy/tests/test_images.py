@@ -392,7 +392,8 @@ def controls(cluster, out):
 
 
 def test_both_images_are_built_named_as_deployed_and_run_as_the_pods_user(run):
-    assert sorted(run["built"]) == sorted(images().values())
+    # The images docker/Dockerfile builds (the registrar sidecar is Kubernetes' own).
+    assert sorted(run["built"]) == sorted(v for k, v in images().items() if k.startswith("ringfeed-"))
     pod = pod_specs(documents())
     for image, user in run["users"].items():
         assert user == "10001:10001", (image, user)
