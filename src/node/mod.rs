@@ -96,20 +96,34 @@ impl Attached {
                     .into(),
             ));
         }
+        // The job's keys and the consumer's own: nothing of the engine's,
+        // no credential (docs: "What a consumer sends a node engine").
+        let sent = Config::for_node_engine(&map);
         let socket = match &cfg.node {
             NodeMode::Off => return Loader::open(cfg).map(Attached::Local),
             NodeMode::Socket(p) => p.clone(),
             NodeMode::Auto => {
                 let socket = auto_socket(&cfg)?;
-                if sock::connect(&socket).is_err() {
-                    daemon::start_engine(&socket, &map)?;
+                // An engine started on demand exits once it has lingered
+                // after its last consumer: one exiting as this consumer
+                // came answers the connect, then drops the attach (its
+                // reply never comes). A new engine is started for the next
+                // try, a few times at most.
+                let mut tries = 0u64;
+                loop {
+                    if sock::connect(&socket).is_err() {
+                        daemon::start_engine(&socket, &map)?;
+                    }
+                    match NodeLoader::attach(&socket, &sent, cfg.cuda_register) {
+                        Err(Error::Node(m)) if tries < 3 && m.starts_with("attach reply:") => {
+                            tries += 1;
+                            std::thread::sleep(Duration::from_millis(50 * tries));
+                        }
+                        r => return r.map(Attached::Node),
+                    }
                 }
-                socket
             }
         };
-        // The job's keys and the consumer's own: nothing of the engine's,
-        // no credential (docs: "What a consumer sends a node engine").
-        let sent = Config::for_node_engine(&map);
         NodeLoader::attach(&socket, &sent, cfg.cuda_register).map(Attached::Node)
     }
 
