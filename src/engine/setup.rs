@@ -344,7 +344,7 @@ pub(super) fn fixed_buffers(
     let why = if count > MAX_REGISTERED {
         format!("{count} chunks exceed io_uring's {MAX_REGISTERED} fixed buffers")
     } else if want == Toggle::On {
-        fixed.set_ready();
+        fixed.set_ready(count);
         match UringReader::new(8, Some(Arc::clone(&fixed)), net.clone(), 0) {
             Ok(_) => return Ok(Some(fixed)),
             Err(e) => format!("register_buffers refused ({e})"),

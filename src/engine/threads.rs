@@ -191,8 +191,10 @@ pub(super) fn prefault_main(
         }
         pool.arena().populate(i * cs, cs);
     }
+    // The chunks faulted in, and no more: pinning the rest would fault it
+    // in on the first ring's thread.
     if let Some(f) = fixed {
-        f.set_ready();
+        f.set_ready(own);
     }
     if let Some(rt) = cuda {
         // A refusal is kept by the arena; the stats notes give it.

@@ -5,7 +5,7 @@
 //! (`direct::KernelRead`).
 
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use io_uring::{IoUring, opcode, types};
@@ -23,12 +23,17 @@ pub struct UringSetup {
 }
 
 /// The arena's chunks as io_uring fixed buffers, shared by a loader's
-/// rings. Each ring registers them once `ready` is set: when their memory is
-/// in (registering pins every page, so done at open it would fault the whole
-/// arena in before the first read). Reads before that are plain `READ`s.
+/// rings. Each ring registers the first `ready` of them once they are
+/// ready: when their memory is in. Registering pins every page it names,
+/// so done at open it would fault the whole arena in before the first read;
+/// and an arena whose tail the reads may never touch (remote shards'
+/// default, sized for a far store) has only its faulted head registered,
+/// since pinning the tail would fault it all in on the reading thread
+/// (1.5 GiB for a 0.5 GB epoch, the cost of a cache over HTTP). Reads
+/// into a chunk past them, and reads before, are plain `READ`s.
 pub struct FixedBuffers {
     iovecs: Vec<libc::iovec>,
-    ready: AtomicBool,
+    ready: AtomicUsize,
     /// Why a ring could not register them, the first time one could not.
     refused: Mutex<Option<String>>,
 }
@@ -57,25 +62,30 @@ impl FixedBuffers {
     pub unsafe fn new(iovecs: Vec<libc::iovec>) -> FixedBuffers {
         FixedBuffers {
             iovecs,
-            ready: AtomicBool::new(false),
+            ready: AtomicUsize::new(0),
             refused: Mutex::new(None),
         }
     }
 
-    pub fn iovecs(&self) -> &[libc::iovec] {
-        &self.iovecs
+    /// Rings may register the first `count` buffers (at most all) from
+    /// now on: their memory is in.
+    pub fn set_ready(&self, count: usize) {
+        // Release: pairs with the Acquire in `ready`; the pages were
+        // populated before.
+        self.ready
+            .store(count.min(self.iovecs.len()), Ordering::Release);
     }
 
-    /// Rings may register the buffers from now on.
-    pub fn set_ready(&self) {
-        // Release: pairs with the Acquire in `is_ready`; the pages were
-        // populated before.
-        self.ready.store(true, Ordering::Release);
+    /// The buffers rings may register, none before [`set_ready`].
+    ///
+    /// [`set_ready`]: FixedBuffers::set_ready
+    pub fn ready(&self) -> &[libc::iovec] {
+        // Acquire: pairs with the Release in `set_ready`.
+        &self.iovecs[..self.ready.load(Ordering::Acquire)]
     }
 
     pub fn is_ready(&self) -> bool {
-        // Acquire: pairs with the Release in `set_ready`.
-        self.ready.load(Ordering::Acquire)
+        !self.ready().is_empty()
     }
 
     /// Why a ring could not register the buffers, if one could not.
@@ -89,7 +99,9 @@ impl FixedBuffers {
 
 pub struct UringReader {
     ring: IoUring,
-    registered: bool,
+    /// How many of the arena's chunks are registered (the first ones):
+    /// reads into them are `READ_FIXED`.
+    registered: u32,
     /// Buffers to register once they are ready (and not yet registered).
     fixed: Option<Arc<FixedBuffers>>,
     /// Ranged HTTP(S) reads on this ring.
@@ -189,17 +201,17 @@ impl UringReader {
         seed: u64,
     ) -> io::Result<UringReader> {
         let (ring, _) = new_ring(entries)?;
-        let mut registered = false;
+        let mut registered = 0;
         if let Some(f) = fixed.as_ref().filter(|f| f.is_ready()) {
             // SAFETY: `FixedBuffers::new`'s caller keeps the buffers alive
             // while any ring that registered them lives.
-            unsafe { ring.submitter().register_buffers(f.iovecs())? };
-            registered = true;
+            unsafe { ring.submitter().register_buffers(f.ready())? };
+            registered = f.ready().len() as u32;
         }
         Ok(UringReader {
             ring,
             registered,
-            fixed: if registered { None } else { fixed },
+            fixed: if registered > 0 { None } else { fixed },
             http: HttpDriver::new(net, seed),
             ready: Vec::new(),
             widened: Default::default(),
@@ -264,10 +276,11 @@ impl UringReader {
         let Some(f) = self.fixed.as_ref().filter(|f| f.is_ready()) else {
             return;
         };
+        let bufs = f.ready();
         // SAFETY: `FixedBuffers::new`'s caller keeps the buffers alive while
         // any ring that registered them lives.
-        match unsafe { self.ring.submitter().register_buffers(f.iovecs()) } {
-            Ok(()) => self.registered = true,
+        match unsafe { self.ring.submitter().register_buffers(bufs) } {
+            Ok(()) => self.registered = bufs.len() as u32,
             Err(e) => {
                 let mut r = f.refused.lock().unwrap_or_else(|p| p.into_inner());
                 r.get_or_insert_with(|| format!("register_buffers refused ({e})"));
@@ -306,7 +319,7 @@ impl Reader for UringReader {
         let k = KernelRead::new(req.offset, req.buf, req.len, file.align)?;
         let fd = types::Fd(file.fd);
         let len = u32::try_from(k.len).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-        let entry = if self.registered {
+        let entry = if req.buf_index < self.registered {
             // A widened read stays inside its chunk (`Reader::submit`), so
             // inside the fixed buffer `buf_index`.
             opcode::ReadFixed::new(fd, k.buf, len, req.buf_index as u16)
@@ -385,5 +398,105 @@ impl Reader for UringReader {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fetch::direct::LocalFd;
+
+    const CHUNK: usize = 1 << 20;
+
+    /// Pages of `chunk` (of `base`'s) resident now.
+    fn resident(base: *mut u8, chunk: usize) -> usize {
+        let pages = CHUNK / 4096;
+        let mut v = vec![0u8; pages];
+        // SAFETY: the range is inside the mapping; `v` holds a byte a page.
+        let r = unsafe { libc::mincore(base.add(chunk * CHUNK).cast(), CHUNK, v.as_mut_ptr()) };
+        assert_eq!(r, 0, "mincore: {}", io::Error::last_os_error());
+        v.iter().filter(|&&b| b & 1 != 0).count()
+    }
+
+    /// Eight chunks of fresh anonymous memory, the first `faulted` of them
+    /// written (as the prefault thread does), registered as far as
+    /// `ready`; then a file read into a registered chunk and one into a
+    /// chunk past them. Gives the pages resident in each chunk after the
+    /// registration, and checks both reads' bytes.
+    fn register_some(faulted: usize, ready: usize) -> Vec<usize> {
+        // SAFETY: a fresh private anonymous mapping, unmapped below.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                8 * CHUNK,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(base, libc::MAP_FAILED);
+        let base = base.cast::<u8>();
+        // SAFETY: inside the mapping.
+        unsafe { std::ptr::write_bytes(base, 1, faulted * CHUNK) };
+        let iovecs = (0..8)
+            .map(|i| libc::iovec {
+                // SAFETY: inside the mapping.
+                iov_base: unsafe { base.add(i * CHUNK) }.cast(),
+                iov_len: CHUNK,
+            })
+            .collect();
+        // SAFETY: the mapping outlives the ring (dropped before munmap).
+        let fixed = Arc::new(unsafe { FixedBuffers::new(iovecs) });
+        fixed.set_ready(ready);
+        let mut r = UringReader::new(
+            8,
+            Some(fixed),
+            NetOptions::for_config(&crate::config::Config::default()),
+            0,
+        )
+        .unwrap();
+        let after: Vec<usize> = (0..8).map(|c| resident(base, c)).collect();
+        let data: Vec<u8> = (0..64 * 1024).map(|i| (i * 7 + 3) as u8).collect();
+        let mut f = tempfile::tempfile().unwrap();
+        std::io::Write::write_all(&mut f, &data).unwrap();
+        for (id, chunk) in [(1u64, 0usize), (2, 6)] {
+            let req = ReadRequest {
+                id,
+                target: Target::File(LocalFd {
+                    fd: std::os::fd::AsRawFd::as_raw_fd(&f),
+                    align: 0,
+                }),
+                offset: 0,
+                // SAFETY: inside the mapping.
+                buf: unsafe { base.add(chunk * CHUNK) },
+                len: data.len(),
+                buf_index: chunk as u32,
+                open_end: false,
+                pin: None,
+            };
+            // SAFETY: the buffer and the file live until the completion.
+            unsafe { r.submit(req).unwrap() };
+            let mut out = Vec::new();
+            r.wait(1, &mut out).unwrap();
+            assert_eq!(out[0].result.as_ref().ok(), Some(&data.len()));
+            // SAFETY: the read completed into the mapping.
+            let got = unsafe { std::slice::from_raw_parts(base.add(chunk * CHUNK), data.len()) };
+            assert!(got == &data[..], "chunk {chunk}'s bytes");
+        }
+        drop(r);
+        // SAFETY: the mapping made above; nothing refers to it now.
+        unsafe { libc::munmap(base.cast(), 8 * CHUNK) };
+        after
+    }
+
+    #[test]
+    fn only_the_chunks_faulted_in_are_pinned_and_reads_past_them_are_plain() {
+        let pages = CHUNK / 4096;
+        // Two chunks faulted and ready: registering touches nothing more.
+        assert_eq!(register_some(2, 2), [pages, pages, 0, 0, 0, 0, 0, 0]);
+        // Control: all eight ready though two were faulted (the arena of
+        // remote shards before): registering faults in every page.
+        assert_eq!(register_some(2, 8), [pages; 8]);
     }
 }
