@@ -365,7 +365,9 @@ pub struct Writer {
     data_offset: u64,
     len: u64,
     written: u64,
-    sums: BlockSums,
+    /// The sums of the bytes as written; `None` where the caller gives
+    /// them at the end ([`Writer::sums_given`]).
+    sums: Option<BlockSums>,
     done: bool,
 }
 
@@ -442,9 +444,21 @@ impl Writer {
             text,
             len: id.len,
             written: 0,
-            sums: BlockSums::new(id.len),
+            sums: Some(BlockSums::new(id.len)),
             done: false,
         })
+    }
+
+    /// The checksums will come with [`finish_as`], taken when the bytes
+    /// were read: the writer takes none of its own (one pass over the
+    /// bytes, not two). Bytes that change in memory between their read and
+    /// their write are then stored under the sums of what was read, so the
+    /// entry's first read finds the block that differs ([`Entry::check`])
+    /// and drops it: never served.
+    ///
+    /// [`finish_as`]: Writer::finish_as
+    pub fn sums_given(&mut self) {
+        self.sums = None;
     }
 
     /// Bytes appended so far.
@@ -481,7 +495,9 @@ impl Writer {
         }
         // Summed after the write: bytes that change while they are
         // written show in the sums (and fail `finish_as`).
-        self.sums.update(bytes);
+        if let Some(sums) = self.sums.as_mut() {
+            sums.update(bytes);
+        }
         self.written += bytes.len() as u64;
         Ok(())
     }
@@ -517,9 +533,9 @@ impl Writer {
                 self.len, self.written
             )));
         }
-        let sums = std::mem::replace(&mut self.sums, BlockSums::new(0)).finish();
-        let table = match taken {
-            Some(t) if t != sums => {
+        let sums = self.sums.take().map(BlockSums::finish);
+        let table = match (taken, sums) {
+            (Some(t), Some(sums)) if t != sums => {
                 let block = t.iter().zip(&sums).position(|(a, b)| a != b);
                 return Err(std::io::Error::other(format!(
                     "the data changed in memory between its read and its write to the cache \
@@ -528,8 +544,13 @@ impl Writer {
                     sums.len()
                 )));
             }
-            Some(t) => t,
-            None => sums,
+            (Some(t), _) => t,
+            (None, Some(sums)) => sums,
+            (None, None) => {
+                return Err(std::io::Error::other(
+                    "a cache entry whose checksums were to be given was finished without them",
+                ));
+            }
         };
         let table_raw = table_bytes(&table);
         let end = self.data_offset + self.len;

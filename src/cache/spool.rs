@@ -16,9 +16,13 @@
 //! those shards) and the admission limit halves.
 //!
 //! Each piece's block checksums are taken as the reader queues it, before
-//! the reader makes a view of the bytes for anyone: an entry is kept only
-//! when the bytes written have those sums, so a consumer that writes into
-//! a batch before the spool writes it never changes what is cached.
+//! the reader makes a view of the bytes for anyone, and they are the
+//! entry's table: a consumer that writes into a batch before the spool
+//! writes it leaves an entry whose changed block fails its checksum on the
+//! first read, which drops it (the bytes are fetched again) — never served.
+//! The writer takes no sums of its own: one pass over the bytes, not two
+//! (a second pass, over memory gone cold, cost as much CPU as the first:
+//! 8% of an epoch's over HTTP on loopback).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -306,9 +310,12 @@ impl Spool {
     }
 
     /// Hands a fill to the spool.
-    pub fn take(&self, filler: Box<Filler>, len: u64) -> Option<SpoolFill> {
+    pub fn take(&self, mut filler: Box<Filler>, len: u64) -> Option<SpoolFill> {
         if self.line.lock().closed {
             return None;
+        }
+        if self.sums_at_read {
+            filler.writer.sums_given();
         }
         // Relaxed: admission counts, hints only.
         self.fills.under_way.fetch_add(1, Ordering::Relaxed);
@@ -830,7 +837,7 @@ mod tests {
     /// off): the changed bytes are stored with valid checksums and read
     /// back as if they were the shard's.
     #[test]
-    fn bytes_changed_after_their_read_are_never_cached() {
+    fn bytes_changed_after_their_read_are_never_served() {
         for protected in [true, false] {
             let dir = tempfile::tempdir().unwrap();
             let c = cache(dir.path());
@@ -855,12 +862,18 @@ mod tests {
             drop(stall);
             drop(slot);
             spool.flush();
-            let stored = c.lookup(&k).map(|e| e.read_all().unwrap().unwrap());
+            let entry = c.lookup(&k).expect("the fill completed");
             if protected {
-                assert_eq!(stored, None, "changed bytes were kept");
-                assert_eq!(c.stats.snapshot().written, 0);
-                assert_eq!(c.stats.snapshot().uncached, 1);
+                // Stored under the sums of what was read: its first read
+                // finds the changed block (70000 / 65536 = 1).
+                match entry.read_all().unwrap() {
+                    Err(super::super::entry::Bad::Corrupt(why)) => {
+                        assert!(why.contains("block 1 "), "{why}")
+                    }
+                    other => panic!("changed bytes were served: {other:?}"),
+                }
             } else {
+                let stored = entry.read_all().unwrap().ok();
                 assert_eq!(
                     stored.as_deref(),
                     Some(&batch[..]),
