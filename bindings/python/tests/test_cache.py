@@ -46,9 +46,11 @@ def test_a_cache_dir_that_is_a_file_leaves_the_loader_streaming(s3_server, tmp_p
 def test_writing_into_delivered_batches_never_changes_what_is_cached(s3_server, tmp_path):
     """A consumer that writes into every batch it gets (what an in-place op
     on a tensor view of it does) before the cache writer stores the chunk:
-    the next loader, reading the cache, gets the source bytes. (The control,
-    the checksums taken as the writer writes, is in tests/cache_paced.rs:
-    it needs the test build's switches.)"""
+    the next loader, reading the cache, gets the source bytes: the entries
+    carry the checksums of the bytes read, so one whose bytes changed fails
+    its first read, is dropped and fetched again. (The control, the
+    checksums taken as the writer writes, is in tests/cache_paced.rs: it
+    needs the test build's switches.)"""
     import ctypes
 
     paths = gen(s3_server.root / s3_server.bucket / "written", shards=2, shard_size="1MiB", seed=5)
@@ -66,15 +68,17 @@ def test_writing_into_delivered_batches_never_changes_what_is_cached(s3_server, 
                     ctypes.memset(int(addr), 0xA5, min(int(n), 64))
                     written += 1
     assert written == len(keys)
-    # Closing waited for the writes: what the first loader stored (a shard
-    # whose bytes changed before the writer stored them is not).
-    stored = len(list(cache.glob("*.rfc")))
+    # Closing waited for the writes: every shard is stored, under the sums
+    # of what was read.
+    assert len(list(cache.glob("*.rfc"))) == 2
 
     with ringfeed.Loader(url, **kw) as loader:
         second = all_samples(loader)
         s2 = loader.stats()
-    assert (s2["cache_hits"], s2["cache_misses"]) == (stored, 2 - stored), s2
+    assert (s2["cache_hits"], s2["cache_misses"]) == (2, 0), s2
+    # The entries found changed were dropped; the others are still there.
+    assert len(list(cache.glob("*.rfc"))) == 2 - s2["cache_corrupt"], s2
     assert set(second) == keys
     for key, fields in second.items():
         for name, data in fields.items():
-            assert data == synth_content(5, key, name, len(data)), (key, name, stored)
+            assert data == synth_content(5, key, name, len(data)), (key, name, s2)
