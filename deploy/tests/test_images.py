@@ -54,7 +54,7 @@ from pathlib import Path
 import pytest
 
 import pods
-from manifests import REPO, documents, images, pod_specs
+from manifests import REPO, documents, images, pod_specs, security
 
 BASE = "localhost/ringfeed-base:bookworm"
 BUCKET = "ringfeed-test"
@@ -397,8 +397,17 @@ def test_both_images_are_built_named_as_deployed_and_run_as_the_pods_user(run):
     pod = pod_specs(documents())
     for image, user in run["users"].items():
         assert user == "10001:10001", (image, user)
-    for what in pod.values():
-        assert (what["securityContext"]["runAsUser"], what["securityContext"]["runAsGroup"]) == (10001, 10001)
+    # The engine and the trainer run as the images' user; the CSI driver
+    # runs the engine's image as root, each container saying so (it mounts
+    # for the kubelet: mount(2) and /dev/fuse).
+    for what in ("node engine", "training job"):
+        sec = pod[what]["securityContext"]
+        assert (sec["runAsUser"], sec["runAsGroup"]) == (10001, 10001), what
+    csi = pod["csi driver"]
+    for c in csi.get("initContainers", []) + csi["containers"]:
+        assert security(csi, c).get("runAsUser") == 0, c["name"]
+    driver = next(c for c in csi["containers"] if c["name"] == "driver")
+    assert security(csi, driver).get("privileged") is True
 
 
 def test_the_init_containers_give_the_engine_its_folders_and_its_profile(run):
