@@ -460,3 +460,41 @@ fn a_consumer_attached_first_leaves_the_shares_of_those_expected_after_it() {
     // beyond those expected.
     assert_eq!(stats["chunk_count"], json!(32));
 }
+
+/// An engine started on demand ends once nothing has been attached for its
+/// linger; a connection open counts, attached or not. A consumer that
+/// connected as the engine lingered out used to be reset ("attach reply:
+/// Connection reset by peer"): the engine ended under a connection it had
+/// accepted. Here a connection stays open, unattached, for five lingers:
+/// the engine is still there, its socket too; once it closes, the engine
+/// ends on its own and removes its socket (the control: the linger does
+/// end an engine, so the first half is the open connection's doing).
+#[test]
+fn an_engine_started_on_demand_never_ends_under_an_open_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("node.sock");
+    let listener = ringfeed::node::sock::listen(&socket).unwrap();
+    let linger = Duration::from_millis(200);
+    let opts = ringfeed::node::NodeOptions {
+        socket: socket.clone(),
+        config: ringfeed::Config::from_map(&job()).unwrap(),
+        linger: Some(linger),
+    };
+    let engine = std::thread::spawn(move || ringfeed::node::serve(listener, opts));
+    let conn = ringfeed::node::sock::connect(&socket).unwrap();
+    std::thread::sleep(5 * linger);
+    assert!(
+        !engine.is_finished(),
+        "the engine ended under an open connection"
+    );
+    assert!(
+        socket.exists(),
+        "the engine removed its socket under an open connection"
+    );
+    drop(conn);
+    engine.join().unwrap().unwrap();
+    assert!(
+        !socket.exists(),
+        "the engine that lingered out left its socket"
+    );
+}

@@ -104,9 +104,10 @@ impl Attached {
             NodeMode::Socket(p) => p.clone(),
             NodeMode::Auto => {
                 let socket = auto_socket(&cfg)?;
-                // An engine started on demand exits once it has lingered
-                // after its last consumer: one exiting as this consumer
-                // came answers the connect, then drops the attach (its
+                // An engine started on demand that lingers out serves what
+                // connected before it removed its socket's name
+                // (`serve.rs`), so a consumer is answered; one killed
+                // between the connect and the reply drops the attach (its
                 // reply never comes). A new engine is started for the next
                 // try, a few times at most.
                 let mut tries = 0u64;

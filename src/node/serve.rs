@@ -1,9 +1,12 @@
 //! The node engine's accept loop: a thread per connection (`session.rs`),
 //! at most [`MAX_CONNECTIONS`] at once, and the engine's end: when it was
 //! started on demand (`linger`), once no consumer or holder has been
-//! attached for that long; and, in a process that asked for it
-//! ([`stop_on_signals`]), at SIGTERM or SIGINT. Either way it removes its
-//! socket and returns.
+//! attached, and no connection open, for that long; and, in a process
+//! that asked for it ([`stop_on_signals`]), at SIGTERM or SIGINT. Either
+//! way it removes its socket and returns. A lingered-out engine removes
+//! the socket's name first and serves whatever connected before the name
+//! went: a consumer that reached it is answered, never reset (it used to
+//! be, when it connected as the engine ended).
 
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
@@ -102,6 +105,9 @@ pub fn serve_with_metrics(
     let active = Arc::new(AtomicUsize::new(0));
     let mut idle_since = Instant::now();
     let mut ever = false;
+    // Lingered out: the socket's name is gone, so no new consumer can
+    // reach this engine; it serves what connected before and then ends.
+    let mut closing = false;
     loop {
         let ready = sock::poll(&[(&listener, true)], Some(Duration::from_millis(200)))
             .map_err(|e| Error::Node(format!("waiting for consumers: {e}")))?;
@@ -137,16 +143,24 @@ pub fn serve_with_metrics(
             let _ = std::fs::remove_file(&opts.socket);
             return Ok(());
         }
+        // A connection not yet attached counts: a consumer that connected
+        // is answered, never reset by an engine ending under it.
         let attached = engine.whole.consumers.load(Ordering::Acquire)
-            + engine.whole.holders.load(Ordering::Acquire);
+            + engine.whole.holders.load(Ordering::Acquire)
+            + active.load(Ordering::Acquire);
         if attached > 0 {
             idle_since = Instant::now();
-        } else if patience.is_some_and(|l| idle_since.elapsed() >= l) {
+        } else if closing {
+            // The poll above found nothing queued since the name went.
             // Batches some processes still hold stay valid: the memory file
             // lives as long as their mappings, and no engine reads into it
             // again.
-            let _ = std::fs::remove_file(&opts.socket);
             return Ok(());
+        } else if patience.is_some_and(|l| idle_since.elapsed() >= l) {
+            // The name goes first; what connected before it went is in the
+            // listener's queue, and the next poll accepts it.
+            let _ = std::fs::remove_file(&opts.socket);
+            closing = true;
         }
     }
 }
