@@ -493,8 +493,6 @@ impl Writer {
             }
             _ => self.file.write_all_at(bytes, at)?,
         }
-        // Summed after the write: bytes that change while they are
-        // written show in the sums (and fail `finish_as`).
         if let Some(sums) = self.sums.as_mut() {
             sums.update(bytes);
         }
@@ -510,10 +508,9 @@ impl Writer {
     }
 
     /// [`finish`](Writer::finish) with the checksum table `taken` when the
-    /// data was read, before anyone else could write its memory: the entry
-    /// is kept only when the bytes written have those sums (so bytes
-    /// changed in memory between their read and their write are never
-    /// stored, with sums of their own or not).
+    /// data was read, before anyone else could write its memory: the
+    /// entry's table, so bytes changed in memory between their read and
+    /// their write fail the entry's first read ([`Writer::sums_given`]).
     pub fn finish_as(
         self,
         samples: Option<u64>,
@@ -533,19 +530,9 @@ impl Writer {
                 self.len, self.written
             )));
         }
-        let sums = self.sums.take().map(BlockSums::finish);
-        let table = match (taken, sums) {
-            (Some(t), Some(sums)) if t != sums => {
-                let block = t.iter().zip(&sums).position(|(a, b)| a != b);
-                return Err(std::io::Error::other(format!(
-                    "the data changed in memory between its read and its write to the cache \
-                     (block {} of {}): a consumer wrote into a batch; the entry is not kept",
-                    block.unwrap_or(t.len().min(sums.len())),
-                    sums.len()
-                )));
-            }
+        let table = match (taken, self.sums.take()) {
             (Some(t), _) => t,
-            (None, Some(sums)) => sums,
+            (None, Some(sums)) => sums.finish(),
             (None, None) => {
                 return Err(std::io::Error::other(
                     "a cache entry whose checksums were to be given was finished without them",
