@@ -16,6 +16,13 @@ the outputs never interleave. Every binary runs even when another fails (as
 `--no-fail-fast`); the run fails if any binary fails or the build does, and
 the failed ones are named at the end. Test arguments after a `--` are given
 to every binary.
+
+A binary still running after `--timeout` seconds (default 600; the longest
+takes about 200 on 2 CPUs) has hung: its threads are listed (the test
+harness names each test's thread after the test) with where each waits in
+the kernel, and the processes it started, then it and everything it started
+are killed and it counts as failed, so that a hang names itself instead of
+holding the run until CI's own limit ends it with nothing said.
 """
 
 import argparse
@@ -23,6 +30,7 @@ import json
 import os
 import queue
 import resource
+import signal
 import subprocess
 import sys
 import tempfile
@@ -57,6 +65,9 @@ LONGEST_FIRST = [
 # wait on a busy machine (valgrind's, DataLoader workers') more room, for
 # little more wall time, since the longest binaries mostly sleep.
 DEFAULT_JOBS = 4
+
+# Seconds a test binary may run before it counts as hung (see the docstring).
+DEFAULT_TIMEOUT = 600
 
 
 def build(cargo_args):
@@ -94,28 +105,80 @@ def order(binaries):
     return sorted(binaries, key=lambda b: rank.get(b[0], len(rank)))
 
 
-def run_one(binary, test_args):
-    """Runs one test binary; returns (exit status, its output, wall s, CPU s)."""
+def _read(path):
+    try:
+        return Path(path).read_text(errors="replace").strip()
+    except OSError:
+        return "?"
+
+
+def _session(sid):
+    """The processes of session `sid`, [(pid, state, command line)]."""
+    procs = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        stat = _read(entry / "stat")
+        # pid (comm) state ppid pgrp session ...: comm may hold spaces.
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) > 3 and fields[3] == str(sid):
+            cmdline = _read(entry / "cmdline").replace("\0", " ")
+            procs.append((int(entry.name), fields[0], cmdline))
+    return sorted(procs)
+
+
+def hang_report(pid):
+    """What a hung binary is doing: each thread's name, state and kernel
+    wait, then the processes of its session."""
+    lines = [f"run_tests.py: threads of {pid} (name, state, kernel wait):"]
+    for task in sorted(Path(f"/proc/{pid}/task").glob("*"), key=lambda t: int(t.name)):
+        stat = _read(task / "stat")
+        state = stat[stat.rfind(")") + 2:].split()[:1]
+        lines.append(f"  {task.name} {_read(task / 'comm')!r} {' '.join(state)} {_read(task / 'wchan')}")
+    lines.append("run_tests.py: processes it started (pid, state, command):")
+    for p, state, cmdline in _session(pid):
+        if p != pid:
+            lines.append(f"  {p} {state} {cmdline[:300]}")
+    return "\n".join(lines) + "\n"
+
+
+def run_one(binary, test_args, timeout):
+    """Runs one test binary; returns (exit status, its output, wall s, CPU s).
+    Past `timeout` seconds the binary and its session are killed and the
+    status is "timed out"."""
     name, _, exe, cwd = binary
     env = dict(os.environ, CARGO_MANIFEST_DIR=cwd)
     start = time.monotonic()
     # A file, not a pipe: a process a test leaves behind holding its stdout
     # cannot keep the run waiting for an end of file.
     with tempfile.TemporaryFile() as log:
+        # A session of its own, so that a hang can be killed whole.
         proc = subprocess.Popen([exe, *test_args], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=subprocess.STDOUT)
-        # wait4 rather than wait: the child's own CPU time, which says
-        # whether a slow binary was busy or waiting.
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        report = b""
+        while True:
+            # wait4 rather than wait: the child's own CPU time, which says
+            # whether a slow binary was busy or waiting.
+            waited, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if waited:
+                break
+            if time.monotonic() - start > timeout:
+                report = hang_report(proc.pid).encode()
+                os.killpg(proc.pid, signal.SIGKILL)
+                _, status, usage = os.wait4(proc.pid, 0)
+                break
+            time.sleep(0.1)
+        code = "timed out" if report else os.waitstatus_to_exitcode(status)
         log.seek(0)
-        output = log.read()
-    return proc.returncode, output, time.monotonic() - start, usage.ru_utime + usage.ru_stime
+        output = log.read() + report
+    return code, output, time.monotonic() - start, usage.ru_utime + usage.ru_stime
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=DEFAULT_JOBS, help="test binaries at once")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+                        help="seconds a test binary may run before it counts as hung")
     args, rest = parser.parse_known_args()
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
@@ -140,7 +203,7 @@ def main():
                 return
             name, src, exe, _ = binary
             try:
-                status, output, wall, cpu = run_one(binary, test_args)
+                status, output, wall, cpu = run_one(binary, test_args, args.timeout)
             except OSError as e:
                 status, output, wall, cpu = 127, f"cannot run {exe}: {e}\n".encode(), 0.0, 0.0
             with lock:

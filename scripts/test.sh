@@ -61,6 +61,9 @@ export AWS_EC2_METADATA_DISABLED=true
 # DataLoader timeout meant for hangs; more processes than CPUs would only
 # crowd those imports.
 PYTEST_WORKERS=2
+# Seconds one Python test may take before it counts as hung and fails with
+# every thread's stack (pytest-timeout); the longest take about a minute.
+PYTEST_TIMEOUT=600
 
 phase "tools"
 # The C ABI tests compile C and C++ programs with sanitizers, and run two
@@ -118,9 +121,11 @@ python_deps() {
     # failed install fails the run rather than skipping that comparison.
     # safetensors: ringfeed.load_safetensors is checked against the files it
     # writes (bindings/python/tests/test_safetensors.py). pytest-xdist runs
-    # the tests on several processes. mypy: the package's type hints are
-    # checked by bindings/python/tests/test_typing.py.
-    .venv/bin/python -m pip install -q numpy pytest pytest-xdist pillow webdataset safetensors mypy || return
+    # the tests on several processes; pytest-timeout fails a test that hangs
+    # (PYTEST_TIMEOUT) with its stack, instead of holding the run. mypy: the
+    # package's type hints are checked by bindings/python/tests/test_typing.py.
+    .venv/bin/python -m pip install -q numpy pytest pytest-xdist pytest-timeout pillow webdataset safetensors \
+        mypy || return
     # scikit-image for its sample photographs only (read from its data
     # folder, never imported): the image pipeline's pixels are checked on
     # real photos against Pillow and torchvision
@@ -262,7 +267,7 @@ phase "pytest"
 # process; each worker has its own temporary directory and S3 server.
 status=0
 RINGFEED_EXPECT_INSTALLED=1 .venv/bin/python -m pytest bindings/python/tests -q -rs \
-    --continue-on-collection-errors -n "$PYTEST_WORKERS" --dist loadfile || status=$?
+    --timeout "$PYTEST_TIMEOUT" --continue-on-collection-errors -n "$PYTEST_WORKERS" --dist loadfile || status=$?
 if [ "$status" -eq 5 ]; then
     echo "test.sh: pytest collected no tests" >&2
 fi
@@ -272,7 +277,7 @@ phase "deploy checks"
 # driver's pod and volumes (each checked by `ringfeed csi --check-volume`),
 # Pod Security levels, the IAM policies.
 deploy_status=0
-.venv/bin/python -m pytest deploy/tests -q -rs -p no:cacheprovider --ignore=deploy/tests/test_images.py || deploy_status=$?
+.venv/bin/python -m pytest deploy/tests -q -rs -p no:cacheprovider --timeout "$PYTEST_TIMEOUT" --ignore=deploy/tests/test_images.py || deploy_status=$?
 [ "$status" -ne 0 ] || status=$deploy_status
 phase "container images"
 # The images built and run here, with no registry and no Docker daemon
@@ -303,7 +308,8 @@ if [ -n "$images_skip" ]; then
     echo "test.sh: SKIPPED deploy/tests/test_images.py: $images_skip" >&2
     echo "SKIPPED deploy/tests/test_images.py: $images_skip" >>target/tmp/skipped-tests.txt
 elif [ "$images_status" -eq 0 ]; then
-    .venv/bin/python -m pytest deploy/tests/test_images.py -q -s -rs -p no:cacheprovider || images_status=$?
+    .venv/bin/python -m pytest deploy/tests/test_images.py -q -s -rs -p no:cacheprovider \
+        --timeout 900 || images_status=$?
 fi
 [ "$status" -ne 0 ] || status=$images_status
 phase "docs"

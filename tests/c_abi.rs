@@ -150,6 +150,27 @@ fn lib_dir() -> &'static Path {
         if rustc.is_file() {
             cmd.env("RUSTC", rustc);
         }
+        // Not the variables cargo set for this test's own run (its package's
+        // directory, name, version): build scripts that read them (ring's)
+        // would see them changed from the test command's build and compile
+        // again, with everything above them ("the env variable
+        // CARGO_MANIFEST_DIR changed").
+        for (key, _) in std::env::vars_os() {
+            let key = key.to_string_lossy().into_owned();
+            if [
+                "CARGO_MANIFEST_",
+                "CARGO_PKG_",
+                "CARGO_BIN_",
+                "CARGO_CRATE_",
+                "CARGO_PRIMARY_",
+                "CARGO_TARGET_TMPDIR",
+            ]
+            .iter()
+            .any(|p| key.starts_with(p))
+            {
+                cmd.env_remove(key);
+            }
+        }
         cmd.args(["build", "--lib", "--manifest-path"])
             .arg(root().join("Cargo.toml"))
             .args([

@@ -9,12 +9,15 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
 
+#[allow(dead_code)]
+#[path = "common/s3.rs"]
+mod s3;
+use s3::{ACCESS_KEY, SECRET_KEY};
+
 const BIN: &str = env!("CARGO_BIN_EXE_ringfeed");
-const ACCESS_KEY: &str = "AKIARINGFEEDTEST";
-const SECRET_KEY: &str = "ringfeed-test-secret-0123456789abcdef";
 const BUCKET: &str = "ckpt";
 /// S3's smallest part: objects above it are multipart uploads.
 const PART: &str = "5MiB";
@@ -100,104 +103,30 @@ fn names(dir: &Path) -> Vec<String> {
     v
 }
 
-/// `examples/s3_server`, built by cargo next to this test's target
-/// directory (a no-op when it is current).
-fn s3_server_bin() -> &'static Path {
-    static BIN_PATH: OnceLock<PathBuf> = OnceLock::new();
-    BIN_PATH.get_or_init(|| example_bin("s3_server"))
-}
-
-/// `examples/store_emulator`, the object-store emulator, built likewise.
+/// `examples/store_emulator`, the object-store emulator.
 fn store_emulator_bin() -> &'static Path {
     static BIN_PATH: OnceLock<PathBuf> = OnceLock::new();
-    BIN_PATH.get_or_init(|| example_bin("store_emulator"))
+    BIN_PATH.get_or_init(|| s3::example_bin("store_emulator"))
 }
 
-/// The root crate's example `name`, built by cargo next to this test's
-/// target directory (a no-op when it is current).
-fn example_bin(name: &str) -> PathBuf {
-    {
-        let exe = std::env::current_exe().unwrap();
-        // target/<profile>/deps/objects-HASH
-        let profile_dir = exe.parent().unwrap().parent().unwrap();
-        let profile = profile_dir.file_name().unwrap().to_str().unwrap();
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-        let mut cargo = Command::new(env!("CARGO"));
-        // The compiler beside this cargo, by path: the rustup proxy a bare
-        // `rustc` runs picks its toolchain from the directory it runs in,
-        // and a dependency that ships a rust-toolchain.toml of its own
-        // (cbindgen 0.29 names nightly) would be built by another compiler
-        // than the artifacts it links against ("compiled by an
-        // incompatible version of rustc").
-        let rustc = Path::new(env!("CARGO")).with_file_name("rustc");
-        if rustc.is_file() {
-            cargo.env("RUSTC", rustc);
-        }
-        let status = cargo
-            .args(["build", "--example", name, "--manifest-path"])
-            .arg(root.join("Cargo.toml"))
-            .args(["-p", "ringfeed", "--profile"])
-            .arg(if profile == "debug" { "dev" } else { profile })
-            .arg("--target-dir")
-            .arg(profile_dir.parent().unwrap())
-            .status()
-            .unwrap_or_else(|e| panic!("run cargo build --example {name}: {e}"));
-        assert!(status.success(), "cargo build --example {name} failed");
-        profile_dir.join("examples").join(name)
-    }
-}
-
-/// The S3 server on a free port, serving `root` with the bucket
-/// [`BUCKET`]; it stops when dropped (its stdin closes) or killed.
-struct S3 {
-    child: Child,
-    _stdin: ChildStdin,
-    endpoint: String,
-    root: tempfile::TempDir,
-}
+/// The tests' S3 server with the bucket [`BUCKET`].
+struct S3(s3::S3);
 
 impl S3 {
     fn start() -> S3 {
-        let root = tempfile::tempdir().unwrap();
-        let mut child = Command::new(s3_server_bin())
-            .arg(root.path())
-            .args(["--bucket", BUCKET])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let endpoint = line.trim().to_string();
-        assert!(endpoint.starts_with("http://127.0.0.1:"), "{line}");
-        S3 {
-            child,
-            _stdin: stdin,
-            endpoint,
-            root,
-        }
+        S3(s3::S3::start(&[BUCKET]))
     }
 
     /// The flags naming the server.
     fn args<'a>(&'a self, args: &[&'a str]) -> Vec<&'a str> {
         let mut v = args.to_vec();
-        v.extend(["--s3-endpoint", &self.endpoint, "--part-size", PART]);
+        v.extend(["--s3-endpoint", &self.0.endpoint, "--part-size", PART]);
         v
     }
 
     /// Files the server holds under the bucket, multipart state aside.
     fn stored(&self, key: &str) -> Vec<u8> {
-        std::fs::read(self.root.path().join(BUCKET).join(key)).unwrap()
-    }
-}
-
-impl Drop for S3 {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.0.stored(BUCKET, key).unwrap()
     }
 }
 
@@ -580,7 +509,7 @@ fn aws_cli_flag_names_reach_every_s3_command() {
     let file = tmp.path().join("x.tar");
     let data = bytes(3000, 5);
     std::fs::write(&file, &data).unwrap();
-    let ep = s3.endpoint.as_str();
+    let ep = s3.0.endpoint.as_str();
     let url = format!("s3://{BUCKET}/data/a/x.tar");
     ok(&["put", s(&file), &url, "--endpoint-url", ep]);
     assert_eq!(s3.stored("data/a/x.tar"), data);

@@ -14,30 +14,66 @@ pub const SECRET_KEY: &str = "ringfeed-test-secret-0123456789abcdef";
 /// directory (a no-op when it is current).
 fn s3_server_bin() -> &'static Path {
     static BIN_PATH: OnceLock<PathBuf> = OnceLock::new();
-    BIN_PATH.get_or_init(|| {
-        let exe = std::env::current_exe().unwrap();
-        // target/<profile>/deps/NAME-HASH
-        let profile_dir = exe.parent().unwrap().parent().unwrap();
-        let profile = profile_dir.file_name().unwrap().to_str().unwrap();
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-        let mut cargo = Command::new(env!("CARGO"));
-        // The compiler beside this cargo, by path (see tests/objects.rs).
-        let rustc = Path::new(env!("CARGO")).with_file_name("rustc");
-        if rustc.is_file() {
-            cargo.env("RUSTC", rustc);
+    BIN_PATH.get_or_init(|| example_bin("s3_server"))
+}
+
+/// The root crate's example `name`, built by cargo next to this test's
+/// target directory: a no-op when it is current, as it is after the test
+/// command's build. The command selects the workspace's default members
+/// (no `-p`), as `cargo build --example NAME` in the repository does:
+/// `-p ringfeed` alone resolves the dependencies' features without the
+/// CLI's, so it compiled ring, rustls, reqwest and the library a second
+/// time inside a test (3 CPU-minutes of CI), and the two builds replaced
+/// each other's `libringfeed.so` at every run.
+pub fn example_bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    // target/<profile>/deps/NAME-HASH
+    let profile_dir = exe.parent().unwrap().parent().unwrap();
+    let profile = profile_dir.file_name().unwrap().to_str().unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let mut cargo = Command::new(env!("CARGO"));
+    // The compiler beside this cargo, by path: the rustup proxy a bare
+    // `rustc` runs picks its toolchain from the directory it runs in, and
+    // a dependency that ships a rust-toolchain.toml of its own (cbindgen
+    // 0.29 names nightly) would be built by another compiler than the
+    // artifacts it links against ("compiled by an incompatible version of
+    // rustc").
+    let rustc = Path::new(env!("CARGO")).with_file_name("rustc");
+    if rustc.is_file() {
+        cargo.env("RUSTC", rustc);
+    }
+    // Not the variables cargo set for this test's own run (its package's
+    // directory, name, version): build scripts that read them (ring's)
+    // would see them changed from the test command's build and compile
+    // again, with everything above them ("the env variable
+    // CARGO_MANIFEST_DIR changed").
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy().into_owned();
+        if [
+            "CARGO_MANIFEST_",
+            "CARGO_PKG_",
+            "CARGO_BIN_",
+            "CARGO_CRATE_",
+            "CARGO_PRIMARY_",
+            "CARGO_TARGET_TMPDIR",
+        ]
+        .iter()
+        .any(|p| key.starts_with(p))
+        {
+            cargo.env_remove(key);
         }
-        let status = cargo
-            .args(["build", "--example", "s3_server", "--manifest-path"])
-            .arg(root.join("Cargo.toml"))
-            .args(["-p", "ringfeed", "--profile"])
-            .arg(if profile == "debug" { "dev" } else { profile })
-            .arg("--target-dir")
-            .arg(profile_dir.parent().unwrap())
-            .status()
-            .unwrap_or_else(|e| panic!("run cargo build --example s3_server: {e}"));
-        assert!(status.success(), "cargo build --example s3_server failed");
-        profile_dir.join("examples").join("s3_server")
-    })
+    }
+    let status = cargo
+        .args(["build", "--example", name, "--manifest-path"])
+        .arg(root.join("Cargo.toml"))
+        .arg("--profile")
+        .arg(if profile == "debug" { "dev" } else { profile })
+        .arg("--target-dir")
+        .arg(profile_dir.parent().unwrap())
+        .status()
+        .unwrap_or_else(|e| panic!("run cargo build --example {name}: {e}"));
+    assert!(status.success(), "cargo build --example {name} failed");
+    profile_dir.join("examples").join(name)
 }
 
 /// The server, serving a temporary directory whose folders are buckets;
