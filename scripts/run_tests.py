@@ -43,6 +43,7 @@ from pathlib import Path
 # Only the order depends on this list; a binary missing from it still runs,
 # after the ones named.
 LONGEST_FIRST = [
+    "decode_budget",
     "retry_storm",
     "s3_refresh",
     "memory_bound",
