@@ -4,7 +4,8 @@
 //! sessions reused across ranges, a server that closes mid-body (the retry
 //! resumes from the first byte not received), TLS 1.2 as well as 1.3, and
 //! the errors retrying cannot fix (an untrusted certificate, a plain HTTP
-//! server on the https port) named at once.
+//! server on the https port) named at once; a key update the server
+//! asks to have answered, answered, on the same session.
 
 mod support;
 
@@ -174,6 +175,40 @@ fn a_server_closing_mid_body_is_resumed_from_the_first_byte_not_received() {
         .filter(|&(i, &(a, b))| ranges[..i].iter().any(|&(a0, b0)| b0 == b && a0 < a))
         .count();
     assert_eq!(resumed, 2, "{ranges:?}");
+}
+
+#[test]
+fn key_updates_asking_for_ours_are_answered_and_the_session_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let (paths, samples) = dataset(dir.path(), 37);
+    let (server, ca) = tls_server(dir.path());
+    let m = manifest(dir.path(), server.addr.port(), &paths);
+    // One range at a time over one session; the server asks for a key
+    // update in both directions before each of its first 5 answers. Our
+    // key update must reach it sealed with the old key and our requests
+    // then come under the new one: a client that renews its key without
+    // sending its key update (tried) has its next request refused by
+    // rustls on the server, and the session ends. Before the engine
+    // answered, each such range failed as `tls` ("asked for a TLS key
+    // update in both directions").
+    server.faults.key_update.store(5, Ordering::SeqCst);
+    let loader = Loader::open(config(
+        &m,
+        serde_json::json!({"ca_bundle": ca.display().to_string(), "workers": 1,
+                           "reads_in_flight": 1, "chunk_size": "100KiB",
+                           "hedge": false}),
+    ))
+    .unwrap();
+    assert_eq!(stream(&loader, 37), samples);
+    let s = loader.stats();
+    assert!(s.retries.values().all(|&n| n == 0), "{:?}", s.retries);
+    let f = &server.faults;
+    assert_eq!(f.key_updates_sent.load(Ordering::SeqCst), 5);
+    assert_eq!(
+        f.connections.load(Ordering::SeqCst),
+        1,
+        "one session through the key updates"
+    );
 }
 
 #[test]

@@ -25,9 +25,10 @@
 //!
 //! Post-handshake messages: TLS 1.3 session tickets are dropped (each
 //! connection does a full handshake), a key update from the server renews
-//! the receiving key through rustls's [`KernelConnection`]; a key update
-//! that asks us to renew ours, a renegotiation or any alert other than
-//! `close_notify` fails the range with a named error.
+//! the receiving key through rustls's [`KernelConnection`]; one that asks
+//! us to renew ours too is answered with our own key update, sent before
+//! the next request, and the sending key renewed; a renegotiation or any
+//! alert other than `close_notify` fails the range with a named error.
 
 use std::sync::Arc;
 
@@ -116,6 +117,9 @@ struct Session {
     kernel: KernelConnection<ClientConnectionData>,
     /// Records per key the suite allows (AES-GCM: 2^24.5 in TLS 1.3).
     limit: u64,
+    /// The server asked for a key update in both directions: ours is
+    /// sent, and our sending key renewed, before the next request.
+    update_owed: bool,
 }
 
 fn tls_fail(what: &str, e: impl std::fmt::Display) -> Fail {
@@ -243,6 +247,7 @@ impl TlsConn {
             tx_seq,
             kernel,
             limit,
+            update_owed: false,
         }));
         Ok(())
     }
@@ -256,6 +261,28 @@ impl TlsConn {
             ));
         };
         let mut out = Vec::with_capacity(plain.len() + 64);
+        if s.update_owed {
+            // RFC 8446 §4.6.3: our KeyUpdate (update_not_requested), sealed
+            // with the old key, before any more application data; then the
+            // new key, from sequence number 0.
+            let msg = OutboundPlainMessage {
+                typ: ContentType::Handshake,
+                version: ProtocolVersion::TLSv1_2,
+                payload: OutboundChunks::Single(&[KEY_UPDATE, 0, 0, 1, 0]),
+            };
+            let rec = s
+                .enc
+                .encrypt(msg, s.tx_seq)
+                .map_err(|e| tls_fail("TLS encrypt", e))?;
+            out.extend_from_slice(&rec.encode());
+            let (seq, secret) = s
+                .kernel
+                .update_tx_secret()
+                .map_err(|e| tls_fail("TLS key update", e))?;
+            s.enc = encrypter(s.kernel.negotiated_cipher_suite(), secret)?;
+            s.tx_seq = seq;
+            s.update_owed = false;
+        }
         for piece in plain.chunks(MAX_PLAIN) {
             let msg = OutboundPlainMessage {
                 typ: ContentType::ApplicationData,
@@ -324,7 +351,8 @@ impl TlsConn {
                 _ => return Err(Fail::new(FailKind::Tls, "a malformed TLS alert")),
             },
             ContentType::Handshake => {
-                let renew = post_handshake(plain.payload, &self.server)?;
+                let (renew, reply) = post_handshake(plain.payload, &self.server)?;
+                s.update_owed |= reply;
                 if renew {
                     let (seq, secret) = s
                         .kernel
@@ -501,10 +529,9 @@ pub fn record_len(buf: &[u8]) -> Result<Option<usize>, Fail> {
 
 /// Looks at the handshake messages of a record after the handshake:
 /// returns whether the receiving key must be renewed (a key update).
-fn post_handshake(mut msgs: &[u8], server: &str) -> Result<bool, Fail> {
+fn post_handshake(mut msgs: &[u8], server: &str) -> Result<(bool, bool), Fail> {
     const NEW_SESSION_TICKET: u8 = 4;
-    const KEY_UPDATE: u8 = 24;
-    let mut renew = false;
+    let (mut renew, mut reply) = (false, false);
     while msgs.len() >= 4 {
         let len = usize::from(msgs[1]) << 16 | usize::from(msgs[2]) << 8 | usize::from(msgs[3]);
         let Some(body) = msgs.get(4..4 + len) else {
@@ -513,10 +540,11 @@ fn post_handshake(mut msgs: &[u8], server: &str) -> Result<bool, Fail> {
         match msgs[0] {
             NEW_SESSION_TICKET => {}
             KEY_UPDATE if body == [0] => renew = true,
+            KEY_UPDATE if body == [1] => (renew, reply) = (true, true),
             KEY_UPDATE => {
                 return Err(Fail::new(
                     FailKind::Tls,
-                    format!("{server} asked for a TLS key update in both directions"),
+                    format!("{server} sent a malformed TLS key update"),
                 ));
             }
             t => {
@@ -528,8 +556,11 @@ fn post_handshake(mut msgs: &[u8], server: &str) -> Result<bool, Fail> {
         }
         msgs = &msgs[4 + len..];
     }
-    Ok(renew)
+    Ok((renew, reply))
 }
+
+/// A TLS 1.3 KeyUpdate handshake message's type.
+const KEY_UPDATE: u8 = 24;
 
 fn key_iv(secret: ConnectionTrafficSecrets) -> Result<(AeadKey, Iv, bool), Fail> {
     match secret {

@@ -174,6 +174,12 @@ pub struct Faults {
     pub connections: AtomicUsize,
     /// The byte ranges of the ranged GETs, in the order they came.
     pub ranges: std::sync::Mutex<Vec<(u64, u64)>>,
+    /// TLS 1.3 only: for this many of the requests read, a key update
+    /// asking the client to update its key too (rustls's
+    /// `refresh_traffic_keys`) goes before the answer.
+    pub key_update: AtomicUsize,
+    /// Key updates sent.
+    pub key_updates_sent: AtomicUsize,
     /// The proxy's faults drawn at random (`Proxy` only).
     pub random: std::sync::Mutex<Option<RandomFaults>>,
     /// Answer `503 Slow Down` to the GETs past this many a second (0: no
@@ -435,7 +441,11 @@ impl Server {
                             let Ok(sc) = rustls::ServerConnection::new(cfg) else {
                                 return;
                             };
-                            serve(rustls::StreamOwned::new(sc, conn), fd, &root, &f)
+                            let stream = KeyUpdating {
+                                tls: rustls::StreamOwned::new(sc, conn),
+                                faults: Arc::clone(&f),
+                            };
+                            serve(stream, fd, &root, &f)
                         }
                     }
                 });
@@ -457,6 +467,41 @@ impl Drop for Server {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
         let _ = TcpStream::connect(self.addr);
+    }
+}
+
+/// A TLS server stream that sends a key update (asking for one back) when
+/// it reads a request while [`Faults::key_update`] says so.
+struct KeyUpdating {
+    tls: rustls::StreamOwned<rustls::ServerConnection, std::net::TcpStream>,
+    faults: Arc<Faults>,
+}
+
+impl Read for KeyUpdating {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.tls.read(buf)?;
+        let f = &self.faults;
+        if n > 0
+            && f.key_update
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |k| k.checked_sub(1))
+                .is_ok()
+        {
+            self.tls
+                .conn
+                .refresh_traffic_keys()
+                .map_err(std::io::Error::other)?;
+            f.key_updates_sent.fetch_add(1, Ordering::SeqCst);
+        }
+        Ok(n)
+    }
+}
+
+impl Write for KeyUpdating {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.tls.write(buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.tls.flush()
     }
 }
 
