@@ -32,6 +32,11 @@ def test_keys_fields_lengths(small_shards):
             assert isinstance(mv, memoryview) and mv.readonly and len(mv) == lengths[i]
             assert bytes(mv) == synth_content(0, k, "jpg", len(mv))
         assert jpg.present.all()
+        # Iterating and memoryviews() give the same views as indexing.
+        by_index = [bytes(jpg[i]) for i in range(16)]
+        assert [bytes(mv) for mv in jpg] == by_index
+        assert [bytes(mv) for mv in jpg.memoryviews()] == by_index
+        assert all(mv.readonly for mv in jpg.memoryviews())
         assert b.sample(0)["cls"] == b["cls"][0]
         with pytest.raises(KeyError, match="png"):
             b["png"]
@@ -246,4 +251,13 @@ def test_gather_of_fields_some_samples_lack(tmp_path):
         values, offsets = b["bin"].gather()
         assert offsets.tolist() == [0, 0, 100, 100, 200, 200, 300, 300, 400]
         assert bytes(values) == b"".join(bytes([i]) * 100 for i in (1, 3, 5, 7))
+        # Absent where the sample lacks the field, its bytes where it has it,
+        # by index, by iteration and by memoryviews() alike.
+        want = [bytes([i]) * 100 if i % 2 else None for i in range(8)]
+        for got in ([b["bin"][i] for i in range(8)], list(b["bin"]), b["bin"].memoryviews()):
+            assert [None if mv is None else bytes(mv) for mv in got] == want
+        views = b["bin"].memoryviews()
         b.release()
+        # Released with the batch, like the views taken by index.
+        with pytest.raises(ValueError, match="released"):
+            bytes(views[1])
