@@ -10,7 +10,6 @@
 
 #![allow(dead_code)]
 
-pub mod cargo;
 pub mod hub;
 pub mod node;
 mod proxy;
