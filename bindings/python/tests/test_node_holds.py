@@ -91,10 +91,10 @@ def later_epochs(ds, epochs=(1, 2)):
     return n
 
 
-def hold_six(shards):
+def hold_six(shards, cls=RingfeedDataset):
     """Six items of a DataLoader with two node-engine workers, held: the
     dataset, the iterator, the items, their bytes, the workers' pids."""
-    ds = dataset(shards)
+    ds = dataset(shards, cls)
     dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
     it = iter(dl)
     held = list(itertools.islice(it, 6))
@@ -124,17 +124,50 @@ def test_items_held_from_islice_keep_their_bytes_past_the_dataloaders_shutdown(s
     judge(before, held, protected)
 
 
+class Parked(RingfeedDataset):
+    """A dataset whose workers stop once each shipped three items, in the
+    dataset's own code, after saying so with a file named by their pid in
+    ``self.park``: the six items ``hold_six`` takes are all there are.
+
+    They are killed there and nowhere else because a worker SIGKILLed inside
+    the DataLoader's own ``done_event.is_set()`` (each worker asks it once an
+    index) dies holding that event's lock, and the DataLoader's shutdown then
+    waits on it forever (PyTorch's, whatever the dataset: a test run hung
+    there). Parked, a worker holds none of the DataLoader's locks."""
+
+    park = None
+
+    def __iter__(self):
+        for n, item in enumerate(super().__iter__()):
+            yield item
+            if n == 2 and self.park and torch.utils.data.get_worker_info() is not None:
+                open(os.path.join(self.park, str(os.getpid())), "w").close()
+                time.sleep(3600)
+
+
+def wait_parked(park, pids, seconds=120):
+    deadline = time.monotonic() + seconds
+    while sorted(os.listdir(park)) != sorted(str(p) for p in pids):
+        assert time.monotonic() < deadline, f"workers {pids} never parked: {os.listdir(park)}"
+        time.sleep(0.05)
+
+
 @pytest.mark.parametrize("protected", [True, False], ids=["kept", "control"])
-def test_items_held_keep_their_bytes_when_their_workers_are_killed(shards, runtime, monkeypatch, protected):
+def test_items_held_keep_their_bytes_when_their_workers_are_killed(shards, runtime, monkeypatch, protected,
+                                                                   tmp_path):
     if not protected:
         let_go_at_once(monkeypatch)
-    ds, it, held, before, pids = hold_six(shards)
+    Parked.park = str(tmp_path)
     try:
+        ds, it, held, before, pids = hold_six(shards, Parked)
+        wait_parked(tmp_path, pids)
         for p in pids:
             os.kill(p, signal.SIGKILL)
         wait_gone(pids)
     except RuntimeError as e:  # the DataLoader's SIGCHLD handler says it too
         assert "killed by signal" in str(e), e
+    finally:
+        Parked.park = None  # later epochs' workers run to the end
     del it
     assert later_epochs(ds) > 2 * len(held)
     judge(before, held, protected)
