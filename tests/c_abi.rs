@@ -142,35 +142,8 @@ fn lib_dir() -> &'static Path {
             .and_then(|n| n.to_str())
             .expect("profile directory name");
         let mut target_dir = profile_dir.parent().expect("target directory");
-        let mut cmd = Command::new(env!("CARGO"));
-        // The compiler beside this cargo, by path (see cli/tests/objects.rs:
-        // a bare `rustc` is rustup's proxy, whose toolchain a dependency's
-        // own rust-toolchain.toml can change).
-        let rustc = Path::new(env!("CARGO")).with_file_name("rustc");
-        if rustc.is_file() {
-            cmd.env("RUSTC", rustc);
-        }
-        // Not the variables cargo set for this test's own run (its package's
-        // directory, name, version): build scripts that read them (ring's)
-        // would see them changed from the test command's build and compile
-        // again, with everything above them ("the env variable
-        // CARGO_MANIFEST_DIR changed").
-        for (key, _) in std::env::vars_os() {
-            let key = key.to_string_lossy().into_owned();
-            if [
-                "CARGO_MANIFEST_",
-                "CARGO_PKG_",
-                "CARGO_BIN_",
-                "CARGO_CRATE_",
-                "CARGO_PRIMARY_",
-                "CARGO_TARGET_TMPDIR",
-            ]
-            .iter()
-            .any(|p| key.starts_with(p))
-            {
-                cmd.env_remove(key);
-            }
-        }
+        // The compiler beside this cargo, none of this run's variables.
+        let mut cmd = support::cargo::command();
         cmd.args(["build", "--lib", "--manifest-path"])
             .arg(root().join("Cargo.toml"))
             .args([

@@ -112,23 +112,26 @@ fn a_loader_streams_https_shards_through_faults_on_io_uring() {
     assert_eq!(s.retries["tls"], 0);
 }
 
+/// One reader over one session: one range at a time, of 100 KiB (six
+/// records and a quarter each, so every range ends inside a record). No
+/// hedging: a hedge goes on a fresh connection by design (a range late on a
+/// loaded machine would open one; tests/hedge.rs has those).
+fn one_session(manifest: &Path, ca: &Path) -> Config {
+    config(
+        manifest,
+        serde_json::json!({"ca_bundle": ca.display().to_string(), "workers": 1,
+                           "reads_in_flight": 1, "chunk_size": "100KiB",
+                           "hedge": false}),
+    )
+}
+
 #[test]
 fn one_reader_streams_every_byte_over_one_reused_session() {
     let dir = tempfile::tempdir().unwrap();
     let (paths, samples) = dataset(dir.path(), 35);
     let (server, ca) = tls_server(dir.path());
     let m = manifest(dir.path(), server.addr.port(), &paths);
-    // One range at a time, of 100 KiB: six records and a quarter each, so
-    // every range ends inside a record. No hedging: a hedge goes on a
-    // fresh connection by design (a range late on a loaded machine would
-    // open one; tests/hedge.rs has those).
-    let loader = Loader::open(config(
-        &m,
-        serde_json::json!({"ca_bundle": ca.display().to_string(), "workers": 1,
-                           "reads_in_flight": 1, "chunk_size": "100KiB",
-                           "hedge": false}),
-    ))
-    .unwrap();
+    let loader = Loader::open(one_session(&m, &ca)).unwrap();
     assert_eq!(stream(&loader, 35), samples);
     let s = loader.stats();
     assert!(s.retries.values().all(|&n| n == 0), "{:?}", s.retries);
@@ -192,13 +195,7 @@ fn key_updates_asking_for_ours_are_answered_and_the_session_goes_on() {
     // answered, each such range failed as `tls` ("asked for a TLS key
     // update in both directions").
     server.faults.key_update.store(5, Ordering::SeqCst);
-    let loader = Loader::open(config(
-        &m,
-        serde_json::json!({"ca_bundle": ca.display().to_string(), "workers": 1,
-                           "reads_in_flight": 1, "chunk_size": "100KiB",
-                           "hedge": false}),
-    ))
-    .unwrap();
+    let loader = Loader::open(one_session(&m, &ca)).unwrap();
     assert_eq!(stream(&loader, 37), samples);
     let s = loader.stats();
     assert!(s.retries.values().all(|&n| n == 0), "{:?}", s.retries);

@@ -122,6 +122,30 @@ struct Session {
     update_owed: bool,
 }
 
+impl Session {
+    /// Seals one record of `typ` holding `payload` with the sending key at
+    /// the next sequence number, onto `out`.
+    fn seal_record(
+        &mut self,
+        typ: ContentType,
+        payload: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), Fail> {
+        let msg = OutboundPlainMessage {
+            typ,
+            version: ProtocolVersion::TLSv1_2,
+            payload: OutboundChunks::Single(payload),
+        };
+        let rec = self
+            .enc
+            .encrypt(msg, self.tx_seq)
+            .map_err(|e| tls_fail("TLS encrypt", e))?;
+        self.tx_seq += 1;
+        out.extend_from_slice(&rec.encode());
+        Ok(())
+    }
+}
+
 fn tls_fail(what: &str, e: impl std::fmt::Display) -> Fail {
     Fail::new(FailKind::Tls, format!("{what}: {e}"))
 }
@@ -265,16 +289,7 @@ impl TlsConn {
             // RFC 8446 §4.6.3: our KeyUpdate (update_not_requested), sealed
             // with the old key, before any more application data; then the
             // new key, from sequence number 0.
-            let msg = OutboundPlainMessage {
-                typ: ContentType::Handshake,
-                version: ProtocolVersion::TLSv1_2,
-                payload: OutboundChunks::Single(&[KEY_UPDATE, 0, 0, 1, 0]),
-            };
-            let rec = s
-                .enc
-                .encrypt(msg, s.tx_seq)
-                .map_err(|e| tls_fail("TLS encrypt", e))?;
-            out.extend_from_slice(&rec.encode());
+            s.seal_record(ContentType::Handshake, &[KEY_UPDATE, 0, 0, 1, 0], &mut out)?;
             let (seq, secret) = s
                 .kernel
                 .update_tx_secret()
@@ -284,17 +299,7 @@ impl TlsConn {
             s.update_owed = false;
         }
         for piece in plain.chunks(MAX_PLAIN) {
-            let msg = OutboundPlainMessage {
-                typ: ContentType::ApplicationData,
-                version: ProtocolVersion::TLSv1_2,
-                payload: OutboundChunks::Single(piece),
-            };
-            let rec = s
-                .enc
-                .encrypt(msg, s.tx_seq)
-                .map_err(|e| tls_fail("TLS encrypt", e))?;
-            s.tx_seq += 1;
-            out.extend_from_slice(&rec.encode());
+            s.seal_record(ContentType::ApplicationData, piece, &mut out)?;
         }
         Ok(out)
     }

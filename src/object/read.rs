@@ -118,15 +118,15 @@ pub fn read_shard(
     // is faulted in once, by whichever side reaches it first, and the
     // receiving thread meets faulted pages for the rest of the object.
     let stop = AtomicBool::new(false);
-    let (read, _ahead) = std::thread::scope(|scope| {
-        let helper =
-            (len >= FAULT_AHEAD_MIN).then(|| scope.spawn(|| fault_ahead(&arena, len, &stop)));
+    let mut report = std::thread::scope(|scope| {
+        if len >= FAULT_AHEAD_MIN {
+            scope.spawn(|| fault_ahead(&arena, len, &stop));
+        }
         let read = read_to(shard, size, arena.base(), cfg, net, progress);
+        // The scope joins the helper once it sees this.
         stop.store(true, Ordering::Relaxed);
-        let ahead = helper.map_or(0, |h| h.join().unwrap_or(0));
-        (read, ahead)
-    });
-    let mut report = read?;
+        read
+    })?;
     notes.append(&mut report.notes);
     report.notes = notes;
     Ok(ObjectBuf {

@@ -10,6 +10,7 @@
 
 #![allow(dead_code)]
 
+pub mod cargo;
 pub mod hub;
 pub mod node;
 mod proxy;

@@ -7,6 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::OnceLock;
 
+#[path = "../../../tests/support/cargo.rs"]
+mod cargo;
+
 pub const ACCESS_KEY: &str = "AKIARINGFEEDTEST";
 pub const SECRET_KEY: &str = "ringfeed-test-secret-0123456789abcdef";
 
@@ -31,38 +34,8 @@ pub fn example_bin(name: &str) -> PathBuf {
     let profile_dir = exe.parent().unwrap().parent().unwrap();
     let profile = profile_dir.file_name().unwrap().to_str().unwrap();
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-    let mut cargo = Command::new(env!("CARGO"));
-    // The compiler beside this cargo, by path: the rustup proxy a bare
-    // `rustc` runs picks its toolchain from the directory it runs in, and
-    // a dependency that ships a rust-toolchain.toml of its own (cbindgen
-    // 0.29 names nightly) would be built by another compiler than the
-    // artifacts it links against ("compiled by an incompatible version of
-    // rustc").
-    let rustc = Path::new(env!("CARGO")).with_file_name("rustc");
-    if rustc.is_file() {
-        cargo.env("RUSTC", rustc);
-    }
-    // Not the variables cargo set for this test's own run (its package's
-    // directory, name, version): build scripts that read them (ring's)
-    // would see them changed from the test command's build and compile
-    // again, with everything above them ("the env variable
-    // CARGO_MANIFEST_DIR changed").
-    for (key, _) in std::env::vars_os() {
-        let key = key.to_string_lossy().into_owned();
-        if [
-            "CARGO_MANIFEST_",
-            "CARGO_PKG_",
-            "CARGO_BIN_",
-            "CARGO_CRATE_",
-            "CARGO_PRIMARY_",
-            "CARGO_TARGET_TMPDIR",
-        ]
-        .iter()
-        .any(|p| key.starts_with(p))
-        {
-            cargo.env_remove(key);
-        }
-    }
+    // The compiler beside this cargo, none of this run's variables.
+    let mut cargo = cargo::command();
     let status = cargo
         .args(["build", "--example", name, "--manifest-path"])
         .arg(root.join("Cargo.toml"))
