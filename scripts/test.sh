@@ -148,6 +148,18 @@ python_deps() {
     fi
 }
 python_deps >"$python_deps_log" 2>&1 &
+
+# A guest kernel with kernel TLS for the phase "kernel TLS" (this machine
+# kind's kernel has none): QEMU and Debian's kernel, set up in the
+# background too (scripts/kernel_tls_vm/setup.sh, about half a minute).
+ktls_vm_log=target/tmp/kernel-tls-vm.log
+ktls_vm_skip=""
+if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
+    ktls_vm_skip="not root on Debian: QEMU and the guest kernel install from Debian's packages"
+else
+    scripts/kernel_tls_vm/setup.sh >"$ktls_vm_log" 2>&1 &
+    ktls_vm_setup=$!
+fi
 python_deps=$!
 phase "doc paths"
 # Every file the docs and the code's comments cite is in the repository
@@ -245,6 +257,32 @@ if [ -s target/tmp/skipped-tests.txt ]; then
     cat target/tmp/skipped-tests.txt >&2
 fi
 [ "$rust_status" -eq 0 ] || exit "$rust_status"
+
+phase "kernel TLS"
+# The https tests of the kernel's TLS path run again in a guest whose kernel
+# has kernel TLS (Debian's, under QEMU; scripts/kernel_tls_vm/run.sh), the
+# test binary built above read from the host's files; they must find it
+# there (RINGFEED_EXPECT_KERNEL_TLS=1). About a minute on CI's machine,
+# where the guest runs without hardware virtualisation.
+if [ -n "$ktls_vm_skip" ]; then
+    echo "test.sh: SKIPPED the kernel TLS tests in a guest: $ktls_vm_skip" >&2
+    echo "SKIPPED kernel TLS tests in a guest: $ktls_vm_skip" >>target/tmp/skipped-tests.txt
+else
+    if ! wait "$ktls_vm_setup"; then
+        cat "$ktls_vm_log" >&2
+        echo "test.sh: the guest kernel for the kernel TLS tests could not be set up" >&2
+        exit 1
+    fi
+    https_test=$(python3 -c 'import json,sys
+for line in open(sys.argv[1]):
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "https" and m.get("executable"):
+        print(m["executable"])' target/tmp/test-build.json)
+    [ -n "$https_test" ] || { echo "test.sh: no https test binary in the test build" >&2; exit 1; }
+    RINGFEED_EXPECT_KERNEL_TLS=1 scripts/kernel_tls_vm/run.sh "$https_test" --test-threads 2 \
+        sessions_go_to_the_kernels_tls a_key_update_on_a_kernel_session tls_1_2_sessions \
+        a_loader_streams_https_shards_through_faults
+fi
 
 phase "Python package"
 status=0

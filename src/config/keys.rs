@@ -417,6 +417,15 @@ config_keys! {
     // median) is what a read waits on; see net::tail.
     [Engine] hedge: bool = true => boolean(key, v)?;
 
+    /// Hand each https session to the kernel's TLS once its handshake is
+    /// done, where the kernel has it (`CONFIG_TLS`): the records are
+    /// opened by the kernel, the body received as plaintext straight into
+    /// the arena. false: always opened in user space (rustls). The stats'
+    /// `tls_records` and notes say which happened and why.
+    // A kernel without TLS, or a seccomp profile refusing it, is asked
+    // once per process (fetch::ktls).
+    [Engine] kernel_tls: bool = true => boolean(key, v)?;
+
     /// PEM file of CA certificates for https:// (default: `AWS_CA_BUNDLE`,
     /// else the system's roots).
     [Engine] ca_bundle: Option<PathBuf> = None => Some(file_path(key, v)?);

@@ -58,6 +58,14 @@ pub struct Stats {
     pub local_files_buffered: u64,
     /// How cache entries were read, as `local_reads` says of local files.
     pub cache_reads: &'static str,
+    /// Where the records of https sessions were opened: "kernel" (the
+    /// kernel's TLS took the session after its handshake: `kernel_tls`),
+    /// "user" (rustls, in this process), "kernel+user", or "none" (no https
+    /// session yet); the notes say why a session stayed in user space.
+    pub tls_records: &'static str,
+    /// https sessions handed to the kernel's TLS, and opened in user space.
+    pub tls_sessions_kernel: u64,
+    pub tls_sessions_user: u64,
     /// Retries of network ranges, by failure kind.
     pub retries: std::collections::BTreeMap<&'static str, u64>,
     /// Why a preferred setting was not obtained (huge pages, mlock, io_uring...).
@@ -170,6 +178,9 @@ impl Loader {
             local_files_direct: sh.direct.files().0,
             local_files_buffered: sh.direct.files().1,
             cache_reads: sh.cache_direct.path_name(),
+            tls_records: sh.net.tls.records(),
+            tls_sessions_kernel: sh.net.tls.sessions_kernel.load(Ordering::Relaxed),
+            tls_sessions_user: sh.net.tls.sessions_user.load(Ordering::Relaxed),
             retries,
             notes: {
                 let mut notes = self.setup.notes.clone();
@@ -186,6 +197,8 @@ impl Loader {
                 notes.extend(refused.map(crate::memory::cuda::not_registered));
                 // The hosts that throttled, and the rate they are paced at.
                 notes.extend(sh.net.pace.notes());
+                // https sessions left in user space, and why.
+                notes.extend(sh.net.tls.notes(crate::fetch::kernel_tls_refused()));
                 // The notes quote errors and URLs: no credential through them.
                 notes
                     .into_iter()
@@ -204,6 +217,18 @@ impl Loader {
 /// conventions: `ringfeed_` prefix, base units, `_total` for counters),
 /// what divides the field to reach the unit, and its help line.
 const COUNTERS: &[(&str, &str, f64, &str)] = &[
+    (
+        "tls_sessions_kernel",
+        "ringfeed_tls_sessions_kernel_total",
+        1.0,
+        "https sessions whose records the kernel's TLS opened.",
+    ),
+    (
+        "tls_sessions_user",
+        "ringfeed_tls_sessions_user_total",
+        1.0,
+        "https sessions whose records were opened in user space.",
+    ),
     (
         "bytes_delivered",
         "ringfeed_delivered_bytes_total",
@@ -510,12 +535,13 @@ pub fn prometheus(stats_json: &str) -> crate::error::Result<String> {
     let _ = writeln!(
         out,
         "# HELP {name} The loader's setup.\n# TYPE {name} gauge\n\
-         {name}{{version=\"{}\",io_backend=\"{}\",memory_kind=\"{}\",local_reads=\"{}\",cache_reads=\"{}\"}} 1",
+         {name}{{version=\"{}\",io_backend=\"{}\",memory_kind=\"{}\",local_reads=\"{}\",cache_reads=\"{}\",tls_records=\"{}\"}} 1",
         env!("CARGO_PKG_VERSION"),
         label(text("io_backend")),
         label(text("memory_kind")),
         label(text("local_reads")),
         label(text("cache_reads")),
+        label(text("tls_records")),
     );
     Ok(out)
 }

@@ -120,6 +120,10 @@ impl HttpPool {
             .map_err(|e| Fail::new(FailKind::Tls, format!("`{}`: {e}", obj.host)))?;
         let conn = rustls::ClientConnection::new(config, name)
             .map_err(|e| Fail::new(FailKind::Tls, format!("TLS: {e}")))?;
+        // Records opened in user space (rustls's stream).
+        self.tls
+            .sessions_user
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok((
             Stream::Tls(Box::new(rustls::StreamOwned::new(conn, s))),
             false,

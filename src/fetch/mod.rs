@@ -12,15 +12,18 @@
 //! HTTP and S3 shards are read with ranged GETs by each backend in its own
 //! way: with io_uring, on a network thread's ring that receives for several
 //! workers ([`net_thread`], driving `uring_http.rs`, https through
-//! `uring_tls.rs`), or on the worker's own ring when it has no network
+//! `uring_tls.rs` and, where the kernel has TLS, `ktls.rs`), or on the
+//! worker's own ring when it has no network
 //! thread; with threads, on blocking sockets ([`http_sync`]). The protocol
 //! itself (requests, response heads, retry policy, TLS, signing) is in
 //! [`crate::net`].
 
 pub mod direct;
 pub mod http_sync;
+mod ktls;
 pub mod net_thread;
 pub mod threads;
+mod tls_control;
 pub mod uring;
 mod uring_http;
 mod uring_tls;
@@ -28,6 +31,8 @@ mod uring_tls;
 use std::io;
 use std::sync::Arc;
 use std::time::Duration;
+
+pub use ktls::refused as kernel_tls_refused;
 
 use crate::error::Error;
 use crate::net::http::HttpObject;
@@ -148,6 +153,7 @@ impl NetOptions {
                 cfg.ca_bundle
                     .clone()
                     .or_else(|| std::env::var_os("AWS_CA_BUNDLE").map(Into::into)),
+                cfg.kernel_tls,
             )),
         }
     }

@@ -43,6 +43,7 @@ use std::time::Instant;
 
 use io_uring::{IoUring, squeue, types};
 
+use super::ktls::KernelSession;
 use super::uring_tls::{self, TlsConn};
 use super::{Answered, Completion, NetOptions, ReadRequest};
 use crate::net::hop::Route;
@@ -101,9 +102,12 @@ struct Conn {
     /// Came from the idle pool: a failure before any response byte is a
     /// stale keep-alive, retried at once on a fresh connection.
     reused: bool,
-    /// The TLS session of an https connection; it stays with the socket in
-    /// the idle pool.
+    /// The TLS session of an https connection whose records are opened
+    /// here; it stays with the socket in the idle pool.
     tls: Option<Box<TlsConn>>,
+    /// An https session the kernel's TLS took over (`ktls.rs`): the steps
+    /// are plain HTTP's, but for the records that are not data.
+    kernel: Option<Box<KernelSession>>,
 }
 
 /// Idle connections are kept per host, port and transport.
@@ -467,6 +471,12 @@ impl HttpDriver {
         if op.replacing && op.step == Step::Body {
             return self.replace_body(ring, slot, res);
         }
+        if res == -libc::EIO
+            && matches!(op.step, Step::Head | Step::Body)
+            && op.conn.as_ref().is_some_and(|c| c.kernel.is_some())
+        {
+            return self.kernel_record(ring, slot, ud);
+        }
         match op.step {
             Step::Backoff => self.begin(ring, slot),
             Step::Connect => {
@@ -572,11 +582,15 @@ impl HttpDriver {
     fn finish(&mut self, slot: usize) -> Option<Completion> {
         let mut op = self.free_slot(slot);
         self.body_done(&op);
+        if let Some(k) = op.conn.as_mut().and_then(|c| c.kernel.as_mut()) {
+            k.used((op.len + op.head_got) as u64);
+        }
         if let Some(c) = op.conn.take()
             && op.keep_alive
             // A TLS connection goes back only with nothing left over and
             // keys with life in them.
             && c.tls.as_ref().is_none_or(|t| t.pending() == 0 && op.pend == 0 && !t.worn())
+            && c.kernel.as_ref().is_none_or(|k| !k.worn())
         {
             self.idle.entry(pool_key(&op.at)).or_default().push(c);
         }

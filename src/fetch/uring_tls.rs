@@ -41,16 +41,15 @@ use rustls::kernel::KernelConnection;
 use rustls::pki_types::ServerName;
 use rustls::unbuffered::{ConnectionState, EncodeError};
 use rustls::{
-    AlertDescription, ClientConfig, ConnectionTrafficSecrets, ContentType, ProtocolVersion,
-    SupportedCipherSuite,
+    ClientConfig, ConnectionTrafficSecrets, ContentType, ProtocolVersion, SupportedCipherSuite,
 };
 
+use super::ktls::{self, CryptoInfo, KernelSession};
+use super::tls_control::{self, KEY_UPDATE, MAX_PLAIN, Record};
 use crate::net::http::{Fail, FailKind};
 
 /// A record's header: content type, version, length.
 pub const HEADER: usize = 5;
-/// Plaintext of a full record (RFC 8446 §5.1, RFC 5246 §6.2.1).
-const MAX_PLAIN: usize = 1 << 14;
 /// The longest record on the wire: a full plaintext plus the most expansion
 /// TLS 1.2 allows (2048; TLS 1.3 allows 256).
 pub const MAX_RECORD: usize = HEADER + MAX_PLAIN + 2048;
@@ -96,6 +95,9 @@ pub struct TlsConn {
     /// Handshake records to send, and how many of them are sent.
     pub out: Vec<u8>,
     pub out_sent: usize,
+    /// The session's keys are kept, as the kernel takes them, for a hand
+    /// over to kernel TLS (`ktls.rs`).
+    for_kernel: bool,
 }
 
 enum State {
@@ -120,6 +122,10 @@ struct Session {
     /// The server asked for a key update in both directions: ours is
     /// sent, and our sending key renewed, before the next request.
     update_owed: bool,
+    /// The receiving and sending keys at the session's first records, as
+    /// the kernel takes them, until the session is handed over or opens a
+    /// record here.
+    kernel_keys: Option<(CryptoInfo, CryptoInfo)>,
 }
 
 impl Session {
@@ -151,8 +157,14 @@ fn tls_fail(what: &str, e: impl std::fmt::Display) -> Fail {
 }
 
 impl TlsConn {
-    /// A client for `host`, before the handshake.
-    pub fn new(config: Arc<ClientConfig>, host: &str, port: u16) -> Result<TlsConn, Fail> {
+    /// A client for `host`, before the handshake; `for_kernel`: its keys
+    /// are kept for kernel TLS ([`TlsConn::kernel_keys`]).
+    pub fn new(
+        config: Arc<ClientConfig>,
+        host: &str,
+        port: u16,
+        for_kernel: bool,
+    ) -> Result<TlsConn, Fail> {
         let name = ServerName::try_from(host.to_string())
             .map_err(|e| tls_fail(&format!("`{host}` as a TLS server name"), e))?;
         let conn =
@@ -165,6 +177,7 @@ impl TlsConn {
             in_len: 0,
             out: Vec::new(),
             out_sent: 0,
+            for_kernel,
         })
     }
 
@@ -260,10 +273,18 @@ impl TlsConn {
         let suite = kernel.negotiated_cipher_suite();
         let (rx_seq, rx) = secrets.rx;
         let (tx_seq, tx) = secrets.tx;
-        let limit = match suite {
-            SupportedCipherSuite::Tls12(s) => s.common.confidentiality_limit,
-            SupportedCipherSuite::Tls13(s) => s.common.confidentiality_limit,
-        };
+        let limit = ktls::limit(suite);
+        // A suite or version the kernel has no layout for stays here.
+        let kernel_keys = self
+            .for_kernel
+            .then(|| {
+                let v = kernel.protocol_version();
+                Some((
+                    CryptoInfo::new(v, rx_seq, &rx).ok()?,
+                    CryptoInfo::new(v, tx_seq, &tx).ok()?,
+                ))
+            })
+            .flatten();
         self.state = State::Open(Box::new(Session {
             dec: decrypter(suite, rx)?,
             enc: encrypter(suite, tx)?,
@@ -272,8 +293,28 @@ impl TlsConn {
             kernel,
             limit,
             update_owed: false,
+            kernel_keys,
         }));
         Ok(())
+    }
+
+    /// The session's keys as the kernel takes them, while it can still be
+    /// handed over: kept for it, open, nothing received past the handshake
+    /// and no record opened or sealed here yet.
+    pub fn kernel_keys(&self) -> Option<&(CryptoInfo, CryptoInfo)> {
+        match &self.state {
+            State::Open(s) if self.pending() == 0 && !s.update_owed => s.kernel_keys.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// rustls's side of the session, once the kernel has taken its keys
+    /// ([`TlsConn::kernel_keys`]); the connection is spent here.
+    pub fn into_kernel(self) -> Option<KernelSession> {
+        match self.state {
+            State::Open(s) => Some(KernelSession::new(s.kernel)),
+            _ => None,
+        }
     }
 
     /// Encrypts `plain` (a request) into records.
@@ -284,6 +325,7 @@ impl TlsConn {
                 "TLS: a request before the handshake",
             ));
         };
+        s.kernel_keys = None;
         let mut out = Vec::with_capacity(plain.len() + 64);
         if s.update_owed {
             // RFC 8446 §4.6.3: our KeyUpdate (update_not_requested), sealed
@@ -328,6 +370,7 @@ impl TlsConn {
                 "TLS: a record before the handshake",
             ));
         };
+        s.kernel_keys = None;
         let typ = ContentType::from(buf[0]);
         let version = ProtocolVersion::from(u16::from_be_bytes([buf[1], buf[2]]));
         let payload = &mut buf[HEADER..total];
@@ -341,39 +384,20 @@ impl TlsConn {
         let len = plain.payload.len();
         let opened = match plain.typ {
             ContentType::ApplicationData => Opened::Data { start, len },
-            ContentType::Alert => match plain.payload {
-                [_, 0] => Opened::Closed,
-                [_, d] => {
-                    return Err(Fail::new(
-                        FailKind::Tls,
-                        format!(
-                            "{} sent the TLS alert {:?}",
-                            self.server,
-                            AlertDescription::from(*d)
-                        ),
-                    ));
-                }
-                _ => return Err(Fail::new(FailKind::Tls, "a malformed TLS alert")),
-            },
-            ContentType::Handshake => {
-                let (renew, reply) = post_handshake(plain.payload, &self.server)?;
-                s.update_owed |= reply;
-                if renew {
+            t => match tls_control::classify(t, plain.payload, &self.server)? {
+                Record::Ignored => Opened::Nothing,
+                Record::Closed => Opened::Closed,
+                Record::KeyUpdate { reply } => {
+                    s.update_owed |= reply;
                     let (seq, secret) = s
                         .kernel
                         .update_rx_secret()
                         .map_err(|e| tls_fail("TLS key update", e))?;
                     s.dec = decrypter(s.kernel.negotiated_cipher_suite(), secret)?;
                     s.rx_seq = seq;
+                    Opened::Nothing
                 }
-                Opened::Nothing
-            }
-            t => {
-                return Err(Fail::new(
-                    FailKind::Protocol,
-                    format!("{} sent a TLS record of type {t:?}", self.server),
-                ));
-            }
+            },
         };
         Ok(Some((opened, total)))
     }
@@ -531,41 +555,6 @@ pub fn record_len(buf: &[u8]) -> Result<Option<usize>, Fail> {
     }
     Ok(Some(HEADER + len))
 }
-
-/// Looks at the handshake messages of a record after the handshake:
-/// returns whether the receiving key must be renewed (a key update).
-fn post_handshake(mut msgs: &[u8], server: &str) -> Result<(bool, bool), Fail> {
-    const NEW_SESSION_TICKET: u8 = 4;
-    let (mut renew, mut reply) = (false, false);
-    while msgs.len() >= 4 {
-        let len = usize::from(msgs[1]) << 16 | usize::from(msgs[2]) << 8 | usize::from(msgs[3]);
-        let Some(body) = msgs.get(4..4 + len) else {
-            break;
-        };
-        match msgs[0] {
-            NEW_SESSION_TICKET => {}
-            KEY_UPDATE if body == [0] => renew = true,
-            KEY_UPDATE if body == [1] => (renew, reply) = (true, true),
-            KEY_UPDATE => {
-                return Err(Fail::new(
-                    FailKind::Tls,
-                    format!("{server} sent a malformed TLS key update"),
-                ));
-            }
-            t => {
-                return Err(Fail::new(
-                    FailKind::Tls,
-                    format!("{server} sent the TLS handshake message {t} after the handshake"),
-                ));
-            }
-        }
-        msgs = &msgs[4 + len..];
-    }
-    Ok((renew, reply))
-}
-
-/// A TLS 1.3 KeyUpdate handshake message's type.
-const KEY_UPDATE: u8 = 24;
 
 fn key_iv(secret: ConnectionTrafficSecrets) -> Result<(AeadKey, Iv, bool), Fail> {
     match secret {

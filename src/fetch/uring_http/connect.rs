@@ -23,7 +23,9 @@ impl HttpDriver {
                 .tls
                 .config()
                 .map_err(|e| Fail::new(FailKind::Tls, e))
-                .and_then(|cfg| TlsConn::new(cfg, &op.at.host, op.at.port));
+                .and_then(|cfg| {
+                    TlsConn::new(cfg, &op.at.host, op.at.port, self.net.tls.kernel_wanted())
+                });
             match made {
                 Ok(t) => Some(Box::new(t)),
                 Err(f) => return self.fail(ring, slot, f),
@@ -71,6 +73,7 @@ impl HttpDriver {
             fd,
             reused: false,
             tls,
+            kernel: None,
         });
         op.step = Step::Connect;
         let e = opcode::Connect::new(

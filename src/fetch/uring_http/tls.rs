@@ -3,14 +3,20 @@
 //! (in the destination chunk, or the small buffer for a record longer
 //! than the destination's rest), and the response head opened out of the
 //! small buffer's records. The records themselves are `uring_tls`'s.
+//! Once the handshake is done the session goes to the kernel's TLS where
+//! it has it (`ktls.rs`): the steps are then plain HTTP's, and a receive
+//! that fails with `EIO` (a record other than data) has that record read
+//! and done here.
 
 use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
 
 use io_uring::{IoUring, opcode, squeue, types};
 
 use super::uring_tls::{self, Next, Opened, TlsConn};
 use super::{HttpDriver, Step, user_data};
 use crate::fetch::Completion;
+use crate::fetch::ktls::{self, Control, Refusal};
 use crate::net::http::{self, Fail, FailKind};
 
 impl HttpDriver {
@@ -29,7 +35,12 @@ impl HttpDriver {
         };
         let e = match next {
             Err(f) => return self.fail(ring, slot, f),
-            Ok(Next::Open) => return self.ready(ring, slot),
+            Ok(Next::Open) => {
+                if let Err(f) = self.session_opened(slot) {
+                    return self.retry_or_fail(ring, slot, f);
+                }
+                return self.ready(ring, slot);
+            }
             Ok(Next::Send) => {
                 op.step = Step::TlsSend;
                 let rest = &tls.out[tls.out_sent..];
@@ -53,6 +64,68 @@ impl HttpDriver {
         match self.push_with_stall(ring, &e, slot, generation) {
             Ok(()) => None,
             Err(f) => self.fail(ring, slot, f),
+        }
+    }
+
+    /// The handshake is done: the session goes to the kernel's TLS where
+    /// it has it and `kernel_tls` allows, else its records are opened
+    /// here; counted either way.
+    fn session_opened(&mut self, slot: usize) -> Result<(), Fail> {
+        let op = self.slots[slot].as_mut().expect("live slot");
+        let conn = op.conn.as_mut().expect("connected");
+        let setup = &self.net.tls;
+        let keys = match conn.tls.as_deref() {
+            Some(t) if setup.kernel_wanted() => t.kernel_keys(),
+            _ => None,
+        };
+        if let Some((rx, tx)) = keys {
+            match ktls::hand_over(conn.fd.as_raw_fd(), rx, tx) {
+                Ok(()) => {
+                    let tls = conn.tls.take().expect("https");
+                    conn.kernel = tls.into_kernel().map(Box::new);
+                    setup.sessions_kernel.fetch_add(1, Ordering::Relaxed);
+                    return Ok(());
+                }
+                Err(Refusal::Off(why)) => {
+                    crate::log::once("kernel_tls", crate::log::Level::Info, || why);
+                }
+                Err(Refusal::Broken(f)) => {
+                    setup.kernel_failed(&f.message);
+                    return Err(f);
+                }
+            }
+        }
+        setup.sessions_user.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// A receive on a session the kernel's TLS took failed with `EIO`: the
+    /// next record is not data. It is read and done; then the receive is
+    /// asked again, or, after `close_notify`, the step goes on as at a FIN
+    /// (`ud`: the step's completion).
+    pub(super) fn kernel_record(
+        &mut self,
+        ring: &mut IoUring,
+        slot: usize,
+        ud: u64,
+    ) -> Option<Completion> {
+        let op = self.slots[slot].as_mut().expect("live slot");
+        let server = format!("{}:{}", op.at.host, op.at.port);
+        let conn = op.conn.as_mut().expect("connected");
+        let fd = conn.fd.as_raw_fd();
+        let k = conn.kernel.as_mut().expect("kernel TLS");
+        match k.control(fd, &server) {
+            Ok(Control::Again) => {
+                let step = op.step;
+                self.recv(ring, slot, step)
+            }
+            Ok(Control::Closed) => self.complete_step(ring, ud, 0),
+            Err(f) => {
+                if k.broken() {
+                    self.net.tls.kernel_failed(&f.message);
+                }
+                self.retry_or_fail(ring, slot, f)
+            }
         }
     }
 
