@@ -148,6 +148,7 @@ python_deps() {
     fi
 }
 python_deps >"$python_deps_log" 2>&1 &
+python_deps=$!
 
 # A guest kernel with kernel TLS for the phase "kernel TLS" (this machine
 # kind's kernel has none): QEMU and Debian's kernel, set up in the
@@ -160,7 +161,6 @@ else
     scripts/kernel_tls_vm/setup.sh >"$ktls_vm_log" 2>&1 &
     ktls_vm_setup=$!
 fi
-python_deps=$!
 phase "doc paths"
 # Every file the docs and the code's comments cite is in the repository
 # (tests/docs/paths.py, with its controls; the system Python, no
@@ -279,9 +279,21 @@ for line in open(sys.argv[1]):
     if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "https" and m.get("executable"):
         print(m["executable"])' target/tmp/test-build.json)
     [ -n "$https_test" ] || { echo "test.sh: no https test binary in the test build" >&2; exit 1; }
-    RINGFEED_EXPECT_KERNEL_TLS=1 scripts/kernel_tls_vm/run.sh "$https_test" --test-threads 2 \
-        sessions_go_to_the_kernels_tls a_key_update_on_a_kernel_session tls_1_2_sessions \
-        a_loader_streams_https_shards_through_faults
+    # By their whole names (--exact), and all four must have run: a
+    # renamed test would otherwise leave the phase passing on nothing.
+    ktls_out=target/tmp/kernel-tls-tests.txt
+    ktls_status=0
+    RINGFEED_EXPECT_KERNEL_TLS=1 scripts/kernel_tls_vm/run.sh "$https_test" --test-threads 2 --exact \
+        sessions_go_to_the_kernels_tls_where_it_has_it_and_the_stats_say_why_not \
+        a_key_update_on_a_kernel_session_is_taken_or_retried_in_user_space \
+        tls_1_2_sessions_are_opened_in_place_too \
+        a_loader_streams_https_shards_through_faults_on_io_uring >"$ktls_out" 2>&1 || ktls_status=$?
+    cat "$ktls_out"
+    [ "$ktls_status" -eq 0 ] || exit "$ktls_status"
+    if ! grep -q '^test result: ok\. 4 passed' "$ktls_out"; then
+        echo "test.sh: the kernel TLS phase did not run its four tests" >&2
+        exit 1
+    fi
 fi
 
 phase "Python package"

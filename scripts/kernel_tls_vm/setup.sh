@@ -16,8 +16,9 @@ if ! command -v qemu-system-x86_64 >/dev/null || ! command -v xz >/dev/null || !
 fi
 if ! ls "$WORK"/kernel/boot/vmlinuz-* >/dev/null 2>&1 || [ ! -x "$WORK/busybox/bin/busybox" ]; then
     # linux-image-amd64 is a metapackage: the versioned image it points to.
-    IMG=$(apt-cache depends linux-image-amd64 | sed -n 's/^ *Depends: \(linux-image-[0-9].*-amd64\)$/\1/p' | head -n1)
-    [ -n "$IMG" ] || { apt-get update -qq; IMG=$(apt-cache depends linux-image-amd64 | sed -n 's/^ *Depends: \(linux-image-[0-9].*-amd64\)$/\1/p' | head -n1); }
+    image() { apt-cache depends linux-image-amd64 2>/dev/null | sed -n 's/^ *Depends: \(linux-image-[0-9].*-amd64\)$/\1/p' | head -n1; }
+    IMG=$(image || true)
+    [ -n "$IMG" ] || { apt-get update -qq; IMG=$(image || true); }
     [ -n "$IMG" ] || { echo "setup.sh: no linux-image-amd64 in the package lists" >&2; exit 1; }
     rm -rf "$WORK/debs" "$WORK/kernel" "$WORK/busybox"
     mkdir -p "$WORK/debs"

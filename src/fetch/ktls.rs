@@ -55,21 +55,49 @@ pub enum CryptoInfo {
 
 impl CryptoInfo {
     /// The key of `secret` at record sequence number `seq` on a `version`
-    /// session. rustls gives AES-GCM's 12-byte nonce base as the 4-byte
-    /// salt followed by 8 bytes (TLS 1.3's rest of the base, TLS 1.2's
-    /// first explicit nonce), the split the kernel takes; ChaCha20's as 12
-    /// bytes of iv and no salt.
+    /// session, for `sending` or receiving. rustls gives AES-GCM's 12-byte
+    /// nonce base as the 4-byte salt followed by 8 bytes E, the split the
+    /// kernel takes; ChaCha20's as 12 bytes of iv and no salt.
+    ///
+    /// TLS 1.2 AES-GCM sends an explicit nonce with each record: rustls's
+    /// for sequence number s is E XOR s, the kernel's is its `iv` plus one
+    /// per record. A session handed over after sealing only its Finished
+    /// (s = 0, nonce E) goes on from E + 1, a nonce never used under the
+    /// key; one that sealed more is refused (its nonces could meet). A
+    /// receiver reads the explicit nonce off each record, so receiving
+    /// needs no such care.
     pub fn new(
         version: ProtocolVersion,
         seq: u64,
         secret: &ConnectionTrafficSecrets,
+        sending: bool,
     ) -> Result<CryptoInfo, String> {
-        let version = match version {
-            ProtocolVersion::TLSv1_3 => libc::TLS_1_3_VERSION,
-            ProtocolVersion::TLSv1_2 => libc::TLS_1_2_VERSION,
+        let tls12 = match version {
+            ProtocolVersion::TLSv1_3 => false,
+            ProtocolVersion::TLSv1_2 => true,
             v => return Err(format!("no kernel TLS for {v:?}")),
         };
+        let version = if tls12 {
+            libc::TLS_1_2_VERSION
+        } else {
+            libc::TLS_1_3_VERSION
+        };
         let rec_seq = seq.to_be_bytes();
+        // The 8 bytes after the salt, as the kernel takes them.
+        let gcm_iv = |rest: &[u8]| -> Result<[u8; 8], String> {
+            let e: [u8; 8] = rest
+                .try_into()
+                .map_err(|_| "an AES-GCM iv not of 12 bytes")?;
+            if !(tls12 && sending) {
+                return Ok(e);
+            }
+            if seq != 1 {
+                return Err(format!(
+                    "a TLS 1.2 AES-GCM sending key that sealed {seq} records: the kernel's explicit nonces could meet rustls's"
+                ));
+            }
+            Ok(u64::from_be_bytes(e).wrapping_add(1).to_be_bytes())
+        };
         let info = |cipher_type| libc::tls_crypto_info {
             version,
             cipher_type,
@@ -79,9 +107,7 @@ impl CryptoInfo {
                 let (salt, rest) = iv.as_ref().split_at(4);
                 CryptoInfo::Gcm128(libc::tls12_crypto_info_aes_gcm_128 {
                     info: info(libc::TLS_CIPHER_AES_GCM_128),
-                    iv: rest
-                        .try_into()
-                        .map_err(|_| "an AES-GCM iv not of 12 bytes")?,
+                    iv: gcm_iv(rest)?,
                     key: key
                         .as_ref()
                         .try_into()
@@ -94,9 +120,7 @@ impl CryptoInfo {
                 let (salt, rest) = iv.as_ref().split_at(4);
                 CryptoInfo::Gcm256(libc::tls12_crypto_info_aes_gcm_256 {
                     info: info(libc::TLS_CIPHER_AES_GCM_256),
-                    iv: rest
-                        .try_into()
-                        .map_err(|_| "an AES-GCM iv not of 12 bytes")?,
+                    iv: gcm_iv(rest)?,
                     key: key
                         .as_ref()
                         .try_into()
@@ -151,12 +175,21 @@ impl CryptoInfo {
 
 impl Drop for CryptoInfo {
     fn drop(&mut self) {
-        // The key leaves no copy behind in this process's memory.
-        let (ptr, len) = self.bytes();
-        for i in 0..len {
-            // SAFETY: within the struct; a volatile write the compiler
-            // keeps although the value is dropped right after.
-            unsafe { std::ptr::write_volatile((ptr as *mut u8).add(i), 0) };
+        // The key is not left in this value's memory once the kernel has
+        // it (moves of the value may have left copies on the stack).
+        fn wipe<T>(t: &mut T) {
+            let p = (t as *mut T).cast::<u8>();
+            for i in 0..std::mem::size_of::<T>() {
+                // SAFETY: within `*t`, which is plain bytes and borrowed
+                // mutably; volatile, so the write is kept although the
+                // value is dropped right after.
+                unsafe { std::ptr::write_volatile(p.add(i), 0) };
+            }
+        }
+        match self {
+            CryptoInfo::Gcm128(i) => wipe(i),
+            CryptoInfo::Gcm256(i) => wipe(i),
+            CryptoInfo::Chacha(i) => wipe(i),
         }
     }
 }
@@ -185,11 +218,14 @@ pub enum Control {
     Closed,
 }
 
-/// Why the attach or the keys failed: `Off` leaves the session usable in
-/// user space, `Broken` does not (a key is in the kernel already).
+/// Why the attach or the keys failed: `Off` (the kernel has no TLS for
+/// this process) and `Key` (it refused this session's receiving key) leave
+/// the session usable in user space, `Broken` does not (a key is in the
+/// kernel already).
 #[derive(Debug)]
 pub enum Refusal {
     Off(String),
+    Key(String),
     Broken(Fail),
 }
 
@@ -230,14 +266,14 @@ pub fn hand_over(fd: RawFd, rx: &CryptoInfo, tx: &CryptoInfo) -> Result<(), Refu
     // the session goes on in user space (an upper layer with no key
     // passes bytes through).
     if let Err(e) = rx.install(fd, libc::TLS_RX) {
-        return Err(Refusal::Off(format!(
-            "kernel TLS: the receiving key refused ({e}); https records are opened in user space"
+        return Err(Refusal::Key(format!(
+            "the kernel refused a receiving key ({e})"
         )));
     }
     if let Err(e) = tx.install(fd, libc::TLS_TX) {
         return Err(Refusal::Broken(Fail::new(
             FailKind::Reset,
-            format!("kernel TLS: the sending key refused ({e}) after the receiving key was taken"),
+            format!("the kernel refused a sending key ({e}) after taking the receiving key"),
         )));
     }
     Ok(())
@@ -288,7 +324,7 @@ impl KernelSession {
                     .kernel
                     .update_rx_secret()
                     .map_err(|e| Fail::new(FailKind::Tls, format!("TLS key update: {e}")))?;
-                let info = CryptoInfo::new(version, seq, &secret)
+                let info = CryptoInfo::new(version, seq, &secret, false)
                     .map_err(|e| Fail::new(FailKind::Tls, e))?;
                 if let Err(e) = info.install(fd, libc::TLS_RX) {
                     self.broken = true;
@@ -310,7 +346,7 @@ impl KernelSession {
                         .kernel
                         .update_tx_secret()
                         .map_err(|e| Fail::new(FailKind::Tls, format!("TLS key update: {e}")))?;
-                    let info = CryptoInfo::new(version, seq, &secret)
+                    let info = CryptoInfo::new(version, seq, &secret, true)
                         .map_err(|e| Fail::new(FailKind::Tls, e))?;
                     if let Err(e) = info.install(fd, libc::TLS_TX) {
                         self.broken = true;
@@ -361,7 +397,12 @@ fn recv_record(fd: RawFd, buf: &mut [u8]) -> std::io::Result<(usize, u8)> {
     while !c.is_null() {
         // SAFETY: `c` is a header within the control buffer.
         let h = unsafe { &*c };
-        if h.cmsg_level == libc::SOL_TLS && h.cmsg_type == libc::TLS_GET_RECORD_TYPE {
+        // SAFETY: CMSG_LEN is a pure size computation.
+        let one = unsafe { libc::CMSG_LEN(1) } as usize;
+        if h.cmsg_level == libc::SOL_TLS
+            && h.cmsg_type == libc::TLS_GET_RECORD_TYPE
+            && h.cmsg_len >= one
+        {
             // SAFETY: a TLS_GET_RECORD_TYPE cmsg carries one byte.
             return Ok((n as usize, unsafe { *libc::CMSG_DATA(c) }));
         }
@@ -437,7 +478,8 @@ mod tests {
             key: AeadKey::from([7; 32]),
             iv: Iv::from(iv),
         };
-        let CryptoInfo::Gcm256(i) = CryptoInfo::new(ProtocolVersion::TLSv1_3, 0x0102, &s).unwrap()
+        let CryptoInfo::Gcm256(i) =
+            CryptoInfo::new(ProtocolVersion::TLSv1_3, 0x0102, &s, true).unwrap()
         else {
             panic!("not AES-GCM-256");
         };
@@ -447,8 +489,10 @@ mod tests {
         assert_eq!(i.iv, [4, 5, 6, 7, 8, 9, 10, 11]);
         assert_eq!(i.key, [7; 32]);
         assert_eq!(i.rec_seq, [0, 0, 0, 0, 0, 0, 1, 2]);
+        // TLS 1.2, receiving: the record's own explicit nonce is read, the
+        // iv is E as given, at any sequence number.
         let CryptoInfo::Gcm256(i) =
-            CryptoInfo::new(ProtocolVersion::TLSv1_2, u64::MAX, &aes256(9, 5)).unwrap()
+            CryptoInfo::new(ProtocolVersion::TLSv1_2, u64::MAX, &aes256(9, 5), false).unwrap()
         else {
             panic!("not AES-GCM-256");
         };
@@ -457,13 +501,37 @@ mod tests {
             (i.key, i.salt, i.iv, i.rec_seq),
             ([9; 32], [5; 4], [5; 8], [0xff; 8])
         );
+        // TLS 1.2, sending after the Finished (rustls's nonce E for
+        // sequence number 0): the kernel's explicit nonces go on from E + 1,
+        // big-endian with its carry, never E again in 2^64 records.
+        let CryptoInfo::Gcm256(i) =
+            CryptoInfo::new(ProtocolVersion::TLSv1_2, 1, &aes256(9, 5), true).unwrap()
+        else {
+            panic!("not AES-GCM-256");
+        };
+        assert_eq!(
+            (i.salt, i.iv, i.rec_seq),
+            ([5; 4], [5, 5, 5, 5, 5, 5, 5, 6], 1u64.to_be_bytes())
+        );
+        let CryptoInfo::Gcm256(i) =
+            CryptoInfo::new(ProtocolVersion::TLSv1_2, 1, &aes256(9, 0xff), true).unwrap()
+        else {
+            panic!("not AES-GCM-256");
+        };
+        assert_eq!(i.iv, [0; 8], "E + 1 wraps");
+        // More sealed than the Finished: refused, the session stays in user
+        // space.
+        let e = CryptoInfo::new(ProtocolVersion::TLSv1_2, 2, &aes256(9, 5), true)
+            .err()
+            .unwrap();
+        assert!(e.contains("sealed 2 records"), "{e}");
         // An AES-128 secret whose key is not 16 bytes is refused by name
         // (rustls's keys from a handshake always are).
         let s = ConnectionTrafficSecrets::Aes128Gcm {
             key: AeadKey::from([7; 32]),
             iv: Iv::from(iv),
         };
-        let e = CryptoInfo::new(ProtocolVersion::TLSv1_3, 0, &s)
+        let e = CryptoInfo::new(ProtocolVersion::TLSv1_3, 0, &s, false)
             .err()
             .unwrap();
         assert!(e.contains("AES-128 key not of 16 bytes"), "{e}");
@@ -475,7 +543,7 @@ mod tests {
             key: AeadKey::from([3; 32]),
             iv: Iv::from([4; 12]),
         };
-        let CryptoInfo::Chacha(i) = CryptoInfo::new(ProtocolVersion::TLSv1_3, 1, &s).unwrap()
+        let CryptoInfo::Chacha(i) = CryptoInfo::new(ProtocolVersion::TLSv1_3, 1, &s, true).unwrap()
         else {
             panic!("not ChaCha20");
         };
@@ -484,7 +552,7 @@ mod tests {
             (i.key, i.iv, i.rec_seq),
             ([3; 32], [4; 12], [0, 0, 0, 0, 0, 0, 0, 1])
         );
-        let e = CryptoInfo::new(ProtocolVersion::TLSv1_1, 0, &s)
+        let e = CryptoInfo::new(ProtocolVersion::TLSv1_1, 0, &s, false)
             .err()
             .unwrap();
         assert!(e.contains("TLSv1_1"), "{e}");

@@ -110,6 +110,18 @@ struct Conn {
     kernel: Option<Box<KernelSession>>,
 }
 
+impl Conn {
+    /// Whether the connection may serve another range once its answer
+    /// was read whole: a TLS session with nothing left over and keys with
+    /// life in them (`finish`, and a redirect's hop).
+    fn reusable(&self) -> bool {
+        self.tls
+            .as_ref()
+            .is_none_or(|t| t.pending() == 0 && !t.worn())
+            && self.kernel.as_ref().is_none_or(|k| !k.worn())
+    }
+}
+
 /// Idle connections are kept per host, port and transport.
 type PoolKey = (String, u16, bool);
 
@@ -397,6 +409,7 @@ impl HttpDriver {
         op.head_got = 0;
         op.sent = 0;
         op.pend = 0;
+        op.small = false;
         op.asked = Some(Instant::now());
         op.body_at = None;
         self.net.stats.requests.fetch_add(1, Ordering::Relaxed);
@@ -587,10 +600,8 @@ impl HttpDriver {
         }
         if let Some(c) = op.conn.take()
             && op.keep_alive
-            // A TLS connection goes back only with nothing left over and
-            // keys with life in them.
-            && c.tls.as_ref().is_none_or(|t| t.pending() == 0 && op.pend == 0 && !t.worn())
-            && c.kernel.as_ref().is_none_or(|k| !k.worn())
+            && op.pend == 0
+            && c.reusable()
         {
             self.idle.entry(pool_key(&op.at)).or_default().push(c);
         }

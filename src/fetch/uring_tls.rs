@@ -274,14 +274,15 @@ impl TlsConn {
         let (rx_seq, rx) = secrets.rx;
         let (tx_seq, tx) = secrets.tx;
         let limit = ktls::limit(suite);
-        // A suite or version the kernel has no layout for stays here.
+        // A suite or version the kernel has no layout for, or nonces it
+        // could not go on from (`CryptoInfo::new`), stay here.
         let kernel_keys = self
             .for_kernel
             .then(|| {
                 let v = kernel.protocol_version();
                 Some((
-                    CryptoInfo::new(v, rx_seq, &rx).ok()?,
-                    CryptoInfo::new(v, tx_seq, &tx).ok()?,
+                    CryptoInfo::new(v, rx_seq, &rx, false).ok()?,
+                    CryptoInfo::new(v, tx_seq, &tx, true).ok()?,
                 ))
             })
             .flatten();

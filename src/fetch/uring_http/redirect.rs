@@ -69,11 +69,14 @@ impl HttpDriver {
         self.head_arrived(ring, slot);
         let op = self.slots[slot].as_deref_mut().expect("live slot");
         let body_in = op.head_got - h.head_len;
-        if let Some(c) = op.conn.take()
+        if let Some(mut c) = op.conn.take()
             && h.keep_alive
             && h.content_length == Some(body_in as u64)
-            && c.tls.as_ref().is_none_or(|t| t.pending() == 0 && !t.worn())
+            && c.reusable()
         {
+            if let Some(k) = c.kernel.as_mut() {
+                k.used(op.head_got as u64);
+            }
             self.idle.entry(key).or_default().push(c);
         }
         let op = self.slots[slot].as_deref_mut().expect("live slot");

@@ -89,7 +89,12 @@ impl HttpDriver {
                 Err(Refusal::Off(why)) => {
                     crate::log::once("kernel_tls", crate::log::Level::Info, || why);
                 }
+                // The kernel has TLS but not for this session's suite:
+                // this loader's next ones are not offered either.
+                Err(Refusal::Key(why)) => setup.kernel_failed(&why),
                 Err(Refusal::Broken(f)) => {
+                    // Counted where it went, though it carries nothing.
+                    setup.sessions_kernel.fetch_add(1, Ordering::Relaxed);
                     setup.kernel_failed(&f.message);
                     return Err(f);
                 }
