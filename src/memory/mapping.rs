@@ -76,6 +76,11 @@ pub struct Arena {
     file: Option<std::fs::File>,
     base: *mut u8,
     len: usize,
+    /// Bytes from the start whose pages are secured; past them a hugetlb
+    /// arena mapped without a reservation (`MAP_NORESERVE`) has its pages
+    /// faulted in on demand, each run populated before its first write
+    /// ([`Arena::on_demand_from`]).
+    backed: usize,
     report: ArenaReport,
 }
 
@@ -123,9 +128,25 @@ impl Arena {
     /// its DMA lands), bound before any page is faulted in; a refused
     /// binding is a note, not an error.
     pub fn new_on_node(len: usize, opts: ArenaOptions, node: Option<usize>) -> Result<Arena> {
+        Arena::new_backed(len, len, opts, node)
+    }
+
+    /// A shared arena of `len` bytes of which only the first `backed` must
+    /// have memory behind them at once (a node engine's budget, its arena
+    /// being larger for the streams past it): in huge pages, only those are
+    /// reserved and faulted in now, the rest on demand
+    /// ([`Arena::on_demand_from`]), so the huge pages a node reserves for
+    /// the budget are enough.
+    pub fn new_backed(
+        len: usize,
+        backed: usize,
+        opts: ArenaOptions,
+        node: Option<usize>,
+    ) -> Result<Arena> {
+        let backed = backed.min(len);
         let mut notes = Vec::new();
         let (mut map, kind, file) = if opts.shared {
-            let (m, k, f) = map_shared(len, opts.kind, &mut notes)?;
+            let (m, k, f) = map_shared(len, backed, opts.kind, &mut notes)?;
             (m, k, Some(f))
         } else {
             let (m, k) = map_region(len, opts.kind, &mut notes)?;
@@ -180,12 +201,19 @@ impl Arena {
             }
         }
         let base = map.as_mut_ptr();
+        // Past `backed`, only a hugetlb memory file is left unreserved.
+        let backed = if opts.shared && kind == MemoryKind::Hugetlb {
+            backed
+        } else {
+            len
+        };
         Ok(Arena {
             cuda: OnceLock::new(),
             _map: map,
             file,
             base,
             len,
+            backed,
             report: ArenaReport {
                 kind,
                 bytes: len,
@@ -200,6 +228,14 @@ impl Arena {
     /// without changing them (`MADV_POPULATE_WRITE`, Linux 5.14): safe while
     /// other parts of the arena are in use. False when the kernel cannot,
     /// and then pages fault in on first use.
+    /// Where the pages with no memory secured behind them begin, if
+    /// anywhere: a run there is populated ([`Arena::populate`]) before its
+    /// first write, and one that cannot be is not used (a write to an
+    /// unbacked huge page would kill the process with `SIGBUS`).
+    pub fn on_demand_from(&self) -> Option<usize> {
+        (self.backed < self.len).then_some(self.backed)
+    }
+
     pub fn populate(&self, offset: usize, len: usize) -> bool {
         if offset >= self.len {
             return true;
@@ -342,6 +378,7 @@ fn shmem_thp_mode() -> Option<String> {
 /// kernel gives them to shared memory, else normal pages.
 fn map_shared(
     len: usize,
+    backed: usize,
     want: Option<MemoryKind>,
     notes: &mut Vec<String>,
 ) -> Result<(MmapMut, MemoryKind, std::fs::File)> {
@@ -360,9 +397,26 @@ fn map_shared(
         // SAFETY: `fd` was just created and is owned by nothing else.
         let file = unsafe { std::fs::File::from_raw_fd(fd) };
         file.set_len(len as u64)?;
+        let huge = flags & libc::MFD_HUGETLB != 0;
+        let mut opts = MmapOptions::new();
+        opts.len(len);
+        if huge && backed < len {
+            // Huge pages are reserved for the whole of a shared mapping at
+            // mmap unless told not to: only `backed` bytes are, below.
+            opts.no_reserve_swap();
+        }
         // SAFETY: the file is ours alone until the arena hands its
         // descriptor out; its length was set above and never changes.
-        let map = unsafe { MmapOptions::new().len(len).map_mut(&file) }?;
+        let map = unsafe { opts.map_mut(&file) }?;
+        if huge && backed < len {
+            // The backed part's pages now, or no huge pages at all.
+            // SAFETY: within the mapping; POPULATE_WRITE only faults in.
+            let r =
+                unsafe { libc::madvise(map.as_ptr() as *mut _, backed, libc::MADV_POPULATE_WRITE) };
+            if r != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
         Ok((map, file))
     };
     let mut want_huge = want.is_none() || want == Some(MemoryKind::Hugetlb);
@@ -377,7 +431,7 @@ fn map_shared(
             Ok((m, f)) => return Ok((m, MemoryKind::Hugetlb, f)),
             Err(e) if want == Some(MemoryKind::Hugetlb) => {
                 return Err(Error::Memory(format!(
-                    "a shared arena of {len} bytes in huge pages failed ({e}); `memory_kind` is \
+                    "a shared arena of {len} bytes, {backed} of them backed at once, in huge pages failed ({e}); `memory_kind` is \
                      \"hugetlb\": reserve huge pages in /proc/sys/vm/nr_hugepages or choose \"auto\""
                 )));
             }

@@ -211,8 +211,15 @@ impl NodeLoader {
         // SAFETY: the engine's memory file is mapped read-only and shared;
         // its length never changes; its bytes are read only through batches
         // the engine handed over and has not taken back.
-        let arena = unsafe { MmapOptions::new().len(arena_len).map(&arena_fd) }
-            .map_err(|e| Error::Node(format!("mapping the arena: {e}")))?;
+        let arena = unsafe {
+            MmapOptions::new()
+                .len(arena_len)
+                // A hugetlb arena is reserved only for its budget
+                // (`Arena::new_backed`): no reservation asked here either.
+                .no_reserve_swap()
+                .map(&arena_fd)
+        }
+        .map_err(|e| Error::Node(format!("mapping the arena: {e}")))?;
         // The engine's arena stays out of this process's core dumps too.
         if let Err(e) = arena.advise(memmap2::Advice::DontDump) {
             crate::log::once("node-arena-dontdump", crate::log::Level::Warn, || {

@@ -182,8 +182,11 @@ fn engine_pool(cfg: &Config) -> Result<Arc<ChunkPool>> {
     let node = topology::worker_cpus(&topo, &req).numa_node;
     let chunk = cfg.chunk();
     let chunks = (cfg.node_budget() / chunk).max(1) as usize;
-    let mut arena = Arena::new_on_node(
+    // Only the budget must have memory behind it (in huge pages, only it
+    // is reserved: the node's huge pages need cover no more).
+    let mut arena = Arena::new_backed(
         chunks * OVERSUBSCRIBE * chunk as usize,
+        chunks * chunk as usize,
         ArenaOptions {
             kind: cfg.memory_kind,
             lock: Some(false),

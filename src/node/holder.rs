@@ -92,8 +92,15 @@ impl HolderLink {
         // SAFETY: the engine's memory file, mapped read-only and shared; it
         // is sealed against resizing, and its bytes are read only through
         // batches this process kept.
-        let arena = unsafe { MmapOptions::new().len(arena_len).map(&arena_fd) }
-            .map_err(|e| node(format!("mapping the arena: {e}")))?;
+        let arena = unsafe {
+            MmapOptions::new()
+                .len(arena_len)
+                // A hugetlb arena is reserved only for its budget
+                // (`Arena::new_backed`): no reservation asked here either.
+                .no_reserve_swap()
+                .map(&arena_fd)
+        }
+        .map_err(|e| node(format!("mapping the arena: {e}")))?;
         // The engine's arena stays out of this process's core dumps too.
         if let Err(e) = arena.advise(memmap2::Advice::DontDump) {
             crate::log::once("node-arena-dontdump", crate::log::Level::Warn, || {

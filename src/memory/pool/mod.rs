@@ -414,6 +414,23 @@ impl ChunkPool {
             let hint = s.next.len() - 1;
             let slot = if owned { owner.min(hint) } else { hint };
             if let Some(start) = s.find(n, s.next[slot]).filter(|_| allowed) {
+                let fresh = s.touched[start..start + n].iter().any(|t| !t);
+                // Past a hugetlb arena's backed part, pages are faulted in
+                // here before their first write, or the run is not used.
+                if fresh
+                    && let Some(from) = self.arena.on_demand_from()
+                    && (start + n) * self.chunk_size > from
+                    && !self
+                        .arena
+                        .populate(start * self.chunk_size, n * self.chunk_size)
+                {
+                    return Err(Error::Memory(format!(
+                        "the node engine's arena past its budget ({from} bytes, in huge pages) \
+                         found no free huge page for a run of {n} chunks: reserve more huge \
+                         pages (vm.nr_hugepages, the pod's hugepages-2Mi) or raise the engine's \
+                         `memory_budget`"
+                    )));
+                }
                 for f in &mut s.free[start..start + n] {
                     *f = false;
                 }
@@ -422,7 +439,6 @@ impl ChunkPool {
                     *t += 1;
                 }
                 s.free_count -= n;
-                let fresh = s.touched[start..start + n].iter().any(|t| !t);
                 s.touched[start..start + n].fill(true);
                 // Relaxed: read only through a reference to this run,
                 // which the state lock orders after this store.

@@ -294,3 +294,87 @@ fn a_run_is_a_first_use_only_while_it_holds_a_chunk_never_taken_before() {
     assert_eq!(run.index(), 0);
     assert!(run.first_use());
 }
+
+/// `vm.nr_hugepages` set for the life of a test, put back after.
+struct Reserved(String);
+
+impl Reserved {
+    fn pages(n: usize) -> Reserved {
+        let path = "/proc/sys/vm/nr_hugepages";
+        let before = std::fs::read_to_string(path).unwrap();
+        std::fs::write(path, n.to_string()).unwrap();
+        let got: usize = std::fs::read_to_string(path).unwrap().trim().parse().unwrap();
+        assert_eq!(got, n, "the kernel reserved {got} huge pages of {n}");
+        Reserved(before)
+    }
+}
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        let _ = std::fs::write("/proc/sys/vm/nr_hugepages", self.0.trim());
+    }
+}
+
+fn free_huge_pages() -> usize {
+    let info = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let line = info.lines().find(|l| l.starts_with("HugePages_Free:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// A node engine's shared arena is four times its budget (for streams past
+/// the ones it expects); in huge pages only the budget is reserved and
+/// faulted in at start, and each run past it is populated before its first
+/// write, so the huge pages a node reserves for the budget are enough, and
+/// running out of them past the budget is an error, never a `SIGBUS`. The
+/// control: the same arena asked for with all of it backed at once fails
+/// on the same reservation.
+///
+/// Ignored in the suite: it sets `vm.nr_hugepages` (a global setting the
+/// other tests' arenas read) as root. The test command runs it in the
+/// guest of its kernel TLS phase (docs/testing.md), which is its own
+/// machine.
+#[test]
+#[ignore = "sets vm.nr_hugepages: run alone, as root (the test command runs it in a guest)"]
+fn a_shared_arena_in_huge_pages_needs_them_for_its_budget_only() {
+    const HUGE: usize = 2 << 20;
+    let (budget_pages, spare) = (8, 2);
+    let _reserved = Reserved::pages(budget_pages + spare);
+    let backed = budget_pages * HUGE;
+    let len = 4 * backed;
+    let opts = ArenaOptions {
+        kind: Some(MemoryKind::Hugetlb),
+        lock: Some(false),
+        prefault: false,
+        shared: true,
+    };
+    // The control: all four times the budget backed at once does not fit.
+    let e = Arena::new_on_node(len, opts, None).err().expect("a 4x arena fit in the budget's pages");
+    assert!(e.to_string().contains("in huge pages failed"), "{e}");
+    assert_eq!(free_huge_pages(), budget_pages + spare);
+
+    let arena = Arena::new_backed(len, backed, opts, None).unwrap();
+    assert_eq!(arena.report().kind, MemoryKind::Hugetlb);
+    assert_eq!(arena.on_demand_from(), Some(backed));
+    assert_eq!(free_huge_pages(), spare, "the budget's pages taken at start");
+    let pool = ChunkPool::new_shared(arena, HUGE, 4 * budget_pages, budget_pages);
+    // Every chunk the pool gives is written (an unbacked huge page would
+    // kill the test with SIGBUS): the budget's, then the spare pages past
+    // it, then a named error.
+    let mut held = Vec::new();
+    let err = loop {
+        match pool.acquire(1, false) {
+            Ok(Some(c)) => {
+                // SAFETY: the chunk is ours, `HUGE` bytes long.
+                unsafe { std::ptr::write_bytes(c.ptr(), 0xa5, c.len()) };
+                held.push(c);
+            }
+            Ok(None) => panic!("no chunk and no error after {}", held.len()),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(held.len(), budget_pages + spare);
+    assert_eq!(free_huge_pages(), 0);
+    assert!(err.to_string().contains("found no free huge page"), "{err}");
+    // SAFETY: each chunk is still ours.
+    assert!(held.iter().all(|c| unsafe { *c.ptr().add(HUGE - 1) } == 0xa5));
+}
