@@ -303,7 +303,11 @@ impl Reserved {
         let path = "/proc/sys/vm/nr_hugepages";
         let before = std::fs::read_to_string(path).unwrap();
         std::fs::write(path, n.to_string()).unwrap();
-        let got: usize = std::fs::read_to_string(path).unwrap().trim().parse().unwrap();
+        let got: usize = std::fs::read_to_string(path)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
         assert_eq!(got, n, "the kernel reserved {got} huge pages of {n}");
         Reserved(before)
     }
@@ -317,7 +321,10 @@ impl Drop for Reserved {
 
 fn free_huge_pages() -> usize {
     let info = std::fs::read_to_string("/proc/meminfo").unwrap();
-    let line = info.lines().find(|l| l.starts_with("HugePages_Free:")).unwrap();
+    let line = info
+        .lines()
+        .find(|l| l.starts_with("HugePages_Free:"))
+        .unwrap();
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
@@ -348,14 +355,20 @@ fn a_shared_arena_in_huge_pages_needs_them_for_its_budget_only() {
         shared: true,
     };
     // The control: all four times the budget backed at once does not fit.
-    let e = Arena::new_on_node(len, opts, None).err().expect("a 4x arena fit in the budget's pages");
+    let e = Arena::new_on_node(len, opts, None)
+        .err()
+        .expect("a 4x arena fit in the budget's pages");
     assert!(e.to_string().contains("in huge pages failed"), "{e}");
     assert_eq!(free_huge_pages(), budget_pages + spare);
 
     let arena = Arena::new_backed(len, backed, opts, None).unwrap();
     assert_eq!(arena.report().kind, MemoryKind::Hugetlb);
     assert_eq!(arena.on_demand_from(), Some(backed));
-    assert_eq!(free_huge_pages(), spare, "the budget's pages taken at start");
+    assert_eq!(
+        free_huge_pages(),
+        spare,
+        "the budget's pages taken at start"
+    );
     let pool = ChunkPool::new_shared(arena, HUGE, 4 * budget_pages, budget_pages);
     // Every chunk the pool gives is written (an unbacked huge page would
     // kill the test with SIGBUS): the budget's, then the spare pages past
@@ -376,5 +389,8 @@ fn a_shared_arena_in_huge_pages_needs_them_for_its_budget_only() {
     assert_eq!(free_huge_pages(), 0);
     assert!(err.to_string().contains("found no free huge page"), "{err}");
     // SAFETY: each chunk is still ours.
-    assert!(held.iter().all(|c| unsafe { *c.ptr().add(HUGE - 1) } == 0xa5));
+    assert!(
+        held.iter()
+            .all(|c| unsafe { *c.ptr().add(HUGE - 1) } == 0xa5)
+    );
 }
