@@ -388,9 +388,9 @@ fn a_shared_arena_in_huge_pages_needs_them_for_its_budget_only() {
     assert_eq!(held.len(), budget_pages + spare);
     assert_eq!(free_huge_pages(), 0);
     assert!(err.to_string().contains("found no free huge page"), "{err}");
-    // SAFETY: each chunk is still ours.
-    assert!(
-        held.iter()
-            .all(|c| unsafe { *c.ptr().add(HUGE - 1) } == 0xa5)
-    );
+    let last = |c: &ChunkRef| {
+        // SAFETY: the chunk is still ours, `HUGE` bytes long.
+        unsafe { *c.ptr().add(HUGE - 1) }
+    };
+    assert!(held.iter().all(|c| last(c) == 0xa5));
 }
