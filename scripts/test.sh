@@ -113,7 +113,10 @@ mkdir -p target/tmp
 python_deps_log=target/tmp/python-deps.log
 python_deps() {
     if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
-        apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null
+        # Waits for apt's locks: the kernel TLS guest's setup installs
+        # QEMU in the background too.
+        apt-get -o DPkg::Lock::Timeout=600 update -qq &&
+            apt-get -o DPkg::Lock::Timeout=600 install -y -qq python3-venv >/dev/null
     fi
     [ -x .venv/bin/python ] || python3 -m venv .venv
     # webdataset: the compatibility tests read every shard with it too

@@ -10,19 +10,22 @@ WORK=${KTLS_VM_DIR:-$HERE/../../target/kernel-tls-vm}
 mkdir -p "$WORK"
 WORK=$(cd "$WORK" && pwd)
 export DEBIAN_FRONTEND=noninteractive
+# The test command installs other packages in the background meanwhile:
+# wait for dpkg's and apt's locks rather than fail on them.
+apt_get() { apt-get -o DPkg::Lock::Timeout=600 "$@"; }
 if ! command -v qemu-system-x86_64 >/dev/null || ! command -v xz >/dev/null || ! command -v objcopy >/dev/null; then
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends qemu-system-x86 xz-utils binutils >/dev/null
+    apt_get update -qq
+    apt_get install -y -qq --no-install-recommends qemu-system-x86 xz-utils binutils >/dev/null
 fi
 if ! ls "$WORK"/kernel/boot/vmlinuz-* >/dev/null 2>&1 || [ ! -x "$WORK/busybox/bin/busybox" ]; then
     # linux-image-amd64 is a metapackage: the versioned image it points to.
     image() { apt-cache depends linux-image-amd64 2>/dev/null | sed -n 's/^ *Depends: \(linux-image-[0-9].*-amd64\)$/\1/p' | head -n1; }
     IMG=$(image || true)
-    [ -n "$IMG" ] || { apt-get update -qq; IMG=$(image || true); }
+    [ -n "$IMG" ] || { apt_get update -qq; IMG=$(image || true); }
     [ -n "$IMG" ] || { echo "setup.sh: no linux-image-amd64 in the package lists" >&2; exit 1; }
     rm -rf "$WORK/debs" "$WORK/kernel" "$WORK/busybox"
     mkdir -p "$WORK/debs"
-    (cd "$WORK/debs" && apt-get download "$IMG" busybox-static)
+    (cd "$WORK/debs" && apt_get download "$IMG" busybox-static)
     dpkg-deb -x "$WORK"/debs/"$IMG"_*.deb "$WORK/kernel"
     dpkg-deb -x "$WORK"/debs/busybox-static_*.deb "$WORK/busybox"
     rm -rf "$WORK/debs"
