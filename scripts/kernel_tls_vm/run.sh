@@ -11,7 +11,8 @@
 # exits with its exit status.
 # Inside the guest: lo is up, tls is loaded (modprobe tls), crypto modules
 # load on demand, /tmp /run /dev/shm are private tmpfs (except one holding
-# the cwd), and these host directories are shared read-write:
+# the cwd; TMPDIR is /dev/shm, always the guest's), and these host
+# directories are shared read-write:
 #   target/kernel-tls-vm/scratch, plus each path in KTLS_VM_RW.
 #
 # Environment knobs:
@@ -86,6 +87,8 @@ echo "$RUN" >"$RUN/rundir"
         esac
         printf 'export %s=%q\n' "$v" "${!v}"
     done
+    # Temporary files in the guest's own tmpfs, wherever the cwd is.
+    printf 'export TMPDIR=/dev/shm\n'
     printf 'cd -- %q || exit 125\n' "$PWD"
     printf '%s\n' "$CMD"
 } >"$RUN/script.sh"
