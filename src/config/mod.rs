@@ -397,10 +397,17 @@ mod tests {
                 .parts_in_flight,
             0
         );
-        for bad in ["1", "\"yes\"", "null", "[]"] {
-            let e = err(&format!(r#"{{"urls":"a","hedge":{bad}}}"#));
-            assert!(e.contains("`hedge`"), "{bad}: {e}");
+        for key in ["hedge", "kernel_tls"] {
+            for bad in ["1", "\"yes\"", "null", "[]"] {
+                let e = err(&format!(r#"{{"urls":"a","{key}":{bad}}}"#));
+                assert!(e.contains(&format!("`{key}`")), "{bad}: {e}");
+            }
         }
+        assert!(
+            !Config::from_json(r#"{"urls":"a","kernel_tls":false}"#)
+                .unwrap()
+                .kernel_tls
+        );
         assert!(
             !Config::from_json(r#"{"urls":"a","hedge":false}"#)
                 .unwrap()

@@ -224,10 +224,6 @@ impl Arena {
         })
     }
 
-    /// Faults in `len` bytes from `offset` for writing, as a write would,
-    /// without changing them (`MADV_POPULATE_WRITE`, Linux 5.14): safe while
-    /// other parts of the arena are in use. False when the kernel cannot,
-    /// and then pages fault in on first use.
     /// Where the pages with no memory secured behind them begin, if
     /// anywhere: a run there is populated ([`Arena::populate`]) before its
     /// first write, and one that cannot be is not used (a write to an
@@ -236,6 +232,10 @@ impl Arena {
         (self.backed < self.len).then_some(self.backed)
     }
 
+    /// Faults in `len` bytes from `offset` for writing, as a write would,
+    /// without changing them (`MADV_POPULATE_WRITE`, Linux 5.14): safe while
+    /// other parts of the arena are in use. False when the kernel cannot,
+    /// and then pages fault in on first use.
     pub fn populate(&self, offset: usize, len: usize) -> bool {
         if offset >= self.len {
             return true;
