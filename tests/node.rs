@@ -12,7 +12,7 @@ mod support;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use ringfeed::node::{AnyNext, Attached};
+use ringfeed::node::{AnyBatch, AnyNext, Attached};
 use serde_json::{Map, Value, json};
 use support::node::*;
 
@@ -459,6 +459,71 @@ fn a_consumer_attached_first_leaves_the_shares_of_those_expected_after_it() {
     // The budget's 8 chunks, and 3 times as many past it for consumers
     // beyond those expected.
     assert_eq!(stats["chunk_count"], json!(32));
+}
+
+#[test]
+fn consumers_that_keep_a_batch_while_asking_the_next_get_every_batch_with_auto_streams() {
+    // What `for batch in loader` does: the last batch is kept while the
+    // next is asked for. The engine's workers and each consumer's streams
+    // left to auto, batches of ~20 samples of ~9 KB in 64 KiB chunks (4
+    // chunks each), a budget giving each stream the engine expects 7
+    // chunks: a stream cannot hold the batch its consumer keeps and the
+    // next. Before, a consumer of this 5-shard dataset (a part of one or
+    // two shards) ran 4 streams, 2 of them planned nothing, and its busy
+    // stream waited for ever at its 7 chunks (this test's control: "no
+    // batch for 60 s after 1 batches"); now it runs 3 streams that split
+    // its part, each with room for two batches (taken past the budget:
+    // the arena is 4 times it).
+    let mut own = job();
+    own.remove("workers");
+    own.insert("chunk_size".into(), json!("64KiB"));
+    own.insert("batch_size".into(), json!(20));
+    own.insert("shuffle_buffer".into(), json!(0));
+    // 4 consumers x 4 expected streams x 7 chunks of 64 KiB.
+    own.insert("memory_budget".into(), json!(4 * 4 * 7 * 65536));
+    let (_dir, socket) = engine(own.clone());
+    let mut all_keys = Vec::new();
+    let consumers: Vec<_> = [(0, 0), (0, 1), (1, 0), (1, 1)]
+        .into_iter()
+        .map(|(rank, worker)| {
+            let mut c = own.clone();
+            c.insert("rank".into(), json!(rank));
+            c.insert("loader_worker".into(), json!(worker));
+            (c.clone(), open(c, Some(&socket)).unwrap())
+        })
+        .collect();
+    for (cfg, attached) in &consumers {
+        let mut kept: Option<AnyBatch> = None;
+        let mut seen = Vec::new();
+        loop {
+            match attached.next(Some(Duration::from_secs(60))).unwrap() {
+                AnyNext::Batch(b) => {
+                    seen.push(view(&b));
+                    kept = Some(b);
+                }
+                AnyNext::EndOfEpoch(_) => {}
+                AnyNext::Finished => break,
+                AnyNext::Timeout => panic!(
+                    "no batch for 60 s after {} batches, the last one kept",
+                    seen.len()
+                ),
+            }
+        }
+        drop(kept);
+        let (json, _) = attached.stats().unwrap();
+        let stats: Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(stats["workers"], json!(3), "{json}");
+        // Exactly what an engine of its own gives this consumer.
+        let alone: Vec<Seen> = drain(&open(cfg.clone(), None).unwrap())
+            .into_iter()
+            .filter_map(|(b, _)| b)
+            .collect();
+        assert_eq!(seen, alone);
+        all_keys.extend(seen.iter().flat_map(|b| b.2.iter().map(|s| s.0.clone())));
+    }
+    all_keys.sort();
+    all_keys.dedup();
+    assert_eq!(all_keys, dataset().keys);
 }
 
 /// An engine started on demand ends once nothing has been attached for its

@@ -17,8 +17,8 @@ use crate::engine::counters::Counters;
 use crate::engine::loader::{Loader, Setup};
 use crate::engine::planning::{counts_or_nominal, plan_setup, worker_count};
 use crate::engine::setup::{
-    EngineNet, MIN_SHARE, auto_chunk, check_placement_keys, fixed_buffers, own_pool, place,
-    read_span, register_cuda, remote_budget,
+    EngineNet, MIN_SHARE, auto_chunk, batch_share, check_placement_keys, fixed_buffers, own_pool,
+    place, read_span, register_cuda, remote_budget,
 };
 use crate::engine::shared::{NetReads, Progress, Shared, faults_in_on_reads};
 use crate::engine::threads::{
@@ -77,7 +77,10 @@ impl Loader {
             None => NetOptions::for_config(&cfg),
         };
         let workers = worker_count(&cfg, &shards);
-        let base = pool.join(workers, MIN_SHARE)?;
+        // The engine's budget counts `workers` (or auto's most) streams
+        // for each consumer: this loader's split that part.
+        let want = batch_share(&cfg, &shards, cfg.chunk_size);
+        let base = pool.join(workers, cfg.workers_or_auto(), MIN_SHARE, want)?;
         let opened = Loader::start(
             cfg,
             net,
@@ -347,7 +350,7 @@ impl Loader {
         // read then waiting for a chunk, and every page of it faulted in:
         // 1.3-1.7 GB/s where a third read 2.4-2.5, 3 runs each,
         // alternating, and over 3 passes 2.1-2.3 against 2.4-2.5.)
-        let reads = NetReads::new(&cfg, workers, pool.quota() / 3, started);
+        let reads = NetReads::new(&cfg, workers, pool.quota_of(owner_base) / 3, started);
         let transform_cpus = match cfg.pin_cpus {
             true => {
                 topology::transform_cpus(&topo, &allowed, cfg.cpus.as_deref(), placement.numa_node)

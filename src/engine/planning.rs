@@ -192,12 +192,30 @@ pub(super) fn counted(s: &Shard) -> Result<Option<u64>> {
     }
 }
 
-/// Streams of a loader: `workers`, or one per shard up to `AUTO_WORKERS`.
+/// Streams of a loader: `workers`, or, auto, one per shard of this
+/// consumer's part up to `AUTO_WORKERS`. Split among several consumers
+/// (by shard, or by sample index into consecutive runs), a part spans at
+/// most `ceil(shards / consumers) + 1` shards; a stream past those would
+/// be planned nothing and hold its share of the memory idle while the
+/// others ran short (a node engine's consumer of one shard of 256-sample
+/// batches waited for ever at a quarter of its part). `resampled` draws
+/// shards with replacement: any number of them.
 pub(super) fn worker_count(cfg: &Config, shards: &[Shard]) -> usize {
     match cfg.workers {
-        0 => AUTO_WORKERS.min(shards.len()),
+        0 => auto_workers(shards.len(), cfg.consumers(), cfg.resampled),
         n => n,
     }
+}
+
+/// Auto's streams for `shards` split among `consumers` (see
+/// [`worker_count`]).
+fn auto_workers(shards: usize, consumers: u64, resampled: bool) -> usize {
+    let part = match consumers {
+        _ if resampled => shards,
+        0 | 1 => shards,
+        c => shards.div_ceil(c as usize) + 1,
+    };
+    AUTO_WORKERS.min(part).min(shards)
 }
 
 /// The fingerprint to check `states` against: the dataset's, or, for
@@ -297,4 +315,64 @@ pub(super) fn plan_setup(
         _ => None,
     };
     Ok((opts, counts, start, base, replay, fingerprint))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::auto_workers;
+    use crate::config::AUTO_WORKERS;
+
+    #[test]
+    fn auto_runs_one_stream_per_shard_of_the_consumers_part() {
+        // One consumer reads every shard: one stream each, up to the most.
+        assert_eq!(auto_workers(1, 1, false), 1);
+        assert_eq!(auto_workers(3, 1, false), 3);
+        assert_eq!(auto_workers(64, 1, false), AUTO_WORKERS);
+        // 4 shards among 4 consumers: a part is one shard, or the end of
+        // one and the start of the next; never four (two would hold their
+        // share of memory with nothing planned).
+        assert_eq!(auto_workers(4, 4, false), 2);
+        assert_eq!(auto_workers(8, 4, false), 3);
+        assert_eq!(auto_workers(1, 8, false), 1);
+        assert_eq!(auto_workers(1024, 8, false), AUTO_WORKERS);
+        // Shards drawn with replacement: any of them, any number of times.
+        assert_eq!(auto_workers(4, 4, true), 4);
+        assert_eq!(auto_workers(0, 1, false), 0);
+    }
+
+    #[test]
+    fn auto_leaves_at_most_one_stream_of_a_part_with_nothing_planned() {
+        // Against the plan itself: split by sample index (shards of equal
+        // counts, shuffled), a consumer's part fills all but at most one of
+        // auto's streams (a part inside one shard leaves the second idle),
+        // and one consumer's, all of them. (Uneven shards can leave more
+        // idle: a part inside one large shard.)
+        use crate::config::Config;
+        use crate::plan::plan_epoch;
+        for shards in 1..12usize {
+            for consumers in 1..9u64 {
+                let counts: Vec<Option<u64>> = vec![Some(100); shards];
+                let streams = auto_workers(shards, consumers, false);
+                let cfg = Config {
+                    world_size: consumers,
+                    shuffle: true,
+                    ..Config::default()
+                };
+                for consumer in 0..consumers {
+                    let cfg = Config {
+                        rank: consumer,
+                        ..cfg.clone()
+                    };
+                    let plan = plan_epoch(&cfg.plan_options(streams), &counts, 3, None).unwrap();
+                    let idle = plan.streams.iter().filter(|s| s.is_empty()).count();
+                    let most = if consumers == 1 { 0 } else { 1 };
+                    assert!(
+                        idle <= most,
+                        "{shards} shards, consumer {consumer} of {consumers}: {idle} of \
+                         {streams} streams planned nothing"
+                    );
+                }
+            }
+        }
+    }
 }

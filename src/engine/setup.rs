@@ -153,6 +153,28 @@ pub(super) fn auto_chunk(cfg: &Config, shards: &[Shard]) -> (u64, Option<String>
 /// spill run and one chunk of a batch.
 pub(super) const MIN_SHARE: usize = 3;
 
+/// Chunks of `chunk` bytes one stream needs so that its consumer may keep
+/// a batch while it asks for the next (`for batch in loader` does): the
+/// chunks the batch kept and the one being filled span together (one
+/// more than their bytes), and the read after them. Batches of
+/// `batch_size` samples of the shards' mean size, with a quarter more for
+/// samples above it; 0 where no shard has both its size and its sample
+/// count known.
+pub(super) fn batch_share(cfg: &Config, shards: &[Shard], chunk: u64) -> usize {
+    let (bytes, samples) = shards
+        .iter()
+        .filter_map(|s| Some((s.size?, s.samples?)))
+        .fold((0u64, 0u64), |(b, n), (sb, sn)| (b + sb, n + sn));
+    if samples == 0 || chunk == 0 {
+        return 0;
+    }
+    let two = (2 * cfg.batch_size as u64)
+        .saturating_mul(bytes / samples)
+        .saturating_mul(5)
+        / 4;
+    two.div_ceil(chunk) as usize + 2
+}
+
 /// The default budget's bound for remote shards: a sixteenth of the memory
 /// this process may use (the machine's, or its cgroup's limit when lower,
 /// as in a Kubernetes pod), between 256 MiB and `REMOTE_BUDGET_MAX`.

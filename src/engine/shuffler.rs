@@ -142,7 +142,7 @@ impl Shuffler {
                 self.pinned_chunks,
                 self.pool.chunk_size(),
                 self.limit,
-                self.pool.quota()
+                self.pool.quota_of(self.owner)
             ),
         }
     }

@@ -402,3 +402,34 @@ proptest! {
         prop_assert_eq!(r.violations, Vec::<String>::new());
     }
 }
+
+#[test]
+fn a_stream_wants_room_for_the_batch_kept_and_the_next() {
+    use super::setup::batch_share;
+    let shard = |size, samples| Shard {
+        name: "s".into(),
+        source: Source::File("/s".into()),
+        size,
+        samples,
+    };
+    let cfg = Config {
+        batch_size: 256,
+        ..Config::default()
+    };
+    // 100,000-byte samples: two batches and a quarter are 64,000,000
+    // bytes, 8 chunks of 8 MiB, spanning one more, and the read after.
+    let shards = [
+        shard(Some(50_000_000), Some(500)),
+        shard(Some(10_000_000), Some(100)),
+    ];
+    assert_eq!(batch_share(&cfg, &shards, 8 << 20), 8 + 2);
+    // Shards without both their size and count do not count; none: 0.
+    let partly = [
+        shards[0].clone(),
+        shard(None, Some(7)),
+        shard(Some(9), None),
+    ];
+    assert_eq!(batch_share(&cfg, &partly, 8 << 20), 10);
+    assert_eq!(batch_share(&cfg, &[shard(None, Some(7))], 8 << 20), 0);
+    assert_eq!(batch_share(&cfg, &[shard(Some(0), Some(0))], 8 << 20), 0);
+}

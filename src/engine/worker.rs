@@ -106,7 +106,7 @@ impl<'a> Worker<'a> {
             let plan = sh.plan(epoch)?;
             if sh.plan_opts.shuffle_buffer > 0 {
                 let buf = ShuffleBuffer::for_stream(&sh.plan_opts, epoch, self.stream);
-                let quota = sh.pool.quota();
+                let quota = sh.pool.quota_of(sh.owner(self.stream));
                 // Besides the buffer's chunks a worker holds its reads in
                 // flight, the chunk being parsed, a spill run and a
                 // compaction target; one more absorbs the check coming

@@ -51,6 +51,9 @@ struct PoolState {
     used: Vec<usize>,
     /// Most chunks one owner may hold; 0: no limit.
     quota: usize,
+    /// An owner's own limit where it differs (a shared pool's loader whose
+    /// streams split its consumer's part: `ChunkPool::join`); 0: `quota`.
+    quotas: Vec<usize>,
     /// Owners of a loader that is using them (`join` to `leave`).
     live: Vec<bool>,
     /// Owners whose loader is closing: their waits end with `Closed`.
@@ -144,6 +147,7 @@ impl ChunkPool {
                 owner: vec![u32::MAX; n],
                 used: Vec::new(),
                 quota: 0,
+                quotas: Vec::new(),
                 live: Vec::new(),
                 closing: Vec::new(),
                 holders: Vec::new(),
@@ -302,14 +306,17 @@ impl ChunkPool {
         s.closing = vec![false; owners];
         s.holders = vec![None; owners];
         s.quota = quota;
+        s.quotas = vec![0; owners];
         // Owners' bases spread over the arena.
         let n = self.chunk_count();
         s.next = (0..=owners).map(|o| o * n / (owners + 1)).collect();
     }
 
-    /// The per-owner quota (a shared pool's share per stream; 0: none).
-    pub fn quota(&self) -> usize {
-        self.lock().quota
+    /// The most chunks `owner` may hold (0: no limit): a loader's own
+    /// pool gives each stream the same; in a shared pool, the streams of
+    /// one loader split its consumer's part (`ChunkPool::join`).
+    pub fn quota_of(&self, owner: usize) -> usize {
+        self.lock().quota_for(owner)
     }
 
     /// One chunk for read-ahead, only while more than the reserve is free
@@ -332,7 +339,7 @@ impl ChunkPool {
                 return Ok(None);
             }
             if let Some(&u) = s.used.get(owner)
-                && u + 1 + headroom > s.quota
+                && u + 1 + headroom > s.quota_for(owner)
             {
                 return Ok(None);
             }
@@ -392,14 +399,14 @@ impl ChunkPool {
         }
         let mut s = self.lock();
         let owned = owner < s.used.len();
-        if owned && n > s.quota {
+        let quota = s.quota_for(owner);
+        if owned && n > quota {
             return Err(Error::BudgetTooSmall {
                 budget: self.arena.len() as u64,
                 detail: format!(
-                    "a run of {n} chunks of {} bytes is wanted, but each of the {} workers may hold {}",
+                    "a run of {n} chunks of {} bytes is wanted, but each of the {} workers may hold {quota}",
                     self.chunk_size,
                     s.used.len(),
-                    s.quota
                 ),
             });
         }
@@ -410,7 +417,7 @@ impl ChunkPool {
             if owned && s.closing[owner] {
                 return Err(Error::Closed);
             }
-            let allowed = !owned || s.used[owner] + n <= s.quota;
+            let allowed = !owned || s.used[owner] + n <= quota;
             let hint = s.next.len() - 1;
             let slot = if owned { owner.min(hint) } else { hint };
             if let Some(start) = s.find(n, s.next[slot]).filter(|_| allowed) {
@@ -565,6 +572,17 @@ impl PoolState {
             self.closing.resize(end, false);
             self.used.resize(end, 0);
             self.holders.resize(end, None);
+        }
+        if self.quotas.len() < end {
+            self.quotas.resize(end, 0);
+        }
+    }
+
+    /// The most chunks `owner` may hold: its own limit, else the pool's.
+    fn quota_for(&self, owner: usize) -> usize {
+        match self.quotas.get(owner) {
+            Some(&q) if q > 0 => q,
+            _ => self.quota,
         }
     }
 

@@ -64,10 +64,22 @@ impl ChunkPool {
     }
 
     /// Takes `owners` owner numbers of a shared pool for one loader (its
-    /// streams), each with the pool's share, and returns the first. Fails
-    /// when the share is under `min_share`, or when the arena has no room
-    /// for the share of `owners` more streams.
-    pub fn join(&self, owners: usize, min_share: usize) -> Result<usize> {
+    /// streams) and returns the first. The engine split its budget among
+    /// `expected` streams per consumer: the loader's streams split that
+    /// part, so one that runs fewer (a consumer whose part of the dataset
+    /// is one or two shards) gives each a larger share, never a smaller
+    /// one than the pool's; and at least `want` each (what a stream needs
+    /// for the batch its consumer keeps and the next:
+    /// `engine::setup::batch_share`), taken past the budget where the part
+    /// is short of it. Fails when the pool's share is under `min_share`,
+    /// or when the arena has no room for `owners` more streams' shares.
+    pub fn join(
+        &self,
+        owners: usize,
+        expected: usize,
+        min_share: usize,
+        want: usize,
+    ) -> Result<usize> {
         let mut s = self.lock();
         if !s.shared {
             return Err(Error::Internal("join on a pool that is not shared".into()));
@@ -83,16 +95,16 @@ impl ChunkPool {
                 self.chunk_size
             )));
         }
-        let live = s.live.iter().filter(|&&l| l).count();
+        let part = share.max(share * expected.max(1) / owners.max(1));
+        let each = part.max(want);
+        let streams: Vec<usize> = (0..s.live.len())
+            .filter(|&i| s.live[i] && s.holders[i].is_none())
+            .collect();
+        let live = streams.len();
+        let promised: usize = streams.iter().map(|&i| s.quota_for(i)).sum();
         let held: usize = s.used.iter().sum();
-        let live = live
-            - s.holders
-                .iter()
-                .zip(&s.live)
-                .filter(|(h, l)| h.is_some() && **l)
-                .count();
-        if (live + owners) * share > self.chunk_count()
-            || held + owners * share > self.chunk_count()
+        if promised + owners * each > self.chunk_count()
+            || held + owners * each > self.chunk_count()
         {
             let kept = ChunkPool::held_by_holders(&s);
             let by = if kept.is_empty() {
@@ -100,9 +112,16 @@ impl ChunkPool {
             } else {
                 format!("; {}", self.describe_held(&kept))
             };
+            let why = if each > part {
+                " (to hold the batch their consumer keeps and the next: a smaller \
+                 `batch_size` needs less)"
+            } else {
+                ""
+            };
             return Err(Error::Memory(format!(
-                "the node engine is full: {live} streams attached, each with {share} chunks of \
-                 {} bytes, and its arena holds {} chunks{by}: raise the engine's `memory_budget`",
+                "the node engine is full: {live} streams attached with shares of {promised} \
+                 chunks of {} bytes in all, {owners} more want {each} each{why}, and its arena \
+                 holds {} chunks{by}: raise the engine's `memory_budget`",
                 self.chunk_size,
                 self.chunk_count()
             )));
@@ -122,6 +141,7 @@ impl ChunkPool {
             s.live[i] = true;
             s.closing[i] = false;
             s.holders[i] = None;
+            s.quotas[i] = each;
         }
         s.reserve += 2 * owners;
         Ok(base)

@@ -148,8 +148,8 @@ fn loaders_sharing_a_pool_each_get_their_share_budget_first() {
     };
     // 12 chunks, a budget of 6, shares of 3.
     let p = shared(12, 3, 6);
-    let a = p.join(2, 3).unwrap();
-    let b = p.join(1, 3).unwrap();
+    let a = p.join(2, 2, 3, 0).unwrap();
+    let b = p.join(1, 1, 3, 0).unwrap();
     assert_eq!(
         (a, b),
         (0, 2),
@@ -176,8 +176,8 @@ fn loaders_sharing_a_pool_each_get_their_share_budget_first() {
     );
     assert!(held[6..].iter().all(|c| c.index() >= 6), "b's lie past it");
     // A fourth stream still fits (4 x 3 = 12); a fifth does not.
-    let c = p.join(1, 3).unwrap();
-    match p.join(1, 3) {
+    let c = p.join(1, 1, 3, 0).unwrap();
+    match p.join(1, 1, 3, 0) {
         Err(Error::Memory(m)) => {
             assert!(m.contains("full") && m.contains("memory_budget"), "{m}")
         }
@@ -188,7 +188,7 @@ fn loaders_sharing_a_pool_each_get_their_share_budget_first() {
     p.leave(b, 1);
     p.leave(b, 1);
     held.truncate(6);
-    assert_eq!(p.join(1, 3).unwrap(), b);
+    assert_eq!(p.join(1, 1, 3, 0).unwrap(), b);
     // Closing a loader ends its streams' waits and no other's.
     for _ in 0..3 {
         held.push(p.acquire_as(c, 1, false).unwrap().expect("c's share"));
@@ -205,10 +205,62 @@ fn loaders_sharing_a_pool_each_get_their_share_budget_first() {
         "b's new owner goes on"
     );
     // A share under what a stream needs is refused, naming the key.
-    match shared(4, 2, 4).join(1, 3) {
+    match shared(4, 2, 4).join(1, 1, 3, 0) {
         Err(Error::Memory(m)) => assert!(m.contains("memory_budget"), "{m}"),
         other => panic!("expected a memory error, got {other:?}"),
     }
+}
+
+#[test]
+fn a_loader_of_fewer_streams_than_expected_splits_its_consumers_part_among_them() {
+    let arena = Arena::new(
+        16 * 4096,
+        ArenaOptions {
+            kind: Some(MemoryKind::Normal),
+            lock: Some(false),
+            prefault: false,
+            shared: true,
+        },
+    )
+    .unwrap();
+    // A budget of 8 chunks for 2 consumers of 2 streams: shares of 2.
+    let p = ChunkPool::new_shared(arena, 4096, 2, 8);
+    // A consumer whose loader runs one stream gets its part, 4, in it.
+    let one = p.join(1, 2, 2, 0).unwrap();
+    assert_eq!(p.quota_of(one), 4);
+    let held: Vec<_> = (0..4)
+        .map(|_| {
+            p.acquire_as(one, 1, false)
+                .unwrap()
+                .expect("within its part")
+        })
+        .collect();
+    assert!(
+        p.acquire_as(one, 1, false).unwrap().is_none(),
+        "past its part"
+    );
+    // One that runs the two expected: the pool's share each, never less.
+    let two = p.join(2, 2, 2, 0).unwrap();
+    assert_eq!((p.quota_of(two), p.quota_of(two + 1)), (2, 2));
+    // Three streams where two were expected: still the pool's share each.
+    let three = p.join(3, 2, 2, 0).unwrap();
+    assert_eq!(p.quota_of(three + 2), 2);
+    // 4 + 2 x 2 + 3 x 2 = 14 of 16 promised: one more stream of 4 does
+    // not fit, and the error says what the streams attached were promised.
+    match p.join(1, 2, 2, 0) {
+        Err(Error::Memory(m)) => {
+            assert!(
+                m.contains("shares of 14 chunks") && m.contains("want 4"),
+                "{m}"
+            )
+        }
+        other => panic!("expected a memory error, got {other:?}"),
+    }
+    // Its number taken again after it left, with the new loader's part.
+    drop(held);
+    p.leave(one, 1);
+    let again = p.join(2, 2, 2, 0).unwrap();
+    assert_eq!(p.quota_of(again), 2);
 }
 
 #[test]
@@ -225,7 +277,7 @@ fn chunks_a_holder_keeps_leave_the_streams_share_and_a_full_arena_names_it() {
     .unwrap();
     // A budget of 4 chunks for one stream of share 2; 6 in the arena.
     let p = ChunkPool::new_shared(arena, 4096, 2, 4);
-    let stream = p.join(1, 1).unwrap();
+    let stream = p.join(1, 1, 1, 0).unwrap();
     let holder = p.join_holder("process 77".into()).unwrap();
     assert_ne!(stream, holder);
     let a = p.acquire_as(stream, 1, false).unwrap().unwrap();
