@@ -6,8 +6,9 @@ over the same JPEG photos, one image at a time on one thread.
 
 The photos are those of ``benches/image_pipeline.py`` (scikit-image's
 sample photographs cut into many crops of 660 to 820 pixels on their long
-side at JPEG qualities 88 to 95, ~100 KB each, as ImageNet's are), made
-there once and reused. Two specs are timed:
+side at JPEG qualities 88 to 95, ~100 KB each; with ``--photos imagenet``
+470 to 520 pixels, about 500x375 as ImageNet's usually are), made there
+once and reused. Two specs are timed:
 
 - ``train``: ``random_resized_crop`` 224 with a flip, as a training loader
   runs it: the decode reduced in the DCT domain and windowed to the crop;
@@ -22,7 +23,7 @@ printed. The first round also checks that every build gives every image
 the same pixels, and says how many differ and by how much.
 
     benches/image_decode.py --lib NAME=PATH [--lib NAME=PATH ...]
-                            [--images 512] [--rounds 7] [--spec train,full]
+                            [--images 512] [--rounds 7] [--spec train,full] [--photos imagenet]
 
 Each PATH is a ``libringfeed.so`` (``target/release/libringfeed.so`` of a
 checkout; the first ``--lib`` is the reference). The library is loaded
@@ -99,11 +100,11 @@ class Build:
         return bytes(out), info.decode_scale
 
 
-def photos(n):
+def photos(n, kind="large"):
     from image_pipeline import make_shards
 
     images = []
-    for shard in make_shards(n):
+    for shard in make_shards(n, photos=kind):
         with tarfile.open(shard) as t:
             for m in t.getmembers():
                 if m.name.endswith(".jpg"):
@@ -131,9 +132,11 @@ def main():
     ap.add_argument("--images", type=int, default=512)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--spec", default="train,full")
+    ap.add_argument("--photos", choices=("large", "imagenet"), default="large",
+                    help="image_pipeline.py's photo set: 660-820 px, or about 500x375")
     a = ap.parse_args()
     builds = [Build(*item.split("=", 1)) for item in a.lib]
-    images = photos(a.images)
+    images = photos(a.images, a.photos)
     mean_kb = sum(map(len, images)) / len(images) / 1e3
     print(f"{len(images)} JPEG photos, {mean_kb:.0f} KB on average; {a.rounds} rounds, "
           f"builds interleaved; times per image")

@@ -91,11 +91,18 @@ def s3_config():
             "aws_access_key_id": "x", "aws_secret_access_key": "y"}
 
 
-def make_shards(n_images, per_shard=128):
+# The photo sets: the long side's range in pixels, JPEG qualities, folder
+# suffix. "large" is the set of the README's figure; "imagenet" photos of
+# ImageNet's usual size (about 500x375; a mean of 91 KB, 80 % within 53-133).
+PHOTO_SETS = {"large": ((660, 820), (88, 96), ""), "imagenet": ((470, 520), (96, 100), "-imagenet")}
+
+
+def make_shards(n_images, per_shard=128, photos="large"):
     from PIL import Image
     import numpy as np
 
-    d = OUT / f"photos-{n_images}"
+    (lo_side, hi_side), (lo_q, hi_q), suffix = PHOTO_SETS[photos]
+    d = OUT / f"photos-{n_images}{suffix}"
     stamp = d / ".done"
     if stamp.is_file():
         return sorted(str(p) for p in d.glob("photos-*.tar"))
@@ -115,21 +122,23 @@ def make_shards(n_images, per_shard=128):
                 w, h = img.size
                 cw, ch = int(w * rng.uniform(0.55, 1.0)), int(h * rng.uniform(0.55, 1.0))
                 x, y = int(rng.integers(0, w - cw + 1)), int(rng.integers(0, h - ch + 1))
-                side = int(rng.uniform(660, 820))
+                side = int(rng.uniform(lo_side, hi_side))
                 crop = img.crop((x, y, x + cw, y + ch))
                 scale = side / max(cw, ch)
                 crop = crop.resize((max(1, int(cw * scale)), max(1, int(ch * scale))), Image.BILINEAR)
                 if rng.random() < 0.5:
                     crop = crop.transpose(Image.FLIP_LEFT_RIGHT)
                 b = io.BytesIO()
-                crop.save(b, "JPEG", quality=int(rng.integers(88, 96)))
+                crop.save(b, "JPEG", quality=int(rng.integers(lo_q, hi_q)))
                 sizes.append(len(b.getvalue()))
                 for name, payload in ((f"{i:07d}.jpg", b.getvalue()), (f"{i:07d}.cls", str(i % 10).encode())):
                     info = tarfile.TarInfo(name)
                     info.size = len(payload)
                     t.addfile(info, io.BytesIO(payload))
                 i += 1
-    (d / "sizes.json").write_text(json.dumps({"mean_bytes": sum(sizes) / len(sizes)}))
+    (d / "sizes.json").write_text(json.dumps({"mean_bytes": sum(sizes) / len(sizes),
+                                              "middle_80_percent_bytes": [sorted(sizes)[len(sizes) // 10],
+                                                                          sorted(sizes)[len(sizes) * 9 // 10]]}))
     stamp.write_text("")
     return sorted(str(p) for p in d.glob("photos-*.tar"))
 
@@ -455,12 +464,62 @@ def child(name, urls, epochs, store):
     print(json.dumps({"samples": n, "own_s": time.perf_counter() - t, "first_s": _FIRST[0] if _FIRST else 0.0}))
 
 
+def decode_floor(a, urls, med):
+    """The decode alone, per image, against the pipeline's cost: the
+    engine's transform (`ringfeed_image_transform`, benches/image_decode.py)
+    and Pillow's whole decode, each on one thread over the same photos;
+    then the images/s both CPUs would give were the transform all the
+    pipeline cost, against the references measured above."""
+    import image_decode
+    from PIL import Image
+
+    images = []
+    for shard in urls:
+        with tarfile.open(shard) as t:
+            images += [t.extractfile(m).read() for m in t.getmembers() if m.name.endswith(".jpg")]
+    build = image_decode.Build("engine", a.decode_floor)
+    out = (image_decode.ctypes.c_uint8 * (3 * SIDE * SIDE))()
+    info = image_decode.Info()
+    per = {}
+    for name in ("train", "full"):
+        spec = json.dumps(image_decode.SPECS[name]).encode()
+        per[name] = statistics.median(build.run(spec, images, out, info)[0] / len(images)
+                                      for _ in range(a.rounds)) * 1e3
+
+    def pillow():
+        t = time.thread_time()
+        for b in images:
+            Image.open(io.BytesIO(b)).convert("RGB")
+        return (time.thread_time() - t) / len(images) * 1e3
+
+    per["pillow"] = statistics.median(pillow() for _ in range(a.rounds))
+    cpus = len(os.sched_getaffinity(0))
+    print(f"\ndecode alone, one thread, CPU-ms per image (medians of {a.rounds}):")
+    print(f"  engine transform (train spec: reduced, windowed decode, crop, resize, flip) {per['train']:.2f}")
+    print(f"  engine transform, whole decode at full size (\"reduce\": false)            {per['full']:.2f}")
+    print(f"  Pillow whole decode (Image.open().convert(\"RGB\"))                         {per['pillow']:.2f}")
+    if "rf_engine" in med:
+        rf_cpu = med["rf_engine"][1]
+        print(f"  rf_engine's pipeline: {rf_cpu:.2f} CPU-ms per image, {rf_cpu / per['train']:.2f}x its transform "
+              f"alone")
+        best = cpus * 1e3 / per["train"]
+        print(f"  the transform alone on all {cpus} CPUs: {best:.0f} images/s at most; rf_engine reaches "
+              f"{med['rf_engine'][0] / best:.2f} of it")
+        for ref in ("wds_dl2", "floor"):
+            if ref in med:
+                print(f"  that bound / {ref} images/s: {best / med[ref][0]:.2f}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--images", type=int, default=2048)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--only", default="")
+    ap.add_argument("--photos", choices=tuple(PHOTO_SETS), default="large",
+                    help="large: 660-820 px on the long side; imagenet: about 500x375, ImageNet's usual size")
+    ap.add_argument("--decode-floor", metavar="LIB", help="also time the engine's transform alone per image "
+                    "(benches/image_decode.py's train spec, one thread) with this libringfeed.so")
     ap.add_argument("--store", choices=("local", "emulator"), default="local")
     ap.add_argument("--latency", default="20ms:120ms", help="the emulator's first-byte latency MEDIAN:P99")
     ap.add_argument("--store-json", help=argparse.SUPPRESS)
@@ -469,8 +528,9 @@ def main():
     a = ap.parse_args()
     if a.run:
         return child(a.run, json.loads(a.urls), a.epochs, json.loads(a.store_json or "null"))
-    urls = make_shards(a.images)
-    mean = json.loads((OUT / f"photos-{a.images}" / "sizes.json").read_text())["mean_bytes"]
+    urls = make_shards(a.images, photos=a.photos)
+    sizes = json.loads((pathlib.Path(urls[0]).parent / "sizes.json").read_text())
+    mean = sizes["mean_bytes"]
     names = [n for n in RUNS if (not a.only or n in a.only.split(",")) and available(n)]
     if "litdata" in names:
         litdata_dir(urls)
@@ -478,8 +538,10 @@ def main():
     if a.store == "emulator":
         store, emu = start_emulator(urls, a.latency, "litdata" in names)
     where = f"from the emulator ({a.latency})" if store else "from local files"
-    print(f"{a.images} JPEG photos, mean {mean / 1e3:.0f} KB, {a.epochs} epochs, batches of {BATCH}, "
-          f"to {SIDE}x{SIDE}, read {where}")
+    band = sizes.get("middle_80_percent_bytes")
+    band = f" (80 % within {band[0] / 1e3:.0f}-{band[1] / 1e3:.0f} KB)" if band else ""
+    print(f"{a.images} JPEG photos ({a.photos}), mean {mean / 1e3:.0f} KB{band}, {a.epochs} epochs, batches of "
+          f"{BATCH}, to {SIDE}x{SIDE}, read {where}")
     results = {n: [] for n in names}
     for r in range(a.rounds):
         order = names[r % len(names):] + names[: r % len(names)]
@@ -518,6 +580,8 @@ def main():
             if ref in med:
                 print(f"  rf_engine / {ref} images/s: {rf[0] / med[ref][0]:.2f}, "
                       f"CPU per image: {rf[1] / med[ref][1]:.2f}")
+    if a.decode_floor:
+        decode_floor(a, urls, med)
     (OUT / "summary.json").write_text(json.dumps({"medians": med, "rounds": results, "store": a.store,
                                                   "latency": a.latency if store else None}, indent=1))
     if emu:

@@ -17,6 +17,18 @@ every contender making the same number of passes (`--epochs`) over them:
   lengths (what a per-sample consumer pays);
 - ``c_consumer``: ``ringfeed bench --json`` (the reference for GB/s).
 
+On the small samples only, the same with every byte of every field of every
+sample touched (``zlib.crc32``), as a consumer that reads its samples does:
+
+- ``wds_dl2_crc``, ``wds_1proc_crc``: WebDataset as above, each field's
+  bytes checksummed in the main process;
+- ``ringfeed_py_crc``: ``ringfeed.Loader``, each field's per-sample
+  memoryviews (``batch[name].memoryviews()``) checksummed;
+- ``touch_floor``: the same bytes read into memory first (``tarfile``,
+  before its clock opens), then checksummed: what the touch itself costs
+  per sample, whatever the loader; the most any loader can reach against
+  WebDataset is WebDataset's time per sample over this one.
+
 Two clocks for every contender, both printed:
 
 - whole process: from just before this script spawns the contender's process
@@ -47,6 +59,7 @@ import statistics
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import _timing
@@ -61,7 +74,13 @@ CONTENDERS = [
     ("ringfeed_py", "ringfeed Python, per batch"),
     ("ringfeed_py_loop", "ringfeed Python, per-sample loop"),
     ("c_consumer", "C consumer (ringfeed bench)"),
+    ("wds_dl2_crc", "WebDataset, DataLoader(2), bytes touched"),
+    ("wds_1proc_crc", "WebDataset, one process, bytes touched"),
+    ("ringfeed_py_crc", "ringfeed Python, bytes touched"),
+    ("touch_floor", "the touch alone, bytes in memory"),
 ]
+# Contenders run on the small samples only.
+SMALL_ONLY = {"wds_dl2_crc", "wds_1proc_crc", "ringfeed_py_crc", "touch_floor"}
 
 
 # -- contenders (run with --one, each in its own process) ----------------------
@@ -103,6 +122,13 @@ class Window:
                 "own_seconds": time.perf_counter() - self.t0, "own_cpu_seconds": cpu(workers) - self.c0}
 
 
+def field_bytes(v):
+    """A field's length, and with --touch its bytes checksummed too."""
+    if TOUCH:
+        zlib.crc32(v)
+    return len(v)
+
+
 def run_wds_1proc(urls, a):
     import webdataset as wds
 
@@ -110,7 +136,7 @@ def run_wds_1proc(urls, a):
     samples = nbytes = 0
     for _ in range(a.epochs):
         for s in wds.WebDataset(urls, shardshuffle=False):
-            n = sum(len(v) for k, v in s.items() if not k.startswith("__"))
+            n = sum(field_bytes(v) for k, v in s.items() if not k.startswith("__"))
             samples += 1
             nbytes += n
             if not w.first():
@@ -134,7 +160,7 @@ def run_wds_dl2(urls, a):
         it = iter(dl)
         workers = [p.pid for p in it._workers]
         for b in it:
-            n = sum(len(v) for k, vs in b.items() if not k.startswith("__") for v in vs)
+            n = sum(field_bytes(v) for k, vs in b.items() if not k.startswith("__") for v in vs)
             k = len(b["__key__"])
             samples += k
             nbytes += n
@@ -153,6 +179,12 @@ def run_ringfeed(urls, a, per_sample=False):
         for b in loader:
             n = 0
             for name in b.fields:
+                if TOUCH:
+                    for v in b[name].memoryviews():
+                        if v is not None:
+                            zlib.crc32(v)
+                            n += len(v)
+                    continue
                 lengths = b[name].lengths
                 if per_sample:
                     for x in lengths.tolist():
@@ -169,12 +201,41 @@ def run_ringfeed(urls, a, per_sample=False):
     return w.close(samples, nbytes)
 
 
+def run_touch_floor(urls, a):
+    import tarfile
+
+    fields = []
+    keys = set()
+    for u in urls:
+        with tarfile.open(u) as t:
+            for m in t.getmembers():
+                if m.isfile():
+                    fields.append(t.extractfile(m).read())
+                    keys.add((u, m.name.rsplit(".", 1)[0]))
+    per_pass = len(keys)
+    w = Window()
+    w.first()
+    nbytes = 0
+    for _ in range(a.epochs):
+        for v in fields:
+            zlib.crc32(v)
+            nbytes += len(v)
+    w.samples, w.nbytes = per_pass * a.epochs, nbytes
+    return w.close(per_pass * a.epochs, nbytes)
+
+
 RUNNERS = {
     "wds_1proc": run_wds_1proc,
     "wds_dl2": run_wds_dl2,
     "ringfeed_py": run_ringfeed,
     "ringfeed_py_loop": lambda u, a: run_ringfeed(u, a, per_sample=True),
+    "wds_1proc_crc": run_wds_1proc,
+    "wds_dl2_crc": run_wds_dl2,
+    "ringfeed_py_crc": run_ringfeed,
+    "touch_floor": run_touch_floor,
 }
+# Whether this contender's process touches every byte (set from --one).
+TOUCH = False
 
 
 # -- the driver -----------------------------------------------------------------
@@ -226,6 +287,8 @@ def main():
     ap.add_argument("urls", nargs="*")
     a = ap.parse_args()
     if a.one:
+        global TOUCH
+        TOUCH = a.one.endswith("_crc")
         imports()
         print(json.dumps(RUNNERS[a.one](a.urls, a)))
         return 0
@@ -245,6 +308,8 @@ def main():
         for s, (_, urls) in sets.items():
             order = kinds[r % len(kinds):] + kinds[: r % len(kinds)]  # each round starts elsewhere
             for kind in order:
+                if kind in SMALL_ONLY and s != "small":
+                    continue
                 hot = _timing.ensure_hot(urls)
                 m = measure(kind, urls, a)
                 m.update(hot)
@@ -269,6 +334,8 @@ def main():
         print(f"  {'contender':40} {'s':>7} {'samples/s':>11} {'GB/s':>7} {'CPU-s/GB':>9}   "
               f"{'s':>7} {'samples/s':>11} {'GB/s':>7} {'CPU-s/GB':>9}")
         for kind, rs in runs.items():
+            if not rs:
+                continue
             print(f"  {labels[kind]:40} {med(rs, 'wall_seconds'):7.2f} {med(rs, 'samples_per_s'):11.0f} "
                   f"{med(rs, 'gb_per_s'):7.3f} {med(rs, 'cpu_s_per_gb'):9.3f}   "
                   f"{med(rs, 'own_seconds'):7.2f} {med(rs, 'own_samples_per_s'):11.0f} "
@@ -294,6 +361,12 @@ def main():
     ratio("small", "ringfeed_py_loop", "wds_dl2", "samples_per_s", "per-sample loop / WebDataset DataLoader")
     ratio("small", "wds_dl2", "wds_1proc", "samples_per_s", "WebDataset DataLoader / one process")
     ratio("small", "ringfeed_py", "c_consumer", "samples_per_s", "ringfeed Python / C consumer samples/s")
+    ratio("small", "ringfeed_py_crc", "wds_dl2_crc", "samples_per_s", "bytes touched: ringfeed / WDS DataLoader", 30)
+    ratio("small", "ringfeed_py_crc", "wds_1proc_crc", "samples_per_s", "bytes touched: ringfeed / WDS one process",
+          30)
+    ratio("small", "touch_floor", "wds_dl2_crc", "samples_per_s", "the touch alone / WDS DataLoader, touched")
+    ratio("small", "touch_floor", "wds_1proc_crc", "samples_per_s", "the touch alone / WDS one process, touched")
+    ratio("small", "ringfeed_py_crc", "touch_floor", "samples_per_s", "bytes touched: ringfeed / the touch alone")
     ratio("large", "ringfeed_py", "c_consumer", "gb_per_s", "ringfeed Python / C consumer GB/s", 0.8)
     ratio("large", "ringfeed_py", "wds_dl2", "gb_per_s", "ringfeed Python / WebDataset DataLoader GB/s")
     if a.json:

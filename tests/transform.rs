@@ -416,3 +416,54 @@ fn with_skip_a_resume_continues_where_the_uninterrupted_run_was() {
         assert_eq!(joined, whole, "cut after {cut} batches");
     }
 }
+
+#[test]
+fn a_closed_loader_transforms_nothing_more() {
+    // Photos large enough that a batch takes milliseconds to transform:
+    // the engine runs ahead into the next epoch (`epochs` 0, a ring of 8
+    // batches) while the consumer has its first batch. Closing then ends
+    // the batch under way and transforms none of those the streams queued
+    // (before, the sequencer went on transforming them until the ring was
+    // full, which held up `close()`: 0.9 s on ImageNet-size photos).
+    let dir = tempfile::tempdir().unwrap();
+    let mut urls = Vec::new();
+    for s in 0..4 {
+        let mut b = tar::Builder::new(Vec::new());
+        for i in 0..6 {
+            let k = s * 6 + i;
+            for (field, data) in [
+                ("png", picture(1600, 1200, k)),
+                ("cls", k.to_string().into_bytes()),
+            ] {
+                let mut h = tar::Header::new_gnu();
+                h.set_size(data.len() as u64);
+                h.set_mode(0o644);
+                b.append_data(&mut h, format!("s{s}/{i:04}.{field}"), data.as_slice())
+                    .unwrap();
+            }
+        }
+        let path = dir.path().join(format!("shard-{s}.tar"));
+        std::fs::write(&path, b.into_inner().unwrap()).unwrap();
+        urls.push(path.display().to_string());
+    }
+    let batch = 2;
+    let cfg = config(
+        urls,
+        json!({"batch_size": batch, "epochs": 0, "prefetch_batches": 8}),
+    );
+    let l = Loader::open(cfg).unwrap();
+    match l.next(Some(Duration::from_secs(60))).unwrap() {
+        Next::Batch(b) => assert_eq!(b.len(), batch),
+        _ => panic!("no first batch"),
+    }
+    let before = l.stats().images_transformed;
+    l.close();
+    let after = l.stats().images_transformed;
+    // The batch under way when the count was read, and at most one more
+    // begun before the close reached the sequencer.
+    assert!(
+        after - before <= 2 * batch as u64,
+        "{} samples transformed after the close began ({before} before it)",
+        after - before
+    );
+}

@@ -49,6 +49,13 @@ pub(super) fn sequence(sh: &Shared) -> Result<()> {
                 ));
             }
             let mut b = b;
+            // Closed by the consumer: no one takes the batches the streams
+            // still queue, and transforming them (a batch of photos is
+            // tens of milliseconds of every transform thread) only held up
+            // the close.
+            if sh.channel.is_closed() {
+                return Err(Error::Closed);
+            }
             if let Some(t) = &sh.transform {
                 // Its first sample's place in the epoch: the samples
                 // before it, skipped ones included (counted above).

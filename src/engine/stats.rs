@@ -46,6 +46,9 @@ pub struct Stats {
     pub decode_memory_peak: u64,
     pub images_reduced_for_budget: u64,
     pub images_over_budget: u64,
+    /// Samples the `transform` made images and labels of, handed out or
+    /// ahead of the consumer (0: no transform).
+    pub images_transformed: u64,
     /// Threads receiving the workers' HTTP ranges; 0 when each worker
     /// receives its own (thread backend, or local shards only).
     pub net_threads: usize,
@@ -173,6 +176,7 @@ impl Loader {
             decode_memory_peak: sh.transform.as_ref().map_or(0, |t| t.budget().peak()),
             images_reduced_for_budget: sh.transform.as_ref().map_or(0, |t| t.budget().reduced()),
             images_over_budget: sh.transform.as_ref().map_or(0, |t| t.budget().refused()),
+            images_transformed: sh.transform.as_ref().map_or(0, |t| t.transformed()),
             net_threads: sh.net_links.len(),
             local_reads: sh.direct.path_name(),
             local_files_direct: sh.direct.files().0,
@@ -217,6 +221,12 @@ impl Loader {
 /// conventions: `ringfeed_` prefix, base units, `_total` for counters),
 /// what divides the field to reach the unit, and its help line.
 const COUNTERS: &[(&str, &str, f64, &str)] = &[
+    (
+        "images_transformed",
+        "ringfeed_images_transformed_total",
+        1.0,
+        "Samples the transform made images and labels of.",
+    ),
     (
         "tls_sessions_kernel",
         "ringfeed_tls_sessions_kernel_total",

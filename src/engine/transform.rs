@@ -142,6 +142,8 @@ pub(crate) struct Transformer {
     notes: Vec<String>,
     /// The decode memory the threads share (`decode_memory`).
     budget: Arc<Budget>,
+    /// Samples whose images and labels were made (kept or skipped).
+    transformed: AtomicU64,
 }
 
 fn label_bytes(t: LabelType) -> usize {
@@ -223,6 +225,7 @@ impl Transformer {
             cuda_later,
             notes,
             budget: Arc::new(Budget::new(cfg.decode_memory)),
+            transformed: AtomicU64::new(0),
         }))
     }
 
@@ -309,6 +312,8 @@ impl Transformer {
                 });
             }
         });
+        // Relaxed: a statistic.
+        self.transformed.fetch_add(n as u64, Ordering::Relaxed);
         let mut failed = failed.into_inner().unwrap_or_else(|p| p.into_inner());
         failed.sort_by_key(|(s, _)| *s);
         if !skip && !failed.is_empty() {
@@ -385,6 +390,12 @@ impl Transformer {
     }
 
     /// Threads a batch is split among.
+    /// Samples transformed so far (the stats' `images_transformed`).
+    pub(crate) fn transformed(&self) -> u64 {
+        // Relaxed: a statistic.
+        self.transformed.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn threads(&self) -> usize {
         self.threads
     }
