@@ -30,6 +30,7 @@ pub mod plan; // epoch plans, shuffle order, resume states (pure)
 pub(crate) mod queue; // the lock-free ring and the blocking channel
 pub mod redact; // credentials in URLs taken out of what is printed or stored
 pub mod serve; // a small HTTP file server (CLI `serve`, demo, tests)
+pub(crate) mod sync; // the one way a lock is taken: poisoned or not
 pub mod synth; // deterministic shard generator and checker (CLI `gen`, tests)
 pub mod tar; // the tar walk over chunks, header parsing, counting
 pub mod topology; // NICs, queues, NUMA nodes; where the I/O threads run

@@ -6,6 +6,7 @@
 //! kind at `Warn`, the rest at `Debug`). Without a sink nothing is
 //! formatted. Every message passes `crate::redact::text` on its way out.
 
+use crate::sync::{Locked, ReadWriteLocked};
 use std::collections::HashSet;
 use std::sync::{Mutex, RwLock};
 
@@ -45,22 +46,21 @@ static ONCE: Mutex<Option<HashSet<String>>> = Mutex::new(None);
 
 /// Sets the sink and the most detailed level it gets; `None` stops logging.
 pub fn set(sink: Option<Sink>, max: Level) {
-    let mut l = LOGGER.write().unwrap_or_else(|p| p.into_inner());
+    let mut l = LOGGER.write_locked();
     *l = sink.map(|sink| Logger { sink, max });
 }
 
 /// Whether a message at `level` would go anywhere.
 pub fn enabled(level: Level) -> bool {
     LOGGER
-        .read()
-        .unwrap_or_else(|p| p.into_inner())
+        .read_locked()
         .as_ref()
         .is_some_and(|l| level <= l.max)
 }
 
 /// Gives the message `msg()` makes at `level`, when someone listens.
 pub fn log(level: Level, msg: impl FnOnce() -> String) {
-    let l = LOGGER.read().unwrap_or_else(|p| p.into_inner());
+    let l = LOGGER.read_locked();
     if let Some(l) = l.as_ref().filter(|l| level <= l.max) {
         // The last guard: whatever a message was built from, no credential
         // of a presigned URL leaves through it.
@@ -76,8 +76,7 @@ pub fn once(key: &str, level: Level, msg: impl FnOnce() -> String) -> bool {
         return false;
     }
     let first = ONCE
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
+        .locked()
         .get_or_insert_with(HashSet::new)
         .insert(key.to_string());
     if first {
@@ -124,9 +123,7 @@ mod tests {
         set(
             Some(Box::new(move |l, m| {
                 if std::thread::current().id() == me {
-                    g.lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push((l, m.into()))
+                    g.locked().push((l, m.into()))
                 }
             })),
             Level::Info,

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 /// Rank of each part of the library: what a part may import ranks lower.
 const RANKS: &[(&str, u32)] = &[
     ("redact", 0),
+    ("sync", 0),
     ("error", 1),
     ("log", 1),
     ("queue", 1),

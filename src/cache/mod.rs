@@ -37,6 +37,7 @@ pub use entry::{Bad, Entry, Identity};
 pub use spool::{FillMode, Held, Spool, SpoolFill, hooks};
 
 use crate::error::Result;
+use crate::sync::Locked;
 
 /// How a fill's temporary file is named: `.{entry}.tmp`.
 const TMP_SUFFIX: &str = ".tmp";
@@ -212,11 +213,7 @@ impl Cache {
                 "cache {dir}: {why}; reading without caching new shards"
             ));
         }
-        let first = self
-            .first_skip
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()?;
+        let first = self.first_skip.locked().clone()?;
         let n = self.stats.uncached.load(Ordering::Relaxed);
         Some(format!(
             "cache {dir}: {n} shard read(s) not cached (first: {first})"
@@ -224,14 +221,11 @@ impl Cache {
     }
 
     fn off(&self) -> Option<String> {
-        self.writes_off
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.writes_off.locked().clone()
     }
 
     fn turn_off(&self, why: String) {
-        let mut off = self.writes_off.lock().unwrap_or_else(|p| p.into_inner());
+        let mut off = self.writes_off.locked();
         if off.is_none() {
             *off = Some(why);
             drop(off);
@@ -394,7 +388,7 @@ impl Cache {
 
     fn skipped(&self, why: &str) {
         bump(&self.stats.uncached, 1);
-        let mut first = self.first_skip.lock().unwrap_or_else(|p| p.into_inner());
+        let mut first = self.first_skip.locked();
         first.get_or_insert_with(|| why.to_string());
         let dir = self.opts.dir.display();
         crate::log::log(crate::log::Level::Info, || {

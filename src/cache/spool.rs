@@ -30,6 +30,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, mpsc};
 
 use super::entry::BlockSums;
 use super::{Cache, Filler};
+use crate::sync::{Locked, Waits};
 
 /// What keeps a piece's bytes alive and unwritten until the spool has
 /// written them.
@@ -118,7 +119,7 @@ struct Line {
 
 impl Line {
     fn lock(&self) -> MutexGuard<'_, Queue> {
-        self.q.lock().unwrap_or_else(|p| p.into_inner())
+        self.q.locked()
     }
 
     /// Queues `job`; false once the spool is gone.
@@ -363,7 +364,7 @@ impl SpoolFill {
             let mut q = self.line.lock();
             if self.mode == FillMode::Always {
                 while q.pieces >= DEPTH && !q.closed {
-                    q = self.line.room.wait(q).unwrap_or_else(|p| p.into_inner());
+                    q = self.line.room.wait_locked(q);
                 }
             }
             // Relaxed: written under this lock.
@@ -473,11 +474,7 @@ impl Drop for SpoolFill {
         // unfinished one is dropped there (its temporary file removed).
         // Pieces already queued are skipped once the slot is empty.
         if Arc::strong_count(&self.slot) == 1 {
-            self.slot
-                .filler
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .take();
+            self.slot.filler.locked().take();
         }
     }
 }
@@ -500,12 +497,12 @@ fn spool_main(cache: &Cache, line: &Line, pace: u64) {
                 if q.closed {
                     return;
                 }
-                q = line.work.wait(q).unwrap_or_else(|p| p.into_inner());
+                q = line.work.wait_locked(q);
             }
         };
         match job {
             Job::Append(slot, piece) => {
-                let mut f = slot.filler.lock().unwrap_or_else(|p| p.into_inner());
+                let mut f = slot.filler.locked();
                 // Relaxed: set under the queue's lock, which this thread
                 // took after it was (the job was queued before).
                 if slot.abandoned.load(Ordering::Relaxed) {
@@ -532,7 +529,7 @@ fn spool_main(cache: &Cache, line: &Line, pace: u64) {
                 let _ = done.send(());
             }
             Job::Finish(slot, samples, sums) => {
-                let taken = slot.filler.lock().unwrap_or_else(|p| p.into_inner()).take();
+                let taken = slot.filler.locked().take();
                 // Relaxed: as above.
                 let given_up = slot.abandoned.load(Ordering::Relaxed);
                 match taken {

@@ -14,6 +14,7 @@ use super::{Shard, Source};
 use crate::error::{Error, Result};
 use crate::fetch::{NetOptions, fetch_retrying};
 use crate::plan::Sampled;
+use crate::sync::Locked;
 use crate::tar::count_prefix;
 
 /// Shards whose first bytes are read: a few, spread over the list, so a
@@ -32,7 +33,7 @@ const SAMPLED_BYTES: u64 = 1 << 20;
 pub fn sample_shards(shards: &mut [Shard], net: &NetOptions) -> Result<Sampled> {
     head_sizes(shards, net)?;
     let key = memo_key(shards);
-    if let Some(s) = memo().lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+    if let Some(s) = memo().locked().get(&key) {
         return Ok(*s);
     }
     let n = shards.len();
@@ -68,10 +69,7 @@ pub fn sample_shards(shards: &mut [Shard], net: &NetOptions) -> Result<Sampled> 
         sampled.samples += c.samples;
         sampled.bytes += c.bytes;
     }
-    memo()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(key, sampled);
+    memo().locked().insert(key, sampled);
     Ok(sampled)
 }
 

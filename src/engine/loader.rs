@@ -16,6 +16,7 @@ use crate::fetch::uring::FixedBuffers;
 use crate::memory::{Arena, Batch};
 use crate::plan::resume::State;
 use crate::queue::RecvError;
+use crate::sync::Locked;
 use crate::topology::Claims;
 
 /// What `next` returns when it does not fail.
@@ -72,7 +73,7 @@ impl Loader {
                 // Relaxed: distinct, increasing numbers in hand-out order.
                 b.set_index(sh.delivered.fetch_add(1, Ordering::Relaxed));
                 {
-                    let mut p = sh.progress.lock().unwrap_or_else(|p| p.into_inner());
+                    let mut p = sh.progress.locked();
                     if b.epoch() > p.epoch {
                         // Another consumer thread has not recorded the end
                         // marker yet.
@@ -98,7 +99,7 @@ impl Loader {
                 Ok(Next::Batch(b))
             }
             Ok(Item::EndOfEpoch(e)) => {
-                let mut p = sh.progress.lock().unwrap_or_else(|p| p.into_inner());
+                let mut p = sh.progress.locked();
                 if p.epoch <= e {
                     *p = Progress {
                         epoch: e + 1,
@@ -128,7 +129,7 @@ impl Loader {
             return;
         }
         self.shared.stop_all();
-        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()));
+        let threads = std::mem::take(&mut *self.threads.locked());
         for t in threads {
             let _ = t.join();
         }
@@ -144,10 +145,7 @@ impl Loader {
             spool.flush();
         }
         // The workers are gone: their CPUs are free for other engines.
-        self.claims
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .release();
+        self.claims.locked().release();
         while self.shared.channel.try_pop().is_some() {}
         for q in &self.shared.streams {
             while q.try_pop().is_some() {}
@@ -162,11 +160,7 @@ impl Loader {
     /// `resume` (hex) to continue from here. See `crate::plan::resume` for the rule.
     pub fn state(&self) -> State {
         let sh = &self.shared;
-        let p = sh
-            .progress
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let p = sh.progress.locked().clone();
         State {
             fingerprint: sh.fingerprint,
             epoch: p.epoch,

@@ -319,8 +319,7 @@ pub(super) fn plan_setup(
 
 #[cfg(test)]
 mod tests {
-    use super::auto_workers;
-    use crate::config::AUTO_WORKERS;
+    use super::*;
 
     #[test]
     fn auto_runs_one_stream_per_shard_of_the_consumers_part() {

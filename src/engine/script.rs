@@ -26,6 +26,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::fetch::{Completion, ReadFail, ReadRequest, Reader, Target};
 use crate::memory::ChunkPool;
+use crate::sync::Locked;
 
 /// What the readers of one loader serve and how they misbehave.
 #[derive(Default)]
@@ -69,17 +70,11 @@ impl Script {
     }
 
     pub fn violations(&self) -> Vec<String> {
-        self.violations
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.violations.locked().clone()
     }
 
     fn violation(&self, what: String) {
-        self.violations
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(what);
+        self.violations.locked().push(what);
     }
 }
 

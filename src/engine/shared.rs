@@ -23,6 +23,7 @@ use crate::net::inflight::{InFlight, Limit, Read};
 use crate::plan::resume::{Round, Start};
 use crate::plan::{ConsumerPlan, Delivered, PlanOptions, plan_epoch};
 use crate::queue::Channel;
+use crate::sync::Locked;
 
 pub(crate) enum Item {
     Batch(Batch),
@@ -160,9 +161,7 @@ impl NetReads {
                 target,
             ))
         });
-        let total = auto
-            .as_ref()
-            .map_or(0, |a| a.lock().unwrap_or_else(|p| p.into_inner()).total());
+        let total = auto.as_ref().map_or(0, |a| a.locked().total());
         NetReads {
             auto,
             fixed: cfg.reads_in_flight,
@@ -204,7 +203,7 @@ impl NetReads {
             paced: timing.and_then(|t| t.paced),
             fresh,
         };
-        let mut a = auto.lock().unwrap_or_else(|p| p.into_inner());
+        let mut a = auto.locked();
         if a.record(now, read) {
             // Relaxed: see `total`.
             self.total.store(a.total(), Ordering::Relaxed);
@@ -226,7 +225,7 @@ impl NetReads {
         let memory = short != 0 && now.saturating_sub(short) < SHORT_OF_MEMORY_FOR;
         let (total, time, first, bdp, limit) = match &self.auto {
             Some(a) => {
-                let a = a.lock().unwrap_or_else(|p| p.into_inner());
+                let a = a.locked();
                 let limit = match a.limit() {
                     // Wanted more than the chunks allow.
                     Limit::Growing if memory => Limit::Memory.name(),
@@ -370,7 +369,7 @@ impl Shared {
     /// This consumer's plan of `epoch` (made once, shared by the workers and
     /// the sequencer).
     pub fn plan(&self, epoch: u64) -> Result<Arc<ConsumerPlan>> {
-        let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
+        let mut plans = self.plans.locked();
         if let Some(p) = plans.get(&epoch) {
             return Ok(Arc::clone(p));
         }
@@ -416,7 +415,7 @@ impl Shared {
     }
 
     pub(super) fn fail(&self, e: Error) {
-        let mut f = self.failure.lock().unwrap_or_else(|p| p.into_inner());
+        let mut f = self.failure.locked();
         if f.is_none() {
             *f = Some(e);
         }
@@ -425,9 +424,6 @@ impl Shared {
     }
 
     pub(super) fn failure(&self) -> Option<Error> {
-        self.failure
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.failure.locked().clone()
     }
 }

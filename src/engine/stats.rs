@@ -12,6 +12,7 @@ use crate::engine::counters::{
 use crate::engine::loader::Loader;
 use crate::fetch::BackendKind;
 use crate::memory::MemoryKind;
+use crate::sync::Locked;
 
 /// A loader's counters ([`Counts`], which it dereferences to: `stats.reads`)
 /// and the setup details that are text, as the JSON stats give them.
@@ -124,7 +125,7 @@ impl Loader {
             hedges_won: sh.net.stats.hedges_won.load(Ordering::Relaxed),
             consumers: sh.plan_opts.consumers,
             consumer: sh.plan_opts.consumer,
-            epoch: sh.progress.lock().unwrap_or_else(|p| p.into_inner()).epoch,
+            epoch: sh.progress.locked().epoch,
             workers: self.setup.workers as u32,
             memory_kind: match report.kind {
                 MemoryKind::Hugetlb => RINGFEED_MEMORY_HUGETLB,

@@ -31,6 +31,7 @@ use crate::error::{Error, Result};
 use crate::image::budget::Budget;
 use crate::image::{self, LabelType, OnError, Scratch, Transform};
 use crate::memory::{Arena, ArenaOptions, Batch, RawField, cuda};
+use crate::sync::Locked;
 
 /// Slots beyond the ring's depth: batches the consumer holds (a training
 /// step keeps one or two; a DataLoader's pin-memory thread one more).
@@ -62,7 +63,7 @@ enum Slot {
 impl Drop for Slot {
     fn drop(&mut self) {
         if let Slot::Pooled { slots, index } = self {
-            let mut f = slots.free.lock().unwrap_or_else(|p| p.into_inner());
+            let mut f = slots.free.locked();
             f.push(*index);
         }
     }
@@ -83,7 +84,7 @@ impl Slots {
     /// of its own (the ring bounds how far the pipeline runs ahead, so
     /// only batches the consumer keeps make these).
     fn take(self: &Arc<Self>) -> Result<Slot> {
-        let index = self.free.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let index = self.free.locked().pop();
         match index {
             Some(index) => Ok(Slot::Pooled {
                 slots: Arc::clone(self),
@@ -302,7 +303,7 @@ impl Transformer {
                         if let Err(e) =
                             self.sample(fields.0, mine, s, base, epoch, position, &mut scratch)
                         {
-                            let mut f = failed.lock().unwrap_or_else(|p| p.into_inner());
+                            let mut f = failed.locked();
                             f.push((s, e));
                             if !skip {
                                 return;

@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::config::Toggle;
 use crate::error::{Error, IoOp, Result};
+use crate::sync::Locked;
 
 /// The alignment assumed where `statx` does not report one (kernels before
 /// 6.1): the page size, which every Linux file system's block size divides.
@@ -214,7 +215,7 @@ impl DirectIo {
     }
 
     fn refuse(&self, path: &Path, why: String) {
-        let mut r = self.refused.lock().unwrap_or_else(|p| p.into_inner());
+        let mut r = self.refused.locked();
         r.get_or_insert_with(|| format!("{}: {why}", path.display()));
         crate::log::once("direct refused", crate::log::Level::Warn, || {
             format!("{}: read buffered, not direct: {why}", path.display())
@@ -243,11 +244,7 @@ impl DirectIo {
 
     /// The stats note of files read buffered although direct was wanted.
     pub fn note(&self) -> Option<String> {
-        let first = self
-            .refused
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()?;
+        let first = self.refused.locked().clone()?;
         let (_, buffered) = self.files();
         Some(format!(
             "direct_io: {buffered} local file(s) read buffered (first: {first})"

@@ -34,7 +34,7 @@ use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use io_uring::{opcode, types};
 
@@ -44,6 +44,7 @@ use super::uring_http::{HttpDriver, TAG};
 use super::{Completion, NetOptions, ReadFail, ReadRequest, Target};
 use crate::error::Error;
 use crate::net::http::HttpObject;
+use crate::sync::Locked;
 
 /// The `user_data` of the network thread's read of its link's eventfd.
 const WAKE: u64 = 1;
@@ -73,10 +74,6 @@ fn poke(fd: RawFd) {
     unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// Where a worker's completions from a network thread arrive.
 pub struct Inbox {
     done: Mutex<Vec<Completion>>,
@@ -98,14 +95,14 @@ impl Inbox {
 
     /// Moves the completions that arrived into `out`; returns how many.
     pub fn take(&self, out: &mut Vec<Completion>) -> usize {
-        let mut d = lock(&self.done);
+        let mut d = self.done.locked();
         let n = d.len();
         out.append(&mut d);
         n
     }
 
     fn deliver(&self, c: Completion) {
-        lock(&self.done).push(c);
+        self.done.locked().push(c);
         poke(self.fd());
     }
 }
@@ -164,7 +161,7 @@ impl NetLink {
     }
 
     fn hand_any(&self, req: ReadRequest, obj: Option<Arc<HttpObject>>, inbox: &Arc<Inbox>) {
-        let mut s = lock(&self.state);
+        let mut s = self.state.locked();
         if let Some(why) = &s.gone {
             let c = failed(req.id, obj.as_deref(), why);
             drop(s);
@@ -182,7 +179,7 @@ impl NetLink {
 
     /// Asks the thread to finish the reads it has and exit.
     pub fn stop(&self) {
-        lock(&self.state).stop = true;
+        self.state.locked().stop = true;
         poke(self.wake.as_raw_fd());
     }
 
@@ -206,7 +203,7 @@ impl NetLink {
         };
         // Whatever is left fails, so no worker waits on this thread.
         let queued = {
-            let mut s = lock(&self.state);
+            let mut s = self.state.locked();
             s.gone = Some(why.clone());
             std::mem::take(&mut s.queue)
         };
@@ -301,7 +298,7 @@ impl NetLink {
             }
             if woken {
                 let (queue, stop) = {
-                    let mut s = lock(&self.state);
+                    let mut s = self.state.locked();
                     (std::mem::take(&mut s.queue), s.stop)
                 };
                 stopping |= stop;
@@ -328,7 +325,7 @@ impl NetLink {
             if stopping
                 && owners.is_empty()
                 && http.in_flight() == 0
-                && lock(&self.state).queue.is_empty()
+                && self.state.locked().queue.is_empty()
             {
                 return Ok(());
             }

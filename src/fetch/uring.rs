@@ -14,6 +14,7 @@ use super::direct::KernelRead;
 use super::net_thread::{Inbox, NetLink};
 use super::uring_http::{HttpDriver, TAG};
 use super::{Completion, NetOptions, ReadFail, ReadRequest, Reader, Target};
+use crate::sync::Locked;
 
 /// How a ring was set up, for the stats.
 #[derive(Debug, Clone)]
@@ -90,10 +91,7 @@ impl FixedBuffers {
 
     /// Why a ring could not register the buffers, if one could not.
     pub fn refused(&self) -> Option<String> {
-        self.refused
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.refused.locked().clone()
     }
 }
 
@@ -282,7 +280,7 @@ impl UringReader {
         match unsafe { self.ring.submitter().register_buffers(bufs) } {
             Ok(()) => self.registered = bufs.len() as u32,
             Err(e) => {
-                let mut r = f.refused.lock().unwrap_or_else(|p| p.into_inner());
+                let mut r = f.refused.locked();
                 r.get_or_insert_with(|| format!("register_buffers refused ({e})"));
             }
         }

@@ -7,11 +7,12 @@ use std::collections::HashMap;
 use std::ffi::{CStr, c_char};
 use std::sync::Arc;
 
-use super::boundary::{BATCHES, Fail, HeldBatch, boundary, check, invalid, lock, write_text};
+use super::boundary::{BATCHES, Fail, HeldBatch, boundary, check, invalid, write_text};
 use super::fork;
 use super::status::{RINGFEED_ERR_INVALID_HANDLE, RINGFEED_OK};
 use super::types::ringfeed_batch;
 use crate::node::AnyBatch;
+use crate::sync::Locked;
 
 /// Releases a batch: its chunks may be reused, and every pointer it held
 /// becomes invalid. Zeroes `*batch`. Releasing a batch twice, or a batch that
@@ -27,7 +28,7 @@ pub unsafe extern "C" fn ringfeed_batch_release(batch: *mut ringfeed_batch) -> i
         // SAFETY: checked non-NULL and aligned; only the integer is read.
         let handle = unsafe { std::ptr::addr_of!((*batch).handle).read() };
         let taken = {
-            let mut batches = lock(&BATCHES);
+            let mut batches = BATCHES.locked();
             match batches.get(&handle) {
                 // Left in the table: a child of fork() must not drop its
                 // parent's batch (give its chunks back to the parent's pool).
@@ -75,7 +76,7 @@ pub unsafe extern "C" fn ringfeed_batch_sample_source(
         // hold up every other batch call of the process (nor a fork, whose
         // handler takes this lock).
         let asked = {
-            let batches = lock(&BATCHES);
+            let batches = BATCHES.locked();
             // SAFETY: forwarded from this function's contract.
             let held = unsafe { held_batch(&batches, batch) }?;
             let b = &held.batch;
@@ -163,7 +164,7 @@ unsafe fn write_key(
     needed: *mut usize,
 ) -> i32 {
     boundary(|| {
-        let batches = lock(&BATCHES);
+        let batches = BATCHES.locked();
         // SAFETY: forwarded from the caller's contract.
         let held = unsafe { held_batch(&batches, batch) }?;
         let key = if ship {

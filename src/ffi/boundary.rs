@@ -21,6 +21,7 @@ use super::status::{
 use super::types::ringfeed_loader;
 use crate::error::Error;
 use crate::node::{AnyBatch, Attached};
+use crate::sync::Locked;
 
 thread_local! {
     static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
@@ -49,10 +50,6 @@ pub(super) static BATCHES: LazyLock<Mutex<HashMap<u64, HeldBatch>>> =
     LazyLock::new(Default::default);
 /// Handle numbers; never reused within a process. Relaxed: only uniqueness matters.
 pub(super) static NEXT_HANDLE: AtomicU64 = AtomicU64::new(1);
-
-pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// An error on its way to C: a status and a message.
 pub(super) struct Fail(pub(super) i32, pub(super) String);
@@ -123,7 +120,7 @@ pub(super) fn lookup(handle: *const ringfeed_loader) -> Result<Arc<Attached>, Fa
     if handle.is_null() {
         return Err(invalid("argument `loader` is NULL"));
     }
-    let loaders = lock(&LOADERS);
+    let loaders = LOADERS.locked();
     let open = loaders.get(&handle.addr()).ok_or_else(|| {
         Fail(
             RINGFEED_ERR_INVALID_HANDLE,

@@ -17,10 +17,11 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::{MutexGuard, Once};
 
-use super::boundary::{BATCHES, Fail, HeldBatch, LOADERS, OpenLoader, lock};
+use super::boundary::{BATCHES, Fail, HeldBatch, LOADERS, OpenLoader};
 use super::object::{OBJECTS, OpenWriter, WRITERS};
 use super::status::RINGFEED_ERR_INVALID_HANDLE;
 use crate::object::ObjectBuf;
+use crate::sync::Locked;
 
 type TableGuards = (
     MutexGuard<'static, HashMap<usize, OpenLoader>>,
@@ -39,10 +40,10 @@ thread_local! {
 /// entry point holds one while taking another, so any order is safe).
 extern "C" fn before_fork() {
     let guards = (
-        lock(&LOADERS),
-        lock(&BATCHES),
-        lock(&OBJECTS),
-        lock(&WRITERS),
+        LOADERS.locked(),
+        BATCHES.locked(),
+        OBJECTS.locked(),
+        WRITERS.locked(),
     );
     HELD_ACROSS_FORK.with(|h| *h.borrow_mut() = Some(guards));
 }

@@ -9,8 +9,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::boundary::{
-    BATCHES, Fail, HeldBatch, LOADERS, NEXT_HANDLE, OpenLoader, boundary, check, invalid, lock,
-    lookup, write_text,
+    BATCHES, Fail, HeldBatch, LOADERS, NEXT_HANDLE, OpenLoader, boundary, check, invalid, lookup,
+    write_text,
 };
 use super::fork;
 use super::status::{
@@ -19,6 +19,7 @@ use super::status::{
 };
 use super::types::{ringfeed_batch, ringfeed_loader};
 use crate::node::{AnyNext, Attached};
+use crate::sync::Locked;
 
 /// Opens a loader from a JSON configuration (see docs/configuration.md).
 /// On success writes the handle to `*out` and returns `RINGFEED_OK`; on
@@ -49,7 +50,7 @@ pub unsafe extern "C" fn ringfeed_loader_open(
             loader: Arc::new(loader),
             pid: std::process::id(),
         };
-        lock(&LOADERS).insert(id, open);
+        LOADERS.locked().insert(id, open);
         // SAFETY: as above.
         unsafe { out.write(std::ptr::without_provenance_mut(id)) };
         Ok(RINGFEED_OK)
@@ -97,7 +98,7 @@ pub unsafe extern "C" fn ringfeed_loader_next(
                     loader: l,
                     pid: std::process::id(),
                 };
-                lock(&BATCHES).insert(handle, held);
+                BATCHES.locked().insert(handle, held);
                 // SAFETY: as above.
                 unsafe { out.write(view) };
                 Ok(RINGFEED_OK)
@@ -232,7 +233,7 @@ pub unsafe extern "C" fn ringfeed_loader_close(loader: *mut ringfeed_loader) -> 
             return Ok(RINGFEED_OK);
         }
         let l = {
-            let mut loaders = lock(&LOADERS);
+            let mut loaders = LOADERS.locked();
             match loaders.get(&loader.addr()) {
                 // Left in the table: a child of fork() must not close (join
                 // the threads of) its parent's loader.

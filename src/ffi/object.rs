@@ -15,12 +15,13 @@ use std::ffi::c_char;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, LazyLock, Mutex};
 
-use super::boundary::{Fail, NEXT_HANDLE, boundary, check, invalid, lock, text, write_text};
+use super::boundary::{Fail, NEXT_HANDLE, boundary, check, invalid, text, write_text};
 use super::fork;
 use super::status::{RINGFEED_ERR_BUFFER_TOO_SMALL, RINGFEED_ERR_INVALID_HANDLE, RINGFEED_OK};
 use crate::config::Config;
 use crate::fetch::NetOptions;
 use crate::object::{self, ObjectBuf, Writer};
+use crate::sync::Locked;
 
 /// An object read whole into the library's memory. Opaque.
 pub struct ringfeed_object {
@@ -93,7 +94,7 @@ pub unsafe extern "C" fn ringfeed_object_read(
         let buf = object::read(url, &cfg, None)?;
         fork::install_handlers();
         let id = new_handle(9);
-        lock(&OBJECTS).insert(id, Arc::new(buf));
+        OBJECTS.locked().insert(id, Arc::new(buf));
         // SAFETY: as above.
         unsafe { out.write(std::ptr::without_provenance_mut(id)) };
         Ok(RINGFEED_OK)
@@ -104,12 +105,16 @@ fn object_of(handle: *const ringfeed_object) -> Result<Arc<ObjectBuf>, Fail> {
     if handle.is_null() {
         return Err(invalid("argument `object` is NULL"));
     }
-    lock(&OBJECTS).get(&handle.addr()).cloned().ok_or_else(|| {
-        Fail(
-            RINGFEED_ERR_INVALID_HANDLE,
-            "unknown object handle: it was released or never read".into(),
-        )
-    })
+    OBJECTS
+        .locked()
+        .get(&handle.addr())
+        .cloned()
+        .ok_or_else(|| {
+            Fail(
+                RINGFEED_ERR_INVALID_HANDLE,
+                "unknown object handle: it was released or never read".into(),
+            )
+        })
 }
 
 /// Writes the object's bytes and length to `*data` and `*len` (`*data` is
@@ -145,7 +150,7 @@ pub extern "C" fn ringfeed_object_release(object: *mut ringfeed_object) -> i32 {
         if object.is_null() {
             return Err(invalid("argument `object` is NULL"));
         }
-        let gone = lock(&OBJECTS).remove(&object.addr());
+        let gone = OBJECTS.locked().remove(&object.addr());
         match gone {
             // Dropped outside the table's lock: unmapping may take a while.
             Some(o) => {
@@ -339,7 +344,7 @@ pub unsafe extern "C" fn ringfeed_writer_open(
             writer: Arc::new(Mutex::new(w)),
             pid: std::process::id(),
         };
-        lock(&WRITERS).insert(id, open);
+        WRITERS.locked().insert(id, open);
         // SAFETY: as above.
         unsafe { out.write(std::ptr::without_provenance_mut(id)) };
         Ok(RINGFEED_OK)
@@ -350,7 +355,7 @@ fn writer_of(handle: *const ringfeed_writer, take: bool) -> Result<Arc<Mutex<Wri
     if handle.is_null() {
         return Err(invalid("argument `writer` is NULL"));
     }
-    let mut writers = lock(&WRITERS);
+    let mut writers = WRITERS.locked();
     let unknown = || {
         Fail(
             RINGFEED_ERR_INVALID_HANDLE,
@@ -384,7 +389,7 @@ pub unsafe extern "C" fn ringfeed_writer_write(
         let w = writer_of(writer, false)?;
         // SAFETY: the caller says `data` is readable for `len` bytes.
         let bytes = unsafe { input(data, len)? };
-        lock(&w).write(bytes)?;
+        w.locked().write(bytes)?;
         Ok(RINGFEED_OK)
     })
 }
@@ -395,7 +400,7 @@ pub unsafe extern "C" fn ringfeed_writer_write(
 pub extern "C" fn ringfeed_writer_finish(writer: *mut ringfeed_writer) -> i32 {
     boundary(|| {
         let w = writer_of(writer, true)?;
-        lock(&w).finish()?;
+        w.locked().finish()?;
         Ok(RINGFEED_OK)
     })
 }
@@ -406,7 +411,7 @@ pub extern "C" fn ringfeed_writer_finish(writer: *mut ringfeed_writer) -> i32 {
 pub extern "C" fn ringfeed_writer_abort(writer: *mut ringfeed_writer) -> i32 {
     boundary(|| {
         let w = writer_of(writer, true)?;
-        lock(&w).abort()?;
+        w.locked().abort()?;
         Ok(RINGFEED_OK)
     })
 }

@@ -12,6 +12,7 @@
 //! hold no more than the budget together, instead of one full-size buffer
 //! per thread.
 
+use crate::sync::{Locked, Waits};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 
@@ -53,7 +54,7 @@ pub struct Reservation<'a> {
 
 impl Drop for Reservation<'_> {
     fn drop(&mut self) {
-        let mut used = self.budget.used.lock().unwrap_or_else(|p| p.into_inner());
+        let mut used = self.budget.used.locked();
         *used -= self.bytes;
         self.budget.freed.notify_all();
     }
@@ -95,9 +96,9 @@ impl Budget {
             self.refused.fetch_add(1, Ordering::Relaxed);
             return Err(self.over(bytes));
         }
-        let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
+        let mut used = self.used.locked();
         while *used + bytes > self.limit {
-            used = self.freed.wait(used).unwrap_or_else(|p| p.into_inner());
+            used = self.freed.wait_locked(used);
         }
         *used += bytes;
         // Relaxed: a statistic; the lock orders the reservations.

@@ -19,7 +19,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::thread::JoinHandle;
 
 use crate::cache::{Entry, Fill, Spool, SpoolFill};
@@ -30,10 +30,7 @@ use crate::net::http::HttpObject;
 use crate::net::version::VersionPin;
 
 use super::MountCounts;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use crate::sync::{Locked, Waits};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum State {
@@ -54,13 +51,14 @@ pub struct Spare {
 
 impl Spare {
     fn take(&self) -> Box<[u8]> {
-        lock(&self.free)
+        self.free
+            .locked()
             .pop()
             .unwrap_or_else(|| vec![0u8; self.size].into_boxed_slice())
     }
 
     fn give(&self, mem: Box<[u8]>) {
-        let mut f = lock(&self.free);
+        let mut f = self.free.locked();
         if f.len() < self.most && mem.len() == self.size {
             f.push(mem);
         }
@@ -107,10 +105,10 @@ impl Block {
 
     /// Waits for the read; its error, naming what failed.
     pub fn wait(&self) -> Result<(), String> {
-        let mut s = lock(&self.state);
+        let mut s = self.state.locked();
         loop {
             match &*s {
-                State::Pending => s = self.done.wait(s).unwrap_or_else(|p| p.into_inner()),
+                State::Pending => s = self.done.wait_locked(s),
                 State::Ready => return Ok(()),
                 State::Failed(why) => return Err(why.clone()),
             }
@@ -118,11 +116,11 @@ impl Block {
     }
 
     fn is(&self, state: &State) -> bool {
-        *lock(&self.state) == *state
+        *self.state.locked() == *state
     }
 
     fn finish(&self, state: State) {
-        *lock(&self.state) = state;
+        *self.state.locked() = state;
         self.done.notify_all();
     }
 
@@ -326,7 +324,7 @@ impl Store {
 
     /// Bytes of blocks held now.
     pub fn held(&self) -> u64 {
-        lock(&self.lru).bytes
+        self.lru.locked().bytes
     }
 
     /// Whether a block may be fetched ahead of what is read now: the
@@ -341,12 +339,12 @@ impl Store {
 
     /// Whether block `i` of `file` is held (read or being read).
     pub fn holds(&self, file: &RemoteFile, i: u64) -> bool {
-        lock(&file.blocks).contains_key(&i)
+        file.blocks.locked().contains_key(&i)
     }
 
     /// Block `i` of `file`: the one held, or a new one whose read starts.
     pub fn block(&self, file: &Arc<RemoteFile>, i: u64) -> Arc<Block> {
-        let mut blocks = lock(&file.blocks);
+        let mut blocks = file.blocks.locked();
         if let Some(b) = blocks.get(&i) {
             let b = Arc::clone(b);
             drop(blocks);
@@ -361,7 +359,7 @@ impl Store {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         // Relaxed: see `may_read_ahead`.
         self.receiving.fetch_add(len as u64, Ordering::Relaxed);
-        lock(&self.pending).insert(id, Arc::clone(&b));
+        self.pending.locked().insert(id, Arc::clone(&b));
         let req = ReadRequest {
             id,
             target: Target::Http(Arc::clone(&file.obj)),
@@ -383,7 +381,7 @@ impl Store {
     /// Puts block `i` last in the eviction order (counted in when new),
     /// then evicts what is over the budget.
     fn touch(&self, file: &Arc<RemoteFile>, i: u64, b: &Arc<Block>, new: bool) {
-        let mut lru = lock(&self.lru);
+        let mut lru = self.lru.locked();
         lru.clock += 1;
         let now = lru.clock;
         let old = b.stamp.swap(now, Ordering::Relaxed);
@@ -406,7 +404,7 @@ impl Store {
             let Some(f) = f.upgrade() else {
                 continue;
             };
-            let mut blocks = lock(&f.blocks);
+            let mut blocks = f.blocks.locked();
             let gone = match blocks.get(&idx) {
                 Some(x) if x.is(&State::Pending) || Arc::strong_count(x) > 1 => false,
                 Some(_) => true,
@@ -432,10 +430,10 @@ impl Store {
 
     /// Drops a block that failed, so the next read asks again.
     pub fn forget(&self, file: &RemoteFile, i: u64, b: &Arc<Block>) {
-        let mut blocks = lock(&file.blocks);
+        let mut blocks = file.blocks.locked();
         if blocks.get(&i).is_some_and(|x| Arc::ptr_eq(x, b)) {
             blocks.remove(&i);
-            let mut lru = lock(&self.lru);
+            let mut lru = self.lru.locked();
             lru.order.remove(&b.stamp.load(Ordering::Relaxed));
             lru.bytes -= b.len as u64;
         }
@@ -445,7 +443,7 @@ impl Store {
     /// once per version; a read from the start (`from_start`) that finds
     /// none starts the fill (or waits for another process's).
     pub fn entry(&self, file: &Arc<RemoteFile>, from_start: bool) -> Option<Arc<Entry>> {
-        if let Some(e) = lock(&file.entry).as_ref() {
+        if let Some(e) = file.entry.locked().as_ref() {
             return Some(Arc::clone(e));
         }
         let spool = self.spool.as_ref()?;
@@ -456,22 +454,22 @@ impl Store {
         if !file.consulted.swap(true, Ordering::Relaxed) {
             if let Some(e) = cache.lookup(&id) {
                 let e = Arc::new(e);
-                *lock(&file.entry) = Some(Arc::clone(&e));
+                *file.entry.locked() = Some(Arc::clone(&e));
                 return Some(e);
             }
         }
-        if !from_start || lock(&file.filling).is_some() || !spool.admits() {
+        if !from_start || file.filling.locked().is_some() || !spool.admits() {
             return None;
         }
         match cache.fill(&id, self.stall) {
             Fill::Hit(e) => {
                 let e = Arc::new(e);
-                *lock(&file.entry) = Some(Arc::clone(&e));
+                *file.entry.locked() = Some(Arc::clone(&e));
                 Some(e)
             }
             Fill::Write(filler) => {
                 if let Some(fill) = spool.take(filler, file.size) {
-                    *lock(&file.filling) = Some(Filling { fill, next: 0 });
+                    *file.filling.locked() = Some(Filling { fill, next: 0 });
                 }
                 None
             }
@@ -483,11 +481,11 @@ impl Store {
     /// completes it after the last; gives it up when a block it needs
     /// failed.
     pub fn advance_fill(&self, file: &Arc<RemoteFile>) {
-        let mut f = lock(&file.filling);
+        let mut f = file.filling.locked();
         let Some(filling) = f.as_mut() else { return };
         let count = file.size.div_ceil(self.block);
         while filling.next < count {
-            let b = lock(&file.blocks).get(&filling.next).cloned();
+            let b = file.blocks.locked().get(&filling.next).cloned();
             match b {
                 Some(b) if b.is(&State::Ready) => {
                     let (ptr, len) = (b.ptr.cast_const(), b.len);
@@ -519,7 +517,7 @@ impl Store {
     /// Drops a fill that will not complete (the last handle is closed
     /// before the end was read).
     pub fn drop_fill(&self, file: &RemoteFile) {
-        lock(&file.filling).take();
+        file.filling.locked().take();
     }
 
     /// Reads `off..end` of `file` from its cache entry, checked; `None`
@@ -547,7 +545,7 @@ impl Store {
                 if let (Some(s), Some(id)) = (&self.spool, file.identity()) {
                     s.cache().drop_corrupt(&id, &why);
                 }
-                lock(&file.entry).take();
+                file.entry.locked().take();
                 None
             }
         }
@@ -565,7 +563,7 @@ impl Store {
         let one: u64 = 1;
         // SAFETY: writes 8 bytes to the inbox's eventfd, waking its thread.
         unsafe { libc::write(self.inbox.fd(), (&one as *const u64).cast(), 8) };
-        lock(&self.threads).clear();
+        self.threads.locked().clear();
         if let Some(s) = &self.spool {
             s.flush();
         }
@@ -595,7 +593,7 @@ fn complete(
         unsafe { libc::read(inbox.fd(), (&mut n as *mut u64).cast(), 8) };
         inbox.take(&mut out);
         for c in out.drain(..) {
-            let Some(b) = lock(pending).remove(&c.id) else {
+            let Some(b) = pending.locked().remove(&c.id) else {
                 continue;
             };
             // Relaxed: see `Store::may_read_ahead`.
@@ -619,7 +617,7 @@ fn complete(
         }
         // Relaxed: the flag is checked once the links are stopped and
         // every read they had has come back.
-        if stop.load(Ordering::Relaxed) && lock(pending).is_empty() {
+        if stop.load(Ordering::Relaxed) && pending.locked().is_empty() {
             return;
         }
     }

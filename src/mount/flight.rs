@@ -4,13 +4,10 @@
 //! directory again (a job's ranks and workers starting at once, each
 //! opening its files, would otherwise list one directory as many times).
 
+use crate::sync::{Locked, Waits};
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
-use std::sync::{Condvar, Mutex, MutexGuard};
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use std::sync::{Condvar, Mutex};
 
 /// The keys (directories' inodes) being worked on now.
 #[derive(Default)]
@@ -30,7 +27,7 @@ struct Landing<'a> {
 
 impl Drop for Landing<'_> {
     fn drop(&mut self) {
-        lock(&self.flights.busy).remove(&self.key);
+        self.flights.busy.locked().remove(&self.key);
         self.flights.done.notify_all();
     }
 }
@@ -41,12 +38,12 @@ impl Flights {
     /// caller looks again at what that work left, and calls again if it
     /// is still not what it needs).
     pub fn run<T>(&self, key: u64, work: impl FnOnce() -> T) -> Option<T> {
-        let mut busy = lock(&self.busy);
+        let mut busy = self.busy.locked();
         if busy.contains(&key) {
             // Relaxed: a count the tests read, ordered by `busy`'s lock.
             self.waiting.fetch_add(1, Ordering::Relaxed);
             while busy.contains(&key) {
-                busy = self.done.wait(busy).unwrap_or_else(|p| p.into_inner());
+                busy = self.done.wait_locked(busy);
             }
             self.waiting.fetch_sub(1, Ordering::Relaxed);
             return None;

@@ -50,7 +50,7 @@ mod write;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::config::Config;
@@ -64,14 +64,11 @@ use source::Source;
 use tree::{Kind, ROOT, Tree};
 use upload::{Closes, Upload};
 
+use crate::sync::Locked;
 pub use tree::Kind as FileKind;
 
 /// Small files fetched ahead of a reader walking a directory in name order.
 pub const DIR_AHEAD: usize = 32;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// An error for the kernel: an errno.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -451,7 +448,7 @@ impl Fs {
         let asked = Instant::now();
         loop {
             let rel = {
-                let t = lock(&self.tree);
+                let t = self.tree.locked();
                 let node = t.get(dir).ok_or(Errno(libc::ENOENT))?;
                 if node.kind != Kind::Dir {
                     return Err(Errno(libc::ENOTDIR));
@@ -471,7 +468,7 @@ impl Fs {
 
     /// Lists `dir` (at `rel`) from the source now.
     fn list_now(&self, dir: u64, rel: &str) -> FsResult<()> {
-        let mut jitter = lock(&self.jitter).clone();
+        let mut jitter = self.jitter.locked().clone();
         let listed = self.source.list(rel, &self.net, &mut jitter).map_err(|e| {
             log(Level::Warn, || {
                 format!("mount: listing `{}` failed: {e}", self.source.url(rel))
@@ -484,7 +481,7 @@ impl Fs {
         })?;
         self.counts.add(&self.counts.listings, 1);
         let dropped = {
-            let mut t = lock(&self.tree);
+            let mut t = self.tree.locked();
             t.set_listing(dir, &listed, Instant::now());
             t.take_dropped()
         };
@@ -499,14 +496,14 @@ impl Fs {
         if inos.is_empty() {
             return;
         }
-        let mut files = lock(&self.files);
+        let mut files = self.files.locked();
         for ino in inos {
             if files.get(ino).is_some_and(|e| e.1 == 0) {
                 files.remove(ino);
             }
         }
         drop(files);
-        let mut recent = lock(&self.recent);
+        let mut recent = self.recent.locked();
         for ino in inos {
             recent.remove(ino);
         }
@@ -516,7 +513,7 @@ impl Fs {
     /// holds until it forgets it ([`Fs::forget`]).
     pub fn lookup(&self, parent: u64, name: &str) -> FsResult<Attr> {
         self.fresh(parent)?;
-        let mut t = lock(&self.tree);
+        let mut t = self.tree.locked();
         let ino = t.child(parent, name).ok_or(Errno(libc::ENOENT))?;
         t.looked_up(ino);
         let n = t.get(ino).ok_or(Errno(libc::ENOENT))?;
@@ -528,7 +525,7 @@ impl Fs {
     /// once no handle reads them.
     pub fn forget(&self, ino: u64, n: u64) {
         let dropped = {
-            let mut t = lock(&self.tree);
+            let mut t = self.tree.locked();
             t.forgot(ino, n);
             t.take_dropped()
         };
@@ -537,17 +534,17 @@ impl Fs {
 
     /// Inodes remembered now (the root included).
     pub fn inodes(&self) -> usize {
-        lock(&self.tree).len()
+        self.tree.locked().len()
     }
 
     pub fn getattr(&self, ino: u64) -> FsResult<Attr> {
-        let t = lock(&self.tree);
+        let t = self.tree.locked();
         let n = t.get(ino).ok_or(Errno(libc::ENOENT))?;
         let mut a = self.attr_of(ino, n);
         drop(t);
         // A file being written shows what was written so far, never
         // waiting on its upload.
-        if let Some(w) = lock(&self.writing).get(&ino) {
+        if let Some(w) = self.writing.locked().get(&ino) {
             // Relaxed: see `WriteHandle::size`.
             a.size = w.size.load(Ordering::Relaxed);
         }
@@ -557,7 +554,7 @@ impl Fs {
     /// `dir`'s entries: `.`, `..`, then its children in name order.
     pub fn readdir(&self, dir: u64) -> FsResult<Vec<(u64, Kind, String)>> {
         self.fresh(dir)?;
-        let t = lock(&self.tree);
+        let t = self.tree.locked();
         let parent = t.get(dir).map_or(ROOT, |n| n.parent);
         let mut out = vec![
             (dir, Kind::Dir, ".".to_string()),
@@ -575,12 +572,12 @@ impl Fs {
     /// closes and syncs may wait on the store for long: the FUSE side
     /// answers them on threads of their own, in order).
     pub fn writes(&self, fh: u64) -> bool {
-        matches!(lock(&self.handles).get(&fh), Some(Handle::Write(_)))
+        matches!(self.handles.locked().get(&fh), Some(Handle::Write(_)))
     }
 
     /// Opens directory `dir` for `readdir` passes.
     pub fn opendir(&self, dir: u64) -> FsResult<u64> {
-        match lock(&self.tree).get(dir) {
+        match self.tree.locked().get(dir) {
             Some(n) if n.kind == Kind::Dir => {}
             Some(_) => return Err(Errno(libc::ENOTDIR)),
             None => return Err(Errno(libc::ENOENT)),
@@ -594,23 +591,23 @@ impl Fs {
     /// not a directory's (fuser's 0 when `opendir` was not asked) takes
     /// them anew each time.
     pub fn readdir_at(&self, fh: u64, dir: u64, offset: u64) -> FsResult<Entries> {
-        let h = lock(&self.handles).get(&fh).and_then(|h| match h {
-            Handle::Dir(e) => lock(e).clone().filter(|_| offset > 0),
+        let h = self.handles.locked().get(&fh).and_then(|h| match h {
+            Handle::Dir(e) => e.locked().clone().filter(|_| offset > 0),
             _ => None,
         });
         if let Some(e) = h {
             return Ok(e);
         }
         let e = Arc::new(self.readdir(dir)?);
-        if let Some(Handle::Dir(slot)) = lock(&self.handles).get(&fh) {
-            *lock(slot) = Some(Arc::clone(&e));
+        if let Some(Handle::Dir(slot)) = self.handles.locked().get(&fh) {
+            *slot.locked() = Some(Arc::clone(&e));
         }
         Ok(e)
     }
 
     fn new_fh(&self, h: Handle) -> u64 {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        lock(&self.handles).insert(fh, h);
+        self.handles.locked().insert(fh, h);
         fh
     }
 
@@ -623,7 +620,7 @@ impl Fs {
                 format!("mount: `{name}`: an http(s):// source takes no writes (EROFS)")
             }));
         }
-        let mut t = lock(&self.tree);
+        let mut t = self.tree.locked();
         if t.child(parent, name).is_some() {
             return Err(Errno(libc::EEXIST));
         }
@@ -636,20 +633,20 @@ impl Fs {
 
     /// The last reference to `fh` is gone.
     pub fn release(&self, fh: u64) {
-        let h = lock(&self.handles).remove(&fh);
+        let h = self.handles.locked().remove(&fh);
         match h {
             Some(Handle::Write(w)) => {
                 // Every close is a flush before this: an upload still
                 // open had nothing written by a close that decided.
                 self.released(&w);
-                let mut writing = lock(&self.writing);
+                let mut writing = self.writing.locked();
                 if writing.get(&w.ino).is_some_and(|x| Arc::ptr_eq(x, &w)) {
                     writing.remove(&w.ino);
                 }
             }
             Some(Handle::Read(r)) => {
                 if let Reading::Remote(f) = &r.reading {
-                    let mut files = lock(&self.files);
+                    let mut files = self.files.locked();
                     if let Some(e) = files.get_mut(&r.ino) {
                         e.1 = e.1.saturating_sub(1);
                         if e.1 == 0
@@ -684,7 +681,8 @@ impl Fs {
 
     /// The path of `ino` from the mount's root, for messages.
     pub fn path_of(&self, ino: u64) -> String {
-        lock(&self.tree)
+        self.tree
+            .locked()
             .get(ino)
             .map_or_else(|| format!("inode {ino}"), |n| n.rel.clone())
     }

@@ -10,9 +10,10 @@ use super::blocks::RemoteFile;
 use super::readahead::{Ahead, Limits};
 use super::source::Object;
 use super::{
-    Caching, DIR_AHEAD, Data, Errno, Fs, FsResult, Handle, Kind, ReadHandle, Reading, lock, tree,
+    Caching, DIR_AHEAD, Data, Errno, Fs, FsResult, Handle, Kind, ReadHandle, Reading, tree,
 };
 use crate::log::{Level, log};
+use crate::sync::Locked;
 
 impl Fs {
     /// Opens `ino`: for reading (the kernel may keep the pages it cached
@@ -20,7 +21,9 @@ impl Fs {
     /// writing when `flags` ask for it (see [`Fs::create`]; always
     /// [`Caching::Direct`]).
     pub fn open(&self, ino: u64, flags: i32) -> FsResult<(u64, Caching)> {
-        let node = lock(&self.tree)
+        let node = self
+            .tree
+            .locked()
             .get(ino)
             .cloned()
             .ok_or(Errno(libc::ENOENT))?;
@@ -77,7 +80,7 @@ impl Fs {
         obj: Arc<crate::net::http::HttpObject>,
         open: bool,
     ) -> (Arc<RemoteFile>, bool) {
-        let mut files = lock(&self.files);
+        let mut files = self.files.locked();
         let etag = node
             .etag
             .clone()
@@ -115,9 +118,9 @@ impl Fs {
         let Some(store) = &self.store else { return };
         let name = node.rel.rsplit('/').next().unwrap_or(&node.rel).to_string();
         let (walking, next) = {
-            let t = lock(&self.tree);
+            let t = self.tree.locked();
             let before = t.neighbours(node.parent, &name, 4, false);
-            let mut recent = lock(&self.recent);
+            let mut recent = self.recent.locked();
             let seen = recent.entry(node.parent).or_default();
             let walking = before.iter().any(|(n, _)| seen.contains(n));
             seen.push_back(name.clone());
@@ -156,7 +159,7 @@ impl Fs {
 
     /// Reads `size` bytes at `off` through handle `fh`.
     pub fn read(&self, fh: u64, off: u64, size: u32) -> FsResult<Data> {
-        let h = match lock(&self.handles).get(&fh) {
+        let h = match self.handles.locked().get(&fh) {
             Some(Handle::Read(h)) => Arc::clone(h),
             Some(Handle::Write(_) | Handle::Dir(_)) | None => return Err(Errno(libc::EBADF)),
         };
@@ -203,8 +206,8 @@ impl Fs {
             // Relaxed: see set_kernel_readahead.
             slack: self.kernel_readahead.load(Ordering::Relaxed),
         };
-        let (first, last) = lock(&h.ahead).on_read(off, end, file.size, lim);
-        let stream = lock(&h.ahead).window() > 0 || file.size <= block;
+        let (first, last) = h.ahead.locked().on_read(off, end, file.size, lim);
+        let stream = h.ahead.locked().window() > 0 || file.size <= block;
         if let Some(e) = store.entry(file, off == 0 && stream)
             && let Some(bytes) = store.read_entry(file, &e, off, end)
         {

@@ -9,8 +9,9 @@ use std::time::SystemTime;
 
 use super::source::Source;
 use super::upload::{Abort, Closes, Refused, Upload, Verdict};
-use super::{Attr, Errno, Fs, FsResult, Handle, Kind, WriteHandle, lock, tree};
+use super::{Attr, Errno, Fs, FsResult, Handle, Kind, WriteHandle, tree};
 use crate::log::{Level, log};
+use crate::sync::Locked;
 
 impl Fs {
     pub(super) fn open_write(&self, ino: u64, node: &tree::Node, flags: i32) -> FsResult<u64> {
@@ -67,7 +68,7 @@ impl Fs {
                 libc::EIO
             })
         })?;
-        if let Some(n) = lock(&self.tree).get_mut(ino) {
+        if let Some(n) = self.tree.locked().get_mut(ino) {
             n.local = true;
             n.size = 0;
         }
@@ -80,7 +81,7 @@ impl Fs {
             size: AtomicU64::new(0),
             closes: Mutex::new(Closes::default()),
         });
-        lock(&self.writing).insert(ino, Arc::clone(&w));
+        self.writing.locked().insert(ino, Arc::clone(&w));
         Ok(self.new_fh(Handle::Write(w)))
     }
 
@@ -88,13 +89,13 @@ impl Fs {
     /// (the handle's caching is [`super::Caching::Direct`]).
     pub fn create(&self, parent: u64, name: &str, flags: i32) -> FsResult<(Attr, u64)> {
         self.fresh(parent)?;
-        let existing = lock(&self.tree).child(parent, name);
+        let existing = self.tree.locked().child(parent, name);
         if let Some(ino) = existing {
             if flags & libc::O_EXCL != 0 {
                 return Err(Errno(libc::EEXIST));
             }
             let (fh, _) = self.open(ino, flags | libc::O_WRONLY)?;
-            lock(&self.tree).looked_up(ino);
+            self.tree.locked().looked_up(ino);
             return Ok((self.getattr(ino)?, fh));
         }
         if !self.source.writable() {
@@ -103,7 +104,7 @@ impl Fs {
             }));
         }
         let (ino, rel) = {
-            let mut t = lock(&self.tree);
+            let mut t = self.tree.locked();
             let ino = t.add_local(parent, name, Kind::File);
             // The kernel holds the entry `create` answers.
             t.looked_up(ino);
@@ -112,7 +113,7 @@ impl Fs {
         match self.start_upload(ino, parent, name, &rel) {
             Ok(fh) => Ok((self.getattr(ino)?, fh)),
             Err(e) => {
-                lock(&self.tree).remove(parent, name);
+                self.tree.locked().remove(parent, name);
                 Err(e)
             }
         }
@@ -121,15 +122,15 @@ impl Fs {
     /// Writes `data` at `off` through handle `fh`, for descriptor table
     /// `owner` (the kernel's lock owner of a direct-I/O write).
     pub fn write(&self, fh: u64, off: u64, data: &[u8], owner: Option<u64>) -> FsResult<u32> {
-        let w = match lock(&self.handles).get(&fh) {
+        let w = match self.handles.locked().get(&fh) {
             Some(Handle::Write(w)) => Arc::clone(w),
             _ => return Err(Errno(libc::EBADF)),
         };
         let r = {
-            let mut u = lock(&w.upload);
+            let mut u = w.upload.locked();
             let r = u.write(off, data);
             if r.is_ok() {
-                lock(&w.closes).wrote(owner);
+                w.closes.locked().wrote(owner);
             }
             // Relaxed: see `WriteHandle::size`.
             w.size.store(u.size(), Ordering::Relaxed);
@@ -170,7 +171,7 @@ impl Fs {
     /// A file whose upload did not complete is gone: from its directory,
     /// and its inode (a name the kernel still caches finds nothing).
     fn drop_local(&self, w: &WriteHandle) {
-        let mut t = lock(&self.tree);
+        let mut t = self.tree.locked();
         if t.get(w.ino).is_some_and(|n| n.local) {
             t.remove(w.parent, &w.name);
             t.forget(w.ino);
@@ -180,7 +181,7 @@ impl Fs {
     /// Completes the upload of `w`: the object is there, or the error.
     pub(super) fn complete(&self, w: &WriteHandle) -> FsResult<()> {
         let (first, r) = {
-            let mut u = lock(&w.upload);
+            let mut u = w.upload.locked();
             let r = (u.is_open(), u.complete());
             // Relaxed: see `WriteHandle::size`.
             w.size.store(u.size(), Ordering::Relaxed);
@@ -190,7 +191,7 @@ impl Fs {
             Ok(size) => {
                 if first {
                     self.counts.add(&self.counts.uploads, 1);
-                    let mut t = lock(&self.tree);
+                    let mut t = self.tree.locked();
                     if let Some(n) = t.get_mut(w.ino) {
                         n.local = false;
                         n.size = size;
@@ -224,7 +225,7 @@ impl Fs {
     /// saying why). Once the upload is done, every close answers its
     /// outcome.
     pub fn flush(&self, fh: u64, pid: u32, owner: u64) -> FsResult<()> {
-        let w = match lock(&self.handles).get(&fh) {
+        let w = match self.handles.locked().get(&fh) {
             Some(Handle::Write(w)) => Arc::clone(w),
             _ => return Ok(()),
         };
@@ -232,10 +233,10 @@ impl Fs {
         // it and no other.
         let closer = self.proc.closer(pid);
         let verdict = {
-            let u = lock(&w.upload);
+            let u = w.upload.locked();
             if u.is_open() {
                 let written = u.size();
-                Some(lock(&w.closes).close(owner, &closer, written))
+                Some(w.closes.locked().close(owner, &closer, written))
             } else {
                 None
             }
@@ -255,8 +256,8 @@ impl Fs {
     /// by [`Closes::release`].
     pub(super) fn released(&self, w: &WriteHandle) {
         let verdict = {
-            let u = lock(&w.upload);
-            u.is_open().then(|| lock(&w.closes).release(u.size()))
+            let u = w.upload.locked();
+            u.is_open().then(|| w.closes.locked().release(u.size()))
         };
         match verdict {
             Some(Verdict::Complete) => {
@@ -297,7 +298,7 @@ impl Fs {
                 ),
             ),
         };
-        let aborted = lock(&w.upload).abort(&text);
+        let aborted = w.upload.locked().abort(&text);
         match aborted {
             Ok(true) => {
                 self.counts.add(&self.counts.uploads_aborted, 1);
@@ -314,7 +315,7 @@ impl Fs {
     /// `fsync`: completes a write handle's upload (later writes are
     /// refused), answering its error.
     pub fn fsync(&self, fh: u64) -> FsResult<()> {
-        let w = match lock(&self.handles).get(&fh) {
+        let w = match self.handles.locked().get(&fh) {
             Some(Handle::Write(w)) => Arc::clone(w),
             _ => return Ok(()),
         };

@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use super::http::{Fail, FailKind, HttpObject, ResponseHead};
 use super::redirect::{Hop, followed};
 use super::version::VersionPin;
+use crate::sync::Locked;
 
 /// How long a host's looked-up addresses are used: a minute, the TTL
 /// CDNs (CloudFront, the Hub's content hosts) give their names, so a
@@ -49,7 +50,7 @@ fn cache() -> &'static Cache {
 /// redirect is asked for again).
 pub fn addresses(host: &str, port: u16) -> Result<Vec<SocketAddr>, Fail> {
     let key = (host.to_string(), port);
-    if let Some((at, addrs)) = cache().lock().unwrap_or_else(|p| p.into_inner()).get(&key)
+    if let Some((at, addrs)) = cache().locked().get(&key)
         && at.elapsed() < ADDR_TTL
     {
         return Ok(addrs.clone());
@@ -61,7 +62,7 @@ pub fn addresses(host: &str, port: u16) -> Result<Vec<SocketAddr>, Fail> {
     if addrs.is_empty() {
         return Err(Fail::new(FailKind::Dns, format!("`{host}` has no address")));
     }
-    let mut hosts = cache().lock().unwrap_or_else(|p| p.into_inner());
+    let mut hosts = cache().locked();
     if hosts.len() >= MAX_HOSTS {
         hosts.clear();
     }

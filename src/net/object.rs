@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::http::{Fail, parse_url};
+use crate::sync::Locked;
 
 /// Adds per-request headers, e.g. an S3 SigV4 signature. Called for every
 /// request, so it may refresh credentials. Must never put a secret in an
@@ -132,12 +133,12 @@ impl HttpObject {
 
     /// Where the object's last redirect chain ended, if it redirected.
     pub fn route(&self) -> Option<Arc<HttpObject>> {
-        self.route.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.route.locked().clone()
     }
 
     /// The object's requests go to `target` from now on.
     pub fn remember(&self, target: &Arc<HttpObject>) {
-        *self.route.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(target));
+        *self.route.locked() = Some(Arc::clone(target));
     }
 
     /// `target` answered as an expired signed URL does: the object's
@@ -145,7 +146,7 @@ impl HttpObject {
     /// Whether `target` was still the route (another request may have
     /// found a new one already).
     pub fn forget(&self, target: &Arc<HttpObject>) -> bool {
-        let mut route = self.route.lock().unwrap_or_else(|p| p.into_inner());
+        let mut route = self.route.locked();
         if route.as_ref().is_some_and(|r| Arc::ptr_eq(r, target)) {
             *route = None;
             return true;

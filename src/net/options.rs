@@ -16,6 +16,7 @@ use crate::net::http::{Fail, FailKind};
 use crate::net::rate::{Admit, RateLimiter};
 use crate::net::retry::{GiveUp, Jitter, RetryPolicy, Tries, authority};
 use crate::net::tls::TlsSetup;
+use crate::sync::Locked;
 
 /// Network counters shared by a loader's readers. Relaxed: statistics.
 #[derive(Debug, Default)]
@@ -128,7 +129,7 @@ impl Default for Pacer {
 impl Pacer {
     fn with<R>(&self, url: &str, f: impl FnOnce(&mut RateLimiter, f64) -> R) -> R {
         let host = authority(url);
-        let mut hosts = self.hosts.lock().unwrap_or_else(|p| p.into_inner());
+        let mut hosts = self.hosts.locked();
         // Read under the lock: a limiter's times must not go backwards.
         let now = self.origin.elapsed().as_secs_f64();
         let i = match hosts.iter().position(|(h, _)| h == host) {
@@ -187,7 +188,7 @@ impl Pacer {
     /// The hosts whose rate is held, with that rate and the rate they took
     /// without throttling (requests per second), for the stats' notes.
     pub fn rates(&self) -> Vec<(String, f64, f64)> {
-        let hosts = self.hosts.lock().unwrap_or_else(|p| p.into_inner());
+        let hosts = self.hosts.locked();
         hosts
             .iter()
             .filter(|(_, r)| r.enabled())

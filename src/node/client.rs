@@ -38,6 +38,7 @@ use crate::config::Toggle;
 use crate::engine::Counts;
 use crate::error::{Error, Result};
 use crate::memory::{NO_SOURCE, RawField, RawSample, cuda};
+use crate::sync::Locked;
 
 /// What the consumer and its batches share.
 struct Link {
@@ -70,7 +71,7 @@ impl Link {
     /// it. Once the engine is gone its batches are nobody's, and the
     /// release is moot.
     fn release(&self, entry: u64) {
-        let _g = lock(&self.releasing);
+        let _g = self.releasing.locked();
         let mut since = Instant::now();
         loop {
             if self.gone.load(Ordering::Acquire) {
@@ -148,10 +149,6 @@ pub struct NodeLoader {
     pid: u64,
     /// The buffer replies are received into.
     asking_buf: Mutex<Vec<u8>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl NodeLoader {
@@ -296,7 +293,7 @@ impl NodeLoader {
         }
         let t0 = Instant::now();
         let deadline = timeout.map(|t| t0 + t);
-        let mut t = lock(&self.taking);
+        let mut t = self.taking.locked();
         let got = self.take(&mut t, deadline);
         self.wait_ns
             .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -386,12 +383,12 @@ impl NodeLoader {
 
     /// The resume state after the batches taken so far.
     pub fn state_hex(&self) -> String {
-        lock(&self.taking).state.clone()
+        self.taking.locked().state.clone()
     }
 
     fn ask(&self, req: &Request) -> Result<Reply> {
-        let _g = lock(&self.asking);
-        let mut buf = lock(&self.asking_buf);
+        let _g = self.asking.locked();
+        let mut buf = self.asking_buf.locked();
         sock::send(&self.conn, &proto::encode(req), &[]).map_err(|_| self.gone())?;
         sock::recv(&self.conn, &mut buf)
             .map_err(|_| self.gone())?

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use super::holds::{Holds, Kept};
@@ -18,6 +18,7 @@ use crate::dataset::Shard;
 use crate::engine::{EngineNet, Loader};
 use crate::error::{Error, Result};
 use crate::memory::{Arena, ArenaOptions, Batch, ChunkPool};
+use crate::sync::Locked;
 use crate::topology::{self, Request};
 
 /// The longest the engine's arena waits for a first batch before its pages
@@ -71,10 +72,6 @@ pub(super) struct Engine {
     parties: AtomicU64,
 }
 
-pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 impl Engine {
     pub fn new(base: Config, socket: PathBuf) -> Result<Arc<Engine>> {
         let id = EngineId::random()
@@ -111,7 +108,7 @@ impl Engine {
     /// and counted once, with the network threads for its remote shards;
     /// an error is the asking consumer's, and the next one tries again.
     pub fn dataset(&self) -> Result<Arc<Dataset>> {
-        let mut known = lock(&self.dataset);
+        let mut known = self.dataset.locked();
         if let Some(s) = &*known {
             return Ok(s.clone());
         }
@@ -131,7 +128,7 @@ impl Engine {
     /// The engine's side of every stats reply; `party` is the asking
     /// consumer (its own held batches are counted apart).
     pub fn node_stats(&self, party: Option<u64>) -> NodeStats {
-        let holds = lock(&self.holds);
+        let holds = self.holds.locked();
         let t = holds.tally();
         NodeStats {
             pid: std::process::id(),

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use memmap2::{Mmap, MmapOptions};
 
@@ -26,10 +26,7 @@ use super::proto::{self, EngineId, Key, Reply, Request, Role};
 use super::shm::Rings;
 use super::sock;
 use crate::error::{Error, Result};
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use crate::sync::Locked;
 
 fn node(msg: impl Into<String>) -> Error {
     Error::Node(msg.into())
@@ -126,7 +123,7 @@ impl HolderLink {
     /// key's engine is gone, and its batches with it).
     fn to(socket: &Path, engine: EngineId) -> Result<Arc<HolderLink>> {
         let me = std::process::id();
-        let mut links = lock(&LINKS);
+        let mut links = LINKS.locked();
         let mine = |l: &&Arc<HolderLink>| l.pid == me && l.socket == socket;
         if let Some(l) = links.iter().find(|l| mine(l) && l.engine == engine) {
             return Ok(l.clone());
@@ -155,12 +152,12 @@ impl HolderLink {
 
     /// Whether the engine closed this link (it exited).
     fn hung_up(&self) -> bool {
-        let c = lock(&self.conn);
+        let c = self.conn.locked();
         sock::poll(&[(&c.0, false)], Some(std::time::Duration::ZERO)).map_or(true, |r| r[0].hangup)
     }
 
     fn ask(&self, req: &Request) -> Result<Reply> {
-        let mut c = lock(&self.conn);
+        let mut c = self.conn.locked();
         let (conn, buf) = &mut *c;
         let gone = |e: std::io::Error| {
             node(format!(
@@ -183,7 +180,7 @@ impl HolderLink {
             cap: key.cap,
         })? {
             Reply::Claimed => {
-                *lock(&self.kept).entry(key.batch).or_insert(0) += 1;
+                *self.kept.locked().entry(key.batch).or_insert(0) += 1;
                 Ok(())
             }
             Reply::Refused { status, message } => Err(Error::Remote { status, message }),
@@ -194,7 +191,7 @@ impl HolderLink {
     /// Releases one keep of the batch of `key`.
     fn release(&self, key: &Key) -> Result<()> {
         {
-            let mut kept = lock(&self.kept);
+            let mut kept = self.kept.locked();
             match kept.get_mut(&key.batch) {
                 Some(n) => {
                     *n -= 1;
@@ -256,7 +253,8 @@ pub fn keep(key: &str, pid: i32) -> Result<()> {
 pub fn release(key: &str) -> Result<()> {
     let key = Key::parse(key).map_err(Error::Node)?;
     let me = std::process::id();
-    let link = lock(&LINKS)
+    let link = LINKS
+        .locked()
         .iter()
         .find(|l| l.pid == me && l.socket == key.socket && l.engine == key.engine)
         .cloned();

@@ -8,11 +8,14 @@ use std::sync::atomic::Ordering;
 
 use serde_json::{Value, json};
 
-use super::engine::{Engine, lock};
+use super::engine::Engine;
 use crate::engine::Loader;
+use crate::sync::Locked;
 
 pub(super) fn text(engine: &Engine) -> String {
-    let loaders: Vec<Arc<Loader>> = lock(&engine.loaders)
+    let loaders: Vec<Arc<Loader>> = engine
+        .loaders
+        .locked()
         .values()
         .filter_map(Weak::upgrade)
         .collect();

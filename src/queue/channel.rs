@@ -4,6 +4,7 @@
 //! (consumers) or full (producers), so the fast path takes no lock.
 
 use crate::queue::Ring;
+use crate::sync::{Locked, Waits};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering, fence};
 use std::sync::{Condvar, Mutex};
 use std::time::Instant;
@@ -49,7 +50,7 @@ impl<T> Channel<T> {
         fence(Ordering::SeqCst);
         // Relaxed: ordered by the SeqCst fence (see the type's comment).
         if waiting.load(Ordering::Relaxed) > 0 {
-            let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+            let _g = self.lock.locked();
             cv.notify_all();
         }
     }
@@ -59,7 +60,7 @@ impl<T> Channel<T> {
     pub fn close(&self) {
         // SeqCst: read by sleepers after they announce themselves.
         self.closed.store(true, Ordering::SeqCst);
-        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _g = self.lock.locked();
         self.not_empty.notify_all();
         self.not_full.notify_all();
     }
@@ -97,7 +98,7 @@ impl<T> Channel<T> {
         if self.is_closed() {
             return Err(RecvError::Closed);
         }
-        let mut g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.lock.locked();
         self.pop_waiting.fetch_add(1, Ordering::SeqCst);
         let result = loop {
             if let Some(v) = self.ring.pop() {
@@ -107,17 +108,13 @@ impl<T> Channel<T> {
                 break Err(RecvError::Closed);
             }
             match deadline {
-                None => g = self.not_empty.wait(g).unwrap_or_else(|p| p.into_inner()),
+                None => g = self.not_empty.wait_locked(g),
                 Some(d) => {
                     let now = Instant::now();
                     if now >= d {
                         break Err(RecvError::Timeout);
                     }
-                    g = self
-                        .not_empty
-                        .wait_timeout(g, d - now)
-                        .unwrap_or_else(|p| p.into_inner())
-                        .0;
+                    g = self.not_empty.wait_locked_for(g, d - now).0;
                 }
             }
         };
@@ -139,7 +136,7 @@ impl<T> Channel<T> {
             }
             Err(v) => v,
         };
-        let mut g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.lock.locked();
         self.push_waiting.fetch_add(1, Ordering::SeqCst);
         let result = loop {
             if self.is_closed() {
@@ -149,7 +146,7 @@ impl<T> Channel<T> {
                 Ok(()) => break Ok(()),
                 Err(v) => value = v,
             }
-            g = self.not_full.wait(g).unwrap_or_else(|p| p.into_inner());
+            g = self.not_full.wait_locked(g);
         };
         self.push_waiting.fetch_sub(1, Ordering::SeqCst);
         drop(g);

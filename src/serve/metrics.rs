@@ -7,6 +7,7 @@
 //! sends its request a byte at a time, holds up only itself; past
 //! [`MAX_CLIENTS`] at once, a new connection is closed unanswered.
 
+use crate::sync::Locked;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
@@ -82,7 +83,7 @@ pub fn serve_on(
                             .name("ringfeed-metrics-c".into())
                             .spawn(move || {
                                 answer(conn, &|| {
-                                    let f = text.lock().unwrap_or_else(|p| p.into_inner());
+                                    let f = text.locked();
                                     f()
                                 });
                                 held.fetch_sub(1, Ordering::Relaxed);

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use super::connection::{refuse_busy, serve_connection};
 use super::{ServeError, ServeOptions, ServeStats};
+use crate::sync::Locked;
 
 /// Counters, for reports and tests. Relaxed: statistics only.
 #[derive(Debug, Default)]
@@ -137,7 +138,7 @@ impl Drop for Server {
 
 fn lock_live(shared: &Shared) -> std::sync::MutexGuard<'_, HashMap<u64, TcpStream>> {
     // A panicking connection thread cannot leave the map inconsistent.
-    shared.live.lock().unwrap_or_else(|p| p.into_inner())
+    shared.live.locked()
 }
 
 /// Waits until the listener has a connection (true) or the wake socket

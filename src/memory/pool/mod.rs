@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::memory::{Arena, ChunkRef};
+use crate::sync::{Locked, Waits};
 
 mod shared;
 
@@ -178,7 +179,7 @@ impl ChunkPool {
     fn lock(&self) -> MutexGuard<'_, PoolState> {
         // A poisoned lock means a panic elsewhere; the state (a free set and
         // counters) is still consistent because every update is one statement.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.locked()
     }
 
     /// Whether the run starting at `start`, as now held, has a chunk taken
@@ -539,10 +540,7 @@ impl ChunkPool {
             s.waiting += 1;
             // The time-out only bounds how long a missed shutdown or a stuck
             // state goes unnoticed; wake-ups come from `release_run`.
-            let (g, _) = self
-                .freed
-                .wait_timeout(s, Duration::from_millis(50))
-                .unwrap_or_else(|p| p.into_inner());
+            let (g, _) = self.freed.wait_locked_for(s, Duration::from_millis(50));
             s = g;
             s.waiting -= 1;
         }

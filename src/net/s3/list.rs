@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::net::http::{Fail, FailKind, HttpObject, RequestSigner};
 use crate::net::retry::Jitter;
 use crate::net::{NetOptions, with_retries};
+use crate::sync::Locked;
 
 /// One page of a ListObjectsV2 answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -141,7 +142,7 @@ impl S3Client {
             url: url.display(),
             reason,
         })?;
-        let mut dns = self.dns.lock().unwrap_or_else(|e| e.into_inner());
+        let mut dns = self.dns.locked();
         let addrs = match dns.get(&(p.host.clone(), p.port)) {
             Some(a) => a.clone(),
             None => {

@@ -14,10 +14,11 @@ use super::{node, refuse, refused, request_name, take_ring, transport};
 use crate::config::Config;
 use crate::engine::Loader;
 use crate::error::Result;
-use crate::node::engine::{Engine, lock};
+use crate::node::engine::Engine;
 use crate::node::proto::{self, Reply, Request, SHIPPED};
 use crate::node::shm::Rings;
 use crate::node::sock;
+use crate::sync::Locked;
 
 /// The consumer's loader configuration: the engine's, with the consumer's
 /// own keys; checked to agree on the job's.
@@ -101,7 +102,10 @@ pub(super) fn serve(
             .name("ringfeed-node-feed".into())
             .spawn(move || run_feed(&feed, &engine))
     };
-    lock(&engine.loaders).insert(party, Arc::downgrade(&feed.loader));
+    engine
+        .loaders
+        .locked()
+        .insert(party, Arc::downgrade(&feed.loader));
     engine.whole.consumers.fetch_add(1, Ordering::AcqRel);
     engine.whole.attached.fetch_add(1, Ordering::AcqRel);
     let mut exited = false;
@@ -118,10 +122,10 @@ pub(super) fn serve(
     // about what it read only frees batches it holds itself.
     if !exited {
         feed.prune_unread();
-        let untaken: Vec<u64> = lock(&feed.unread).drain(..).map(|(_, id)| id).collect();
+        let untaken: Vec<u64> = feed.unread.locked().drain(..).map(|(_, id)| id).collect();
         let mut freed = Vec::new();
         {
-            let mut holds = lock(&engine.holds);
+            let mut holds = engine.holds.locked();
             for id in untaken {
                 freed.extend(holds.consumer_release(party, id, false));
             }
@@ -131,13 +135,13 @@ pub(super) fn serve(
     // The consumer sees its end now, whether it hung up or was refused.
     // SAFETY: shuts down a socket this function owns.
     unsafe { libc::shutdown(conn.as_raw_fd(), libc::SHUT_RDWR) };
-    lock(&engine.loaders).remove(&party);
+    engine.loaders.locked().remove(&party);
     engine.whole.consumers.fetch_sub(1, Ordering::AcqRel);
     // The consumer left; its batches stay held until it releases them or
     // its process exits. Without a pidfd, its leaving is all there is.
     if !exited && let Some(pidfd) = &pidfd {
         let mut idle = 0;
-        while lock(&engine.holds).pending_for(party) > 0 {
+        while engine.holds.locked().pending_for(party) > 0 {
             let Ok(ready) = sock::poll(&[(&wake, true), (pidfd, true)], None) else {
                 break;
             };
@@ -149,7 +153,7 @@ pub(super) fn serve(
             }
         }
     }
-    let freed = lock(&engine.holds).consumer_exited(party);
+    let freed = engine.holds.locked().consumer_exited(party);
     engine.free(freed);
 }
 
@@ -168,7 +172,7 @@ fn take_releases(
     }
     let mut freed = Vec::new();
     {
-        let mut holds = lock(&engine.holds);
+        let mut holds = engine.holds.locked();
         for r in released {
             if let Some(b) = holds.consumer_release(party, r & !SHIPPED, r & SHIPPED != 0) {
                 freed.push(b);

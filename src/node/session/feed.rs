@@ -10,10 +10,11 @@ use std::time::Duration;
 use super::node;
 use crate::engine::{Loader, Next};
 use crate::error::Error;
-use crate::node::engine::{Engine, lock};
+use crate::node::engine::Engine;
 use crate::node::proto::{Cap, record};
 use crate::node::shm::Rings;
 use crate::node::sock;
+use crate::sync::Locked;
 
 /// What the feeder and the session share for one consumer.
 pub(super) struct Feed {
@@ -35,7 +36,7 @@ impl Feed {
     /// Forgets the records the consumer has read.
     pub(super) fn prune_unread(&self) {
         let tail = self.rings.consumed();
-        let mut u = lock(&self.unread);
+        let mut u = self.unread.locked();
         while u.front().is_some_and(|&(end, _)| end <= tail) {
             u.pop_front();
         }
@@ -48,7 +49,7 @@ fn push(feed: &Feed, rec: &[u8], id: Option<u64>) -> bool {
     loop {
         if feed.rings.push_record(rec) {
             if let Some(id) = id {
-                lock(&feed.unread).push_back((feed.rings.written(), id));
+                feed.unread.locked().push_back((feed.rings.written(), id));
             }
             sock::notify(&feed.ready);
             return true;
@@ -56,7 +57,7 @@ fn push(feed: &Feed, rec: &[u8], id: Option<u64>) -> bool {
         if feed.stop.load(Ordering::Acquire) {
             return false;
         }
-        let g = lock(&feed.room.0);
+        let g = feed.room.0.locked();
         let _ = feed.room.1.wait_timeout(g, Duration::from_millis(50));
     }
 }
@@ -89,7 +90,7 @@ pub(super) fn run_feed(feed: &Feed, engine: &Engine) {
                 // Encoded under the table's lock taken for the insert: the
                 // batch lives in the table from here on.
                 let (id, encoded) = {
-                    let mut holds = lock(&engine.holds);
+                    let mut holds = engine.holds.locked();
                     let id = holds.insert(feed.party, cap.0, b);
                     let b = holds.get(id).expect("just inserted");
                     let encoded = record::encode_batch(b, id, cap.0, &state, base, len, &mut buf)
@@ -98,7 +99,10 @@ pub(super) fn run_feed(feed: &Feed, engine: &Engine) {
                 };
                 let fits = || buf.len() <= feed.rings.max_record();
                 if encoded.is_err() || !fits() {
-                    let freed = lock(&engine.holds).consumer_release(feed.party, id, false);
+                    let freed = engine
+                        .holds
+                        .locked()
+                        .consumer_release(feed.party, id, false);
                     engine.free(freed.into_iter().collect());
                 }
                 if let Err(e) = encoded {
@@ -117,7 +121,10 @@ pub(super) fn run_feed(feed: &Feed, engine: &Engine) {
                 if !push(feed, &buf, Some(id)) {
                     // Stopped before its record went out: never the
                     // consumer's.
-                    let freed = lock(&engine.holds).consumer_release(feed.party, id, false);
+                    let freed = engine
+                        .holds
+                        .locked()
+                        .consumer_release(feed.party, id, false);
                     engine.free(freed.into_iter().collect());
                     return;
                 }

@@ -9,10 +9,11 @@ use std::sync::atomic::Ordering;
 use serde_json::json;
 
 use super::{node, refuse, refused, request_name, take_ring, transport};
-use crate::node::engine::{Engine, lock};
+use crate::node::engine::Engine;
 use crate::node::proto::{self, Reply, Request};
 use crate::node::shm::Rings;
 use crate::node::sock;
+use crate::sync::Locked;
 
 pub(super) fn serve(conn: OwnedFd, pidfd: Option<OwnedFd>, engine: &Arc<Engine>, mut buf: Vec<u8>) {
     let pid = sock::peer(&conn).map(|(_, p)| p).unwrap_or(0);
@@ -53,7 +54,7 @@ pub(super) fn serve(conn: OwnedFd, pidfd: Option<OwnedFd>, engine: &Arc<Engine>,
         );
         engine.whole.holders.fetch_sub(1, Ordering::AcqRel);
     }
-    let freed = lock(&engine.holds).holder_exited(party);
+    let freed = engine.holds.locked().holder_exited(party);
     engine.free(freed);
     engine.pool.leave(owner, 1);
 }
@@ -78,7 +79,7 @@ fn holder_loop(
     let mut idle = 0u32;
     let mut released = Vec::new();
     loop {
-        if !open && (pidfd.is_none() || lock(&engine.holds).kept_by(party) == 0) {
+        if !open && (pidfd.is_none() || engine.holds.locked().kept_by(party) == 0) {
             return;
         }
         let mut fds = vec![(wake, ring_ok)];
@@ -100,7 +101,7 @@ fn holder_loop(
             } else if !released.is_empty() {
                 let mut freed = Vec::new();
                 {
-                    let mut holds = lock(&engine.holds);
+                    let mut holds = engine.holds.locked();
                     for &id in &released {
                         if let Ok(Some(b)) = holds.holder_release(party, id) {
                             freed.push(b);
@@ -158,7 +159,7 @@ fn answer_holder(req: &Request, party: u64, owner: usize, engine: &Engine) -> Re
                     engine.id
                 )));
             }
-            match lock(&engine.holds).claim(party, owner, *batch, cap.0) {
+            match engine.holds.locked().claim(party, owner, *batch, cap.0) {
                 Ok(()) => Reply::Claimed,
                 Err(r) => refused(node(r.explain(*batch))),
             }

@@ -24,6 +24,7 @@ use crate::net::retry::Jitter;
 use crate::net::s3::list::{S3Client, s3_error};
 use crate::net::s3::upload::{DonePart, multipart_etag};
 use crate::net::s3::{Env, S3Url};
+use crate::sync::Locked;
 
 /// What an S3 upload's threads share with the writer.
 struct Shared {
@@ -77,7 +78,7 @@ impl Shared {
     }
 
     fn fail(&self, e: Error) {
-        let mut first = self.error.lock().unwrap_or_else(|p| p.into_inner());
+        let mut first = self.error.locked();
         first.get_or_insert(e);
         // Release: pairs with the Acquire in `failure`; the error is set.
         self.failed.store(true, Ordering::Release);
@@ -87,7 +88,7 @@ impl Shared {
         if !self.failed.load(Ordering::Acquire) {
             return None;
         }
-        self.error.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.error.locked().clone()
     }
 }
 
@@ -289,7 +290,7 @@ impl Upload {
             self.ship(last)?;
         }
         self.drain()?;
-        let mut parts = s.done.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let mut parts = s.done.locked().clone();
         parts.sort_by_key(|p| p.number);
         if parts.len() != self.parts as usize {
             return Err(Error::Internal(format!(
@@ -399,7 +400,7 @@ fn is_completed_answer(code: Option<&str>) -> bool {
 fn upload_parts(s: &Shared, rx: &Mutex<Receiver<(u32, Bytes)>>, upload: &str, t: usize) {
     let mut jitter = Jitter::new(0x0b1ec7 ^ (t as u64 + 1) << 8);
     loop {
-        let next = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
+        let next = rx.locked().recv();
         let Ok((number, body)) = next else {
             return;
         };
@@ -421,7 +422,7 @@ fn upload_parts(s: &Shared, rx: &Mutex<Receiver<(u32, Bytes)>>, upload: &str, t:
         match r {
             Ok(done) => {
                 s.progress.add(n);
-                s.done.lock().unwrap_or_else(|p| p.into_inner()).push(done);
+                s.done.locked().push(done);
             }
             Err(e) => s.fail(e),
         }

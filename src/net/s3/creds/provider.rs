@@ -15,6 +15,7 @@ use super::chain::fetch;
 use super::{Credentials, REFRESH_MARGIN, Source, chain, expired};
 use crate::net::retry::Backoff;
 use crate::net::s3::{Env, S3Config};
+use crate::sync::{Locked, Waits};
 
 /// The wait after a failed refresh: 1 s (a source over HTTP answers in
 /// milliseconds, so a second is a long pause for it), doubling, at most a
@@ -120,7 +121,7 @@ impl Provider {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.locked()
     }
 
     /// Credentials good for at least a while at `now`. A failed refresh
@@ -139,7 +140,7 @@ impl Provider {
                 if valid {
                     return Ok(st.current.clone());
                 }
-                st = self.refreshed.wait(st).unwrap_or_else(|p| p.into_inner());
+                st = self.refreshed.wait_locked(st);
                 continue;
             }
             if let Some(t) = st.next_try
