@@ -86,7 +86,7 @@ def raw_shards():
 
 def image_shards():
     sys.path.insert(0, str(HERE))
-    from image_pipeline import make_shards
+    from _photos import make_shards
 
     return make_shards(2048, photos="imagenet")
 

@@ -33,7 +33,6 @@ Pillow and scikit-image (for the photos): scripts/test.sh installs them.
 
 import argparse
 import ctypes
-import io
 import json
 import pathlib
 import statistics
@@ -101,7 +100,7 @@ class Build:
 
 
 def photos(n, kind="large"):
-    from image_pipeline import make_shards
+    from _photos import make_shards
 
     images = []
     for shard in make_shards(n, photos=kind):
