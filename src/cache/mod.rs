@@ -180,7 +180,7 @@ impl Cache {
                 .map(|e| format!("not writable ({e})")),
         };
         if off.is_none() {
-            let c = private::clean_stale(&opts.dir);
+            let c = private::clean_stale(&opts.dir, entry::SUFFIX);
             if c != private::Cleaned::default() {
                 let dir = opts.dir.display();
                 crate::log::log(crate::log::Level::Info, || {

@@ -179,8 +179,8 @@ pub struct Cleaned {
 
 /// Removes the temporary files of fills that died in `dir` (each once its
 /// fill lock is taken, so never a live filler's), and closes entries
-/// readable by others to them.
-pub fn clean_stale(dir: &Path) -> Cleaned {
+/// (files named `*{entry_suffix}`) readable by others to them.
+pub fn clean_stale(dir: &Path, entry_suffix: &str) -> Cleaned {
     let mut done = Cleaned::default();
     let Ok(list) = std::fs::read_dir(dir) else {
         return done;
@@ -205,7 +205,7 @@ pub fn clean_stale(dir: &Path) -> Cleaned {
             {
                 done.temps += 1;
             }
-        } else if !name.starts_with('.') && name.ends_with(super::entry::SUFFIX) {
+        } else if !name.starts_with('.') && name.ends_with(entry_suffix) {
             let Ok(f) = open_owned(&d.path()) else {
                 continue;
             };

@@ -27,7 +27,7 @@ use crate::engine::threads::{
 use crate::error::{Error, Result};
 use crate::fetch::direct::DirectIo;
 use crate::fetch::net_thread::NetLink;
-use crate::fetch::uring;
+use crate::fetch::ring;
 use crate::fetch::{BackendKind, NetOptions};
 use crate::memory::ChunkPool;
 use crate::queue::Channel;
@@ -218,7 +218,7 @@ impl Loader {
         let (backend, uring_flags) = match cfg.io_backend {
             _ if make.is_some() => (BackendKind::Threads, ""),
             IoBackend::Threads => (BackendKind::Threads, ""),
-            want => match uring::probe() {
+            want => match ring::probe() {
                 Ok(setup) => (BackendKind::IoUring, setup.flags),
                 Err(e) if want == IoBackend::IoUring => {
                     return Err(Error::IoUring(format!(

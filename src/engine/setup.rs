@@ -12,7 +12,8 @@ use crate::dataset::{Shard, Source};
 use crate::error::{Error, Result};
 use crate::fetch::NetOptions;
 use crate::fetch::net_thread::NetLink;
-use crate::fetch::uring::{self, FixedBuffers, UringReader};
+use crate::fetch::ring;
+use crate::fetch::uring::{FixedBuffers, UringReader};
 use crate::memory::{Arena, ArenaOptions, ChunkPool, cuda};
 use crate::topology::{self, Claims, ClaimsDir, Placement, Request, Topology, Why};
 
@@ -52,7 +53,7 @@ pub(crate) fn engine_net_threads(cfg: &Config, shards: &[Shard]) -> Result<Optio
         )),
         _ => None,
     };
-    if cfg.io_backend == IoBackend::Threads || uring::probe().is_err() {
+    if cfg.io_backend == IoBackend::Threads || ring::probe().is_err() {
         // No I/O threads: each stream reads on its own thread; the cache
         // writer is still the engine's one.
         let net = NetOptions::for_config(cfg);

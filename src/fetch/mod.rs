@@ -2,7 +2,8 @@
 //! requests and give the same completions, so the worker's logic does not
 //! know which runs:
 //! - [`uring::UringReader`]: one io_uring per worker, many reads in flight,
-//!   `READ_FIXED` into registered chunks where permitted;
+//!   `READ_FIXED` into registered chunks where permitted (rings made, and
+//!   io_uring probed, by [`ring`]);
 //! - [`threads::ThreadReader`]: plain `pread` on the worker thread, for
 //!   kernels and containers (seccomp) where io_uring cannot be set up.
 //!
@@ -22,6 +23,7 @@ pub mod direct;
 pub mod http_sync;
 mod ktls;
 pub mod net_thread;
+pub mod ring;
 pub mod threads;
 mod tls_control;
 pub mod uring;

@@ -39,7 +39,7 @@ use std::sync::{Arc, Mutex};
 use io_uring::{opcode, types};
 
 use super::direct::KernelRead;
-use super::uring::new_ring;
+use super::ring::new_ring;
 use super::uring_http::{HttpDriver, TAG};
 use super::{Completion, NetOptions, ReadFail, ReadRequest, Target};
 use crate::error::Error;
