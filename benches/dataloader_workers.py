@@ -13,8 +13,8 @@
 Each run is its own process, timed from spawn to exit with the CPU wait4
 reports for it and every worker (``benches/timed.py``); ``--rounds``
 interleaved rounds in a rotating order; medians, and each N's ratio of
-medians to N = 0 (images or samples per second, whole process), with the
-per-round range.
+medians to the first N listed (0 by default; images or samples per
+second, whole process), with the per-round range.
 
     benches/dataloader_workers.py [--rounds 3] [--epochs 2] [--only raw|image] [--workers 0,1,2,8]
 
@@ -130,7 +130,7 @@ def main():
           f"whole process")
     for s in sets:
         unit = "samples" if s == "raw" else "images"
-        print(f"\n{s}: {'N':>3} {unit + '/s':>12} {'CPU-us/' + unit[:-1]:>16} {'/ N=0':>8}  rounds")
+        print(f"\n{s}: {'N':>3} {unit + '/s':>12} {'CPU-us/' + unit[:-1]:>16} {f'/ N={ns[0]}':>8}  rounds")
         base = [x[0] for x in results[(s, ns[0])]]
         for n in ns:
             rates = [x[0] for x in results[(s, n)]]

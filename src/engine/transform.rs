@@ -313,14 +313,14 @@ impl Transformer {
                 });
             }
         });
-        // Relaxed: a statistic.
-        self.transformed.fetch_add(n as u64, Ordering::Relaxed);
         let mut failed = failed.into_inner().unwrap_or_else(|p| p.into_inner());
         failed.sort_by_key(|(s, _)| *s);
         if !skip && !failed.is_empty() {
             let (s, e) = failed.swap_remove(0);
             return Err(self.named(b, s, e));
         }
+        // Relaxed: a statistic.
+        self.transformed.fetch_add(n as u64, Ordering::Relaxed);
         let gone: Vec<usize> = failed.iter().map(|(s, _)| *s).collect();
         for (s, e) in failed {
             let e = self.named(b, s, e);
@@ -390,13 +390,13 @@ impl Transformer {
         &self.budget
     }
 
-    /// Threads a batch is split among.
     /// Samples transformed so far (the stats' `images_transformed`).
     pub(crate) fn transformed(&self) -> u64 {
         // Relaxed: a statistic.
         self.transformed.load(Ordering::Relaxed)
     }
 
+    /// Threads a batch is split among.
     pub(crate) fn threads(&self) -> usize {
         self.threads
     }

@@ -96,31 +96,34 @@ impl ChunkPool {
             )));
         }
         let part = share.max(share * expected.max(1) / owners.max(1));
-        let each = part.max(want);
         let streams: Vec<usize> = (0..s.live.len())
             .filter(|&i| s.live[i] && s.holders[i].is_none())
             .collect();
         let live = streams.len();
         let promised: usize = streams.iter().map(|&i| s.quota_for(i)).sum();
         let held: usize = s.used.iter().sum();
-        if promised + owners * each > self.chunk_count()
-            || held + owners * each > self.chunk_count()
-        {
+        let fits = |each: usize| {
+            promised + owners * each <= self.chunk_count()
+                && held + owners * each <= self.chunk_count()
+        };
+        // Room for two batches where the arena has it; else the part, as
+        // before (a consumer whose kept batches go to a holder, as a
+        // DataLoader's main process does, needs room for one only).
+        let each = if fits(part.max(want)) {
+            part.max(want)
+        } else {
+            part
+        };
+        if !fits(each) {
             let kept = ChunkPool::held_by_holders(&s);
             let by = if kept.is_empty() {
                 String::new()
             } else {
                 format!("; {}", self.describe_held(&kept))
             };
-            let why = if each > part {
-                " (to hold the batch their consumer keeps and the next: a smaller \
-                 `batch_size` needs less)"
-            } else {
-                ""
-            };
             return Err(Error::Memory(format!(
                 "the node engine is full: {live} streams attached with shares of {promised} \
-                 chunks of {} bytes in all, {owners} more want {each} each{why}, and its arena \
+                 chunks of {} bytes in all, {owners} more want {each} each, and its arena \
                  holds {} chunks{by}: raise the engine's `memory_budget`",
                 self.chunk_size,
                 self.chunk_count()
@@ -167,6 +170,7 @@ impl ChunkPool {
         s.live[owner] = true;
         s.closing[owner] = false;
         s.holders[owner] = Some(name);
+        s.quotas[owner] = 0;
         Ok(owner)
     }
 

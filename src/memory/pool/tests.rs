@@ -256,11 +256,21 @@ fn a_loader_of_fewer_streams_than_expected_splits_its_consumers_part_among_them(
         }
         other => panic!("expected a memory error, got {other:?}"),
     }
-    // Its number taken again after it left, with the new loader's part.
+    // Its number taken again after it left, with the new loader's part
+    // (not the 4 it had).
     drop(held);
     p.leave(one, 1);
-    let again = p.join(2, 2, 2, 0).unwrap();
+    let again = p.join(1, 1, 2, 0).unwrap();
+    assert_eq!(again, one);
     assert_eq!(p.quota_of(again), 2);
+    p.leave(again, 1);
+    // Room for two batches (`want`) where the arena has it, past the part;
+    // where it has not, the part, as a loader got before `want`.
+    let roomy = p.join(1, 1, 2, 3).unwrap();
+    assert_eq!(p.quota_of(roomy), 3);
+    p.leave(roomy, 1);
+    let tight = p.join(1, 1, 2, 9).unwrap();
+    assert_eq!(p.quota_of(tight), 2);
 }
 
 #[test]
