@@ -41,7 +41,7 @@ pub fn resolve(urls: &[String], net: &NetOptions) -> Result<Vec<Shard>> {
 }
 
 /// Resolves a loader's configuration: the `manifest` first, then `urls`.
-pub fn resolve_config(cfg: &crate::Config, net: &NetOptions) -> Result<Vec<Shard>> {
+pub fn resolve_config(cfg: &crate::config::Config, net: &NetOptions) -> Result<Vec<Shard>> {
     resolve_with(
         &cfg.urls,
         cfg.manifest.as_deref(),

@@ -4,7 +4,7 @@
 use std::ffi::{CStr, c_char};
 
 use super::boundary::{boundary, check, invalid, write_text};
-use crate::Config;
+use crate::config::Config;
 
 /// Writes into `buf`, NUL-terminated, what the consumer that
 /// `config_json` describes gets in the epoch `"epoch"` names, as JSON:
@@ -32,9 +32,9 @@ pub unsafe extern "C" fn ringfeed_plan_json(
         let text = unsafe { CStr::from_ptr(config_json) }
             .to_str()
             .map_err(|e| invalid(format!("`config_json` is not UTF-8: {e}")))?;
-        let summary = crate::plan_summary(&Config::from_json(text)?)?;
+        let summary = crate::engine::plan_summary(&Config::from_json(text)?)?;
         let json = serde_json::to_string(&summary)
-            .map_err(|e| crate::Error::Internal(format!("the plan as JSON: {e}")))?;
+            .map_err(|e| crate::error::Error::Internal(format!("the plan as JSON: {e}")))?;
         // SAFETY: forwarded from this function's contract.
         unsafe { write_text(&json, "plan", buf, len, needed) }
     })

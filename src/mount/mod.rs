@@ -328,7 +328,9 @@ impl Fs {
                         let cache = Arc::new(crate::cache::Cache::open(o)?);
                         Some(
                             crate::cache::Spool::start(cache, crate::cache::FillMode::Always)
-                                .map_err(|e| crate::Error::Internal(format!("cache spool: {e}")))?,
+                                .map_err(|e| {
+                                    crate::error::Error::Internal(format!("cache spool: {e}"))
+                                })?,
                         )
                     }
                     None => None,
@@ -343,7 +345,7 @@ impl Fs {
                         Arc::clone(&counts),
                     )
                     .map_err(|e| {
-                        crate::Error::IoUring(format!("the mount's network thread: {e}"))
+                        crate::error::Error::IoUring(format!("the mount's network thread: {e}"))
                     })?,
                 )
             }
@@ -474,8 +476,8 @@ impl Fs {
                 format!("mount: listing `{}` failed: {e}", self.source.url(rel))
             });
             Errno(match e {
-                crate::Error::S3 { status: 403, .. } => libc::EACCES,
-                crate::Error::Io { .. } => libc::ENOENT,
+                crate::error::Error::S3 { status: 403, .. } => libc::EACCES,
+                crate::error::Error::Io { .. } => libc::ENOENT,
                 _ => libc::EIO,
             })
         })?;

@@ -75,7 +75,7 @@ pub fn list(urls: &[String], cfg: &Config) -> Result<Vec<Shard>> {
 /// job over).
 pub fn exists(url: &str, cfg: &Config) -> Result<bool> {
     if url.starts_with("http://") || url.starts_with("https://") {
-        return Err(crate::Error::Url {
+        return Err(crate::error::Error::Url {
             url: url.to_string(),
             reason: "existence is asked of s3:// URLs and local paths".into(),
         });
@@ -85,15 +85,15 @@ pub fn exists(url: &str, cfg: &Config) -> Result<bool> {
         return match path.symlink_metadata() {
             Ok(_) => Ok(true),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-            Err(e) => Err(crate::Error::io(crate::error::IoOp::Open, &path, &e)),
+            Err(e) => Err(crate::error::Error::io(crate::error::IoOp::Open, &path, &e)),
         };
     }
-    let u = S3Url::parse(url).map_err(|reason| crate::Error::Url {
+    let u = S3Url::parse(url).map_err(|reason| crate::error::Error::Url {
         url: url.to_string(),
         reason,
     })?;
     if u.is_prefix() || u.key.is_empty() {
-        return Err(crate::Error::Url {
+        return Err(crate::error::Error::Url {
             url: url.to_string(),
             reason: "names a prefix; give the object's key".into(),
         });
@@ -116,7 +116,7 @@ pub fn one(url: &str, cfg: &Config, net: &NetOptions) -> Result<Shard> {
     let mut found =
         crate::dataset::resolve_objects(&[url.to_string()], net, &cfg.s3, &Env::process())?;
     if found.len() != 1 {
-        return Err(crate::Error::Url {
+        return Err(crate::error::Error::Url {
             url: url.to_string(),
             reason: format!(
                 "names {} objects; read them one by one (`ringfeed get` or `list`)",
