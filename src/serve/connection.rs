@@ -1,18 +1,44 @@
 //! One connection: read a request head (bounded in size and time), answer
 //! it (a file, a byte range of one, or a short text error), and go on while
-//! the client keeps the connection alive. The decisions are the pure
+//! the client keeps the connection alive; with what every connection shares
+//! (`Shared`: the root, the options, the live sockets, the counters), which
+//! `server.rs` makes. The decisions are the pure
 //! functions of `request.rs`; the bytes of a body go out through `body.rs`.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
-use std::sync::atomic::Ordering;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::ServeOptions;
 use super::body;
 use super::request::{self, Method, RangeChoice, TargetError};
-use super::server::Shared;
+
+/// Counters, for reports and tests. Relaxed: statistics only.
+#[derive(Debug, Default)]
+pub(super) struct Counters {
+    pub(super) connections: AtomicU64,
+    pub(super) requests: AtomicU64,
+    pub(super) body_bytes: AtomicU64,
+    pub(super) refused_busy: AtomicU64,
+    pub(super) cpu_ns: AtomicU64,
+}
+
+pub(super) struct Shared {
+    pub(super) root: PathBuf,
+    pub(super) opts: ServeOptions,
+    /// Set by `Drop`; connection threads check it between requests.
+    /// Release/Acquire: pairs the store in `Drop` with the loads there, so
+    /// a thread that sees it also sees the sockets already shut down.
+    pub(super) stop: AtomicBool,
+    /// Clones of the live connections, to shut them down when stopping.
+    pub(super) live: Mutex<HashMap<u64, TcpStream>>,
+    pub(super) counters: Counters,
+}
 
 /// Every slot is taken: a short 503 and close. The head fits any socket
 /// buffer, so the write does not block the accept thread.

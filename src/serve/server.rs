@@ -8,37 +8,15 @@ use std::io;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::connection::{refuse_busy, serve_connection};
+use super::connection::{Counters, Shared, refuse_busy, serve_connection};
 use super::{ServeError, ServeOptions, ServeStats};
 use crate::sync::Locked;
-
-/// Counters, for reports and tests. Relaxed: statistics only.
-#[derive(Debug, Default)]
-pub(super) struct Counters {
-    pub(super) connections: AtomicU64,
-    pub(super) requests: AtomicU64,
-    pub(super) body_bytes: AtomicU64,
-    pub(super) refused_busy: AtomicU64,
-    pub(super) cpu_ns: AtomicU64,
-}
-
-pub(super) struct Shared {
-    pub(super) root: PathBuf,
-    pub(super) opts: ServeOptions,
-    /// Set by `Drop`; connection threads check it between requests.
-    /// Release/Acquire: pairs the store in `Drop` with the loads there, so
-    /// a thread that sees it also sees the sockets already shut down.
-    pub(super) stop: AtomicBool,
-    /// Clones of the live connections, to shut them down when stopping.
-    pub(super) live: Mutex<HashMap<u64, TcpStream>>,
-    pub(super) counters: Counters,
-}
 
 /// A running file server. Dropping it stops it and joins its threads.
 pub struct Server {
