@@ -34,7 +34,7 @@ use mozjpeg_sys as lj;
 use mozjpeg_sys::J_COLOR_SPACE::{JCS_CMYK, JCS_EXT_RGB, JCS_GRAYSCALE, JCS_YCCK};
 
 use super::budget::{Budget, Reservation};
-use super::decode::{
+use super::pixels::{
     DECODER_STATE, Pixels, Want, after_decode_bytes, check_pixels, cmyk_to_rgb, least_eighth,
     rgb_to_gray,
 };

@@ -24,6 +24,7 @@ pub mod decode;
 pub mod draw;
 mod jpeg;
 pub mod output;
+mod pixels;
 mod png_decode;
 pub mod spec;
 

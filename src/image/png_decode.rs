@@ -14,7 +14,7 @@
 use std::io::Cursor;
 
 use super::budget::{Budget, Reservation};
-use super::decode::{DECODER_STATE, Pixels, Want, after_decode_bytes, check_pixels, rgb_to_gray};
+use super::pixels::{DECODER_STATE, Pixels, Want, after_decode_bytes, check_pixels, rgb_to_gray};
 use super::spec::Color;
 
 fn fail(e: impl std::fmt::Display) -> String {
