@@ -7,8 +7,9 @@ use std::collections::HashMap;
 use std::ffi::{CStr, c_char};
 use std::sync::Arc;
 
-use super::boundary::{BATCHES, Fail, HeldBatch, boundary, check, invalid, write_text};
-use super::fork;
+use super::boundary::{
+    BATCHES, Fail, HeldBatch, boundary, check, check_owner, invalid, write_text,
+};
 use super::status::{RINGFEED_ERR_INVALID_HANDLE, RINGFEED_OK};
 use super::types::ringfeed_batch;
 use crate::node::AnyBatch;
@@ -32,7 +33,7 @@ pub unsafe extern "C" fn ringfeed_batch_release(batch: *mut ringfeed_batch) -> i
             match batches.get(&handle) {
                 // Left in the table: a child of fork() must not drop its
                 // parent's batch (give its chunks back to the parent's pool).
-                Some(held) => fork::check_owner("batch", held.pid)?,
+                Some(held) => check_owner("batch", held.pid)?,
                 None => {
                     return Err(Fail(
                         RINGFEED_ERR_INVALID_HANDLE,
@@ -113,7 +114,7 @@ unsafe fn held_batch(
     // SAFETY: checked non-NULL and aligned; only the integer is read.
     let handle = unsafe { std::ptr::addr_of!((*batch).handle).read() };
     let held = batches.get(&handle).ok_or_else(|| not_held(handle))?;
-    fork::check_owner("batch", held.pid)?;
+    check_owner("batch", held.pid)?;
     Ok(held)
 }
 

@@ -1,10 +1,11 @@
 //! What every entry point of the C ABI goes through: the panic boundary
 //! ([`boundary`]), the failure on its way to C ([`Fail`]: a status and a
 //! message), the calling thread's last error message, the pointer check
-//! ([`check`]), and the handle tables in which loaders ([`lookup`]) and
-//! batches are found by number, never by dereferencing what C passed. Each
-//! entry remembers the process that made it: after `fork()` the child finds
-//! the parent's entries and refuses them (`fork.rs`).
+//! ([`check`]), and the handle tables in which loaders ([`lookup`]),
+//! batches, objects and writers are found by number, never by
+//! dereferencing what C passed. Each entry remembers the process that made
+//! it: after `fork()` the child finds the parent's entries and refuses them
+//! ([`check_owner`]; `fork.rs` keeps the tables' locks across a fork).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -13,14 +14,14 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, LazyLock, Mutex};
 
-use super::fork;
-use super::status::{
+use super::types::ringfeed_loader;
+use crate::error::Error;
+use crate::error::status::{
     RINGFEED_ERR_BUFFER_TOO_SMALL, RINGFEED_ERR_INVALID_ARGUMENT, RINGFEED_ERR_INVALID_HANDLE,
     RINGFEED_ERR_PANIC, RINGFEED_OK,
 };
-use super::types::ringfeed_loader;
-use crate::error::Error;
 use crate::node::{AnyBatch, Attached};
+use crate::object::{ObjectBuf, Writer};
 use crate::sync::Locked;
 
 thread_local! {
@@ -48,6 +49,18 @@ pub(super) struct HeldBatch {
 /// it for a sample's shard name).
 pub(super) static BATCHES: LazyLock<Mutex<HashMap<u64, HeldBatch>>> =
     LazyLock::new(Default::default);
+pub(super) static OBJECTS: LazyLock<Mutex<HashMap<usize, Arc<ObjectBuf>>>> =
+    LazyLock::new(Default::default);
+
+/// A writer and the process that opened it.
+pub(super) struct OpenWriter {
+    pub(super) writer: Arc<Mutex<Writer>>,
+    pub(super) pid: u32,
+}
+
+pub(super) static WRITERS: LazyLock<Mutex<HashMap<usize, OpenWriter>>> =
+    LazyLock::new(Default::default);
+
 /// Handle numbers; never reused within a process. Relaxed: only uniqueness matters.
 pub(super) static NEXT_HANDLE: AtomicU64 = AtomicU64::new(1);
 
@@ -127,7 +140,7 @@ pub(super) fn lookup(handle: *const ringfeed_loader) -> Result<Arc<Attached>, Fa
             "unknown loader handle: it was closed or never opened".into(),
         )
     })?;
-    fork::check_owner("loader handle", open.pid)?;
+    check_owner("loader handle", open.pid)?;
     Ok(Arc::clone(&open.loader))
 }
 
@@ -164,4 +177,19 @@ pub(super) unsafe fn write_text(
         buf.add(text.len()).write(0);
     }
     Ok(RINGFEED_OK)
+}
+
+/// Refuses an entry made by another process: the caller is a child of fork().
+pub(super) fn check_owner(what: &str, owner: u32) -> Result<(), Fail> {
+    let me = std::process::id();
+    if owner == me {
+        return Ok(());
+    }
+    Err(Fail(
+        RINGFEED_ERR_INVALID_HANDLE,
+        format!(
+            "{what} belongs to process {owner}, and this is process {me} (a child of fork()): \
+             loaders, batches and writers do not cross fork; open a new one in this process"
+        ),
+    ))
 }

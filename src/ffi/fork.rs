@@ -17,9 +17,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::{MutexGuard, Once};
 
-use super::boundary::{BATCHES, Fail, HeldBatch, LOADERS, OpenLoader};
-use super::object::{OBJECTS, OpenWriter, WRITERS};
-use super::status::RINGFEED_ERR_INVALID_HANDLE;
+use super::boundary::{BATCHES, HeldBatch, LOADERS, OBJECTS, OpenLoader, OpenWriter, WRITERS};
 use crate::object::ObjectBuf;
 use crate::sync::Locked;
 
@@ -67,19 +65,4 @@ pub(super) fn install_handlers() {
         let _ =
             unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork), Some(after_fork)) };
     });
-}
-
-/// Refuses an entry made by another process: the caller is a child of fork().
-pub(super) fn check_owner(what: &str, owner: u32) -> Result<(), Fail> {
-    let me = std::process::id();
-    if owner == me {
-        return Ok(());
-    }
-    Err(Fail(
-        RINGFEED_ERR_INVALID_HANDLE,
-        format!(
-            "{what} belongs to process {owner}, and this is process {me} (a child of fork()): \
-             loaders, batches and writers do not cross fork; open a new one in this process"
-        ),
-    ))
 }

@@ -9,8 +9,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::boundary::{
-    BATCHES, Fail, HeldBatch, LOADERS, NEXT_HANDLE, OpenLoader, boundary, check, invalid, lookup,
-    write_text,
+    BATCHES, Fail, HeldBatch, LOADERS, NEXT_HANDLE, OpenLoader, boundary, check, check_owner,
+    invalid, lookup, write_text,
 };
 use super::fork;
 use super::status::{
@@ -237,7 +237,7 @@ pub unsafe extern "C" fn ringfeed_loader_close(loader: *mut ringfeed_loader) -> 
             match loaders.get(&loader.addr()) {
                 // Left in the table: a child of fork() must not close (join
                 // the threads of) its parent's loader.
-                Some(open) => fork::check_owner("loader handle", open.pid)?,
+                Some(open) => check_owner("loader handle", open.pid)?,
                 None => {
                     return Err(Fail(
                         RINGFEED_ERR_INVALID_HANDLE,

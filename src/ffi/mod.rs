@@ -13,8 +13,9 @@
 //!
 //! - [`boundary`]: the panic boundary, the failure type (`Fail`), the
 //!   thread's last error, pointer checks, and the handle tables every entry
-//!   point looks loaders and batches up in; [`fork`]: those tables in a
-//!   child of `fork()`;
+//!   point looks loaders, batches, objects and writers up in, each entry
+//!   refused in another process than its own; [`fork`]: those tables' locks
+//!   held across `fork()`;
 //! - [`status`]: the status codes, declared once in one table, their names
 //!   and the one mapping from [`crate::Error`] to a status;
 //! - [`types`]: the C types (the opaque loader, `ringfeed_batch`);

@@ -5,17 +5,19 @@
 //! piece, through a writer handle. The configuration is the loader's JSON
 //! keys without `urls` (NULL: the defaults).
 //!
-//! Object and writer handles are numbers looked up in their own tables, as
-//! loader handles are. An object's bytes are the process's own memory, so
+//! Object and writer handles are numbers looked up in their own tables
+//! (`boundary.rs`, beside the loaders' and batches'), as loader handles are. An object's bytes are the process's own memory, so
 //! a child of `fork()` may read and release its copy; a writer's upload
 //! threads are its parent's, so a child's calls on it are refused.
 
-use std::collections::HashMap;
 use std::ffi::c_char;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, Mutex};
 
-use super::boundary::{Fail, NEXT_HANDLE, boundary, check, invalid, text, write_text};
+use super::boundary::{
+    Fail, NEXT_HANDLE, OBJECTS, OpenWriter, WRITERS, boundary, check, check_owner, invalid, text,
+    write_text,
+};
 use super::fork;
 use super::status::{RINGFEED_ERR_BUFFER_TOO_SMALL, RINGFEED_ERR_INVALID_HANDLE, RINGFEED_OK};
 use crate::config::Config;
@@ -32,18 +34,6 @@ pub struct ringfeed_object {
 pub struct ringfeed_writer {
     _private: [u8; 0],
 }
-
-pub(super) static OBJECTS: LazyLock<Mutex<HashMap<usize, Arc<ObjectBuf>>>> =
-    LazyLock::new(Default::default);
-
-/// A writer and the process that opened it.
-pub(super) struct OpenWriter {
-    writer: Arc<Mutex<Writer>>,
-    pid: u32,
-}
-
-pub(super) static WRITERS: LazyLock<Mutex<HashMap<usize, OpenWriter>>> =
-    LazyLock::new(Default::default);
 
 /// A fresh handle value: odd, 16-spaced, never a real object's address
 /// (`tag` tells the tables apart in a message, not in the lookup).
@@ -363,7 +353,7 @@ fn writer_of(handle: *const ringfeed_writer, take: bool) -> Result<Arc<Mutex<Wri
         )
     };
     let open = writers.get(&handle.addr()).ok_or_else(unknown)?;
-    fork::check_owner("writer handle", open.pid)?;
+    check_owner("writer handle", open.pid)?;
     if take {
         let open = writers.remove(&handle.addr()).ok_or_else(unknown)?;
         return Ok(open.writer);
