@@ -257,6 +257,7 @@ def train(a):
               f"train accuracy {correct / max(seen, 1):.2f} on {seen} samples", flush=True)
     log.close()
     (out / f"done-rank{rank}").write_text(f"{step}\n")
+    dist.barrier()  # every rank done before the group goes (gloo frees tensors late)
     dist.destroy_process_group()
 
 

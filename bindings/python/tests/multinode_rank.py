@@ -48,6 +48,7 @@ def main():
     if mode == "cut":
         while True:  # killed here, with its node
             time.sleep(1)
+    dist.barrier()  # every rank here before the group goes (gloo frees tensors late)
     dist.destroy_process_group()
 
 
