@@ -73,12 +73,12 @@ def item_samples(item):
     return list(zip(keys, item["jpg"].tolist(), item["cls"].tolist()))
 
 
-def test_dataloader_workers_share_one_engine_by_default(shards, runtime):
+def test_dataloader_workers_that_each_read_share_one_engine_by_default(shards, runtime):
     torch = require("torch", "this torch test")
     from ringfeed.torch import RingfeedDataset
 
     def samples(**kw):
-        ds = RingfeedDataset(shards, batch_size=8, seed=2, shuffle=True, shuffle_buffer=16, **kw)
+        ds = RingfeedDataset(shards, batch_size=8, seed=2, shuffle=True, shuffle_buffer=16, split_workers=True, **kw)
         dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork")
         return [s for item in dl for s in item_samples(item)]
 
@@ -114,7 +114,8 @@ def test_batches_held_when_their_workers_shut_down_are_not_read_into(shards, run
     from ringfeed.torch import RingfeedDataset
 
     monkeypatch.setenv("RINGFEED_NODE_LINGER_MS", "60000")  # one engine for both epochs
-    ds = RingfeedDataset(shards, batch_size=8, memory_budget="1MiB", chunk_size="64KiB", remainder="drop")
+    ds = RingfeedDataset(shards, batch_size=8, memory_budget="1MiB", chunk_size="64KiB", remainder="drop",
+                         split_workers=True)
     dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=context)
     held = []
     for item in dl:

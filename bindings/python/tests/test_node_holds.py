@@ -58,8 +58,9 @@ def let_go_at_once(monkeypatch):
 
 
 def dataset(shards, cls=RingfeedDataset):
+    # split_workers: each DataLoader worker reads its part, on the node engine.
     return cls(shards, batch_size=8, memory_budget="1MiB", chunk_size="64KiB", shuffle=True, seed=5,
-               remainder="drop")
+               remainder="drop", split_workers=True)
 
 
 def item_bytes(item):
@@ -219,7 +220,8 @@ def test_what_the_main_process_keeps_never_stalls_the_workers(shards, runtime):
     the 2 MiB budget, while persistent workers run two more epochs through
     the same engine: the kept memory is charged to the main process, the
     epochs finish, and the kept items keep their bytes."""
-    ds = RingfeedDataset(shards, batch_size=8, memory_budget="2MiB", chunk_size="64KiB", remainder="drop")
+    ds = RingfeedDataset(shards, batch_size=8, memory_budget="2MiB", chunk_size="64KiB", remainder="drop",
+                         split_workers=True)
     dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True, timeout=120)
     kept = [item for item in dl][:8]
     before = [item_bytes(i) for i in kept]
@@ -238,7 +240,8 @@ def test_nothing_stays_kept_or_in_transit_once_the_main_process_lets_go(shards, 
 
     import ringfeed
 
-    ds = RingfeedDataset(shards, batch_size=8, memory_budget="2MiB", chunk_size="64KiB", remainder="drop")
+    ds = RingfeedDataset(shards, batch_size=8, memory_budget="2MiB", chunk_size="64KiB", remainder="drop",
+                         split_workers=True)
     dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True, timeout=120)
     for epoch in range(4):
         ds.set_epoch(epoch)

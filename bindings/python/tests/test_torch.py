@@ -89,12 +89,66 @@ def test_default_items(shards4):
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_dataloader_workers_split_the_data(shards4, context):
-    ds = RingfeedDataset(shards4, batch_size=16, workers=1)
+    ds = RingfeedDataset(shards4, batch_size=16, workers=1, split_workers=True)
     dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=context)
     keys = keys_of(dl)
     want, padded = expected(shards4, 1, 2, 16, workers=1)
     assert_every_sample_once_but_pads(keys, shards4, padded)
     assert Counter(keys) == Counter(want[0, 0] + want[0, 1])
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_with_default_items_one_worker_reads_what_num_workers_0_yields(shards4, context):
+    # Items that need no Python of the user's: the first worker reads the
+    # rank's whole part, the others yield nothing; the order, the length
+    # and the items are those of num_workers=0.
+    alone = RingfeedDataset(shards4, batch_size=10, **SHUFFLED)
+    assert alone.one_reader()
+    want = keys_of(alone)
+    for workers in (2, 3):
+        ds = RingfeedDataset(shards4, batch_size=10, **SHUFFLED)
+        dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers, multiprocessing_context=context)
+        assert len(dl) == len(alone) == -(-len(want) // 10)
+        assert keys_of(dl) == want, f"{workers} workers"
+    # Control: workers that each read their part give another order.
+    ds = RingfeedDataset(shards4, batch_size=10, split_workers=True, **SHUFFLED)
+    assert not ds.one_reader()
+    split = keys_of(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=context))
+    assert split != want and set(split) == set(want)
+
+
+def test_which_workers_read(shards4):
+    # A transform function is Python per batch: every worker reads its part
+    # by default; split_workers=False gives it to the first alone.
+    assert not RingfeedDataset(shards4, transform=tag_worker).one_reader()
+    assert not RingfeedDataset(shards4).map_batch(lambda item: item).one_reader()
+    assert not RingfeedDataset(shards4).decode("rgb8").one_reader()
+    assert RingfeedDataset(shards4, transform=to_tensors).one_reader()
+    assert RingfeedDataset(shards4, transform={"jpg": {"resize": 8, "center_crop": [8, 8]}, "cls": "int64"}).one_reader()
+    ds = RingfeedDataset(shards4, batch_size=10, transform=tag_worker, split_workers=False, **SHUFFLED)
+    got = by_worker(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork"))
+    assert got == {0: keys_of(RingfeedDataset(shards4, batch_size=10, **SHUFFLED))}
+    with pytest.raises(TypeError, match="split_workers"):
+        RingfeedDataset(shards4, split_workers="yes")
+
+
+@pytest.mark.parametrize("stop", [1, 7])
+def test_stateful_dataloader_with_one_reading_worker(shards4, stop):
+    sdl = require("torchdata.stateful_dataloader", "resume through StatefulDataLoader")
+
+    def make():
+        ds = RingfeedDataset(shards4, batch_size=10, **SHUFFLED)
+        return sdl.StatefulDataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork")
+
+    full = keys_of(make())
+    dl = make()
+    it = iter(dl)
+    seen = keys_of([next(it) for _ in range(stop)])
+    state = dl.state_dict()
+    del it
+    dl2 = make()
+    dl2.load_state_dict(state)
+    assert seen + keys_of(dl2) == full, f"stop after {stop} items"
 
 
 def test_each_worker_reads_its_consumers_order(shards4):
@@ -109,7 +163,7 @@ def test_each_worker_reads_its_consumers_order(shards4):
 def test_the_parent_may_hold_a_loader_when_workers_fork(shards4):
     with ringfeed.Loader(shards4, batch_size=8) as mine:
         held = next(mine)
-        ds = RingfeedDataset(shards4, batch_size=16, workers=1)
+        ds = RingfeedDataset(shards4, batch_size=16, workers=1, split_workers=True)
         dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork")
         _, padded = expected(shards4, 1, 2, 16, workers=1)
         assert_every_sample_once_but_pads(keys_of(dl), shards4, padded)

@@ -80,8 +80,9 @@ def test_torchrun_two_ranks_two_workers_without_a_manifest_train_equal_and_at_mo
         keys = [k for r in ranks for b in r[epoch]["batches"] for k in b]
         assert all(len(b) == 8 for r in ranks for b in r[epoch]["batches"])
         assert len(set(keys)) == len(keys), "a sample went to two consumers"
-        # 8 shards among 4 consumers: 2 each, and the nominal epoch is 90%
-        # of the poorest pair's estimate, in whole batches.
+        # 8 shards among the 2 ranks (one DataLoader worker of each reads):
+        # 4 each, and the nominal epoch is 90% of the poorest part's
+        # estimate, in whole batches.
         assert 0.6 * sum(counts) <= len(keys) <= sum(counts)
 
 
@@ -92,7 +93,7 @@ def test_torchrun_with_a_shardindex_beside_the_shards_reads_every_sample_exactly
     keys = [k for r in ranks for b in r[0]["batches"] for k in b]
     assert len({len(r[0]["batches"]) for r in ranks}) == 1
     # remainder "pad" (the default): all samples, and repeats only to even
-    # out 4 consumers.
+    # out the 2 consumers.
     assert len(set(keys)) == total
     assert len(keys) - total < 4
     assert ranks[0][0]["len"] == len(ranks[0][0]["batches"])
@@ -105,8 +106,13 @@ def test_len_is_the_batches_a_rank_yields_and_a_type_error_where_unknown(s3_serv
     ds = RingfeedDataset(urls, batch_size=8, **cfg)
     with pytest.raises(TypeError, match="shardindex.json"):
         len(ds)
-    # Two DataLoader workers: two consumers, a nominal epoch, a length;
-    # iterating gives exactly that many items.
+    # Two DataLoader workers with the default items: one reads, as one
+    # consumer would, so no length either.
+    with pytest.raises(TypeError, match="shardindex.json"):
+        len(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2))
+    # Two DataLoader workers that each read: two consumers, a nominal epoch,
+    # a length; iterating gives exactly that many items.
+    ds = RingfeedDataset(urls, batch_size=8, split_workers=True, **cfg)
     dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
     n = len(dl)
     items = list(dl)
@@ -125,6 +131,9 @@ def test_len_is_the_batches_a_rank_yields_and_a_type_error_where_unknown(s3_serv
     total = sum(index_counts)
     ds = RingfeedDataset(index_urls, batch_size=8, **cfg)
     assert len(ds) == math.ceil(total / 8)
+    dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
+    assert len(dl) == math.ceil(total / 8) == len(list(dl)), "one worker reads"
+    ds = RingfeedDataset(index_urls, batch_size=8, split_workers=True, **cfg)
     dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
     per_worker = math.ceil(total / 2)  # remainder "pad": every consumer the same
     assert len(dl) == 2 * math.ceil(per_worker / 8) == len(list(dl))

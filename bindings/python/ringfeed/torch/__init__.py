@@ -22,7 +22,16 @@ default) short consumers repeat a few samples (``stats()["samples_padded"]``);
 dataset, ``seed``, ``shuffle``/``shuffle_buffer`` and the layout (consumers and
 the engine's ``workers``), never by timing.
 
-Workers. When a rank has several DataLoader workers, or several ranks of
+Workers. Where the items need no Python of the user's — the default items
+and the engine's image pipeline, with no `map_batch` — one DataLoader worker
+of a rank reads the rank's whole part with the engine's threads and the
+others yield nothing (`one_reader`): ``num_workers=N`` costs no more than
+the hand-over of batches from one process, and yields what
+``num_workers=0`` yields, in its order, with its `len()` and states. Where
+they need Python per sample or per batch (`decode`, `map`, a `transform`
+function, `map_batch`), every worker reads its own part, as below;
+``split_workers=True`` / ``False`` chooses either way. When a rank has several
+reading DataLoader workers, or several ranks of
 the job run on this node (``LOCAL_WORLD_SIZE`` > 1 as torchrun sets it), they
 attach to one node engine (``node="auto"``: the first starts ``ringfeed
 node``, which stops a few seconds after the last leaves) instead of opening
@@ -33,7 +42,8 @@ it with the engine when it unpickles it, until it lets go of it, and what
 it keeps is charged to it, not to the workers (see ``ringfeed._transport``).
 Each consumer still gets exactly the batches its own engine would give it,
 and its resume states are the same.
-Each consumer's stream count is ``4 // num_workers`` (at least 1) unless
+Each consumer's stream count is ``4 // num_workers`` (at least 1; 4 for
+`one_reader`) unless
 ``workers`` is given: it is part of the layout that fixes the order. A
 worker's batches reach the main process without a copy: they live in an arena
 in shared memory (the node engine's, read-only, or the worker's own with
@@ -256,6 +266,9 @@ class RingfeedDataset(torch.utils.data.IterableDataset):
     ``loader_workers`` (from torch). ``resume=`` gives the state (or, for an
     elastic resume, the list of states) the first ``iter()`` starts from;
     ``keep_open=False`` closes the engine at the end of each epoch.
+    ``split_workers`` (default None: auto, see `one_reader`) chooses whether
+    every DataLoader worker reads its part (True) or the first reads the
+    rank's whole part and the others yield nothing (False).
 
     `transform` (default `to_tensors`) gets each `ringfeed.Batch` and returns
     the item; the batch is released after it returns (tensors and arrays it
@@ -269,8 +282,8 @@ class RingfeedDataset(torch.utils.data.IterableDataset):
     tensors viewing the batch's memory (no copy): the image fields'
     ``(batch, *shape)`` tensors, then the label fields' ``(batch,)`` ones,
     in the spec's order — ``(images, labels)`` for one of each — and, with
-    ``keys=True``, the samples' keys (a list of str) last. Use it with
-    ``num_workers=0``: the decoding is the engine's, not the DataLoader's.
+    ``keys=True``, the samples' keys (a list of str) last. The decoding is
+    the engine's, not the DataLoader's: with workers, one reads.
     """
 
     # Keys this class passes to the engine itself.
@@ -283,6 +296,7 @@ class RingfeedDataset(torch.utils.data.IterableDataset):
         transform: Callable[[Batch], Any] | Spec | None = None,
         keep_open: bool = True,
         keys: bool = False,
+        split_workers: bool | None = None,
         **config: Any,
     ) -> None:
         super().__init__()
@@ -305,6 +319,9 @@ class RingfeedDataset(torch.utils.data.IterableDataset):
             raise TypeError("RingfeedDataset: `keys=True` goes with an engine `transform` spec")
         self.transform = transform
         self.keep_open = keep_open
+        if split_workers not in (None, True, False):
+            raise TypeError(f"RingfeedDataset: split_workers is None (auto), True or False, not {split_workers!r:.40}")
+        self.split_workers = split_workers
         self._resume = _resume_value(config.pop("resume", None))
         # The epoch the loaded state belongs to (`resume=` is the first one's).
         self._resume_epoch = 0
@@ -385,12 +402,30 @@ class RingfeedDataset(torch.utils.data.IterableDataset):
             self._resume = None
         self._epoch = epoch
 
+    def one_reader(self) -> bool:
+        """Whether one DataLoader worker of a rank reads the rank's whole
+        part while the others yield nothing (`split_workers`; by default
+        where the items need no Python of the user's: the default items and
+        the engine's image pipeline, with no `map_batch`)."""
+        if self.split_workers is not None:
+            return not self.split_workers
+        default_items = self.transform is None or self.transform is to_tensors or isinstance(self.transform, _EngineImages)
+        return default_items and not self._stages and not self._batch_maps
+
     def consumer(self) -> dict[str, int]:
-        """This consumer's layout keys: rank, world_size, loader_worker, loader_workers."""
+        """This consumer's layout keys: rank, world_size, loader_worker,
+        loader_workers (with `one_reader`, those of the rank alone: 0, 1)."""
         rank, world = rank_and_world()
         info = torch.utils.data.get_worker_info()
         wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        if self.one_reader():
+            wid, nw = 0, 1
         return {"rank": rank, "world_size": world, "loader_worker": wid, "loader_workers": nw}
+
+    def _idle_worker(self) -> bool:
+        """A DataLoader worker that yields nothing: not the first, with `one_reader`."""
+        info = torch.utils.data.get_worker_info()
+        return info is not None and info.id != 0 and self.one_reader()
 
     def __len__(self) -> int:
         """Batches this rank yields in an epoch: what a DataLoader
@@ -398,7 +433,7 @@ class RingfeedDataset(torch.utils.data.IterableDataset):
         Every consumer (rank × DataLoader worker) yields the same number of
         batches, so it is that number times the workers of the DataLoader
         that reads this dataset (found by its reference to it; none: this
-        process alone). The engine works it out without reading the data
+        process alone), or, with `one_reader`, the one worker's. The engine works it out without reading the data
         (`ringfeed.plan`): from the counts where they are known, else from
         the nominal epoch of a split by shard. Raises `TypeError` (which
         ``len()``'s callers take as "no length") where it is not defined: one
@@ -412,6 +447,8 @@ class RingfeedDataset(torch.utils.data.IterableDataset):
         else:
             reader = self._reading_loader()
             workers = max(1, reader[1]) if reader is not None else 1
+        if self.one_reader():
+            workers = 1
         rank, world = rank_and_world()
         consumer = {"rank": rank, "world_size": world, "loader_worker": 0, "loader_workers": workers}
         key = (self._epoch, rank, world, workers)
@@ -435,7 +472,6 @@ class RingfeedDataset(torch.utils.data.IterableDataset):
         worker count), or None: found by the objects that refer to this
         one, as `_worker_reader` does; a DataLoader that batches the items
         again is refused here too."""
-        loaders = (torch.utils.data.DataLoader, torch.utils.data.dataloader._BaseDataLoaderIter)
         for ref in gc.get_referrers(self):
             owners = gc.get_referrers(ref) if isinstance(ref, dict) else [ref]
             for owner in owners:
@@ -488,6 +524,12 @@ class RingfeedDataset(torch.utils.data.IterableDataset):
         _refuse_batching_again(sys._getframe(1))
         epoch = self._epoch
         resume, self._resume = self._resume, None
+        if self._idle_worker():
+            # The first worker reads this rank's part; this one opens no
+            # engine and ends its epoch at once (the DataLoader then asks
+            # only the first).
+            self._epoch = epoch + 1
+            return
         consumer = self.consumer()
         loader = self._open_loader()
         reusable = (
