@@ -2,8 +2,9 @@
 //! library has a rank, and a file may only name (`crate::x`) what ranks
 //! below its own folder, so the folders cannot import each other in a
 //! circle and lower layers never reach up. Inside `src/engine/` the same
-//! rule holds file by file, along the chain its module doc gives.
-//! `docs/architecture.md` draws the same table.
+//! rule holds file by file, along the chain its module doc gives. And no
+//! two files anywhere import each other in a circle (a folder's `mod.rs`
+//! aside). `docs/architecture.md` draws the same table.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -220,4 +221,229 @@ fn no_file_imports_a_layer_above_its_own() {
         }
     }
     assert!(wrong.is_empty(), "layering broken:\n{}", wrong.join("\n"));
+}
+
+/// A line's code with char literals of braces blanked too (`b'{'`), so
+/// braces count blocks.
+fn block_code(line: &str) -> String {
+    code_of(line).replace("'{'", "   ").replace("'}'", "   ")
+}
+
+/// The module path of a file under `src/`: `a/b.rs` is `[a, b]`,
+/// `a/mod.rs` and `a.rs` are `[a]`.
+fn module_of(rel: &Path) -> Vec<String> {
+    let mut m: Vec<String> = rel
+        .iter()
+        .map(|p| p.to_str().unwrap().trim_end_matches(".rs").to_string())
+        .collect();
+    if m.last().is_some_and(|l| l == "mod") {
+        m.pop();
+    }
+    m
+}
+
+/// The module paths a file names in code (`crate::a::b`, `super::c`,
+/// `self::d`, one level of `{a, b::c}` groups), resolved against the
+/// module the code is in: the file's, or an inline `mod x { ... }` of it.
+fn named_modules(text: &str, file: &[String]) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    // Brace depths at which inline modules opened.
+    let mut inline: Vec<i64> = Vec::new();
+    let mut depth: i64 = 0;
+    for line in text.lines() {
+        let code = block_code(line);
+        let mut here: Vec<String> = file.to_vec();
+        here.extend(inline.iter().map(|_| "<inline>".to_string()));
+        let bytes = code.as_bytes();
+        let mut i = 0;
+        while i < code.len() {
+            let rest = &code[i..];
+            let boundary = i == 0 || {
+                let c = bytes[i - 1] as char;
+                !(c.is_ascii_alphanumeric() || c == '_' || c == ':')
+            };
+            let start = ["crate::", "super::", "self::"]
+                .into_iter()
+                .find(|p| boundary && rest.starts_with(p));
+            let Some(start) = start else {
+                i += rest.chars().next().unwrap().len_utf8();
+                continue;
+            };
+            // The base module, then the named segments.
+            let mut base: Vec<String> = match start {
+                "crate::" => Vec::new(),
+                "self::" => here.clone(),
+                _ => here[..here.len().saturating_sub(1)].to_vec(),
+            };
+            let mut after = &rest[start.len()..];
+            while let Some(r) = after.strip_prefix("super::") {
+                base.pop();
+                after = r;
+            }
+            let mut segs = Vec::new();
+            loop {
+                let id = ident(after);
+                if id.is_empty() {
+                    break;
+                }
+                after = &after[id.len()..];
+                segs.push(id);
+                match after.strip_prefix("::") {
+                    Some(r) => after = r,
+                    None => break,
+                }
+            }
+            if let Some(group) = after.strip_prefix('{') {
+                let group = group.split('}').next().unwrap_or("");
+                for entry in group.split(',') {
+                    let mut full = base.clone();
+                    full.extend(segs.iter().cloned());
+                    full.extend(
+                        entry
+                            .trim()
+                            .split("::")
+                            .map(ident)
+                            .filter(|s| !s.is_empty()),
+                    );
+                    out.push(full);
+                }
+            } else {
+                let mut full = base;
+                full.extend(segs);
+                out.push(full);
+            }
+            i = code.len() - after.len();
+        }
+        let t = code.trim_start();
+        let opens_mod = t.strip_prefix("pub ").unwrap_or(t).starts_with("mod ") && t.ends_with('{');
+        for c in code.chars() {
+            match c {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if inline.last() == Some(&depth) {
+                        inline.pop();
+                    }
+                }
+                _ => {}
+            }
+        }
+        if opens_mod {
+            inline.push(depth - 1);
+        }
+    }
+    out
+}
+
+/// The circles among `files` (name, module path, text): each reported
+/// once, by the set of its files and one way round it.
+fn circles(files: &[(String, Vec<String>, String)]) -> Vec<String> {
+    let by_module: BTreeMap<&Vec<String>, &String> = files.iter().map(|(n, m, _)| (m, n)).collect();
+    let mut edges: BTreeMap<&String, std::collections::BTreeSet<&String>> = BTreeMap::new();
+    for (name, module, text) in files {
+        let out = edges.entry(name).or_default();
+        for mut path in named_modules(text, module) {
+            // The longest prefix of the path that is a file: what it names.
+            path.retain(|s| s != "<inline>");
+            while !path.is_empty() {
+                if let Some(&target) = by_module.get(&path) {
+                    if target != name {
+                        out.insert(target);
+                    }
+                    break;
+                }
+                path.pop();
+            }
+        }
+    }
+    let mut by_set = BTreeMap::new();
+    for &start in edges.keys() {
+        let mut stack = vec![(start, vec![start.clone()])];
+        let mut seen = std::collections::BTreeSet::new();
+        while let Some((at, trail)) = stack.pop() {
+            for &next in &edges[at] {
+                if next == start {
+                    let mut set = trail.clone();
+                    set.sort();
+                    by_set
+                        .entry(set.join(" ↔ "))
+                        .or_insert_with(|| trail.join(" → "));
+                } else if seen.insert(next) {
+                    let mut t = trail.clone();
+                    t.push(next.clone());
+                    stack.push((next, t));
+                }
+            }
+        }
+    }
+    by_set
+        .into_iter()
+        .map(|(set, way)| format!("{set} (from {way})"))
+        .collect()
+}
+
+#[test]
+fn no_files_import_each_other_in_a_circle() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut paths = Vec::new();
+    rs_files(&root, &mut paths);
+    paths.sort();
+    // A folder's mod.rs stands for its interface and declares its files: it
+    // is left out, as is lib.rs.
+    let files: Vec<_> = paths
+        .iter()
+        .map(|f| f.strip_prefix(&root).unwrap())
+        .filter(|rel| rel.file_name().unwrap() != "mod.rs" && rel.to_str() != Some("lib.rs"))
+        .map(|rel| {
+            let text = std::fs::read_to_string(root.join(rel)).unwrap();
+            (rel.display().to_string(), module_of(rel), text)
+        })
+        .collect();
+    assert!(files.len() > 100, "the files of src/ were not found");
+    let found = circles(&files);
+    assert!(
+        found.is_empty(),
+        "files that import each other in a circle (move what both need into a file of its own):\n{}",
+        found.join("\n")
+    );
+}
+
+/// The control: circles the check must find, and imports it must not take
+/// for one.
+#[test]
+fn the_circle_check_finds_circles_and_only_those() {
+    let file = |name: &str, text: &str| {
+        let rel = Path::new(name);
+        (name.to_string(), module_of(rel), text.to_string())
+    };
+    // Two files, each naming the other: by `super::` and by `crate::`.
+    let pair = [
+        file("p/a.rs", "use super::b::X;\npub struct Y;"),
+        file(
+            "p/b.rs",
+            "pub struct X;\nfn f() -> crate::p::a::Y { todo!() }",
+        ),
+    ];
+    assert_eq!(circles(&pair), ["p/a.rs ↔ p/b.rs (from p/a.rs → p/b.rs)"]);
+    // Three, through a group, and one across folders.
+    let three = [
+        file("p/a.rs", "use super::{b::X, c};"),
+        file("p/b.rs", "use crate::q::d::Z;"),
+        file("q/d.rs", "use crate::p::a;"),
+        file("p/c.rs", ""),
+    ];
+    assert_eq!(circles(&three).len(), 1, "{:?}", circles(&three));
+    // Not circles: a test module's `super::` is its own file; a string or a
+    // comment names nothing; one way only.
+    let none = [
+        file(
+            "p/a.rs",
+            "use super::b::X;\n#[cfg(test)]\nmod tests {\n    use super::b;\n}",
+        ),
+        file(
+            "p/b.rs",
+            "// super::a::Y\nconst S: &str = \"crate::p::a\";\nmod tests {\n    use super::*;\n}",
+        ),
+    ];
+    assert!(circles(&none).is_empty(), "{:?}", circles(&none));
 }

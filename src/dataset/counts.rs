@@ -21,7 +21,7 @@ use crate::error::{Error, IoOp, Result};
 use crate::fetch::http_sync::HttpPool;
 use crate::fetch::{NetOptions, with_retries};
 use crate::net::http::FailKind;
-use crate::net::http::HttpObject;
+use crate::net::object::HttpObject;
 use crate::net::retry::Jitter;
 use crate::net::s3::S3Url;
 

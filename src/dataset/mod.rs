@@ -37,7 +37,7 @@ pub(crate) mod shardindex;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::net::http::HttpObject;
+use crate::net::object::HttpObject;
 
 pub use counts::{BESIDE, counts_beside};
 pub use estimate::sample_shards;

@@ -18,7 +18,7 @@ use super::{Loader, Next, Stats};
 use crate::config::Config;
 use crate::dataset::{Shard, Source};
 use crate::error::{Error, IoOp};
-use crate::net::http::HttpObject;
+use crate::net::object::HttpObject;
 use crate::plan::{self, SampleRef};
 use crate::synth;
 

@@ -14,7 +14,7 @@ use super::{Loader, Next, Stats};
 use crate::dataset::{Shard, Source};
 use crate::error::Error;
 use crate::memory::cuda;
-use crate::net::http::HttpObject;
+use crate::net::object::HttpObject;
 use crate::synth;
 
 /// Opens a loader over `d` (scripted reads, every read in order) with

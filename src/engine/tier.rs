@@ -12,7 +12,7 @@ use crate::error::{Error, IoOp};
 use crate::fetch::direct::LocalFd;
 use crate::fetch::http_sync::HttpPool;
 use crate::fetch::{Target, with_retries};
-use crate::net::http::HttpObject;
+use crate::net::object::HttpObject;
 use crate::net::retry::Jitter;
 use crate::plan::Segment;
 

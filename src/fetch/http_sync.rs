@@ -14,7 +14,8 @@ use std::time::Duration;
 use rustls::pki_types::ServerName;
 
 use crate::net::hop::{Route, Turn};
-use crate::net::http::{self, Fail, FailKind, HttpObject, MAX_HEAD};
+use crate::net::http::{self, Fail, FailKind, MAX_HEAD};
+use crate::net::object::HttpObject;
 use crate::net::tls::TlsSetup;
 use crate::net::version::VersionPin;
 
@@ -202,7 +203,7 @@ impl HttpPool {
         let mut route = Route::new(obj);
         let (s, h, extra) = loop {
             let at = route.at(obj);
-            let req = http::range_request(at, start, len, route.if_match(obj, pin))?;
+            let req = at.range_request(start, len, route.if_match(obj, pin))?;
             let (s, h, extra) = self.exchange(at, &req)?;
             let key = Self::key(at);
             match route.answered(obj, &h)? {
@@ -349,7 +350,7 @@ impl HttpPool {
         let mut route = Route::new(obj);
         let (s, h) = loop {
             let at = route.at(obj);
-            let req = http::head_request(at)?;
+            let req = at.head_request()?;
             let (s, h, extra) = self.exchange(at, &req)?;
             let key = Self::key(at);
             match route.answered(obj, &h)? {

@@ -37,7 +37,7 @@ use std::time::Duration;
 pub use ktls::refused as kernel_tls_refused;
 
 use crate::error::Error;
-use crate::net::http::HttpObject;
+use crate::net::object::HttpObject;
 use crate::net::retry::{Jitter, RetryPolicy};
 use crate::net::version::VersionPin;
 

@@ -43,7 +43,7 @@ use super::ring::new_ring;
 use super::uring_http::{HttpDriver, TAG};
 use super::{Completion, NetOptions, ReadFail, ReadRequest, Target};
 use crate::error::Error;
-use crate::net::http::HttpObject;
+use crate::net::object::HttpObject;
 use crate::sync::Locked;
 
 /// The `user_data` of the network thread's read of its link's eventfd.

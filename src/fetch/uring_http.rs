@@ -47,7 +47,8 @@ use super::ktls::KernelSession;
 use super::uring_tls::{self, TlsConn};
 use super::{Answered, Completion, NetOptions, ReadRequest};
 use crate::net::hop::Route;
-use crate::net::http::{self, Fail, FailKind, HttpObject};
+use crate::net::http::{self, Fail, FailKind};
+use crate::net::object::HttpObject;
 use crate::net::rate::Admit;
 use crate::net::retry::{Jitter, Tries};
 use crate::net::tail::{HedgeBudget, Tail};
@@ -420,7 +421,7 @@ impl HttpDriver {
         let op = self.slots[slot].as_mut().expect("live slot");
         let if_match = op.route.if_match(&op.obj, op.pin.as_deref());
         let (at, rest) = (op.start + op.got as u64, (op.len - op.got) as u64);
-        match http::range_request(&op.at, at, rest, if_match) {
+        match op.at.range_request(at, rest, if_match) {
             Ok(r) => op.request = r,
             Err(f) => return self.fail(ring, slot, f),
         }

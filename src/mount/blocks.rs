@@ -26,7 +26,7 @@ use crate::cache::{Entry, Fill, Spool, SpoolFill};
 use crate::dataset::{Shard, Source};
 use crate::fetch::net_thread::{Inbox, NetLink};
 use crate::fetch::{NetOptions, ReadFail, ReadRequest, Target};
-use crate::net::http::HttpObject;
+use crate::net::object::HttpObject;
 use crate::net::version::VersionPin;
 
 use super::MountCounts;

@@ -77,7 +77,7 @@ impl Fs {
         &self,
         ino: u64,
         node: &tree::Node,
-        obj: Arc<crate::net::http::HttpObject>,
+        obj: Arc<crate::net::object::HttpObject>,
         open: bool,
     ) -> (Arc<RemoteFile>, bool) {
         let mut files = self.files.locked();

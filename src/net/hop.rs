@@ -23,7 +23,8 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::http::{Fail, FailKind, HttpObject, ResponseHead};
+use super::http::{Fail, FailKind, ResponseHead};
+use super::object::HttpObject;
 use super::redirect::{Hop, followed};
 use super::version::VersionPin;
 use crate::sync::Locked;
@@ -226,7 +227,7 @@ mod tests {
 
     #[derive(Debug)]
     struct Marker;
-    impl crate::net::http::RequestSigner for Marker {
+    impl crate::net::object::RequestSigner for Marker {
         fn sign(&self, _: &str, _: &HttpObject, _: Option<&str>) -> Result<String, Fail> {
             Ok("Authorization: Bearer marker\r\n".into())
         }

@@ -1,13 +1,11 @@
 //! HTTP/1.1 for the data plane, as pure functions: URLs, the ranged `GET`
 //! request, the response head (parsed with httparse), and what each failure
-//! means for a retry. The object requests are made for is
-//! [`HttpObject`] (`super::object`). The sockets live in `crate::fetch`
+//! means for a retry. The object requests are made for, and the requests
+//! themselves, are `super::object`'s. The sockets live in `crate::fetch`
 //! (`http_sync.rs`, `uring_http.rs`); nothing here does I/O.
 
 use std::fmt;
 use std::time::Duration;
-
-pub use super::object::{HttpObject, RequestSigner};
 
 /// The parts of an `http://` or `https://` URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,49 +83,6 @@ pub fn parse_url(url: &str) -> Result<ParsedUrl, String> {
         port,
         target: target.to_string(),
     })
-}
-
-/// The request for bytes `start..start + len` of `obj`, signed when the
-/// object has a signer; with `If-Match` when the read is pinned to a
-/// strong ETag (`VersionPin::if_match` in `crate::net::version`), so that
-/// a server that changed the object answers 412 instead of another
-/// version's bytes. The header is not signed: SigV4 signs the headers it
-/// lists, and S3 takes others.
-pub fn range_request(
-    obj: &HttpObject,
-    start: u64,
-    len: u64,
-    if_match: Option<&str>,
-) -> Result<Vec<u8>, Fail> {
-    let range = format!("bytes={}-{}", start, start + len - 1);
-    let extra = obj.signed("GET", Some(&range))?;
-    let pinned = match if_match {
-        // An ETag is a quoted string without control characters (RFC 9110
-        // §8.8.3); one that holds a line break would add headers.
-        Some(tag) if !tag.bytes().any(|b| b < b' ' || b == 0x7f) => {
-            format!("If-Match: {tag}\r\n")
-        }
-        _ => String::new(),
-    };
-    Ok(format!(
-        "GET {} HTTP/1.1\r\nHost: {}\r\nRange: {range}\r\n{pinned}User-Agent: ringfeed/{}\r\n{extra}\r\n",
-        obj.target,
-        obj.host_header(),
-        env!("CARGO_PKG_VERSION"),
-    )
-    .into_bytes())
-}
-
-/// A `HEAD` request, signed when the object has a signer.
-pub fn head_request(obj: &HttpObject) -> Result<Vec<u8>, Fail> {
-    let extra = obj.signed("HEAD", None)?;
-    Ok(format!(
-        "HEAD {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: ringfeed/{}\r\n{extra}\r\n",
-        obj.target,
-        obj.host_header(),
-        env!("CARGO_PKG_VERSION"),
-    )
-    .into_bytes())
 }
 
 /// What the response head says.
@@ -661,18 +616,6 @@ mod tests {
         let h = head("HTTP/1.1 206 P\r\nContent-Range: bytes 0-9/*\r\n\r\n");
         assert!(body(&h, 0, 10).unwrap_err().message.contains("manifest"));
         assert!(parse_head(b"HTTP/1.1 416 R\r\nContent-Range: bytes */x\r\n\r\n").is_err());
-    }
-
-    #[test]
-    fn if_match_goes_out_only_as_a_clean_header() {
-        let obj = HttpObject::new("http://h/k", Vec::new()).unwrap();
-        let req = String::from_utf8(range_request(&obj, 0, 10, Some("\"a\"")).unwrap()).unwrap();
-        assert!(req.contains("\r\nIf-Match: \"a\"\r\n"), "{req}");
-        let req = String::from_utf8(range_request(&obj, 0, 10, None).unwrap()).unwrap();
-        assert!(!req.contains("If-Match"), "{req}");
-        let req = String::from_utf8(range_request(&obj, 0, 10, Some("\"a\"\r\nX-Y: 1")).unwrap())
-            .unwrap();
-        assert!(!req.contains("X-Y"), "{req}");
     }
 
     /// Found by the `http_response` property that a head is at most

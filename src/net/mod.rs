@@ -12,7 +12,7 @@ pub mod hop;
 pub mod http;
 pub mod hub;
 pub mod inflight;
-mod object;
+pub mod object;
 mod options;
 pub mod rate;
 pub mod redirect;

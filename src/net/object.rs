@@ -3,8 +3,8 @@
 //! the signer that adds its credentials (SigV4, a bearer token), the name
 //! messages give it, and what its redirects taught (where its last chain
 //! ended, and whether it redirects at all: `super::hop`). Shared by the
-//! reads in flight of one shard (an `Arc`); the requests themselves are
-//! `super::http`'s.
+//! reads in flight of one shard (an `Arc`), and the requests made for it
+//! (a ranged `GET`, a `HEAD`); parsing their answers is `super::http`'s.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -55,6 +55,49 @@ pub struct HttpObject {
 }
 
 impl HttpObject {
+    /// The request for bytes `start..start + len` of the object, signed when the
+    /// object has a signer; with `If-Match` when the read is pinned to a
+    /// strong ETag (`VersionPin::if_match` in `crate::net::version`), so that
+    /// a server that changed the object answers 412 instead of another
+    /// version's bytes. The header is not signed: SigV4 signs the headers it
+    /// lists, and S3 takes others.
+    pub fn range_request(
+        &self,
+        start: u64,
+        len: u64,
+        if_match: Option<&str>,
+    ) -> Result<Vec<u8>, Fail> {
+        let range = format!("bytes={}-{}", start, start + len - 1);
+        let extra = self.signed("GET", Some(&range))?;
+        let pinned = match if_match {
+            // An ETag is a quoted string without control characters (RFC 9110
+            // §8.8.3); one that holds a line break would add headers.
+            Some(tag) if !tag.bytes().any(|b| b < b' ' || b == 0x7f) => {
+                format!("If-Match: {tag}\r\n")
+            }
+            _ => String::new(),
+        };
+        Ok(format!(
+            "GET {} HTTP/1.1\r\nHost: {}\r\nRange: {range}\r\n{pinned}User-Agent: ringfeed/{}\r\n{extra}\r\n",
+            self.target,
+            self.host_header(),
+            env!("CARGO_PKG_VERSION"),
+        )
+        .into_bytes())
+    }
+
+    /// A `HEAD` request, signed when the object has a signer.
+    pub fn head_request(&self) -> Result<Vec<u8>, Fail> {
+        let extra = self.signed("HEAD", None)?;
+        Ok(format!(
+            "HEAD {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: ringfeed/{}\r\n{extra}\r\n",
+            self.target,
+            self.host_header(),
+            env!("CARGO_PKG_VERSION"),
+        )
+        .into_bytes())
+    }
+
     pub fn new(url: &str, addrs: Vec<SocketAddr>) -> Result<HttpObject, String> {
         let p = parse_url(url)?;
         Ok(HttpObject {
@@ -192,5 +235,22 @@ impl HttpObject {
         } else {
             format!("{}:{}", self.host, self.port)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn if_match_goes_out_only_as_a_clean_header() {
+        let obj = HttpObject::new("http://h/k", Vec::new()).unwrap();
+        let req = String::from_utf8(obj.range_request(0, 10, Some("\"a\"")).unwrap()).unwrap();
+        assert!(req.contains("\r\nIf-Match: \"a\"\r\n"), "{req}");
+        let req = String::from_utf8(obj.range_request(0, 10, None).unwrap()).unwrap();
+        assert!(!req.contains("If-Match"), "{req}");
+        let req =
+            String::from_utf8(obj.range_request(0, 10, Some("\"a\"\r\nX-Y: 1")).unwrap()).unwrap();
+        assert!(!req.contains("X-Y"), "{req}");
     }
 }

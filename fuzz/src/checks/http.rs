@@ -13,10 +13,8 @@
 //! with the target, `Host` and `Range` the URL and range say, and nothing
 //! else; printing the parsed URL back and parsing it again gives it again.
 
-use ringfeed::net::http::{
-    HttpObject, MAX_HEAD, ResponseHead, check_range_response, head_request, parse_head, parse_url,
-    range_request,
-};
+use ringfeed::net::http::{MAX_HEAD, ResponseHead, check_range_response, parse_head, parse_url};
+use ringfeed::net::object::HttpObject;
 
 use super::{Input, segment_ends};
 
@@ -116,10 +114,10 @@ pub fn request(data: &[u8]) {
     );
 
     let obj = HttpObject::new(url, Vec::new()).expect("parse_url accepted it");
-    let get = range_request(&obj, start, len, None).expect("no signer");
+    let get = obj.range_request(start, len, None).expect("no signer");
     let range = format!("bytes={}-{}", start, start + len - 1);
     well_formed(&get, "GET", &obj, Some(&range));
-    let head = head_request(&obj).expect("no signer");
+    let head = obj.head_request().expect("no signer");
     well_formed(&head, "HEAD", &obj, None);
 }
 

@@ -25,7 +25,8 @@ use super::{HttpDriver, PoolKey, Step, push, user_data};
 use crate::fetch::Completion;
 use crate::fetch::uring_tls::MAX_RECORD;
 use crate::net::hop::Route;
-use crate::net::http::{HttpObject, MAX_HEAD, ResponseHead};
+use crate::net::http::{MAX_HEAD, ResponseHead};
+use crate::net::object::HttpObject;
 
 /// The key of an object in `HttpDriver::resolving`: its address, stable
 /// while a range holds it.

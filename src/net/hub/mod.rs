@@ -22,7 +22,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::net::http::{Fail, HttpObject, RequestSigner};
+use crate::net::http::Fail;
+use crate::net::object::{HttpObject, RequestSigner};
 use crate::net::s3::{Env, SIGV4_ENCODE, encode_query};
 
 pub use api::Entry;
@@ -170,7 +171,7 @@ mod tests {
         );
         assert_eq!(o.url, "hf://datasets/o/n/train dir/a#1.tar");
         assert!(o.expects_redirect());
-        let signed = crate::net::http::range_request(&o, 0, 10, None).unwrap();
+        let signed = o.range_request(0, 10, None).unwrap();
         let req = String::from_utf8(signed).unwrap();
         assert!(
             req.contains("\r\nAuthorization: Bearer hf_secret_value\r\n"),

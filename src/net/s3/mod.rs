@@ -1,6 +1,6 @@
 //! S3: the control plane and the signing of the data plane.
 //!
-//! An `s3://bucket/key` URL becomes an [`HttpObject`](crate::net::http::HttpObject)
+//! An `s3://bucket/key` URL becomes an [`HttpObject`](crate::net::object::HttpObject)
 //! on the endpoint (path-style `http://endpoint/bucket/key` or virtual-hosted
 //! `https://bucket.s3.REGION.amazonaws.com/key`), read with the same ranged
 //! GETs as any HTTP shard; each request is signed by [`sign::SigV4Signer`]

@@ -13,7 +13,8 @@ use aws_sigv4::http_request::{
 };
 
 use super::creds::Provider;
-use crate::net::http::{Fail, FailKind, HttpObject, RequestSigner};
+use crate::net::http::{Fail, FailKind};
+use crate::net::object::{HttpObject, RequestSigner};
 
 /// Signs S3 requests with the provider's current credentials.
 #[derive(Debug)]
@@ -167,8 +168,7 @@ mod tests {
         let obj = HttpObject::new("http://127.0.0.1:9000/b/k%20x.tar", vec![])
             .unwrap()
             .with_signer(Arc::new(signer(None)));
-        let req =
-            String::from_utf8(crate::net::http::range_request(&obj, 0, 10, None).unwrap()).unwrap();
+        let req = String::from_utf8(obj.range_request(0, 10, None).unwrap()).unwrap();
         assert!(req.starts_with("GET /b/k%20x.tar HTTP/1.1\r\n"), "{req}");
         assert!(
             req.contains("\r\nauthorization: AWS4-HMAC-SHA256 "),
