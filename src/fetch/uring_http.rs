@@ -19,12 +19,12 @@
 //! until its step's completion arrives, and never writes into the
 //! destination: only the winner of a head race reaches its body.
 //!
-//! The parts: this file holds the slab, the routing of completions and
-//! what the body's receives do; `io.rs` the send and receive steps on the
-//! ring, each with its linked stall time-out; `connect.rs` a fresh
-//! connection's socket and connect, and the quick ACKs each request asks
-//! for; `head.rs` the
-//! response head's step; `redirect.rs` the redirects followed, and the
+//! The parts, one a step of the machine: this file holds the slab and the
+//! routing of completions to the steps; `io.rs` the send and receive steps
+//! on the ring, each with its linked stall time-out, and the request's
+//! send; `connect.rs` a fresh connection's socket and connect, and the
+//! quick ACKs each request asks for; `head.rs` the response head's step;
+//! `body.rs` the body's receives and the range's end; `redirect.rs` the redirects followed, and the
 //! ranges that wait for one of their object's to find its target;
 //! `tls.rs` the handshake and the records of https; `failure.rs` retries
 //! and failures; `hedge.rs` the hedges.
@@ -45,7 +45,7 @@ use io_uring::{IoUring, squeue, types};
 
 use super::ktls::KernelSession;
 use super::uring_tls::{self, TlsConn};
-use super::{Answered, Completion, NetOptions, ReadRequest};
+use super::{Completion, NetOptions, ReadRequest};
 use crate::net::hop::Route;
 use crate::net::http::{self, Fail, FailKind};
 use crate::net::object::HttpObject;
@@ -54,6 +54,7 @@ use crate::net::retry::{Jitter, Tries};
 use crate::net::tail::{HedgeBudget, Tail};
 use crate::net::version::VersionPin;
 
+mod body;
 mod connect;
 mod failure;
 mod head;
@@ -493,93 +494,12 @@ impl HttpDriver {
         }
         match op.step {
             Step::Backoff => self.begin(ring, slot),
-            Step::Connect => {
-                if res < 0 {
-                    let f = io_fail(res, &format!("connect to {}", op.obj.url));
-                    return self.fail(ring, slot, f);
-                }
-                self.ready(ring, slot)
-            }
-            Step::TlsSend => {
-                if res < 0 {
-                    let f = io_fail(res, "send (TLS handshake)");
-                    return self.retry_or_fail(ring, slot, f);
-                }
-                let tls = op.tls_mut();
-                tls.out_sent += res as usize;
-                if tls.out_sent == tls.out.len() {
-                    tls.out.clear();
-                    tls.out_sent = 0;
-                }
-                self.handshake(ring, slot)
-            }
-            Step::TlsRecv => {
-                if res <= 0 {
-                    let f = if res == 0 {
-                        Fail::new(
-                            FailKind::Reset,
-                            format!(
-                                "{}: the connection closed during the TLS handshake",
-                                op.obj.url
-                            ),
-                        )
-                    } else {
-                        io_fail(res, "receive (TLS handshake)")
-                    };
-                    return self.retry_or_fail(ring, slot, f);
-                }
-                let tls = op.tls_mut();
-                tls.received(res as usize);
-                self.handshake(ring, slot)
-            }
-            Step::Send => {
-                if res < 0 {
-                    let f = io_fail(res, "send");
-                    return self.retry_or_fail(ring, slot, f);
-                }
-                op.sent += res as usize;
-                if op.sent < op.request.len() {
-                    return self.send(ring, slot);
-                }
-                self.quick_ack(slot);
-                self.recv(ring, slot, Step::Head)
-            }
+            Step::Connect => self.on_connected(ring, slot, res),
+            Step::TlsSend => self.on_tls_sent(ring, slot, res),
+            Step::TlsRecv => self.on_tls_received(ring, slot, res),
+            Step::Send => self.on_sent(ring, slot, res),
             Step::Head => self.on_head(ring, slot, res),
-            Step::Body => {
-                if res <= 0 {
-                    let f = if res == 0 {
-                        Fail::new(
-                            FailKind::Truncated,
-                            format!(
-                                "{}: the body ended after {} of {} bytes",
-                                op.obj.url, op.got, op.len
-                            ),
-                        )
-                    } else {
-                        io_fail(
-                            res,
-                            &format!(
-                                "{}: receive after {} of {} bytes",
-                                op.obj.url, op.got, op.len
-                            ),
-                        )
-                    };
-                    return self.retry_or_fail(ring, slot, f);
-                }
-                if let Some(tls) = op.conn.as_mut().and_then(|c| c.tls.as_mut()) {
-                    if op.small {
-                        tls.received(res as usize);
-                    } else {
-                        op.pend += res as usize;
-                    }
-                    return self.tls_body(ring, slot);
-                }
-                op.got += res as usize;
-                if op.got == op.len {
-                    return self.finish(slot);
-                }
-                self.recv(ring, slot, Step::Body)
-            }
+            Step::Body => self.on_body(ring, slot, res),
             Step::Timer | Step::Tick | Step::Cancel | Step::Parked => None,
         }
     }
@@ -591,36 +511,6 @@ impl HttpDriver {
             self.unpark(&op.obj);
         }
         op
-    }
-
-    fn finish(&mut self, slot: usize) -> Option<Completion> {
-        let mut op = self.free_slot(slot);
-        self.body_done(&op);
-        if let Some(k) = op.conn.as_mut().and_then(|c| c.kernel.as_mut()) {
-            k.used((op.len + op.head_got) as u64);
-        }
-        if let Some(c) = op.conn.take()
-            && op.keep_alive
-            && op.pend == 0
-            && c.reusable()
-        {
-            self.idle.entry(pool_key(&op.at)).or_default().push(c);
-        }
-        let paced = Some(self.net.pace.rate(&op.at.url)).filter(|r| *r > 0.0);
-        Some(Completion {
-            id: op.req_id,
-            result: Ok(op.len),
-            copied: op.copied,
-            total: op.total,
-            timing: op
-                .first_byte
-                .zip(op.asked)
-                .map(|(first_byte, asked)| Answered {
-                    first_byte,
-                    last_byte: asked.elapsed(),
-                    paced,
-                }),
-        })
     }
 
     /// Ranges in flight (and the losers of races, until their cancels

@@ -8,7 +8,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use io_uring::{IoUring, opcode, squeue, types};
 
-use super::{Conn, HttpDriver, Step, TlsConn, user_data};
+use super::{Conn, HttpDriver, Step, TlsConn, io_fail, user_data};
 use crate::fetch::Completion;
 use crate::net::http::{Fail, FailKind};
 
@@ -138,4 +138,21 @@ fn sockaddr(sa: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
         }
     };
     (storage, len as libc::socklen_t)
+}
+
+impl HttpDriver {
+    /// The connect step's completion: the connection is up, or the range fails.
+    pub(super) fn on_connected(
+        &mut self,
+        ring: &mut IoUring,
+        slot: usize,
+        res: i32,
+    ) -> Option<Completion> {
+        let op = self.slots[slot].as_mut().expect("live slot");
+        if res < 0 {
+            let f = io_fail(res, &format!("connect to {}", op.obj.url));
+            return self.fail(ring, slot, f);
+        }
+        self.ready(ring, slot)
+    }
 }

@@ -8,7 +8,7 @@ use std::os::fd::AsRawFd;
 use io_uring::{IoUring, opcode, squeue, types};
 
 use super::uring_tls;
-use super::{HEAD_RECV, HttpDriver, Step, push, user_data};
+use super::{HEAD_RECV, HttpDriver, Step, io_fail, push, user_data};
 use crate::fetch::Completion;
 use crate::net::http::{Fail, FailKind};
 
@@ -128,5 +128,27 @@ impl HttpDriver {
         }
         push(ring, e)?;
         push(ring, &t)
+    }
+}
+
+impl HttpDriver {
+    /// A request send's completion: the rest of it, or the head's receive.
+    pub(super) fn on_sent(
+        &mut self,
+        ring: &mut IoUring,
+        slot: usize,
+        res: i32,
+    ) -> Option<Completion> {
+        let op = self.slots[slot].as_mut().expect("live slot");
+        if res < 0 {
+            let f = io_fail(res, "send");
+            return self.retry_or_fail(ring, slot, f);
+        }
+        op.sent += res as usize;
+        if op.sent < op.request.len() {
+            return self.send(ring, slot);
+        }
+        self.quick_ack(slot);
+        self.recv(ring, slot, Step::Head)
     }
 }

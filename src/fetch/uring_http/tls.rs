@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering;
 use io_uring::{IoUring, opcode, squeue, types};
 
 use super::uring_tls::{self, Next, Opened, TlsConn};
-use super::{HttpDriver, Step, user_data};
+use super::{HttpDriver, Step, io_fail, user_data};
 use crate::fetch::Completion;
 use crate::fetch::ktls::{self, Control, Refusal};
 use crate::net::http::{self, Fail, FailKind};
@@ -271,5 +271,55 @@ pub(super) fn open_head(
             }
             None => return Ok(Ok(None)),
         }
+    }
+}
+
+impl HttpDriver {
+    /// A handshake send's completion: the handshake goes on.
+    pub(super) fn on_tls_sent(
+        &mut self,
+        ring: &mut IoUring,
+        slot: usize,
+        res: i32,
+    ) -> Option<Completion> {
+        let op = self.slots[slot].as_mut().expect("live slot");
+        if res < 0 {
+            let f = io_fail(res, "send (TLS handshake)");
+            return self.retry_or_fail(ring, slot, f);
+        }
+        let tls = op.tls_mut();
+        tls.out_sent += res as usize;
+        if tls.out_sent == tls.out.len() {
+            tls.out.clear();
+            tls.out_sent = 0;
+        }
+        self.handshake(ring, slot)
+    }
+
+    /// A handshake receive's completion: the handshake goes on with what came.
+    pub(super) fn on_tls_received(
+        &mut self,
+        ring: &mut IoUring,
+        slot: usize,
+        res: i32,
+    ) -> Option<Completion> {
+        let op = self.slots[slot].as_mut().expect("live slot");
+        if res <= 0 {
+            let f = if res == 0 {
+                Fail::new(
+                    FailKind::Reset,
+                    format!(
+                        "{}: the connection closed during the TLS handshake",
+                        op.obj.url
+                    ),
+                )
+            } else {
+                io_fail(res, "receive (TLS handshake)")
+            };
+            return self.retry_or_fail(ring, slot, f);
+        }
+        let tls = op.tls_mut();
+        tls.received(res as usize);
+        self.handshake(ring, slot)
     }
 }
