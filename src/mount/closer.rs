@@ -150,7 +150,7 @@ impl Proc {
             return Closer::Unseen(Unseen::ForeignProc(why.clone()));
         }
         let dir = self.root.join(pid.to_string());
-        let stat = match std::fs::read_to_string(dir.join("stat")) {
+        let stat = match read_bounded(&dir.join("stat"), STAT_WAIT) {
             Ok(s) => s,
             Err(e) => {
                 return Closer::Unseen(Unseen::Unreadable {
@@ -175,6 +175,35 @@ impl Proc {
         }
         Closer::Seen(stat.end())
     }
+}
+
+/// How long a close's `/proc/<pid>/stat` may take to read. It takes
+/// microseconds, except for a thread in `execve`: the kernel closes its
+/// close-on-exec files (a flush to this mount, answered before the exec
+/// goes on) while holding the exec lock that reading its `stat` waits for,
+/// so the read would wait for the answer it is part of, for ever.
+const STAT_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// `path`'s text, read on a thread of its own and given up after `wait`
+/// (the thread then ends when the read does).
+fn read_bounded(path: &Path, wait: std::time::Duration) -> std::io::Result<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = path.to_path_buf();
+    std::thread::Builder::new()
+        .name("rf-mount-proc".into())
+        .spawn(move || {
+            let _ = tx.send(std::fs::read_to_string(path));
+        })?;
+    rx.recv_timeout(wait).unwrap_or_else(|_| {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!(
+                "reading it took over {} ms: the process is in execve, closing this file as \
+                 close-on-exec while it holds the lock that reading its stat waits for",
+                wait.as_millis()
+            ),
+        ))
+    })
 }
 
 /// What a `/proc/<pid>/stat` tells of a thread.
@@ -337,6 +366,36 @@ mod tests {
             p.closer(10),
             Closer::Unseen(Unseen::ForeignProc(_))
         ));
+    }
+
+    /// Found by a CI run that hung: a test's child closed (close-on-exec,
+    /// in `execve`) a file it had inherited from a writer, and the mount's
+    /// read of the child's `stat` waited for the exec lock the child held
+    /// while it waited for the mount's answer. A FIFO with no writer stands
+    /// for that `stat` here: reading it blocks. Control: with the read not
+    /// bounded (`std::fs::read_to_string`) this test never ends.
+    #[test]
+    fn a_stat_whose_read_blocks_is_given_up_not_waited_for() {
+        let root = fake_proc("77", &[(10, stat_text(0x40, 0), false)]);
+        let dir = root.path().join("20");
+        std::fs::create_dir(&dir).unwrap();
+        let fifo = std::ffi::CString::new(dir.join("stat").to_str().unwrap()).unwrap();
+        // SAFETY: `fifo` is a NUL-terminated path that lives across the call.
+        let made = unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) };
+        assert_eq!(made, 0);
+        let p = Proc::probe(root.path());
+        match p.closer(20) {
+            Closer::Unseen(Unseen::Unreadable { pid: 20, error }) => {
+                assert!(error.contains("execve"), "{error}")
+            }
+            other => panic!("{other:?}"),
+        }
+        // What reads at once is still read.
+        assert_eq!(p.closer(10), Closer::Seen(End::Running));
+        // Unblock the reader left behind, so its thread ends.
+        let _ = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.join("stat"));
     }
 
     #[test]
