@@ -170,8 +170,8 @@ impl Loader {
             place(&cfg, &topo, &allowed, workers, &mut placement_notes);
         // The loaders of a node engine run side by side: once their streams
         // outnumber the usable CPUs, pinned workers would queue on theirs
-        // while another CPU idles (measured: 4 one-stream consumers on 2
-        // CPUs, 10.9 GB/s pinned, 12.5 unpinned).
+        // while another CPU idles (measured: docs/decisions.md, "Node
+        // engine: a loader per consumer over shared parts").
         let engine_streams = joined
             .as_ref()
             .map(|j| j.pool.live_owners().max(cfg.node_streams()));
@@ -348,8 +348,7 @@ impl Loader {
         // model, sent a far store's jump to 92 reads whose waiting
         // neighbours took every chunk of the default 1.5 GB budget, each
         // read then waiting for a chunk, and every page of it faulted in:
-        // 1.3-1.7 GB/s where a third read 2.4-2.5, 3 runs each,
-        // alternating, and over 3 passes 2.1-2.3 against 2.4-2.5.)
+        // slower than a third, docs/remote-sources.md, "Reads in flight".)
         let reads = NetReads::new(&cfg, workers, pool.quota_of(owner_base) / 3, started);
         let transform_cpus = match cfg.pin_cpus {
             true => {

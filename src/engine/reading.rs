@@ -29,11 +29,9 @@ pub(super) const HEADROOM: usize = 2;
 /// stop the link at once, while the chunks held behind it stay few. Each
 /// chunk held is memory touched, and on a VM whose host backs a page only
 /// at its first touch that costs as much as the read: on the emulator's S3
-/// model (`benches/object_store.sh`, scenario A, 5 interleaved rounds),
-/// twice the depth held 117-129 chunks of 8 MiB and read 1.59 GB/s at
-/// 0.52 CPU-s per GB (the kernel clearing fresh pages: 58 % of a slow
-/// run's samples), a quarter more held 95-97 and read 2.27 GB/s at 0.29,
-/// with more transfers in flight (39 against 30 on average), not fewer.
+/// model a quarter more read faster and at less CPU per GB than twice the
+/// depth, with more transfers in flight, not fewer (docs/benchmark-history.md,
+/// "An object store's shape, commit 4cf4d38").
 pub(super) fn held_bound(depth: usize) -> usize {
     depth + (depth / 4).max(1)
 }

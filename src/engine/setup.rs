@@ -65,10 +65,9 @@ pub(crate) fn engine_net_threads(cfg: &Config, shards: &[Shard]) -> Result<Optio
     }
     // Auto: one per usable CPU, at most one per stream the engine expects.
     // They carry the kernel's copies of every read, local files included,
-    // which one thread on a 2-CPU machine could not keep up with: 4
-    // one-stream consumers of page-cache shards took 4.1 GB/s through one,
-    // 6.1 through two, as many with four (`benches/node_share.py`,
-    // `NODE_CONFIG='{"net_threads": N}'`).
+    // which one thread on a 2-CPU machine could not keep up with; two did,
+    // four no better (docs/decisions.md, "Node engine: a loader per
+    // consumer over shared parts").
     let streams = cfg.node_streams().max(1);
     let n = match cfg.net_threads {
         0 => topology::discover().allowed().len().clamp(1, streams),
@@ -115,10 +114,9 @@ pub(super) fn read_span(chunk: usize) -> (usize, usize) {
 /// manifest, a listing or the first shard's `HEAD`), where that is less
 /// than [`DEFAULT_CHUNK`]. Each remote read takes one chunk, whatever the
 /// shard holds: with 8 MiB chunks a far store's budget held one 1 MiB
-/// shard per 8 MiB. 1,000 shards of 1.1 MB on the emulator's S3 model
-/// (`benches/object_store.sh`, scenario E, rounds 2-3 of 3): 0.76 GB/s
-/// at 8 MiB, 1.06-1.08 at 4 MiB, 1.15 at 2 MiB; 1 MiB asked two GETs per
-/// shard (0.77-0.97). Local shards keep the default: their reads are
+/// shard per 8 MiB; 1 MiB chunks asked two GETs of each 1.1 MB shard (the
+/// sizes measured: docs/benchmarks.md, "An object store's shape", scenario
+/// E). Local shards keep the default: their reads are
 /// few and the arena is populated ahead. So does a cache (`cache_dir`):
 /// its entries are written from reads of whole 1 MiB blocks, which only
 /// multiples of 8 MiB give.
@@ -232,10 +230,9 @@ pub(super) fn own_pool(
         // Pages faulted in by the reads themselves are not asked for as
         // transparent huge pages: where free memory is fragmented
         // (`defrag` = `madvise`, the default) the kernel compacts it on
-        // the reading thread, and every read of that ring waits. On the
-        // emulator's S3 model (`benches/object_store.sh`, scenario A, 4
-        // interleaved rounds) 4 KiB pages read 2.16-2.41 GB/s at 0.29-0.30
-        // CPU-s per GB, transparent huge pages 1.62-2.41 at 0.25-0.52.
+        // the reading thread, and every read of that ring waits (measured:
+        // docs/decisions.md, "A remote dataset's default arena is not
+        // transparent huge pages").
         None if on_reads => Arena::new_without_thp(chunks * chunk, opts(None), numa_node)?,
         kind => Arena::new_on_node(chunks * chunk, opts(kind), numa_node)?,
     };

@@ -178,8 +178,9 @@ pub(super) fn own_memory(len: usize, cfg: &Config) -> Result<Arena> {
     // Not transparent huge pages unless asked: a multi-GB mapping asked
     // for with MADV_HUGEPAGE makes the kernel compact memory on the
     // reading thread when it is fragmented (`defrag` = `madvise`, the
-    // default): 2 GiB reads measured 0.3 to 6 GB/s on the dev machine,
-    // against a steady 1.8 to 2 GB/s on 4 KiB pages.
+    // default): reads swung by an order of magnitude where 4 KiB pages
+    // held steady (docs/decisions.md, "An object's memory is its own
+    // mapping, not arena chunks").
     match cfg.memory_kind {
         Some(kind) => Arena::new(bytes, opts(Some(kind))),
         None => Arena::new_without_thp(bytes, opts(None), None),

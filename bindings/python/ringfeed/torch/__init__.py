@@ -433,7 +433,8 @@ class RingfeedDataset(torch.utils.data.IterableDataset):
         Every consumer (rank × DataLoader worker) yields the same number of
         batches, so it is that number times the workers of the DataLoader
         that reads this dataset (found by its reference to it; none: this
-        process alone), or, with `one_reader`, the one worker's. The engine works it out without reading the data
+        process alone), or, with `one_reader`, the one worker's. The engine
+        works it out without reading the data
         (`ringfeed.plan`): from the counts where they are known, else from
         the nominal epoch of a split by shard. Raises `TypeError` (which
         ``len()``'s callers take as "no length") where it is not defined: one
