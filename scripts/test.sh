@@ -1,28 +1,28 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it (.ci/run calls exactly this script):
-# formatting, lints, the header drift check, unit and property tests, the
-# loom model of the ring, end-to-end loader tests on generated shards, and
-# the C and C++ programs built with -Werror and ASan/UBSan against the library
-# (and the misuse and race programs under valgrind), the install
-# (scripts/install.sh) with a CMake and a pkg-config program built on it,
-# then the Python package: installed by pip into .venv (which builds and
-# bundles the release library) and tested with pytest, torch included; a
-# dependency that cannot be installed fails the run. Then the deployment:
-# the manifests checked, and the container images built from Debian's
-# packages and the release build and run as the manifests say
-# (deploy/tests/). Last, the docs: the programs README.md and docs/ show
-# are run, and the `ringfeed` flags and the files they name are checked
+# formatting, clippy's lints (as the test build compiles), the header drift
+# check, unit and property tests, the loom model of the ring, end-to-end
+# loader tests on generated shards, and the C and C++ programs built with
+# -Werror and ASan/UBSan against the library (and the misuse and race programs
+# under valgrind), the install (scripts/install.sh) with a CMake and a
+# pkg-config program built on it, then the Python package: installed by pip
+# into .venv (which builds and bundles the release library) and tested with
+# pytest, torch included; a dependency that cannot be installed fails the run.
+# Then the deployment: the manifests checked, and the container images built
+# from Debian's packages and the release build and run as the manifests say
+# (deploy/tests/). Last, the docs: the programs README.md and docs/ show are
+# run, and the `ringfeed` flags and the files they name are checked
 # (tests/docs/, docs/testing.md).
 #
 # CI runs this on a clean clone of 2 CPUs within a time limit, so the script
-# keeps its wall time down without running less: each phase prints how long
-# it took (`phase`); the Python dependencies (torch among them, gigabytes to
+# keeps its wall time down without running less: each phase prints how long it
+# took (`phase`); the Python dependencies (torch among them, gigabytes to
 # fetch) install in the background from the start; the Rust test binaries,
-# which mostly wait on timers, run several at once (scripts/run_tests.py);
-# the S3 test server's release build, which only the Python tests need,
-# compiles in the background while they run; and pytest runs its tests on
-# several processes (pytest-xdist). A background step that fails fails the
-# run when the script waits for it.
+# which mostly wait on timers, run several at once (scripts/run_tests.py); the
+# S3 test server's release build, which only the Python tests need, compiles
+# in the background while they run; and pytest runs its tests on several
+# processes (pytest-xdist). A background step that fails fails the run when
+# the script waits for it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,6 +38,17 @@ free_disk() {
 # never reuses: both are off, to keep the run's disk use to what it needs.
 export CARGO_INCREMENTAL=0
 export PIP_NO_CACHE_DIR=1
+
+# Clippy's lints, `-D warnings`, run as the test build compiles: the
+# workspace's crates are compiled by scripts/lint_rustc.sh, which hands
+# unoptimised builds to clippy-driver (rustc with clippy's lints) and
+# optimised ones to rustc. A `cargo clippy` of its own compiled every
+# dependency again in check mode (188 of CI's 1,193 s). Set for every cargo
+# of the run, the Python package's and the tests' own included: cargo counts
+# the wrapper in each crate's fingerprint, so a build that went without it
+# would compile the workspace again.
+export RUSTC_WORKSPACE_WRAPPER=$PWD/scripts/lint_rustc.sh
+export CLIPPY_ARGS=-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__
 
 # `phase NAME`: ends the phase before (printing its seconds) and starts NAME.
 phase_name=""
@@ -172,13 +183,13 @@ python3 tests/docs/paths.py --self-test
 
 phase "PATH without CMake and nasm"
 # The library must build with Rust and a C compiler alone, as `cargo build`
-# users expect. The lint and test builds (the debug profile) run with a PATH
-# on which CMake and nasm are absent (scripts/path_without.sh: links to every
-# other program). Their libjpeg-turbo is then built without its SIMD code,
-# which the debug tests do not need, and says so; the release build keeps
-# nasm and SIMD. This costs the run the links (a few seconds) and the demo
-# below (~5 s): the debug build is made once either way, and without nasm
-# it assembles nothing.
+# users expect. The test build (the debug profile, linted as it compiles) and
+# the examples' run with a PATH on which CMake and nasm are absent
+# (scripts/path_without.sh: links to every other program). Their libjpeg-turbo
+# is then built without its SIMD code, which the debug tests do not need, and
+# says so; the release build keeps nasm and SIMD. This costs the run the links
+# (a few seconds) and the demo below (~5 s): the debug build is made once
+# either way, and without nasm it assembles nothing.
 bare_path=$PWD/target/tmp/path-without-cmake-nasm
 scripts/path_without.sh "$bare_path" cmake nasm
 # `jpeg_simd FILE`: whether the build whose JSON messages FILE holds says
@@ -211,9 +222,8 @@ bare_cargo() {
     fi
 }
 
-phase "fmt and clippy"
+phase "fmt"
 cargo fmt --all -- --check
-bare_cargo target/tmp/clippy.json clippy --workspace --all-targets --locked -- -D warnings
 # The release build first: tests/install.rs runs scripts/install.sh, whose
 # `cargo build --release` then has nothing left to do. The Python package
 # below bundles it too (pip runs the same build), and its tests generate
@@ -235,7 +245,11 @@ fi
 # the suite needs) and elsewhere records the skip in skipped-tests.txt, listed
 # here after the run so a skip never reads as a pass.
 rm -f target/tmp/skipped-tests.txt
-phase "Rust test build"
+# Every target `cargo clippy --workspace --all-targets` checks (the
+# library, its unit tests, the programs, the examples, the integration
+# tests and benchmarks) is built here, linted as it compiles
+# (RUSTC_WORKSPACE_WRAPPER above): a warning fails this build.
+phase "Rust test build, linted"
 bare_cargo target/tmp/test-build.json test --workspace --all-targets --locked --no-run
 # The servers the Python tests and the doc test start as programs
 # (target/debug/examples/NAME): the S3-compatible server, the object-store
