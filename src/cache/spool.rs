@@ -153,24 +153,25 @@ pub struct Spool {
 }
 
 /// Pieces queued for an `Always` fill before its reader waits: 8 chunks of
-/// 8 MiB is 64 MiB, about 25 ms of a fast NVMe drive's writes.
+/// 8 MiB is 64 MiB, some tens of milliseconds of a fast NVMe drive's
+/// writes.
 const DEPTH: usize = 8;
 
 /// A reader's close waits for the spare fills' queued writes for at most
-/// a twentieth of the time it read (then it gives the rest up): the 0.9x
-/// of uncached speed `benches/cache.sh` checks the first epoch against,
-/// with room for the writes' own CPU.
+/// a twentieth of the time it read (then it gives the rest up): room under
+/// the share of uncached speed `benches/cache.sh` checks the first epoch
+/// against, with room for the writes' own CPU.
 const CLOSE_SHARE: u128 = 20;
 
 /// The bytes the spool may keep alive alone before spare fills are given
 /// up, unless the owner of the memory sets its own
 /// ([`Spool::hold_at_most`]): 64 MiB, what [`DEPTH`] pieces of 8 MiB hold,
 /// as the queue held before it took pieces the batches still hold. Memory
-/// the spool holds is memory the reads take fresh chunks for: on a VM that
-/// backs pages at first touch, an eighth of a 1.5 GiB arena held this way
-/// (192 MiB) made the first epoch 0.39x uncached on a disk capped at 0.2
-/// GB/s (`benches/cache.sh`, `SLOW_DISK=200000000`). A burst of reads the
-/// batches still hold is not counted, whatever its size.
+/// the spool holds is memory the reads take fresh chunks for, and on a VM
+/// that backs pages at first touch fresh chunks cost the first epoch
+/// (measured: docs/decisions.md, "Defaults and the figures behind them").
+/// A burst of reads the batches still hold is not counted, whatever its
+/// size.
 const HOLD: u64 = 64 << 20;
 
 /// A fill handed to the spool: append pieces in order, then finish;

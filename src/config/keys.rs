@@ -24,16 +24,16 @@ use crate::plan::Remainder;
 
 /// The automatic worker count. A fixed number, not one per CPU: the workers
 /// are the plan's streams, so the sample order must not change with the
-/// machine. One worker keeps ~10 GB/s of page-cache reads or ~3 GB/s of
-/// network receives busy on one core (measured on the dev machine); four
-/// cover a 100 Gbit/s NIC's share of a node's ranks.
+/// machine. Four cover a 100 Gbit/s NIC's share of a node's ranks (what one
+/// worker keeps busy: docs/decisions.md, "Defaults and the figures behind
+/// them").
 pub const AUTO_WORKERS: usize = 4;
 
 /// The chunk size where `chunk_size` is auto and the shards are local,
 /// large or of sizes not known at open: the S3 part size the AWS CRT uses
-/// to reach line rate, and the receive size at which one io_uring thread
-/// reached ~4 GB/s at half the CPU of 256 KiB receives (measured on the
-/// dev machine).
+/// to reach line rate, and a receive size large enough that the receives'
+/// CPU per GB stops falling (docs/decisions.md, "Defaults and the figures
+/// behind them").
 pub const DEFAULT_CHUNK: u64 = 8 << 20;
 
 /// Reads a worker keeps in flight on local files when `reads_in_flight` is
@@ -318,9 +318,8 @@ config_keys! {
     /// Threads that receive HTTP and S3 ranges for the workers (io_uring
     /// backend); 0 picks one per two allowed CPUs, at most one per worker.
     /// Placement only: the sample order does not depend on it.
-    // One thread receiving for 4 workers on the 2-CPU dev machine cost
-    // 1.05-1.15x the CPU per GB of a bare recv loop; 4 workers receiving
-    // for themselves, 1.3-1.5x (benches/http_vs_curl.sh).
+    // Why one thread receives for several workers: docs/decisions.md,
+    // "Network threads receive for the workers".
     [Engine] net_threads: usize = 0 => integer(key, v)? as usize;
 
     [Engine] io_backend: IoBackend = IoBackend::Auto => io_backend(key, v)?;

@@ -98,9 +98,8 @@ impl Config {
     /// product of a far object store, see `REMOTE_BUDGET_MAX`), shared out
     /// alike. The arena is locked as it faults in, and faulted in by a
     /// background thread after the first batch, so a large budget costs no
-    /// start-up time; two DataLoader workers decoding JPEGs that each
-    /// faulted in 256 MiB at open lost to WebDataset by that time alone
-    /// (0.95x), which is why the faulting moved off the start.
+    /// start-up time (what faulting at open cost: docs/decisions.md,
+    /// "Defaults and the figures behind them").
     pub fn effective_budget(&self, workers: usize, remote: Option<u64>) -> u64 {
         if self.memory_budget != 0 {
             return self.memory_budget;

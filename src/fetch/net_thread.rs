@@ -6,11 +6,12 @@
 //! kernel's copy from the socket into the arena is most of what a network
 //! read costs, and it runs on the thread that reaps the ring: with 4 workers
 //! on 2 CPUs each receiving its own ranges, that copy was spread over 4
-//! threads taking turns on 2 CPUs (with nginx on the same CPUs) and cost
-//! 1.3-1.5x the CPU per GB of one thread receiving the same ranges. Here the
-//! workers hand their HTTP reads to a network thread and get the
-//! completions back; they parse, it receives. How many network threads run
-//! is placement (`net_threads`), like pinning: it never changes the order.
+//! threads taking turns on 2 CPUs and cost more per GB than one thread
+//! receiving the same ranges (docs/decisions.md, "Network threads receive
+//! for the workers"). Here the workers hand their HTTP reads to a network
+//! thread and get the completions back; they parse, it receives. How many
+//! network threads run is placement (`net_threads`), like pinning: it never
+//! changes the order.
 //!
 //! The hand-off is two eventfds and two mutexes per read, nothing per byte:
 //! - worker → network thread: the read goes into the link's queue and the

@@ -43,8 +43,8 @@ use crate::log::Level;
 
 /// Whether libjpeg-turbo was built with its SIMD code (build.rs reads the
 /// configuration the `mozjpeg-sys` build exports). Without it (no `nasm`
-/// on PATH when an x86 build ran) a whole JPEG decodes 1.6x slower, a
-/// random-resized crop to 224 1.07x (docs/decisions.md, "Image decoding").
+/// on PATH when an x86 build ran) it decodes slower (by how much:
+/// docs/decisions.md, "Image decoding").
 pub const SIMD: bool = cfg!(ringfeed_jpeg_simd);
 
 /// libjpeg's `JMSG_LENGTH_MAX`: the buffer `format_message` writes its
