@@ -7,7 +7,7 @@
 //! remote one with a budget set, transparent huge pages where it has them,
 //! and `memory_kind` "thp" still gives them to the remote default arena.
 
-mod support;
+use ringfeed_test_support as support;
 
 use ringfeed::Loader;
 use ringfeed::synth::{self, GenOptions};

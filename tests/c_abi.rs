@@ -45,7 +45,7 @@ use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-mod support;
+use ringfeed_test_support as support;
 
 use ringfeed::node::{self, AnyNext, Attached, NodeOptions};
 use ringfeed::synth::{self, GenOptions};

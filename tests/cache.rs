@@ -10,7 +10,7 @@
 //! The disk-full and read-only tests mount small tmpfs file systems, which
 //! needs root (CAP_SYS_ADMIN), as CI runs.
 
-mod support;
+use ringfeed_test_support as support;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

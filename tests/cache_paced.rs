@@ -17,7 +17,7 @@
 //!
 //! A process of its own: the hooks are global to it.
 
-mod support;
+use ringfeed_test_support as support;
 
 use std::collections::BTreeSet;
 use std::path::Path;

@@ -9,7 +9,7 @@
 //! The tests that change owners (chown, a child process as uid 65534)
 //! need root, as CI runs.
 
-mod support;
+use ringfeed_test_support as support;
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};

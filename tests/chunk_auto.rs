@@ -5,7 +5,7 @@
 //! controls: a size set by hand, local shards, remote shards as large as a
 //! default read, and a cache keep the default 8 MiB.
 
-mod support;
+use ringfeed_test_support as support;
 
 use ringfeed::synth::{self, GenOptions};
 use ringfeed::{Config, Loader};

@@ -26,7 +26,7 @@
 //! The filter is a small classic-BPF program built here with the `libc`
 //! crate (see docs/decisions.md).
 
-mod support;
+use ringfeed_test_support as support;
 
 use std::collections::BTreeSet;
 use std::os::unix::process::CommandExt;

@@ -15,7 +15,7 @@
 //! A namespace of its own needs CAP_SYS_ADMIN (CI runs as root); without it
 //! the test fails, naming `unshare`.
 
-mod support;
+use ringfeed_test_support as support;
 
 use std::sync::atomic::Ordering;
 

@@ -11,7 +11,7 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-mod support;
+use ringfeed_test_support as support;
 
 use ringfeed::{Config, Error, Loader, Next};
 use support::pattern;

@@ -8,7 +8,7 @@
 //! Sample keys of the generated shards are `SSSSSS-IIIIIII` (shard, index),
 //! so each delivered key says which sample of the plan it is.
 
-mod support;
+use ringfeed_test_support as support;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -8,7 +8,7 @@
 //! the same reads with `hedge: false` and a 2 s stall time-out finish only
 //! through a stall retry, with no hedge sent.
 
-mod support;
+use ringfeed_test_support as support;
 
 use std::path::Path;
 

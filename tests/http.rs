@@ -3,7 +3,7 @@
 //! every sample exactly once whatever faults the server injects, retries
 //! counted by kind, and errors that retrying cannot fix reported at once.
 
-mod support;
+use ringfeed_test_support as support;
 
 use std::sync::atomic::Ordering;
 

@@ -15,7 +15,7 @@
 //! `RINGFEED_EXPECT_KERNEL_TLS=1`); where the kernel has none (CI's
 //! machine), the refusal is what they check.
 
-mod support;
+use ringfeed_test_support as support;
 
 use std::io::{Read, Write};
 use std::net::TcpListener;

@@ -14,7 +14,7 @@
 //! the tests that open loaders run one at a time under `ENV`; those that
 //! only resolve give the resolver an environment of their own.
 
-mod support;
+use ringfeed_test_support as support;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;

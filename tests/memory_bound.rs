@@ -8,7 +8,7 @@
 //!
 //! `RINGFEED_BOUND_GB` sets the volume (default 20).
 
-mod support;
+use ringfeed_test_support as support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -7,7 +7,7 @@
 //! consumer never released come back when it leaves. (The engine as its own
 //! process — on demand, killed — is tested in `cli/tests/node.rs`.)
 
-mod support;
+use ringfeed_test_support as support;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -9,7 +9,7 @@
 //! this process (`support::node::engine`); the hostile peers are raw
 //! connections speaking the protocol's types (`ringfeed::node::proto`).
 
-mod support;
+use ringfeed_test_support as support;
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;

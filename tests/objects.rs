@@ -9,7 +9,7 @@
 use std::path::Path;
 use std::sync::atomic::Ordering;
 
-mod support;
+use ringfeed_test_support as support;
 
 use ringfeed::object::{self, Writer};
 use ringfeed::{Config, Error};

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-mod support;
+use ringfeed_test_support as support;
 
 use ringfeed::object::{self, Progress, Writer};
 use ringfeed::{Config, Error};

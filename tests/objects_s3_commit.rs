@@ -12,7 +12,7 @@
 //!   is there, and when another writer's object is what stands at the key
 //!   the write is still `Error::Exists`, nothing of this upload left.
 
-mod support;
+use ringfeed_test_support as support;
 
 use ringfeed::net::s3::Env;
 use ringfeed::net::s3::list::S3Client;

@@ -7,7 +7,7 @@
 //!
 //! One test in its own binary: the log sink is process-wide.
 
-mod support;
+use ringfeed_test_support as support;
 
 use std::ffi::{CStr, c_char, c_void};
 use std::sync::Mutex;

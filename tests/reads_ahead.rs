@@ -5,7 +5,7 @@
 //! plan's order, every byte read once; a next shard that fails fails in
 //! its own turn, named, and its reads begun early are waited for.
 
-mod support;
+use ringfeed_test_support as support;
 
 use std::sync::atomic::Ordering;
 

@@ -8,7 +8,7 @@
 //! (a SigV4 signature, user information) never reach another origin, and
 //! do reach the same one (the control).
 
-mod support;
+use ringfeed_test_support as support;
 
 use std::path::Path;
 use std::sync::atomic::Ordering;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-mod support;
+use ringfeed_test_support as support;
 
 use s3s::S3ErrorCode;
 use support::s3::{ACCESS_KEY, Op, S3Server, SECRET_KEY};

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-mod support;
+use ringfeed_test_support as support;
 
 use support::s3::{ACCESS_KEY, S3Server, SECRET_KEY};
 use support::stream;

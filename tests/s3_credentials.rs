@@ -7,7 +7,7 @@
 //! reach 169.254.169.254: every environment sets the endpoint or
 //! `AWS_EC2_METADATA_DISABLED`.
 
-mod support;
+use ringfeed_test_support as support;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

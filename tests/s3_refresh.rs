@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
-mod support;
+use ringfeed_test_support as support;
 
 use support::refresh::{AWS_VARS, config, dataset, stream_slowly};
 use support::s3::S3Server;

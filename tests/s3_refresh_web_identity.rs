@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-mod support;
+use ringfeed_test_support as support;
 
 use support::refresh::{AWS_VARS, config, dataset, stream_slowly};
 use support::s3::S3Server;

@@ -12,7 +12,7 @@ use base64::Engine as _;
 use md5::Digest as _;
 use s3s::S3ErrorCode;
 
-mod support;
+use ringfeed_test_support as support;
 
 use support::s3::{ACCESS_KEY, Op, S3Server, SECRET_KEY, Upload};
 

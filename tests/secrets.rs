@@ -13,7 +13,7 @@
 //! credentials' secrets carry `dd` (`MADV_DONTDUMP`) in
 //! `/proc/self/smaps`; the control is a heap allocation, which does not.
 
-mod support;
+use ringfeed_test_support as support;
 
 use std::path::Path;
 use std::sync::atomic::Ordering;

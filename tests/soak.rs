@@ -18,7 +18,7 @@
 //!
 //! `RINGFEED_SOAK_SEED` picks the faults' seed (printed by every run).
 
-mod support;
+use ringfeed_test_support as support;
 
 use std::collections::BTreeMap;
 use std::time::Instant;

@@ -13,7 +13,7 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-mod support;
+use ringfeed_test_support as support;
 
 use support::store::stats::Snapshot;
 use support::store::{Options, StoreEmulator};

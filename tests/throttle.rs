@@ -8,7 +8,7 @@
 //! throttled ones retried after their backoff alone) draws many times the
 //! 503s. One test: the switch is process-wide.
 
-mod support;
+use ringfeed_test_support as support;
 
 use std::sync::atomic::Ordering;
 

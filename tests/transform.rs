@@ -7,7 +7,7 @@
 //! batch, counted and logged, the others keeping their pixels and a
 //! resume its place; a bad spec is refused at open.
 
-mod support;
+use ringfeed_test_support as support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -13,7 +13,7 @@
 
 #[path = "versions/common.rs"]
 mod common;
-mod support;
+use ringfeed_test_support as support;
 
 use std::sync::atomic::Ordering;
 

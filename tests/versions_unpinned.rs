@@ -9,7 +9,7 @@
 
 #[path = "versions/common.rs"]
 mod common;
-mod support;
+use ringfeed_test_support as support;
 
 use common::{SHARD, other_version, parts_of, run};
 use ringfeed::object;

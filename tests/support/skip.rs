@@ -11,7 +11,8 @@
 //!   the target's temporary folder, which `scripts/test.sh` prints at the end,
 //!   and lets the caller return (or go on with what it can still check).
 //!
-//! `cli/tests` includes this file by path.
+//! `cli/tests` includes this file by path; the root crate's tests have it
+//! from the support crate (tests/support/Cargo.toml).
 
 use std::io::Write;
 
@@ -30,7 +31,7 @@ pub fn skip(reason: &str) {
     }
     let line = format!("SKIPPED {test}: {reason}\n");
     eprint!("{line}");
-    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("skipped-tests.txt");
+    let path = target_tmp().join("skipped-tests.txt");
     let appended = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -43,3 +44,20 @@ pub fn skip(reason: &str) {
         );
     }
 }
+
+/// The target's temporary folder (`target/tmp`): cargo's
+/// `CARGO_TARGET_TMPDIR` where this file is compiled into a test, else
+/// under the target folder above the running test binary
+/// (`target/<profile>/deps/NAME-HASH`), where cargo puts it.
+pub fn target_tmp() -> std::path::PathBuf {
+    if let Some(dir) = option_env!("CARGO_TARGET_TMPDIR") {
+        return dir.into();
+    }
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let target = exe
+        .ancestors()
+        .find(|d| d.join("CACHEDIR.TAG").is_file())
+        .unwrap_or_else(|| panic!("no target folder above {}", exe.display()));
+    target.join("tmp")
+}
+
