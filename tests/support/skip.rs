@@ -60,4 +60,3 @@ pub fn target_tmp() -> std::path::PathBuf {
         .unwrap_or_else(|| panic!("no target folder above {}", exe.display()));
     target.join("tmp")
 }
-
