@@ -498,7 +498,7 @@ fn docker_profile_falls_back(urls: &[String], data: &Data, what: &str) {
             "{control}"
         );
     } else {
-        support::skip::skip(
+        support::skip!(
             "io_uring is unavailable here even unrestricted: the control runs on threads",
         );
     }
@@ -573,7 +573,7 @@ fn mlock_refused_degrades(urls: &[String], data: &Data, what: &str) {
     if restriction_in_force()["mlock_budget_ok"] == true {
         assert_eq!(control["stats"]["memory_locked"], true, "{control}");
     } else {
-        support::skip::skip(&format!(
+        support::skip!(&format!(
             "this process may not lock {BUDGET} even unrestricted: locking not compared"
         ));
     }
@@ -610,7 +610,7 @@ fn mlock_refused_http_shards_stream_unlocked() {
 #[test]
 fn io_uring_enter_refused_alone_falls_back_to_threads() {
     if !io_uring_works_here() {
-        support::skip::skip("io_uring is unavailable here even unrestricted: nothing to refuse");
+        support::skip!("io_uring is unavailable here even unrestricted: nothing to refuse");
         return;
     }
     let data = data();
@@ -656,13 +656,13 @@ fn io_uring_register_refused_alone_reads_into_unregistered_chunks() {
     let s = &report["stream"];
     assert_every_sample(s, &data, 3, "io_uring_register refused");
     if s["stats"]["io_backend"] != "io_uring" {
-        support::skip::skip("io_uring is unavailable here: the refusal of registering not reached");
+        support::skip!("io_uring is unavailable here: the refusal of registering not reached");
         return;
     }
     if s["stats"]["memory_locked"] != true {
         // Without the right to pin the arena the engine does not plan fixed
         // buffers at all: nothing to refuse.
-        support::skip::skip("this process may not pin the arena: fixed buffers not planned");
+        support::skip!("this process may not pin the arena: fixed buffers not planned");
         return;
     }
     assert!(

@@ -154,7 +154,7 @@ fn every_byte_arrives_with_direct_reads_on_both_backends() {
     let (paths, want) = shards(dir.path());
     let direct = takes_direct(dir.path());
     if !direct {
-        support::skip::skip(&format!(
+        support::skip!(&format!(
             "{} does not take O_DIRECT: the direct reads are not checked, the buffered fallback only",
             dir.path().display()
         ));
@@ -251,7 +251,7 @@ fn evict(path: &Path) {
 fn direct_reads_leave_the_page_cache_alone() {
     let dir = disk_dir();
     if !takes_direct(dir.path()) {
-        support::skip::skip(&format!("{} does not take O_DIRECT", dir.path().display()));
+        support::skip!(&format!("{} does not take O_DIRECT", dir.path().display()));
         return;
     }
     let path = dir.path().join("one.tar");
@@ -315,7 +315,7 @@ fn memory_file_systems_are_read_buffered_and_the_notes_say_so() {
     let ramfs = Ramfs::mount();
     match &ramfs {
         Some(r) => dirs.push(("ramfs", r.0.path().to_path_buf(), "refused O_DIRECT")),
-        None => support::skip::skip("no ramfs (its mount needs root): tmpfs only"),
+        None => support::skip!("no ramfs (its mount needs root): tmpfs only"),
     }
     assert!(!dirs.is_empty(), "neither /dev/shm nor a ramfs to test on");
     for (fs, dir, why) in &dirs {

@@ -447,17 +447,3 @@ fn the_circle_check_finds_circles_and_only_those() {
     ];
     assert!(circles(&none).is_empty(), "{:?}", circles(&none));
 }
-
-/// The tests' support is a crate of its own (tests/support/Cargo.toml),
-/// compiled once for every test binary; cargo gives only the tests
-/// themselves `CARGO_TARGET_TMPDIR`, so the support finds the target's
-/// temporary folder, where a skip is recorded for `scripts/test.sh` to list,
-/// from the running binary's path. It must be the folder cargo gives the
-/// tests.
-#[test]
-fn the_support_crate_records_skips_where_cargo_puts_the_tests_temporary_files() {
-    assert_eq!(
-        ringfeed_test_support::skip::target_tmp(),
-        Path::new(env!("CARGO_TARGET_TMPDIR"))
-    );
-}

@@ -405,7 +405,7 @@ fn an_engine_in_another_process_avoids_claimed_cpus() {
     let topo = topology::discover();
     let allowed = topo.allowed();
     if allowed.len() < 2 {
-        skip::skip("fewer than 2 allowed CPUs");
+        crate::skip!("fewer than 2 allowed CPUs");
         return;
     }
     let run = tempfile::tempdir().unwrap();

@@ -51,7 +51,7 @@ fn root_or_skip() -> bool {
     if unsafe { libc::geteuid() } == 0 {
         return true;
     }
-    skip::skip("publishing mounts FUSE with allow_other, which takes root");
+    crate::skip!("publishing mounts FUSE with allow_other, which takes root");
     false
 }
 
@@ -829,7 +829,9 @@ fn a_writer_in_another_pid_namespace_than_the_driver_leaves_an_object_only_when_
         .map(|s| !s.success())
         .unwrap_or(true)
     {
-        skip::skip("`unshare --mount --pid` is refused here: the pods' namespaces cannot be made");
+        crate::skip!(
+            "`unshare --mount --pid` is refused here: the pods' namespaces cannot be made"
+        );
         return;
     }
     let s3 = s3::S3::start(&[BUCKET]);

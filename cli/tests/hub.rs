@@ -173,7 +173,7 @@ fn ls_cat_and_bench_read_hub_datasets() {
 #[test]
 fn a_hub_dataset_mounts_read_only_at_its_commit() {
     if !Path::new("/dev/fuse").exists() {
-        skip::skip("no /dev/fuse: FUSE mounts cannot be made here");
+        crate::skip!("no /dev/fuse: FUSE mounts cannot be made here");
         return;
     }
     let root = tempfile::tempdir().unwrap();

@@ -230,6 +230,12 @@ impl Sink {
         let (x0, x1, k) = (self.win.x0 as usize, self.win.x1 as usize, self.win.k);
         let c = self.color.channels();
         let mut px = [0u8; 3];
+        if k == 1 && self.step == c {
+            // Pixels already in the output's colour and depth (RGB to RGB,
+            // gray to gray): the window's part of the row, as it is.
+            self.out.extend_from_slice(&row[x0 * c..x1 * c]);
+            return;
+        }
         if k == 1 {
             for x in x0..x1 {
                 self.pixel(&row[x * self.step..(x + 1) * self.step], &mut px);

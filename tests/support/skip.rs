@@ -11,14 +11,27 @@
 //!   the target's temporary folder, which `scripts/test.sh` prints at the end,
 //!   and lets the caller return (or go on with what it can still check).
 //!
-//! `cli/tests` includes this file by path; the root crate's tests have it
-//! from the support crate (tests/support/Cargo.toml).
+//! Tests call it as `skip!(reason)` (`support::skip!` in the root crate's
+//! tests, which have this file from the support crate; `crate::skip!` in
+//! `cli/tests`, which include it by path). A macro, because the folder is
+//! the calling test's `CARGO_TARGET_TMPDIR`, which cargo gives to tests and
+//! not to the support crate: `env!` is read where the macro expands.
 
 use std::io::Write;
+use std::path::Path;
 
-/// Records that the calling test skips (all or part of itself) for `reason`;
-/// panics where the suite expects everything installed.
-pub fn skip(reason: &str) {
+/// `skip!(reason)`: [`skip_in`] the calling test's `CARGO_TARGET_TMPDIR`.
+#[macro_export]
+macro_rules! skip {
+    ($reason:expr $(,)?) => {
+        $crate::skip::skip_in(::std::path::Path::new(env!("CARGO_TARGET_TMPDIR")), $reason)
+    };
+}
+
+/// Records that the calling test skips (all or part of itself) for `reason`
+/// in `tmp`'s `skipped-tests.txt`; panics where the suite expects everything
+/// installed.
+pub fn skip_in(tmp: &Path, reason: &str) {
     let test = std::thread::current()
         .name()
         .unwrap_or("(unnamed test)")
@@ -31,7 +44,7 @@ pub fn skip(reason: &str) {
     }
     let line = format!("SKIPPED {test}: {reason}\n");
     eprint!("{line}");
-    let path = target_tmp().join("skipped-tests.txt");
+    let path = tmp.join("skipped-tests.txt");
     let appended = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -43,20 +56,4 @@ pub fn skip(reason: &str) {
             path.display()
         );
     }
-}
-
-/// The target's temporary folder (`target/tmp`): cargo's
-/// `CARGO_TARGET_TMPDIR` where this file is compiled into a test, else
-/// under the target folder above the running test binary
-/// (`target/<profile>/deps/NAME-HASH`), where cargo puts it.
-pub fn target_tmp() -> std::path::PathBuf {
-    if let Some(dir) = option_env!("CARGO_TARGET_TMPDIR") {
-        return dir.into();
-    }
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let target = exe
-        .ancestors()
-        .find(|d| d.join("CACHEDIR.TAG").is_file())
-        .unwrap_or_else(|| panic!("no target folder above {}", exe.display()));
-    target.join("tmp")
 }
