@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import queue
+import re
 import resource
 import signal
 import subprocess
@@ -175,6 +176,21 @@ def run_one(binary, test_args, timeout):
     return code, output, time.monotonic() - start, usage.ru_utime + usage.ru_stime
 
 
+# The harness's summary line of a binary: `test result: ok. 12 passed; 0
+# failed; 1 ignored; 0 measured; 0 filtered out; finished in 1.2s`.
+RESULT = re.compile(rb"^test result: \w+\. (\d+) passed; (\d+) failed; (\d+) ignored;", re.M)
+
+
+def counts(output):
+    """(passed, failed, ignored) summed over the harness's result lines in
+    a binary's output (one per binary; none where it did not get that far)."""
+    total = [0, 0, 0]
+    for m in RESULT.finditer(output):
+        for i in range(3):
+            total[i] += int(m.group(i + 1))
+    return tuple(total)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=DEFAULT_JOBS, help="test binaries at once")
@@ -194,6 +210,7 @@ def main():
         todo.put(b)
     lock = threading.Lock()
     failed = []
+    tests = [0, 0, 0]
     start = time.monotonic()
 
     def worker():
@@ -216,6 +233,8 @@ def main():
                 out.flush()
                 if status != 0:
                     failed.append(f"{name} ({src})")
+                for i, n in enumerate(counts(output)):
+                    tests[i] += n
 
     threads = [threading.Thread(target=worker) for _ in range(min(args.jobs, len(binaries)))]
     for t in threads:
@@ -225,7 +244,8 @@ def main():
 
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     print(f"run_tests.py: {len(binaries)} test binaries, {len(failed)} failed, in {time.monotonic() - start:.1f} s "
-          f"({children.ru_utime + children.ru_stime:.1f} CPU-s, cargo's build included), {args.jobs} at once")
+          f"({children.ru_utime + children.ru_stime:.1f} CPU-s, cargo's build included), {args.jobs} at once; "
+          f"tests: {tests[0]} passed, {tests[1]} failed, {tests[2]} ignored")
     if failed:
         print("run_tests.py: failed: " + ", ".join(failed), file=sys.stderr)
         sys.exit(1)
