@@ -41,8 +41,6 @@ mod shuffler;
 mod stats;
 #[cfg(test)]
 mod tests;
-#[cfg(test)]
-mod tests_cuda;
 mod threads;
 mod tier;
 mod transform;

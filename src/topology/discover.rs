@@ -333,5 +333,4 @@ fn default_route(proc: &Path, unread: &mut Vec<String>) -> Option<String> {
 }
 
 #[cfg(test)]
-#[path = "discover_tests.rs"]
 mod tests;

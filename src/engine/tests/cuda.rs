@@ -8,10 +8,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::script::Script;
-use super::tests::{Data, config, data, drain};
-use super::{Loader, Next, Stats};
+use super::{Data, config, data, drain};
 use crate::dataset::{Shard, Source};
+use crate::engine::script::Script;
+use crate::engine::{Loader, Next, Stats};
 use crate::error::Error;
 use crate::memory::cuda;
 use crate::net::object::HttpObject;

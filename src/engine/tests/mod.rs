@@ -22,6 +22,9 @@ use crate::net::object::HttpObject;
 use crate::plan::{self, SampleRef};
 use crate::synth;
 
+// The CUDA registration's tests, over these helpers.
+mod cuda;
+
 const SEED: u64 = 11;
 
 /// One in-memory shard: `samples` samples of two fields, the first of
