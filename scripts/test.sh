@@ -43,10 +43,10 @@ export PIP_NO_CACHE_DIR=1
 # workspace's crates are compiled by scripts/lint_rustc.sh, which hands
 # unoptimised builds to clippy-driver (rustc with clippy's lints) and
 # optimised ones to rustc. A `cargo clippy` of its own compiled every
-# dependency again in check mode (188 of CI's 1,193 s). Set for every cargo
-# of the run, the Python package's and the tests' own included: cargo counts
-# the wrapper in each crate's fingerprint, so a build that went without it
-# would compile the workspace again.
+# dependency again in check mode (docs/testing.md, "How long it takes"). Set
+# for every cargo of the run, the Python package's and the tests' own
+# included: cargo counts the wrapper in each crate's fingerprint, so a build
+# that went without it would compile the workspace again.
 export RUSTC_WORKSPACE_WRAPPER=$PWD/scripts/lint_rustc.sh
 export CLIPPY_ARGS=-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__
 

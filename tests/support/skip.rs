@@ -2,7 +2,7 @@
 //!
 //! Rust's test harness has no runtime skip: a test that returns early passes,
 //! and a check that never ran reads as a check that held. So a test that finds
-//! what it needs missing (io_uring, O_DIRECT, a second CPU) calls `skip`,
+//! what it needs missing (io_uring, O_DIRECT, a second CPU) calls `skip!`,
 //! which:
 //! - under `RINGFEED_EXPECT_INSTALLED=1` (set by `scripts/test.sh`, whose
 //!   machine has everything the suite needs) fails the test, naming what is
