@@ -54,8 +54,9 @@ const ENGINE: &[(&str, u32)] = &[
     ("planning", 9),
     ("stats", 9),
     ("script", 9),
-    ("open", 10),
-    ("tests", 11),
+    ("start_plan", 10),
+    ("open", 11),
+    ("tests", 12),
 ];
 
 fn rs_files(dir: &Path, out: &mut Vec<PathBuf>) {

@@ -10,14 +10,18 @@
 //!   reason, parser), which makes `Config`, its `Default` and [`KEYS`];
 //! - `values.rs`: the value types ([`IoBackend`], [`Toggle`]) and the
 //!   parsers of values, [`parse_size`] among them;
-//! - `validate.rs`: the checks of the keys together.
+//! - `validate.rs`: the checks of the keys together;
+//! - `depth.rs`: the reads a worker keeps in flight ([`ReadDepth`]),
+//!   `reads_in_flight`'s default worked out in one place.
 
+mod depth;
 mod keys;
 mod validate;
 mod values;
 
 use serde_json::{Map, Value};
 
+pub use depth::ReadDepth;
 pub use keys::{
     AUTO_READS_MAX, AUTO_WORKERS, Config, DEFAULT_CHUNK, KEY_SCOPES, KEYS, LOCAL_READS,
     PARTS_IN_FLIGHT, REMOTE_BUDGET_MAX, REMOTE_BUDGET_SHARE, Scope,
@@ -104,7 +108,7 @@ impl Config {
         if self.memory_budget != 0 {
             return self.memory_budget;
         }
-        let reads = workers as u64 * (self.local_reads() as u64 + 2) * self.chunk();
+        let reads = workers as u64 * (self.read_depth().local as u64 + 2) * self.chunk();
         let floor = (256 << 20).max(remote.unwrap_or(0)) / self.loader_workers.max(1);
         (reads + (64 << 20)).max(floor)
     }
@@ -115,24 +119,6 @@ impl Config {
     pub fn chunk(&self) -> u64 {
         match self.chunk_size {
             0 => DEFAULT_CHUNK,
-            n => n,
-        }
-    }
-
-    /// Reads a worker keeps in flight on local files: `reads_in_flight`,
-    /// or [`LOCAL_READS`] when it is auto.
-    pub fn local_reads(&self) -> usize {
-        match self.reads_in_flight {
-            0 => LOCAL_READS,
-            n => n,
-        }
-    }
-
-    /// The most reads a worker keeps in flight: `reads_in_flight`, or
-    /// [`AUTO_READS_MAX`] when it is auto (what the rings are sized for).
-    pub fn max_reads(&self) -> usize {
-        match self.reads_in_flight {
-            0 => AUTO_READS_MAX,
             n => n,
         }
     }

@@ -10,8 +10,10 @@
 
 //!
 //! The files, in the order a batch passes them: `open` (start-up, with
-//! `planning`: the counts and the plan's start, and `setup`: the arena,
-//! placement, fixed buffers, CUDA and a node engine's shared parts),
+//! `planning`: the counts and the plan's start, `start_plan`: every
+//! decision of the start as one value, from the configuration and the
+//! machine's facts, and `setup`: the arena, placement, fixed buffers, CUDA
+//! and a node engine's shared parts),
 //! `threads` (the thread mains), `worker` (the read loop over a stream's
 //! shards), `reading` (its reads in flight, the next shards' begun early,
 //! completions applied, every read drained), `tier` (what the cache does
@@ -24,7 +26,7 @@
 //! count). `script` and `tests` are the unit tests over scripted readers.
 //! No file imports one that comes after it in this list: `counters`/`transform` ← `shared` ← `shuffler` ←
 //! `assemble`/`tier` ← `reading` ← `worker` ← `sequencer`/`threads` ←
-//! `loader` ← `setup`/`planning`/`stats` ← `open`.
+//! `loader` ← `setup`/`planning`/`stats` ← `start_plan` ← `open`.
 
 mod assemble;
 mod counters;
@@ -38,6 +40,7 @@ mod sequencer;
 mod setup;
 mod shared;
 mod shuffler;
+mod start_plan;
 mod stats;
 #[cfg(test)]
 mod tests;

@@ -1,7 +1,9 @@
 //! Start-up: resolves the dataset, makes the epoch plan's options and the
-//! resume point (`planning.rs`), sets up the arena, the chunk pool,
-//! placement, io_uring and fixed buffers (`setup.rs`), and starts the
-//! worker and sequencer threads.
+//! resume point (`planning.rs`), gathers the machine's facts and decides the
+//! start (`start_plan.rs`), then carries the plan out: places the workers,
+//! sets up the arena, the chunk pool, fixed buffers and the cache
+//! (`setup.rs`), and starts the network, worker, sequencer and prefault
+//! threads.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64};
@@ -11,24 +13,23 @@ use std::time::Instant;
 
 use crate::cache::{Cache, Spool};
 use crate::config::{Config, IoBackend, Toggle};
-use crate::dataset::Source;
 use crate::dataset::{self, Shard};
 use crate::engine::counters::Counters;
 use crate::engine::loader::{Loader, Setup};
 use crate::engine::planning::{counts_or_nominal, plan_setup, worker_count};
 use crate::engine::setup::{
-    EngineNet, MIN_SHARE, auto_chunk, batch_share, check_placement_keys, fixed_buffers, own_pool,
-    place, read_span, register_cuda, remote_budget,
+    EngineNet, MIN_SHARE, batch_share, fixed_buffers, own_pool, place, register_cuda, remote_budget,
 };
-use crate::engine::shared::{NetReads, Progress, Shared, faults_in_on_reads};
+use crate::engine::shared::{NetReads, Progress, Shared};
+use crate::engine::start_plan::{CachePlan, EngineFacts, Facts, NetPlan, StartPlan};
 use crate::engine::threads::{
     MakeReader, Readers, net_main, prefault_main, sequencer_main, worker_main,
 };
 use crate::error::{Error, Result};
+use crate::fetch::NetOptions;
 use crate::fetch::direct::DirectIo;
 use crate::fetch::net_thread::NetLink;
 use crate::fetch::ring;
-use crate::fetch::{BackendKind, NetOptions};
 use crate::memory::ChunkPool;
 use crate::queue::Channel;
 use crate::topology::{self, Why};
@@ -125,13 +126,9 @@ impl Loader {
         make: Option<MakeReader>,
         joined: Option<Joined>,
     ) -> Result<Loader> {
-        if shards.is_empty() {
-            return Err(Error::config("`urls` names no shard"));
-        }
+        let workers = StartPlan::workers(&cfg, &shards)?;
         let topo = topology::discover();
         let allowed = topo.allowed();
-        check_placement_keys(&cfg, &topo, &allowed)?;
-        let workers = worker_count(&cfg, &shards);
         let mut shards = shards;
         // Scripted readers (the engine's unit tests) carry their counts.
         let nominal = match make {
@@ -140,45 +137,27 @@ impl Loader {
         };
         let (plan_opts, counts, start, base_delivered, replay, fingerprint) =
             plan_setup(&cfg, &net, &shards, workers, nominal.as_ref())?;
-        let chunk_note = match cfg.chunk_size {
-            0 => {
-                let (size, note) = auto_chunk(&cfg, &shards);
-                cfg.chunk_size = size;
-                note
-            }
-            _ => None,
+        let probe = make.is_none() && cfg.io_backend != IoBackend::Threads;
+        let facts = Facts {
+            topo: &topo,
+            allowed: &allowed,
+            ring: probe.then(|| ring::probe().map(|s| s.flags).map_err(|e| e.to_string())),
+            scripted: make.is_some(),
+            remote_budget: remote_budget(),
+            engine: joined.as_ref().map(|j| EngineFacts {
+                live_streams: j.pool.live_owners(),
+                net_threads: j.net_links.len(),
+                spool: j.spool.is_some(),
+            }),
         };
-        let chunk = cfg.chunk_size as usize;
-        let remote = shards
-            .iter()
-            .any(|s| matches!(s.source, Source::Http(_)))
-            .then(remote_budget);
-        let budget = cfg.effective_budget(workers, remote);
-        let chunks = (budget / cfg.chunk_size) as usize;
-        let need = 2 * workers + 2;
-        if chunks < need && joined.is_none() {
-            return Err(Error::config(format!(
-                "`memory_budget` of {} bytes holds {chunks} chunks of {chunk} bytes; {workers} workers \
-                 need at least {need}: raise `memory_budget`, lower `chunk_size` or `workers`",
-                budget
-            )));
-        }
-        let (slack, data_len) = read_span(chunk);
-        let mut placement_notes = Vec::new();
-        placement_notes.extend(chunk_note);
+        let plan = StartPlan::decide(&cfg, &shards, &facts)?;
+        cfg.chunk_size = plan.chunk as u64;
+        let chunk = plan.chunk;
+        let mut placement_notes = plan.notes.clone();
         let (mut placement, mut claims) =
             place(&cfg, &topo, &allowed, workers, &mut placement_notes);
-        // The loaders of a node engine run side by side: once their streams
-        // outnumber the usable CPUs, pinned workers would queue on theirs
-        // while another CPU idles (measured: docs/decisions.md, "Node
-        // engine: a loader per consumer over shared parts").
-        let engine_streams = joined
-            .as_ref()
-            .map(|j| j.pool.live_owners().max(cfg.node_streams()));
-        if let Some(threads) = engine_streams
-            && cfg.cpus.is_none()
+        if let Some(threads) = plan.unpin_for
             && placement.cpus.is_some()
-            && threads > allowed.len()
         {
             claims.release();
             placement.cpus = None;
@@ -200,11 +179,11 @@ impl Loader {
             None => {
                 let (pool, notes, cuda_later) = own_pool(
                     &cfg,
-                    chunks,
+                    plan.chunks,
                     workers,
                     placement.numa_node,
                     placement_notes,
-                    faults_in_on_reads(&cfg, &shards),
+                    plan.faults_in_on_reads,
                 )?;
                 (pool, 0, Vec::new(), None, notes, cuda_later)
             }
@@ -215,141 +194,41 @@ impl Loader {
                 n.why
             ));
         }
-        let (backend, uring_flags) = match cfg.io_backend {
-            _ if make.is_some() => (BackendKind::Threads, ""),
-            IoBackend::Threads => (BackendKind::Threads, ""),
-            want => match ring::probe() {
-                Ok(setup) => (BackendKind::IoUring, setup.flags),
-                Err(e) if want == IoBackend::IoUring => {
-                    return Err(Error::IoUring(format!(
-                        "cannot set up a ring ({e}); `io_backend` is \"io_uring\": use \"auto\" or \"threads\""
-                    )));
-                }
-                Err(e) => {
-                    notes.push(format!("io_uring unavailable ({e}): thread backend"));
-                    (BackendKind::Threads, "")
-                }
-            },
+        let fixed = match plan.fixed {
+            Some(mode) => {
+                let iovecs: Vec<libc::iovec> = (0..pool.chunk_count())
+                    .map(|i| libc::iovec {
+                        // SAFETY: i < chunk_count, inside the arena.
+                        iov_base: unsafe { pool.arena().base().add(i * chunk) }.cast(),
+                        iov_len: chunk,
+                    })
+                    .collect();
+                fixed_buffers(iovecs, mode, workers + 1, &net, &mut notes)?
+            }
+            None => None,
         };
-        let iovecs: Vec<libc::iovec> = (0..pool.chunk_count())
-            .map(|i| libc::iovec {
-                // SAFETY: i < chunk_count, inside the arena.
-                iov_base: unsafe { pool.arena().base().add(i * chunk) }.cast(),
-                iov_len: chunk,
-            })
-            .collect();
-        if backend == BackendKind::Threads && cfg.register_buffers == Toggle::On {
-            return Err(Error::IoUring(
-                "`register_buffers` is \"on\" but the thread backend runs (io_uring is off or unavailable); \
-                 fixed buffers need io_uring: set it to \"auto\""
-                    .into(),
-            ));
-        }
-        // Registering pins every page of the arena: a node engine's file is
-        // 4 times its budget, the part past it meant to take no memory
-        // until more consumers attach than expected (measured: registering
-        // it all took 1280 MiB for a 320 MiB budget).
-        let shared_auto = pool.is_shared() && cfg.register_buffers == Toggle::Auto;
-        if shared_auto && backend == BackendKind::IoUring && make.is_none() {
-            notes.push(
-                "fixed buffers not registered: the node engine's arena is shared, and registering \
-                 would pin all of it"
-                    .into(),
-            );
-        }
-        // Fixed buffers serve file reads (local shards, cache entries); a
-        // loader of remote shards alone would pin its whole arena, sized
-        // for a far store's reads in flight, for nothing.
-        let reads_files = remote.is_none()
-            || cfg.cache_dir.is_some()
-            || shards.iter().any(|s| matches!(s.source, Source::File(_)));
-        let files_auto = reads_files || cfg.register_buffers == Toggle::On;
-        let fixed =
-            match make.is_none() && backend == BackendKind::IoUring && !shared_auto && files_auto {
-                true => fixed_buffers(iovecs, cfg.register_buffers, workers + 1, &net, &mut notes)?,
-                false => None,
-            };
-
         let cpus = placement.cpus.clone().unwrap_or_default();
-        // Network threads receive the workers' HTTP ranges (io_uring only;
-        // the thread backend receives on each worker).
-        // A node engine's I/O threads take every read, local files too: the
-        // engine's one set of I/O threads for all its consumers.
-        let remote = shards.iter().any(|s| matches!(s.source, Source::Http(_)));
-        let own_net_links = engine_net.is_empty();
-        let receives =
-            (remote || !own_net_links) && backend == BackendKind::IoUring && make.is_none();
-        let net_threads = match cfg.net_threads {
-            _ if !receives => 0,
-            _ if !own_net_links => engine_net.len(),
-            0 => (allowed.len() / 2).clamp(1, workers),
-            n => n.min(workers),
-        };
-        let net_links = match own_net_links {
-            _ if !receives => Vec::new(),
-            false => engine_net,
-            true => (0..net_threads)
+        let net_links = match plan.net {
+            NetPlan::None => Vec::new(),
+            NetPlan::Engine => engine_net,
+            NetPlan::Own { count, .. } => (0..count)
                 .map(|_| NetLink::new())
                 .collect::<std::io::Result<Vec<_>>>()
                 .map_err(|e| {
                     Error::IoUring(format!("cannot make a network thread's eventfd: {e}"))
                 })?,
         };
-        // A stream's queue holds `prefetch_batches` too: the sequencer takes
-        // the streams in turn, so each needs room to run ahead while
-        // another is behind (descheduled, or at a shard boundary). With a
-        // queue of 2 per stream, 4 workers on 2 cores delivered 6.3-6.5
-        // GB/s of page-cache shards; with 8, 7.4-7.9 (dev machine). What the
-        // queues hold counts against each worker's chunk quota.
-        let per_stream = cfg.prefetch_batches.max(2);
-        let local_bytes = shards
-            .iter()
-            .filter(|s| matches!(s.source, dataset::Source::File(_)))
-            .filter_map(|s| s.size)
-            .sum();
-        let direct = DirectIo::new(cfg.direct_io, local_bytes);
-        let cache = match cfg.cache_options() {
-            Some(_) if !remote => None,
-            // Hits are checked a read at a time, in whole checksum blocks.
-            Some(o) if data_len % crate::cache::entry::BLOCK != 0 => {
-                notes.push(format!(
-                    "cache {} not used: reads of {data_len} bytes (`chunk_size` {chunk}) are not \
-                     whole {}-byte checksum blocks; use a chunk_size of a multiple of 1 MiB",
-                    o.dir.display(),
-                    crate::cache::entry::BLOCK
-                ));
-                None
-            }
-            // A node engine's one writer, for all its consumers.
-            Some(_) if engine_spool.is_some() => engine_spool,
-            Some(o) => Some(Arc::new(
+        let direct = DirectIo::new(cfg.direct_io, plan.local_bytes);
+        let cache = match plan.cache.clone() {
+            CachePlan::None => None,
+            CachePlan::Engine => engine_spool,
+            CachePlan::Own(o) => Some(Arc::new(
                 Spool::start(Arc::new(Cache::open(o)?), cfg.cache_fill)
                     .map_err(|e| Error::Internal(format!("cannot start the cache writer: {e}")))?,
             )),
-            None => None,
         };
-        // Auto reads entries direct: a cache holds what the page cache
-        // does not keep.
-        let cache_direct = DirectIo::new(
-            match cfg.cache_direct {
-                Toggle::Off => Toggle::Off,
-                _ => Toggle::On,
-            },
-            0,
-        );
-        // A third of a stream's chunks may be network reads in flight: the
-        // rest is for the reads done and waiting behind a slower one (up
-        // to the count again), the chunk being walked, the batches queued
-        // towards the consumer and a shuffle buffer, so ready batches
-        // never starve the reads (nor the reads the batches). (Three
-        // quarters let a worker's reads and its open batch hold all its
-        // chunks: tests/throttle.rs, a 64-chunk share, failed with
-        // `BudgetTooSmall` one run in three. Half, on the emulator's S3
-        // model, sent a far store's jump to 92 reads whose waiting
-        // neighbours took every chunk of the default 1.5 GB budget, each
-        // read then waiting for a chunk, and every page of it faulted in:
-        // slower than a third, docs/remote-sources.md, "Reads in flight".)
-        let reads = NetReads::new(&cfg, workers, pool.quota_of(owner_base) / 3, started);
+        let cache_direct = DirectIo::new(plan.cache_direct, 0);
+        let reads = NetReads::new(&cfg, workers, pool.quota_of(owner_base), started);
         let transform_cpus = match cfg.pin_cpus {
             true => {
                 topology::transform_cpus(&topo, &allowed, cfg.cpus.as_deref(), placement.numa_node)
@@ -368,7 +247,9 @@ impl Loader {
             shards,
             pool,
             channel: Channel::new(cfg.prefetch_batches),
-            streams: (0..workers).map(|_| Channel::new(per_stream)).collect(),
+            streams: (0..workers)
+                .map(|_| Channel::new(plan.per_stream))
+                .collect(),
             counters: Arc::new(Counters::default()),
             plan_opts,
             counts,
@@ -384,14 +265,14 @@ impl Loader {
             transform,
             plans: Mutex::new(HashMap::new()),
             fingerprint,
-            slack,
-            data_len,
+            slack: plan.slack,
+            data_len: plan.data_len,
             direct,
             cache,
             cache_direct,
             net,
             net_links,
-            own_net_links,
+            own_net_links: plan.own_net_links,
             batch_index: AtomicU64::new(0),
             delivered: AtomicU64::new(0),
             stop: AtomicBool::new(false),
@@ -406,24 +287,19 @@ impl Loader {
         let readers = match make {
             Some(make) => Readers::Made(make),
             None => Readers::Backend {
-                kind: backend,
+                kind: plan.backend,
                 fixed: fixed.clone(),
             },
         };
         let (ready_tx, ready_rx) = mpsc::channel::<std::result::Result<Option<String>, Error>>();
-        let mut threads = Vec::with_capacity(workers + net_threads + 2);
-        let own_links = if shared.own_net_links {
-            &shared.net_links[..]
-        } else {
-            &[]
+        let mut threads = Vec::with_capacity(workers + plan.net.threads() + 2);
+        let (own_links, entries) = match plan.net {
+            NetPlan::Own { ring_entries, .. } => (&shared.net_links[..], ring_entries),
+            _ => (&[][..], 0),
         };
         for (id, link) in own_links.iter().enumerate() {
             let link = Arc::clone(link);
             let net_shared = Arc::clone(&shared);
-            // Each serves its workers' reads in flight: two entries each
-            // (the step and its time-out), and its own wake-up.
-            let served = workers.div_ceil(net_threads);
-            let entries = (served * shared.cfg.max_reads() * 2 + 2).next_power_of_two() as u32;
             let spawned = std::thread::Builder::new()
                 .name(format!("ringfeed-net{id}"))
                 .spawn(move || net_main(net_shared, link, id, entries));
@@ -486,8 +362,8 @@ impl Loader {
         let loader = Loader {
             shared,
             setup: Setup {
-                backend,
-                uring_flags,
+                backend: plan.backend,
+                uring_flags: plan.uring_flags,
                 fixed,
                 workers,
                 cpus,

@@ -73,7 +73,7 @@ pub(crate) fn engine_net_threads(cfg: &Config, shards: &[Shard]) -> Result<Optio
         0 => topology::discover().allowed().len().clamp(1, streams),
         n => n,
     };
-    let entries = (streams.div_ceil(n) * cfg.max_reads() * 2 + 2)
+    let entries = (streams.div_ceil(n) * cfg.read_depth().ring * 2 + 2)
         .next_power_of_two()
         .min(1 << 15) as u32;
     let net = NetOptions::for_config(cfg);

@@ -141,21 +141,17 @@ pub(crate) struct ReadsReport {
 }
 
 impl NetReads {
-    /// `per_worker_max`: what a worker's share of the chunks allows.
-    pub fn new(cfg: &Config, workers: usize, per_worker_max: usize, started: Instant) -> NetReads {
+    /// `quota`: the chunks a worker's stream holds at most, which bound
+    /// an auto count ([`crate::config::ReadDepth::net_most`]).
+    pub fn new(cfg: &Config, workers: usize, quota: usize, started: Instant) -> NetReads {
         let workers = workers.max(1);
-        let most = match cfg.reads_in_flight {
-            0 => per_worker_max.clamp(1, crate::config::AUTO_READS_MAX),
-            n => n,
-        };
-        let auto = (cfg.reads_in_flight == 0).then(|| {
+        let depth = cfg.read_depth();
+        let most = depth.net_most(quota);
+        let auto = depth.net_fixed.is_none().then(|| {
             let max = most * workers;
             let target = (cfg.target_throughput > 0).then_some(cfg.target_throughput as f64);
-            // Start where a fixed count started before (4 per worker):
-            // enough for loopback, and the first raise comes after one
-            // window of reads.
             Mutex::new(InFlight::new(
-                crate::config::LOCAL_READS * workers,
+                depth.net_start() * workers,
                 workers,
                 max,
                 target,
@@ -164,7 +160,7 @@ impl NetReads {
         let total = auto.as_ref().map_or(0, |a| a.locked().total());
         NetReads {
             auto,
-            fixed: cfg.reads_in_flight,
+            fixed: depth.net_fixed.unwrap_or(0),
             workers,
             most,
             total: AtomicUsize::new(total),

@@ -64,7 +64,9 @@ pub(super) fn worker_main(
     {
         note = Some(format!("pinning to CPU {cpu} failed ({e})"));
     }
-    let entries = (shared.cfg.max_reads() * 2).next_power_of_two().max(8) as u32;
+    let entries = (shared.cfg.read_depth().ring * 2)
+        .next_power_of_two()
+        .max(8) as u32;
     // Jitter seeds differ per worker and per run.
     let seed = (std::process::id() as u64) << 32
         ^ cpu.unwrap_or(0) as u64

@@ -115,9 +115,10 @@ impl<'a> Worker<'a> {
                     .shards
                     .iter()
                     .any(|s| matches!(s.source, Source::Http(_)));
+                let local = sh.cfg.read_depth().local;
                 let reads = match remote {
-                    true => sh.cfg.local_reads().max(sh.reads.most_per_worker()),
-                    false => sh.cfg.local_reads(),
+                    true => local.max(sh.reads.most_per_worker()),
+                    false => local,
                 };
                 let limit = quota.saturating_sub(reads + HEADROOM + 2);
                 self.shuffle = Some(Shuffler::new(
@@ -380,7 +381,7 @@ impl<'a> Worker<'a> {
                 // place in flight, so one slow answer never idles the
                 // link (`held_bound` bounds the reads waiting).
                 (true, true) => sh.reads.per_worker(),
-                (true, false) => sh.cfg.local_reads(),
+                (true, false) => sh.cfg.read_depth().local,
             };
             // A shard of unknown size has its first read alone (the rest
             // is planned when its completion says the size), unless the
