@@ -37,4 +37,4 @@ pub mod topology; // NICs, queues, NUMA nodes; where the I/O threads run
 
 pub use config::Config;
 pub use engine::{Loader, Next, PlanSummary, Stats, plan_summary};
-pub use error::{Error, Result};
+pub use error::{Error, Fault, NodeFailure, Result};

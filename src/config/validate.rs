@@ -73,7 +73,7 @@ impl Config {
             )));
         }
         // Auto is checked here against the least chunk it picks, and once
-        // picked against the workers' need (`Loader::start`).
+        // picked against the workers' need (`engine::start_plan`).
         let (chunk, which) = match self.chunk_size {
             0 => (1 << 20, " (the least `chunk_size` auto picks)"),
             n => (n, ""),

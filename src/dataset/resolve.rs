@@ -25,7 +25,7 @@ use super::hub::HubResolver;
 use super::parse::{expand_braces, local_path};
 use super::{Shard, Source};
 use crate::cache::{Cache, Identity};
-use crate::error::{Error, IoOp, Result};
+use crate::error::{Error, Fault, IoOp, Result};
 use crate::fetch::http_sync::HttpPool;
 use crate::fetch::{NetOptions, with_retries};
 use crate::net::http::FailKind;
@@ -266,8 +266,9 @@ pub(super) fn parallel_sizes<T: Send + Sync>(
         }
     }
     if out.len() < todo.len() {
-        return Err(Error::Internal(
-            "resolving: a request failed but its error was not found".into(),
+        return Err(Error::internal(
+            Fault::Invariant,
+            "resolving: a request failed but its error was not found",
         ));
     }
     Ok(out)

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::dataset::Shard;
 use crate::engine::shared::{Item, Progress, Shared};
-use crate::error::{Error, Result};
+use crate::error::{Error, Fault, Result};
 use crate::fetch::BackendKind;
 use crate::fetch::uring::FixedBuffers;
 use crate::memory::{Arena, Batch};
@@ -110,7 +110,10 @@ impl Loader {
                 }
                 Ok(Next::EndOfEpoch(e))
             }
-            Ok(Item::Tail(_)) => Err(Error::Internal("a stream's tail reached the ring".into())),
+            Ok(Item::Tail(_)) => Err(Error::internal(
+                Fault::Invariant,
+                "a stream's tail reached the ring",
+            )),
             Err(RecvError::Timeout) => Ok(Next::Timeout),
             Err(RecvError::Closed) => match sh.failure() {
                 Some(e) => Err(e),

@@ -25,7 +25,7 @@ use crate::engine::start_plan::{CachePlan, EngineFacts, Facts, NetPlan, StartPla
 use crate::engine::threads::{
     MakeReader, Readers, net_main, prefault_main, sequencer_main, worker_main,
 };
-use crate::error::{Error, Result};
+use crate::error::{Error, Fault, Result};
 use crate::fetch::NetOptions;
 use crate::fetch::direct::DirectIo;
 use crate::fetch::net_thread::NetLink;
@@ -67,11 +67,14 @@ impl Loader {
             cfg.chunk_size = pool.chunk_size() as u64;
         }
         if pool.chunk_size() as u64 != cfg.chunk_size {
-            return Err(Error::Internal(format!(
-                "a loader of {}-byte chunks cannot use a pool of {}-byte chunks",
-                cfg.chunk_size,
-                pool.chunk_size()
-            )));
+            return Err(Error::internal(
+                Fault::Invariant,
+                format!(
+                    "a loader of {}-byte chunks cannot use a pool of {}-byte chunks",
+                    cfg.chunk_size,
+                    pool.chunk_size()
+                ),
+            ));
         }
         let net = match engine_net {
             Some(e) => e.net.clone(),
@@ -223,8 +226,9 @@ impl Loader {
             CachePlan::None => None,
             CachePlan::Engine => engine_spool,
             CachePlan::Own(o) => Some(Arc::new(
-                Spool::start(Arc::new(Cache::open(o)?), cfg.cache_fill)
-                    .map_err(|e| Error::Internal(format!("cannot start the cache writer: {e}")))?,
+                Spool::start(Arc::new(Cache::open(o)?), cfg.cache_fill).map_err(|e| {
+                    Error::internal(Fault::Thread, format!("cannot start the cache writer: {e}"))
+                })?,
             )),
         };
         let cache_direct = DirectIo::new(plan.cache_direct, 0);
@@ -347,8 +351,9 @@ impl Loader {
                 Ok(Ok(None)) => {}
                 Ok(Err(e)) => startup_error = startup_error.or(Some(e)),
                 Err(_) => {
-                    startup_error = startup_error.or(Some(Error::Internal(
-                        "a worker thread died while starting".into(),
+                    startup_error = startup_error.or(Some(Error::internal(
+                        Fault::Thread,
+                        "a worker thread died while starting",
                     )))
                 }
             }
@@ -410,7 +415,10 @@ fn keep_started(
             for t in threads.drain(..) {
                 let _ = t.join();
             }
-            Err(Error::Internal(format!("cannot start {}: {e}", what())))
+            Err(Error::internal(
+                Fault::Thread,
+                format!("cannot start {}: {e}", what()),
+            ))
         }
     }
 }

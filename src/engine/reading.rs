@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering;
 use crate::dataset::{Shard, Source};
 use crate::engine::shared::Shared;
 use crate::engine::tier::Tier;
-use crate::error::{Error, IoOp, Result};
+use crate::error::{Error, Fault, IoOp, Result};
 use crate::fetch::{Completion, ReadFail, ReadRequest, Reader, Target};
 use crate::memory::ChunkRef;
 use crate::net::version::VersionPin;
@@ -434,9 +434,12 @@ impl<'a> Reading<'a> {
         }
         if r.open_end && c.result.is_ok() {
             let Some(total) = c.total else {
-                return Err(Error::Internal(format!(
-                    "`{name}`: the read that was to learn the shard's size did not report it"
-                )));
+                return Err(Error::internal(
+                    Fault::Invariant,
+                    format!(
+                        "`{name}`: the read that was to learn the shard's size did not report it"
+                    ),
+                ));
             };
             // The rest of the shard is read as one of known size.
             r.open_end = false;

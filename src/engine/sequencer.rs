@@ -8,7 +8,7 @@
 use std::sync::atomic::Ordering;
 
 use crate::engine::shared::{Item, Shared};
-use crate::error::{Error, Result};
+use crate::error::{Error, Fault, Result};
 use crate::memory::{Batch, BatchBuilder, NO_OWNER};
 use crate::plan::Delivery;
 
@@ -44,8 +44,9 @@ pub(super) fn sequence(sh: &Shared) -> Result<()> {
                 && epoch == sh.start.epoch
                 && b.raw_samples().iter().any(|s| s.field_count == 0)
             {
-                return Err(Error::Internal(
-                    "a replayed placeholder came after the resume point".into(),
+                return Err(Error::internal(
+                    Fault::Invariant,
+                    "a replayed placeholder came after the resume point",
                 ));
             }
             let mut b = b;
@@ -81,8 +82,9 @@ pub(super) fn sequence(sh: &Shared) -> Result<()> {
                     ended[s] = true;
                 }
                 Ok(Item::EndOfEpoch(_)) => {
-                    return Err(Error::Internal(
-                        "a worker sent an end-of-epoch marker".into(),
+                    return Err(Error::internal(
+                        Fault::Invariant,
+                        "a worker sent an end-of-epoch marker",
                     ));
                 }
                 Err(_) => return Err(Error::Closed),
@@ -180,8 +182,9 @@ fn pass_over(sh: &Shared, s: usize) -> Result<u64> {
             Ok(Item::Batch(b)) => left_out += b.len() as u64,
             Ok(Item::Tail(t)) => return Ok(left_out + t.len() as u64),
             Ok(Item::EndOfEpoch(_)) => {
-                return Err(Error::Internal(
-                    "a worker sent an end-of-epoch marker".into(),
+                return Err(Error::internal(
+                    Fault::Invariant,
+                    "a worker sent an end-of-epoch marker",
                 ));
             }
             Err(_) => return Err(Error::Closed),

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use crate::cache::{Cache, Spool};
 use crate::config::{Config, DEFAULT_CHUNK, IoBackend, Toggle};
 use crate::dataset::{Shard, Source};
-use crate::error::{Error, Result};
+use crate::error::{Error, Fault, Result};
 use crate::fetch::NetOptions;
 use crate::fetch::net_thread::NetLink;
 use crate::fetch::ring;
@@ -48,8 +48,9 @@ pub(crate) fn engine_net_threads(cfg: &Config, shards: &[Shard]) -> Result<Optio
     let remote = shards.iter().any(|s| matches!(s.source, Source::Http(_)));
     let spool = match cfg.cache_options() {
         Some(o) if remote => Some(Arc::new(
-            Spool::start(Arc::new(Cache::open(o)?), cfg.cache_fill)
-                .map_err(|e| Error::Internal(format!("cannot start the cache writer: {e}")))?,
+            Spool::start(Arc::new(Cache::open(o)?), cfg.cache_fill).map_err(|e| {
+                Error::internal(Fault::Thread, format!("cannot start the cache writer: {e}"))
+            })?,
         )),
         _ => None,
     };
@@ -90,9 +91,10 @@ pub(crate) fn engine_net_threads(cfg: &Config, shards: &[Shard]) -> Result<Optio
             for l in &links {
                 l.stop();
             }
-            return Err(Error::Internal(format!(
-                "cannot start the node engine's network thread {id}: {e}"
-            )));
+            return Err(Error::internal(
+                Fault::Thread,
+                format!("cannot start the node engine's network thread {id}: {e}"),
+            ));
         }
         links.push(link);
     }

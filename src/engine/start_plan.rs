@@ -14,7 +14,7 @@ use crate::dataset::{Shard, Source};
 use crate::engine::planning::worker_count;
 use crate::engine::setup::{auto_chunk, check_placement_keys, read_span};
 use crate::engine::shared::faults_in_on_reads;
-use crate::error::{Error, Result};
+use crate::error::{Error, Fault, Result};
 use crate::fetch::BackendKind;
 use crate::topology::Topology;
 
@@ -236,8 +236,9 @@ fn backend(
             notes.push(format!("io_uring unavailable ({e}): thread backend"));
             Ok((BackendKind::Threads, ""))
         }
-        None => Err(Error::Internal(
-            "the start was not told whether io_uring works".into(),
+        None => Err(Error::internal(
+            Fault::Invariant,
+            "the start was not told whether io_uring works",
         )),
     }
 }

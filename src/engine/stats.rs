@@ -504,8 +504,9 @@ const GAUGES: &[(&str, &str, f64, &str)] = &[
 /// retries by kind, and an info metric with the setup.
 pub fn prometheus(stats_json: &str) -> crate::error::Result<String> {
     use std::fmt::Write as _;
-    let v: serde_json::Value = serde_json::from_str(stats_json)
-        .map_err(|e| crate::error::Error::Internal(format!("stats JSON: {e}")))?;
+    let v: serde_json::Value = serde_json::from_str(stats_json).map_err(|e| {
+        crate::error::Error::internal(crate::error::Fault::Json, format!("stats JSON: {e}"))
+    })?;
     let stats = v.get("stats").unwrap_or(&v);
     let num = |k: &str| stats.get(k).and_then(serde_json::Value::as_f64);
     let mut out = String::new();

@@ -7,7 +7,7 @@ use std::sync::{Arc, mpsc};
 use crate::engine::sequencer::sequence;
 use crate::engine::shared::Shared;
 use crate::engine::worker::Worker;
-use crate::error::Error;
+use crate::error::{Error, Fault};
 use crate::fetch::net_thread::NetLink;
 use crate::fetch::threads::ThreadReader;
 use crate::fetch::uring::{FixedBuffers, UringReader};
@@ -112,10 +112,10 @@ pub(super) fn worker_main(
         Ok(Err(Error::Closed)) if shared.stopping() => {}
         Ok(Err(e)) => shared.fail(e),
         Err(panic) => {
-            shared.fail(Error::Internal(format!(
-                "a worker panicked: {}",
-                panic_message(&*panic)
-            )));
+            shared.fail(Error::internal(
+                Fault::Panic,
+                format!("a worker panicked: {}", panic_message(&*panic)),
+            ));
         }
     }
     drop(reader);
@@ -137,10 +137,10 @@ pub(super) fn sequencer_main(shared: Arc<Shared>) {
         // Stopped by close or by a worker's failure (already recorded).
         Ok(Err(Error::Closed)) if shared.stopping() => {}
         Ok(Err(e)) => shared.fail(e),
-        Err(panic) => shared.fail(Error::Internal(format!(
-            "the sequencer panicked: {}",
-            panic_message(&*panic)
-        ))),
+        Err(panic) => shared.fail(Error::internal(
+            Fault::Panic,
+            format!("the sequencer panicked: {}", panic_message(&*panic)),
+        )),
     }
     shared.channel.close();
 }

@@ -132,18 +132,20 @@ pub enum Error {
     /// sample count is wrong, or the shard changed).
     #[error("shard `{}`: {message}", crate::redact::url(shard))]
     Plan { shard: String, message: String },
-    /// A fault inside ringfeed, not caused by the input: a worker or the
-    /// sequencer panicked, a thread could not be started, or an invariant
-    /// broke. Maps to `RINGFEED_ERR_PANIC`.
-    #[error("internal error: {0}")]
-    Internal(String),
+    /// A fault inside ringfeed, not caused by the input: `fault` says
+    /// which. Maps to `RINGFEED_ERR_PANIC`.
+    #[error("internal error: {detail}")]
+    Internal { fault: Fault, detail: String },
     /// The loader was closed while the call was in progress.
     #[error("the loader is closed")]
     Closed,
     /// The node engine this consumer is attached to cannot be reached or
-    /// started, exited, refused the consumer, or broke the transport.
-    #[error("node engine: {0}")]
-    Node(String),
+    /// started, exited, or broke the transport: `failure` says which.
+    #[error("node engine: {detail}")]
+    Node {
+        failure: NodeFailure,
+        detail: String,
+    },
     /// An error of the node engine's loader, passed on to the consumer with
     /// the status the engine gave it.
     #[error("{message}")]
@@ -325,6 +327,67 @@ impl IoOp {
 impl std::fmt::Display for IoOp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+/// Which fault inside ringfeed ([`Error::Internal`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// A thread of ringfeed's panicked: a worker, the sequencer, a read or
+    /// an upload thread.
+    Panic,
+    /// A thread could not be started, or stopped before its work was done.
+    Thread,
+    /// An invariant broke: a state the code means never to reach.
+    Invariant,
+    /// A value could not be written as JSON.
+    Json,
+}
+
+/// What failed between a process and a node engine ([`Error::Node`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeFailure {
+    /// The engine could not be started on demand: its program, its lock or
+    /// log file, the fork, its socket or its metrics port.
+    Start,
+    /// No engine answers at the socket.
+    Unreachable,
+    /// The attach's reply never came: the engine was killed or replaced
+    /// between the connect and its reply (an engine started on demand is
+    /// started again for the next try).
+    NoReply,
+    /// The other side (the engine; on the engine's side, the consumer)
+    /// exited or closed the connection, or waiting on it failed.
+    Gone,
+    /// A message, record, key or descriptor from the other side is not
+    /// what the protocol says.
+    Protocol,
+    /// A system call on this side failed: mapping the arena, duplicating
+    /// the connection, the user's runtime folder, drawing an identity.
+    Local,
+    /// The engine refused the consumer or its request: another job's
+    /// keys, another user, another protocol version, a key of another
+    /// engine.
+    Refused,
+    /// The engine serves as many connections as it may.
+    Busy,
+}
+
+impl Error {
+    /// An [`Error::Internal`] of `fault`, `detail` saying what happened.
+    pub fn internal(fault: Fault, detail: impl Into<String>) -> Error {
+        Error::Internal {
+            fault,
+            detail: detail.into(),
+        }
+    }
+
+    /// An [`Error::Node`] of `failure`, `detail` saying what happened.
+    pub fn node(failure: NodeFailure, detail: impl Into<String>) -> Error {
+        Error::Node {
+            failure,
+            detail: detail.into(),
+        }
     }
 }
 

@@ -132,7 +132,7 @@ impl Error {
             Error::Memory(_) | Error::BudgetTooSmall { .. } => RINGFEED_ERR_MEMORY,
             Error::IoUring(_) => RINGFEED_ERR_IO_URING,
             Error::Closed => RINGFEED_ERR_CLOSED,
-            Error::Internal(_) => RINGFEED_ERR_PANIC,
+            Error::Internal { .. } => RINGFEED_ERR_PANIC,
             Error::Http { kind, .. } if !kind.retryable() && *kind != super::FailKind::Protocol => {
                 RINGFEED_ERR_DATASET
             }
@@ -150,7 +150,7 @@ impl Error {
             Error::Hub { .. } => RINGFEED_ERR_NETWORK,
             Error::Credentials(_) => RINGFEED_ERR_CONFIG,
             Error::State(_) | Error::Plan { .. } => RINGFEED_ERR_STATE,
-            Error::Node(_) => RINGFEED_ERR_NODE,
+            Error::Node { .. } => RINGFEED_ERR_NODE,
             Error::Remote { status, .. } => *status,
             Error::Exists { .. } => RINGFEED_ERR_EXISTS,
             // The data is not one object any more: the dataset's, as a
@@ -293,9 +293,15 @@ mod tests {
                 },
                 RINGFEED_ERR_STATE,
             ),
-            (Error::Internal("i".into()), RINGFEED_ERR_PANIC),
+            (
+                Error::internal(crate::error::Fault::Panic, "i"),
+                RINGFEED_ERR_PANIC,
+            ),
             (Error::Closed, RINGFEED_ERR_CLOSED),
-            (Error::Node("n".into()), RINGFEED_ERR_NODE),
+            (
+                Error::node(crate::error::NodeFailure::Gone, "n"),
+                RINGFEED_ERR_NODE,
+            ),
             (
                 Error::Remote {
                     status: RINGFEED_ERR_FORMAT,
@@ -391,9 +397,9 @@ mod tests {
                 | Error::Credentials(_)
                 | Error::State(_)
                 | Error::Plan { .. }
-                | Error::Internal(_)
+                | Error::Internal { .. }
                 | Error::Closed
-                | Error::Node(_)
+                | Error::Node { .. }
                 | Error::Remote { .. }
                 | Error::Exists { .. }
                 | Error::Changed { .. }

@@ -43,7 +43,7 @@ use super::direct::KernelRead;
 use super::ring::new_ring;
 use super::uring_http::{HttpDriver, TAG};
 use super::{Completion, NetOptions, ReadFail, ReadRequest, Target};
-use crate::error::Error;
+use crate::error::{Error, Fault};
 use crate::net::object::HttpObject;
 use crate::sync::Locked;
 
@@ -214,7 +214,7 @@ impl NetLink {
         for (_, (id, inbox)) in owners {
             inbox.deliver(Completion {
                 id,
-                result: Err(ReadFail::Net(Error::Internal(why.clone()))),
+                result: Err(ReadFail::Net(Error::internal(Fault::Thread, why.clone()))),
                 copied: 0,
                 total: None,
                 timing: None,
@@ -400,9 +400,10 @@ fn failed(id: u64, obj: Option<&HttpObject>, why: &str) -> Completion {
     let what = obj.map_or("a file read".to_string(), |o| o.url.clone());
     Completion {
         id,
-        result: Err(ReadFail::Net(Error::Internal(format!(
-            "{what}: no I/O thread to read it: {why}"
-        )))),
+        result: Err(ReadFail::Net(Error::internal(
+            Fault::Thread,
+            format!("{what}: no I/O thread to read it: {why}"),
+        ))),
         copied: 0,
         total: None,
         timing: None,

@@ -33,8 +33,12 @@ pub unsafe extern "C" fn ringfeed_plan_json(
             .to_str()
             .map_err(|e| invalid(format!("`config_json` is not UTF-8: {e}")))?;
         let summary = crate::engine::plan_summary(&Config::from_json(text)?)?;
-        let json = serde_json::to_string(&summary)
-            .map_err(|e| crate::error::Error::Internal(format!("the plan as JSON: {e}")))?;
+        let json = serde_json::to_string(&summary).map_err(|e| {
+            crate::error::Error::internal(
+                crate::error::Fault::Json,
+                format!("the plan as JSON: {e}"),
+            )
+        })?;
         // SAFETY: forwarded from this function's contract.
         unsafe { write_text(&json, "plan", buf, len, needed) }
     })

@@ -38,7 +38,7 @@ use fast_image_resize::Resizer;
 
 use budget::Budget;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Fault, Result};
 
 /// What `apply` did to one image, for tests and logs.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -92,11 +92,14 @@ pub fn apply(
         reason,
     };
     if out.len() != spec.out_bytes() {
-        return Err(Error::Internal(format!(
-            "image output of {} bytes for a {} byte image",
-            out.len(),
-            spec.out_bytes()
-        )));
+        return Err(Error::internal(
+            Fault::Invariant,
+            format!(
+                "image output of {} bytes for a {} byte image",
+                out.len(),
+                spec.out_bytes()
+            ),
+        ));
     }
     let Some(kind) = decode::Kind::sniff(data) else {
         let head: Vec<String> = data.iter().take(8).map(|b| format!("{b:02x}")).collect();

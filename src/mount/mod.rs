@@ -329,7 +329,10 @@ impl Fs {
                         Some(
                             crate::cache::Spool::start(cache, crate::cache::FillMode::Always)
                                 .map_err(|e| {
-                                    crate::error::Error::Internal(format!("cache spool: {e}"))
+                                    crate::error::Error::internal(
+                                        crate::error::Fault::Thread,
+                                        format!("cache spool: {e}"),
+                                    )
                                 })?,
                         )
                     }

@@ -36,7 +36,7 @@ use super::shm::Rings;
 use super::sock;
 use crate::config::Toggle;
 use crate::engine::Counts;
-use crate::error::{Error, Result};
+use crate::error::{Error, NodeFailure, Result};
 use crate::memory::{NO_SOURCE, RawField, RawSample, cuda};
 use crate::sync::Locked;
 
@@ -159,18 +159,28 @@ impl NodeLoader {
         config: &Map<String, Value>,
         cuda_register: Toggle,
     ) -> Result<NodeLoader> {
-        let conn = sock::connect_checked(socket)
-            .map_err(|e| Error::Node(format!("{e} (is `ringfeed node` running there?)")))?;
+        let conn = sock::connect_checked(socket).map_err(|e| {
+            Error::node(
+                NodeFailure::Unreachable,
+                format!("{e} (is `ringfeed node` running there?)"),
+            )
+        })?;
         let hello = Request::hello(Role::Consumer {
             config: config.clone(),
         });
         sock::send(&conn, &proto::encode(&hello), &[])
-            .map_err(|e| Error::Node(format!("attach request: {e}")))?;
+            .map_err(|e| Error::node(NodeFailure::Gone, format!("attach request: {e}")))?;
         let mut msg = Vec::new();
         let fds = sock::recv(&conn, &mut msg)
-            .map_err(|e| Error::Node(format!("attach reply: {e}")))?
-            .ok_or_else(|| Error::Node("the engine closed the connection at attach".into()))?;
-        let reply: Reply = proto::decode(&msg, "the attach reply").map_err(|e| Error::Node(e.0))?;
+            .map_err(|e| Error::node(NodeFailure::NoReply, format!("attach reply: {e}")))?
+            .ok_or_else(|| {
+                Error::node(
+                    NodeFailure::Gone,
+                    "the engine closed the connection at attach",
+                )
+            })?;
+        let reply: Reply = proto::decode(&msg, "the attach reply")
+            .map_err(|e| Error::node(NodeFailure::Protocol, e.0))?;
         let (session, engine, arena_len, budget_len, state, pid) = match reply {
             Reply::Attached {
                 session,
@@ -189,21 +199,26 @@ impl NodeLoader {
             ),
             Reply::Refused { status, message } => return Err(Error::Remote { status, message }),
             other => {
-                return Err(Error::Node(format!(
-                    "the engine answered an attach with {other:?}"
-                )));
+                return Err(Error::node(
+                    NodeFailure::Protocol,
+                    format!("the engine answered an attach with {other:?}"),
+                ));
             }
         };
         let _ = session;
-        let [arena_fd, rings_fd, ready, wake]: [OwnedFd; 4] = fds
-            .try_into()
-            .map_err(|_| Error::Node("the attach reply lacks its descriptors".into()))?;
+        let [arena_fd, rings_fd, ready, wake]: [OwnedFd; 4] = fds.try_into().map_err(|_| {
+            Error::node(
+                NodeFailure::Protocol,
+                "the attach reply lacks its descriptors",
+            )
+        })?;
         let arena_fd = File::from(arena_fd);
         let have = arena_fd.metadata().map(|m| m.len()).unwrap_or(0);
         if arena_len == 0 || (arena_len as u64) > have {
-            return Err(Error::Node(format!(
-                "the arena is {have} bytes, the engine says {arena_len}"
-            )));
+            return Err(Error::node(
+                NodeFailure::Protocol,
+                format!("the arena is {have} bytes, the engine says {arena_len}"),
+            ));
         }
         // SAFETY: the engine's memory file is mapped read-only and shared;
         // its length never changes; its bytes are read only through batches
@@ -216,14 +231,15 @@ impl NodeLoader {
                 .no_reserve_swap()
                 .map(&arena_fd)
         }
-        .map_err(|e| Error::Node(format!("mapping the arena: {e}")))?;
+        .map_err(|e| Error::node(NodeFailure::Local, format!("mapping the arena: {e}")))?;
         // The engine's arena stays out of this process's core dumps too.
         if let Err(e) = arena.advise(memmap2::Advice::DontDump) {
             crate::log::once("node-arena-dontdump", crate::log::Level::Warn, || {
                 format!("madvise(MADV_DONTDUMP) of the node engine's arena refused ({e})")
             });
         }
-        let rings = Rings::attach(&File::from(rings_fd)).map_err(Error::Node)?;
+        let rings = Rings::attach(&File::from(rings_fd))
+            .map_err(|e| Error::node(NodeFailure::Protocol, e))?;
         let (mut cuda, mut cuda_note) = (None, None);
         let registered_len = budget_len.min(arena_len);
         if cuda_register != Toggle::Off {
@@ -241,9 +257,12 @@ impl NodeLoader {
                 Err(e) => cuda_note = Some(cuda::not_registered(&e)),
             }
         }
-        let hangup = conn
-            .try_clone()
-            .map_err(|e| Error::Node(format!("duplicating the connection: {e}")))?;
+        let hangup = conn.try_clone().map_err(|e| {
+            Error::node(
+                NodeFailure::Local,
+                format!("duplicating the connection: {e}"),
+            )
+        })?;
         Ok(NodeLoader {
             cuda,
             cuda_note,
@@ -279,11 +298,14 @@ impl NodeLoader {
         if self.closed.load(Ordering::Acquire) {
             return Error::Closed;
         }
-        Error::Node(format!(
-            "the engine at `{}` (process {}) exited or closed the connection",
-            self.socket.display(),
-            self.pid
-        ))
+        Error::node(
+            NodeFailure::Gone,
+            format!(
+                "the engine at `{}` (process {}) exited or closed the connection",
+                self.socket.display(),
+                self.pid
+            ),
+        )
     }
 
     /// The next batch, end of epoch, or time-out (`None`: wait for ever).
@@ -349,7 +371,10 @@ impl NodeLoader {
                     t.failure = Some(Error::Remote { status, message });
                 }
                 Some(Err(e)) => {
-                    t.failure = Some(Error::Node(format!("a broken record from the engine: {e}")));
+                    t.failure = Some(Error::node(
+                        NodeFailure::Protocol,
+                        format!("a broken record from the engine: {e}"),
+                    ));
                 }
                 None => {
                     let left = match deadline {
@@ -363,7 +388,9 @@ impl NodeLoader {
                         None => None,
                     };
                     let ready = sock::poll(&[(&self.ready, true), (&self.conn, false)], left)
-                        .map_err(|e| Error::Node(format!("waiting for the engine: {e}")))?;
+                        .map_err(|e| {
+                            Error::node(NodeFailure::Gone, format!("waiting for the engine: {e}"))
+                        })?;
                     if ready[0].readable {
                         sock::drain(&self.ready);
                     } else if ready[1].hangup {
@@ -393,7 +420,8 @@ impl NodeLoader {
         sock::recv(&self.conn, &mut buf)
             .map_err(|_| self.gone())?
             .ok_or_else(|| self.gone())?;
-        let reply: Reply = proto::decode(&buf, "a reply").map_err(|e| Error::Node(e.0))?;
+        let reply: Reply =
+            proto::decode(&buf, "a reply").map_err(|e| Error::node(NodeFailure::Protocol, e.0))?;
         match reply {
             Reply::Refused { status, message } => Err(Error::Remote { status, message }),
             r => Ok(r),
@@ -410,15 +438,19 @@ impl NodeLoader {
             node,
         } = self.ask(&Request::Stats)?
         else {
-            return Err(Error::Node(
-                "the engine answered stats with something else".into(),
+            return Err(Error::node(
+                NodeFailure::Protocol,
+                "the engine answered stats with something else",
             ));
         };
         let mut counts = Counts::default();
         let hex = hex.unwrap_or_default();
         let size = std::mem::size_of::<Counts>();
         if hex.len() != size * 2 || !hex.is_ascii() {
-            return Err(Error::Node("the engine's stats have another layout".into()));
+            return Err(Error::node(
+                NodeFailure::Protocol,
+                "the engine's stats have another layout",
+            ));
         }
         let bytes: Vec<u8> = (0..size)
             .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap_or(0))
@@ -453,9 +485,10 @@ impl NodeLoader {
         }
         match self.ask(&Request::Source { shard: index })? {
             Reply::Source { name } => Ok(name),
-            other => Err(Error::Node(format!(
-                "the engine answered a source request with {other:?}"
-            ))),
+            other => Err(Error::node(
+                NodeFailure::Protocol,
+                format!("the engine answered a source request with {other:?}"),
+            )),
         }
     }
 

@@ -19,7 +19,7 @@ use serde_json::{Map, Value};
 use super::serve::{MetricsSource, NodeOptions, serve_with_metrics};
 use super::sock;
 use crate::config::Config;
-use crate::error::{Error, Result};
+use crate::error::{Error, NodeFailure, Result};
 
 /// How long an engine started on demand stays up after its last consumer
 /// leaves: long enough for the next epoch's DataLoader workers to attach
@@ -37,7 +37,7 @@ fn linger_ms() -> String {
 
 /// This user's directory for node sockets (`topology::claims::user_dir`).
 pub fn runtime_dir() -> Result<PathBuf> {
-    crate::topology::claims::user_dir().map_err(Error::Node)
+    crate::topology::claims::user_dir().map_err(|e| Error::node(NodeFailure::Local, e))
 }
 
 /// FNV-1a: a hash that is the same in every process and release.
@@ -103,7 +103,12 @@ pub(super) fn start_engine(socket: &Path, config: &Map<String, Value>) -> Result
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW)
         .open(&lock_path)
-        .map_err(|e| Error::Node(format!("`{}`: {e}", lock_path.display())))?;
+        .map_err(|e| {
+            Error::node(
+                NodeFailure::Start,
+                format!("`{}`: {e}", lock_path.display()),
+            )
+        })?;
     // SAFETY: a valid descriptor; blocks until the lock is ours. Released
     // when `lock` is closed.
     unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) };
@@ -121,7 +126,7 @@ pub(super) fn start_engine(socket: &Path, config: &Map<String, Value>) -> Result
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW)
         .open(&log)
-        .map_err(|e| Error::Node(format!("`{}`: {e}", log.display())))?;
+        .map_err(|e| Error::node(NodeFailure::Start, format!("`{}`: {e}", log.display())))?;
     let mut child = std::process::Command::new(&program)
         .arg("node")
         .arg("--socket")
@@ -135,24 +140,33 @@ pub(super) fn start_engine(socket: &Path, config: &Map<String, Value>) -> Result
         .stderr(log_file)
         .spawn()
         .map_err(|e| {
-            Error::Node(format!(
-                "cannot start `{} node`: {e} (set RINGFEED_NODE_EXE to the ringfeed program)",
-                program.display()
-            ))
+            Error::node(
+                NodeFailure::Start,
+                format!(
+                    "cannot start `{} node`: {e} (set RINGFEED_NODE_EXE to the ringfeed program)",
+                    program.display()
+                ),
+            )
         })?;
     let mut stdin = child.stdin.take().expect("piped stdin");
     let sent = stdin.write_all(Value::Object(config.clone()).to_string().as_bytes());
     drop(stdin);
-    let status = child
-        .wait()
-        .map_err(|e| Error::Node(format!("waiting for `{} node`: {e}", program.display())))?;
+    let status = child.wait().map_err(|e| {
+        Error::node(
+            NodeFailure::Start,
+            format!("waiting for `{} node`: {e}", program.display()),
+        )
+    })?;
     if sent.is_err() || !status.success() {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
-        return Err(Error::Node(format!(
-            "`{} node` failed to start ({status}): {}",
-            program.display(),
-            text.trim()
-        )));
+        return Err(Error::node(
+            NodeFailure::Start,
+            format!(
+                "`{} node` failed to start ({status}): {}",
+                program.display(),
+                text.trim()
+            ),
+        ));
     }
     Ok(())
 }
@@ -166,7 +180,12 @@ pub(super) fn start_engine(socket: &Path, config: &Map<String, Value>) -> Result
 /// and replace one at a time, under a lock file beside the socket
 /// (`SOCKET.lock`), so none removes a socket another has just bound.
 pub fn listen(socket: &Path) -> Result<OwnedFd> {
-    let fail = |why: String| Error::Node(format!("cannot listen on `{}`: {why}", socket.display()));
+    let fail = |why: String| {
+        Error::node(
+            NodeFailure::Start,
+            format!("cannot listen on `{}`: {why}", socket.display()),
+        )
+    };
     let mut lock_path = socket.as_os_str().to_owned();
     lock_path.push(".lock");
     let lock = crate::cache::private::open_lock(Path::new(&lock_path)).map_err(|e| {
@@ -287,10 +306,10 @@ pub fn run(r: NodeRun) -> Result<()> {
         // code that starts threads after the fork.
         match unsafe { libc::fork() } {
             -1 => {
-                return Err(Error::Node(format!(
-                    "fork: {}",
-                    std::io::Error::last_os_error()
-                )));
+                return Err(Error::node(
+                    NodeFailure::Start,
+                    format!("fork: {}", std::io::Error::last_os_error()),
+                ));
             }
             0 => {
                 // SAFETY: plain call; a new session leaves the consumer's
@@ -313,7 +332,7 @@ pub fn run(r: NodeRun) -> Result<()> {
             let m = crate::serve::metrics::serve_on(ip, port, move || {
                 s.get().map(|f| f()).unwrap_or_default()
             })
-            .map_err(|e| Error::Node(e.to_string()))?;
+            .map_err(|e| Error::node(NodeFailure::Start, e.to_string()))?;
             eprintln!("metrics: http://{}/metrics", m.addr());
             Some(m)
         }

@@ -16,7 +16,7 @@ use super::sock;
 use crate::config::Config;
 use crate::dataset::Shard;
 use crate::engine::{EngineNet, Loader};
-use crate::error::{Error, Result};
+use crate::error::{Error, Fault, NodeFailure, Result};
 use crate::memory::{Arena, ArenaOptions, Batch, ChunkPool};
 use crate::sync::Locked;
 use crate::topology::{self, Request};
@@ -74,8 +74,12 @@ pub(super) struct Engine {
 
 impl Engine {
     pub fn new(base: Config, socket: PathBuf) -> Result<Arc<Engine>> {
-        let id = EngineId::random()
-            .map_err(|e| Error::Node(format!("cannot draw the engine's identity: {e}")))?;
+        let id = EngineId::random().map_err(|e| {
+            Error::node(
+                NodeFailure::Local,
+                format!("cannot draw the engine's identity: {e}"),
+            )
+        })?;
         let engine = Arc::new(Engine {
             id,
             socket,
@@ -194,9 +198,12 @@ fn engine_pool(cfg: &Config) -> Result<Arc<ChunkPool>> {
     )?;
     // The budget is locked, not the address space past it.
     arena.lock_prefix(chunks * chunk as usize, cfg.lock_memory.required())?;
-    let fd = arena
-        .shared_fd()
-        .ok_or_else(|| Error::Internal("the node engine's arena is not in a memory file".into()))?;
+    let fd = arena.shared_fd().ok_or_else(|| {
+        Error::internal(
+            Fault::Invariant,
+            "the node engine's arena is not in a memory file",
+        )
+    })?;
     // No new writable mapping, no write(2), no hole punched (FUTURE_WRITE),
     // no size change (SHRINK, GROW: a truncated file would take the pages
     // of every mapping, the engine's included, and fault them with

@@ -25,11 +25,11 @@ use memmap2::{Mmap, MmapOptions};
 use super::proto::{self, EngineId, Key, Reply, Request, Role};
 use super::shm::Rings;
 use super::sock;
-use crate::error::{Error, Result};
+use crate::error::{Error, NodeFailure, Result};
 use crate::sync::Locked;
 
 fn node(msg: impl Into<String>) -> Error {
-    Error::Node(msg.into())
+    Error::node(NodeFailure::Protocol, msg)
 }
 
 /// This process's link to one engine.
@@ -104,7 +104,8 @@ impl HolderLink {
                 format!("madvise(MADV_DONTDUMP) of the node engine's arena refused ({e})")
             });
         }
-        let rings = Rings::attach(&File::from(rings_fd)).map_err(Error::Node)?;
+        let rings = Rings::attach(&File::from(rings_fd))
+            .map_err(|e| Error::node(NodeFailure::Protocol, e))?;
         Ok(HolderLink {
             socket: socket.to_path_buf(),
             engine,
@@ -228,7 +229,7 @@ impl HolderLink {
 /// process maps the engine's arena (its first byte and length): the
 /// batch's bytes are at the offsets they have in the arena.
 pub fn claim(key: &str) -> Result<(*const u8, usize)> {
-    let key = Key::parse(key).map_err(Error::Node)?;
+    let key = Key::parse(key).map_err(|e| Error::node(NodeFailure::Protocol, e))?;
     let link = HolderLink::to(&key.socket, key.engine)?;
     link.claim(&key)?;
     Ok((link.arena.as_ptr(), link.arena.len()))
@@ -251,7 +252,7 @@ pub fn keep(key: &str, pid: i32) -> Result<()> {
 /// Releases one keep of the batch of `key` by this process; refused by name
 /// when this process keeps no such batch.
 pub fn release(key: &str) -> Result<()> {
-    let key = Key::parse(key).map_err(Error::Node)?;
+    let key = Key::parse(key).map_err(|e| Error::node(NodeFailure::Protocol, e))?;
     let me = std::process::id();
     let link = LINKS
         .locked()

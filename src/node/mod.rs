@@ -51,7 +51,7 @@ pub use serve::{MAX_CONNECTIONS, MetricsSource, NodeOptions, serve, serve_with_m
 
 use crate::config::{Config, NodeMode};
 use crate::engine::{Counts, Loader, Next};
-use crate::error::{Error, Result};
+use crate::error::{Error, Fault, NodeFailure, Result};
 use crate::memory::Batch;
 
 /// A loader in this process, or one attached to a node engine.
@@ -116,7 +116,10 @@ impl Attached {
                         daemon::start_engine(&socket, &map)?;
                     }
                     match NodeLoader::attach(&socket, &sent, cfg.cuda_register) {
-                        Err(Error::Node(m)) if tries < 3 && m.starts_with("attach reply:") => {
+                        Err(Error::Node {
+                            failure: NodeFailure::NoReply,
+                            ..
+                        }) if tries < 3 => {
                             tries += 1;
                             std::thread::sleep(Duration::from_millis(50 * tries));
                         }
@@ -158,7 +161,8 @@ impl Attached {
         match self {
             Attached::Local(l) => {
                 let s = l.stats();
-                let text = serde_json::to_string(&s).map_err(|e| Error::Internal(e.to_string()))?;
+                let text = serde_json::to_string(&s)
+                    .map_err(|e| Error::internal(Fault::Json, e.to_string()))?;
                 Ok((text, s.counts))
             }
             Attached::Node(n) => n.stats(),

@@ -18,7 +18,7 @@ use super::engine::Engine;
 use super::proto::{self, Reply};
 use super::{metrics, session, sock};
 use crate::config::Config;
-use crate::error::{Error, Result};
+use crate::error::{Error, NodeFailure, Result};
 
 /// How the engine runs.
 pub struct NodeOptions {
@@ -110,15 +110,16 @@ pub fn serve_with_metrics(
     let mut closing = false;
     loop {
         let ready = sock::poll(&[(&listener, true)], Some(Duration::from_millis(200)))
-            .map_err(|e| Error::Node(format!("waiting for consumers: {e}")))?;
+            .map_err(|e| Error::node(NodeFailure::Local, format!("waiting for consumers: {e}")))?;
         if ready[0].readable {
             match sock::accept(&listener) {
                 Ok(conn) => {
                     ever = true;
                     if active.load(Ordering::Acquire) >= MAX_CONNECTIONS {
-                        let e = Error::Node(format!(
-                            "the engine serves {MAX_CONNECTIONS} connections already"
-                        ));
+                        let e = Error::node(
+                            NodeFailure::Busy,
+                            format!("the engine serves {MAX_CONNECTIONS} connections already"),
+                        );
                         let reply = Reply::Refused {
                             status: e.status(),
                             message: e.to_string(),

@@ -34,7 +34,7 @@ use std::time::Instant;
 use super::Progress;
 use crate::config::{Config, IoBackend};
 use crate::dataset::{Shard, Source};
-use crate::error::{Error, IoOp, Result};
+use crate::error::{Error, Fault, IoOp, Result};
 use crate::fetch::direct::LocalFd;
 use crate::fetch::http_sync::HttpPool;
 use crate::fetch::threads::run_blocking;
@@ -221,9 +221,12 @@ pub fn read_shard_into(
 }
 
 pub fn shard_size(shard: &Shard) -> Result<u64> {
-    shard
-        .size
-        .ok_or_else(|| Error::Internal(format!("`{}` was not sized before its read", shard.name)))
+    shard.size.ok_or_else(|| {
+        Error::internal(
+            Fault::Invariant,
+            format!("`{}` was not sized before its read", shard.name),
+        )
+    })
 }
 
 /// The parts of an object of `size` bytes: offset and length of each.
@@ -504,9 +507,10 @@ impl<'a> Job<'a> {
                 }
                 // A ring that cannot wait cannot be left with reads in
                 // flight into memory about to be freed.
-                return Err(Error::Internal(format!(
-                    "io_uring wait failed with reads in flight: {e}"
-                )));
+                return Err(Error::internal(
+                    Fault::Invariant,
+                    format!("io_uring wait failed with reads in flight: {e}"),
+                ));
             }
             for c in done.drain(..) {
                 out_standing -= 1;
@@ -539,11 +543,14 @@ impl<'a> Job<'a> {
         }
         match first_error {
             Some(e) => Err(e),
-            None if next < self.parts.len() => Err(Error::Internal(format!(
-                "`{}`: {next} of {} parts read, none in flight and none with room",
-                self.shard.name,
-                self.parts.len()
-            ))),
+            None if next < self.parts.len() => Err(Error::internal(
+                Fault::Invariant,
+                format!(
+                    "`{}`: {next} of {} parts read, none in flight and none with room",
+                    self.shard.name,
+                    self.parts.len()
+                ),
+            )),
             None => Ok(()),
         }
     }
@@ -588,7 +595,7 @@ impl<'a> Job<'a> {
                 .into_iter()
                 .map(|h| {
                     h.join().unwrap_or_else(|_| {
-                        Some((0, Error::Internal("a read thread panicked".into())))
+                        Some((0, Error::internal(Fault::Panic, "a read thread panicked")))
                     })
                 })
                 .collect()

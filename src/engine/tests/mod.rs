@@ -17,7 +17,7 @@ use super::script::Script;
 use super::{Loader, Next, Stats};
 use crate::config::Config;
 use crate::dataset::{Shard, Source};
-use crate::error::{Error, IoOp};
+use crate::error::{Error, Fault, IoOp};
 use crate::net::object::HttpObject;
 use crate::plan::{self, SampleRef};
 use crate::synth;
@@ -288,7 +288,10 @@ fn a_panicking_backend_is_an_internal_error_and_its_reads_drain_first() {
         };
         let r = run(cfg.clone(), &d, script);
         match r.error {
-            Some(Error::Internal(m)) => assert!(m.contains("a worker panicked"), "{m}"),
+            Some(Error::Internal {
+                fault: Fault::Panic,
+                detail,
+            }) => assert!(detail.contains("a worker panicked"), "{detail}"),
             other => panic!("expected an internal error, got {other:?}"),
         }
         assert_eq!(
@@ -389,8 +392,14 @@ proptest! {
         let r = run(cfg.clone(), &d, script);
         match (&r.error, &fail_at) {
             // A panicking backend: an internal error, whatever else failed.
-            (Some(Error::Internal(m)), _) if panic.is_some() => {
-                prop_assert!(m.contains("a worker panicked"), "{}", m)
+            (
+                Some(Error::Internal {
+                    fault: Fault::Panic,
+                    detail,
+                }),
+                _,
+            ) if panic.is_some() => {
+                prop_assert!(detail.contains("a worker panicked"), "{}", detail)
             }
             // Fewer submissions than the one that would panic.
             (None, None) => prop_assert_eq!(r.batches, plan_order(&cfg, workers, &d.counts)),

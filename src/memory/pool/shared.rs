@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use super::{ChunkPool, MAX_OWNERS, PoolState};
-use crate::error::{Error, Result};
+use crate::error::{Error, Fault, Result};
 use crate::memory::{Arena, ChunkRef};
 
 impl ChunkPool {
@@ -82,7 +82,10 @@ impl ChunkPool {
     ) -> Result<usize> {
         let mut s = self.lock();
         if !s.shared {
-            return Err(Error::Internal("join on a pool that is not shared".into()));
+            return Err(Error::internal(
+                Fault::Invariant,
+                "join on a pool that is not shared",
+            ));
         }
         let share = s.quota;
         if share < min_share {

@@ -13,7 +13,7 @@ use super::feed::{Feed, run_feed};
 use super::{node, refuse, refused, request_name, take_ring, transport};
 use crate::config::Config;
 use crate::engine::Loader;
-use crate::error::Result;
+use crate::error::{NodeFailure, Result};
 use crate::node::engine::Engine;
 use crate::node::proto::{self, Reply, Request, SHIPPED};
 use crate::node::shm::Rings;
@@ -25,17 +25,23 @@ use crate::sync::Locked;
 fn consumer_config(attach: &Map<String, Value>, base: &Config) -> Result<Config> {
     let theirs = Config::from_map(attach)?;
     if let Some((key, ours, theirs)) = base.disagreement(&theirs) {
-        return Err(node(format!(
-            "the consumer's `{key}` ({theirs}) differs from the node engine's ({ours}): every \
+        return Err(node(
+            NodeFailure::Refused,
+            format!(
+                "the consumer's `{key}` ({theirs}) differs from the node engine's ({ours}): every \
              consumer of one engine must give the same dataset, epoch and layout keys"
-        )));
+            ),
+        ));
     }
     let mut cfg = base.clone();
     cfg.take_consumer_keys(&theirs);
     if cfg.transform.is_some() {
         // Batches go to the consumer as places in this engine's arena; a
         // transform's tensors are not there (the client refuses it first).
-        return Err(node("`transform` does not work with a node engine yet"));
+        return Err(node(
+            NodeFailure::Refused,
+            "`transform` does not work with a node engine yet",
+        ));
     }
     cfg.node = crate::config::NodeMode::Off;
     cfg.shared_arena = true;
@@ -62,7 +68,12 @@ pub(super) fn serve(
     };
     let t = match transport(engine) {
         Ok(t) => t,
-        Err(e) => return refuse(&conn, &node(format!("setting up the transport: {e}"))),
+        Err(e) => {
+            return refuse(
+                &conn,
+                &node(NodeFailure::Local, format!("setting up the transport: {e}")),
+            );
+        }
     };
     let party = engine.party();
     let reply = Reply::Attached {
@@ -218,13 +229,13 @@ fn consumer_loop(
                     Ok(req) => answer_consumer(&req, feed, engine),
                     Err(e) => {
                         // Garbage from a consumer: say so, and treat it as gone.
-                        refuse(conn, &node(e.0));
+                        refuse(conn, &node(NodeFailure::Protocol, e.0));
                         return false;
                     }
                 },
                 Ok(None) => return false,
                 Err(e) => {
-                    refuse(conn, &node(format!("a request: {e}")));
+                    refuse(conn, &node(NodeFailure::Gone, format!("a request: {e}")));
                     return false;
                 }
             };
@@ -263,10 +274,13 @@ fn answer_consumer(req: &Request, feed: &Feed, engine: &Engine) -> Reply {
                 .get(*shard as usize)
                 .map(|s| s.name.clone()),
         },
-        other => refused(node(format!(
-            "{} on a consumer's connection: a consumer asks for stats and sources; keeps go \
+        other => refused(node(
+            NodeFailure::Protocol,
+            format!(
+                "{} on a consumer's connection: a consumer asks for stats and sources; keeps go \
              through a holder's link",
-            request_name(other)
-        ))),
+                request_name(other)
+            ),
+        )),
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::node;
 use crate::engine::{Loader, Next};
-use crate::error::Error;
+use crate::error::{Error, Fault, NodeFailure};
 use crate::node::engine::Engine;
 use crate::node::proto::{Cap, record};
 use crate::node::shm::Rings;
@@ -82,7 +82,12 @@ pub(super) fn run_feed(feed: &Feed, engine: &Engine) {
             Ok(Next::Batch(b)) => {
                 let cap = match Cap::random() {
                     Ok(c) => c,
-                    Err(e) => return failed(feed, &node(format!("a batch's capability: {e}"))),
+                    Err(e) => {
+                        return failed(
+                            feed,
+                            &node(NodeFailure::Local, format!("a batch's capability: {e}")),
+                        );
+                    }
                 };
                 let state = feed.loader.state().to_hex();
                 // The number is the table's; the record is written with it
@@ -94,7 +99,7 @@ pub(super) fn run_feed(feed: &Feed, engine: &Engine) {
                     let id = holds.insert(feed.party, cap.0, b);
                     let b = holds.get(id).expect("just inserted");
                     let encoded = record::encode_batch(b, id, cap.0, &state, base, len, &mut buf)
-                        .map_err(Error::Internal);
+                        .map_err(|e| Error::internal(Fault::Invariant, e));
                     (id, encoded)
                 };
                 let fits = || buf.len() <= feed.rings.max_record();
@@ -109,12 +114,15 @@ pub(super) fn run_feed(feed: &Feed, engine: &Engine) {
                     return failed(feed, &e);
                 }
                 if !fits() {
-                    let e = node(format!(
-                        "a batch's descriptor takes {} bytes, over the ring's {}: lower \
+                    let e = node(
+                        NodeFailure::Protocol,
+                        format!(
+                            "a batch's descriptor takes {} bytes, over the ring's {}: lower \
                          `batch_size`",
-                        buf.len(),
-                        feed.rings.max_record()
-                    ));
+                            buf.len(),
+                            feed.rings.max_record()
+                        ),
+                    );
                     return failed(feed, &e);
                 }
                 engine.whole.first_out.store(true, Ordering::Release);

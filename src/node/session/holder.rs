@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering;
 use serde_json::json;
 
 use super::{node, refuse, refused, request_name, take_ring, transport};
+use crate::error::NodeFailure;
 use crate::node::engine::Engine;
 use crate::node::proto::{self, Reply, Request};
 use crate::node::shm::Rings;
@@ -25,7 +26,10 @@ pub(super) fn serve(conn: OwnedFd, pidfd: Option<OwnedFd>, engine: &Arc<Engine>,
         Ok(t) => t,
         Err(e) => {
             engine.pool.leave(owner, 1);
-            return refuse(&conn, &node(format!("setting up the transport: {e}")));
+            return refuse(
+                &conn,
+                &node(NodeFailure::Local, format!("setting up the transport: {e}")),
+            );
         }
     };
     let party = engine.party();
@@ -120,7 +124,7 @@ fn holder_loop(
                 Ok(Some(_)) => match proto::decode::<Request>(buf, "a request") {
                     Ok(req) => answer_holder(&req, party, owner, engine),
                     Err(e) => {
-                        refuse(conn, &node(e.0));
+                        refuse(conn, &node(NodeFailure::Protocol, e.0));
                         open = false;
                         continue;
                     }
@@ -130,7 +134,7 @@ fn holder_loop(
                     continue;
                 }
                 Err(e) => {
-                    refuse(conn, &node(format!("a request: {e}")));
+                    refuse(conn, &node(NodeFailure::Gone, format!("a request: {e}")));
                     open = false;
                     continue;
                 }
@@ -152,16 +156,19 @@ fn answer_holder(req: &Request, party: u64, owner: usize, engine: &Engine) -> Re
             cap,
         } => {
             if *id != engine.id {
-                return refused(node(format!(
-                    "the key is of engine {id}, not of the one at `{}` now ({}): an earlier \
+                return refused(node(
+                    NodeFailure::Refused,
+                    format!(
+                        "the key is of engine {id}, not of the one at `{}` now ({}): an earlier \
                      engine's batches are gone with it",
-                    engine.socket.display(),
-                    engine.id
-                )));
+                        engine.socket.display(),
+                        engine.id
+                    ),
+                ));
             }
             match engine.holds.locked().claim(party, owner, *batch, cap.0) {
                 Ok(()) => Reply::Claimed,
-                Err(r) => refused(node(r.explain(*batch))),
+                Err(r) => refused(node(NodeFailure::Refused, r.explain(*batch))),
             }
         }
         Request::Stats => Reply::Stats {
@@ -169,9 +176,12 @@ fn answer_holder(req: &Request, party: u64, owner: usize, engine: &Engine) -> Re
             counts: None,
             node: engine.node_stats(None),
         },
-        other => refused(node(format!(
-            "{} on a holder's link: a holder keeps batches (claim) and asks for stats",
-            request_name(other)
-        ))),
+        other => refused(node(
+            NodeFailure::Protocol,
+            format!(
+                "{} on a holder's link: a holder keeps batches (claim) and asks for stats",
+                request_name(other)
+            ),
+        )),
     }
 }

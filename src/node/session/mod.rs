@@ -39,7 +39,7 @@ use super::engine::Engine;
 use super::proto::{self, Reply, Request, Role};
 use super::shm::Rings;
 use super::sock;
-use crate::error::Error;
+use crate::error::{Error, NodeFailure};
 
 /// How long a new connection may take to send its hello.
 const HELLO_WAIT: Duration = Duration::from_secs(10);
@@ -81,8 +81,8 @@ pub(super) fn refuse(conn: &OwnedFd, e: &Error) {
     let _ = sock::send(conn, &proto::encode(&reply), &[]);
 }
 
-pub(super) fn node(msg: impl Into<String>) -> Error {
-    Error::Node(msg.into())
+pub(super) fn node(failure: NodeFailure, msg: impl Into<String>) -> Error {
+    Error::node(failure, msg)
 }
 
 fn effective_uid() -> u32 {
@@ -107,7 +107,7 @@ pub(super) fn serve(conn: OwnedFd, engine: &Arc<Engine>) {
         if sock::poll(&[(&conn, true)], Some(Duration::from_secs(2))).is_ok() {
             let _ = sock::recv(&conn, &mut buf);
         }
-        return refuse(&conn, &node(why));
+        return refuse(&conn, &node(NodeFailure::Refused, why));
     }
     let pidfd = sock::peer_pidfd(&conn).ok();
     if pidfd.is_none() {
@@ -122,14 +122,22 @@ pub(super) fn serve(conn: OwnedFd, engine: &Arc<Engine>) {
         _ => {
             return refuse(
                 &conn,
-                &node(format!("no hello within {} s", HELLO_WAIT.as_secs())),
+                &node(
+                    NodeFailure::Protocol,
+                    format!("no hello within {} s", HELLO_WAIT.as_secs()),
+                ),
             );
         }
     };
     let req = match hello {
         Ok(Some(_)) => proto::decode::<Request>(&buf, "the first message"),
         Ok(None) => return,
-        Err(e) => return refuse(&conn, &node(format!("the first message: {e}"))),
+        Err(e) => {
+            return refuse(
+                &conn,
+                &node(NodeFailure::Gone, format!("the first message: {e}")),
+            );
+        }
     };
     let role = match req {
         Ok(Request::Hello {
@@ -138,18 +146,21 @@ pub(super) fn serve(conn: OwnedFd, engine: &Arc<Engine>) {
             role,
         }) => match proto::check_versions(protocol, &library) {
             Ok(()) => role,
-            Err(why) => return refuse(&conn, &node(why)),
+            Err(why) => return refuse(&conn, &node(NodeFailure::Refused, why)),
         },
         Ok(other) => {
             return refuse(
                 &conn,
-                &node(format!(
-                    "the first message must be a hello, not {}",
-                    request_name(&other)
-                )),
+                &node(
+                    NodeFailure::Protocol,
+                    format!(
+                        "the first message must be a hello, not {}",
+                        request_name(&other)
+                    ),
+                ),
             );
         }
-        Err(e) => return refuse(&conn, &node(e.0)),
+        Err(e) => return refuse(&conn, &node(NodeFailure::Protocol, e.0)),
     };
     match role {
         Role::Consumer { config } => consumer::serve(conn, pidfd, engine, &config, buf),

@@ -16,7 +16,7 @@ use bytes::Bytes;
 use super::Progress;
 use super::{S3_MAX_PARTS, S3_MIN_PART};
 use crate::config::{Checksum, Config};
-use crate::error::{Error, Result};
+use crate::error::{Error, Fault, Result};
 use crate::fetch::{NetOptions, with_retries};
 use crate::log::Level;
 use crate::net::http::{Fail, FailKind};
@@ -221,7 +221,7 @@ impl Upload {
             return Err(self
                 .shared
                 .failure()
-                .unwrap_or_else(|| Error::Internal("the upload threads stopped".into())));
+                .unwrap_or_else(|| Error::internal(Fault::Thread, "the upload threads stopped")));
         }
         Ok(())
     }
@@ -240,7 +240,9 @@ impl Upload {
             let h = std::thread::Builder::new()
                 .name(format!("ringfeed-put-{t}"))
                 .spawn(move || upload_parts(&shared, &rx, &upload, t))
-                .map_err(|e| Error::Internal(format!("cannot start an upload thread: {e}")))?;
+                .map_err(|e| {
+                    Error::internal(Fault::Thread, format!("cannot start an upload thread: {e}"))
+                })?;
             threads.push(h);
         }
         Ok(Pool {
@@ -256,7 +258,7 @@ impl Upload {
             for h in pool.threads.drain(..) {
                 if h.join().is_err() {
                     self.shared
-                        .fail(Error::Internal("an upload thread panicked".into()));
+                        .fail(Error::internal(Fault::Panic, "an upload thread panicked"));
                 }
             }
         }
@@ -293,11 +295,10 @@ impl Upload {
         let mut parts = s.done.locked().clone();
         parts.sort_by_key(|p| p.number);
         if parts.len() != self.parts as usize {
-            return Err(Error::Internal(format!(
-                "{} of {} parts were kept",
-                parts.len(),
-                self.parts
-            )));
+            return Err(Error::internal(
+                Fault::Invariant,
+                format!("{} of {} parts were kept", parts.len(), self.parts),
+            ));
         }
         let overwrite = self.overwrite;
         // Whether an attempt went out and got no answer: S3 may have
