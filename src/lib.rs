@@ -12,6 +12,7 @@
 
 pub mod cache; // the local cache tier: entries on disk, the directory, the writer
 pub mod config; // the configuration keys, parsed and checked
+pub mod consumer; // what a consumer holds: a loader in this process or attached to a node engine
 pub mod dataset; // URLs, braces and manifests → shards (and the resolver)
 pub mod engine; // the loader: start-up, workers, shuffler, sequencer, stats
 pub mod error; // the one error type and its kinds

@@ -47,7 +47,8 @@ use std::time::{Duration, Instant};
 
 use ringfeed_test_support as support;
 
-use ringfeed::node::{self, AnyNext, Attached, NodeOptions};
+use ringfeed::consumer::{AnyNext, Attached};
+use ringfeed::node::{self, NodeOptions};
 use ringfeed::synth::{self, GenOptions};
 use serde_json::{Value, json};
 use support::s3::{ACCESS_KEY, S3Server, SECRET_KEY};

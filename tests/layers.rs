@@ -32,9 +32,10 @@ const RANKS: &[(&str, u32)] = &[
     ("object", 6),
     ("node", 7),
     ("mount", 7),
-    ("ffi", 8),
+    ("consumer", 8),
+    ("ffi", 9),
     // Re-exports for the fuzz targets (docs/fuzzing.md); nothing imports it.
-    ("fuzzing", 9),
+    ("fuzzing", 10),
 ];
 
 /// The engine's files, in the order of its module doc's chain.
@@ -448,4 +449,128 @@ fn the_circle_check_finds_circles_and_only_those() {
         ),
     ];
     assert!(circles(&none).is_empty(), "{:?}", circles(&none));
+}
+
+/// The parts every part may use, which docs/architecture.md's "uses"
+/// column leaves out: the error type, the log, the lock helper and the
+/// redaction of URLs.
+const BASE: &[&str] = &["error", "log", "sync", "redact"];
+
+/// Each part of `src/` and the parts its files name (`crate::x`, or a
+/// name `lib.rs` re-exports from `x`), its unit tests included.
+fn imports_by_part(root: &Path) -> BTreeMap<String, std::collections::BTreeSet<String>> {
+    let exports = root_exports(root);
+    let mut files = Vec::new();
+    rs_files(root, &mut files);
+    let mut by_part: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
+    for f in &files {
+        let rel = f.strip_prefix(root).unwrap();
+        let part = rel.iter().next().unwrap().to_str().unwrap();
+        let part = part.trim_end_matches(".rs").to_string();
+        if part == "lib" {
+            continue;
+        }
+        let text = std::fs::read_to_string(f).unwrap();
+        let named = by_part.entry(part.clone()).or_default();
+        for (to, _) in paths(&text, "crate::") {
+            let to = exports.get(&to).cloned().unwrap_or(to);
+            if to != part {
+                named.insert(to);
+            }
+        }
+    }
+    by_part
+}
+
+/// docs/architecture.md's table of parts: (rank, part, uses) of each row
+/// that names a part of `src/`; `uses` as written, `—` read as none.
+fn table_rows(doc: &str) -> Vec<(u32, String, Vec<String>)> {
+    let mut rows = Vec::new();
+    for line in doc.lines() {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        if cells.len() < 6 || !cells[0].is_empty() {
+            continue;
+        }
+        let (Ok(rank), Some(path)) = (
+            cells[1].parse::<u32>(),
+            cells[2].trim_matches('`').strip_prefix("src/"),
+        ) else {
+            continue;
+        };
+        let part = path
+            .trim_end_matches('/')
+            .trim_end_matches(".rs")
+            .to_string();
+        let uses = match cells[4] {
+            "—" => Vec::new(),
+            list => list.split(',').map(|u| u.trim().to_string()).collect(),
+        };
+        rows.push((rank, part, uses));
+    }
+    rows
+}
+
+#[test]
+fn the_architecture_table_says_each_part_s_rank_and_what_it_uses() {
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(here.join("docs/architecture.md")).unwrap();
+    let rows = table_rows(&doc);
+    let imports = imports_by_part(&here.join("src"));
+    let ranks: BTreeMap<&str, u32> = RANKS.iter().copied().collect();
+    let mut wrong = Vec::new();
+    for (rank, part, uses) in &rows {
+        if ranks.get(part.as_str()) != Some(rank) {
+            wrong.push(format!(
+                "`{part}`: rank {rank} in the doc, {:?} in RANKS",
+                ranks.get(part.as_str())
+            ));
+        }
+        let actual = imports.get(part).cloned().unwrap_or_default();
+        for u in uses {
+            if !actual.contains(u) {
+                wrong.push(format!("`{part}`: the doc says it uses `{u}`; it does not"));
+            }
+        }
+        for a in actual.iter().filter(|a| !BASE.contains(&a.as_str())) {
+            if !uses.contains(a) {
+                wrong.push(format!("`{part}`: uses `{a}`, which the doc does not say"));
+            }
+        }
+    }
+    // Every ranked part has its row (the fuzzing re-exports aside).
+    for (part, _) in RANKS.iter().filter(|(p, _)| *p != "fuzzing") {
+        if !rows.iter().any(|(_, p, _)| p == part) {
+            wrong.push(format!(
+                "`{part}` has no row in docs/architecture.md's table"
+            ));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "docs/architecture.md's table is stale:\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn the_table_check_reads_rows_and_finds_a_stale_one() {
+    // Control: a row whose uses are wrong is read as written.
+    let doc = "| rank | part | what | uses |\n| --- | --- | --- | --- |\n\
+               | 2 | `src/memory/` | the arena | error, net |\n\
+               | 0 | `src/sync.rs` | locks | — |\n| — | `cli/` | the command | the library |\n";
+    let rows = table_rows(doc);
+    assert_eq!(
+        rows,
+        vec![
+            (
+                2,
+                "memory".to_string(),
+                vec!["error".to_string(), "net".to_string()]
+            ),
+            (0, "sync".to_string(), vec![]),
+        ]
+    );
+    let imports = imports_by_part(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
+    // memory does not use net: the check above would name it.
+    assert!(!imports["memory"].contains("net"));
 }

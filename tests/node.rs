@@ -12,7 +12,7 @@ use ringfeed_test_support as support;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use ringfeed::node::{AnyBatch, AnyNext, Attached};
+use ringfeed::consumer::{AnyBatch, AnyNext, Attached};
 use serde_json::{Map, Value, json};
 use support::node::*;
 

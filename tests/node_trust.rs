@@ -15,8 +15,9 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 use std::time::Duration;
 
+use ringfeed::consumer::{AnyNext, Attached};
 use ringfeed::node::proto::{self, Cap, EngineId, Key, Reply, Request, Role};
-use ringfeed::node::{self, AnyNext, Attached, sock};
+use ringfeed::node::{self, sock};
 use serde_json::{Map, Value, json};
 use support::node::*;
 
@@ -286,7 +287,11 @@ fn a_consumer_that_truncates_scribbles_on_and_floods_what_it_holds_hurts_only_it
 
 /// The bytes of batch `b`'s fields read through `base`, a mapping of the
 /// arena that the consumer maps at `mine`.
-fn bytes_through(b: &ringfeed::node::AnyBatch, mine: *const u8, base: *const u8) -> Vec<Vec<u8>> {
+fn bytes_through(
+    b: &ringfeed::consumer::AnyBatch,
+    mine: *const u8,
+    base: *const u8,
+) -> Vec<Vec<u8>> {
     b.raw_fields()
         .iter()
         .map(|f| {

@@ -10,7 +10,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Value, json};
 
 use ringfeed::Config;
-use ringfeed::node::{AnyBatch, AnyNext, Attached};
+use ringfeed::consumer::{AnyBatch, AnyNext, Attached};
 use ringfeed::synth;
 
 use crate::AnyResult;

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ringfeed::node::{AnyNext, Attached};
+use ringfeed::consumer::{AnyNext, Attached};
 use serde_json::json;
 
 mod common;

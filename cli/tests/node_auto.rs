@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use ringfeed::node::{AnyNext, Attached};
+use ringfeed::consumer::{AnyNext, Attached};
 use serde_json::{Value, json};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ringfeed");

@@ -19,16 +19,29 @@ use crate::queue::RecvError;
 use crate::sync::Locked;
 use crate::topology::Claims;
 
-/// What `next` returns when it does not fail.
+/// What `next` returns when it does not fail: of a loader in this process
+/// a [`Batch`]; of one attached to a node engine, that engine's batch.
 #[derive(Debug)]
-pub enum Next {
-    Batch(Batch),
+pub enum Next<B = Batch> {
+    Batch(B),
     /// Every batch of this epoch was handed out.
     EndOfEpoch(u64),
     /// Nothing arrived before the time-out.
     Timeout,
     /// Every epoch is over; no batch will come.
     Finished,
+}
+
+impl<B> Next<B> {
+    /// The same answer, its batch (if it is one) mapped by `f`.
+    pub fn map<C>(self, f: impl FnOnce(B) -> C) -> Next<C> {
+        match self {
+            Next::Batch(b) => Next::Batch(f(b)),
+            Next::EndOfEpoch(e) => Next::EndOfEpoch(e),
+            Next::Timeout => Next::Timeout,
+            Next::Finished => Next::Finished,
+        }
+    }
 }
 
 /// Fixed facts of a loader, decided at open.

@@ -12,7 +12,7 @@ use super::boundary::{
 };
 use super::status::{RINGFEED_ERR_INVALID_HANDLE, RINGFEED_OK};
 use super::types::ringfeed_batch;
-use crate::node::AnyBatch;
+use crate::consumer::AnyBatch;
 use crate::sync::Locked;
 
 /// Releases a batch: its chunks may be reused, and every pointer it held

@@ -15,12 +15,12 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, LazyLock, Mutex};
 
 use super::types::ringfeed_loader;
+use crate::consumer::{AnyBatch, Attached};
 use crate::error::Error;
 use crate::error::status::{
     RINGFEED_ERR_BUFFER_TOO_SMALL, RINGFEED_ERR_INVALID_ARGUMENT, RINGFEED_ERR_INVALID_HANDLE,
     RINGFEED_ERR_PANIC, RINGFEED_OK,
 };
-use crate::node::{AnyBatch, Attached};
 use crate::object::{ObjectBuf, Writer};
 use crate::sync::Locked;
 

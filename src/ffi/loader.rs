@@ -18,7 +18,7 @@ use super::status::{
     RINGFEED_OK, RINGFEED_TIMEOUT,
 };
 use super::types::{ringfeed_batch, ringfeed_loader};
-use crate::node::{AnyNext, Attached};
+use crate::consumer::{AnyNext, Attached};
 use crate::sync::Locked;
 
 /// Opens a loader from a JSON configuration (see docs/configuration.md).

@@ -111,13 +111,7 @@ impl Link {
 }
 
 /// What `next` returns when it does not fail.
-#[derive(Debug)]
-pub enum NodeNext {
-    Batch(NodeBatch),
-    EndOfEpoch(u64),
-    Timeout,
-    Finished,
-}
+pub type NodeNext = crate::engine::Next<NodeBatch>;
 
 struct Taking {
     buf: Vec<u8>,

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use ringfeed::node::{self, AnyBatch, AnyNext, Attached, NodeOptions};
+use ringfeed::consumer::{AnyBatch, AnyNext, Attached};
+use ringfeed::node::{self, NodeOptions};
 use ringfeed::synth::{GenOptions, generate};
 use serde_json::{Map, Value, json};
 
