@@ -123,10 +123,16 @@ impl Engine {
         Ok(s)
     }
 
-    /// Frees batches outside the table's lock: dropping one gives its
-    /// chunks back to the pool, which takes the pool's lock.
-    pub fn free(&self, batches: Vec<Batch>) {
-        drop(batches);
+    /// Changes the table of holds by `change` (a release, an exit), then
+    /// frees the batches it gave back outside the table's lock: dropping
+    /// one gives its chunks back to the pool, which takes the pool's lock.
+    /// The one way the engine frees a batch it handed out.
+    pub fn release<B: IntoIterator<Item = Batch>>(
+        &self,
+        change: impl FnOnce(&mut Holds<Batch>) -> B,
+    ) {
+        let freed: Vec<Batch> = change(&mut self.holds.locked()).into_iter().collect();
+        drop(freed);
     }
 
     /// The engine's side of every stats reply; `party` is the asking

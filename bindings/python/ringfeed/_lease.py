@@ -16,6 +16,11 @@ after `release()`, and per-sample memoryviews are released (they raise
 
 After fork(), the child never calls into the engine for a lease made in the
 parent (the engine's threads and locks are not in the child).
+
+`_Keeper` is the one way a batch's memory is given back from Python: a
+`_Lease`, a node engine's batch kept by its key and a DataLoader worker's
+batch held in the main process (`_transport.NodeHeld`, `RemoteBatch`) each
+say only what giving back is.
 """
 
 import ctypes
@@ -46,26 +51,52 @@ def live_batches():
     return _live[0]
 
 
-class _Lease:
-    __slots__ = ("raw", "generation", "arena", "ticket", "__weakref__")
+class _Keeper:
+    """What keeps a batch's memory alive in this process and gives it back,
+    once, when the last reference to it goes (`_give_back`): a lease of a
+    loader of this process (`_Lease`), a node engine's batch kept by its key
+    (`_transport.NodeHeld`), a DataLoader worker's batch held in the main
+    process (`_transport.RemoteBatch`). A forked child's copy gives nothing
+    back: the batch is the parent's."""
+
+    __slots__ = ("generation", "__weakref__")
+
+    def __init__(self):
+        self.generation = _fork_generation
+
+    def _give_back(self):
+        raise NotImplementedError
+
+    def _forget(self):
+        """What this process counts of it, undone (in a forked child too)."""
+
+    def __del__(self):
+        try:
+            self._forget()
+            if self.generation == _fork_generation:
+                self._give_back()
+        except Exception:  # interpreter shutdown: the library may be gone
+            pass
+
+
+class _Lease(_Keeper):
+    __slots__ = ("raw", "arena", "ticket")
 
     def __init__(self, raw, arena=None):
+        super().__init__()
         self.raw = raw
-        self.generation = _fork_generation
         # The loader's shared arena (`_transport.Arena`) when it has one:
         # then the batch can be shipped to another process without a copy.
         self.arena = arena
         self.ticket = None  # its `_transport.Ticket`, once shipped
         _live[0] += 1
 
-    def __del__(self):
-        raw = self.raw
-        try:
-            _live[0] -= 1
-            if raw.handle and self.generation == _fork_generation:
-                _ffi.lib.ringfeed_batch_release(ctypes.byref(raw))
-        except Exception:  # interpreter shutdown: the library may be gone
-            pass
+    def _forget(self):
+        _live[0] -= 1
+
+    def _give_back(self):
+        if self.raw.handle:
+            _ffi.lib.ringfeed_batch_release(ctypes.byref(self.raw))
 
 
 class _Exported:

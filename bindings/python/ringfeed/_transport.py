@@ -57,7 +57,7 @@ import threading
 import weakref
 
 from . import _ffi
-from ._lease import fork_generation
+from ._lease import _Keeper, fork_generation
 from .errors import last_error_message
 
 _SERIAL = struct.Struct("<Q")
@@ -252,25 +252,21 @@ def _claim(key):
     return base.value
 
 
-class NodeHeld:
+class NodeHeld(_Keeper):
     """A node engine's batch this process keeps; its end releases it. The
     views' bytes lie at `address` plus their offset in the arena."""
 
-    __slots__ = ("key", "address", "generation", "__weakref__")
+    __slots__ = ("key", "address")
 
     def __init__(self, key):
+        super().__init__()
         self.key = None
-        self.generation = fork_generation()
         self.address = _claim(key)
         self.key = key
 
-    def __del__(self):
-        if self.key is None or self.generation != fork_generation():
-            return  # not kept, or a forked child's copy: the parent's to release
-        try:
+    def _give_back(self):
+        if self.key is not None:  # None: the claim failed, nothing is kept
             _ffi.lib.ringfeed_node_release(self.key)
-        except Exception:  # interpreter shutdown
-            pass
 
 
 def _receive_node(key):
@@ -417,29 +413,24 @@ def _releaser(token, pid, fd, inode):
         return r
 
 
-class RemoteBatch:
+class RemoteBatch(_Keeper):
     """A batch of a worker's own arena held in this process; its end
     releases it there."""
 
-    __slots__ = ("mapping", "releaser", "serial", "generation", "__weakref__")
+    __slots__ = ("mapping", "releaser", "serial")
 
     def __init__(self, mapping, releaser, serial):
+        super().__init__()
         self.mapping = mapping
         self.releaser = releaser
         self.serial = serial
-        self.generation = fork_generation()
 
     @property
     def address(self):
         return self.mapping.address
 
-    def __del__(self):
-        if self.generation != fork_generation():
-            return  # a forked child's copy: the batch is its parent's to release
-        try:
-            self.releaser.release(self.serial)
-        except Exception:  # interpreter shutdown
-            pass
+    def _give_back(self):
+        self.releaser.release(self.serial)
 
 
 def _receive_batch(address, serial):

@@ -134,14 +134,12 @@ pub(super) fn serve(
     if !exited {
         feed.prune_unread();
         let untaken: Vec<u64> = feed.unread.locked().drain(..).map(|(_, id)| id).collect();
-        let mut freed = Vec::new();
-        {
-            let mut holds = engine.holds.locked();
-            for id in untaken {
-                freed.extend(holds.consumer_release(party, id, false));
-            }
-        }
-        engine.free(freed);
+        engine.release(|holds| {
+            untaken
+                .into_iter()
+                .filter_map(|id| holds.consumer_release(party, id, false))
+                .collect::<Vec<_>>()
+        });
     }
     // The consumer sees its end now, whether it hung up or was refused.
     // SAFETY: shuts down a socket this function owns.
@@ -164,8 +162,7 @@ pub(super) fn serve(
             }
         }
     }
-    let freed = engine.holds.locked().consumer_exited(party);
-    engine.free(freed);
+    engine.release(|holds| holds.consumer_exited(party));
 }
 
 /// Takes what the consumer's ring holds; false when the ring is broken
@@ -181,16 +178,12 @@ fn take_releases(
     if take_ring(wake, rings, idle, &mut released).is_err() {
         return false;
     }
-    let mut freed = Vec::new();
-    {
-        let mut holds = engine.holds.locked();
-        for r in released {
-            if let Some(b) = holds.consumer_release(party, r & !SHIPPED, r & SHIPPED != 0) {
-                freed.push(b);
-            }
-        }
-    }
-    engine.free(freed);
+    engine.release(|holds| {
+        released
+            .into_iter()
+            .filter_map(|r| holds.consumer_release(party, r & !SHIPPED, r & SHIPPED != 0))
+            .collect::<Vec<_>>()
+    });
     true
 }
 

@@ -104,11 +104,7 @@ pub(super) fn run_feed(feed: &Feed, engine: &Engine) {
                 };
                 let fits = || buf.len() <= feed.rings.max_record();
                 if encoded.is_err() || !fits() {
-                    let freed = engine
-                        .holds
-                        .locked()
-                        .consumer_release(feed.party, id, false);
-                    engine.free(freed.into_iter().collect());
+                    engine.release(|holds| holds.consumer_release(feed.party, id, false));
                 }
                 if let Err(e) = encoded {
                     return failed(feed, &e);
@@ -129,11 +125,7 @@ pub(super) fn run_feed(feed: &Feed, engine: &Engine) {
                 if !push(feed, &buf, Some(id)) {
                     // Stopped before its record went out: never the
                     // consumer's.
-                    let freed = engine
-                        .holds
-                        .locked()
-                        .consumer_release(feed.party, id, false);
-                    engine.free(freed.into_iter().collect());
+                    engine.release(|holds| holds.consumer_release(feed.party, id, false));
                     return;
                 }
                 continue;

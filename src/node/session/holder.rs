@@ -58,8 +58,7 @@ pub(super) fn serve(conn: OwnedFd, pidfd: Option<OwnedFd>, engine: &Arc<Engine>,
         );
         engine.whole.holders.fetch_sub(1, Ordering::AcqRel);
     }
-    let freed = engine.holds.locked().holder_exited(party);
-    engine.free(freed);
+    engine.release(|holds| holds.holder_exited(party));
     engine.pool.leave(owner, 1);
 }
 
@@ -103,16 +102,12 @@ fn holder_loop(
             if take_ring(wake, rings, &mut idle, &mut released).is_err() {
                 ring_ok = false;
             } else if !released.is_empty() {
-                let mut freed = Vec::new();
-                {
-                    let mut holds = engine.holds.locked();
-                    for &id in &released {
-                        if let Ok(Some(b)) = holds.holder_release(party, id) {
-                            freed.push(b);
-                        }
-                    }
-                }
-                engine.free(freed);
+                engine.release(|holds| {
+                    released
+                        .iter()
+                        .filter_map(|&id| holds.holder_release(party, id).ok().flatten())
+                        .collect::<Vec<_>>()
+                });
             }
         }
         if !open {
