@@ -12,7 +12,7 @@ use std::net::TcpListener;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ringfeed::mount::tree::Kind;
+use ringfeed::mount::tree::TreeKind;
 use ringfeed::mount::{Fs, MountOptions};
 use serde_json::json;
 
@@ -74,8 +74,8 @@ fn serve(
 }
 
 /// The names `Fs::readdir` shows in `dir`, without `.` and `..`.
-fn names(fs: &Fs, dir: u64) -> Vec<(String, Kind)> {
-    let mut v: Vec<(String, Kind)> = fs
+fn names(fs: &Fs, dir: u64) -> Vec<(String, TreeKind)> {
+    let mut v: Vec<(String, TreeKind)> = fs
         .readdir(dir)
         .unwrap()
         .into_iter()
@@ -120,9 +120,9 @@ fn a_listing_page_of_hostile_links_shows_only_safe_names() {
     assert_eq!(
         names(&fs, ROOT),
         vec![
-            ("good.bin".to_string(), Kind::File),
-            ("sp ace.bin".to_string(), Kind::File),
-            ("sub".to_string(), Kind::Dir),
+            ("good.bin".to_string(), TreeKind::File),
+            ("sp ace.bin".to_string(), TreeKind::File),
+            ("sub".to_string(), TreeKind::Dir),
         ]
     );
     for bad in ["..", ".", "", "a/b", "etc", "passwd", "x\0y"] {
@@ -185,9 +185,9 @@ fn an_s3_listing_of_hostile_keys_shows_only_the_keys_beneath_its_prefix() {
     assert_eq!(
         names(&fs, ROOT),
         vec![
-            ("good.bin".to_string(), Kind::File),
-            ("sub".to_string(), Kind::Dir),
-            ("\u{e9}t\u{e9}.bin".to_string(), Kind::File),
+            ("good.bin".to_string(), TreeKind::File),
+            ("sub".to_string(), TreeKind::Dir),
+            ("\u{e9}t\u{e9}.bin".to_string(), TreeKind::File),
         ]
     );
     for bad in ["..", ".", "", "a", "x", "fake.bin", "outside.bin"] {

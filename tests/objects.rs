@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 
 use ringfeed_test_support as support;
 
-use ringfeed::object::{self, Writer};
+use ringfeed::object::{self, ObjectWriter};
 use ringfeed::{Config, Error};
 use support::{Server, pattern};
 
@@ -435,7 +435,7 @@ fn local_writes_appear_whole_and_never_replace_a_file_unless_asked() {
         let path = dir.path().join(format!("w-{i}.bin"));
         let url = path.display().to_string();
         let data = pattern(100 + i as u64, n);
-        let mut w = Writer::open(&url, &c, None).unwrap();
+        let mut w = ObjectWriter::open(&url, &c, None).unwrap();
         for piece in data.chunks(10_007) {
             w.write(piece).unwrap();
             assert!(!path.exists(), "visible before finish");
@@ -477,10 +477,10 @@ fn local_writes_appear_whole_and_never_replace_a_file_unless_asked() {
     // Dropped or aborted unfinished: nothing is left, not even a
     // temporary file.
     let url = dir.path().join("dropped.bin").display().to_string();
-    let mut w = Writer::open(&url, &c, None).unwrap();
+    let mut w = ObjectWriter::open(&url, &c, None).unwrap();
     w.write(&pattern(1, 1000)).unwrap();
     drop(w);
-    let mut w = Writer::open(&url, &c, None).unwrap();
+    let mut w = ObjectWriter::open(&url, &c, None).unwrap();
     w.write(&pattern(1, 1000)).unwrap();
     w.abort().unwrap();
     let mut names: Vec<_> = std::fs::read_dir(dir.path())
@@ -494,8 +494,8 @@ fn local_writes_appear_whole_and_never_replace_a_file_unless_asked() {
     // Two writers race for one new name: exactly one wins.
     let url = dir.path().join("raced.bin").display().to_string();
     let (mut a, mut b) = (
-        Writer::open(&url, &c, None).unwrap(),
-        Writer::open(&url, &c, None).unwrap(),
+        ObjectWriter::open(&url, &c, None).unwrap(),
+        ObjectWriter::open(&url, &c, None).unwrap(),
     );
     a.write(b"aaaa").unwrap();
     b.write(b"bbbb").unwrap();
@@ -527,7 +527,7 @@ fn writes_to_http_and_bad_targets_are_refused_by_name() {
     assert!(e.to_string().contains("no/such/dir"), "{e}");
     let e = object::write("s3://bucket/", b"x", &c, None).unwrap_err();
     assert!(e.to_string().contains("prefix"), "{e}");
-    let e = Writer::open("s3://b/k", &cfg(r#", "part_size": "1MiB""#), None).unwrap_err();
+    let e = ObjectWriter::open("s3://b/k", &cfg(r#", "part_size": "1MiB""#), None).unwrap_err();
     assert!(e.to_string().contains("at least 5 MiB"), "{e}");
     for bad in [
         r#"{"part_size": 10}"#,

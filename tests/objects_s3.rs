@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use ringfeed_test_support as support;
 
-use ringfeed::object::{self, Progress, Writer};
+use ringfeed::object::{self, ObjectWriter, Progress};
 use ringfeed::{Config, Error};
 use s3s::S3ErrorCode;
 use support::pattern;
@@ -57,7 +57,7 @@ fn every_size_round_trips_with_each_checksum_in_one_call_and_in_pieces() {
 
             // The same bytes in uneven pieces through a writer.
             let key = format!("{checksum}/pieces-{i}.bin");
-            let mut w = Writer::open(&url(&key), &c, None).unwrap();
+            let mut w = ObjectWriter::open(&url(&key), &c, None).unwrap();
             for piece in data.chunks(1_000_003) {
                 w.write(piece).unwrap();
             }
@@ -81,7 +81,7 @@ fn an_object_appears_only_when_complete() {
     let (root, s) = server();
     let c = cfg(&s, "");
     let path = root.path().join(BUCKET).join("late.bin");
-    let mut w = Writer::open(&url("late.bin"), &c, None).unwrap();
+    let mut w = ObjectWriter::open(&url("late.bin"), &c, None).unwrap();
     w.write(&pattern(1, 3 * PART)).unwrap();
     // Parts are uploading or uploaded: no object yet.
     assert!(!path.exists());
@@ -105,7 +105,7 @@ fn a_part_that_fails_for_good_leaves_no_object_and_no_upload() {
         s.clear_faults();
         s.fail_upload_part(3, code);
         let key = format!("failed-{what}.bin");
-        let mut w = Writer::open(&url(&key), &c, None).unwrap();
+        let mut w = ObjectWriter::open(&url(&key), &c, None).unwrap();
         // The failure surfaces at a later write or at finish.
         let r = w.write(&pattern(3, 6 * PART)).and_then(|()| w.finish());
         let e = r.unwrap_err();
@@ -140,10 +140,10 @@ fn a_part_that_fails_for_good_leaves_no_object_and_no_upload() {
 fn a_writer_dropped_or_aborted_unfinished_leaves_nothing() {
     let (root, s) = server();
     let c = cfg(&s, "");
-    let mut w = Writer::open(&url("dropped.bin"), &c, None).unwrap();
+    let mut w = ObjectWriter::open(&url("dropped.bin"), &c, None).unwrap();
     w.write(&pattern(5, 2 * PART + 5)).unwrap();
     drop(w);
-    let mut w = Writer::open(&url("aborted.bin"), &c, None).unwrap();
+    let mut w = ObjectWriter::open(&url("aborted.bin"), &c, None).unwrap();
     w.write(&pattern(5, 2 * PART + 5)).unwrap();
     w.abort().unwrap();
     assert!(s.requests(Op::AbortMultipartUpload) >= 2);
@@ -180,8 +180,8 @@ fn overwrite_is_refused_unless_asked_and_racing_writers_leave_one_winner() {
     // completion (and PutObject) refuses the second.
     for (key, n) in [("second-small.bin", 10), ("second-large.bin", 2 * PART + 1)] {
         let (mut a, mut b) = (
-            Writer::open(&url(key), &c, None).unwrap(),
-            Writer::open(&url(key), &c, None).unwrap(),
+            ObjectWriter::open(&url(key), &c, None).unwrap(),
+            ObjectWriter::open(&url(key), &c, None).unwrap(),
         );
         a.write(&pattern(3, n)).unwrap();
         b.write(&pattern(4, n)).unwrap();

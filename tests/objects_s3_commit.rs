@@ -17,7 +17,7 @@ use ringfeed_test_support as support;
 use ringfeed::net::s3::Env;
 use ringfeed::net::s3::list::S3Client;
 use ringfeed::net::s3::upload::{Checksum, multipart_etag};
-use ringfeed::object::{self, Writer};
+use ringfeed::object::{self, ObjectWriter};
 use ringfeed::{Config, Error};
 use s3s::S3ErrorCode;
 use support::pattern;
@@ -174,7 +174,7 @@ fn control_another_writers_object_at_the_key_is_still_exists() {
     let data = pattern(77, 2 * PART);
     let key = "raced.bin";
     s.complete_as(Completion::OtherWriterFirst, Some(1));
-    let mut w = Writer::open(&url(key), &c, None).unwrap();
+    let mut w = ObjectWriter::open(&url(key), &c, None).unwrap();
     w.write(&data).unwrap();
     let e = w.finish().unwrap_err();
     assert!(matches!(e, Error::Exists { .. }), "{e:?}");

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use ringfeed::net::s3::creds::{self, Provider, Source};
+use ringfeed::net::s3::creds::{self, CredentialSource, Provider};
 use ringfeed::net::s3::{Env, S3Config};
 
 /// One request as the server saw it.
@@ -160,7 +160,7 @@ fn imds_v2_token_then_role_then_credentials() {
     assert_eq!(server.requests.load(Ordering::SeqCst), 3);
     // The whole chain ends there when nothing else is configured.
     let (source, _) = creds::chain(&S3Config::default(), &env).unwrap();
-    assert_eq!(source, Source::InstanceMetadata);
+    assert_eq!(source, CredentialSource::InstanceMetadata);
     // Disabled: never asked.
     let before = server.requests.load(Ordering::SeqCst);
     let env = env.set("AWS_EC2_METADATA_DISABLED", "true");
@@ -220,7 +220,7 @@ fn container_credentials_send_the_authorization_token() {
     let (source, c) = creds::chain(&S3Config::default(), &env).unwrap();
     assert_eq!(
         (source, c.access_key_id.as_str()),
-        (Source::Container, "ASIACONT")
+        (CredentialSource::Container, "ASIACONT")
     );
 }
 
@@ -259,7 +259,7 @@ fn web_identity_assumes_the_role_with_the_token_file() {
         .set("AWS_ROLE_ARN", "arn:aws:iam::123456789012:role/trainer")
         .set("AWS_ENDPOINT_URL_STS", &server.url);
     let (source, c) = creds::chain(&S3Config::default(), &env).unwrap();
-    assert_eq!(source, Source::WebIdentity);
+    assert_eq!(source, CredentialSource::WebIdentity);
     assert_eq!(
         (c.access_key_id.as_str(), c.session_token()),
         ("ASIAWEB", Some("TOKENWEB"))
@@ -295,7 +295,7 @@ fn temporary_credentials_are_refreshed_before_they_expire() {
             &format!("{}/c", server.url),
         );
     let p = Provider::new(&S3Config::default(), &env).unwrap();
-    assert_eq!(p.source(), Source::Container);
+    assert_eq!(p.source(), CredentialSource::Container);
     let a = p.get(SystemTime::now()).unwrap();
     assert_eq!(fetches.load(Ordering::SeqCst), 1);
     let b = p.get(SystemTime::now() + Duration::from_secs(125)).unwrap();
@@ -392,7 +392,7 @@ echo '{{"Version": 1, "AccessKeyId": "ASIAPROC", "SecretAccessKey": "SECRET-PROC
         ..Default::default()
     };
     let (source, c) = creds::chain(&cfg("proc"), &env).unwrap();
-    assert_eq!(source, Source::Profile);
+    assert_eq!(source, CredentialSource::Profile);
     assert_eq!(
         (
             c.access_key_id.as_str(),
@@ -556,7 +556,7 @@ web_identity_token_file = TOKEN_FILE
         ..Default::default()
     };
     let (source, c) = creds::chain(&cfg("first"), &env).unwrap();
-    assert_eq!(source, Source::Profile);
+    assert_eq!(source, CredentialSource::Profile);
     assert_eq!(
         (c.access_key_id.as_str(), c.session_token()),
         ("ASIAFIRST", Some("TOKENFIRST"))
@@ -718,7 +718,7 @@ sso_role_name = Trainer
     };
     for profile in ["sso", "legacy"] {
         let (source, c) = creds::chain(&cfg(profile), &env).unwrap();
-        assert_eq!(source, Source::Profile);
+        assert_eq!(source, CredentialSource::Profile);
         assert_eq!(
             (c.access_key_id.as_str(), c.session_token()),
             ("ASIASSO", Some("TOKEN-SSO")),

@@ -1,11 +1,11 @@
 //! `ringfeed get`: whole objects read with the library's ranged reads in
 //! flight, streamed in order through a window of a few parts
 //! (`ringfeed::object::stream`) into files through the library's own
-//! `Writer` (a temporary file renamed into place, so a file appears only
-//! whole and never replaces one unless `--overwrite`), to stdout or into a
-//! device or pipe. Memory stays at the window's, whatever the object's
-//! size: reading an object whole first took its size in fresh memory,
-//! whose first touch cost more than the transfer on a VM.
+//! `ObjectWriter` (a temporary file renamed into place, so a file appears
+//! only whole and never replaces one unless `--overwrite`), to stdout or
+//! into a device or pipe. Memory stays at the window's, whatever the
+//! object's size: reading an object whole first took its size in fresh
+//! memory, whose first touch cost more than the transfer on a VM.
 
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -14,7 +14,7 @@ use std::sync::Arc;
 use serde_json::json;
 
 use ringfeed::net::NetOptions;
-use ringfeed::object::{self, Progress, Writer};
+use ringfeed::object::{self, ObjectWriter, Progress};
 
 use crate::AnyResult;
 use crate::args::{GetArgs, object_config};
@@ -100,7 +100,8 @@ pub(crate) fn get(a: GetArgs) -> AnyResult<()> {
             (Some(to), _) => {
                 let _writing = WritingGuard::new();
                 // Fails before any byte is fetched when a file is in the way.
-                let mut w = Writer::open(&local(to), &cfg, None).map_err(transfer::explain)?;
+                let mut w =
+                    ObjectWriter::open(&local(to), &cfg, None).map_err(transfer::explain)?;
                 let mut sink = Interruptible(&mut w);
                 // Ctrl-C stops the read as the next part completes.
                 let stop = || transfer::check_interrupt().is_err();
@@ -136,7 +137,7 @@ pub(crate) fn get(a: GetArgs) -> AnyResult<()> {
 
 /// A file being written, fed by the read's parts; refuses once Ctrl-C
 /// came, which stops the read.
-struct Interruptible<'a>(&'a mut Writer);
+struct Interruptible<'a>(&'a mut ObjectWriter);
 
 impl Write for Interruptible<'_> {
     fn write(&mut self, b: &[u8]) -> io::Result<usize> {

@@ -1,8 +1,8 @@
-//! `ringfeed put`: a file or stdin streamed into the library's `Writer`
-//! (`ringfeed::object::write`) a part at a time, so memory stays at the
-//! writer's parts in flight whatever the size. The object appears only once
-//! whole; an error or Ctrl-C drops the writer, which aborts the write (no
-//! S3 upload, no temporary file left).
+//! `ringfeed put`: a file or stdin streamed into the library's
+//! `ObjectWriter` (`ringfeed::object::write`) a part at a time, so memory
+//! stays at the writer's parts in flight whatever the size. The object
+//! appears only once whole; an error or Ctrl-C drops the writer, which
+//! aborts the write (no S3 upload, no temporary file left).
 
 use std::fs::File;
 use std::io::{self, Read};
@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use ringfeed::object::{Progress, Writer};
+use ringfeed::object::{ObjectWriter, Progress};
 
 use crate::AnyResult;
 use crate::args::{PutArgs, object_config};
@@ -52,7 +52,7 @@ pub(crate) fn put(a: PutArgs) -> AnyResult<()> {
     let progress = Arc::new(Progress::default());
     let _writing = WritingGuard::new();
     let mut w =
-        Writer::open(&a.url, &cfg, Some(Arc::clone(&progress))).map_err(transfer::explain)?;
+        ObjectWriter::open(&a.url, &cfg, Some(Arc::clone(&progress))).map_err(transfer::explain)?;
     let mut bars = Bars::new(size, 1);
     bars.start_object(&a.url, size, progress);
     loop {

@@ -4,7 +4,7 @@
 //! pinned to now, other engines' claims included; as text or `--json`.
 
 use ringfeed::config::AUTO_WORKERS;
-use ringfeed::topology::{self, ClaimsDir, Request, Topology, format_cpu_list};
+use ringfeed::topology::{self, ClaimsDir, PlacementRequest, Topology, format_cpu_list};
 use serde_json::json;
 
 use crate::AnyResult;
@@ -20,11 +20,11 @@ pub(crate) fn topology_cmd(a: TopologyArgs) -> AnyResult<()> {
     };
     let p = topology::worker_cpus(
         &topo,
-        &Request {
+        &PlacementRequest {
             threads: workers,
             allowed: &allowed,
             claimed: &claimed,
-            ..Request::default()
+            ..PlacementRequest::default()
         },
     );
     if a.json {

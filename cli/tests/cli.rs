@@ -401,7 +401,7 @@ fn topology_prints_this_machine_and_a_placement() {
 /// run in a second process pins its worker on the one left.
 #[test]
 fn an_engine_in_another_process_avoids_claimed_cpus() {
-    use ringfeed::topology::{self, ClaimsDir, Request};
+    use ringfeed::topology::{self, ClaimsDir, PlacementRequest};
     let topo = topology::discover();
     let allowed = topo.allowed();
     if allowed.len() < 2 {
@@ -412,10 +412,10 @@ fn an_engine_in_another_process_avoids_claimed_cpus() {
     let dir = ClaimsDir::at(&run.path().join("ringfeed/cpus")).unwrap();
     let (held, claims) = dir.place(
         &topo,
-        &Request {
+        &PlacementRequest {
             threads: allowed.len() - 1,
             allowed: &allowed,
-            ..Request::default()
+            ..PlacementRequest::default()
         },
     );
     let held = held.cpus.unwrap();

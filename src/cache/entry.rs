@@ -351,8 +351,8 @@ fn read_full_at(file: &File, buf: &mut [u8], at: u64) -> std::io::Result<usize> 
 /// completes and renames over the entry's name. Dropped unfinished, the
 /// temporary file is removed.
 ///
-/// [`finish`]: Writer::finish
-pub struct Writer {
+/// [`finish`]: EntryWriter::finish
+pub struct EntryWriter {
     file: File,
     /// The same file opened with O_DIRECT, where the file system takes
     /// it: whole aligned pieces go there, from the caller's memory to the
@@ -366,7 +366,7 @@ pub struct Writer {
     len: u64,
     written: u64,
     /// The sums of the bytes as written; `None` where the caller gives
-    /// them at the end ([`Writer::sums_given`]).
+    /// them at the end ([`EntryWriter::sums_given`]).
     sums: Option<BlockSums>,
     done: bool,
 }
@@ -412,12 +412,12 @@ impl BlockSums {
     }
 }
 
-impl Writer {
+impl EntryWriter {
     /// Starts the entry for `id` in `dir`, through the temporary file
     /// `tmp` (in `dir`; the caller makes sure no one else writes it, so a
     /// file found there is a dead fill's, and is replaced). The file is
     /// made anew, 0600, never through a link planted at its name.
-    pub fn create(dir: &Path, id: &Identity, tmp: &str) -> std::io::Result<Writer> {
+    pub fn create(dir: &Path, id: &Identity, tmp: &str) -> std::io::Result<EntryWriter> {
         let text = id.text().map_err(std::io::Error::other)?;
         let tmp = dir.join(tmp);
         let file = match super::private::create_new(&tmp) {
@@ -435,7 +435,7 @@ impl Writer {
             .open(&tmp)
             .ok()
             .filter(|d| super::private::same_inode(d, &file));
-        Ok(Writer {
+        Ok(EntryWriter {
             file,
             direct,
             tmp,
@@ -456,7 +456,7 @@ impl Writer {
     /// entry's first read finds the block that differs ([`Entry::check`])
     /// and drops it: never served.
     ///
-    /// [`finish_as`]: Writer::finish_as
+    /// [`finish_as`]: EntryWriter::finish_as
     pub fn sums_given(&mut self) {
         self.sums = None;
     }
@@ -507,10 +507,11 @@ impl Writer {
         self.complete(samples, None)
     }
 
-    /// [`finish`](Writer::finish) with the checksum table `taken` when the
-    /// data was read, before anyone else could write its memory: the
+    /// [`finish`](EntryWriter::finish) with the checksum table `taken` when
+    /// the data was read, before anyone else could write its memory: the
     /// entry's table, so bytes changed in memory between their read and
-    /// their write fail the entry's first read ([`Writer::sums_given`]).
+    /// their write fail the entry's first read
+    /// ([`EntryWriter::sums_given`]).
     pub fn finish_as(
         self,
         samples: Option<u64>,
@@ -550,7 +551,7 @@ impl Writer {
     }
 }
 
-impl Drop for Writer {
+impl Drop for EntryWriter {
     fn drop(&mut self) {
         if !self.done {
             let _ = std::fs::remove_file(&self.tmp);
@@ -565,7 +566,7 @@ pub fn store(
     data: &[u8],
     samples: Option<u64>,
 ) -> std::io::Result<PathBuf> {
-    let mut w = Writer::create(dir, id, &format!(".{}.tmp", id.file_name()))?;
+    let mut w = EntryWriter::create(dir, id, &format!(".{}.tmp", id.file_name()))?;
     w.append(data)?;
     Ok(w.finish(samples)?.0)
 }
@@ -649,7 +650,7 @@ mod tests {
                 .unwrap();
         for piece in [1, 4096, BLOCK - 1, BLOCK, 7 << 20] {
             let k = id("v", 0, n as u64);
-            let mut w = Writer::create(dir.path(), &k, "t").unwrap();
+            let mut w = EntryWriter::create(dir.path(), &k, "t").unwrap();
             for p in data(n).chunks(piece) {
                 w.append(p).unwrap();
             }
@@ -665,14 +666,14 @@ mod tests {
     fn an_unfinished_or_overlong_writer_leaves_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let k = id("v", 0, 100);
-        let mut w = Writer::create(dir.path(), &k, "t").unwrap();
+        let mut w = EntryWriter::create(dir.path(), &k, "t").unwrap();
         w.append(&data(50)).unwrap();
         assert!(
             w.append(&data(51)).is_err(),
             "more than the length was taken"
         );
         assert!(w.finish(None).unwrap_err().to_string().contains("after 50"));
-        let mut w = Writer::create(dir.path(), &k, "t2").unwrap();
+        let mut w = EntryWriter::create(dir.path(), &k, "t2").unwrap();
         w.append(&data(10)).unwrap();
         drop(w);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);

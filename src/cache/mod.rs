@@ -148,7 +148,7 @@ pub enum Fill {
 /// The right to write one entry: its writer and the lock that makes this
 /// reader the only one writing it (released when dropped).
 pub struct Filler {
-    writer: entry::Writer,
+    writer: entry::EntryWriter,
     _lock: File,
 }
 
@@ -360,7 +360,7 @@ impl Cache {
         if let Err(why) = self.make_room(id.len) {
             return self.uncached(why);
         }
-        match entry::Writer::create(&self.opts.dir, id, &tmp) {
+        match entry::EntryWriter::create(&self.opts.dir, id, &tmp) {
             Ok(writer) => Fill::Write(Box::new(Filler {
                 writer,
                 _lock: lock,

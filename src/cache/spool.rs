@@ -662,9 +662,9 @@ mod tests {
 
     /// A hold whose bytes someone else (a batch) still uses while `other`
     /// lives.
-    struct Shared(Arc<()>);
+    struct BatchHold(Arc<()>);
 
-    impl Held for Shared {
+    impl Held for BatchHold {
         fn shared(&self) -> bool {
             Arc::strong_count(&self.0) > 1
         }
@@ -751,7 +751,7 @@ mod tests {
             let mut all_queued = true;
             for _ in 0..n {
                 let batch = Arc::new(());
-                let hold = Shared(Arc::clone(&batch));
+                let hold = BatchHold(Arc::clone(&batch));
                 if batches_held {
                     batches.push(batch);
                 }
@@ -812,7 +812,7 @@ mod tests {
             let stall = slot.filler.lock().unwrap();
             let batch = Arc::new(());
             for _ in 0..8 {
-                let hold = Box::new(Shared(Arc::clone(&batch)));
+                let hold = Box::new(BatchHold(Arc::clone(&batch)));
                 // SAFETY: `piece` outlives the spool (flushed below).
                 assert!(unsafe { fill.append(piece.as_ptr(), piece.len(), hold) });
             }

@@ -19,12 +19,12 @@ use super::{Shard, Source};
 use crate::error::{Error, HubPlace, Result};
 use crate::net::NetOptions;
 use crate::net::hub::api::At;
-use crate::net::hub::{Entry, HubClient, HubUrl, url};
+use crate::net::hub::{HubClient, HubEntry, HubUrl, url};
 use crate::net::retry::Jitter;
 use crate::net::s3::Env;
 
 /// A directory's listing: entries by path (so in name order).
-type Listing = Arc<BTreeMap<String, Entry>>;
+type Listing = Arc<BTreeMap<String, HubEntry>>;
 
 /// What the resolver keeps of the Hub between URLs.
 #[derive(Default)]
@@ -75,19 +75,19 @@ impl HubResolver {
             code: None,
             message: format!("{reason} at commit {sha}"),
         };
-        let files: Vec<Entry> = if is_glob(&u.path) {
+        let files: Vec<HubEntry> = if is_glob(&u.path) {
             let glob = Glob::parse(&u.path).map_err(|why| Error::Url {
                 url: one.to_string(),
                 reason: format!("bad path pattern: {why}"),
             })?;
             let dir = parent(glob.prefix());
             let listed = self.listing(&u, &at, &sha, dir, true, net, jitter)?;
-            let matched: Vec<Entry> = listed
+            let matched: Vec<HubEntry> = listed
                 .values()
                 .filter(|e| !e.dir && glob.matches(&e.path))
                 .cloned()
                 .collect();
-            let kept: Vec<Entry> = matched.iter().filter(|e| keeps(&e.path)).cloned().collect();
+            let kept: Vec<HubEntry> = matched.iter().filter(|e| keeps(&e.path)).cloned().collect();
             if kept.is_empty() {
                 let files = listed.values().filter(|e| !e.dir).count();
                 return Err(none(match matched.len() {
@@ -160,9 +160,9 @@ impl HubResolver {
         keeps: &dyn Fn(&str) -> bool,
         net: &NetOptions,
         jitter: &mut Jitter,
-    ) -> Result<Option<Vec<Entry>>> {
+    ) -> Result<Option<Vec<HubEntry>>> {
         let listed = self.listing(u, at, sha, dir, true, net, jitter)?;
-        let files: Vec<Entry> = listed
+        let files: Vec<HubEntry> = listed
             .values()
             .filter(|e| !e.dir && keeps(&e.path))
             .cloned()

@@ -558,10 +558,10 @@ fn resolve_host(
             let msg = format!("cannot resolve `{host}`: {e}");
             // std reports getaddrinfo's text; only EAI_AGAIN is worth a retry.
             if e.to_string().contains("Temporary failure") {
-                Err(crate::net::http::Fail::new(FailKind::Dns, msg))
+                Err(crate::net::http::HttpFail::new(FailKind::Dns, msg))
             } else {
                 permanent = Some(msg.clone());
-                Err(crate::net::http::Fail::new(FailKind::Client, msg))
+                Err(crate::net::http::HttpFail::new(FailKind::Client, msg))
             }
         }
     });

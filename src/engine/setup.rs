@@ -15,7 +15,7 @@ use crate::fetch::net_thread::NetLink;
 use crate::fetch::ring;
 use crate::fetch::uring::{FixedBuffers, UringReader};
 use crate::memory::{Arena, ArenaOptions, ChunkPool, cuda};
-use crate::topology::{self, Claims, ClaimsDir, Placement, Request, Topology, Why};
+use crate::topology::{self, Claims, ClaimsDir, Placement, PlacementRequest, Topology, Why};
 
 /// Most buffers io_uring registers in one table (IORING_MAX_REG_BUFFERS).
 const MAX_REGISTERED: usize = 1 << 14;
@@ -289,7 +289,7 @@ pub(super) fn place(
     workers: usize,
     notes: &mut Vec<String>,
 ) -> (Placement, Claims) {
-    let req = Request {
+    let req = PlacementRequest {
         threads: workers,
         allowed,
         claimed: &[],

@@ -14,7 +14,7 @@ use std::time::Duration;
 use rustls::pki_types::ServerName;
 
 use crate::net::hop::{Route, Turn};
-use crate::net::http::{self, Fail, FailKind, MAX_HEAD};
+use crate::net::http::{self, FailKind, HttpFail, MAX_HEAD};
 use crate::net::object::HttpObject;
 use crate::net::tls::TlsSetup;
 use crate::net::version::VersionPin;
@@ -100,27 +100,30 @@ impl HttpPool {
         (obj.host.clone(), obj.port, obj.tls)
     }
 
-    fn connect(&mut self, obj: &HttpObject) -> Result<(Stream, bool), Fail> {
+    fn connect(&mut self, obj: &HttpObject) -> Result<(Stream, bool), HttpFail> {
         if let Some(c) = self.idle.get_mut(&Self::key(obj)).and_then(Vec::pop) {
             return Ok((c, true));
         }
-        let addr = obj
-            .pick_addr()
-            .ok_or_else(|| Fail::new(FailKind::Dns, format!("`{}` has no address", obj.host)))?;
+        let addr = obj.pick_addr().ok_or_else(|| {
+            HttpFail::new(FailKind::Dns, format!("`{}` has no address", obj.host))
+        })?;
         let s = TcpStream::connect_timeout(&addr, self.stall)
-            .map_err(|e| Fail::new(FailKind::of_io(&e), format!("connect to {addr}: {e}")))?;
+            .map_err(|e| HttpFail::new(FailKind::of_io(&e), format!("connect to {addr}: {e}")))?;
         let _ = s.set_nodelay(true);
         s.set_read_timeout(Some(self.stall))
             .and_then(|()| s.set_write_timeout(Some(self.stall)))
-            .map_err(|e| Fail::new(FailKind::Reset, format!("socket options: {e}")))?;
+            .map_err(|e| HttpFail::new(FailKind::Reset, format!("socket options: {e}")))?;
         if !obj.tls {
             return Ok((Stream::Plain(s), false));
         }
-        let config = self.tls.config().map_err(|e| Fail::new(FailKind::Tls, e))?;
+        let config = self
+            .tls
+            .config()
+            .map_err(|e| HttpFail::new(FailKind::Tls, e))?;
         let name = ServerName::try_from(obj.host.clone())
-            .map_err(|e| Fail::new(FailKind::Tls, format!("`{}`: {e}", obj.host)))?;
+            .map_err(|e| HttpFail::new(FailKind::Tls, format!("`{}`: {e}", obj.host)))?;
         let conn = rustls::ClientConnection::new(config, name)
-            .map_err(|e| Fail::new(FailKind::Tls, format!("TLS: {e}")))?;
+            .map_err(|e| HttpFail::new(FailKind::Tls, format!("TLS: {e}")))?;
         // Records opened in user space (rustls's stream).
         self.tls
             .sessions_user
@@ -137,12 +140,12 @@ impl HttpPool {
         &mut self,
         obj: &HttpObject,
         req: &[u8],
-    ) -> Result<(Stream, http::ResponseHead, usize), Fail> {
+    ) -> Result<(Stream, http::ResponseHead, usize), HttpFail> {
         // A reused keep-alive connection may have been closed by the server
         // meanwhile: one immediate retry on a fresh one is not a failure.
         for fresh_try in 0..2 {
             let (mut s, reused) = self.connect(obj)?;
-            let io = |e: std::io::Error| Fail::new(FailKind::of_io(&e), format!("{e}"));
+            let io = |e: std::io::Error| HttpFail::new(FailKind::of_io(&e), format!("{e}"));
             let mut got = 0;
             let result = (|| {
                 s.write_all(req).map_err(io)?;
@@ -151,7 +154,7 @@ impl HttpPool {
                     let n = s.read(&mut self.head_buf[got..]).map_err(io)?;
                     s.quick_ack();
                     if n == 0 {
-                        return Err(Fail::new(
+                        return Err(HttpFail::new(
                             if got == 0 {
                                 FailKind::Reset
                             } else {
@@ -164,7 +167,7 @@ impl HttpPool {
                     match http::parse_head(&self.head_buf[..got]) {
                         Ok(Some(h)) => return Ok(h),
                         Ok(None) => {}
-                        Err(e) => return Err(Fail::new(FailKind::Protocol, e)),
+                        Err(e) => return Err(HttpFail::new(FailKind::Protocol, e)),
                     }
                 }
             })();
@@ -198,7 +201,7 @@ impl HttpPool {
         buf: &mut [u8],
         open_end: bool,
         pin: Option<&VersionPin>,
-    ) -> Result<Fetched, Fail> {
+    ) -> Result<Fetched, HttpFail> {
         let len = buf.len() as u64;
         let mut route = Route::new(obj);
         let (s, h, extra) = loop {
@@ -228,7 +231,7 @@ impl HttpPool {
         open_end: bool,
         pin: Option<&VersionPin>,
         (mut s, h, extra): (Stream, http::ResponseHead, usize),
-    ) -> Result<Fetched, Fail> {
+    ) -> Result<Fetched, HttpFail> {
         let len = buf.len() as u64;
         // The connection is not reused after a changed answer: its body
         // was not read.
@@ -270,7 +273,7 @@ impl HttpPool {
         let from_head = extra.min(buf.len());
         buf[..from_head].copy_from_slice(&self.head_buf[h.head_len..h.head_len + from_head]);
         if extra > buf.len() {
-            return Err(Fail::new(
+            return Err(HttpFail::new(
                 FailKind::Protocol,
                 "the server sent more than the range",
             ));
@@ -279,7 +282,7 @@ impl HttpPool {
         while got < buf.len() {
             match s.read(&mut buf[got..]) {
                 Ok(0) => {
-                    return Err(Fail::new(
+                    return Err(HttpFail::new(
                         FailKind::Truncated,
                         format!("{}: the body ended after {got} of {len} bytes", obj.url),
                     ));
@@ -287,7 +290,7 @@ impl HttpPool {
                 Ok(n) => got += n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => {
-                    return Err(Fail::new(
+                    return Err(HttpFail::new(
                         FailKind::of_io(&e),
                         format!("{}: after {got} of {len} bytes: {e}", obj.url),
                     ));
@@ -330,14 +333,14 @@ impl HttpPool {
     }
 
     /// The object's size, from a `HEAD` request, once.
-    pub fn head(&mut self, obj: &HttpObject) -> Result<u64, Fail> {
+    pub fn head(&mut self, obj: &HttpObject) -> Result<u64, HttpFail> {
         self.head_version(obj).map(|(size, _)| size)
     }
 
     /// `HEAD`: the object's size and its `ETag` as sent (`None` when the
     /// server gives none), at the end of its redirects (which becomes the
     /// object's route).
-    pub fn head_version(&mut self, obj: &HttpObject) -> Result<(u64, Option<String>), Fail> {
+    pub fn head_version(&mut self, obj: &HttpObject) -> Result<(u64, Option<String>), HttpFail> {
         self.head_validators(obj)
             .map(|(size, etag, _)| (size, etag))
     }
@@ -346,7 +349,7 @@ impl HttpPool {
     pub fn head_validators(
         &mut self,
         obj: &HttpObject,
-    ) -> Result<(u64, Option<String>, Option<String>), Fail> {
+    ) -> Result<(u64, Option<String>, Option<String>), HttpFail> {
         let mut route = Route::new(obj);
         let (s, h) = loop {
             let at = route.at(obj);
@@ -359,7 +362,7 @@ impl HttpPool {
             }
         };
         if h.status >= 300 {
-            let mut f = Fail::new(
+            let mut f = HttpFail::new(
                 FailKind::of_status(h.status),
                 format!("{}: {}", obj.url, h.status_text()),
             );
@@ -367,7 +370,7 @@ impl HttpPool {
             return Err(f);
         }
         let size = h.content_length.ok_or_else(|| {
-            Fail::new(
+            HttpFail::new(
                 FailKind::Protocol,
                 format!("{}: HEAD gave no Content-Length", obj.url),
             )

@@ -34,8 +34,8 @@ use rustls::client::ClientConnectionData;
 use rustls::kernel::KernelConnection;
 use rustls::{ConnectionTrafficSecrets, ContentType, ProtocolVersion, SupportedCipherSuite};
 
-use super::tls_control::{self, KEY_UPDATE, Record};
-use crate::net::http::{Fail, FailKind};
+use super::tls_control::{self, KEY_UPDATE, TlsRecord};
+use crate::net::http::{FailKind, HttpFail};
 
 /// The kernel's refusal of `TCP_ULP "tls"`, once seen: the same for every
 /// socket of the process.
@@ -223,17 +223,17 @@ pub enum Control {
 /// the session usable in user space, `Broken` does not (a key is in the
 /// kernel already).
 #[derive(Debug)]
-pub enum Refusal {
+pub enum KtlsRefusal {
     Off(String),
     Key(String),
-    Broken(Fail),
+    Broken(HttpFail),
 }
 
 /// Gives the keys `rx` and `tx` of a session to the kernel for the
 /// connected socket `fd`.
-pub fn hand_over(fd: RawFd, rx: &CryptoInfo, tx: &CryptoInfo) -> Result<(), Refusal> {
+pub fn hand_over(fd: RawFd, rx: &CryptoInfo, tx: &CryptoInfo) -> Result<(), KtlsRefusal> {
     if let Some(r) = REFUSED.get() {
-        return Err(Refusal::Off(r.clone()));
+        return Err(KtlsRefusal::Off(r.clone()));
     }
     // SAFETY: a NUL-free name of the given length; the kernel copies it.
     let r =
@@ -260,18 +260,18 @@ pub fn hand_over(fd: RawFd, rx: &CryptoInfo, tx: &CryptoInfo) -> Result<(), Refu
         ) {
             let _ = REFUSED.set(msg.clone());
         }
-        return Err(Refusal::Off(msg));
+        return Err(KtlsRefusal::Off(msg));
     }
     // The receiving key first: refused, nothing is in the kernel yet and
     // the session goes on in user space (an upper layer with no key
     // passes bytes through).
     if let Err(e) = rx.install(fd, libc::TLS_RX) {
-        return Err(Refusal::Key(format!(
+        return Err(KtlsRefusal::Key(format!(
             "the kernel refused a receiving key ({e})"
         )));
     }
     if let Err(e) = tx.install(fd, libc::TLS_TX) {
-        return Err(Refusal::Broken(Fail::new(
+        return Err(KtlsRefusal::Broken(HttpFail::new(
             FailKind::Reset,
             format!("the kernel refused a sending key ({e}) after taking the receiving key"),
         )));
@@ -311,21 +311,22 @@ impl KernelSession {
 
     /// Reads the record that made a receive fail with `EIO` (not
     /// application data) and does what it says.
-    pub fn control(&mut self, fd: RawFd, server: &str) -> Result<Control, Fail> {
+    pub fn control(&mut self, fd: RawFd, server: &str) -> Result<Control, HttpFail> {
         let mut buf = vec![0u8; tls_control::MAX_PLAIN + 256];
-        let (n, typ) = recv_record(fd, &mut buf)
-            .map_err(|e| Fail::new(FailKind::of_io(&e), format!("{server}: a TLS record: {e}")))?;
+        let (n, typ) = recv_record(fd, &mut buf).map_err(|e| {
+            HttpFail::new(FailKind::of_io(&e), format!("{server}: a TLS record: {e}"))
+        })?;
         match tls_control::classify(ContentType::from(typ), &buf[..n], server)? {
-            Record::Ignored => Ok(Control::Again),
-            Record::Closed => Ok(Control::Closed),
-            Record::KeyUpdate { reply } => {
+            TlsRecord::Ignored => Ok(Control::Again),
+            TlsRecord::Closed => Ok(Control::Closed),
+            TlsRecord::KeyUpdate { reply } => {
                 let version = self.kernel.protocol_version();
                 let (seq, secret) = self
                     .kernel
                     .update_rx_secret()
-                    .map_err(|e| Fail::new(FailKind::Tls, format!("TLS key update: {e}")))?;
+                    .map_err(|e| HttpFail::new(FailKind::Tls, format!("TLS key update: {e}")))?;
                 let info = CryptoInfo::new(version, seq, &secret, false)
-                    .map_err(|e| Fail::new(FailKind::Tls, e))?;
+                    .map_err(|e| HttpFail::new(FailKind::Tls, e))?;
                 if let Err(e) = info.install(fd, libc::TLS_RX) {
                     self.broken = true;
                     return Err(renew_refused(server, e));
@@ -336,18 +337,17 @@ impl KernelSession {
                     // old key, then the new key from sequence number 0.
                     send_record(fd, ContentType::Handshake, &[KEY_UPDATE, 0, 0, 1, 0]).map_err(
                         |e| {
-                            Fail::new(
+                            HttpFail::new(
                                 FailKind::of_io(&e),
                                 format!("{server}: our TLS key update: {e}"),
                             )
                         },
                     )?;
-                    let (seq, secret) = self
-                        .kernel
-                        .update_tx_secret()
-                        .map_err(|e| Fail::new(FailKind::Tls, format!("TLS key update: {e}")))?;
+                    let (seq, secret) = self.kernel.update_tx_secret().map_err(|e| {
+                        HttpFail::new(FailKind::Tls, format!("TLS key update: {e}"))
+                    })?;
                     let info = CryptoInfo::new(version, seq, &secret, true)
-                        .map_err(|e| Fail::new(FailKind::Tls, e))?;
+                        .map_err(|e| HttpFail::new(FailKind::Tls, e))?;
                     if let Err(e) = info.install(fd, libc::TLS_TX) {
                         self.broken = true;
                         return Err(renew_refused(server, e));
@@ -362,8 +362,8 @@ impl KernelSession {
 
 /// The message of a kernel that would not take a renewed key: a reset, so
 /// the range is retried on a fresh connection.
-fn renew_refused(server: &str, e: std::io::Error) -> Fail {
-    Fail::new(
+fn renew_refused(server: &str, e: std::io::Error) -> HttpFail {
+    HttpFail::new(
         FailKind::Reset,
         format!(
             "{server} renewed its TLS keys and the kernel refused the new key ({e}; kernel TLS \

@@ -8,35 +8,35 @@
 
 use rustls::{AlertDescription, ContentType};
 
-use crate::net::http::{Fail, FailKind};
+use crate::net::http::{FailKind, HttpFail};
 
 /// Plaintext of a full record (RFC 8446 §5.1, RFC 5246 §6.2.1).
 pub const MAX_PLAIN: usize = 1 << 14;
 
 /// What a record other than application data says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Record {
+pub enum TlsRecord {
     Ignored,
     Closed,
     KeyUpdate { reply: bool },
 }
 
 /// Reads a record's type and plaintext as the kernel handed them over.
-pub fn classify(typ: ContentType, payload: &[u8], server: &str) -> Result<Record, Fail> {
+pub fn classify(typ: ContentType, payload: &[u8], server: &str) -> Result<TlsRecord, HttpFail> {
     match typ {
         ContentType::Alert => {
             alert(payload, server)?;
-            Ok(Record::Closed)
+            Ok(TlsRecord::Closed)
         }
         ContentType::Handshake => {
             let (renew, reply) = post_handshake(payload, server)?;
             Ok(if renew {
-                Record::KeyUpdate { reply }
+                TlsRecord::KeyUpdate { reply }
             } else {
-                Record::Ignored
+                TlsRecord::Ignored
             })
         }
-        t => Err(Fail::new(
+        t => Err(HttpFail::new(
             FailKind::Protocol,
             format!("{server} sent a TLS record of type {t:?} where no data was due"),
         )),
@@ -45,17 +45,17 @@ pub fn classify(typ: ContentType, payload: &[u8], server: &str) -> Result<Record
 
 /// An alert's record: `close_notify` (Ok), or any other alert's name as
 /// an error.
-fn alert(payload: &[u8], server: &str) -> Result<(), Fail> {
+fn alert(payload: &[u8], server: &str) -> Result<(), HttpFail> {
     match payload {
         [_, 0] => Ok(()),
-        [_, d] => Err(Fail::new(
+        [_, d] => Err(HttpFail::new(
             FailKind::Tls,
             format!(
                 "{server} sent the TLS alert {:?}",
                 AlertDescription::from(*d)
             ),
         )),
-        _ => Err(Fail::new(
+        _ => Err(HttpFail::new(
             FailKind::Tls,
             format!("{server} sent a malformed TLS alert"),
         )),
@@ -65,7 +65,7 @@ fn alert(payload: &[u8], server: &str) -> Result<(), Fail> {
 /// Looks at the handshake messages of a record after the handshake:
 /// returns whether the receiving key must be renewed (a key update) and
 /// whether ours must be too (the server asked for it).
-fn post_handshake(mut msgs: &[u8], server: &str) -> Result<(bool, bool), Fail> {
+fn post_handshake(mut msgs: &[u8], server: &str) -> Result<(bool, bool), HttpFail> {
     const NEW_SESSION_TICKET: u8 = 4;
     let (mut renew, mut reply) = (false, false);
     while msgs.len() >= 4 {
@@ -78,13 +78,13 @@ fn post_handshake(mut msgs: &[u8], server: &str) -> Result<(bool, bool), Fail> {
             KEY_UPDATE if body == [0] => renew = true,
             KEY_UPDATE if body == [1] => (renew, reply) = (true, true),
             KEY_UPDATE => {
-                return Err(Fail::new(
+                return Err(HttpFail::new(
                     FailKind::Tls,
                     format!("{server} sent a malformed TLS key update"),
                 ));
             }
             t => {
-                return Err(Fail::new(
+                return Err(HttpFail::new(
                     FailKind::Tls,
                     format!("{server} sent the TLS handshake message {t} after the handshake"),
                 ));
@@ -107,7 +107,7 @@ mod tests {
         let s = "h:443";
         assert_eq!(
             classify(ContentType::Alert, &[1, 0], s).unwrap(),
-            Record::Closed
+            TlsRecord::Closed
         );
         let e = classify(ContentType::Alert, &[2, 20], s).unwrap_err();
         assert!(e.message.contains("BadRecordMac"), "{}", e.message);
@@ -121,15 +121,15 @@ mod tests {
         // A session ticket (type 4) with its 24-bit length.
         assert_eq!(
             classify(ContentType::Handshake, &[4, 0, 0, 2, 9, 9], s).unwrap(),
-            Record::Ignored
+            TlsRecord::Ignored
         );
         assert_eq!(
             classify(ContentType::Handshake, &[24, 0, 0, 1, 0], s).unwrap(),
-            Record::KeyUpdate { reply: false }
+            TlsRecord::KeyUpdate { reply: false }
         );
         assert_eq!(
             classify(ContentType::Handshake, &[24, 0, 0, 1, 1], s).unwrap(),
-            Record::KeyUpdate { reply: true }
+            TlsRecord::KeyUpdate { reply: true }
         );
         assert!(
             classify(ContentType::Handshake, &[24, 0, 0, 1, 7], s)

@@ -47,7 +47,7 @@ use super::ktls::KernelSession;
 use super::uring_tls::{self, TlsConn};
 use super::{Completion, NetOptions, ReadRequest};
 use crate::net::hop::Route;
-use crate::net::http::{self, Fail, FailKind};
+use crate::net::http::{self, FailKind, HttpFail};
 use crate::net::object::HttpObject;
 use crate::net::rate::Admit;
 use crate::net::retry::{Jitter, Tries};
@@ -262,20 +262,20 @@ fn decode(ud: u64) -> (usize, u32, u8) {
 
 /// A receive or send that failed with `res` (a negated errno; ECANCELED:
 /// its linked stall time-out fired), for `what`.
-fn io_fail(res: i32, what: &str) -> Fail {
+fn io_fail(res: i32, what: &str) -> HttpFail {
     if res == -libc::ECANCELED {
-        Fail::new(
+        HttpFail::new(
             FailKind::Stalled,
             format!("{what}: nothing for the stall time-out"),
         )
     } else {
         let e = std::io::Error::from_raw_os_error(-res);
-        Fail::new(FailKind::of_io(&e), format!("{what}: {e}"))
+        HttpFail::new(FailKind::of_io(&e), format!("{what}: {e}"))
     }
 }
 
 /// Pushes `e`, submitting first when the queue is full.
-fn push(ring: &mut IoUring, e: &squeue::Entry) -> Result<(), Fail> {
+fn push(ring: &mut IoUring, e: &squeue::Entry) -> Result<(), HttpFail> {
     loop {
         // SAFETY: every pointer in `e` refers to memory owned by an `Op` (or
         // the driver) that stays put until the entry's completion arrives.
@@ -283,7 +283,7 @@ fn push(ring: &mut IoUring, e: &squeue::Entry) -> Result<(), Fail> {
             return Ok(());
         }
         ring.submit()
-            .map_err(|e| Fail::new(FailKind::Reset, format!("io_uring submit: {e}")))?;
+            .map_err(|e| HttpFail::new(FailKind::Reset, format!("io_uring submit: {e}")))?;
     }
 }
 

@@ -45,8 +45,8 @@ use rustls::{
 };
 
 use super::ktls::{self, CryptoInfo, KernelSession};
-use super::tls_control::{self, KEY_UPDATE, MAX_PLAIN, Record};
-use crate::net::http::{Fail, FailKind};
+use super::tls_control::{self, KEY_UPDATE, MAX_PLAIN, TlsRecord};
+use crate::net::http::{FailKind, HttpFail};
 
 /// A record's header: content type, version, length.
 pub const HEADER: usize = 5;
@@ -63,7 +63,7 @@ const MAX_BUF: usize = 256 << 10;
 
 /// What the handshake needs next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Next {
+pub enum TlsNext {
     /// Send `out[out_sent..]`, then call [`TlsConn::handshake`] again.
     Send,
     /// Receive into [`TlsConn::recv_room`], then call it again.
@@ -136,7 +136,7 @@ impl Session {
         typ: ContentType,
         payload: &[u8],
         out: &mut Vec<u8>,
-    ) -> Result<(), Fail> {
+    ) -> Result<(), HttpFail> {
         let msg = OutboundPlainMessage {
             typ,
             version: ProtocolVersion::TLSv1_2,
@@ -152,8 +152,8 @@ impl Session {
     }
 }
 
-fn tls_fail(what: &str, e: impl std::fmt::Display) -> Fail {
-    Fail::new(FailKind::Tls, format!("{what}: {e}"))
+fn tls_fail(what: &str, e: impl std::fmt::Display) -> HttpFail {
+    HttpFail::new(FailKind::Tls, format!("{what}: {e}"))
 }
 
 impl TlsConn {
@@ -164,7 +164,7 @@ impl TlsConn {
         host: &str,
         port: u16,
         for_kernel: bool,
-    ) -> Result<TlsConn, Fail> {
+    ) -> Result<TlsConn, HttpFail> {
         let name = ServerName::try_from(host.to_string())
             .map_err(|e| tls_fail(&format!("`{host}` as a TLS server name"), e))?;
         let conn =
@@ -186,10 +186,10 @@ impl TlsConn {
     }
 
     /// Drives the handshake with what was received so far.
-    pub fn handshake(&mut self) -> Result<Next, Fail> {
+    pub fn handshake(&mut self) -> Result<TlsNext, HttpFail> {
         loop {
             let State::Handshake(conn) = &mut self.state else {
-                return Ok(Next::Open);
+                return Ok(TlsNext::Open);
             };
             // A server that answers a ClientHello in plain HTTP: said so,
             // rather than rustls's "corrupt message".
@@ -199,7 +199,7 @@ impl TlsConn {
             let state = match status.state {
                 Ok(s) => s,
                 Err(e) if plain_http => {
-                    return Err(Fail::new(
+                    return Err(HttpFail::new(
                         FailKind::Tls,
                         format!(
                             "{} answered in plain HTTP, not TLS (is it an http:// server?): {e}",
@@ -229,18 +229,18 @@ impl TlsConn {
                     // The records are in `out` and go out before rustls is
                     // asked for anything else.
                     t.done();
-                    Some(Next::Send)
+                    Some(TlsNext::Send)
                 }
-                ConnectionState::BlockedHandshake => Some(Next::Recv),
-                ConnectionState::WriteTraffic(_) => Some(Next::Open),
+                ConnectionState::BlockedHandshake => Some(TlsNext::Recv),
+                ConnectionState::WriteTraffic(_) => Some(TlsNext::Open),
                 ConnectionState::PeerClosed | ConnectionState::Closed => {
-                    return Err(Fail::new(
+                    return Err(HttpFail::new(
                         FailKind::Reset,
                         format!("{} closed TLS during the handshake", self.server),
                     ));
                 }
                 other => {
-                    return Err(Fail::new(
+                    return Err(HttpFail::new(
                         FailKind::Protocol,
                         format!("{} sent data before the request ({other:?})", self.server),
                     ));
@@ -249,21 +249,21 @@ impl TlsConn {
             self.in_start += discard;
             match next {
                 None => {}
-                Some(Next::Send) => return Ok(Next::Send),
-                Some(Next::Recv) => {
+                Some(TlsNext::Send) => return Ok(TlsNext::Send),
+                Some(TlsNext::Recv) => {
                     self.make_room(1)?;
-                    return Ok(Next::Recv);
+                    return Ok(TlsNext::Recv);
                 }
-                Some(Next::Open) => {
+                Some(TlsNext::Open) => {
                     self.open_session()?;
-                    return Ok(Next::Open);
+                    return Ok(TlsNext::Open);
                 }
             }
         }
     }
 
     /// Takes the traffic keys out of rustls.
-    fn open_session(&mut self) -> Result<(), Fail> {
+    fn open_session(&mut self) -> Result<(), HttpFail> {
         let State::Handshake(conn) = std::mem::replace(&mut self.state, State::Broken) else {
             return Ok(());
         };
@@ -319,9 +319,9 @@ impl TlsConn {
     }
 
     /// Encrypts `plain` (a request) into records.
-    pub fn seal(&mut self, plain: &[u8]) -> Result<Vec<u8>, Fail> {
+    pub fn seal(&mut self, plain: &[u8]) -> Result<Vec<u8>, HttpFail> {
         let State::Open(s) = &mut self.state else {
-            return Err(Fail::new(
+            return Err(HttpFail::new(
                 FailKind::Tls,
                 "TLS: a request before the handshake",
             ));
@@ -358,7 +358,7 @@ impl TlsConn {
 
     /// Opens the record at the start of `buf` in place, when it is whole;
     /// returns what it held and its length on the wire.
-    pub fn open(&mut self, buf: &mut [u8]) -> Result<Option<(Opened, usize)>, Fail> {
+    pub fn open(&mut self, buf: &mut [u8]) -> Result<Option<(Opened, usize)>, HttpFail> {
         let Some(total) = record_len(buf)? else {
             return Ok(None);
         };
@@ -366,7 +366,7 @@ impl TlsConn {
             return Ok(None);
         }
         let State::Open(s) = &mut self.state else {
-            return Err(Fail::new(
+            return Err(HttpFail::new(
                 FailKind::Tls,
                 "TLS: a record before the handshake",
             ));
@@ -386,9 +386,9 @@ impl TlsConn {
         let opened = match plain.typ {
             ContentType::ApplicationData => Opened::Data { start, len },
             t => match tls_control::classify(t, plain.payload, &self.server)? {
-                Record::Ignored => Opened::Nothing,
-                Record::Closed => Opened::Closed,
-                Record::KeyUpdate { reply } => {
+                TlsRecord::Ignored => Opened::Nothing,
+                TlsRecord::Closed => Opened::Closed,
+                TlsRecord::KeyUpdate { reply } => {
                     s.update_owed |= reply;
                     let (seq, secret) = s
                         .kernel
@@ -405,7 +405,7 @@ impl TlsConn {
 
     /// Opens the next whole record of the small buffer; its data, if any,
     /// is `self.buffered(start, len)`.
-    pub fn open_buffered(&mut self) -> Result<Option<Opened>, Fail> {
+    pub fn open_buffered(&mut self) -> Result<Option<Opened>, HttpFail> {
         let mut buf = std::mem::take(&mut self.inbuf);
         let r = self.open(&mut buf[self.in_start..self.in_len]);
         self.inbuf = buf;
@@ -437,7 +437,7 @@ impl TlsConn {
         dest: &mut [u8],
         got: &mut usize,
         end: usize,
-    ) -> Result<Placed, Fail> {
+    ) -> Result<Placed, HttpFail> {
         let mut at = *got;
         let mut placed = Placed::default();
         while let Some((opened, total)) = self.open(&mut dest[at..end])? {
@@ -472,7 +472,7 @@ impl TlsConn {
 
     /// The length on the wire of the next record in the small buffer, once
     /// its header is in.
-    pub fn next_len(&self) -> Result<Option<usize>, Fail> {
+    pub fn next_len(&self) -> Result<Option<usize>, HttpFail> {
         record_len(&self.inbuf[self.in_start..self.in_len])
     }
 
@@ -487,7 +487,7 @@ impl TlsConn {
 
     /// Puts bytes received elsewhere (a partial record) in the small
     /// buffer, in front of what comes next.
-    pub fn refill(&mut self, from: &[u8]) -> Result<(), Fail> {
+    pub fn refill(&mut self, from: &[u8]) -> Result<(), HttpFail> {
         self.make_room(from.len())?;
         self.inbuf[self.in_len..self.in_len + from.len()].copy_from_slice(from);
         self.in_len += from.len();
@@ -495,7 +495,7 @@ impl TlsConn {
     }
 
     /// Makes at least `want` bytes of room after the pending bytes.
-    fn make_room(&mut self, want: usize) -> Result<(), Fail> {
+    fn make_room(&mut self, want: usize) -> Result<(), HttpFail> {
         if self.in_start > 0 {
             self.inbuf.copy_within(self.in_start..self.in_len, 0);
             self.in_len -= self.in_start;
@@ -504,7 +504,7 @@ impl TlsConn {
         if self.inbuf.len() - self.in_len < want {
             let size = (self.in_len + want).next_power_of_two();
             if size > MAX_BUF {
-                return Err(Fail::new(
+                return Err(HttpFail::new(
                     FailKind::Tls,
                     format!("{} sent a TLS flight over {MAX_BUF} bytes", self.server),
                 ));
@@ -516,7 +516,7 @@ impl TlsConn {
 
     /// Where the next receive into the small buffer goes: up to `want`
     /// bytes (at least one).
-    pub fn recv_room(&mut self, want: usize) -> Result<(*mut u8, usize), Fail> {
+    pub fn recv_room(&mut self, want: usize) -> Result<(*mut u8, usize), HttpFail> {
         let want = want.max(1);
         self.make_room(want)?;
         let room = (self.inbuf.len() - self.in_len).min(want);
@@ -543,13 +543,13 @@ pub struct Placed {
 
 /// The length on the wire of the record at the start of `buf`, once its
 /// header is in.
-pub fn record_len(buf: &[u8]) -> Result<Option<usize>, Fail> {
+pub fn record_len(buf: &[u8]) -> Result<Option<usize>, HttpFail> {
     if buf.len() < HEADER {
         return Ok(None);
     }
     let len = usize::from(u16::from_be_bytes([buf[3], buf[4]]));
     if HEADER + len > MAX_RECORD {
-        return Err(Fail::new(
+        return Err(HttpFail::new(
             FailKind::Tls,
             format!("a TLS record of {len} bytes, over TLS's limit"),
         ));
@@ -557,19 +557,19 @@ pub fn record_len(buf: &[u8]) -> Result<Option<usize>, Fail> {
     Ok(Some(HEADER + len))
 }
 
-fn key_iv(secret: ConnectionTrafficSecrets) -> Result<(AeadKey, Iv, bool), Fail> {
+fn key_iv(secret: ConnectionTrafficSecrets) -> Result<(AeadKey, Iv, bool), HttpFail> {
     match secret {
         ConnectionTrafficSecrets::Aes128Gcm { key, iv }
         | ConnectionTrafficSecrets::Aes256Gcm { key, iv } => Ok((key, iv, true)),
         ConnectionTrafficSecrets::Chacha20Poly1305 { key, iv } => Ok((key, iv, false)),
-        _ => Err(Fail::new(FailKind::Tls, "TLS: an unsupported cipher")),
+        _ => Err(HttpFail::new(FailKind::Tls, "TLS: an unsupported cipher")),
     }
 }
 
 fn decrypter(
     suite: SupportedCipherSuite,
     secret: ConnectionTrafficSecrets,
-) -> Result<Box<dyn MessageDecrypter>, Fail> {
+) -> Result<Box<dyn MessageDecrypter>, HttpFail> {
     let (key, iv, gcm) = key_iv(secret)?;
     Ok(match suite {
         SupportedCipherSuite::Tls13(s) => s.aead_alg.decrypter(key, iv),
@@ -583,7 +583,7 @@ fn decrypter(
 fn encrypter(
     suite: SupportedCipherSuite,
     secret: ConnectionTrafficSecrets,
-) -> Result<Box<dyn MessageEncrypter>, Fail> {
+) -> Result<Box<dyn MessageEncrypter>, HttpFail> {
     let (key, iv, gcm) = key_iv(secret)?;
     Ok(match suite {
         SupportedCipherSuite::Tls13(s) => s.aead_alg.encrypter(key, iv),

@@ -28,17 +28,17 @@ use super::spec::Color;
 
 /// The formats this decodes, told by their first bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub enum ImageKind {
     Jpeg,
     Png,
 }
 
-impl Kind {
-    pub fn sniff(data: &[u8]) -> Option<Kind> {
+impl ImageKind {
+    pub fn sniff(data: &[u8]) -> Option<ImageKind> {
         if data.starts_with(&[0xff, 0xd8, 0xff]) {
-            Some(Kind::Jpeg)
+            Some(ImageKind::Jpeg)
         } else if data.starts_with(b"\x89PNG\r\n\x1a\n") {
-            Some(Kind::Png)
+            Some(ImageKind::Png)
         } else {
             None
         }
@@ -46,10 +46,10 @@ impl Kind {
 }
 
 /// A JPEG or PNG's size, read from its header.
-pub fn size(kind: Kind, data: &[u8]) -> Result<(u32, u32), String> {
+pub fn size(kind: ImageKind, data: &[u8]) -> Result<(u32, u32), String> {
     match kind {
-        Kind::Jpeg => jpeg::size(data),
-        Kind::Png => {
+        ImageKind::Jpeg => jpeg::size(data),
+        ImageKind::Png => {
             let d = png::Decoder::new(Cursor::new(data));
             let r = d.read_info().map_err(|e| format!("PNG: {e}"))?;
             let (w, h) = r.info().size();
@@ -63,15 +63,15 @@ pub fn size(kind: Kind, data: &[u8]) -> Result<(u32, u32), String> {
 /// decode and the steps after it need of `budget` (given back when the
 /// reservation returned with the pixels drops).
 pub fn decode<'b>(
-    kind: Kind,
+    kind: ImageKind,
     data: &[u8],
     color: Color,
     want: Want,
     budget: &'b Budget,
 ) -> Result<(Pixels, Reservation<'b>), String> {
     match kind {
-        Kind::Jpeg => jpeg::decode(data, color, want, budget),
-        Kind::Png => png_decode::decode(data, color, want, budget),
+        ImageKind::Jpeg => jpeg::decode(data, color, want, budget),
+        ImageKind::Png => png_decode::decode(data, color, want, budget),
     }
 }
 
@@ -81,10 +81,16 @@ mod tests {
 
     #[test]
     fn formats_are_told_by_their_first_bytes() {
-        assert_eq!(Kind::sniff(&[0xff, 0xd8, 0xff, 0xe0]), Some(Kind::Jpeg));
-        assert_eq!(Kind::sniff(b"\x89PNG\r\n\x1a\n...."), Some(Kind::Png));
-        assert_eq!(Kind::sniff(b"GIF89a"), None);
-        assert_eq!(Kind::sniff(b""), None);
+        assert_eq!(
+            ImageKind::sniff(&[0xff, 0xd8, 0xff, 0xe0]),
+            Some(ImageKind::Jpeg)
+        );
+        assert_eq!(
+            ImageKind::sniff(b"\x89PNG\r\n\x1a\n...."),
+            Some(ImageKind::Png)
+        );
+        assert_eq!(ImageKind::sniff(b"GIF89a"), None);
+        assert_eq!(ImageKind::sniff(b""), None);
     }
 
     #[test]
@@ -105,7 +111,7 @@ mod tests {
             b"\xff\xd8\xff\xe0\x00\x10JFIF\x00garbage",
             b"\x89PNG\r\n\x1a\nxx",
         ] {
-            let kind = Kind::sniff(data).unwrap();
+            let kind = ImageKind::sniff(data).unwrap();
             assert!(decode(kind, data, Color::Rgb, want, &Budget::default()).is_err());
             assert!(size(kind, data).is_err());
         }

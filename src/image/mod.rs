@@ -43,7 +43,7 @@ use crate::error::{Error, Fault, Result};
 /// What `apply` did to one image, for tests and logs.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Applied {
-    pub format: decode::Kind,
+    pub format: decode::ImageKind,
     /// The source image's width and height.
     pub source: (u32, u32),
     pub plan: draw::Plan,
@@ -101,7 +101,7 @@ pub fn apply(
             ),
         ));
     }
-    let Some(kind) = decode::Kind::sniff(data) else {
+    let Some(kind) = decode::ImageKind::sniff(data) else {
         let head: Vec<String> = data.iter().take(8).map(|b| format!("{b:02x}")).collect();
         return Err(fail(format!(
             "not a JPEG or PNG image ({} bytes, starting {})",

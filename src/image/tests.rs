@@ -226,7 +226,7 @@ fn pngs_of_every_kind_decode_to_rgb_and_gray() {
         ),
     ] {
         let (out, a) = run(&whole, &data, 0);
-        assert_eq!(a.format, decode::Kind::Png);
+        assert_eq!(a.format, decode::ImageKind::Png);
         assert_eq!(out, want);
     }
     let (out, _) = run(&whole_gray, &png_of(&gray, w, h, C::Grayscale, D::Eight), 0);
@@ -344,20 +344,20 @@ fn a_file_cut_short_fails_where_the_window_needs_the_missing_rows() {
     // The bottom rows are in the part cut off: libjpeg warns that the
     // file ended early and fills them with gray; that is an error.
     let bottom = window(280.0, 320.0);
-    let whole = decode::decode(decode::Kind::Jpeg, &data, color, bottom, &budget)
+    let whole = decode::decode(decode::ImageKind::Jpeg, &data, color, bottom, &budget)
         .unwrap()
         .0;
     assert_eq!((whole.w, whole.h), (48, 40), "windowed to the bottom rows");
-    let e = decode::decode(decode::Kind::Jpeg, cut, color, bottom, &budget).unwrap_err();
+    let e = decode::decode(decode::ImageKind::Jpeg, cut, color, bottom, &budget).unwrap_err();
     assert_eq!(e, "JPEG: Premature end of JPEG file");
     // The top rows are whole: the rows below a window are skipped without
     // being read (as TurboJPEG's cropped decode does), so the window's
     // pixels, which are right, come back.
     let top = window(0.0, 24.0);
-    let a = decode::decode(decode::Kind::Jpeg, cut, color, top, &budget)
+    let a = decode::decode(decode::ImageKind::Jpeg, cut, color, top, &budget)
         .unwrap()
         .0;
-    let b = decode::decode(decode::Kind::Jpeg, &data, color, top, &budget)
+    let b = decode::decode(decode::ImageKind::Jpeg, &data, color, top, &budget)
         .unwrap()
         .0;
     assert_eq!((a.w, a.h, &a.buf), (48, 24, &b.buf));
@@ -366,7 +366,7 @@ fn a_file_cut_short_fails_where_the_window_needs_the_missing_rows() {
         reduce: false,
         ..top
     };
-    let e = decode::decode(decode::Kind::Jpeg, cut, color, full, &budget).unwrap_err();
+    let e = decode::decode(decode::ImageKind::Jpeg, cut, color, full, &budget).unwrap_err();
     assert_eq!(e, "JPEG: Premature end of JPEG file");
 }
 
@@ -393,12 +393,24 @@ fn extraneous_bytes_between_segments_are_skipped_as_pillow_skips_them() {
         out: (w, h),
         copies: false,
     };
-    let a = decode::decode(decode::Kind::Jpeg, &junk, spec::Color::Rgb, full, &budget)
-        .unwrap()
-        .0;
-    let b = decode::decode(decode::Kind::Jpeg, &data, spec::Color::Rgb, full, &budget)
-        .unwrap()
-        .0;
+    let a = decode::decode(
+        decode::ImageKind::Jpeg,
+        &junk,
+        spec::Color::Rgb,
+        full,
+        &budget,
+    )
+    .unwrap()
+    .0;
+    let b = decode::decode(
+        decode::ImageKind::Jpeg,
+        &data,
+        spec::Color::Rgb,
+        full,
+        &budget,
+    )
+    .unwrap()
+    .0;
     assert_eq!((a.w, a.h), (w, h));
     assert_eq!(a.buf, b.buf);
 }

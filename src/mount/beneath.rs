@@ -41,7 +41,7 @@ impl std::ops::Deref for Root {
 
 /// A directory entry as the local source lists it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Entry {
+pub struct BeneathEntry {
     pub name: String,
     pub dir: bool,
     pub size: u64,
@@ -104,12 +104,12 @@ impl Root {
     /// The directory at `rel` (empty: the root), one level: its
     /// subdirectories and regular files (symbolic links and other kinds
     /// are not shown; names that are not UTF-8 are left out).
-    pub fn list(&self, rel: &str) -> io::Result<Vec<Entry>> {
+    pub fn list(&self, rel: &str) -> io::Result<Vec<BeneathEntry>> {
         self.list_by(rel, Resolve::Kernel)
     }
 
     /// As [`Root::list`], resolving as `how` says.
-    pub fn list_by(&self, rel: &str, how: Resolve) -> io::Result<Vec<Entry>> {
+    pub fn list_by(&self, rel: &str, how: Resolve) -> io::Result<Vec<BeneathEntry>> {
         let dir = open_beneath(
             self.fd.as_fd(),
             rel,
@@ -139,7 +139,7 @@ impl Root {
                 SystemTime::UNIX_EPOCH
                     + Duration::new(s, u32::try_from(st.st_mtime_nsec).unwrap_or(0))
             });
-            out.push(Entry {
+            out.push(BeneathEntry {
                 name: name.to_string(),
                 dir,
                 size: if dir { 0 } else { st.st_size as u64 },

@@ -1,10 +1,10 @@
 //! What a writer killed mid-file leaves in a local directory: its
-//! temporary file (`.NAME.ringfeed-PID-N.tmp`, `crate::object::Writer`'s,
-//! renamed into place only once complete). A listing never shows one, and
-//! one left by a writer that is gone is removed when listed: its process
-//! is not alive on this host and it was last written before this mount
-//! began (so a writer on another host sharing the directory, still
-//! writing, keeps its file).
+//! temporary file (`.NAME.ringfeed-PID-N.tmp`,
+//! `crate::object::ObjectWriter`'s, renamed into place only once
+//! complete). A listing never shows one, and one left by a writer that is
+//! gone is removed when listed: its process is not alive on this host
+//! and it was last written before this mount began (so a writer on
+//! another host sharing the directory, still writing, keeps its file).
 
 use std::path::Path;
 use std::sync::OnceLock;

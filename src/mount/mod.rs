@@ -59,13 +59,13 @@ use crate::fetch::NetOptions;
 use crate::log::{Level, log};
 use crate::net::retry::Jitter;
 use blocks::{Block, RemoteFile, Store};
-use readahead::Ahead;
-use source::Source;
-use tree::{Kind, ROOT, Tree};
-use upload::{Closes, Upload};
+use readahead::ReadAhead;
+use source::MountSource;
+use tree::{ROOT, Tree};
+use upload::{Closes, MountUpload};
 
 use crate::sync::Locked;
-pub use tree::Kind as FileKind;
+pub use tree::TreeKind;
 
 /// Small files fetched ahead of a reader walking a directory in name order.
 pub const DIR_AHEAD: usize = 32;
@@ -204,7 +204,7 @@ impl MountCounts {
 #[derive(Debug, Clone)]
 pub struct Attr {
     pub ino: u64,
-    pub kind: Kind,
+    pub kind: TreeKind,
     pub size: u64,
     pub mtime: SystemTime,
     pub uid: u32,
@@ -251,7 +251,7 @@ enum Reading {
 struct ReadHandle {
     ino: u64,
     reading: Reading,
-    ahead: Mutex<Ahead>,
+    ahead: Mutex<ReadAhead>,
 }
 
 struct WriteHandle {
@@ -259,7 +259,7 @@ struct WriteHandle {
     parent: u64,
     name: String,
     url: String,
-    upload: Mutex<Upload>,
+    upload: Mutex<MountUpload>,
     /// The bytes taken so far (the object's size once complete): what
     /// `getattr` shows, read without `upload`'s lock, which a write
     /// waiting for a part's room or a completion and its retries hold
@@ -272,7 +272,7 @@ struct WriteHandle {
 }
 
 /// A directory's entries as one `readdir` pass sees them.
-type Entries = Arc<Vec<(u64, Kind, String)>>;
+type Entries = Arc<Vec<(u64, TreeKind, String)>>;
 
 enum Handle {
     Read(Arc<ReadHandle>),
@@ -285,7 +285,7 @@ enum Handle {
 
 /// The file system: answers each operation, or the errno to refuse it.
 pub struct Fs {
-    source: Source,
+    source: MountSource,
     cfg: Config,
     net: NetOptions,
     opts: MountOptions,
@@ -312,16 +312,16 @@ pub struct Fs {
 }
 
 impl Fs {
-    /// The file system over `source` (see [`source::Source::open`]), with
-    /// the engine's keys in `cfg` (S3, retries, `part_size`, `cache_dir`,
-    /// `overwrite` is set from `opts`).
+    /// The file system over `source` (see [`source::MountSource::open`]),
+    /// with the engine's keys in `cfg` (S3, retries, `part_size`,
+    /// `cache_dir`, `overwrite` is set from `opts`).
     pub fn new(source_url: &str, cfg: &Config, opts: MountOptions) -> Result<Fs> {
         leftovers::started();
-        let source = Source::open(source_url, cfg)?;
+        let source = MountSource::open(source_url, cfg)?;
         let net = NetOptions::for_config(cfg);
         let counts = Arc::new(MountCounts::default());
         let store = match source {
-            Source::Local(_) => None,
+            MountSource::Local(_) => None,
             _ => {
                 let spool = match cfg.cache_options() {
                     Some(o) => {
@@ -398,7 +398,7 @@ impl Fs {
     /// listing's error. An S3 prefix with no objects under it is there
     /// (S3 has no directories).
     pub fn probe(source_url: &str, cfg: &Config) -> Result<()> {
-        let source = Source::open(source_url, cfg)?;
+        let source = MountSource::open(source_url, cfg)?;
         let net = NetOptions::for_config(cfg);
         source.list("", &net, &mut Jitter::new(0x70726f6265))?;
         Ok(())
@@ -432,8 +432,8 @@ impl Fs {
     fn attr_of(&self, ino: u64, n: &tree::Node) -> Attr {
         let writable = self.source.writable() && !self.opts.read_only;
         let mode = match n.kind {
-            Kind::Dir => self.opts.dir_mode,
-            Kind::File => self.opts.file_mode,
+            TreeKind::Dir => self.opts.dir_mode,
+            TreeKind::File => self.opts.file_mode,
         };
         Attr {
             ino,
@@ -455,7 +455,7 @@ impl Fs {
             let rel = {
                 let t = self.tree.locked();
                 let node = t.get(dir).ok_or(Errno(libc::ENOENT))?;
-                if node.kind != Kind::Dir {
+                if node.kind != TreeKind::Dir {
                     return Err(Errno(libc::ENOTDIR));
                 }
                 if t.listed(dir)
@@ -557,13 +557,13 @@ impl Fs {
     }
 
     /// `dir`'s entries: `.`, `..`, then its children in name order.
-    pub fn readdir(&self, dir: u64) -> FsResult<Vec<(u64, Kind, String)>> {
+    pub fn readdir(&self, dir: u64) -> FsResult<Vec<(u64, TreeKind, String)>> {
         self.fresh(dir)?;
         let t = self.tree.locked();
         let parent = t.get(dir).map_or(ROOT, |n| n.parent);
         let mut out = vec![
-            (dir, Kind::Dir, ".".to_string()),
-            (parent, Kind::Dir, "..".to_string()),
+            (dir, TreeKind::Dir, ".".to_string()),
+            (parent, TreeKind::Dir, "..".to_string()),
         ];
         for (name, ino) in t.children(dir) {
             if let Some(n) = t.get(ino) {
@@ -583,7 +583,7 @@ impl Fs {
     /// Opens directory `dir` for `readdir` passes.
     pub fn opendir(&self, dir: u64) -> FsResult<u64> {
         match self.tree.locked().get(dir) {
-            Some(n) if n.kind == Kind::Dir => {}
+            Some(n) if n.kind == TreeKind::Dir => {}
             Some(_) => return Err(Errno(libc::ENOTDIR)),
             None => return Err(Errno(libc::ENOENT)),
         }
@@ -629,7 +629,7 @@ impl Fs {
         if t.child(parent, name).is_some() {
             return Err(Errno(libc::EEXIST));
         }
-        let ino = t.add_local(parent, name, Kind::Dir);
+        let ino = t.add_local(parent, name, TreeKind::Dir);
         t.looked_up(ino);
         t.set_listing(ino, &[], Instant::now());
         let n = t.get(ino).cloned().ok_or(Errno(libc::EIO))?;

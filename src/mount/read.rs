@@ -7,10 +7,10 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use super::blocks::RemoteFile;
-use super::readahead::{Ahead, Limits};
+use super::readahead::{Limits, ReadAhead};
 use super::source::Object;
 use super::{
-    Caching, DIR_AHEAD, Data, Errno, Fs, FsResult, Handle, Kind, ReadHandle, Reading, tree,
+    Caching, DIR_AHEAD, Data, Errno, Fs, FsResult, Handle, ReadHandle, Reading, TreeKind, tree,
 };
 use crate::log::{Level, log};
 use crate::sync::Locked;
@@ -27,7 +27,7 @@ impl Fs {
             .get(ino)
             .cloned()
             .ok_or(Errno(libc::ENOENT))?;
-        if node.kind == Kind::Dir {
+        if node.kind == TreeKind::Dir {
             return Err(Errno(libc::EISDIR));
         }
         let rel = node.rel.clone();
@@ -61,7 +61,7 @@ impl Fs {
         let fh = self.new_fh(Handle::Read(Arc::new(ReadHandle {
             ino,
             reading,
-            ahead: Mutex::new(Ahead::default()),
+            ahead: Mutex::new(ReadAhead::default()),
         })));
         Ok((fh, if keep { Caching::Keep } else { Caching::Drop }))
     }
@@ -132,7 +132,7 @@ impl Fs {
                     .into_iter()
                     .filter_map(|(_, i)| t.get(i).cloned().map(|n| (i, n)))
                     .filter(|(_, n)| {
-                        n.kind == Kind::File
+                        n.kind == TreeKind::File
                             && !n.local
                             && n.size > 0
                             && n.size <= store.block_size()

@@ -29,7 +29,7 @@ pub struct Limits {
 
 /// A handle's read pattern.
 #[derive(Debug, Clone, Default)]
-pub struct Ahead {
+pub struct ReadAhead {
     /// The furthest end of the stream's reads; `None` before the first.
     front: Option<u64>,
     /// Where the current stream began.
@@ -38,7 +38,7 @@ pub struct Ahead {
     window: u64,
 }
 
-impl Ahead {
+impl ReadAhead {
     /// The blocks (`first..last`, of `lim.block` bytes in a file of
     /// `size`) to have, for a read of `off..end`: those it covers and the
     /// window ahead of them, at most `lim.max` bytes beyond `end`.
@@ -95,7 +95,7 @@ mod tests {
 
     #[test]
     fn a_stream_grows_its_window_to_the_most() {
-        let mut a = Ahead::default();
+        let mut a = ReadAhead::default();
         let (size, block) = (1 << 30, 8 * MB);
         let lim = Limits {
             block,
@@ -118,7 +118,7 @@ mod tests {
         // a point inside the file. Counted by reads, sixteen doublings
         // would take the window to the most; counted by bytes it is twice
         // the run's 16 MiB.
-        let mut a = Ahead::default();
+        let mut a = ReadAhead::default();
         let (size, lim) = (1 << 30, KERNEL_16M);
         a.on_read(0, 4096, size, lim);
         for i in 0..16 {
@@ -126,7 +126,7 @@ mod tests {
         }
         assert_eq!(a.window(), 32 * MB);
         // The same requests of 128 KiB: the same bytes, the same window.
-        let mut b = Ahead::default();
+        let mut b = ReadAhead::default();
         b.on_read(0, 4096, size, lim);
         for i in 0..128 {
             let off = 500 * MB + i * (MB / 8);
@@ -137,7 +137,7 @@ mod tests {
 
     #[test]
     fn reads_out_of_order_by_less_than_a_block_stay_a_stream() {
-        let mut a = Ahead::default();
+        let mut a = ReadAhead::default();
         a.on_read(0, 4 * MB, 1 << 30, LIM);
         a.on_read(8 * MB, 12 * MB, 1 << 30, LIM);
         a.on_read(4 * MB, 8 * MB, 1 << 30, LIM);
@@ -149,7 +149,7 @@ mod tests {
     fn the_kernels_read_ahead_arriving_in_any_order_stays_a_stream() {
         // 32 MiB read, then the kernel's next 16 MiB asked as sixteen
         // 1 MiB requests answered by as many threads: the last first.
-        let mut a = Ahead::default();
+        let mut a = ReadAhead::default();
         let (size, lim) = (1 << 30, KERNEL_16M);
         for i in 0..32 {
             a.on_read(i * MB, (i + 1) * MB, size, lim);
@@ -165,7 +165,7 @@ mod tests {
 
     #[test]
     fn a_new_stream_after_a_jump_does_not_keep_the_old_ones_front() {
-        let mut a = Ahead::default();
+        let mut a = ReadAhead::default();
         let (size, lim) = (1 << 30, KERNEL_16M);
         // A tensor at the end, then one far before it.
         a.on_read(900 * MB, 901 * MB, size, lim);
@@ -179,22 +179,22 @@ mod tests {
 
     #[test]
     fn a_jump_is_random_and_fetches_only_what_it_reads() {
-        let mut a = Ahead::default();
+        let mut a = ReadAhead::default();
         // A header at the start, then a tensor far in.
         a.on_read(0, 8, 1 << 30, LIM);
         let (first, last) = a.on_read(700 * MB, 700 * MB + 4096, 1 << 30, LIM);
         assert_eq!((first, last), (87, 88));
         assert_eq!(a.window(), 0);
         // A first read that is not at the start is random too.
-        let mut b = Ahead::default();
+        let mut b = ReadAhead::default();
         assert_eq!(b.on_read(100 * MB, 101 * MB, 1 << 30, LIM), (12, 13));
     }
 
     #[test]
     fn the_window_stops_at_the_end_of_the_file() {
-        let mut a = Ahead::default();
+        let mut a = ReadAhead::default();
         assert_eq!(a.on_read(0, 100, 1000, LIM), (0, 1));
-        let mut b = Ahead::default();
+        let mut b = ReadAhead::default();
         assert_eq!(b.on_read(0, 4096, 20 * MB, LIM), (0, 2));
     }
 }

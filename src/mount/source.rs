@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use super::beneath::Root;
-use super::tree::{Kind, Listed};
+use super::tree::{Listed, TreeKind};
 use crate::config::Config;
 use crate::error::{Error, IoOp, Result};
 use crate::fetch::http_sync::HttpPool;
@@ -29,7 +29,7 @@ pub enum Object {
     Remote(Arc<HttpObject>),
 }
 
-pub enum Source {
+pub enum MountSource {
     /// A local directory: every open starts from its descriptor
     /// (`beneath`).
     Local(Root),
@@ -56,10 +56,10 @@ pub enum Source {
     },
 }
 
-impl Source {
+impl MountSource {
     /// The source `url` names: `s3://bucket[/prefix/]`, an `http(s)://`
     /// URL of a directory (its listing page), a local directory.
-    pub fn open(url: &str, cfg: &Config) -> Result<Source> {
+    pub fn open(url: &str, cfg: &Config) -> Result<MountSource> {
         let bad = |reason: String| Error::Url {
             url: crate::redact::url(url).into_owned(),
             reason,
@@ -79,7 +79,7 @@ impl Source {
                 &NetOptions::for_config(cfg),
                 &mut Jitter::new(0x6875_626d_6e74),
             )?;
-            return Ok(Source::Hub {
+            return Ok(MountSource::Hub {
                 client,
                 url: u,
                 sha,
@@ -92,7 +92,7 @@ impl Source {
                 prefix.push('/');
             }
             let client = S3Client::new(&cfg.s3, &Env::process())?;
-            return Ok(Source::S3 {
+            return Ok(MountSource::S3 {
                 client,
                 bucket: u.bucket,
                 prefix,
@@ -115,7 +115,7 @@ impl Source {
                 .redirect(crate::net::redirect::reqwest_policy())
                 .build()
                 .map_err(|e| Error::Config(format!("HTTP client: {e}")))?;
-            return Ok(Source::Http {
+            return Ok(MountSource::Http {
                 base,
                 addrs,
                 client,
@@ -124,7 +124,7 @@ impl Source {
         let path = PathBuf::from(url.strip_prefix("file://").unwrap_or(url));
         match std::fs::metadata(&path) {
             Ok(m) if m.is_dir() => Root::open(&path)
-                .map(Source::Local)
+                .map(MountSource::Local)
                 .map_err(|e| Error::io(IoOp::Open, &path, &e)),
             Ok(_) => Err(bad("is not a directory".into())),
             Err(e) => Err(Error::io(IoOp::Open, &path, &e)),
@@ -135,30 +135,30 @@ impl Source {
     /// a loader names it: the cache entries of both are the same.
     pub fn url(&self, rel: &str) -> String {
         match self {
-            Source::Local(root) => root.join(rel).to_string_lossy().into_owned(),
-            Source::S3 { bucket, prefix, .. } => format!("s3://{bucket}/{prefix}{rel}"),
-            Source::Http { base, .. } => format!("{base}{}", encode_path(rel)),
-            Source::Hub { url, .. } => url.name_of(&hub_path(&url.path, rel)),
+            MountSource::Local(root) => root.join(rel).to_string_lossy().into_owned(),
+            MountSource::S3 { bucket, prefix, .. } => format!("s3://{bucket}/{prefix}{rel}"),
+            MountSource::Http { base, .. } => format!("{base}{}", encode_path(rel)),
+            MountSource::Hub { url, .. } => url.name_of(&hub_path(&url.path, rel)),
         }
     }
 
     /// Whether new files can be written here (not over HTTP, not to the
     /// Hub).
     pub fn writable(&self) -> bool {
-        matches!(self, Source::Local(_) | Source::S3 { .. })
+        matches!(self, MountSource::Local(_) | MountSource::S3 { .. })
     }
 
     /// Whether every file's bytes are fixed for the mount's life whatever
     /// its listing says (the Hub's: read at one commit).
     pub fn pinned(&self) -> bool {
-        matches!(self, Source::Hub { .. })
+        matches!(self, MountSource::Hub { .. })
     }
 
     /// The object at `rel`.
     pub fn object(&self, rel: &str) -> Result<Object> {
         Ok(match self {
-            Source::Local(root) => Object::Local(root.open_file(rel)),
-            Source::S3 {
+            MountSource::Local(root) => Object::Local(root.open_file(rel)),
+            MountSource::S3 {
                 client,
                 bucket,
                 prefix,
@@ -166,13 +166,13 @@ impl Source {
                 bucket: bucket.clone(),
                 key: format!("{prefix}{rel}"),
             })?)),
-            Source::Http { addrs, .. } => {
+            MountSource::Http { addrs, .. } => {
                 let url = self.url(rel);
                 let o = HttpObject::new(&url, addrs.clone())
                     .map_err(|reason| Error::Url { url, reason })?;
                 Object::Remote(Arc::new(o))
             }
-            Source::Hub { client, url, sha } => {
+            MountSource::Hub { client, url, sha } => {
                 let path = hub_path(&url.path, rel);
                 let name = url.name_of(&path);
                 Object::Remote(Arc::new(client.object(&url.repo, sha, &path, &name)?))
@@ -183,8 +183,8 @@ impl Source {
     /// The directory at `rel` (empty: the root), one level.
     pub fn list(&self, rel: &str, net: &NetOptions, jitter: &mut Jitter) -> Result<Vec<Listed>> {
         match self {
-            Source::Local(root) => list_local(root, rel),
-            Source::S3 {
+            MountSource::Local(root) => list_local(root, rel),
+            MountSource::S3 {
                 client,
                 bucket,
                 prefix,
@@ -207,7 +207,7 @@ impl Source {
                     if usable(name) {
                         out.push(Listed {
                             name: name.to_string(),
-                            kind: Kind::File,
+                            kind: TreeKind::File,
                             size,
                             etag,
                             modified: None,
@@ -223,7 +223,7 @@ impl Source {
                     if usable(name) {
                         out.push(Listed {
                             name: name.to_string(),
-                            kind: Kind::Dir,
+                            kind: TreeKind::Dir,
                             size: 0,
                             etag: None,
                             modified: None,
@@ -233,7 +233,7 @@ impl Source {
                 }
                 Ok(out)
             }
-            Source::Http {
+            MountSource::Http {
                 base,
                 addrs,
                 client,
@@ -250,7 +250,7 @@ impl Source {
                     if dir {
                         out.push(Listed {
                             name,
-                            kind: Kind::Dir,
+                            kind: TreeKind::Dir,
                             size: 0,
                             etag: None,
                             modified: None,
@@ -267,7 +267,7 @@ impl Source {
                         with_retries(net, jitter, &obj.url, || pool.head_validators(&obj))?;
                     out.push(Listed {
                         name,
-                        kind: Kind::File,
+                        kind: TreeKind::File,
                         size,
                         etag,
                         modified,
@@ -276,7 +276,7 @@ impl Source {
                 }
                 Ok(out)
             }
-            Source::Hub { client, url, sha } => {
+            MountSource::Hub { client, url, sha } => {
                 let dir = hub_path(&url.path, rel);
                 let at = At {
                     repo: &url.repo,
@@ -293,7 +293,7 @@ impl Source {
                     if usable(name) {
                         out.push(Listed {
                             name: name.to_string(),
-                            kind: if e.dir { Kind::Dir } else { Kind::File },
+                            kind: if e.dir { TreeKind::Dir } else { TreeKind::File },
                             size: if e.dir { 0 } else { e.size },
                             // The content host's, learned by the first
                             // read (the file is pinned by the commit).
@@ -333,7 +333,7 @@ fn list_local(root: &Root, rel: &str) -> Result<Vec<Listed>> {
         .filter(|e| !super::leftovers::hide(&dir, &e.name, e.mtime))
         .map(|e| Listed {
             name: e.name,
-            kind: if e.dir { Kind::Dir } else { Kind::File },
+            kind: if e.dir { TreeKind::Dir } else { TreeKind::File },
             size: e.size,
             etag: None,
             modified: None,
@@ -345,21 +345,21 @@ fn list_local(root: &Root, rel: &str) -> Result<Vec<Listed>> {
 fn get_text(
     client: &reqwest::blocking::Client,
     url: &str,
-) -> std::result::Result<String, crate::net::http::Fail> {
-    use crate::net::http::{Fail, FailKind};
+) -> std::result::Result<String, crate::net::http::HttpFail> {
+    use crate::net::http::{FailKind, HttpFail};
     let r = client
         .get(url)
         .send()
-        .map_err(|e| Fail::new(FailKind::Refused, format!("GET {url}: {e}")))?;
+        .map_err(|e| HttpFail::new(FailKind::Refused, format!("GET {url}: {e}")))?;
     let status = r.status().as_u16();
     if status != 200 {
-        return Err(Fail::new(
+        return Err(HttpFail::new(
             FailKind::of_status(status),
             format!("GET {url}: HTTP {status} (no listing page here)"),
         ));
     }
     r.text()
-        .map_err(|e| Fail::new(FailKind::Protocol, format!("GET {url}: {e}")))
+        .map_err(|e| HttpFail::new(FailKind::Protocol, format!("GET {url}: {e}")))
 }
 
 /// The entries an HTML index page links to: relative links of one path

@@ -20,7 +20,7 @@ use std::time::{Instant, SystemTime};
 pub const ROOT: u64 = 1;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub enum TreeKind {
     Dir,
     File,
 }
@@ -29,7 +29,7 @@ pub enum Kind {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Listed {
     pub name: String,
-    pub kind: Kind,
+    pub kind: TreeKind,
     pub size: u64,
     /// The object's ETag, where the listing gave one.
     pub etag: Option<String>,
@@ -45,7 +45,7 @@ pub struct Node {
     /// The path from the mount's root, `/`-separated, no leading `/`
     /// (empty for the root).
     pub rel: String,
-    pub kind: Kind,
+    pub kind: TreeKind,
     pub size: u64,
     pub etag: Option<String>,
     /// `Last-Modified`, as [`Listed::modified`].
@@ -108,7 +108,7 @@ impl Tree {
             Node {
                 parent: ROOT,
                 rel: String::new(),
-                kind: Kind::Dir,
+                kind: TreeKind::Dir,
                 size: 0,
                 etag: None,
                 modified: None,
@@ -207,7 +207,7 @@ impl Tree {
             lookups,
         };
         self.nodes.insert(ino, node);
-        if l.kind == Kind::Dir {
+        if l.kind == TreeKind::Dir {
             self.dirs.entry(ino).or_default();
         }
         if let Some(d) = self.dirs.get_mut(&dir) {
@@ -233,10 +233,10 @@ impl Tree {
         for l in listed {
             // A file of the same name as a directory (S3 allows both `a`
             // and `a/...`): the directory wins, as Mountpoint shows it.
-            let shadowed = l.kind == Kind::File
+            let shadowed = l.kind == TreeKind::File
                 && listed
                     .iter()
-                    .any(|o| o.kind == Kind::Dir && o.name == l.name);
+                    .any(|o| o.kind == TreeKind::Dir && o.name == l.name);
             if !shadowed {
                 self.put(dir, l, false);
             }
@@ -353,7 +353,7 @@ impl Tree {
     }
 
     /// A file or directory this mount makes in `dir`.
-    pub fn add_local(&mut self, dir: u64, name: &str, kind: Kind) -> u64 {
+    pub fn add_local(&mut self, dir: u64, name: &str, kind: TreeKind) -> u64 {
         let l = Listed {
             name: name.to_string(),
             kind,
@@ -394,7 +394,7 @@ mod tests {
     fn file(name: &str, size: u64) -> Listed {
         Listed {
             name: name.into(),
-            kind: Kind::File,
+            kind: TreeKind::File,
             size,
             etag: Some(format!("\"{size}\"")),
             modified: None,
@@ -405,7 +405,7 @@ mod tests {
     fn dir(name: &str) -> Listed {
         Listed {
             name: name.into(),
-            kind: Kind::Dir,
+            kind: TreeKind::Dir,
             size: 0,
             etag: None,
             modified: None,
@@ -470,7 +470,7 @@ mod tests {
         t.set_listing(ROOT, &[file("a", 1)], Instant::now());
         assert_ne!(t.child(ROOT, "a"), Some(a));
         // Files this mount writes are never dropped.
-        let w = t.add_local(ROOT, "w", Kind::File);
+        let w = t.add_local(ROOT, "w", TreeKind::File);
         t.set_listing(ROOT, &[], Instant::now());
         assert!(!t.forgot(w, 0));
         assert_eq!(t.child(ROOT, "w"), Some(w));
@@ -542,7 +542,7 @@ mod tests {
     #[test]
     fn local_files_outlive_a_listing_and_a_directory_shadows_a_file() {
         let mut t = Tree::new();
-        let w = t.add_local(ROOT, "new.bin", Kind::File);
+        let w = t.add_local(ROOT, "new.bin", TreeKind::File);
         t.set_listing(
             ROOT,
             &[file("a", 1), file("s", 3), dir("s")],
@@ -550,7 +550,7 @@ mod tests {
         );
         assert_eq!(t.child(ROOT, "new.bin"), Some(w));
         let s = t.child(ROOT, "s").unwrap();
-        assert_eq!(t.get(s).unwrap().kind, Kind::Dir);
+        assert_eq!(t.get(s).unwrap().kind, TreeKind::Dir);
         t.remove(ROOT, "new.bin");
         assert_eq!(t.child(ROOT, "new.bin"), None);
         let names: Vec<_> = t.children(ROOT).into_iter().map(|c| c.0).collect();

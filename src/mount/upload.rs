@@ -1,5 +1,5 @@
 //! New files written through the mount: one object each, written as it
-//! comes (`crate::object::Writer`: a multipart upload with parts in
+//! comes (`crate::object::ObjectWriter`: a multipart upload with parts in
 //! flight, or a local temporary file) and made visible only when the
 //! writer is known to have finished it.
 //!
@@ -30,12 +30,15 @@
 
 use super::closer::{Closer, End, Unseen};
 use crate::error::Error;
-use crate::object::Writer;
+use crate::object::ObjectWriter;
 
 /// Where an upload stands.
-pub enum Upload {
+pub enum MountUpload {
     /// Taking writes: the bytes so far and the writer.
-    Open { writer: Box<Writer>, written: u64 },
+    Open {
+        writer: Box<ObjectWriter>,
+        written: u64,
+    },
     /// Completed (`Ok`, with its size) or failed for good (the message
     /// every later close answers).
     Done(Result<u64, String>),
@@ -54,9 +57,9 @@ pub enum Refused {
     Broken(String),
 }
 
-impl Upload {
-    pub fn new(writer: Writer) -> Upload {
-        Upload::Open {
+impl MountUpload {
+    pub fn new(writer: ObjectWriter) -> MountUpload {
+        MountUpload::Open {
             writer: Box::new(writer),
             written: 0,
         }
@@ -65,9 +68,9 @@ impl Upload {
     /// Writes `data` at `off`.
     pub fn write(&mut self, off: u64, data: &[u8]) -> Result<(), Refused> {
         let (writer, written) = match self {
-            Upload::Open { writer, written } => (writer, written),
-            Upload::Done(Err(why)) => return Err(Refused::Broken(why.clone())),
-            Upload::Done(Ok(_)) => return Err(Refused::Closed),
+            MountUpload::Open { writer, written } => (writer, written),
+            MountUpload::Done(Err(why)) => return Err(Refused::Broken(why.clone())),
+            MountUpload::Done(Ok(_)) => return Err(Refused::Closed),
         };
         if off != *written {
             return Err(Refused::OutOfOrder {
@@ -78,7 +81,7 @@ impl Upload {
         if let Err(e) = writer.write(data) {
             let msg = e.to_string();
             let _ = writer.abort();
-            *self = Upload::Done(Err(msg.clone()));
+            *self = MountUpload::Done(Err(msg.clone()));
             return Err(Refused::Failed(msg));
         }
         *written += data.len() as u64;
@@ -88,40 +91,40 @@ impl Upload {
     /// Bytes written so far (or the completed object's size).
     pub fn size(&self) -> u64 {
         match self {
-            Upload::Open { written, .. } => *written,
-            Upload::Done(Ok(n)) => *n,
-            Upload::Done(Err(_)) => 0,
+            MountUpload::Open { written, .. } => *written,
+            MountUpload::Done(Ok(n)) => *n,
+            MountUpload::Done(Err(_)) => 0,
         }
     }
 
     /// Whether the upload still takes writes.
     pub fn is_open(&self) -> bool {
-        matches!(self, Upload::Open { .. })
+        matches!(self, MountUpload::Open { .. })
     }
 
     /// Completes the upload (once): its size, or why it failed.
     pub fn complete(&mut self) -> Result<u64, String> {
-        if let Upload::Open { writer, written } = self {
+        if let MountUpload::Open { writer, written } = self {
             let r = writer.finish().map(|()| *written).map_err(|e| {
                 let _ = writer.abort();
                 e.to_string()
             });
-            *self = Upload::Done(r);
+            *self = MountUpload::Done(r);
         }
         match self {
-            Upload::Done(r) => r.clone(),
-            Upload::Open { .. } => unreachable!("completed above"),
+            MountUpload::Done(r) => r.clone(),
+            MountUpload::Open { .. } => unreachable!("completed above"),
         }
     }
 
     /// Aborts an upload not completed yet: no object, no open upload.
     /// True when there was one to abort.
     pub fn abort(&mut self, why: &str) -> Result<bool, Error> {
-        let Upload::Open { writer, .. } = self else {
+        let MountUpload::Open { writer, .. } = self else {
             return Ok(false);
         };
         let r = writer.abort();
-        *self = Upload::Done(Err(why.to_string()));
+        *self = MountUpload::Done(Err(why.to_string()));
         r.map(|()| true)
     }
 }
@@ -221,16 +224,16 @@ impl Closes {
 mod tests {
     use super::*;
 
-    fn writer(path: &std::path::Path) -> Writer {
+    fn writer(path: &std::path::Path) -> ObjectWriter {
         let cfg = crate::config::Config::for_objects("{}").unwrap();
-        Writer::open(path.to_str().unwrap(), &cfg, None).unwrap()
+        ObjectWriter::open(path.to_str().unwrap(), &cfg, None).unwrap()
     }
 
     #[test]
     fn writes_in_order_complete_once_and_nothing_after() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("obj");
-        let mut u = Upload::new(writer(&p));
+        let mut u = MountUpload::new(writer(&p));
         u.write(0, b"abc").unwrap();
         assert_eq!(u.write(1, b"x"), Err(Refused::OutOfOrder { at: 1, end: 3 }));
         assert_eq!(u.write(9, b"x"), Err(Refused::OutOfOrder { at: 9, end: 3 }));
@@ -248,7 +251,7 @@ mod tests {
     fn an_aborted_upload_leaves_nothing_and_answers_its_reason() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("obj");
-        let mut u = Upload::new(writer(&p));
+        let mut u = MountUpload::new(writer(&p));
         u.write(0, &[7u8; 10000]).unwrap();
         assert!(u.abort("killed").unwrap());
         assert_eq!(u.complete(), Err("killed".to_string()));

@@ -7,9 +7,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
-use super::source::Source;
-use super::upload::{Abort, Closes, Refused, Upload, Verdict};
-use super::{Attr, Errno, Fs, FsResult, Handle, Kind, WriteHandle, tree};
+use super::source::MountSource;
+use super::upload::{Abort, Closes, MountUpload, Refused, Verdict};
+use super::{Attr, Errno, Fs, FsResult, Handle, TreeKind, WriteHandle, tree};
 use crate::log::{Level, log};
 use crate::sync::Locked;
 
@@ -48,7 +48,7 @@ impl Fs {
 
     fn start_upload(&self, ino: u64, parent: u64, name: &str, rel: &str) -> FsResult<u64> {
         let url = self.source.url(rel);
-        if let Source::Local(root) = &self.source
+        if let MountSource::Local(root) = &self.source
             && let Some(dir) = root.join(rel).parent()
         {
             // A directory made in the mount exists on disk once a file is
@@ -60,7 +60,7 @@ impl Fs {
                 Errno(e.raw_os_error().unwrap_or(libc::EIO))
             })?;
         }
-        let writer = crate::object::Writer::open(&url, &self.cfg, None).map_err(|e| {
+        let writer = crate::object::ObjectWriter::open(&url, &self.cfg, None).map_err(|e| {
             log(Level::Warn, || format!("mount: cannot start `{url}`: {e}"));
             Errno(if e.to_string().contains("exists") {
                 libc::EEXIST
@@ -77,7 +77,7 @@ impl Fs {
             parent,
             name: name.to_string(),
             url,
-            upload: Mutex::new(Upload::new(writer)),
+            upload: Mutex::new(MountUpload::new(writer)),
             size: AtomicU64::new(0),
             closes: Mutex::new(Closes::default()),
         });
@@ -105,7 +105,7 @@ impl Fs {
         }
         let (ino, rel) = {
             let mut t = self.tree.locked();
-            let ino = t.add_local(parent, name, Kind::File);
+            let ino = t.add_local(parent, name, TreeKind::File);
             // The kernel holds the entry `create` answers.
             t.looked_up(ino);
             (ino, t.get(ino).map(|n| n.rel.clone()).unwrap_or_default())

@@ -23,7 +23,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::http::{Fail, FailKind, ResponseHead};
+use super::http::{FailKind, HttpFail, ResponseHead};
 use super::object::HttpObject;
 use super::redirect::{Hop, followed};
 use super::version::VersionPin;
@@ -49,7 +49,7 @@ fn cache() -> &'static Cache {
 /// The addresses of `host`, from the cache when looked up less than
 /// [`ADDR_TTL`] ago. A host without any is `FailKind::Dns` (retried: the
 /// redirect is asked for again).
-pub fn addresses(host: &str, port: u16) -> Result<Vec<SocketAddr>, Fail> {
+pub fn addresses(host: &str, port: u16) -> Result<Vec<SocketAddr>, HttpFail> {
     let key = (host.to_string(), port);
     if let Some((at, addrs)) = cache().locked().get(&key)
         && at.elapsed() < ADDR_TTL
@@ -58,10 +58,13 @@ pub fn addresses(host: &str, port: u16) -> Result<Vec<SocketAddr>, Fail> {
     }
     let addrs: Vec<SocketAddr> = (host, port)
         .to_socket_addrs()
-        .map_err(|e| Fail::new(FailKind::Dns, format!("cannot resolve `{host}`: {e}")))?
+        .map_err(|e| HttpFail::new(FailKind::Dns, format!("cannot resolve `{host}`: {e}")))?
         .collect();
     if addrs.is_empty() {
-        return Err(Fail::new(FailKind::Dns, format!("`{host}` has no address")));
+        return Err(HttpFail::new(
+            FailKind::Dns,
+            format!("`{host}` has no address"),
+        ));
     }
     let mut hosts = cache().locked();
     if hosts.len() >= MAX_HOSTS {
@@ -74,8 +77,8 @@ pub fn addresses(host: &str, port: u16) -> Result<Vec<SocketAddr>, Fail> {
 /// The object the request to `from` goes to next, after its answer
 /// redirected to `hop`: `from`'s addresses and signer within its origin,
 /// none of its credentials elsewhere.
-pub fn next_object(from: &HttpObject, hop: &Hop) -> Result<Arc<HttpObject>, Fail> {
-    let bad = |why: String| Fail::new(FailKind::Redirect, why);
+pub fn next_object(from: &HttpObject, hop: &Hop) -> Result<Arc<HttpObject>, HttpFail> {
+    let bad = |why: String| HttpFail::new(FailKind::Redirect, why);
     let parsed = super::http::parse_url(&hop.url).map_err(|e| {
         bad(format!(
             "a redirect to `{}`, which cannot be asked: {e}",
@@ -162,8 +165,8 @@ impl Route {
     /// is the request's, or the request goes again; a redirect that is not
     /// followed, or a second expiry, is the error (its message naming
     /// `obj`).
-    pub fn answered(&mut self, obj: &HttpObject, h: &ResponseHead) -> Result<Turn, Fail> {
-        let named = |mut f: Fail| {
+    pub fn answered(&mut self, obj: &HttpObject, h: &ResponseHead) -> Result<Turn, HttpFail> {
+        let named = |mut f: HttpFail| {
             f.message = format!("{}: {}", obj.url, f.message);
             f
         };
@@ -184,7 +187,7 @@ impl Route {
             return Ok(Turn::Final);
         }
         if self.again || !self.remembered {
-            return Err(named(Fail::new(
+            return Err(named(HttpFail::new(
                 FailKind::Client,
                 format!(
                     "{} from the redirect's target{}",
@@ -228,7 +231,7 @@ mod tests {
     #[derive(Debug)]
     struct Marker;
     impl crate::net::object::RequestSigner for Marker {
-        fn sign(&self, _: &str, _: &HttpObject, _: Option<&str>) -> Result<String, Fail> {
+        fn sign(&self, _: &str, _: &HttpObject, _: Option<&str>) -> Result<String, HttpFail> {
             Ok("Authorization: Bearer marker\r\n".into())
         }
     }

@@ -274,7 +274,7 @@ impl FailKind {
 
 /// A failed ranged read: what kind, and what to tell the user.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Fail {
+pub struct HttpFail {
     pub kind: FailKind,
     pub message: String,
     /// S3's error code from the XML error body (`NoSuchKey`), when there was one.
@@ -286,15 +286,15 @@ pub struct Fail {
     pub retry_after: Option<Duration>,
 }
 
-impl fmt::Display for Fail {
+impl fmt::Display for HttpFail {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} ({})", self.message, self.kind.name())
     }
 }
 
-impl Fail {
-    pub fn new(kind: FailKind, message: impl Into<String>) -> Fail {
-        Fail {
+impl HttpFail {
+    pub fn new(kind: FailKind, message: impl Into<String>) -> HttpFail {
+        HttpFail {
             kind,
             message: message.into(),
             code: None,
@@ -305,8 +305,8 @@ impl Fail {
 
     /// The object changed under a pinned read: `expected` the pinned
     /// version, `seen` the answer's.
-    pub fn changed(url: &str, expected: String, seen: String) -> Fail {
-        Fail {
+    pub fn changed(url: &str, expected: String, seen: String) -> HttpFail {
+        HttpFail {
             kind: FailKind::Changed,
             message: format!(
                 "{url}: the object changed while it was read (pinned to {expected}, an answer was {seen})"
@@ -365,7 +365,7 @@ pub fn check_range_response(
     start: u64,
     len: u64,
     open_end: bool,
-) -> Result<RangeBody, Fail> {
+) -> Result<RangeBody, HttpFail> {
     match h.status {
         206 => {}
         200 if start == 0 && h.content_length == Some(len) && !h.chunked => {
@@ -387,7 +387,7 @@ pub fn check_range_response(
             });
         }
         200 => {
-            return Err(Fail::new(
+            return Err(HttpFail::new(
                 FailKind::Protocol,
                 "the server ignored the Range header (200 instead of 206)",
             ));
@@ -398,11 +398,11 @@ pub fn check_range_response(
                     len: 0,
                     total: Some(total),
                 }),
-                Some(total) => Err(Fail::new(
+                Some(total) => Err(HttpFail::new(
                     FailKind::Protocol,
                     format!("416 for bytes from {start} of a {total}-byte object"),
                 )),
-                None => Err(Fail::new(
+                None => Err(HttpFail::new(
                     FailKind::Protocol,
                     "416 without the object's size (`Content-Range: bytes */SIZE`); the size \
                      is needed to read the object: give it in a manifest",
@@ -410,19 +410,19 @@ pub fn check_range_response(
             };
         }
         s if s >= 300 => {
-            let mut f = Fail::new(FailKind::of_status(s), h.status_text());
+            let mut f = HttpFail::new(FailKind::of_status(s), h.status_text());
             f.retry_after = h.retry_after.map(Duration::from_secs);
             return Err(f);
         }
         s => {
-            return Err(Fail::new(
+            return Err(HttpFail::new(
                 FailKind::Protocol,
                 format!("unexpected HTTP {s}"),
             ));
         }
     }
     if h.chunked {
-        return Err(Fail::new(
+        return Err(HttpFail::new(
             FailKind::Protocol,
             "chunked transfer encoding for a byte range is not supported",
         ));
@@ -430,7 +430,7 @@ pub fn check_range_response(
     let end = start + len - 1;
     let body = match h.content_range {
         Some((_, _, None)) if open_end => {
-            return Err(Fail::new(
+            return Err(HttpFail::new(
                 FailKind::Protocol,
                 "206 without the object's size (`Content-Range: bytes a-b/*`); the size is \
                  needed to read the object: give it in a manifest",
@@ -445,13 +445,16 @@ pub fn check_range_response(
             }
         }
         Some((a, b, _)) => {
-            return Err(Fail::new(
+            return Err(HttpFail::new(
                 FailKind::Truncated,
                 format!("asked bytes {start}-{end} but the server sent {a}-{b}"),
             ));
         }
         None => {
-            return Err(Fail::new(FailKind::Protocol, "206 without Content-Range"));
+            return Err(HttpFail::new(
+                FailKind::Protocol,
+                "206 without Content-Range",
+            ));
         }
     };
     // A length that contradicts the range is a broken answer (a proxy's, a
@@ -459,7 +462,7 @@ pub fn check_range_response(
     if let Some(cl) = h.content_length
         && cl != body.len
     {
-        return Err(Fail::new(
+        return Err(HttpFail::new(
             FailKind::Truncated,
             format!(
                 "Content-Length {cl} does not match the {}-byte range",

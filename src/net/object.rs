@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::http::{Fail, parse_url};
+use super::http::{HttpFail, parse_url};
 use crate::sync::Locked;
 
 /// Adds per-request headers, e.g. an S3 SigV4 signature. Called for every
@@ -20,7 +20,8 @@ use crate::sync::Locked;
 pub trait RequestSigner: Send + Sync + fmt::Debug {
     /// Header lines (`Name: value\r\n` each) for `method` on `obj`, with
     /// the `Range` header value (`bytes=a-b`) when there is one.
-    fn sign(&self, method: &str, obj: &HttpObject, range: Option<&str>) -> Result<String, Fail>;
+    fn sign(&self, method: &str, obj: &HttpObject, range: Option<&str>)
+    -> Result<String, HttpFail>;
 }
 
 /// An object on an HTTP server, read by byte ranges.
@@ -66,7 +67,7 @@ impl HttpObject {
         start: u64,
         len: u64,
         if_match: Option<&str>,
-    ) -> Result<Vec<u8>, Fail> {
+    ) -> Result<Vec<u8>, HttpFail> {
         let range = format!("bytes={}-{}", start, start + len - 1);
         let extra = self.signed("GET", Some(&range))?;
         let pinned = match if_match {
@@ -87,7 +88,7 @@ impl HttpObject {
     }
 
     /// A `HEAD` request, signed when the object has a signer.
-    pub fn head_request(&self) -> Result<Vec<u8>, Fail> {
+    pub fn head_request(&self) -> Result<Vec<u8>, HttpFail> {
         let extra = self.signed("HEAD", None)?;
         Ok(format!(
             "HEAD {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: ringfeed/{}\r\n{extra}\r\n",
@@ -210,7 +211,7 @@ impl HttpObject {
         format!("{scheme}://{host}:{}{}", self.port, self.target)
     }
 
-    pub(super) fn signed(&self, method: &str, range: Option<&str>) -> Result<String, Fail> {
+    pub(super) fn signed(&self, method: &str, range: Option<&str>) -> Result<String, HttpFail> {
         match &self.signer {
             Some(s) => s.sign(method, self, range),
             None => Ok(String::new()),

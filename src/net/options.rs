@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
-use crate::net::http::{Fail, FailKind};
+use crate::net::http::{FailKind, HttpFail};
 use crate::net::rate::{Admit, RateLimiter};
 use crate::net::retry::{GiveUp, Jitter, RetryPolicy, Tries, authority};
 use crate::net::tls::TlsSetup;
@@ -33,7 +33,7 @@ pub struct NetStats {
 impl NetStats {
     /// Counts a retry of `url` after `f`, and logs it: the first of each
     /// kind in the process as a warning, the rest at debug level.
-    pub fn retried(&self, url: &str, f: &Fail) {
+    pub fn retried(&self, url: &str, f: &HttpFail) {
         self.retries[f.kind.index()].fetch_add(1, Ordering::Relaxed);
         let msg = || format!("retrying `{url}` ({}): {}", f.kind.name(), f.message);
         if !crate::log::once(f.kind.name(), crate::log::Level::Warn, msg) {
@@ -227,7 +227,7 @@ pub fn with_retries<T>(
     net: &NetOptions,
     jitter: &mut Jitter,
     url: &str,
-    mut op: impl FnMut() -> Result<T, Fail>,
+    mut op: impl FnMut() -> Result<T, HttpFail>,
 ) -> Result<T, Error> {
     let mut tries = Tries::default();
     let mut first_failure = None;
@@ -273,7 +273,7 @@ pub fn with_retries<T>(
 /// is its backoff), so that under a rate limit the rate rides the limit
 /// instead of idling through exponential backoffs; anything else waits
 /// `d`.
-pub fn retry_wait(net: &NetOptions, url: &str, f: &Fail, d: Duration) -> Duration {
+pub fn retry_wait(net: &NetOptions, url: &str, f: &HttpFail, d: Duration) -> Duration {
     if f.kind == FailKind::Throttled && net.pace.paced(url) {
         Duration::ZERO
     } else {
@@ -286,7 +286,7 @@ pub fn retry_wait(net: &NetOptions, url: &str, f: &Fail, d: Duration) -> Duratio
 /// [`Error::Http`] (saying so when it was the deadline that ended it).
 pub fn gave_up(
     url: &str,
-    f: Fail,
+    f: HttpFail,
     tries: &Tries,
     failing_for: Duration,
     why: GiveUp,

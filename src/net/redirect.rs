@@ -25,7 +25,7 @@
 //!   other. A signed query the `Location` itself carries is the target's
 //!   own, and goes with it.
 
-use super::http::{Fail, FailKind};
+use super::http::{FailKind, HttpFail};
 
 /// The most redirects one request follows. The longest chain the Hub
 /// gives is three (a renamed repository's 307 to its new name, the
@@ -73,8 +73,8 @@ impl Chain {
     /// once it is [`taken`](Chain::take): a request whose next hop could
     /// not be made (its host not found) is asked again, and its answer's
     /// `Location` is then no loop.
-    pub fn follow(&self, from: &str, status: u16, location: &str) -> Result<Hop, Fail> {
-        let refuse = |why: String| Fail::new(FailKind::Redirect, why);
+    pub fn follow(&self, from: &str, status: u16, location: &str) -> Result<Hop, HttpFail> {
+        let refuse = |why: String| HttpFail::new(FailKind::Redirect, why);
         let shown = crate::redact::url(location);
         let base = url::Url::parse(from)
             .map_err(|e| refuse(format!("HTTP {status}: the URL asked is not one ({e})")))?;
@@ -180,7 +180,7 @@ pub fn same_origin(a: &str, b: &str) -> bool {
 mod tests {
     use super::*;
 
-    fn follow(chain: &mut Chain, from: &str, location: &str) -> Result<Hop, Fail> {
+    fn follow(chain: &mut Chain, from: &str, location: &str) -> Result<Hop, HttpFail> {
         let hop = chain.follow(from, 302, location)?;
         chain.take(&hop);
         Ok(hop)

@@ -1,7 +1,7 @@
 //! Which ranges are late, pure: the caller supplies the measurements and
 //! the clock, and sends the hedges.
 //!
-//! - [`Window`]: the most recent samples of one quantity (a host's
+//! - [`TailWindow`]: the most recent samples of one quantity (a host's
 //!   first-byte latency, its body time per byte), and their quantiles.
 //! - [`Tail`]: one host's two windows, and the waits past which a range
 //!   still waiting for its head, or whose body has not arrived, is
@@ -45,13 +45,13 @@ pub const COLD_BODY: Duration = Duration::from_secs(2);
 /// The most recent [`WINDOW`] samples of a quantity (seconds, or seconds
 /// per byte).
 #[derive(Debug, Clone, Default)]
-pub struct Window {
+pub struct TailWindow {
     samples: Vec<f64>,
     /// Where the next sample goes once the window is full.
     next: usize,
 }
 
-impl Window {
+impl TailWindow {
     pub fn push(&mut self, v: f64) {
         if !v.is_finite() || v < 0.0 {
             return;
@@ -89,9 +89,9 @@ impl Window {
 #[derive(Debug, Clone, Default)]
 pub struct Tail {
     /// Request sent → response head, seconds.
-    pub head: Window,
+    pub head: TailWindow,
     /// Body time per byte of ranges received whole, seconds per byte.
-    pub body: Window,
+    pub body: TailWindow,
 }
 
 impl Tail {
@@ -184,7 +184,7 @@ mod tests {
             xs in proptest::collection::vec(0u32..10_000, 0..400),
             q in 0.01f64..1.0,
         ) {
-            let mut w = Window::default();
+            let mut w = TailWindow::default();
             for &x in &xs {
                 w.push(f64::from(x));
             }

@@ -9,7 +9,7 @@
 #[cfg(feature = "test-hooks")]
 use std::sync::atomic::Ordering;
 
-use super::http::{Fail, ResponseHead};
+use super::http::{HttpFail, ResponseHead};
 
 /// Whether reads check their answers against their [`VersionPin`]: always,
 /// except in the test that shows what the check prevents
@@ -116,7 +116,7 @@ impl VersionPin {
     /// Checks the answer `h` to a request of this read (the first answer
     /// sets what is not pinned yet); a change is `FailKind::Changed`,
     /// which is never retried.
-    pub fn check(&self, url: &str, h: &ResponseHead) -> Result<(), Fail> {
+    pub fn check(&self, url: &str, h: &ResponseHead) -> Result<(), HttpFail> {
         if !version_checks() {
             return Ok(());
         }
@@ -126,7 +126,7 @@ impl VersionPin {
         };
         if h.status == 412 {
             let pinned = self.etag.get().cloned().flatten();
-            return Err(Fail::changed(
+            return Err(HttpFail::changed(
                 url,
                 named(&pinned),
                 "412 Precondition Failed to If-Match".into(),
@@ -143,7 +143,7 @@ impl VersionPin {
         if let Some(t) = total {
             let planned = *self.size.get_or_init(|| t);
             if planned != t {
-                return Err(Fail::changed(
+                return Err(HttpFail::changed(
                     url,
                     format!("{planned} bytes (the size the read was planned for)"),
                     format!("{t} bytes"),
@@ -154,7 +154,7 @@ impl VersionPin {
         if h.status != 416 {
             let pinned = self.etag.get_or_init(|| h.etag.clone());
             if *pinned != h.etag {
-                return Err(Fail::changed(url, named(pinned), named(&h.etag)));
+                return Err(HttpFail::changed(url, named(pinned), named(&h.etag)));
             }
             // No strong ETag: `Last-Modified` is what is left to tell two
             // versions of one size apart (compared where both have one).
@@ -164,7 +164,7 @@ impl VersionPin {
                 && let (Some(was), Some(now)) = (modified, &h.last_modified)
                 && was != now
             {
-                return Err(Fail::changed(
+                return Err(HttpFail::changed(
                     url,
                     format!("Last-Modified {was}"),
                     format!("Last-Modified {now}"),

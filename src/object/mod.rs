@@ -10,11 +10,11 @@
 //! - [`stream`]: the same reads through a window of reused part buffers,
 //!   each part written to a sink (a file, stdout) in order once it is in:
 //!   an object of any size in a few parts' memory (`ringfeed get`).
-//! - [`write`]: a [`Writer`] that takes bytes in any amounts: to S3 as one
-//!   `PutObject` or a multipart upload with parts in flight in parallel,
-//!   each carrying the configured checksum, aborted on any failure; to a
-//!   local path through a temporary file renamed into place. Neither
-//!   replaces an existing object unless `overwrite` is set.
+//! - [`write`]: an [`ObjectWriter`] that takes bytes in any amounts: to S3
+//!   as one `PutObject` or a multipart upload with parts in flight in
+//!   parallel, each carrying the configured checksum, aborted on any
+//!   failure; to a local path through a temporary file renamed into place.
+//!   Neither replaces an existing object unless `overwrite` is set.
 //!
 //! - [`exists`]: whether an object is there, absent only on S3's
 //!   `NoSuchKey`.
@@ -31,7 +31,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use read::{ObjectBuf, ReadReport, read, read_into};
 pub use stream::stream_shard;
-pub use write::{Writer, write};
+pub use write::{ObjectWriter, write};
+// The name before it said its stage, for src/ffi/ alone until the change in
+// progress there lands; it goes with those files' imports.
+pub(crate) use write::ObjectWriter as Writer;
 
 use crate::config::Config;
 use crate::dataset::Shard;

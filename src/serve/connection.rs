@@ -1,8 +1,8 @@
 //! One connection: read a request head (bounded in size and time), answer
 //! it (a file, a byte range of one, or a short text error), and go on while
 //! the client keeps the connection alive; with what every connection shares
-//! (`Shared`: the root, the options, the live sockets, the counters), which
-//! `server.rs` makes. The decisions are the pure
+//! (`ServeShared`: the root, the options, the live sockets, the
+//! counters), which `server.rs` makes. The decisions are the pure
 //! functions of `request.rs`; the bytes of a body go out through `body.rs`.
 
 use std::collections::HashMap;
@@ -20,7 +20,7 @@ use super::request::{self, Method, RangeChoice, TargetError};
 
 /// Counters, for reports and tests. Relaxed: statistics only.
 #[derive(Debug, Default)]
-pub(super) struct Counters {
+pub(super) struct ServeCounters {
     pub(super) connections: AtomicU64,
     pub(super) requests: AtomicU64,
     pub(super) body_bytes: AtomicU64,
@@ -28,7 +28,7 @@ pub(super) struct Counters {
     pub(super) cpu_ns: AtomicU64,
 }
 
-pub(super) struct Shared {
+pub(super) struct ServeShared {
     pub(super) root: PathBuf,
     pub(super) opts: ServeOptions,
     /// Set by `Drop`; connection threads check it between requests.
@@ -37,12 +37,12 @@ pub(super) struct Shared {
     pub(super) stop: AtomicBool,
     /// Clones of the live connections, to shut them down when stopping.
     pub(super) live: Mutex<HashMap<u64, TcpStream>>,
-    pub(super) counters: Counters,
+    pub(super) counters: ServeCounters,
 }
 
 /// Every slot is taken: a short 503 and close. The head fits any socket
 /// buffer, so the write does not block the accept thread.
-pub(super) fn refuse_busy(mut conn: TcpStream, shared: &Shared) {
+pub(super) fn refuse_busy(mut conn: TcpStream, shared: &ServeShared) {
     shared.counters.refused_busy.fetch_add(1, Ordering::Relaxed);
     let body = "server busy: every connection slot is taken\n";
     let head = request::response_head(
@@ -76,7 +76,7 @@ fn now_unix() -> u64 {
 
 /// How a request head read ended.
 enum HeadRead {
-    Request(request::Request),
+    Request(request::HttpRequest),
     /// The client closed (or went idle) between requests: close quietly.
     Closed,
     /// A head that cannot be served: answer, then close.
@@ -84,7 +84,7 @@ enum HeadRead {
 }
 
 /// Serves requests on one connection until it closes, errs, or the server stops.
-pub(super) fn serve_connection(mut conn: TcpStream, shared: &Shared) {
+pub(super) fn serve_connection(mut conn: TcpStream, shared: &ServeShared) {
     let mut buf: Vec<u8> = Vec::with_capacity(shared.opts.max_head);
     loop {
         // Acquire: pairs with the Release store in `Drop for Server`.
@@ -166,7 +166,11 @@ fn read_head(conn: &mut TcpStream, buf: &mut Vec<u8>, opts: &ServeOptions) -> He
 }
 
 /// Answers one request. `Ok(true)`: the connection may serve another.
-fn respond(conn: &mut TcpStream, shared: &Shared, req: &request::Request) -> io::Result<bool> {
+fn respond(
+    conn: &mut TcpStream,
+    shared: &ServeShared,
+    req: &request::HttpRequest,
+) -> io::Result<bool> {
     let method_name = match req.method {
         Method::Get => "GET",
         Method::Head => "HEAD",
@@ -290,7 +294,7 @@ fn respond(conn: &mut TcpStream, shared: &Shared, req: &request::Request) -> io:
 /// A short text error response.
 fn send_error(
     conn: &mut TcpStream,
-    shared: &Shared,
+    shared: &ServeShared,
     status: u16,
     msg: &str,
     head_only: bool,
@@ -310,7 +314,7 @@ fn send_error(
     conn.write_all(&out)
 }
 
-fn log(shared: &Shared, method: &str, target: &str, status: u16, bytes: u64) {
+fn log(shared: &ServeShared, method: &str, target: &str, status: u16, bytes: u64) {
     if shared.opts.access_log {
         eprintln!("{method} {target} {status} {bytes}");
     }

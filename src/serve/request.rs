@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 /// A parsed request head.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Request {
+pub struct HttpRequest {
     pub method: Method,
     /// The request target as sent (`/a/b.tar?x=1`).
     pub target: String,
@@ -66,7 +66,7 @@ const MAX_HEADERS: usize = 64;
 
 /// Parses a request head at the start of `buf`. `Ok(None)`: more bytes are
 /// needed (and `buf` is still under `max_head`).
-pub fn parse_request(buf: &[u8], max_head: usize) -> Result<Option<Request>, HeadError> {
+pub fn parse_request(buf: &[u8], max_head: usize) -> Result<Option<HttpRequest>, HeadError> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut r = httparse::Request::new(&mut headers);
     let head_len = match r.parse(buf) {
@@ -112,7 +112,7 @@ pub fn parse_request(buf: &[u8], max_head: usize) -> Result<Option<Request>, Hea
             return Err(HeadError::HasBody);
         }
     }
-    Ok(Some(Request {
+    Ok(Some(HttpRequest {
         method,
         target: r.path.unwrap_or("").to_string(),
         range,

@@ -14,14 +14,14 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::connection::{Counters, Shared, refuse_busy, serve_connection};
+use super::connection::{ServeCounters, ServeShared, refuse_busy, serve_connection};
 use super::{ServeError, ServeOptions, ServeStats};
 use crate::sync::Locked;
 
 /// A running file server. Dropping it stops it and joins its threads.
 pub struct Server {
     addr: SocketAddr,
-    shared: Arc<Shared>,
+    shared: Arc<ServeShared>,
     /// Dropping this end wakes the accept thread (its poll sees the hang-up).
     wake: Option<UnixStream>,
     accept: Option<JoinHandle<()>>,
@@ -52,7 +52,7 @@ impl Server {
         // block the accept thread.
         listener.set_nonblocking(true).map_err(bind_err)?;
         let (wake, wake_rx) = UnixStream::pair().map_err(bind_err)?;
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(ServeShared {
             root,
             opts: ServeOptions {
                 max_connections: opts.max_connections.max(1),
@@ -61,7 +61,7 @@ impl Server {
             },
             stop: AtomicBool::new(false),
             live: Mutex::new(HashMap::new()),
-            counters: Counters::default(),
+            counters: ServeCounters::default(),
         });
         let s = Arc::clone(&shared);
         let accept = std::thread::Builder::new()
@@ -114,7 +114,7 @@ impl Drop for Server {
     }
 }
 
-fn lock_live(shared: &Shared) -> std::sync::MutexGuard<'_, HashMap<u64, TcpStream>> {
+fn lock_live(shared: &ServeShared) -> std::sync::MutexGuard<'_, HashMap<u64, TcpStream>> {
     // A panicking connection thread cannot leave the map inconsistent.
     shared.live.locked()
 }
@@ -155,7 +155,7 @@ fn wait_for_connection(listener: &TcpListener, wake: &UnixStream) -> bool {
     }
 }
 
-fn accept_loop(listener: TcpListener, wake: UnixStream, shared: Arc<Shared>) {
+fn accept_loop(listener: TcpListener, wake: UnixStream, shared: Arc<ServeShared>) {
     let mut threads: Vec<JoinHandle<()>> = Vec::new();
     let mut next_id = 0u64;
     while wait_for_connection(&listener, &wake) {
@@ -219,7 +219,7 @@ fn accept_loop(listener: TcpListener, wake: UnixStream, shared: Arc<Shared>) {
 
 /// Frees a connection slot when its thread ends, even by panic.
 struct Slot<'a> {
-    shared: &'a Shared,
+    shared: &'a ServeShared,
     id: u64,
 }
 

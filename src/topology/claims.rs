@@ -15,7 +15,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use super::{Placement, Request, Topology, worker_cpus};
+use super::{Placement, PlacementRequest, Topology, worker_cpus};
 
 /// Attempts at placing when other engines keep winning races for the
 /// chosen CPUs; each lost race marks that CPU claimed, so this bounds a
@@ -134,7 +134,7 @@ impl ClaimsDir {
     /// Places `req` away from the CPUs others claim and claims the chosen
     /// ones. CPUs chosen although claimed (every usable CPU was) are used
     /// without a claim.
-    pub fn place(&self, topo: &Topology, req: &Request) -> (Placement, Claims) {
+    pub fn place(&self, topo: &Topology, req: &PlacementRequest) -> (Placement, Claims) {
         let probe: Vec<usize> = match req.cpus {
             Some(list) => list.to_vec(),
             None => req.allowed.to_vec(),
@@ -146,7 +146,7 @@ impl ClaimsDir {
         for _ in 0..PLACE_ATTEMPTS {
             placement = worker_cpus(
                 topo,
-                &Request {
+                &PlacementRequest {
                     claimed: &claimed,
                     ..*req
                 },
@@ -196,10 +196,10 @@ mod tests {
         assert_eq!(mode, 0o700);
         let topo = four_cpus();
         let allowed = topo.allowed();
-        let req = Request {
+        let req = PlacementRequest {
             threads: 2,
             allowed: &allowed,
-            ..Request::default()
+            ..PlacementRequest::default()
         };
         let (a, claims_a) = dir.place(&topo, &req);
         assert_eq!(a.cpus, Some(vec![0, 1]));

@@ -11,7 +11,7 @@ use super::Topology;
 
 /// What to place.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Request<'a> {
+pub struct PlacementRequest<'a> {
     /// I/O threads, one CPU each.
     pub threads: usize,
     /// The CPUs this process may use.
@@ -90,7 +90,7 @@ const REST: u8 = 2;
 /// workers on the 2-CPU dev machine, pinned receives over loopback HTTP
 /// took 1.2x the wall time of the same unpinned (each waits for its CPU
 /// while the other CPU idles).
-pub fn worker_cpus(topo: &Topology, req: &Request) -> Placement {
+pub fn worker_cpus(topo: &Topology, req: &PlacementRequest) -> Placement {
     let nic = topo.data_nic(req.nic);
     let mut node = req
         .numa_node
@@ -252,11 +252,11 @@ mod tests {
         let allowed = topo.allowed();
         worker_cpus(
             topo,
-            &Request {
+            &PlacementRequest {
                 threads,
                 allowed: &allowed,
                 claimed,
-                ..Request::default()
+                ..PlacementRequest::default()
             },
         )
     }
@@ -290,12 +290,12 @@ mod tests {
         let allowed = topo.allowed();
         let p = worker_cpus(
             &topo,
-            &Request {
+            &PlacementRequest {
                 threads: 2,
                 allowed: &allowed,
                 claimed: &[1],
                 cpus: Some(&[1, 2, 3]),
-                ..Request::default()
+                ..PlacementRequest::default()
             },
         );
         assert_eq!(p.cpus, Some(vec![2, 3]));
@@ -303,11 +303,11 @@ mod tests {
         assert_eq!(p.why.describe(), "config");
         let p = worker_cpus(
             &topo,
-            &Request {
+            &PlacementRequest {
                 threads: 2,
                 allowed: &allowed,
                 numa_node: Some(0),
-                ..Request::default()
+                ..PlacementRequest::default()
             },
         );
         assert_eq!(p.cpus, Some(vec![0, 1]));
@@ -358,7 +358,7 @@ mod tests {
         fn placement_keeps_its_rules(
             (topo, allowed, claimed, threads, list, node) in scenario()
         ) {
-            let req = Request {
+            let req = PlacementRequest {
                 threads,
                 allowed: &allowed,
                 claimed: &claimed,

@@ -22,7 +22,7 @@ use fuser::{
     TimeOrNow,
 };
 
-use ringfeed::mount::{Attr, Caching, FileKind, Fs, FsResult};
+use ringfeed::mount::{Attr, Caching, Fs, FsResult, TreeKind};
 
 type Job = Box<dyn FnOnce() + Send>;
 
@@ -157,11 +157,11 @@ fn file_attr(a: &Attr) -> FileAttr {
         ctime: a.mtime,
         crtime: a.mtime,
         kind: match a.kind {
-            FileKind::Dir => FileType::Directory,
-            FileKind::File => FileType::RegularFile,
+            TreeKind::Dir => FileType::Directory,
+            TreeKind::File => FileType::RegularFile,
         },
         perm: a.perm,
-        nlink: if a.kind == FileKind::Dir { 2 } else { 1 },
+        nlink: if a.kind == TreeKind::Dir { 2 } else { 1 },
         uid: a.uid,
         gid: a.gid,
         rdev: 0,
@@ -495,8 +495,8 @@ impl Filesystem for Adapter {
                 let rest = entries.get(from as usize..).unwrap_or(&[]);
                 for (i, (child, kind, name)) in rest.iter().enumerate() {
                     let kind = match kind {
-                        FileKind::Dir => FileType::Directory,
-                        FileKind::File => FileType::RegularFile,
+                        TreeKind::Dir => FileType::Directory,
+                        TreeKind::File => FileType::RegularFile,
                     };
                     if reply.add(*child, from as i64 + i as i64 + 1, kind, name) {
                         break;

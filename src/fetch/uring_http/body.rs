@@ -6,7 +6,7 @@ use io_uring::IoUring;
 
 use super::{HttpDriver, Step, io_fail, pool_key};
 use crate::fetch::{Answered, Completion};
-use crate::net::http::{Fail, FailKind};
+use crate::net::http::{FailKind, HttpFail};
 
 impl HttpDriver {
     /// A body receive's completion: more to receive, the range done, or a retry from the first byte missing.
@@ -19,7 +19,7 @@ impl HttpDriver {
         let op = self.slots[slot].as_mut().expect("live slot");
         if res <= 0 {
             let f = if res == 0 {
-                Fail::new(
+                HttpFail::new(
                     FailKind::Truncated,
                     format!(
                         "{}: the body ended after {} of {} bytes",

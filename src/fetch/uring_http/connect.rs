@@ -10,7 +10,7 @@ use io_uring::{IoUring, opcode, squeue, types};
 
 use super::{Conn, HttpDriver, Step, TlsConn, io_fail, user_data};
 use crate::fetch::Completion;
-use crate::net::http::{Fail, FailKind};
+use crate::net::http::{FailKind, HttpFail};
 
 impl HttpDriver {
     /// Opens a fresh connection for the range in `slot` (no idle one, or
@@ -22,7 +22,7 @@ impl HttpDriver {
                 .net
                 .tls
                 .config()
-                .map_err(|e| Fail::new(FailKind::Tls, e))
+                .map_err(|e| HttpFail::new(FailKind::Tls, e))
                 .and_then(|cfg| {
                     TlsConn::new(cfg, &op.at.host, op.at.port, self.net.tls.kernel_wanted())
                 });
@@ -34,7 +34,7 @@ impl HttpDriver {
             None
         };
         let Some(sa) = op.at.pick_addr() else {
-            let f = Fail::new(FailKind::Dns, format!("`{}` has no address", op.at.host));
+            let f = HttpFail::new(FailKind::Dns, format!("`{}` has no address", op.at.host));
             return self.fail(ring, slot, f);
         };
         let (storage, len) = sockaddr(sa);
@@ -52,7 +52,7 @@ impl HttpDriver {
             return self.fail(
                 ring,
                 slot,
-                Fail::new(FailKind::Reset, format!("socket: {e}")),
+                HttpFail::new(FailKind::Reset, format!("socket: {e}")),
             );
         }
         // SAFETY: `fd` is a new descriptor we own.

@@ -11,7 +11,7 @@ use io_uring::{IoUring, opcode, types};
 
 use super::{HttpDriver, Step, push, user_data};
 use crate::fetch::{Completion, ReadFail};
-use crate::net::http::{Fail, FailKind};
+use crate::net::http::{FailKind, HttpFail};
 use crate::net::retry::GiveUp;
 
 impl HttpDriver {
@@ -21,7 +21,7 @@ impl HttpDriver {
         &mut self,
         ring: &mut IoUring,
         slot: usize,
-        f: Fail,
+        f: HttpFail,
     ) -> Option<Completion> {
         let op = self.slots[slot].as_mut().expect("live slot");
         // A keep-alive connection the server had closed meanwhile fails
@@ -39,7 +39,12 @@ impl HttpDriver {
         self.fail(ring, slot, f)
     }
 
-    pub(super) fn fail(&mut self, ring: &mut IoUring, slot: usize, f: Fail) -> Option<Completion> {
+    pub(super) fn fail(
+        &mut self,
+        ring: &mut IoUring,
+        slot: usize,
+        f: HttpFail,
+    ) -> Option<Completion> {
         let op = self.slots[slot].as_mut().expect("live slot");
         op.conn = None;
         if f.kind == FailKind::Throttled {
@@ -90,7 +95,7 @@ impl HttpDriver {
         }
     }
 
-    pub(super) fn give_up(&mut self, slot: usize, f: Fail, why: GiveUp) -> Option<Completion> {
+    pub(super) fn give_up(&mut self, slot: usize, f: HttpFail, why: GiveUp) -> Option<Completion> {
         if self.twin_carries_on(slot) {
             return None;
         }

@@ -13,7 +13,7 @@ use super::tls::open_head;
 use super::{HttpDriver, Step, io_fail, pool_key};
 use crate::fetch::Completion;
 use crate::net::hop::Turn;
-use crate::net::http::{self, Fail, FailKind};
+use crate::net::http::{self, FailKind, HttpFail};
 
 impl HttpDriver {
     /// The head's receive of `slot` completed with `res`.
@@ -25,7 +25,7 @@ impl HttpDriver {
     ) -> Option<Completion> {
         if res <= 0 {
             let f = if res == 0 {
-                Fail::new(
+                HttpFail::new(
                     FailKind::Reset,
                     "the connection closed before the response head",
                 )
@@ -52,7 +52,7 @@ impl HttpDriver {
         let h = match parsed {
             Ok(Some(h)) => h,
             Ok(None) => return self.recv(ring, slot, Step::Head),
-            Err(e) => return self.fail(ring, slot, Fail::new(FailKind::Protocol, e)),
+            Err(e) => return self.fail(ring, slot, HttpFail::new(FailKind::Protocol, e)),
         };
         op.conn.as_mut().expect("connected").reused = false;
         // A redirect, or a remembered target that expired: the request
@@ -107,7 +107,7 @@ impl HttpDriver {
         let op = self.slots[slot].as_mut().expect("live slot");
         let extra = op.head_got - h.head_len;
         if extra as u64 > want {
-            let f = Fail::new(FailKind::Protocol, "the server sent more than the range");
+            let f = HttpFail::new(FailKind::Protocol, "the server sent more than the range");
             return self.fail(ring, slot, f);
         }
         // SAFETY: `extra` <= the rest of the destination; the head

@@ -10,7 +10,7 @@ use io_uring::{IoUring, opcode, squeue, types};
 use super::uring_tls;
 use super::{HEAD_RECV, HttpDriver, Step, io_fail, push, user_data};
 use crate::fetch::Completion;
-use crate::net::http::{Fail, FailKind};
+use crate::net::http::{FailKind, HttpFail};
 
 impl HttpDriver {
     pub(super) fn send(&mut self, ring: &mut IoUring, slot: usize) -> Option<Completion> {
@@ -113,7 +113,7 @@ impl HttpDriver {
         e: &squeue::Entry,
         slot: usize,
         generation: u32,
-    ) -> Result<(), Fail> {
+    ) -> Result<(), HttpFail> {
         let t = opcode::LinkTimeout::new(&*self.stall)
             .build()
             .user_data(user_data(slot, generation, Step::Timer));
@@ -124,7 +124,7 @@ impl HttpDriver {
         };
         if room < 2 {
             ring.submit()
-                .map_err(|e| Fail::new(FailKind::Reset, format!("io_uring submit: {e}")))?;
+                .map_err(|e| HttpFail::new(FailKind::Reset, format!("io_uring submit: {e}")))?;
         }
         push(ring, e)?;
         push(ring, &t)

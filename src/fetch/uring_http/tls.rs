@@ -13,11 +13,11 @@ use std::sync::atomic::Ordering;
 
 use io_uring::{IoUring, opcode, squeue, types};
 
-use super::uring_tls::{self, Next, Opened, TlsConn};
+use super::uring_tls::{self, Opened, TlsConn, TlsNext};
 use super::{HttpDriver, Step, io_fail, user_data};
 use crate::fetch::Completion;
-use crate::fetch::ktls::{self, Control, Refusal};
-use crate::net::http::{self, Fail, FailKind};
+use crate::fetch::ktls::{self, Control, KtlsRefusal};
+use crate::net::http::{self, FailKind, HttpFail};
 
 impl HttpDriver {
     /// Drives the TLS handshake to its next send or receive.
@@ -29,26 +29,26 @@ impl HttpDriver {
         // Records half sent go out first; rustls is asked for more only
         // once they are all out.
         let next = if tls.out_sent < tls.out.len() {
-            Ok(Next::Send)
+            Ok(TlsNext::Send)
         } else {
             tls.handshake()
         };
         let e = match next {
             Err(f) => return self.fail(ring, slot, f),
-            Ok(Next::Open) => {
+            Ok(TlsNext::Open) => {
                 if let Err(f) = self.session_opened(slot) {
                     return self.retry_or_fail(ring, slot, f);
                 }
                 return self.ready(ring, slot);
             }
-            Ok(Next::Send) => {
+            Ok(TlsNext::Send) => {
                 op.step = Step::TlsSend;
                 let rest = &tls.out[tls.out_sent..];
                 opcode::Send::new(types::Fd(fd), rest.as_ptr(), rest.len() as u32)
                     .flags(libc::MSG_NOSIGNAL)
                     .build()
             }
-            Ok(Next::Recv) => {
+            Ok(TlsNext::Recv) => {
                 op.step = Step::TlsRecv;
                 let (ptr, len) = match tls.recv_room(uring_tls::MAX_RECORD) {
                     Ok(r) => r,
@@ -70,7 +70,7 @@ impl HttpDriver {
     /// The handshake is done: the session goes to the kernel's TLS where
     /// it has it and `kernel_tls` allows, else its records are opened
     /// here; counted either way.
-    fn session_opened(&mut self, slot: usize) -> Result<(), Fail> {
+    fn session_opened(&mut self, slot: usize) -> Result<(), HttpFail> {
         let op = self.slots[slot].as_mut().expect("live slot");
         let conn = op.conn.as_mut().expect("connected");
         let setup = &self.net.tls;
@@ -86,13 +86,13 @@ impl HttpDriver {
                     setup.sessions_kernel.fetch_add(1, Ordering::Relaxed);
                     return Ok(());
                 }
-                Err(Refusal::Off(why)) => {
+                Err(KtlsRefusal::Off(why)) => {
                     crate::log::once("kernel_tls", crate::log::Level::Info, || why);
                 }
                 // The kernel has TLS but not for this session's suite:
                 // this loader's next ones are not offered either.
-                Err(Refusal::Key(why)) => setup.kernel_failed(&why),
-                Err(Refusal::Broken(f)) => {
+                Err(KtlsRefusal::Key(why)) => setup.kernel_failed(&why),
+                Err(KtlsRefusal::Broken(f)) => {
                     // Counted where it went, though it carries nothing.
                     setup.sessions_kernel.fetch_add(1, Ordering::Relaxed);
                     setup.kernel_failed(&f.message);
@@ -155,7 +155,7 @@ impl HttpDriver {
                 match tls.open_buffered() {
                     Ok(Some(Opened::Data { start, len })) => {
                         if op.got + len > op.len {
-                            let f = Fail::new(
+                            let f = HttpFail::new(
                                 FailKind::Protocol,
                                 "the server sent more than the range",
                             );
@@ -194,7 +194,7 @@ impl HttpDriver {
             return self.finish(slot);
         }
         if closed {
-            let f = Fail::new(
+            let f = HttpFail::new(
                 FailKind::Truncated,
                 format!(
                     "{}: TLS closed after {} of {} bytes",
@@ -247,7 +247,7 @@ pub(super) fn open_head(
     tls: &mut TlsConn,
     head: &mut [u8],
     head_got: &mut usize,
-) -> Result<Result<Option<http::ResponseHead>, String>, Fail> {
+) -> Result<Result<Option<http::ResponseHead>, String>, HttpFail> {
     loop {
         match tls.open_buffered()? {
             Some(Opened::Data { start, len }) => {
@@ -264,7 +264,7 @@ pub(super) fn open_head(
             }
             Some(Opened::Nothing) => {}
             Some(Opened::Closed) => {
-                return Err(Fail::new(
+                return Err(HttpFail::new(
                     FailKind::Reset,
                     "the server closed TLS before the response head",
                 ));
@@ -306,7 +306,7 @@ impl HttpDriver {
         let op = self.slots[slot].as_mut().expect("live slot");
         if res <= 0 {
             let f = if res == 0 {
-                Fail::new(
+                HttpFail::new(
                     FailKind::Reset,
                     format!(
                         "{}: the connection closed during the TLS handshake",

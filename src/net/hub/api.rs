@@ -25,7 +25,7 @@ use serde::Deserialize;
 
 use super::HubClient;
 use crate::error::{Error, HubPlace, Result};
-use crate::net::http::{Fail, FailKind};
+use crate::net::http::{FailKind, HttpFail};
 use crate::net::redirect::{Chain, followed, same_origin};
 use crate::net::retry::Jitter;
 use crate::net::s3::encode_query;
@@ -44,7 +44,7 @@ pub const MAX_ENTRIES: usize = 10_000_000;
 
 /// What one of a dataset's files or directories is, as listed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry {
+pub struct HubEntry {
     /// In the repository, from its root.
     pub path: String,
     /// Bytes of the file (the LFS object's, for a file stored in LFS); 0
@@ -132,7 +132,7 @@ impl HubClient {
         recursive: bool,
         net: &NetOptions,
         jitter: &mut Jitter,
-    ) -> Result<Vec<Entry>> {
+    ) -> Result<Vec<HubEntry>> {
         let encoded = if dir.is_empty() {
             String::new()
         } else {
@@ -221,7 +221,7 @@ impl HubClient {
     }
 
     /// One attempt: the GET and the redirects it answers.
-    fn get_once(&self, first: &str) -> std::result::Result<Answer, Fail> {
+    fn get_once(&self, first: &str) -> std::result::Result<Answer, HttpFail> {
         let mut chain = Chain::default();
         let mut url = first.to_string();
         loop {
@@ -271,7 +271,7 @@ impl HubClient {
                 resp.take(MAX_ANSWER as u64 + 1)
                     .read_to_end(&mut body)
                     .map_err(|e| {
-                        Fail::new(FailKind::Truncated, format!("the answer's body: {e}"))
+                        HttpFail::new(FailKind::Truncated, format!("the answer's body: {e}"))
                     })?;
                 if body.len() > MAX_ANSWER {
                     return Ok(Answer::Refused {
@@ -292,7 +292,7 @@ impl HubClient {
                 message.push_str(&format!(": {m}"));
             }
             if status == 429 || status >= 500 {
-                let mut f = Fail::new(FailKind::of_status(status), message);
+                let mut f = HttpFail::new(FailKind::of_status(status), message);
                 f.retry_after = header("retry-after")
                     .and_then(|v| v.trim().parse().ok())
                     .map(Duration::from_secs);
@@ -343,7 +343,7 @@ struct Lfs {
 impl Item {
     /// The entry, checked to be under `dir` (directly, unless
     /// `recursive`) with a usable path; what is wrong otherwise.
-    fn entry(self, dir: &str, recursive: bool) -> std::result::Result<Entry, String> {
+    fn entry(self, dir: &str, recursive: bool) -> std::result::Result<HubEntry, String> {
         let shown = || self.path.chars().take(200).collect::<String>();
         let rel = if dir.is_empty() {
             Some(self.path.as_str())
@@ -373,13 +373,13 @@ impl Item {
                     .map(|l| l.size)
                     .or(self.size)
                     .ok_or_else(|| format!("the file `{}` without a size", shown()))?;
-                Ok(Entry {
+                Ok(HubEntry {
                     path: self.path,
                     size,
                     dir: false,
                 })
             }
-            "directory" => Ok(Entry {
+            "directory" => Ok(HubEntry {
                 path: self.path,
                 size: 0,
                 dir: true,
@@ -399,7 +399,7 @@ pub fn page_entries(
     body: &[u8],
     dir: &str,
     recursive: bool,
-) -> std::result::Result<Vec<Entry>, String> {
+) -> std::result::Result<Vec<HubEntry>, String> {
     let items: Vec<Item> = shaped_as(body, "tree")?;
     items
         .into_iter()
@@ -439,7 +439,7 @@ fn printable(v: &str) -> String {
 }
 
 /// A failure to reach the API: what the retry policy makes of it.
-fn transport(e: reqwest::Error) -> Fail {
+fn transport(e: reqwest::Error) -> HttpFail {
     let kind = if e.is_timeout() {
         FailKind::Stalled
     } else if e.is_connect() {
@@ -448,7 +448,7 @@ fn transport(e: reqwest::Error) -> Fail {
         FailKind::Reset
     };
     // reqwest's message names the URL, which holds no credential.
-    Fail::new(kind, format!("{e}"))
+    HttpFail::new(kind, format!("{e}"))
 }
 
 /// The URL of the `rel="next"` link of a `Link` header (RFC 8288), as

@@ -22,11 +22,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::net::http::Fail;
+use crate::net::http::HttpFail;
 use crate::net::object::{HttpObject, RequestSigner};
 use crate::net::s3::{Env, SIGV4_ENCODE, encode_query};
 
-pub use api::Entry;
+pub use api::HubEntry;
 pub use token::{Token, TokenSource};
 pub use url::HubUrl;
 
@@ -140,7 +140,12 @@ impl fmt::Debug for Bearer {
 }
 
 impl RequestSigner for Bearer {
-    fn sign(&self, _: &str, _: &HttpObject, _: Option<&str>) -> std::result::Result<String, Fail> {
+    fn sign(
+        &self,
+        _: &str,
+        _: &HttpObject,
+        _: Option<&str>,
+    ) -> std::result::Result<String, HttpFail> {
         Ok(format!("Authorization: {}\r\n", self.0.bearer()))
     }
 }

@@ -13,7 +13,7 @@ use super::creds::Provider;
 use super::sign::SigV4Signer;
 use super::{Addressing, Env, S3Config, S3Url, encode_query, explain_code};
 use crate::error::{Error, Result};
-use crate::net::http::{Fail, FailKind};
+use crate::net::http::{FailKind, HttpFail};
 use crate::net::object::{HttpObject, RequestSigner};
 use crate::net::retry::Jitter;
 use crate::net::{NetOptions, with_retries};
@@ -243,7 +243,7 @@ impl S3Client {
             let mut code = None;
             let body = with_retries(net, jitter, &what, || {
                 self.get(&url)
-                    .inspect_err(|f: &Fail| code.clone_from(&f.code))
+                    .inspect_err(|f: &HttpFail| code.clone_from(&f.code))
             })
             .map_err(|e| s3_error(e, bucket, prefix, code.take()))?;
             let p = parse_page(&body).map_err(|reason| Error::Url {
@@ -266,10 +266,10 @@ impl S3Client {
     }
 
     /// One signed GET of a small document (a listing page), once.
-    fn get(&self, url: &str) -> std::result::Result<String, Fail> {
+    fn get(&self, url: &str) -> std::result::Result<String, HttpFail> {
         let reply = self.send("GET", url, &[], Vec::new(), Duration::from_secs(60))?;
         String::from_utf8(reply.body)
-            .map_err(|_| Fail::new(FailKind::Protocol, "the listing is not UTF-8"))
+            .map_err(|_| HttpFail::new(FailKind::Protocol, "the listing is not UTF-8"))
     }
 }
 

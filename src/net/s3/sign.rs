@@ -13,7 +13,7 @@ use aws_sigv4::http_request::{
 };
 
 use super::creds::Provider;
-use crate::net::http::{Fail, FailKind};
+use crate::net::http::{FailKind, HttpFail};
 use crate::net::object::{HttpObject, RequestSigner};
 
 /// Signs S3 requests with the provider's current credentials.
@@ -87,7 +87,12 @@ pub(crate) fn signed_headers(
 }
 
 impl RequestSigner for SigV4Signer {
-    fn sign(&self, method: &str, obj: &HttpObject, range: Option<&str>) -> Result<String, Fail> {
+    fn sign(
+        &self,
+        method: &str,
+        obj: &HttpObject,
+        range: Option<&str>,
+    ) -> Result<String, HttpFail> {
         let host = obj.host_header();
         let scheme = if obj.tls { "https" } else { "http" };
         let url = format!("{scheme}://{host}{}", obj.target);
@@ -99,7 +104,7 @@ impl RequestSigner for SigV4Signer {
             .headers(method, &url, &hs, SystemTime::now())
             // Not retryable: new attempts would sign with the same (missing
             // or expired) credentials.
-            .map_err(|e| Fail::new(FailKind::Client, e))?;
+            .map_err(|e| HttpFail::new(FailKind::Client, e))?;
         Ok(signed
             .iter()
             .map(|(k, v)| format!("{k}: {v}\r\n"))
@@ -110,7 +115,7 @@ impl RequestSigner for SigV4Signer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::net::s3::creds::{Credentials, Source};
+    use crate::net::s3::creds::{CredentialSource, Credentials};
     use crate::net::s3::{Env, S3Config};
 
     fn signer(token: Option<&str>) -> SigV4Signer {
@@ -121,7 +126,12 @@ mod tests {
             None,
             "t",
         );
-        let p = Provider::with(Source::Config, c, &S3Config::default(), &Env::default());
+        let p = Provider::with(
+            CredentialSource::Config,
+            c,
+            &S3Config::default(),
+            &Env::default(),
+        );
         SigV4Signer::new(Arc::new(p), "us-east-1")
     }
 

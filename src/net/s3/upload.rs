@@ -14,7 +14,7 @@ use md5::Digest as _;
 
 use super::list::S3Client;
 use super::{encode_query, error_code};
-use crate::net::http::{Fail, FailKind};
+use crate::net::http::{FailKind, HttpFail};
 
 /// Error bodies read for their code; S3's are under 1 KiB.
 const MAX_ERROR_BODY: u64 = 64 << 10;
@@ -33,7 +33,7 @@ pub enum Checksum {
 }
 
 /// A request that got no answer, by what went wrong.
-fn request_failed(method: &str, e: &reqwest::Error) -> Fail {
+fn request_failed(method: &str, e: &reqwest::Error) -> HttpFail {
     let kind = if e.is_timeout() {
         FailKind::Stalled
     } else if e.is_connect() {
@@ -41,7 +41,7 @@ fn request_failed(method: &str, e: &reqwest::Error) -> Fail {
     } else {
         FailKind::Reset
     };
-    Fail::new(kind, format!("{method} request failed ({})", kind.name()))
+    HttpFail::new(kind, format!("{method} request failed ({})", kind.name()))
 }
 
 /// A part's checksum header, as S3 takes it: the name and the base64 value
@@ -156,7 +156,7 @@ pub struct Head {
 
 /// An answer S3 gave: status, the headers a writer reads, the body.
 #[derive(Debug)]
-pub struct Reply {
+pub struct UploadReply {
     pub status: u16,
     pub etag: Option<String>,
     pub body: Vec<u8>,
@@ -174,9 +174,9 @@ impl S3Client {
     }
 
     /// One signed request with `headers` (signed too) and `body`, once.
-    /// A non-2xx answer is a `Fail` of its kind, with S3's code; so is a
-    /// 200 whose body is an `<Error>` (`CompleteMultipartUpload` may answer
-    /// so after it started).
+    /// A non-2xx answer is an `HttpFail` of its kind, with S3's code; so is
+    /// a 200 whose body is an `<Error>` (`CompleteMultipartUpload` may
+    /// answer so after it started).
     pub fn send(
         &self,
         method: &str,
@@ -184,7 +184,7 @@ impl S3Client {
         headers: &[(&str, &str)],
         body: impl Into<reqwest::blocking::Body>,
         timeout: Duration,
-    ) -> Result<Reply, Fail> {
+    ) -> Result<UploadReply, HttpFail> {
         let req = self.signed(method, url, headers)?.timeout(timeout);
         let resp = req
             .body(body)
@@ -197,7 +197,7 @@ impl S3Client {
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
         if !(200..300).contains(&status) {
-            let mut f = Fail::new(
+            let mut f = HttpFail::new(
                 FailKind::of_status(status),
                 format!(
                     "HTTP {status} {}",
@@ -222,7 +222,7 @@ impl S3Client {
         }
         let body = resp
             .bytes()
-            .map_err(|_| Fail::new(FailKind::Truncated, "the answer's body ended early"))?
+            .map_err(|_| HttpFail::new(FailKind::Truncated, "the answer's body ended early"))?
             .to_vec();
         if let Some(code) = error_code(&body) {
             // An error inside a 200: S3's own advice is to retry
@@ -232,11 +232,11 @@ impl S3Client {
                 c if crate::net::retry::is_throttling_code(c) => FailKind::Throttled,
                 _ => FailKind::Client,
             };
-            let mut f = Fail::new(kind, format!("HTTP {status} with an error body"));
+            let mut f = HttpFail::new(kind, format!("HTTP {status} with an error body"));
             f.code = Some(code);
             return Err(f);
         }
-        Ok(Reply { status, etag, body })
+        Ok(UploadReply { status, etag, body })
     }
 
     /// A request for `method url`, signed over `host` and `headers`
@@ -246,16 +246,16 @@ impl S3Client {
         method: &str,
         url: &str,
         headers: &[(&str, &str)],
-    ) -> Result<reqwest::blocking::RequestBuilder, Fail> {
+    ) -> Result<reqwest::blocking::RequestBuilder, HttpFail> {
         let m = reqwest::Method::from_bytes(method.as_bytes())
-            .map_err(|_| Fail::new(FailKind::Client, format!("bad method {method}")))?;
+            .map_err(|_| HttpFail::new(FailKind::Client, format!("bad method {method}")))?;
         let mut req = self.http.request(m, url);
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
         if let Some(s) = &self.signer {
             let u = reqwest::Url::parse(url)
-                .map_err(|e| Fail::new(FailKind::Protocol, format!("bad URL: {e}")))?;
+                .map_err(|e| HttpFail::new(FailKind::Protocol, format!("bad URL: {e}")))?;
             let host = match u.port() {
                 Some(p) => format!("{}:{p}", u.host_str().unwrap_or("")),
                 None => u.host_str().unwrap_or("").to_string(),
@@ -264,7 +264,7 @@ impl S3Client {
             signed.extend_from_slice(headers);
             for (k, v) in s
                 .headers(method, url, &signed, SystemTime::now())
-                .map_err(|e| Fail::new(FailKind::Client, e))?
+                .map_err(|e| HttpFail::new(FailKind::Client, e))?
             {
                 req = req.header(k, v);
             }
@@ -273,16 +273,16 @@ impl S3Client {
     }
 
     /// Whether `bucket/key` exists (`HEAD`: 200 yes, 404 no); any other
-    /// answer is a `Fail` of its kind. A writer asks before it uploads, so
-    /// a refused write costs one round trip, not the upload (the
-    /// conditional completion still decides a race).
-    pub fn exists(&self, bucket: &str, key: &str) -> Result<bool, Fail> {
+    /// answer is an `HttpFail` of its kind. A writer asks before it
+    /// uploads, so a refused write costs one round trip, not the upload
+    /// (the conditional completion still decides a race).
+    pub fn exists(&self, bucket: &str, key: &str) -> Result<bool, HttpFail> {
         self.head(bucket, key).map(|h| h.is_some())
     }
 
     /// `HEAD` of `bucket/key`: its ETag and size, None on 404; any other
-    /// answer is a `Fail` of its kind.
-    pub fn head(&self, bucket: &str, key: &str) -> Result<Option<Head>, Fail> {
+    /// answer is an `HttpFail` of its kind.
+    pub fn head(&self, bucket: &str, key: &str) -> Result<Option<Head>, HttpFail> {
         let url = self.write_url(bucket, key, "");
         let resp = self
             .signed("HEAD", &url, &[])?
@@ -298,7 +298,7 @@ impl S3Client {
                 }))
             }
             404 => Ok(None),
-            status => Err(Fail::new(
+            status => Err(HttpFail::new(
                 FailKind::of_status(status),
                 format!(
                     "HTTP {status} {}",
@@ -313,8 +313,8 @@ impl S3Client {
     /// on 404 `NoSuchKey` (or a 404 without a code); `NoSuchBucket`,
     /// `AccessDenied` (S3's answer for a missing key without
     /// `s3:ListBucket`), `ExpiredToken` and every other answer are a
-    /// `Fail` with the code, never "absent". A 416 is an empty object.
-    pub fn present(&self, bucket: &str, key: &str) -> Result<bool, Fail> {
+    /// `HttpFail` with the code, never "absent". A 416 is an empty object.
+    pub fn present(&self, bucket: &str, key: &str) -> Result<bool, HttpFail> {
         let url = self.write_url(bucket, key, "");
         let resp = self
             .signed("GET", &url, &[("range", "bytes=0-0")])?
@@ -340,7 +340,7 @@ impl S3Client {
         if status == 404 && matches!(code.as_deref(), None | Some("NoSuchKey")) {
             return Ok(false);
         }
-        let mut f = Fail::new(
+        let mut f = HttpFail::new(
             FailKind::of_status(status),
             format!("HTTP {status} {reason}"),
         );
@@ -357,7 +357,7 @@ impl S3Client {
         kind: Checksum,
         overwrite: bool,
         timeout: Duration,
-    ) -> Result<Reply, Fail> {
+    ) -> Result<UploadReply, HttpFail> {
         let sum = checksum_header(kind, &body);
         let mut headers: Vec<(&str, &str)> = Vec::new();
         if let Some((k, v)) = &sum {
@@ -371,7 +371,12 @@ impl S3Client {
     }
 
     /// `CreateMultipartUpload`: the upload id.
-    pub fn create_upload(&self, bucket: &str, key: &str, kind: Checksum) -> Result<String, Fail> {
+    pub fn create_upload(
+        &self,
+        bucket: &str,
+        key: &str,
+        kind: Checksum,
+    ) -> Result<String, HttpFail> {
         let mut headers = Vec::new();
         if let Some(a) = algorithm_name(kind) {
             headers.push(("x-amz-checksum-algorithm", a));
@@ -379,7 +384,7 @@ impl S3Client {
         let url = self.write_url(bucket, key, "uploads=");
         let reply = self.send("POST", &url, &headers, Vec::new(), Duration::from_secs(60))?;
         let text = String::from_utf8_lossy(&reply.body);
-        parse_upload_id(&text).map_err(|e| Fail::new(FailKind::Protocol, e))
+        parse_upload_id(&text).map_err(|e| HttpFail::new(FailKind::Protocol, e))
     }
 
     /// `UploadPart` number `number` (from 1) of `upload`.
@@ -393,7 +398,7 @@ impl S3Client {
         body: bytes::Bytes,
         kind: Checksum,
         timeout: Duration,
-    ) -> Result<DonePart, Fail> {
+    ) -> Result<DonePart, HttpFail> {
         let sum = checksum_header(kind, &body);
         let mut headers: Vec<(&str, &str)> = Vec::new();
         if let Some((k, v)) = &sum {
@@ -402,9 +407,9 @@ impl S3Client {
         let query = format!("partNumber={number}&uploadId={}", encode_query(upload));
         let url = self.write_url(bucket, key, &query);
         let reply = self.send("PUT", &url, &headers, body, timeout)?;
-        let etag = reply
-            .etag
-            .ok_or_else(|| Fail::new(FailKind::Protocol, "UploadPart answered without an ETag"))?;
+        let etag = reply.etag.ok_or_else(|| {
+            HttpFail::new(FailKind::Protocol, "UploadPart answered without an ETag")
+        })?;
         Ok(DonePart {
             number,
             etag,
@@ -425,7 +430,7 @@ impl S3Client {
         parts: &[DonePart],
         kind: Checksum,
         overwrite: bool,
-    ) -> Result<Reply, Fail> {
+    ) -> Result<UploadReply, HttpFail> {
         let mut headers = vec![("content-type", "application/xml")];
         if !overwrite {
             headers.push(("if-none-match", "*"));
@@ -438,7 +443,7 @@ impl S3Client {
 
     /// `AbortMultipartUpload`: S3 drops the parts. A missing upload
     /// (`NoSuchUpload`, already gone) counts as done.
-    pub fn abort_upload(&self, bucket: &str, key: &str, upload: &str) -> Result<(), Fail> {
+    pub fn abort_upload(&self, bucket: &str, key: &str, upload: &str) -> Result<(), HttpFail> {
         let url = self.write_url(bucket, key, &format!("uploadId={}", encode_query(upload)));
         match self.send("DELETE", &url, &[], Vec::new(), Duration::from_secs(60)) {
             Ok(_) => Ok(()),

@@ -36,23 +36,23 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 
 use local::Local;
-use s3::Upload;
+use s3::S3Upload;
 
 /// S3's smallest part (all but the last), and most parts per upload.
 pub const S3_MIN_PART: u64 = 5 << 20;
 pub const S3_MAX_PARTS: u32 = 10_000;
 
-/// Writes `data` to `url` as one object (see [`Writer`]).
+/// Writes `data` to `url` as one object (see [`ObjectWriter`]).
 pub fn write(url: &str, data: &[u8], cfg: &Config, progress: Option<Arc<Progress>>) -> Result<()> {
-    let mut w = Writer::open(url, cfg, progress)?;
+    let mut w = ObjectWriter::open(url, cfg, progress)?;
     w.write(data)?;
     w.finish()
 }
 
-/// An object being written. Bytes go in with [`Writer::write`]; the object
-/// appears with [`Writer::finish`]. Dropped before that, or after any
-/// error, nothing of it remains.
-pub struct Writer {
+/// An object being written. Bytes go in with [`ObjectWriter::write`]; the
+/// object appears with [`ObjectWriter::finish`]. Dropped before that, or
+/// after any error, nothing of it remains.
+pub struct ObjectWriter {
     name: String,
     dest: Dest,
     written: u64,
@@ -62,28 +62,28 @@ pub struct Writer {
 
 enum Dest {
     Local(Local),
-    S3(Box<Upload>),
+    S3(Box<S3Upload>),
     /// Finished or aborted.
     Done,
 }
 
-impl std::fmt::Debug for Writer {
+impl std::fmt::Debug for ObjectWriter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Writer")
+        f.debug_struct("ObjectWriter")
             .field("name", &self.name)
             .field("written", &self.written)
             .finish()
     }
 }
 
-impl Writer {
+impl ObjectWriter {
     /// Starts an object at `url` (`s3://bucket/key`, a local path or
     /// `file://` URL). Fails at once when the object exists and
     /// `overwrite` is false (checked again when it is committed).
-    pub fn open(url: &str, cfg: &Config, progress: Option<Arc<Progress>>) -> Result<Writer> {
+    pub fn open(url: &str, cfg: &Config, progress: Option<Arc<Progress>>) -> Result<ObjectWriter> {
         let progress = progress.unwrap_or_default();
         let dest = if url.starts_with("s3://") {
-            Dest::S3(Box::new(Upload::open(url, cfg, progress)?))
+            Dest::S3(Box::new(S3Upload::open(url, cfg, progress)?))
         } else if url.starts_with("http://") || url.starts_with("https://") {
             return Err(Error::Url {
                 url: url.to_string(),
@@ -95,7 +95,7 @@ impl Writer {
             let path = crate::dataset::parse::local_path(url)?;
             Dest::Local(Local::open(&path, cfg.overwrite, progress)?)
         };
-        Ok(Writer {
+        Ok(ObjectWriter {
             name: url.to_string(),
             dest,
             written: 0,

@@ -19,7 +19,7 @@ use crate::config::{Checksum, Config};
 use crate::error::{Error, Fault, Result};
 use crate::fetch::{NetOptions, with_retries};
 use crate::log::Level;
-use crate::net::http::{Fail, FailKind};
+use crate::net::http::{FailKind, HttpFail};
 use crate::net::retry::Jitter;
 use crate::net::s3::list::{S3Client, s3_error};
 use crate::net::s3::upload::{DonePart, multipart_etag};
@@ -27,7 +27,7 @@ use crate::net::s3::{Env, S3Url};
 use crate::sync::Locked;
 
 /// What an S3 upload's threads share with the writer.
-struct Shared {
+struct UploadShared {
     client: S3Client,
     bucket: String,
     key: String,
@@ -42,7 +42,7 @@ struct Shared {
     progress: Arc<Progress>,
 }
 
-impl Shared {
+impl UploadShared {
     /// The error of an S3 call that failed after its retries: S3's code,
     /// the key, the part; a refused condition is [`Error::Exists`].
     fn named(&self, e: Error, code: Option<String>, part: Option<u32>) -> Error {
@@ -68,7 +68,7 @@ impl Shared {
         &self,
         jitter: &mut Jitter,
         part: Option<u32>,
-        mut op: impl FnMut() -> std::result::Result<T, Fail>,
+        mut op: impl FnMut() -> std::result::Result<T, HttpFail>,
     ) -> Result<T> {
         let mut code = None;
         with_retries(&self.net, jitter, &self.name, || {
@@ -99,8 +99,8 @@ struct Pool {
 }
 
 /// An S3 object being written.
-pub(super) struct Upload {
-    shared: Arc<Shared>,
+pub(super) struct S3Upload {
+    shared: Arc<UploadShared>,
     overwrite: bool,
     part_size: usize,
     in_flight: usize,
@@ -114,8 +114,8 @@ pub(super) struct Upload {
     jitter: Jitter,
 }
 
-impl Upload {
-    pub(super) fn open(url: &str, cfg: &Config, progress: Arc<Progress>) -> Result<Upload> {
+impl S3Upload {
+    pub(super) fn open(url: &str, cfg: &Config, progress: Arc<Progress>) -> Result<S3Upload> {
         let bad = |reason: String| Error::Url {
             url: url.to_string(),
             reason,
@@ -132,7 +132,7 @@ impl Upload {
         }
         let client = S3Client::new(&cfg.s3, &Env::process())?;
         let part_size = cfg.part_size as usize;
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(UploadShared {
             client,
             bucket: u.bucket.clone(),
             key: u.key.clone(),
@@ -159,7 +159,7 @@ impl Upload {
                 });
             }
         }
-        Ok(Upload {
+        Ok(S3Upload {
             shared,
             overwrite: cfg.overwrite,
             part_size,
@@ -381,7 +381,7 @@ impl Upload {
     }
 }
 
-impl Drop for Upload {
+impl Drop for S3Upload {
     fn drop(&mut self) {
         if self.upload.is_some() || self.pool.is_some() {
             let _ = self.abort();
@@ -398,7 +398,7 @@ fn is_completed_answer(code: Option<&str>) -> bool {
 
 /// An upload thread: takes parts off the queue until it closes; after a
 /// failure (its own or another's) it drops the rest unsent.
-fn upload_parts(s: &Shared, rx: &Mutex<Receiver<(u32, Bytes)>>, upload: &str, t: usize) {
+fn upload_parts(s: &UploadShared, rx: &Mutex<Receiver<(u32, Bytes)>>, upload: &str, t: usize) {
     let mut jitter = Jitter::new(0x0b1ec7 ^ (t as u64 + 1) << 8);
     loop {
         let next = rx.locked().recv();

@@ -7,7 +7,7 @@ use std::os::unix::fs::symlink;
 use std::path::PathBuf;
 
 use super::*;
-use crate::topology::{Request, Why, worker_cpus};
+use crate::topology::{PlacementRequest, Why, worker_cpus};
 
 struct Fake {
     dir: tempfile::TempDir,
@@ -123,10 +123,10 @@ fn place(topo: &Topology, threads: usize) -> crate::topology::Placement {
     let allowed = topo.allowed();
     worker_cpus(
         topo,
-        &Request {
+        &PlacementRequest {
             threads,
             allowed: &allowed,
-            ..Request::default()
+            ..PlacementRequest::default()
         },
     )
 }

@@ -9,7 +9,7 @@ use crate::net::s3::{Env, S3Config};
 
 /// Which source gave the credentials; refreshes ask it again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
+pub enum CredentialSource {
     Config,
     Environment,
     Profile,
@@ -19,14 +19,14 @@ pub enum Source {
 }
 
 pub(super) fn fetch(
-    source: Source,
+    source: CredentialSource,
     cfg: &S3Config,
     env: &Env,
 ) -> Result<Option<Credentials>, String> {
     match source {
-        Source::Config => from_config(cfg),
-        Source::Environment => from_env(env),
-        Source::Profile => {
+        CredentialSource::Config => from_config(cfg),
+        CredentialSource::Environment => from_env(env),
+        CredentialSource::Profile => {
             let name = profile_name(cfg, env);
             let named = cfg.profile.is_some() || env.get("AWS_PROFILE").is_some();
             if named && profile(env, &name).is_none() {
@@ -36,9 +36,9 @@ pub(super) fn fetch(
             }
             from_profile(env, &name)
         }
-        Source::WebIdentity => from_web_identity(env),
-        Source::Container => from_container(env),
-        Source::InstanceMetadata => from_imds(env),
+        CredentialSource::WebIdentity => from_web_identity(env),
+        CredentialSource::Container => from_container(env),
+        CredentialSource::InstanceMetadata => from_imds(env),
     }
 }
 
@@ -58,41 +58,47 @@ fn shared_files(env: &Env) -> String {
 
 /// Runs the chain: the first source that gives credentials, or an error
 /// listing what was tried.
-pub fn chain(cfg: &S3Config, env: &Env) -> Result<(Source, Credentials), String> {
+pub fn chain(cfg: &S3Config, env: &Env) -> Result<(CredentialSource, Credentials), String> {
     let profile = profile_name(cfg, env);
     let files = shared_files(env);
     let steps = [
         (
-            Source::Config,
+            CredentialSource::Config,
             "configuration keys aws_access_key_id/aws_secret_access_key".to_string(),
         ),
         (
-            Source::Environment,
+            CredentialSource::Environment,
             "environment AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY".to_string(),
         ),
-        (Source::Profile, format!("profile `{profile}` in {files}")),
         (
-            Source::WebIdentity,
+            CredentialSource::Profile,
+            format!("profile `{profile}` in {files}"),
+        ),
+        (
+            CredentialSource::WebIdentity,
             "web identity (AWS_WEB_IDENTITY_TOKEN_FILE and AWS_ROLE_ARN unset)".to_string(),
         ),
         (
-            Source::Container,
+            CredentialSource::Container,
             "container credentials (AWS_CONTAINER_CREDENTIALS_RELATIVE_URI/_FULL_URI unset)"
                 .to_string(),
         ),
-        (Source::InstanceMetadata, "instance metadata".to_string()),
+        (
+            CredentialSource::InstanceMetadata,
+            "instance metadata".to_string(),
+        ),
     ];
     let mut tried = Vec::new();
     for (source, what) in steps {
         match fetch(source, cfg, env) {
             Ok(Some(c)) => return Ok((source, c)),
-            Ok(None) if source == Source::InstanceMetadata => {
+            Ok(None) if source == CredentialSource::InstanceMetadata => {
                 tried.push("instance metadata (disabled by AWS_EC2_METADATA_DISABLED)".to_string())
             }
             Ok(None) => tried.push(what),
             // Instance metadata is the last resort off EC2: not finding it
             // is "not configured", not a failure to report alone.
-            Err(e) if source == Source::InstanceMetadata => tried.push(e),
+            Err(e) if source == CredentialSource::InstanceMetadata => tried.push(e),
             // A source that is configured but broken is an error: falling
             // through to another identity would be a surprise.
             Err(e) => return Err(e),

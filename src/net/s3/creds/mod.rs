@@ -47,7 +47,7 @@ mod sts;
 mod tests;
 
 pub use assume::{assume_role, sign_sts, sts_endpoint};
-pub use chain::{Source, chain};
+pub use chain::{CredentialSource, chain};
 pub use container::from_container;
 pub use credentials::{Credentials, REFRESH_MARGIN, expired, needs_refresh};
 pub use http::{CONNECT_TIMEOUT, REQUEST_TIMEOUT, client, parse_time};

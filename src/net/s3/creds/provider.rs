@@ -12,7 +12,7 @@ use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use super::chain::fetch;
-use super::{Credentials, REFRESH_MARGIN, Source, chain, expired};
+use super::{CredentialSource, Credentials, REFRESH_MARGIN, chain, expired};
 use crate::net::retry::Backoff;
 use crate::net::s3::{Env, S3Config};
 use crate::sync::{Locked, Waits};
@@ -45,7 +45,7 @@ struct State {
 /// The credentials of a loader: the chain's choice, fetched again from the
 /// same source before they expire.
 pub struct Provider {
-    source: Source,
+    source: CredentialSource,
     cfg: S3Config,
     env: Env,
     state: Mutex<State>,
@@ -87,7 +87,7 @@ impl Provider {
 
     /// A provider that starts from `c`, fetched from `source` at a time
     /// not known (so due [`REFRESH_MARGIN`] before their expiry).
-    pub fn with(source: Source, c: Credentials, cfg: &S3Config, env: &Env) -> Provider {
+    pub fn with(source: CredentialSource, c: Credentials, cfg: &S3Config, env: &Env) -> Provider {
         Provider {
             source,
             cfg: cfg.clone(),
@@ -111,7 +111,7 @@ impl Provider {
         self.backoff = backoff;
     }
 
-    pub fn source(&self) -> Source {
+    pub fn source(&self) -> CredentialSource {
         self.source
     }
 

@@ -100,7 +100,7 @@ fn chain_precedence() {
     let (s, c) = chain(&S3Config::default(), &env).unwrap();
     assert_eq!(
         (s, c.access_key_id.as_str()),
-        (Source::Profile, "AKIDDEFAULT")
+        (CredentialSource::Profile, "AKIDDEFAULT")
     );
     let cfg_profile = S3Config {
         profile: Some("work".into()),
@@ -121,7 +121,7 @@ fn chain_precedence() {
     let (s, c) = chain(&cfg_profile, &env).unwrap();
     assert_eq!(
         (s, c.access_key_id.as_str()),
-        (Source::Environment, "AKIDENV")
+        (CredentialSource::Environment, "AKIDENV")
     );
     let explicit = S3Config {
         access_key_id: Some("AKIDCONF".into()),
@@ -129,7 +129,10 @@ fn chain_precedence() {
         ..Default::default()
     };
     let (s, c) = chain(&explicit, &env).unwrap();
-    assert_eq!((s, c.access_key_id.as_str()), (Source::Config, "AKIDCONF"));
+    assert_eq!(
+        (s, c.access_key_id.as_str()),
+        (CredentialSource::Config, "AKIDCONF")
+    );
     let half = S3Config {
         access_key_id: Some("AKIDCONF".into()),
         ..Default::default()
@@ -196,7 +199,7 @@ fn expiry_and_refresh() {
     // credentials, and fails clearly once they have expired.
     let env = Env::default();
     let p = Provider::with(
-        Source::Environment,
+        CredentialSource::Environment,
         soon.clone(),
         &S3Config::default(),
         &env,
@@ -208,7 +211,12 @@ fn expiry_and_refresh() {
     let env = env
         .set("AWS_ACCESS_KEY_ID", "NEW")
         .set("AWS_SECRET_ACCESS_KEY", "s2");
-    let p = Provider::with(Source::Environment, soon, &S3Config::default(), &env);
+    let p = Provider::with(
+        CredentialSource::Environment,
+        soon,
+        &S3Config::default(),
+        &env,
+    );
     assert_eq!(p.get(now).unwrap().access_key_id, "NEW");
     assert_eq!(
         parse_time("2026-11-30T09:00:00Z").unwrap(),
