@@ -18,7 +18,7 @@ use crate::dataset::Shard;
 use crate::engine::shared::{Item, Shared};
 use crate::engine::shuffler::Shuffler;
 use crate::error::{Error, Result};
-use crate::memory::{BatchBuilder, ChunkRef, Held, NO_SOURCE};
+use crate::memory::{BatchBuilder, ChunkRef, HeldSample, NO_SOURCE};
 use crate::plan::Segment;
 use crate::tar::{MemberSink, lowercase_field, split_name};
 
@@ -34,7 +34,7 @@ pub(super) fn emit_ghost(
 ) -> Result<()> {
     match shuffle {
         Some(sf) => {
-            if let Some(out) = sf.push(Held::new(b"", NO_SOURCE))? {
+            if let Some(out) = sf.push(HeldSample::new(b"", NO_SOURCE))? {
                 emit_held(sh, stream, builder, out, epoch)?;
             }
             Ok(())
@@ -57,7 +57,7 @@ pub(super) fn emit_held(
     sh: &Shared,
     stream: usize,
     builder: &mut BatchBuilder,
-    h: Held,
+    h: HeldSample,
     epoch: u64,
 ) -> Result<()> {
     builder.push_held(h);
@@ -89,7 +89,7 @@ pub(super) struct ShardSink<'s> {
     pub(super) builder: BatchBuilder,
     pub(super) shuffle: Option<Shuffler>,
     /// The open sample, when it goes to the shuffle buffer.
-    held: Option<Held>,
+    held: Option<HeldSample>,
     epoch: u64,
     /// Key of the open sample.
     key: Vec<u8>,
@@ -234,7 +234,7 @@ impl<'s> ShardSink<'s> {
             }
             if self.keep {
                 if self.shuffle.is_some() {
-                    self.held = Some(Held::new(key, self.seg.shard as u32));
+                    self.held = Some(HeldSample::new(key, self.seg.shard as u32));
                 } else {
                     self.builder.begin_sample(key, self.seg.shard as u32);
                 }

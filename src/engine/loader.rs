@@ -9,7 +9,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::dataset::Shard;
-use crate::engine::shared::{Item, Progress, Shared};
+use crate::engine::shared::{DeliveryProgress, Item, Shared};
 use crate::error::{Error, Fault, Result};
 use crate::fetch::BackendKind;
 use crate::fetch::uring::FixedBuffers;
@@ -90,7 +90,7 @@ impl Loader {
                     if b.epoch() > p.epoch {
                         // Another consumer thread has not recorded the end
                         // marker yet.
-                        *p = Progress {
+                        *p = DeliveryProgress {
                             epoch: b.epoch(),
                             batches: 0,
                             samples: 0,
@@ -114,7 +114,7 @@ impl Loader {
             Ok(Item::EndOfEpoch(e)) => {
                 let mut p = sh.progress.locked();
                 if p.epoch <= e {
-                    *p = Progress {
+                    *p = DeliveryProgress {
                         epoch: e + 1,
                         batches: 0,
                         samples: 0,

@@ -20,7 +20,7 @@ use crate::engine::planning::{counts_or_nominal, plan_setup, worker_count};
 use crate::engine::setup::{
     EngineNet, MIN_SHARE, batch_share, fixed_buffers, own_pool, place, register_cuda, remote_budget,
 };
-use crate::engine::shared::{NetReads, Progress, Shared};
+use crate::engine::shared::{DeliveryProgress, NetReads, Shared};
 use crate::engine::start_plan::{CachePlan, EngineFacts, Facts, NetPlan, StartPlan};
 use crate::engine::threads::{
     MakeReader, Readers, net_main, prefault_main, sequencer_main, worker_main,
@@ -257,7 +257,7 @@ impl Loader {
             counters: Arc::new(Counters::default()),
             plan_opts,
             counts,
-            progress: Mutex::new(Progress {
+            progress: Mutex::new(DeliveryProgress {
                 epoch: start.epoch,
                 batches: start.skip_batches,
                 samples: start.skip_samples,

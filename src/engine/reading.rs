@@ -84,7 +84,7 @@ pub(super) struct Ahead {
 /// start early, in order: their places and the shards. Small shards (a
 /// read or two each) need several begun at once to keep the link busy:
 /// 1 MiB at S3's ~32 ms is ~30 MB/s a read.
-pub(super) type Next<'s> = &'s [(usize, &'s Shard)];
+pub(super) type NextShards<'s> = &'s [(usize, &'s Shard)];
 
 /// The reads in flight still to get bytes.
 pub(super) fn coming(q: &VecDeque<PendingRead>) -> usize {
@@ -202,7 +202,7 @@ impl<'a> Reading<'a> {
     /// able to end early), then the rest once its size is in.
     pub(super) fn read_ahead(
         &mut self,
-        next: Next<'_>,
+        next: NextShards<'_>,
         epoch: u64,
         depth: usize,
         current: &VecDeque<PendingRead>,

@@ -33,7 +33,7 @@ pub(crate) enum Item {
 }
 
 #[derive(Debug, Clone)]
-pub(super) struct Progress {
+pub(super) struct DeliveryProgress {
     pub(super) epoch: u64,
     pub(super) batches: u64,
     pub(super) samples: u64,
@@ -83,7 +83,7 @@ pub(crate) struct Shared {
     pub(super) batch_index: AtomicU64,
     /// Batches handed to consumers so far: the next batch's `index`.
     pub(super) delivered: AtomicU64,
-    pub(super) progress: Mutex<Progress>,
+    pub(super) progress: Mutex<DeliveryProgress>,
     pub(super) stop: AtomicBool,
     /// Stream 0's worker can give no first batch on its own (see
     /// `await_first_batch`).

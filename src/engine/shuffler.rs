@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering;
 use crate::engine::counters::Counters;
 use crate::error::{Error, Result};
 use crate::memory::{ChunkPool, ChunkRef};
-use crate::memory::{Held, NO_SOURCE};
+use crate::memory::{HeldSample, NO_SOURCE};
 use crate::plan::ShuffleBuffer;
 
 #[derive(Default, Clone, Copy)]
@@ -28,7 +28,7 @@ struct Pin {
 /// `runs_of` for a sample pointing into several runs (or none).
 const MULTI: u32 = u32::MAX;
 
-fn run_of(h: &Held) -> u32 {
+fn run_of(h: &HeldSample) -> u32 {
     let mut runs = h.chunks();
     match (runs.next(), runs.next()) {
         (Some(c), None) => c.index(),
@@ -37,7 +37,7 @@ fn run_of(h: &Held) -> u32 {
 }
 
 pub(crate) struct Shuffler {
-    buf: ShuffleBuffer<Held>,
+    buf: ShuffleBuffer<HeldSample>,
     /// Runs the buffered samples point into, by first chunk (a table over
     /// the pool's chunks: this is on every sample's path).
     pins: Vec<Pin>,
@@ -62,7 +62,7 @@ pub(crate) struct Shuffler {
 
 impl Shuffler {
     pub(crate) fn new(
-        buf: ShuffleBuffer<Held>,
+        buf: ShuffleBuffer<HeldSample>,
         limit: usize,
         (stream, owner): (usize, usize),
         pool: Arc<ChunkPool>,
@@ -83,7 +83,7 @@ impl Shuffler {
         }
     }
 
-    fn pin(&mut self, h: &Held, chunk_size: usize) {
+    fn pin(&mut self, h: &HeldSample, chunk_size: usize) {
         self.bytes += h.bytes();
         for c in h.chunks() {
             let p = &mut self.pins[c.index() as usize];
@@ -96,7 +96,7 @@ impl Shuffler {
         }
     }
 
-    fn unpin(&mut self, h: &Held) {
+    fn unpin(&mut self, h: &HeldSample) {
         self.bytes -= h.bytes();
         for c in h.chunks() {
             let p = &mut self.pins[c.index() as usize];
@@ -110,7 +110,7 @@ impl Shuffler {
     }
 
     /// Puts a sample in; may give one out.
-    pub(crate) fn push(&mut self, h: Held) -> Result<Option<Held>> {
+    pub(crate) fn push(&mut self, h: HeldSample) -> Result<Option<HeldSample>> {
         let cs = self.pool.chunk_size();
         self.pin(&h, cs);
         self.runs_of.push(run_of(&h));
@@ -148,7 +148,7 @@ impl Shuffler {
     }
 
     /// The next sample of the end-of-epoch drain.
-    pub(crate) fn drain_one(&mut self) -> Option<Held> {
+    pub(crate) fn drain_one(&mut self) -> Option<HeldSample> {
         let out = self.buf.drain_one();
         if let Some(o) = &out {
             self.runs_of.swap_remove(self.buf.last_taken());
@@ -247,7 +247,7 @@ impl Shuffler {
             let h = &mut self.buf.items_mut()[i];
             let bytes = h.bytes();
             // Unpin before the move (the pins follow the sample's chunks).
-            let mut held = std::mem::replace(h, Held::new(b"", NO_SOURCE));
+            let mut held = std::mem::replace(h, HeldSample::new(b"", NO_SOURCE));
             self.unpin(&held);
             // SAFETY: `at + size <= chunk size`: the range is free in the
             // target run, which only this worker writes.

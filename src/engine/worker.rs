@@ -21,7 +21,7 @@ use std::sync::atomic::Ordering;
 use crate::dataset::{Shard, Source};
 use crate::engine::assemble::{ShardSink, emit_ghost, emit_held};
 use crate::engine::reading::{
-    HEADROOM, Next, PendingRead, Reading, ahead_reads, coming, held_bound,
+    HEADROOM, NextShards, PendingRead, Reading, ahead_reads, coming, held_bound,
 };
 use crate::engine::shared::{Item, Shared};
 use crate::engine::shuffler::Shuffler;
@@ -222,7 +222,7 @@ impl<'a> Worker<'a> {
         ghosts: Option<&[u64]>,
         epoch: u64,
         place: usize,
-        next: Next<'_>,
+        next: NextShards<'_>,
     ) -> Result<()> {
         let mut pending: VecDeque<PendingRead> = VecDeque::new();
         let mut next_offset = 0;
@@ -317,7 +317,7 @@ impl<'a> Worker<'a> {
         seg: &Segment,
         ghosts: Option<&[u64]>,
         (size, next_offset): (Option<u64>, u64),
-        (epoch, next): (u64, Next<'_>),
+        (epoch, next): (u64, NextShards<'_>),
         pending: &mut VecDeque<PendingRead>,
         tier: &mut Tier,
     ) -> Result<()> {
@@ -355,7 +355,7 @@ impl<'a> Worker<'a> {
         target: &Target,
         shard: &Shard,
         (mut size, mut next_offset): (Option<u64>, u64),
-        (epoch, next): (u64, Next<'_>),
+        (epoch, next): (u64, NextShards<'_>),
         walk: &mut TarWalk,
         sink: &mut ShardSink<'_>,
         pending: &mut VecDeque<PendingRead>,

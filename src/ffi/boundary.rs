@@ -21,7 +21,7 @@ use crate::error::status::{
     RINGFEED_ERR_BUFFER_TOO_SMALL, RINGFEED_ERR_INVALID_ARGUMENT, RINGFEED_ERR_INVALID_HANDLE,
     RINGFEED_ERR_PANIC, RINGFEED_OK,
 };
-use crate::object::{ObjectBuf, Writer};
+use crate::object::{ObjectBuf, ObjectWriter};
 use crate::sync::Locked;
 
 thread_local! {
@@ -54,7 +54,7 @@ pub(super) static OBJECTS: LazyLock<Mutex<HashMap<usize, Arc<ObjectBuf>>>> =
 
 /// A writer and the process that opened it.
 pub(super) struct OpenWriter {
-    pub(super) writer: Arc<Mutex<Writer>>,
+    pub(super) writer: Arc<Mutex<ObjectWriter>>,
     pub(super) pid: u32,
 }
 

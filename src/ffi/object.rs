@@ -22,7 +22,7 @@ use super::fork;
 use super::status::{RINGFEED_ERR_BUFFER_TOO_SMALL, RINGFEED_ERR_INVALID_HANDLE, RINGFEED_OK};
 use crate::config::Config;
 use crate::fetch::NetOptions;
-use crate::object::{self, ObjectBuf, Writer};
+use crate::object::{self, ObjectBuf, ObjectWriter};
 use crate::sync::Locked;
 
 /// An object read whole into the library's memory. Opaque.
@@ -327,7 +327,7 @@ pub unsafe extern "C" fn ringfeed_writer_open(
         unsafe { out.write(std::ptr::null_mut()) };
         // SAFETY: the caller passes NUL-terminated strings or NULL.
         let (url, cfg) = unsafe { (text(url, "url")?, config(config_json)?) };
-        let w = Writer::open(url, &cfg, None)?;
+        let w = ObjectWriter::open(url, &cfg, None)?;
         fork::install_handlers();
         let id = new_handle(13);
         let open = OpenWriter {
@@ -341,7 +341,7 @@ pub unsafe extern "C" fn ringfeed_writer_open(
     })
 }
 
-fn writer_of(handle: *const ringfeed_writer, take: bool) -> Result<Arc<Mutex<Writer>>, Fail> {
+fn writer_of(handle: *const ringfeed_writer, take: bool) -> Result<Arc<Mutex<ObjectWriter>>, Fail> {
     if handle.is_null() {
         return Err(invalid("argument `writer` is NULL"));
     }

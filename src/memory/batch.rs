@@ -50,7 +50,7 @@ pub const NO_SOURCE: u32 = u32::MAX;
 
 /// What a transform left with a batch.
 #[derive(Default)]
-pub(super) struct Kept {
+pub(super) struct TransformKept {
     /// Memory the fields point into besides the chunks (the batch's
     /// tensors), kept while the batch lives.
     memory: Option<Box<dyn std::any::Any + Send + Sync>>,
@@ -82,7 +82,7 @@ pub struct Batch {
     pub(super) owner: u32,
     /// What a transform made of the batch (`engine::transform`), boxed
     /// for a thin pointer: `Next` carries a batch by value.
-    pub(super) keep: Option<Box<Kept>>,
+    pub(super) keep: Option<Box<TransformKept>>,
     pub(super) pool: Arc<ChunkPool>,
 }
 

@@ -1,5 +1,5 @@
 //! Assembling batches: [`BatchBuilder`] gathers the samples of one batch
-//! from the tar walk (or from [`Held`] samples that waited in a shuffle
+//! from the tar walk (or from [`HeldSample`]s that waited in a shuffle
 //! buffer) and seals them into a [`Batch`], whose C-shaped descriptor arrays
 //! and string tables are laid out as `batch.rs` describes.
 //!
@@ -65,7 +65,7 @@ const HELD_FIELDS: usize = 3;
 
 /// A sample outside any batch (waiting in a shuffle buffer): key and field
 /// names, pointers into chunks, and references to those chunks.
-pub struct Held {
+pub struct HeldSample {
     /// The key, then each field name, each NUL-terminated.
     names: Small<u8, HELD_NAMES>,
     /// Per field: name offset in `names`, data, length.
@@ -83,14 +83,14 @@ pub struct Held {
 
 // SAFETY: the pointers point into chunks the sample holds references to;
 // nothing writes there while it lives, so it may move between threads.
-unsafe impl Send for Held {}
+unsafe impl Send for HeldSample {}
 
-impl Held {
-    pub fn new(key: &[u8], source: u32) -> Held {
+impl HeldSample {
+    pub fn new(key: &[u8], source: u32) -> HeldSample {
         let mut names = Small::new(0);
         names.extend(key);
         names.extend(&[0]);
-        Held {
+        HeldSample {
             names,
             fields: Small::new((0, std::ptr::null(), 0)),
             chunk: None,
@@ -296,7 +296,7 @@ impl BatchBuilder {
     }
 
     /// Adds a held sample as one complete sample.
-    pub fn push_held(&mut self, h: Held) {
+    pub fn push_held(&mut self, h: HeldSample) {
         let names = h.names.as_slice();
         self.begin_sample(cstr_at(names, 0), h.source);
         for &(off, data, len) in h.fields.as_slice() {
@@ -429,7 +429,7 @@ mod tests {
         let b = pool.acquire(1, false).unwrap().unwrap();
         // Short: everything inline. Long: a 100-byte key and 5 fields spill.
         for (key, n) in [(b"k1".to_vec(), 2usize), (vec![b'x'; 100], 5)] {
-            let mut h = Held::new(&key, 0);
+            let mut h = HeldSample::new(&key, 0);
             for i in 0..n {
                 let name = format!("field{i}");
                 let chunk = if i % 2 == 0 { &a } else { &b };

@@ -28,7 +28,7 @@ pub use batch::{Batch, RawField, RawSample, SampleView};
 pub use mapping::{Arena, ArenaReport, MemoryKind};
 
 pub(crate) use batch::{NO_SOURCE, ShardNames};
-pub(crate) use builder::{BatchBuilder, Held};
+pub(crate) use builder::{BatchBuilder, HeldSample};
 pub(crate) use chunk::ChunkRef;
 pub(crate) use mapping::ArenaOptions;
 pub(crate) use pool::{ChunkPool, NO_OWNER};

@@ -19,7 +19,7 @@ use crate::engine::{EngineNet, Loader};
 use crate::error::{Error, Fault, NodeFailure, Result};
 use crate::memory::{Arena, ArenaOptions, Batch, ChunkPool};
 use crate::sync::Locked;
-use crate::topology::{self, Request};
+use crate::topology::{self, PlacementRequest};
 
 /// The longest the engine's arena waits for a first batch before its pages
 /// are faulted in anyway.
@@ -40,7 +40,7 @@ impl Kept for Batch {
 
 /// What the engine reports of itself.
 #[derive(Default)]
-pub(super) struct Whole {
+pub(super) struct EngineReport {
     /// Consumers attached now, and since the start.
     pub consumers: AtomicUsize,
     pub attached: AtomicUsize,
@@ -66,7 +66,7 @@ pub(super) struct Engine {
     pub pool: Arc<ChunkPool>,
     dataset: Mutex<Option<Arc<Dataset>>>,
     pub holds: Mutex<Holds<Batch>>,
-    pub whole: Whole,
+    pub whole: EngineReport,
     /// The loaders of the consumers attached, by party number (metrics).
     pub loaders: Mutex<HashMap<u64, Weak<Loader>>>,
     parties: AtomicU64,
@@ -87,7 +87,7 @@ impl Engine {
             base,
             dataset: Mutex::new(None),
             holds: Mutex::new(Holds::default()),
-            whole: Whole::default(),
+            whole: EngineReport::default(),
             loaders: Mutex::new(HashMap::new()),
             parties: AtomicU64::new(0),
         });
@@ -178,7 +178,7 @@ fn prefault(e: Weak<Engine>) {
 fn engine_pool(cfg: &Config) -> Result<Arc<ChunkPool>> {
     let topo = topology::discover();
     let allowed = topo.allowed();
-    let req = Request {
+    let req = PlacementRequest {
         threads: 1,
         allowed: &allowed,
         claimed: &[],

@@ -32,9 +32,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub use read::{ObjectBuf, ReadReport, read, read_into};
 pub use stream::stream_shard;
 pub use write::{ObjectWriter, write};
-// The name before it said its stage, for src/ffi/ alone until the change in
-// progress there lands; it goes with those files' imports.
-pub(crate) use write::ObjectWriter as Writer;
 
 use crate::config::Config;
 use crate::dataset::Shard;

@@ -26,9 +26,6 @@ use serde::Serialize;
 pub use claims::{Claims, ClaimsDir};
 pub use discover::{Roots, discover, discover_at};
 pub use placement::{Placement, PlacementRequest, Why, transform_cpus, worker_cpus};
-// The name before it said its stage, for src/node/engine.rs alone until the
-// change in progress there lands; it goes with that file's import.
-pub(crate) use placement::PlacementRequest as Request;
 
 /// What was read of the machine.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
