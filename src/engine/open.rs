@@ -129,17 +129,8 @@ impl Loader {
         make: Option<MakeReader>,
         joined: Option<Joined>,
     ) -> Result<Loader> {
-        let workers = StartPlan::workers(&cfg, &shards)?;
         let topo = topology::discover();
         let allowed = topo.allowed();
-        let mut shards = shards;
-        // Scripted readers (the engine's unit tests) carry their counts.
-        let nominal = match make {
-            None => counts_or_nominal(&cfg, &mut shards, &net, workers)?,
-            Some(_) => None,
-        };
-        let (plan_opts, counts, start, base_delivered, replay, fingerprint) =
-            plan_setup(&cfg, &net, &shards, workers, nominal.as_ref())?;
         let probe = make.is_none() && cfg.io_backend != IoBackend::Threads;
         let facts = Facts {
             topo: &topo,
@@ -148,11 +139,23 @@ impl Loader {
             scripted: make.is_some(),
             remote_budget: remote_budget(),
             engine: joined.as_ref().map(|j| EngineFacts {
-                live_streams: j.pool.live_owners(),
+                streams: j.pool.live_owners().max(cfg.node_streams()),
                 net_threads: j.net_links.len(),
                 spool: j.spool.is_some(),
             }),
         };
+        // What the configuration asks of the shards and the machine is
+        // checked before the shards are counted (which may read over the
+        // network).
+        let workers = StartPlan::workers(&cfg, &shards, &facts)?;
+        let mut shards = shards;
+        // Scripted readers (the engine's unit tests) carry their counts.
+        let nominal = match make {
+            None => counts_or_nominal(&cfg, &mut shards, &net, workers)?,
+            Some(_) => None,
+        };
+        let (plan_opts, counts, start, base_delivered, replay, fingerprint) =
+            plan_setup(&cfg, &net, &shards, workers, nominal.as_ref())?;
         let plan = StartPlan::decide(&cfg, &shards, &facts)?;
         cfg.chunk_size = plan.chunk as u64;
         let chunk = plan.chunk;

@@ -41,8 +41,9 @@ pub(super) struct Facts<'a> {
 
 /// What a loader of a node engine finds of it at start.
 pub(super) struct EngineFacts {
-    /// The streams of every consumer the engine's pool serves now.
-    pub live_streams: usize,
+    /// The streams the engine runs: those of every consumer its pool
+    /// serves now, or those it expects (`Config::node_streams`) when more.
+    pub streams: usize,
     /// The engine's network threads (0: it runs none).
     pub net_threads: usize,
     /// Whether the engine runs a cache writer.
@@ -120,12 +121,14 @@ pub(super) struct StartPlan {
 impl StartPlan {
     /// The streams of the epoch plan (`planning::worker_count`), which the
     /// start needs before it decides the rest (to count the shards'
-    /// samples); an error where there is no shard.
-    pub fn workers(cfg: &Config, shards: &[Shard]) -> Result<usize> {
-        match shards.is_empty() {
-            true => Err(Error::config("`urls` names no shard")),
-            false => Ok(worker_count(cfg, shards)),
+    /// samples); an error where there is no shard, or where `cpus` or
+    /// `numa_node` name what the machine lacks.
+    pub fn workers(cfg: &Config, shards: &[Shard], facts: &Facts) -> Result<usize> {
+        if shards.is_empty() {
+            return Err(Error::config("`urls` names no shard"));
         }
+        check_placement_keys(cfg, facts.topo, facts.allowed)?;
+        Ok(worker_count(cfg, shards))
     }
 
     /// Decides the start of a loader of `cfg` over `shards` on `facts`.
@@ -133,8 +136,7 @@ impl StartPlan {
     /// machine lacks, a budget too small for the workers, io_uring or
     /// fixed buffers required where there are none.
     pub fn decide(cfg: &Config, shards: &[Shard], facts: &Facts) -> Result<StartPlan> {
-        let workers = StartPlan::workers(cfg, shards)?;
-        check_placement_keys(cfg, facts.topo, facts.allowed)?;
+        let workers = StartPlan::workers(cfg, shards, facts)?;
         let mut notes = Vec::new();
         let chunk = match cfg.chunk_size {
             0 => {
@@ -145,7 +147,12 @@ impl StartPlan {
             n => n,
         };
         let remote = shards.iter().any(|s| matches!(s.source, Source::Http(_)));
-        let budget = cfg.effective_budget(workers, remote.then_some(facts.remote_budget));
+        // The default budget counts reads of the chunks chosen.
+        let sized = Config {
+            chunk_size: chunk,
+            ..cfg.clone()
+        };
+        let budget = sized.effective_budget(workers, remote.then_some(facts.remote_budget));
         let chunks = (budget / chunk) as usize;
         let need = 2 * workers + 2;
         if chunks < need && facts.engine.is_none() {
@@ -163,7 +170,7 @@ impl StartPlan {
         let unpin_for = facts
             .engine
             .as_ref()
-            .map(|e| e.live_streams.max(cfg.node_streams()))
+            .map(|e| e.streams)
             .filter(|&streams| cfg.cpus.is_none() && streams > facts.allowed.len());
         let (backend, uring_flags) = backend(cfg, facts, &mut notes)?;
         let uring = backend == BackendKind::IoUring;

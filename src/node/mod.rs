@@ -10,7 +10,7 @@
 //! - `engine.rs`: what every connection shares (the arena and its pool, the
 //!   dataset and its network threads, the table of holds, the counters);
 //! - `holds.rs`: who holds each batch, and when it is freed (pure);
-//! - `session.rs`: one connection, a consumer's or a holder's;
+//! - `session/`: one connection, a consumer's or a holder's;
 //! - `serve.rs`: the accept loop and the engine's end ([`serve`]);
 //! - `metrics.rs`: the engine's metrics;
 //! - `daemon.rs`: the engine as a process: its socket's name, the start on

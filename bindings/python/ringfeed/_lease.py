@@ -61,11 +61,13 @@ class _Keeper:
 
     __slots__ = ("generation", "__weakref__")
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "_give_back" not in cls.__dict__:
+            raise TypeError(f"{cls.__name__} keeps a batch but does not say how it gives it back (_give_back)")
+
     def __init__(self):
         self.generation = _fork_generation
-
-    def _give_back(self):
-        raise NotImplementedError
 
     def _forget(self):
         """What this process counts of it, undone (in a forked child too)."""

@@ -72,8 +72,8 @@ impl Machine {
             remote_budget: 1 << 30,
             engine: self
                 .engine
-                .map(|(live_streams, net_threads, spool)| EngineFacts {
-                    live_streams,
+                .map(|(streams, net_threads, spool)| EngineFacts {
+                    streams,
                     net_threads,
                     spool,
                 }),
@@ -138,6 +138,19 @@ fn auto_chunks_fit_remote_shards_and_say_so() {
     let c = cfg(r#"{"urls":"a","chunk_size":"4MiB"}"#);
     let p = m.decide(&c, &[remote(Some(1_500_000))]).unwrap();
     assert_eq!(p.chunk, 4 << 20);
+}
+
+#[test]
+fn the_default_budget_counts_reads_of_the_chunks_chosen() {
+    // 8 workers of a rank's 4 processes over shards of 1.5 MB: auto takes
+    // 2 MiB chunks, and 8 x (4 + 2) reads of 2 MiB and 64 MiB are below the
+    // remote floor, 1 GiB / 4: 256 MiB, 128 chunks (reads of 8 MiB would
+    // have asked 448 MiB, 224 chunks).
+    let m = Machine::new();
+    let c = cfg(r#"{"urls":"a","workers":8,"loader_workers":4}"#);
+    let shards: Vec<Shard> = (0..8).map(|_| remote(Some(1_500_000))).collect();
+    let p = m.decide(&c, &shards).unwrap();
+    assert_eq!((p.chunk, p.chunks), (2 << 20, 128));
 }
 
 #[test]
