@@ -480,3 +480,61 @@ fn a_consumer_speaks_only_to_a_socket_of_its_own_user_and_sends_no_credentials()
     let _ = Attached::open_json(&Value::Object(cfg).to_string());
     assert!(accepted.join().unwrap());
 }
+
+/// What `open_json` says of an engine at `path` that `serve` answers a
+/// consumer's attach with (a listener of the test's, no engine).
+fn attach_against(path: &Path, serve: impl FnOnce(OwnedFd) + Send + 'static) -> ringfeed::Error {
+    let listener = sock::listen(path).unwrap();
+    let server = std::thread::spawn(move || serve(sock::accept(&listener).unwrap()));
+    let mut cfg = consumer(0, 1);
+    cfg.insert("node".into(), json!(path));
+    let e = Attached::open_json(&Value::Object(cfg).to_string())
+        .err()
+        .expect("no engine answered");
+    server.join().unwrap();
+    e
+}
+
+#[test]
+fn an_attach_whose_reply_never_comes_is_told_from_an_engine_that_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    // The hello arrives and is never read: closing the connection then
+    // resets it, as an engine killed between the connect and its reply
+    // does. This kind alone is retried (with an engine started again) for
+    // `node: "auto"`.
+    let e = attach_against(&dir.path().join("a.sock"), |conn| {
+        sock::poll(&[(&conn, true)], Some(Duration::from_secs(30))).unwrap();
+        drop(conn);
+    });
+    assert!(
+        matches!(
+            e,
+            ringfeed::Error::Node {
+                failure: ringfeed::NodeFailure::NoReply,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    // Control: an engine that reads the hello and closes is gone, not
+    // retried.
+    let e = attach_against(&dir.path().join("b.sock"), |conn| {
+        let mut buf = Vec::new();
+        sock::recv(&conn, &mut buf).unwrap();
+        drop(conn);
+    });
+    assert!(
+        matches!(
+            e,
+            ringfeed::Error::Node {
+                failure: ringfeed::NodeFailure::Gone,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(
+        e.to_string().contains("closed the connection at attach"),
+        "{e}"
+    );
+}
