@@ -13,7 +13,7 @@ use crate::config::{Config, NodeMode};
 use crate::engine::{Counts, Loader, Next};
 use crate::error::{Error, Fault, Result};
 use crate::memory::Batch;
-use crate::node::{self, NodeBatch, NodeLoader};
+use crate::node::{self, NodeBatch, NodeLoader, ShardName};
 
 /// A loader in this process, or one attached to a node engine.
 pub enum Attached {
@@ -97,16 +97,6 @@ impl Attached {
         }
     }
 
-    /// The name of the shard at `index` of a batch of this loader
-    /// (`NodeBatch::source_index`): a node engine is asked; a loader in
-    /// this process has no such batches.
-    pub fn source_of(&self, index: Option<u32>) -> Result<Option<String>> {
-        match (self, index) {
-            (Attached::Node(n), Some(s)) => n.shard_name(s),
-            _ => Ok(None),
-        }
-    }
-
     pub fn close(&self) {
         match self {
             Attached::Local(l) => l.close(),
@@ -115,7 +105,36 @@ impl Attached {
     }
 }
 
+/// The name of the shard a sample came from: known in this process, or a
+/// node engine's to give ([`ShardName::ask`], a round trip).
+pub enum Source {
+    Known(Option<String>),
+    Ask(ShardName),
+}
+
+impl Source {
+    /// The name, asking the engine where it has it.
+    pub fn name(self) -> Result<Option<String>> {
+        match self {
+            Source::Known(n) => Ok(n),
+            Source::Ask(a) => a.ask(),
+        }
+    }
+}
+
 impl AnyBatch {
+    /// The name of the shard sample `i` came from (`Known(None)`: none, or
+    /// no such sample).
+    pub fn source(&self, i: usize) -> Source {
+        match self {
+            AnyBatch::Local(b) => Source::Known(b.source(i).map(str::to_string)),
+            AnyBatch::Node(b) => match b.source(i) {
+                Some(ask) => Source::Ask(ask),
+                None => Source::Known(None),
+            },
+        }
+    }
+
     /// The key of a node engine's batch (`NodeBatch::key`); `None` for a
     /// batch of a loader in this process.
     pub fn node_key(&self) -> Option<String> {

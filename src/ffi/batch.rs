@@ -5,14 +5,12 @@
 
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char};
-use std::sync::Arc;
 
 use super::boundary::{
     BATCHES, Fail, HeldBatch, boundary, check, check_owner, invalid, write_text,
 };
 use super::status::{RINGFEED_ERR_INVALID_HANDLE, RINGFEED_OK};
 use super::types::ringfeed_batch;
-use crate::consumer::AnyBatch;
 use crate::sync::Locked;
 
 /// Releases a batch: its chunks may be reused, and every pointer it held
@@ -87,15 +85,9 @@ pub unsafe extern "C" fn ringfeed_batch_sample_source(
                     b.len()
                 )));
             }
-            match b {
-                AnyBatch::Local(b) => Ok(b.source(sample).map(str::to_string)),
-                AnyBatch::Node(b) => Err((Arc::clone(&held.loader), b.source_index(sample))),
-            }
+            b.source(sample)
         };
-        let name = match asked {
-            Ok(name) => name,
-            Err((loader, index)) => loader.source_of(index)?,
-        };
+        let name = asked.name()?;
         let name = name.unwrap_or_default();
         // SAFETY: forwarded from this function's contract.
         unsafe { write_text(&name, "source", buf, len, needed) }

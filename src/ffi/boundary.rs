@@ -37,16 +37,13 @@ pub(super) struct OpenLoader {
 pub(super) static LOADERS: LazyLock<Mutex<HashMap<usize, OpenLoader>>> =
     LazyLock::new(Default::default);
 
-/// A batch handed out, the loader it came from, and the process it was
-/// handed to.
+/// A batch handed out, and the process it was handed to.
 pub(super) struct HeldBatch {
     pub(super) batch: AnyBatch,
-    pub(super) loader: Arc<Attached>,
     pub(super) pid: u32,
 }
 
-/// Batches handed out, with the loader they came from (a node batch asks
-/// it for a sample's shard name).
+/// Batches handed out.
 pub(super) static BATCHES: LazyLock<Mutex<HashMap<u64, HeldBatch>>> =
     LazyLock::new(Default::default);
 pub(super) static OBJECTS: LazyLock<Mutex<HashMap<usize, Arc<ObjectBuf>>>> =

@@ -95,7 +95,6 @@ pub unsafe extern "C" fn ringfeed_loader_next(
                 // batch into the table does not move them.
                 let held = HeldBatch {
                     batch: b,
-                    loader: l,
                     pid: std::process::id(),
                 };
                 BATCHES.locked().insert(handle, held);

@@ -54,9 +54,16 @@ struct Link {
     /// capability, the batch's key (`NodeBatch::key`).
     socket: PathBuf,
     engine: EngineId,
-    /// The connection to the engine (a duplicate), polled for its hang-up
-    /// only: whether the engine is still there.
+    /// The connection to the engine (a duplicate): polled for its hang-up
+    /// (whether the engine is still there), and where requests go.
     conn: OwnedFd,
+    /// One request on the connection at a time, and the buffer its reply
+    /// is received into.
+    asking: Mutex<Vec<u8>>,
+    /// The consumer closed its loader.
+    closed: AtomicBool,
+    /// The engine's process, for messages.
+    pid: u64,
 }
 
 /// How long a release waits for room in a full ring before it asks
@@ -108,6 +115,63 @@ impl Link {
         sock::poll(&[(&self.conn, false)], Some(Duration::ZERO))
             .map_or(true, |r| r.first().is_none_or(|r| r.hangup))
     }
+
+    /// What a request that found the connection gone fails with.
+    fn gone(&self) -> Error {
+        if self.closed.load(Ordering::Acquire) {
+            return Error::Closed;
+        }
+        Error::node(
+            NodeFailure::Gone,
+            format!(
+                "the engine at `{}` (process {}) exited or closed the connection",
+                self.socket.display(),
+                self.pid
+            ),
+        )
+    }
+
+    /// Asks the engine `req` and waits for its reply.
+    fn ask(&self, req: &Request) -> Result<Reply> {
+        let mut buf = self.asking.locked();
+        sock::send(&self.conn, &proto::encode(req), &[]).map_err(|_| self.gone())?;
+        sock::recv(&self.conn, &mut buf)
+            .map_err(|_| self.gone())?
+            .ok_or_else(|| self.gone())?;
+        let reply: Reply =
+            proto::decode(&buf, "a reply").map_err(|e| Error::node(NodeFailure::Protocol, e.0))?;
+        match reply {
+            Reply::Refused { status, message } => Err(Error::Remote { status, message }),
+            r => Ok(r),
+        }
+    }
+
+    /// The name of shard `index` of the dataset.
+    fn shard_name(&self, index: u32) -> Result<Option<String>> {
+        if index == NO_SOURCE {
+            return Ok(None);
+        }
+        match self.ask(&Request::Source { shard: index })? {
+            Reply::Source { name } => Ok(name),
+            other => Err(Error::node(
+                NodeFailure::Protocol,
+                format!("the engine answered a source request with {other:?}"),
+            )),
+        }
+    }
+}
+
+/// A sample's shard name for the engine to give: asked with
+/// [`ShardName::ask`] (a round trip), away from any lock of the caller's.
+pub struct ShardName {
+    link: Arc<Link>,
+    index: u32,
+}
+
+impl ShardName {
+    pub fn ask(&self) -> Result<Option<String>> {
+        self.link.shard_name(self.index)
+    }
 }
 
 /// What `next` returns when it does not fail.
@@ -130,19 +194,12 @@ pub struct NodeLoader {
     /// Why the mapping is not registered, under `cuda_register: "auto"`.
     cuda_note: Option<String>,
     conn: OwnedFd,
-    /// One request on the socket at a time.
-    asking: Mutex<()>,
     link: Arc<Link>,
     ready: OwnedFd,
     taking: Mutex<Taking>,
-    closed: AtomicBool,
     wait_ns: AtomicU64,
     /// The read-only descriptor of the arena's memory file.
     arena_fd: File,
-    socket: PathBuf,
-    pid: u64,
-    /// The buffer replies are received into.
-    asking_buf: Mutex<Vec<u8>>,
 }
 
 impl NodeLoader {
@@ -261,7 +318,6 @@ impl NodeLoader {
             cuda,
             cuda_note,
             conn,
-            asking: Mutex::new(()),
             link: Arc::new(Link {
                 rings,
                 wake,
@@ -271,6 +327,9 @@ impl NodeLoader {
                 socket: socket.to_path_buf(),
                 engine,
                 conn: hangup,
+                asking: Mutex::new(Vec::new()),
+                closed: AtomicBool::new(false),
+                pid: pid as u64,
             }),
             ready,
             taking: Mutex::new(Taking {
@@ -279,32 +338,18 @@ impl NodeLoader {
                 failure: None,
                 finished: false,
             }),
-            closed: AtomicBool::new(false),
             wait_ns: AtomicU64::new(0),
             arena_fd,
-            socket: socket.to_path_buf(),
-            pid: pid as u64,
-            asking_buf: Mutex::new(Vec::new()),
         })
     }
 
     fn gone(&self) -> Error {
-        if self.closed.load(Ordering::Acquire) {
-            return Error::Closed;
-        }
-        Error::node(
-            NodeFailure::Gone,
-            format!(
-                "the engine at `{}` (process {}) exited or closed the connection",
-                self.socket.display(),
-                self.pid
-            ),
-        )
+        self.link.gone()
     }
 
     /// The next batch, end of epoch, or time-out (`None`: wait for ever).
     pub fn next(&self, timeout: Option<Duration>) -> Result<NodeNext> {
-        if self.closed.load(Ordering::Acquire) {
+        if self.link.closed.load(Ordering::Acquire) {
             return Err(Error::Closed);
         }
         let t0 = Instant::now();
@@ -349,7 +394,7 @@ impl NodeLoader {
                     // came before the close, hence before the engine counts
                     // what this consumer took; else the batch is let go
                     // here (dropping it releases it) and never handed out.
-                    if self.closed.load(Ordering::SeqCst) {
+                    if self.link.closed.load(Ordering::SeqCst) {
                         drop(b);
                         return Err(Error::Closed);
                     }
@@ -388,7 +433,7 @@ impl NodeLoader {
                     if ready[0].readable {
                         sock::drain(&self.ready);
                     } else if ready[1].hangup {
-                        if self.closed.load(Ordering::Acquire) {
+                        if self.link.closed.load(Ordering::Acquire) {
                             return Err(Error::Closed);
                         }
                         // Records written before the hang-up are read first.
@@ -408,18 +453,7 @@ impl NodeLoader {
     }
 
     fn ask(&self, req: &Request) -> Result<Reply> {
-        let _g = self.asking.locked();
-        let mut buf = self.asking_buf.locked();
-        sock::send(&self.conn, &proto::encode(req), &[]).map_err(|_| self.gone())?;
-        sock::recv(&self.conn, &mut buf)
-            .map_err(|_| self.gone())?
-            .ok_or_else(|| self.gone())?;
-        let reply: Reply =
-            proto::decode(&buf, "a reply").map_err(|e| Error::node(NodeFailure::Protocol, e.0))?;
-        match reply {
-            Reply::Refused { status, message } => Err(Error::Remote { status, message }),
-            r => Ok(r),
-        }
+        self.link.ask(req)
     }
 
     /// The engine's stats of this consumer's loader (JSON, with `node`
@@ -465,25 +499,11 @@ impl NodeLoader {
             }
             let mut node = serde_json::to_value(&node).unwrap_or(json!({}));
             if let Some(n) = node.as_object_mut() {
-                n.insert("socket".into(), json!(self.socket));
+                n.insert("socket".into(), json!(self.link.socket));
             }
             m.insert("node".into(), node);
         }
         Ok((stats.to_string(), counts))
-    }
-
-    /// The name of shard `index` of the dataset.
-    pub fn shard_name(&self, index: u32) -> Result<Option<String>> {
-        if index == NO_SOURCE {
-            return Ok(None);
-        }
-        match self.ask(&Request::Source { shard: index })? {
-            Reply::Source { name } => Ok(name),
-            other => Err(Error::node(
-                NodeFailure::Protocol,
-                format!("the engine answered a source request with {other:?}"),
-            )),
-        }
     }
 
     /// The arena as this process maps it: the read-only descriptor of its
@@ -502,7 +522,7 @@ impl NodeLoader {
     pub fn close(&self) {
         // SeqCst: see `take` — the engine frees the batches whose records
         // this consumer had not read when it saw the close.
-        if self.closed.swap(true, Ordering::SeqCst) {
+        if self.link.closed.swap(true, Ordering::SeqCst) {
             return;
         }
         // SAFETY: shuts down a socket this value owns; the descriptor stays
@@ -579,6 +599,15 @@ impl NodeBatch {
     /// The shard index of sample `i` (`NO_SOURCE` for a placeholder).
     pub fn source_index(&self, i: usize) -> Option<u32> {
         self.d.sources.get(i).copied()
+    }
+
+    /// The name of the shard sample `i` came from, for the engine to give
+    /// (`None`: no such sample).
+    pub fn source(&self, i: usize) -> Option<ShardName> {
+        Some(ShardName {
+            link: Arc::clone(&self.link),
+            index: self.source_index(i)?,
+        })
     }
 }
 

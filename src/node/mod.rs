@@ -44,7 +44,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-pub use client::{NodeBatch, NodeLoader, NodeNext};
+pub use client::{NodeBatch, NodeLoader, NodeNext, ShardName};
 pub use daemon::{NodeRun, auto_socket, node_program, runtime_dir};
 pub use holder::{claim, keep, release};
 pub use serve::{MAX_CONNECTIONS, MetricsSource, NodeOptions, serve, serve_with_metrics};
