@@ -114,12 +114,14 @@ pub(super) fn cmyk_to_rgb(cmyk: &[u8]) -> Vec<u8> {
 /// Pillow's `convert("L")`: ITU-R 601-2 luma, in 16-bit fixed point.
 pub(super) fn rgb_to_gray(rgb: &[u8]) -> Vec<u8> {
     rgb.chunks_exact(3)
-        .map(|p| {
-            let l =
-                u32::from(p[0]) * 19595 + u32::from(p[1]) * 38470 + u32::from(p[2]) * 7471 + 0x8000;
-            (l >> 16) as u8
-        })
+        .map(|p| gray_of(p[0], p[1], p[2]))
         .collect()
+}
+
+/// One pixel's luma, as `rgb_to_gray`.
+pub(super) fn gray_of(r: u8, g: u8, b: u8) -> u8 {
+    let l = u32::from(r) * 19595 + u32::from(g) * 38470 + u32::from(b) * 7471 + 0x8000;
+    (l >> 16) as u8
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@
 use std::io::Cursor;
 
 use super::budget::{Budget, Reservation};
-use super::pixels::{DECODER_STATE, Pixels, Want, after_decode_bytes, check_pixels, rgb_to_gray};
+use super::pixels::{DECODER_STATE, Pixels, Want, after_decode_bytes, check_pixels, gray_of};
 use super::spec::Color;
 
 fn fail(e: impl std::fmt::Display) -> String {
@@ -194,6 +194,9 @@ struct Sink {
     sums: Vec<u32>,
     /// Rows summed into `sums` so far.
     rows: u32,
+    /// The window's part of a row in the output's colour, where the source
+    /// has another (reused from row to row).
+    converted: Vec<u8>,
     out: Vec<u8>,
 }
 
@@ -210,18 +213,8 @@ impl Sink {
                 _ => vec![0; kw as usize * c],
             },
             rows: 0,
+            converted: Vec::new(),
             out: Vec::with_capacity(kw as usize * kh as usize * c),
-        }
-    }
-
-    /// One source pixel's channels in the output's colour.
-    fn pixel(&self, p: &[u8], out: &mut [u8; 3]) {
-        let gray_in = self.step <= 2;
-        match (self.color, gray_in) {
-            (Color::Gray, true) => out[0] = p[0],
-            (Color::Gray, false) => out[0] = rgb_to_gray(&p[..3])[0],
-            (Color::Rgb, true) => *out = [p[0]; 3],
-            (Color::Rgb, false) => out.copy_from_slice(&p[..3]),
         }
     }
 
@@ -229,27 +222,20 @@ impl Sink {
     fn row(&mut self, row: &[u8]) {
         let (x0, x1, k) = (self.win.x0 as usize, self.win.x1 as usize, self.win.k);
         let c = self.color.channels();
-        let mut px = [0u8; 3];
-        if k == 1 && self.step == c {
-            // Pixels already in the output's colour and depth (RGB to RGB,
-            // gray to gray): the window's part of the row, as it is.
-            self.out.extend_from_slice(&row[x0 * c..x1 * c]);
-            return;
-        }
+        let src = &row[x0 * self.step..x1 * self.step];
+        // Pixels already in the output's colour and depth (RGB to RGB,
+        // gray to gray) are taken as they are; others are converted first.
+        let px = if self.step == c {
+            src
+        } else {
+            convert(src, self.step, self.color, &mut self.converted);
+            &self.converted[..]
+        };
         if k == 1 {
-            for x in x0..x1 {
-                self.pixel(&row[x * self.step..(x + 1) * self.step], &mut px);
-                self.out.extend_from_slice(&px[..c]);
-            }
+            self.out.extend_from_slice(px);
             return;
         }
-        for x in x0..x1 {
-            self.pixel(&row[x * self.step..(x + 1) * self.step], &mut px);
-            let at = (x - x0) / k as usize * c;
-            for (sum, v) in self.sums[at..at + c].iter_mut().zip(px) {
-                *sum += u32::from(v);
-            }
-        }
+        add_blocks(px, c, k as usize, &mut self.sums);
         self.rows += 1;
         if self.rows == k {
             self.flush();
@@ -278,5 +264,154 @@ impl Sink {
     fn finish(mut self) -> Vec<u8> {
         self.flush();
         self.out
+    }
+}
+
+/// `src`'s pixels of `step` bytes (gray, gray and alpha, RGB, RGBA) in
+/// `color`, into `out`.
+fn convert(src: &[u8], step: usize, color: Color, out: &mut Vec<u8>) {
+    out.clear();
+    let gray_in = step <= 2;
+    match (color, gray_in) {
+        (Color::Gray, true) => out.extend(src.iter().step_by(step)),
+        (Color::Gray, false) => {
+            out.extend(src.chunks_exact(step).map(|p| gray_of(p[0], p[1], p[2])))
+        }
+        (Color::Rgb, true) => {
+            for &v in src.iter().step_by(step) {
+                out.extend_from_slice(&[v; 3]);
+            }
+        }
+        (Color::Rgb, false) => {
+            for p in src.chunks_exact(step) {
+                out.extend_from_slice(&p[..3]);
+            }
+        }
+    }
+}
+
+/// Adds the pixels of one row, `c` channels each, to the sums of the
+/// blocks of `k` pixels across that they fall in (the last block may be
+/// narrower). Indexed loops with casts and no calls, the common channel
+/// counts apart: this runs for every source pixel of a reduced image, and
+/// the test build, at opt-level 0, makes a call of every `from` and `min`.
+fn add_blocks(px: &[u8], c: usize, k: usize, sums: &mut [u32]) {
+    let block = k * c;
+    let mut at = 0;
+    let mut i = 0;
+    while i < px.len() {
+        let end = if i + block < px.len() {
+            i + block
+        } else {
+            px.len()
+        };
+        match c {
+            1 => {
+                let mut s = 0u32;
+                let mut j = i;
+                while j < end {
+                    s += px[j] as u32;
+                    j += 1;
+                }
+                sums[at] += s;
+            }
+            3 => {
+                let (mut r, mut g, mut b) = (0u32, 0u32, 0u32);
+                let mut j = i;
+                while j + 3 <= end {
+                    r += px[j] as u32;
+                    g += px[j + 1] as u32;
+                    b += px[j + 2] as u32;
+                    j += 3;
+                }
+                sums[at] += r;
+                sums[at + 1] += g;
+                sums[at + 2] += b;
+            }
+            _ => {
+                let mut j = i;
+                while j < end {
+                    sums[at + (j - i) % c] += px[j] as u32;
+                    j += 1;
+                }
+            }
+        }
+        at += c;
+        i = end;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The sums as the loop over pixels had them: each pixel's channels
+    /// added to its block's, the block found by division.
+    fn sums_by_pixel(px: &[u8], c: usize, k: usize) -> Vec<u32> {
+        let n = px.len() / c;
+        let mut sums = vec![0u32; n.div_ceil(k) * c];
+        for x in 0..n {
+            for ch in 0..c {
+                sums[x / k * c + ch] += u32::from(px[x * c + ch]);
+            }
+        }
+        sums
+    }
+
+    #[test]
+    fn blocks_add_as_pixel_by_pixel_whatever_the_width_and_channels() {
+        let mut seed = 7u32;
+        for c in [1usize, 3] {
+            for k in 2usize..7 {
+                for n in [1, k - 1, k, k + 1, 5 * k + 3, 64] {
+                    let px: Vec<u8> = (0..n * c)
+                        .map(|_| {
+                            seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+                            (seed >> 16) as u8
+                        })
+                        .collect();
+                    let mut sums = vec![0u32; n.div_ceil(k) * c];
+                    add_blocks(&px, c, k, &mut sums);
+                    // Twice: a block row is the sum of k rows.
+                    add_blocks(&px, c, k, &mut sums);
+                    let want: Vec<u32> = sums_by_pixel(&px, c, k).iter().map(|s| 2 * s).collect();
+                    assert_eq!(sums, want, "c {c}, k {k}, {n} pixels");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn rows_are_converted_to_the_outputs_colour() {
+        let mut out = Vec::new();
+        // Gray and alpha to gray, then to RGB: the alpha dropped.
+        convert(&[10, 255, 20, 0], 2, Color::Gray, &mut out);
+        assert_eq!(out, [10, 20]);
+        convert(&[10, 255, 20, 0], 2, Color::Rgb, &mut out);
+        assert_eq!(out, [10, 10, 10, 20, 20, 20]);
+        // RGBA to RGB and to gray (the luma of pixels::rgb_to_gray).
+        convert(&[10, 200, 30, 1, 0, 0, 0, 9], 4, Color::Rgb, &mut out);
+        assert_eq!(out, [10, 200, 30, 0, 0, 0]);
+        convert(&[10, 200, 30, 1, 0, 0, 0, 9], 4, Color::Gray, &mut out);
+        assert_eq!(out, [124, 0]);
+    }
+
+    #[test]
+    fn a_reduced_window_is_the_mean_of_each_block() {
+        // 5 x 3 gray, window x 1..5, reduced by 2: blocks of 2 x 2 and the
+        // last row's 2 x 1, rounded half up.
+        let rows: [[u8; 5]; 3] = [[9, 1, 2, 3, 4], [9, 5, 6, 7, 8], [9, 10, 20, 30, 41]];
+        let win = Window {
+            x0: 1,
+            y0: 0,
+            x1: 5,
+            y1: 3,
+            k: 2,
+        };
+        let mut sink = Sink::new(win, 1, Color::Gray);
+        for r in &rows {
+            sink.row(r);
+        }
+        assert_eq!(sink.finish(), [4, 6, 15, 36]);
     }
 }
