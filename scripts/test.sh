@@ -18,11 +18,11 @@
 # keeps its wall time down without running less: each phase prints how long it
 # took (`phase`); the Python dependencies (torch among them, gigabytes to
 # fetch) install in the background from the start; the Rust test binaries,
-# which mostly wait on timers, run several at once (scripts/run_tests.py); the
-# S3 test server's release build, which only the Python tests need, compiles
-# in the background while they run; and pytest runs its tests on several
-# processes (pytest-xdist). A background step that fails fails the run when
-# the script waits for it.
+# which mostly wait on timers, run several at once (scripts/run_tests.py);
+# pytest runs its tests on several processes (pytest-xdist); and the kernel
+# TLS tests in a guest and the container images run in the background
+# beside the Python tests, which leave part of the CPUs idle. A background
+# step that fails fails the run when the script waits for it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -275,13 +275,75 @@ if [ -s target/tmp/skipped-tests.txt ]; then
 fi
 [ "$rust_status" -eq 0 ] || exit "$rust_status"
 
-phase "kernel TLS"
+# Two phases run in the background beside the Python ones, since neither
+# keeps both CPUs busy: the kernel TLS tests in a guest (QEMU) and the
+# container images (Debian's mirror, dpkg and podman, mostly waiting). Each
+# writes its log under target/tmp, printed whole when the run waits for it
+# at its end, and its status fails the run then.
+# `background NAME FUNCTION`: starts FUNCTION so; `await NAME`: waits for
+# it, prints its log (ending with its seconds) and returns its status.
+# FUNCTION runs without errexit (it is a `||` list's left side): it checks
+# each step itself.
+declare -A bg_pid=() bg_log=()
+background() {
+    local name=$1 fn=$2 log="target/tmp/background-${1// /-}.log"
+    bg_log[$name]=$log
+    (
+        start=$SECONDS
+        bg_status=0
+        "$fn" || bg_status=$?
+        echo "test.sh: background phase '$name' took $((SECONDS - start)) s (from $((start - run_start)) s to $((SECONDS - run_start)) s; status $bg_status)"
+        exit "$bg_status"
+    ) >"$log" 2>&1 &
+    bg_pid[$name]=$!
+}
+await() {
+    local name=$1 bg_status=0
+    wait "${bg_pid[$name]}" || bg_status=$?
+    echo "test.sh: background phase '$name':" >&2
+    cat "${bg_log[$name]}" >&2
+    return "$bg_status"
+}
+
 # The https tests of the kernel's TLS path run again in a guest whose kernel
 # has kernel TLS (Debian's, under QEMU; scripts/kernel_tls_vm/run.sh), the
 # test binary built above read from the host's files; they must find it
 # there (RINGFEED_EXPECT_KERNEL_TLS=1). The test of a shared arena on
-# reserved huge pages runs there too. About a minute on CI's machine,
+# reserved huge pages runs there too. About half a minute on CI's machine,
 # where the guest runs without hardware virtualisation.
+kernel_tls_tests() {
+    local https_test lib_test ktls_out=target/tmp/kernel-tls-tests.txt ktls_status=0
+    https_test=$(python3 -c 'import json,sys
+for line in open(sys.argv[1]):
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "https" and m.get("executable"):
+        print(m["executable"])' target/tmp/test-build.json) || return
+    [ -n "$https_test" ] || { echo "test.sh: no https test binary in the test build"; return 1; }
+    lib_test=$(python3 -c 'import json,sys
+for line in open(sys.argv[1]):
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "ringfeed" and "rlib" in m["target"]["kind"] and m.get("executable"):
+        print(m["executable"])' target/tmp/test-build.json) || return
+    [ -n "$lib_test" ] || { echo "test.sh: no library test binary in the test build"; return 1; }
+    # By their whole names (--exact), and all four must have run: a
+    # renamed test would otherwise leave the phase passing on nothing.
+    RINGFEED_EXPECT_KERNEL_TLS=1 scripts/kernel_tls_vm/run.sh "$https_test" --test-threads 2 --exact \
+        sessions_go_to_the_kernels_tls_where_it_has_it_and_the_stats_say_why_not \
+        a_key_update_on_a_kernel_session_is_taken_or_retried_in_user_space \
+        tls_1_2_sessions_are_opened_in_place_too \
+        a_loader_streams_https_shards_through_faults_on_io_uring \&\& \
+        "$lib_test" --ignored --exact memory::pool::tests::a_shared_arena_in_huge_pages_needs_them_for_its_budget_only \
+        >"$ktls_out" 2>&1 || ktls_status=$?
+    cat "$ktls_out"
+    [ "$ktls_status" -eq 0 ] || return "$ktls_status"
+    # The guest is a machine of its own: the library's test that reserves
+    # huge pages (a global setting the other tests' arenas read) runs there.
+    if ! grep -q '^test result: ok\. 4 passed' "$ktls_out" || ! grep -q '^test result: ok\. 1 passed' "$ktls_out"; then
+        echo "test.sh: the guest did not run its five tests"
+        return 1
+    fi
+}
+phase "kernel TLS guest"
 if [ -n "$ktls_vm_skip" ]; then
     echo "test.sh: SKIPPED the kernel TLS tests in a guest: $ktls_vm_skip" >&2
     echo "SKIPPED kernel TLS tests in a guest: $ktls_vm_skip" >>target/tmp/skipped-tests.txt
@@ -291,37 +353,7 @@ else
         echo "test.sh: the guest kernel for the kernel TLS tests could not be set up" >&2
         exit 1
     fi
-    https_test=$(python3 -c 'import json,sys
-for line in open(sys.argv[1]):
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "https" and m.get("executable"):
-        print(m["executable"])' target/tmp/test-build.json)
-    [ -n "$https_test" ] || { echo "test.sh: no https test binary in the test build" >&2; exit 1; }
-    lib_test=$(python3 -c 'import json,sys
-for line in open(sys.argv[1]):
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "ringfeed" and "rlib" in m["target"]["kind"] and m.get("executable"):
-        print(m["executable"])' target/tmp/test-build.json)
-    [ -n "$lib_test" ] || { echo "test.sh: no library test binary in the test build" >&2; exit 1; }
-    # By their whole names (--exact), and all four must have run: a
-    # renamed test would otherwise leave the phase passing on nothing.
-    ktls_out=target/tmp/kernel-tls-tests.txt
-    ktls_status=0
-    RINGFEED_EXPECT_KERNEL_TLS=1 scripts/kernel_tls_vm/run.sh "$https_test" --test-threads 2 --exact \
-        sessions_go_to_the_kernels_tls_where_it_has_it_and_the_stats_say_why_not \
-        a_key_update_on_a_kernel_session_is_taken_or_retried_in_user_space \
-        tls_1_2_sessions_are_opened_in_place_too \
-        a_loader_streams_https_shards_through_faults_on_io_uring \&\& \
-        "$lib_test" --ignored --exact memory::pool::tests::a_shared_arena_in_huge_pages_needs_them_for_its_budget_only \
-        >"$ktls_out" 2>&1 || ktls_status=$?
-    cat "$ktls_out"
-    [ "$ktls_status" -eq 0 ] || exit "$ktls_status"
-    # The guest is a machine of its own: the library's test that reserves
-    # huge pages (a global setting the other tests' arenas read) runs there.
-    if ! grep -q '^test result: ok\. 4 passed' "$ktls_out" || ! grep -q '^test result: ok\. 1 passed' "$ktls_out"; then
-        echo "test.sh: the guest did not run its five tests" >&2
-        exit 1
-    fi
+    background "kernel TLS" kernel_tls_tests
 fi
 
 phase "Python package"
@@ -334,7 +366,43 @@ rm -rf bindings/python/build
 # -p ringfeed -p ringfeed-cli`, which finds the release build above current
 # and only copies the library and the program into the package.
 .venv/bin/python -m pip install -q ./bindings/python
+# The container images, built and run with no registry and no Docker
+# daemon (deploy/tests/test_images.py, docs/containers-and-abi-checks.md):
+# a base from Debian's packages (mmdebstrap), both images of
+# docker/Dockerfile built on it from the release build above (podman), then
+# the DaemonSet's and the Job's containers run as the manifests say (runc),
+# the engine killed and started again. podman, runc and mmdebstrap come
+# from Debian's packages; where they cannot be installed at all (not root,
+# not Debian) the test is skipped and the run says so at its end, never as
+# a pass; on a Debian machine as root, a failed install fails the run. About
+# a minute and a half on CI's machine, most of it the base and the builds;
+# nothing is kept between runs. In the background from the start of pytest:
+# its wheel (docker/build-images.sh) and test_wheel.py's are both built in
+# bindings/python, and take turns on a lock that setup.py holds.
+container_images() {
+    local images_skip=""
+    if [ "$(id -u)" -ne 0 ]; then
+        images_skip="not root: the image test runs podman and makes a network namespace as root"
+    elif ! command -v podman >/dev/null || ! command -v runc >/dev/null || ! command -v mmdebstrap >/dev/null ||
+        ! command -v ip >/dev/null; then
+        if ! command -v apt-get >/dev/null; then
+            images_skip="no apt-get: podman, runc and mmdebstrap install from Debian's packages"
+        else
+            apt-get -o DPkg::Lock::Timeout=600 update -qq &&
+                apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends podman runc mmdebstrap \
+                    iproute2 >/dev/null || return
+        fi
+    fi
+    if [ -n "$images_skip" ]; then
+        echo "test.sh: SKIPPED deploy/tests/test_images.py: $images_skip"
+        echo "SKIPPED deploy/tests/test_images.py: $images_skip" >>target/tmp/skipped-tests.txt
+        return 0
+    fi
+    .venv/bin/python -m pytest deploy/tests/test_images.py -q -s -rs -p no:cacheprovider --timeout 900
+}
+
 phase "pytest"
+background "container images" container_images
 # RINGFEED_EXPECT_INSTALLED=1: everything above is installed, so a test
 # skipping for a missing module (or any skip not marked environmental in
 # conftest.py) is a failure; -rs lists the environmental skips that remain.
@@ -357,39 +425,6 @@ phase "deploy checks"
 deploy_status=0
 .venv/bin/python -m pytest deploy/tests -q -rs -p no:cacheprovider --timeout "$PYTEST_TIMEOUT" --ignore=deploy/tests/test_images.py || deploy_status=$?
 [ "$status" -ne 0 ] || status=$deploy_status
-phase "container images"
-# The images built and run here, with no registry and no Docker daemon
-# (deploy/tests/test_images.py, docs/containers-and-abi-checks.md): a base
-# from Debian's packages (mmdebstrap), both images of docker/Dockerfile
-# built on it from the release build above (podman), then the DaemonSet's
-# and the Job's containers run as the manifests say (runc), the engine
-# killed and started again. podman, runc and mmdebstrap come from Debian's
-# packages; where they cannot be installed at all (not root, not Debian)
-# the test is skipped and the run says so at its end, never as a pass; on
-# a Debian machine as root, a failed install fails the run. About two
-# minutes on CI's machine, most of it the base and the builds; nothing is
-# kept between runs.
-images_status=0
-images_skip=""
-if [ "$(id -u)" -ne 0 ]; then
-    images_skip="not root: the image test runs podman and makes a network namespace as root"
-elif ! command -v podman >/dev/null || ! command -v runc >/dev/null || ! command -v mmdebstrap >/dev/null ||
-    ! command -v ip >/dev/null; then
-    if ! command -v apt-get >/dev/null; then
-        images_skip="no apt-get: podman, runc and mmdebstrap install from Debian's packages"
-    else
-        apt-get update -qq && apt-get install -y -qq --no-install-recommends podman runc mmdebstrap iproute2 \
-            >/dev/null || images_status=$?
-    fi
-fi
-if [ -n "$images_skip" ]; then
-    echo "test.sh: SKIPPED deploy/tests/test_images.py: $images_skip" >&2
-    echo "SKIPPED deploy/tests/test_images.py: $images_skip" >>target/tmp/skipped-tests.txt
-elif [ "$images_status" -eq 0 ]; then
-    .venv/bin/python -m pytest deploy/tests/test_images.py -q -s -rs -p no:cacheprovider \
-        --timeout 900 || images_status=$?
-fi
-[ "$status" -ne 0 ] || status=$images_status
 phase "docs"
 # The docs that run (docs/testing.md): every `--flag` the docs give the
 # `ringfeed` command is one of that subcommand's (a few seconds), and every
@@ -402,6 +437,12 @@ docs_status=0
 .venv/bin/python tests/docs/flags.py --self-test || docs_status=$?
 .venv/bin/python tests/docs/programs.py --self-test || docs_status=$?
 [ "$status" -ne 0 ] || status=$docs_status
+phase "waiting on the background phases"
+for name in "${!bg_pid[@]}"; do
+    bg_status=0
+    await "$name" || bg_status=$?
+    [ "$status" -ne 0 ] || status=$bg_status
+done
 phase ""
 if [ -s target/tmp/skipped-tests.txt ]; then
     echo "test.sh: skipped, not passed:" >&2

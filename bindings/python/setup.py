@@ -15,6 +15,7 @@ the manylinux policies allow), and plain `linux_<arch>` otherwise.
 docs/decisions.md ("Packaging") says why setuptools and not maturin.
 """
 
+import fcntl
 import os
 import platform
 import re
@@ -33,6 +34,14 @@ except ImportError:
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
+
+# pip builds this folder in place (build/, ringfeed.egg-info/), so two
+# builds of it at once (the test command builds docker/build-images.sh's
+# wheel while bindings/python/tests/test_wheel.py builds its own) would
+# write the same files. Each of pip's steps, a run of this file, holds a
+# lock on this file until it exits: the other build's steps wait.
+_BUILD_LOCK = open(__file__, "rb")
+fcntl.flock(_BUILD_LOCK, fcntl.LOCK_EX)
 
 
 def package_version():

@@ -1,14 +1,17 @@
 """The wheel: `pip wheel ./bindings/python` gives one `py3-none-<platform>`
 wheel bundling the library and the program; it installs into a fresh venv
 where neither cargo nor rustc can be found, and streams shards there. A
-library of another release is refused, naming both versions."""
+library of another release is refused, naming both versions. Two builds
+of the folder at once take turns."""
 
+import fcntl
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -124,3 +127,37 @@ def test_a_library_of_another_release_is_refused(tmp_path):
     assert r.returncode != 0
     assert "ImportError" in r.stderr, r.stderr
     assert "version 9.8.7" in r.stderr and f"version {VERSION}" in r.stderr and str(other) in r.stderr, r.stderr
+
+
+def flock_waiters(pid):
+    """The flock(2) requests that process `pid` waits on, as /proc/locks
+    lists them (a waiter's line has `->` after its number)."""
+    return [line for line in Path("/proc/locks").read_text().splitlines()
+            if "->" in line and " FLOCK " in line and f" {pid} " in line]
+
+
+def test_a_build_of_the_folder_waits_while_another_runs():
+    """pip builds bindings/python in place (build/, ringfeed.egg-info/), and
+    the test command builds docker/build-images.sh's wheel while this file
+    builds its own: each run of setup.py holds a lock on it until it exits.
+    A run started while the lock is held waits in flock (seen in /proc/locks,
+    not by timing), and finishes once it is let go; the control: the same
+    run with the lock free finishes without waiting."""
+    setup_py = REPO / "bindings" / "python" / "setup.py"
+    cmd = [sys.executable, setup_py, "--version"]
+    free = subprocess.run(cmd, capture_output=True, text=True, cwd=setup_py.parent, timeout=120)
+    assert free.returncode == 0 and free.stdout.strip() == VERSION, free.stdout + free.stderr
+    with open(setup_py, "rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 cwd=setup_py.parent)
+        try:
+            deadline = time.monotonic() + 120
+            while not flock_waiters(child.pid):
+                assert child.poll() is None, f"ran while the lock was held: {child.communicate()}"
+                assert time.monotonic() < deadline, "the second build never waited on the lock"
+                time.sleep(0.05)
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
+    out, err = child.communicate(timeout=120)
+    assert child.returncode == 0 and out.strip() == VERSION, out + err
