@@ -8,7 +8,8 @@ them spend their time waiting on timers (retry back-offs, credential
 lifetimes, the throttling pacer), not on the CPU, so most of a serial run is
 idle. This builds with `cargo test ARGS --no-run`, then runs every binary
 cargo built for testing, at most N at once, the longest first, each in its
-package's directory as cargo would.
+package's directory as cargo would; the few that do little but wait (the
+WAITING list) run all at once beside those N.
 
 Each binary's output (stdout and stderr together) is printed whole, in the
 order the binaries finish, under a header like cargo's `Running` line, so
@@ -39,18 +40,16 @@ import threading
 import time
 from pathlib import Path
 
-# The binaries that take longest (tens of seconds, most of it waiting), to
+# The binaries that take longest (tens of seconds), to
 # start first so that the run is not left waiting on one of them at its end.
 # Only the order depends on this list; a binary missing from it still runs,
 # after the ones named.
 LONGEST_FIRST = [
     "decode_budget",
-    "retry_storm",
-    "s3_refresh",
+    "c_abi",
     "memory_bound",
     "http",
     "s3",
-    "c_abi",
     "objects",
     "objects_s3",
     "versions",
@@ -60,7 +59,18 @@ LONGEST_FIRST = [
     "soak",
 ]
 
-# Test binaries at once. They mostly wait, so more than the CPUs; not so
+# The binaries that spend nearly all their time waiting on timers (back-offs
+# through a minute of throttling, credentials that expire every few seconds,
+# the Hub emulator's retries), a few CPU-seconds each over up to a minute
+# or so (docs/testing.md, "How long it takes"); none of them checks a rate
+# or a pace a busy machine could change (tests/throttle.rs, which rides a
+# rate limit, stays among the others).
+# Each runs at once, beside the --jobs others rather than in one of their
+# places: counted among them, three or four of these at the start left the
+# CPU-bound binaries one place between them for a minute.
+WAITING = {"retry_storm", "s3_refresh", "s3_refresh_web_identity", "hub"}
+
+# Test binaries at once (besides those WAITING). They mostly wait, so more than the CPUs; not so
 # many that the CPU-bound ones (the sanitizer builds of c_abi, the 20 GB of
 # memory_bound) crowd each other out. Measured on 2 CPUs: 6 kept the run
 # within a few seconds of its longest binary; 4 leaves the tests that
@@ -206,8 +216,10 @@ def main():
 
     binaries = order(build(cargo_args))
     todo = queue.Queue()
+    waiting = [b for b in binaries if b[0] in WAITING]
     for b in binaries:
-        todo.put(b)
+        if b[0] not in WAITING:
+            todo.put(b)
     lock = threading.Lock()
     failed = []
     tests = [0, 0, 0]
@@ -219,24 +231,28 @@ def main():
                 binary = todo.get_nowait()
             except queue.Empty:
                 return
-            name, src, exe, _ = binary
-            try:
-                status, output, wall, cpu = run_one(binary, test_args, args.timeout)
-            except OSError as e:
-                status, output, wall, cpu = 127, f"cannot run {exe}: {e}\n".encode(), 0.0, 0.0
-            with lock:
-                out = sys.stdout.buffer
-                out.write(f"     Running {src} ({exe}): {'ok' if status == 0 else f'FAILED ({status})'}, "
-                          f"{wall:.1f} s, {cpu:.1f} CPU-s\n".encode())
-                out.write(output)
-                out.write(b"\n")
-                out.flush()
-                if status != 0:
-                    failed.append(f"{name} ({src})")
-                for i, n in enumerate(counts(output)):
-                    tests[i] += n
+            run_and_report(binary)
 
-    threads = [threading.Thread(target=worker) for _ in range(min(args.jobs, len(binaries)))]
+    def run_and_report(binary):
+        name, src, exe, _ = binary
+        try:
+            status, output, wall, cpu = run_one(binary, test_args, args.timeout)
+        except OSError as e:
+            status, output, wall, cpu = 127, f"cannot run {exe}: {e}\n".encode(), 0.0, 0.0
+        with lock:
+            out = sys.stdout.buffer
+            out.write(f"     Running {src} ({exe}): {'ok' if status == 0 else f'FAILED ({status})'}, "
+                      f"{wall:.1f} s, {cpu:.1f} CPU-s\n".encode())
+            out.write(output)
+            out.write(b"\n")
+            out.flush()
+            if status != 0:
+                failed.append(f"{name} ({src})")
+            for i, n in enumerate(counts(output)):
+                tests[i] += n
+
+    threads = [threading.Thread(target=run_and_report, args=(b,)) for b in waiting]
+    threads += [threading.Thread(target=worker) for _ in range(min(args.jobs, len(binaries) - len(waiting)))]
     for t in threads:
         t.start()
     for t in threads:
@@ -244,7 +260,8 @@ def main():
 
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     print(f"run_tests.py: {len(binaries)} test binaries, {len(failed)} failed, in {time.monotonic() - start:.1f} s "
-          f"({children.ru_utime + children.ru_stime:.1f} CPU-s, cargo's build included), {args.jobs} at once; "
+          f"({children.ru_utime + children.ru_stime:.1f} CPU-s, cargo's build included), {args.jobs} at once "
+          f"and {len(waiting)} that mostly wait beside them; "
           f"tests: {tests[0]} passed, {tests[1]} failed, {tests[2]} ignored")
     if failed:
         print("run_tests.py: failed: " + ", ".join(failed), file=sys.stderr)
