@@ -61,21 +61,30 @@ LONGEST_FIRST = [
 
 # The binaries that spend nearly all their time waiting on timers (back-offs
 # through a minute of throttling, credentials that expire every few seconds,
-# the Hub emulator's retries), a few CPU-seconds each over up to a minute
-# or so (docs/testing.md, "How long it takes"); none of them checks a rate
+# the Hub emulator's retries), by their sources' paths in the repository
+# (two packages may have test binaries of the same name); their wall and CPU
+# are in docs/testing.md, "How long it takes". None of them checks a rate
 # or a pace a busy machine could change (tests/throttle.rs, which rides a
-# rate limit, stays among the others).
-# Each runs at once, beside the --jobs others rather than in one of their
-# places: counted among them, three or four of these at the start left the
-# CPU-bound binaries one place between them for a minute.
-WAITING = {"retry_storm", "s3_refresh", "s3_refresh_web_identity", "hub"}
+# rate limit, stays among the others). Each runs at once, beside the --jobs
+# others rather than in one of their places: counted among them, they left
+# the CPU-bound binaries one place between them at the start.
+WAITING = {"tests/retry_storm.rs", "tests/s3_refresh.rs", "tests/s3_refresh_web_identity.rs", "tests/hub.rs"}
+REPO = Path(__file__).resolve().parent.parent
 
-# Test binaries at once (besides those WAITING). They mostly wait, so more than the CPUs; not so
-# many that the CPU-bound ones (the sanitizer builds of c_abi, the 20 GB of
-# memory_bound) crowd each other out. Measured on 2 CPUs: 6 kept the run
-# within a few seconds of its longest binary; 4 leaves the tests that
-# wait on a busy machine (valgrind's, DataLoader workers') more room, for
-# little more wall time, since the longest binaries mostly sleep.
+
+def waits(binary):
+    """Whether `binary` is one of WAITING."""
+    try:
+        return Path(binary[1]).resolve().relative_to(REPO).as_posix() in WAITING
+    except ValueError:
+        return False
+
+
+# Test binaries at once, besides those WAITING: more than the CPUs, since
+# many still wait on servers and timers part of the time; not so many that
+# the CPU-bound ones (the sanitizer builds of c_abi, the 20 GB of
+# memory_bound) crowd each other out, or the tests that wait on a busy
+# machine (valgrind's, DataLoader workers').
 DEFAULT_JOBS = 4
 
 # Seconds a test binary may run before it counts as hung (see the docstring).
@@ -216,9 +225,9 @@ def main():
 
     binaries = order(build(cargo_args))
     todo = queue.Queue()
-    waiting = [b for b in binaries if b[0] in WAITING]
+    waiting = [b for b in binaries if waits(b)]
     for b in binaries:
-        if b[0] not in WAITING:
+        if not waits(b):
             todo.put(b)
     lock = threading.Lock()
     failed = []
@@ -239,6 +248,8 @@ def main():
             status, output, wall, cpu = run_one(binary, test_args, args.timeout)
         except OSError as e:
             status, output, wall, cpu = 127, f"cannot run {exe}: {e}\n".encode(), 0.0, 0.0
+        except Exception as e:  # counted as failed, never lost with its thread
+            status, output, wall, cpu = 1, f"run_tests.py failed running {exe}: {e!r}\n".encode(), 0.0, 0.0
         with lock:
             out = sys.stdout.buffer
             out.write(f"     Running {src} ({exe}): {'ok' if status == 0 else f'FAILED ({status})'}, "
