@@ -118,8 +118,33 @@ fi
 # waiting on the network and the disk); the package itself is installed
 # after, once the release build is free. A dependency that cannot be
 # installed fails the run when the Python phase waits for this.
-# A run that ends early stops what it left in the background.
-trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
+# A run that ends early stops what it left in the background (with what
+# those started: the guest's QEMU, podman), and prints the logs of the
+# background phases it did not wait for.
+declare -A bg_pid=() bg_log=()
+bg_names=()
+kill_tree() {
+    local f s fields
+    for f in /proc/[0-9]*/stat; do
+        { s=$(<"$f"); } 2>/dev/null || continue
+        # After the command's name in parentheses: state, then parent.
+        read -ra fields <<<"${s##*) }"
+        [ "${fields[1]:-}" = "$1" ] && kill_tree "${s%% *}"
+    done
+    kill "$1" 2>/dev/null || true
+}
+on_exit() {
+    local name pid
+    for name in "${bg_names[@]}"; do
+        [ -n "${bg_pid[$name]:-}" ] || continue
+        echo "test.sh: background phase '$name' stopped unfinished; its log so far:" >&2
+        cat "${bg_log[$name]}" >&2 || true
+    done
+    for pid in $(jobs -p); do
+        kill_tree "$pid"
+    done
+}
+trap on_exit EXIT
 mkdir -p target/tmp
 python_deps_log=target/tmp/python-deps.log
 python_deps() {
@@ -138,8 +163,11 @@ python_deps() {
     # the tests on several processes; pytest-timeout fails a test that hangs
     # (PYTEST_TIMEOUT) with its stack, instead of holding the run. mypy: the
     # package's type hints are checked by bindings/python/tests/test_typing.py.
+    # setuptools: bindings/python/tests/test_wheel.py runs the package's
+    # setup.py with this Python, as docker/build-images.sh builds its wheel
+    # without build isolation.
     .venv/bin/python -m pip install -q numpy pytest pytest-xdist pytest-timeout pillow webdataset safetensors \
-        mypy || return
+        mypy setuptools || return
     # scikit-image for its sample photographs only (read from its data
     # folder, never imported): the image pipeline's pixels are checked on
     # real photos against Pillow and torchvision
@@ -284,9 +312,9 @@ fi
 # it, prints its log (ending with its seconds) and returns its status.
 # FUNCTION runs without errexit (it is a `||` list's left side): it checks
 # each step itself.
-declare -A bg_pid=() bg_log=()
 background() {
     local name=$1 fn=$2 log="target/tmp/background-${1// /-}.log"
+    bg_names+=("$name")
     bg_log[$name]=$log
     (
         start=$SECONDS
@@ -300,6 +328,7 @@ background() {
 await() {
     local name=$1 bg_status=0
     wait "${bg_pid[$name]}" || bg_status=$?
+    unset "bg_pid[$name]"
     echo "test.sh: background phase '$name':" >&2
     cat "${bg_log[$name]}" >&2
     return "$bg_status"
@@ -309,8 +338,8 @@ await() {
 # has kernel TLS (Debian's, under QEMU; scripts/kernel_tls_vm/run.sh), the
 # test binary built above read from the host's files; they must find it
 # there (RINGFEED_EXPECT_KERNEL_TLS=1). The test of a shared arena on
-# reserved huge pages runs there too. About half a minute on CI's machine,
-# where the guest runs without hardware virtualisation.
+# reserved huge pages runs there too. CI's machine runs the guest without
+# hardware virtualisation (its time: docs/testing.md).
 kernel_tls_tests() {
     local https_test lib_test ktls_out=target/tmp/kernel-tls-tests.txt ktls_status=0
     https_test=$(python3 -c 'import json,sys
@@ -374,9 +403,9 @@ rm -rf bindings/python/build
 # the engine killed and started again. podman, runc and mmdebstrap come
 # from Debian's packages; where they cannot be installed at all (not root,
 # not Debian) the test is skipped and the run says so at its end, never as
-# a pass; on a Debian machine as root, a failed install fails the run. About
-# a minute and a half on CI's machine, most of it the base and the builds;
-# nothing is kept between runs. In the background from the start of pytest:
+# a pass; on a Debian machine as root, a failed install fails the run. Most
+# of its time is the base and the builds (docs/testing.md); nothing is kept
+# between runs. In the background from the start of pytest:
 # its wheel (docker/build-images.sh) and test_wheel.py's are both built in
 # bindings/python, and take turns on a lock that setup.py holds.
 container_images() {
@@ -438,7 +467,7 @@ docs_status=0
 .venv/bin/python tests/docs/programs.py --self-test || docs_status=$?
 [ "$status" -ne 0 ] || status=$docs_status
 phase "waiting on the background phases"
-for name in "${!bg_pid[@]}"; do
+for name in "${bg_names[@]}"; do
     bg_status=0
     await "$name" || bg_status=$?
     [ "$status" -ne 0 ] || status=$bg_status

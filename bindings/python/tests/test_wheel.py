@@ -141,8 +141,9 @@ def test_a_build_of_the_folder_waits_while_another_runs():
     the test command builds docker/build-images.sh's wheel while this file
     builds its own: each run of setup.py holds a lock on it until it exits.
     A run started while the lock is held waits in flock (seen in /proc/locks,
-    not by timing), and finishes once it is let go; the control: the same
-    run with the lock free finishes without waiting."""
+    not by timing), and finishes once it is let go; the run before it, with
+    the lock not held here, finishes too (it may have waited for another
+    build of the folder, never for this test)."""
     setup_py = REPO / "bindings" / "python" / "setup.py"
     cmd = [sys.executable, setup_py, "--version"]
     free = subprocess.run(cmd, capture_output=True, text=True, cwd=setup_py.parent, timeout=120)
