@@ -361,7 +361,8 @@ mod tests {
     #[test]
     fn blocks_add_as_pixel_by_pixel_whatever_the_width_and_channels() {
         let mut seed = 7u32;
-        for c in [1usize, 3] {
+        // 1 and 3 channels take their own loops; 2 and 4 the general one.
+        for c in [1usize, 2, 3, 4] {
             for k in 2usize..7 {
                 for n in [1, k - 1, k, k + 1, 5 * k + 3, 64] {
                     let px: Vec<u8> = (0..n * c)
