@@ -64,13 +64,16 @@ fn param(query: &str, name: &str) -> Option<String> {
 }
 
 /// Writes token `n` to `file` as the kubelet does (a new file renamed
-/// over the old).
+/// over the old). The STS knows the token before the file shows it, as a
+/// token is valid once issued: recorded after the rename, a loader that
+/// read the new file at once had it refused as unknown (seen once, on a
+/// busy machine).
 fn write_token(file: &Path, tokens: &Mutex<Tokens>, n: usize) {
     let token = format!("eyJhbGciOiJSUzI1NiJ9.token-{n}.signature");
+    tokens.lock().unwrap().written.push(token.clone());
     let tmp = file.with_extension("new");
     std::fs::write(&tmp, &token).unwrap();
     std::fs::rename(&tmp, file).unwrap();
-    tokens.lock().unwrap().written.push(token);
 }
 
 /// A local STS: AssumeRoleWithWebIdentity of `ROLE` with the current or
