@@ -389,6 +389,15 @@ impl Error {
             detail: detail.into(),
         }
     }
+
+    /// What failed with the node engine, for an [`Error::Node`]; `None`
+    /// for any other error.
+    pub fn node_failure(&self) -> Option<NodeFailure> {
+        match self {
+            Error::Node { failure, .. } => Some(*failure),
+            _ => None,
+        }
+    }
 }
 
 /// One table of the ways a network read fails: each kind, its name in the
