@@ -20,6 +20,8 @@ second, whole process), with the per-round range.
 
 Needs the repository's .venv (torch, numpy, Pillow, scikit-image) and a
 release build (``cargo build --release``): scripts/test.sh makes both.
+ringfeed is this checkout's package with that library
+(``benches/_checkout.py``), not the one installed in the .venv.
 """
 
 import argparse
@@ -28,6 +30,8 @@ import pathlib
 import statistics
 import subprocess
 import sys
+
+from _checkout import use_checkout
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -101,6 +105,7 @@ def main():
     ap.add_argument("--urls", help=argparse.SUPPRESS)
     ap.add_argument("--n", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    use_checkout()
     if a.run:
         n = {"raw": run_raw, "image": run_image}[a.run](json.loads(a.urls), a.epochs, a.n)
         print(json.dumps({"samples": n}))

@@ -50,8 +50,10 @@ fetching each shard over HTTP, two shards ahead on threads. The floor
 decodes from memory in both modes (it is the decode floor, not a reader).
 Needs ``cargo build --release --example store_emulator`` and curl.
 
-Needs the repository's .venv with ringfeed, torch, torchvision, webdataset,
-Pillow and scikit-image (for its photos): scripts/test.sh installs them.
+Needs the repository's .venv with torch, torchvision, webdataset, Pillow
+and scikit-image (for its photos): scripts/test.sh installs them. ringfeed
+is this checkout's package with the release library
+(``benches/_checkout.py``).
 """
 
 import argparse
@@ -65,6 +67,7 @@ import sys
 import tarfile
 import time
 
+from _checkout import use_checkout
 from _photos import PHOTO_SETS, make_shards
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -471,6 +474,7 @@ def main():
     ap.add_argument("--run", help=argparse.SUPPRESS)
     ap.add_argument("--urls", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    use_checkout()
     if a.run:
         return child(a.run, json.loads(a.urls), a.epochs, json.loads(a.store_json or "null"))
     urls = make_shards(a.images, photos=a.photos)

@@ -15,13 +15,13 @@ medians against (c), with per-round ranges.
 
 usage: [EPOCHS=1] [BATCH=256] [STREAMS=1] [NODE_BUDGET=bytes] [SOURCE=http]
        [NODE_CONFIG='{"net_threads": 2}'] (more keys of the engine's own)
-       python3 benches/node_share.py RINGFEED_PROGRAM ROUNDS SHARD...
+       .venv/bin/python benches/node_share.py RINGFEED_PROGRAM ROUNDS SHARD...
 SOURCE=http serves the shards' folder with `ringfeed serve` and reads them
 over http://127.0.0.1. Then it measures a consumer attaching to a running
 engine and getting its first batch.
-Consumers are forked from this script after it imported the installed
-`ringfeed` package, as a DataLoader forks its workers: no mode pays a Python
-start-up per consumer.
+Consumers are forked from this script after it imported this checkout's
+`ringfeed` package with the release library (benches/_checkout.py), as a
+DataLoader forks its workers: no mode pays a Python start-up per consumer.
 """
 
 import json
@@ -31,6 +31,9 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from _checkout import use_checkout
+
 
 def consume(cfg, out_fd, first_only=False):
     """A consumer: every batch of its configuration (or only the first);
@@ -182,6 +185,7 @@ def run_mode(mode, program, shards, batch_size, epochs, streams, node_budget=Non
 
 
 def main():
+    use_checkout()
     import ringfeed  # noqa: F401 - imported once, before the consumers fork
 
     program, rounds, shards = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
