@@ -1,7 +1,9 @@
 //! The node engine's accept loop: a thread per connection (`session.rs`),
 //! at most [`MAX_CONNECTIONS`] at once, and the engine's end: when it was
 //! started on demand (`linger`), once no consumer or holder has been
-//! attached, and no connection open, for that long; and, in a process
+//! attached, and no connection open, for that long (counted from the
+//! moment the last one left: a session's end wakes the loop, which then
+//! waits for the linger's end, not for its next turn); and, in a process
 //! that asked for it ([`stop_on_signals`]), at SIGTERM or SIGINT. Either
 //! way it removes its socket and returns. A lingered-out engine removes
 //! the socket's name first and serves whatever connected before the name
@@ -34,6 +36,9 @@ pub struct NodeOptions {
 
 /// How long an engine with a linger waits for its first consumer.
 const FIRST_WAIT: Duration = Duration::from_secs(60);
+
+/// The accept loop's longest wait: how soon it sees a stop signal.
+const TURN: Duration = Duration::from_millis(200);
 
 /// Connections served at once: each is a thread (and a consumer's, a
 /// second one and its loader's); more are refused by name.
@@ -71,12 +76,14 @@ pub fn stopped_by() -> Option<i32> {
     Some(STOP.load(Ordering::Relaxed)).filter(|&s| s != 0)
 }
 
-/// Takes one off a count when dropped (on unwinding too).
-struct CountOut(Arc<AtomicUsize>);
+/// Takes one off a count when dropped (on unwinding too), and wakes the
+/// accept loop through the eventfd.
+struct CountOut(Arc<AtomicUsize>, Arc<OwnedFd>);
 
 impl Drop for CountOut {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
+        sock::notify(&self.1);
     }
 }
 
@@ -103,14 +110,24 @@ pub fn serve_with_metrics(
         }));
     }
     let active = Arc::new(AtomicUsize::new(0));
+    // Written when a session ends: the loop then starts the linger from
+    // that moment, not from its next turn.
+    let ended = Arc::new(
+        sock::eventfd().map_err(|e| Error::node(NodeFailure::Local, format!("an eventfd: {e}")))?,
+    );
     let mut idle_since = Instant::now();
+    let mut was_attached = false;
     let mut ever = false;
     // Lingered out: the socket's name is gone, so no new consumer can
     // reach this engine; it serves what connected before and then ends.
     let mut closing = false;
+    let mut wait = TURN;
     loop {
-        let ready = sock::poll(&[(&listener, true)], Some(Duration::from_millis(200)))
+        let ready = sock::poll(&[(&listener, true), (&ended, true)], Some(wait))
             .map_err(|e| Error::node(NodeFailure::Local, format!("waiting for consumers: {e}")))?;
+        if ready[1].readable {
+            sock::drain(&ended);
+        }
         if ready[0].readable {
             match sock::accept(&listener) {
                 Ok(conn) => {
@@ -126,7 +143,7 @@ pub fn serve_with_metrics(
                         };
                         let _ = sock::send(&conn, &proto::encode(&reply), &[]);
                     } else {
-                        spawn_session(conn, &engine, &active);
+                        spawn_session(conn, &engine, &active, &ended);
                     }
                 }
                 Err(e) => crate::log::log(crate::log::Level::Error, || {
@@ -149,31 +166,76 @@ pub fn serve_with_metrics(
         let attached = engine.whole.consumers.load(Ordering::Acquire)
             + engine.whole.holders.load(Ordering::Acquire)
             + active.load(Ordering::Acquire);
-        if attached > 0 {
+        if attached > 0 || was_attached {
+            // Attached now, or the last one left since the previous turn
+            // (a session's end wakes the loop at once): the linger counts
+            // from now.
             idle_since = Instant::now();
-        } else if closing {
+        }
+        was_attached = attached > 0;
+        match after_turn(was_attached, closing, patience, idle_since.elapsed()) {
+            Turn::Serve(next) => wait = next,
+            Turn::Close => {
+                // The name goes first; what connected before it went is in
+                // the listener's queue, and the next poll, which does not
+                // wait, accepts it.
+                let _ = std::fs::remove_file(&opts.socket);
+                closing = true;
+                wait = Duration::ZERO;
+            }
             // The poll above found nothing queued since the name went.
             // Batches some processes still hold stay valid: the memory file
             // lives as long as their mappings, and no engine reads into it
             // again.
-            return Ok(());
-        } else if patience.is_some_and(|l| idle_since.elapsed() >= l) {
-            // The name goes first; what connected before it went is in the
-            // listener's queue, and the next poll accepts it.
-            let _ = std::fs::remove_file(&opts.socket);
-            closing = true;
+            Turn::End => return Ok(()),
         }
     }
 }
 
-fn spawn_session(conn: OwnedFd, engine: &Arc<Engine>, active: &Arc<AtomicUsize>) {
+/// What the accept loop does after a turn.
+#[derive(Debug, PartialEq)]
+enum Turn {
+    /// Serve on, polling at most this long.
+    Serve(Duration),
+    /// Lingered out: remove the socket's name, then accept what came before.
+    Close,
+    /// Closed, and nothing connected before the name went: return.
+    End,
+}
+
+/// The linger's decision after a turn: whether anything is attached
+/// (a consumer, a holder, a connection), whether the name is gone, the
+/// linger (`None`: serve until stopped) and how long nothing has been
+/// attached. The next poll waits until the linger is over (rounded up to
+/// the poll's millisecond), never longer than a [`TURN`].
+fn after_turn(attached: bool, closing: bool, patience: Option<Duration>, idle: Duration) -> Turn {
+    if attached {
+        return Turn::Serve(TURN);
+    }
+    if closing {
+        return Turn::End;
+    }
+    match patience {
+        None => Turn::Serve(TURN),
+        Some(l) if idle >= l => Turn::Close,
+        Some(l) => Turn::Serve((l - idle + Duration::from_micros(999)).min(TURN)),
+    }
+}
+
+fn spawn_session(
+    conn: OwnedFd,
+    engine: &Arc<Engine>,
+    active: &Arc<AtomicUsize>,
+    ended: &Arc<OwnedFd>,
+) {
     active.fetch_add(1, Ordering::AcqRel);
-    let (e, a) = (engine.clone(), active.clone());
+    let (e, a, w) = (engine.clone(), active.clone(), ended.clone());
     let t = std::thread::Builder::new()
         .name("ringfeed-node-session".into())
         .spawn(move || {
-            // Counted out however the session ends, a panic included.
-            let _out = CountOut(a);
+            // Counted out however the session ends, a panic included, and
+            // the accept loop woken.
+            let _out = CountOut(a, w);
             session::serve(conn, &e);
         });
     if let Err(e) = t {
@@ -181,5 +243,61 @@ fn spawn_session(conn: OwnedFd, engine: &Arc<Engine>, active: &Arc<AtomicUsize>)
         crate::log::log(crate::log::Level::Error, || {
             format!("ringfeed node: cannot start a session thread: {e}")
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn the_loop_wakes_when_the_linger_is_over_not_at_its_next_turn() {
+        // The last one just left an engine of a 50 ms linger: the next poll
+        // ends with the linger (the loop waited a whole turn, 200 ms, before).
+        assert_eq!(
+            after_turn(false, false, Some(50 * MS), Duration::ZERO),
+            Turn::Serve(50 * MS + Duration::from_micros(999))
+        );
+        assert_eq!(
+            after_turn(false, false, Some(50 * MS), 30 * MS),
+            Turn::Serve(20 * MS + Duration::from_micros(999))
+        );
+        // A linger longer than a turn: a turn, to see a stop signal.
+        assert_eq!(
+            after_turn(false, false, Some(60_000 * MS), 10 * MS),
+            Turn::Serve(TURN)
+        );
+    }
+
+    #[test]
+    fn lingered_out_it_closes_then_ends_unless_something_attached() {
+        assert_eq!(
+            after_turn(false, false, Some(50 * MS), 50 * MS),
+            Turn::Close
+        );
+        assert_eq!(
+            after_turn(false, false, Some(50 * MS), 900 * MS),
+            Turn::Close
+        );
+        assert_eq!(after_turn(false, true, Some(50 * MS), 900 * MS), Turn::End);
+        // What connected before the name went is served to its end.
+        assert_eq!(
+            after_turn(true, true, Some(50 * MS), 900 * MS),
+            Turn::Serve(TURN)
+        );
+    }
+
+    #[test]
+    fn attached_or_without_a_linger_it_serves_on() {
+        assert_eq!(
+            after_turn(true, false, Some(50 * MS), 900 * MS),
+            Turn::Serve(TURN)
+        );
+        assert_eq!(
+            after_turn(false, false, None, 3_600_000 * MS),
+            Turn::Serve(TURN)
+        );
     }
 }
