@@ -166,10 +166,11 @@ pub fn serve_with_metrics(
         let attached = engine.whole.consumers.load(Ordering::Acquire)
             + engine.whole.holders.load(Ordering::Acquire)
             + active.load(Ordering::Acquire);
-        if attached > 0 || was_attached {
+        if attached > 0 || was_attached || ready[1].readable {
             // Attached now, or the last one left since the previous turn
-            // (a session's end wakes the loop at once): the linger counts
-            // from now.
+            // (a session's end wakes the loop at once; one that began and
+            // ended within the turn, such as a probe's, too): the linger
+            // counts from now.
             idle_since = Instant::now();
         }
         was_attached = attached > 0;
@@ -190,6 +191,12 @@ pub fn serve_with_metrics(
             Turn::End => return Ok(()),
         }
     }
+}
+
+/// `d` rounded up to a whole millisecond (`poll` waits in milliseconds and
+/// would cut the rest off, waking the loop before the linger is over).
+fn ceil_ms(d: Duration) -> Duration {
+    Duration::from_millis(d.as_nanos().div_ceil(1_000_000) as u64)
 }
 
 /// What the accept loop does after a turn.
@@ -218,7 +225,7 @@ fn after_turn(attached: bool, closing: bool, patience: Option<Duration>, idle: D
     match patience {
         None => Turn::Serve(TURN),
         Some(l) if idle >= l => Turn::Close,
-        Some(l) => Turn::Serve((l - idle + Duration::from_micros(999)).min(TURN)),
+        Some(l) => Turn::Serve(ceil_ms(l - idle).min(TURN)),
     }
 }
 
@@ -258,12 +265,25 @@ mod tests {
         // ends with the linger (the loop waited a whole turn, 200 ms, before).
         assert_eq!(
             after_turn(false, false, Some(50 * MS), Duration::ZERO),
-            Turn::Serve(50 * MS + Duration::from_micros(999))
+            Turn::Serve(50 * MS)
         );
         assert_eq!(
             after_turn(false, false, Some(50 * MS), 30 * MS),
-            Turn::Serve(20 * MS + Duration::from_micros(999))
+            Turn::Serve(20 * MS)
         );
+        // What is left, rounded up to the poll's millisecond: never a wake
+        // before the linger is over.
+        for (idle, wait) in [
+            (50 * MS - Duration::from_nanos(1), MS),
+            (49 * MS - Duration::from_nanos(1), 2 * MS),
+            (Duration::from_micros(29_500), 21 * MS),
+        ] {
+            assert_eq!(
+                after_turn(false, false, Some(50 * MS), idle),
+                Turn::Serve(wait),
+                "{idle:?}"
+            );
+        }
         // A linger longer than a turn: a turn, to see a stop signal.
         assert_eq!(
             after_turn(false, false, Some(60_000 * MS), 10 * MS),
