@@ -396,6 +396,36 @@ fn consumers_share_the_engines_one_arena_and_one_without_room_is_refused() {
 }
 
 #[test]
+fn the_engines_io_threads_read_into_its_budget_as_fixed_buffers_exactly() {
+    // `register_buffers` "on": the budget is faulted in at the engine's
+    // start and every file read is a READ_FIXED into it; each consumer
+    // still gets exactly its own batches, and its stats say so. Control:
+    // "off", plain reads, the same batches.
+    for (want, registered) in [("on", true), ("off", false)] {
+        let mut own = job();
+        own.insert("register_buffers".into(), json!(want));
+        own.insert("net_threads".into(), json!(1));
+        let (_dir, socket) = engine(own);
+        for (rank, worker) in [(0, 0), (1, 1)] {
+            let alone = drain(&open(consumer(rank, worker), None).unwrap());
+            let attached = open(consumer(rank, worker), Some(&socket)).unwrap();
+            assert_eq!(alone, drain(&attached), "{want}: consumer {rank}/{worker}");
+            let (json, counts) = attached.stats().unwrap();
+            let stats: Value = serde_json::from_str(&json).unwrap();
+            if stats["io_backend"] == json!("io_uring") {
+                assert_eq!(
+                    counts.buffers_registered,
+                    u32::from(registered),
+                    "{want}: {json}"
+                );
+            } else {
+                assert_eq!(counts.buffers_registered, 0, "{want}: {json}");
+            }
+        }
+    }
+}
+
+#[test]
 fn remote_shards_go_through_the_engines_network_threads_exactly() {
     // The shards over HTTP, their counts in a manifest (splitting among
     // consumers needs them): every consumer's loader hands its ranges to

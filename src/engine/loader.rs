@@ -12,7 +12,7 @@ use crate::dataset::Shard;
 use crate::engine::shared::{DeliveryProgress, Item, Shared};
 use crate::error::{Error, Fault, Result};
 use crate::fetch::BackendKind;
-use crate::fetch::uring::FixedBuffers;
+use crate::fetch::fixed::FixedBuffers;
 use crate::memory::{Arena, Batch};
 use crate::plan::resume::State;
 use crate::queue::RecvError;

@@ -28,6 +28,7 @@ use crate::engine::threads::{
 use crate::error::{Error, Fault, Result};
 use crate::fetch::NetOptions;
 use crate::fetch::direct::DirectIo;
+use crate::fetch::fixed::FixedBuffers;
 use crate::fetch::net_thread::NetLink;
 use crate::fetch::ring;
 use crate::memory::ChunkPool;
@@ -96,6 +97,8 @@ impl Loader {
                 base,
                 net_links: engine_net.map(|e| e.links.clone()).unwrap_or_default(),
                 spool: engine_net.and_then(|e| e.spool.clone()),
+                fixed: engine_net.and_then(|e| e.fixed.clone()),
+                fixed_note: engine_net.and_then(|e| e.fixed_note.clone()),
             }),
         );
         if opened.is_err() {
@@ -176,10 +179,13 @@ impl Loader {
                 allowed.len()
             ));
         }
+        let mut engine_fixed = None;
         let (pool, owner_base, engine_net, engine_spool, mut notes, cuda_later) = match joined {
             Some(j) => {
                 let mut notes = j.pool.arena().report().notes.clone();
                 notes.extend(placement_notes);
+                notes.extend(j.fixed_note);
+                engine_fixed = j.fixed;
                 (j.pool, j.base, j.net_links, j.spool, notes, None)
             }
             None => {
@@ -372,7 +378,9 @@ impl Loader {
             setup: Setup {
                 backend: plan.backend,
                 uring_flags: plan.uring_flags,
-                fixed,
+                // A node engine's: what its I/O threads register, for the
+                // stats (this loader's rings read nothing of their own).
+                fixed: fixed.or(engine_fixed),
                 workers,
                 cpus,
                 placement: placement.why.describe(),
@@ -398,6 +406,10 @@ struct Joined {
     net_links: Vec<Arc<NetLink>>,
     /// The engine's cache writer, when it caches.
     spool: Option<Arc<Spool>>,
+    /// The budget's chunks its I/O threads register (for the stats), or
+    /// why they do not.
+    fixed: Option<Arc<FixedBuffers>>,
+    fixed_note: Option<String>,
 }
 
 /// Keeps a started thread, or stops and joins those started before and

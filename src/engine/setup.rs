@@ -11,9 +11,10 @@ use crate::config::{Config, DEFAULT_CHUNK, IoBackend, Toggle};
 use crate::dataset::{Shard, Source};
 use crate::error::{Error, Fault, Result};
 use crate::fetch::NetOptions;
+use crate::fetch::fixed::FixedBuffers;
 use crate::fetch::net_thread::NetLink;
 use crate::fetch::ring;
-use crate::fetch::uring::{FixedBuffers, UringReader};
+use crate::fetch::uring::UringReader;
 use crate::memory::{Arena, ArenaOptions, ChunkPool, cuda};
 use crate::topology::{self, Claims, ClaimsDir, Placement, PlacementRequest, Topology, Why};
 
@@ -28,6 +29,11 @@ pub(crate) struct EngineNet {
     /// The cache's writer, one for every consumer (`cache_dir` with remote
     /// shards).
     pub spool: Option<Arc<Spool>>,
+    /// The budget's chunks, which the I/O threads register and read files
+    /// into with `READ_FIXED` once the engine has faulted them in.
+    pub fixed: Option<Arc<FixedBuffers>>,
+    /// Why they do not, when they do not.
+    pub fixed_note: Option<String>,
 }
 
 impl Drop for EngineNet {
@@ -41,10 +47,16 @@ impl Drop for EngineNet {
 /// The parts a node engine runs for all its loaders: its I/O threads, which
 /// take every read of every consumer's streams (local files and HTTP
 /// ranges) — with io_uring, `net_threads` of them (auto: one per usable
-/// CPU), each sized for its share of the streams the engine expects; none
-/// on the thread backend, where each stream reads on its own thread — and
-/// its cache writer.
-pub(crate) fn engine_net_threads(cfg: &Config, shards: &[Shard]) -> Result<Option<EngineNet>> {
+/// CPU), each sized for its share of the streams the engine expects, which
+/// read files into the budget's chunks `fixed` as fixed buffers where
+/// `register_buffers` allows ([`engine_fixed`]); none on the thread
+/// backend, where each stream reads on its own thread — and its cache
+/// writer.
+pub(crate) fn engine_net_threads(
+    cfg: &Config,
+    shards: &[Shard],
+    fixed: &Arc<FixedBuffers>,
+) -> Result<Option<EngineNet>> {
     let remote = shards.iter().any(|s| matches!(s.source, Source::Http(_)));
     let spool = match cfg.cache_options() {
         Some(o) if remote => Some(Arc::new(
@@ -62,6 +74,8 @@ pub(crate) fn engine_net_threads(cfg: &Config, shards: &[Shard]) -> Result<Optio
             net,
             links: Vec::new(),
             spool,
+            fixed: None,
+            fixed_note: None,
         }));
     }
     // Auto: one per usable CPU, at most one per stream the engine expects.
@@ -78,9 +92,21 @@ pub(crate) fn engine_net_threads(cfg: &Config, shards: &[Shard]) -> Result<Optio
         .next_power_of_two()
         .min(1 << 15) as u32;
     let net = NetOptions::for_config(cfg);
+    let (fixed, fixed_note) = match engine_fixed(fixed, cfg.register_buffers, n) {
+        Ok(f) => (f, None),
+        Err(why) if cfg.register_buffers == Toggle::On => {
+            return Err(Error::IoUring(format!(
+                "{why}; `register_buffers` is \"on\": raise `ulimit -l` or set it to \"auto\""
+            )));
+        }
+        Err(why) => (
+            None,
+            Some(format!("{why}: plain reads into the engine's chunks")),
+        ),
+    };
     let mut links: Vec<Arc<NetLink>> = Vec::with_capacity(n);
     for id in 0..n {
-        let link = NetLink::new()
+        let link = NetLink::with_fixed(fixed.clone())
             .map_err(|e| Error::IoUring(format!("cannot make a network thread's eventfd: {e}")))?;
         let (l, opts) = (Arc::clone(&link), net.clone());
         let seed = (std::process::id() as u64) << 32 ^ (id as u64) << 16 ^ 0x6e6f6465;
@@ -98,7 +124,41 @@ pub(crate) fn engine_net_threads(cfg: &Config, shards: &[Shard]) -> Result<Optio
         }
         links.push(link);
     }
-    Ok(Some(EngineNet { net, links, spool }))
+    Ok(Some(EngineNet {
+        net,
+        links,
+        spool,
+        fixed,
+        fixed_note,
+    }))
+}
+
+/// Whether a node engine's `rings` I/O threads register the budget's
+/// chunks `fixed` (`None`: not asked to; the error says why they cannot).
+/// Only the budget: it is locked
+/// and faulted in by the engine anyway, so pinning it takes no memory more,
+/// where the part of the arena file past it is meant to take none until
+/// used. Each ring registers once the engine has faulted the budget in (a
+/// refusal then shows in the stats notes); registered, the kernel's copy
+/// of a file read into a chunk goes through the pages it pinned instead of
+/// the engine's page tables (4 KiB pages where the node reserved no huge
+/// pages).
+fn engine_fixed(
+    fixed: &Arc<FixedBuffers>,
+    want: Toggle,
+    rings: usize,
+) -> std::result::Result<Option<Arc<FixedBuffers>>, String> {
+    if want == Toggle::Off {
+        return Ok(None);
+    }
+    let count = fixed.count();
+    if count > MAX_REGISTERED {
+        return Err(format!(
+            "{count} chunks exceed io_uring's {MAX_REGISTERED} fixed buffers"
+        ));
+    }
+    pin_allowed(fixed.bytes().saturating_mul(rings as u64))?;
+    Ok(Some(Arc::clone(fixed)))
 }
 
 /// Where a read lands in a chunk of `chunk` bytes: `(slack, len)`, a slack

@@ -254,10 +254,13 @@ fn backend(
 /// `register_buffers`' mode). Fixed buffers serve file reads (local
 /// shards, cache entries): a loader of remote shards alone would pin its
 /// whole arena, sized for a far store's reads in flight, for nothing. A
-/// node engine's arena is not registered on auto: registering pins every
-/// page of it, and its file is 4 times its budget, the part past it meant
-/// to take no memory until more consumers attach than expected (measured:
-/// registering it all took 1280 MiB for a 320 MiB budget).
+/// node engine's arena is not registered by its loaders' rings: its I/O
+/// threads, where it runs them, take every read and register the budget's
+/// chunks themselves (`setup::engine_fixed`); without them, not on auto:
+/// registering pins every page of the arena, and its file is 4 times its
+/// budget, the part past it meant to take no memory until more consumers
+/// attach than expected (measured: registering it all took 1280 MiB for a
+/// 320 MiB budget).
 fn fixed_buffers(
     cfg: &Config,
     shards: &[Shard],
@@ -266,6 +269,9 @@ fn fixed_buffers(
     remote: bool,
     notes: &mut Vec<String>,
 ) -> Option<Toggle> {
+    if facts.engine.as_ref().is_some_and(|e| e.net_threads > 0) {
+        return None;
+    }
     let shared_auto = facts.engine.is_some() && cfg.register_buffers == Toggle::Auto;
     if shared_auto && uring && !facts.scripted {
         notes.push(

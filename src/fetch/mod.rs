@@ -20,6 +20,7 @@
 //! [`crate::net`].
 
 pub mod direct;
+pub mod fixed;
 pub mod http_sync;
 mod ktls;
 pub mod net_thread;

@@ -40,6 +40,7 @@ use std::sync::{Arc, Mutex};
 use io_uring::{opcode, types};
 
 use super::direct::KernelRead;
+use super::fixed::FixedBuffers;
 use super::ring::new_ring;
 use super::uring_http::{HttpDriver, TAG};
 use super::{Completion, NetOptions, ReadFail, ReadRequest, Target};
@@ -134,10 +135,19 @@ struct LinkState {
 pub struct NetLink {
     state: Mutex<LinkState>,
     wake: OwnedFd,
+    /// Chunks the thread registers with its ring once they are ready: its
+    /// file reads into them are `READ_FIXED` (a node engine's budget).
+    fixed: Option<Arc<FixedBuffers>>,
 }
 
 impl NetLink {
     pub fn new() -> io::Result<Arc<NetLink>> {
+        NetLink::with_fixed(None)
+    }
+
+    /// A link whose thread registers `fixed` with its ring once they are
+    /// ready, and reads files into them with `READ_FIXED` from then on.
+    pub fn with_fixed(fixed: Option<Arc<FixedBuffers>>) -> io::Result<Arc<NetLink>> {
         Ok(Arc::new(NetLink {
             state: Mutex::new(LinkState {
                 queue: Vec::new(),
@@ -145,6 +155,7 @@ impl NetLink {
                 gone: None,
             }),
             wake: eventfd()?,
+            fixed,
         }))
     }
 
@@ -240,7 +251,14 @@ impl NetLink {
         let mut cqes: Vec<(u64, i32)> = Vec::new();
         // File reads widened to whole blocks (direct files), by read number.
         let mut widened: HashMap<u64, KernelRead> = HashMap::new();
+        // The fixed buffers registered (the first ones), and those still to
+        // register once ready.
+        let mut registered = 0u32;
+        let mut to_register = self.fixed.clone();
         loop {
+            if let Some(f) = to_register.take_if(|f| f.is_ready()) {
+                registered = f.register(&ring);
+            }
             if !armed {
                 let e = opcode::Read::new(
                     types::Fd(self.wake.as_raw_fd()),
@@ -312,7 +330,7 @@ impl NetLink {
                     };
                     let c = match h.obj {
                         Some(obj) => http.start(&mut ring, &req, obj),
-                        None => start_file(&mut ring, &req, &mut widened)?,
+                        None => start_file(&mut ring, &req, registered, &mut widened)?,
                     };
                     if let Some(c) = c {
                         route(owners, c);
@@ -344,10 +362,12 @@ fn route(owners: &mut HashMap<u64, (u64, Arc<Inbox>)>, mut c: Completion) {
 }
 
 /// Puts a file read on the ring (widened to whole blocks for a direct
-/// file); a read that cannot be made is its completion, failed.
+/// file; `READ_FIXED` into a chunk among the first `registered`); a read
+/// that cannot be made is its completion, failed.
 fn start_file(
     ring: &mut io_uring::IoUring,
     req: &ReadRequest,
+    registered: u32,
     widened: &mut HashMap<u64, KernelRead>,
 ) -> io::Result<Option<Completion>> {
     let Target::File(file) = &req.target else {
@@ -380,10 +400,17 @@ fn start_file(
             timing: None,
         }));
     };
-    let entry = opcode::Read::new(types::Fd(file.fd), k.buf, len)
-        .offset(k.offset)
-        .build()
-        .user_data(FILE | req.id);
+    let fd = types::Fd(file.fd);
+    let entry = if req.buf_index < registered {
+        // A widened read stays inside its chunk (`Reader::submit`), so
+        // inside the fixed buffer `buf_index`.
+        opcode::ReadFixed::new(fd, k.buf, len, req.buf_index as u16)
+            .offset(k.offset)
+            .build()
+    } else {
+        opcode::Read::new(fd, k.buf, len).offset(k.offset).build()
+    }
+    .user_data(FILE | req.id);
     if k.widened() {
         widened.insert(req.id, k);
     }
@@ -409,3 +436,6 @@ fn failed(id: u64, obj: Option<&HttpObject>, why: &str) -> Completion {
         timing: None,
     }
 }
+
+#[cfg(test)]
+mod tests;

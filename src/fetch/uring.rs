@@ -5,89 +5,16 @@
 //! (`direct::KernelRead`).
 
 use std::io;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use io_uring::{IoUring, opcode, types};
 
 use super::direct::KernelRead;
+use super::fixed::FixedBuffers;
 use super::net_thread::{Inbox, NetLink};
 use super::ring::new_ring;
 use super::uring_http::{HttpDriver, TAG};
 use super::{Completion, NetOptions, ReadFail, ReadRequest, Reader, Target};
-use crate::sync::Locked;
-
-/// The arena's chunks as io_uring fixed buffers, shared by a loader's
-/// rings. Each ring registers the first `ready` of them once they are
-/// ready: when their memory is in. Registering pins every page it names,
-/// so done at open it would fault the whole arena in before the first read;
-/// and an arena whose tail the reads may never touch (remote shards'
-/// default, sized for a far store) has only its faulted head registered,
-/// since pinning the tail would fault it all in on the reading thread
-/// (1.5 GiB for a 0.5 GB epoch, the cost of a cache over HTTP). Reads
-/// into a chunk past them, and reads before, are plain `READ`s.
-pub struct FixedBuffers {
-    iovecs: Vec<libc::iovec>,
-    ready: AtomicUsize,
-    /// Why a ring could not register them, the first time one could not.
-    refused: Mutex<Option<String>>,
-}
-
-// SAFETY: the iovecs only describe arena memory; they are read, never
-// written, and the arena itself is Send + Sync.
-unsafe impl Send for FixedBuffers {}
-// SAFETY: as above.
-unsafe impl Sync for FixedBuffers {}
-
-impl std::fmt::Debug for FixedBuffers {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FixedBuffers")
-            .field("buffers", &self.iovecs.len())
-            .field("ready", &self.is_ready())
-            .finish()
-    }
-}
-
-impl FixedBuffers {
-    /// The buffers `iovecs`, not yet ready.
-    ///
-    /// # Safety
-    /// Every buffer must stay valid while any ring that registered them
-    /// lives (the arena outlives the loader's readers).
-    pub unsafe fn new(iovecs: Vec<libc::iovec>) -> FixedBuffers {
-        FixedBuffers {
-            iovecs,
-            ready: AtomicUsize::new(0),
-            refused: Mutex::new(None),
-        }
-    }
-
-    /// Rings may register the first `count` buffers (at most all) from
-    /// now on: their memory is in.
-    pub fn set_ready(&self, count: usize) {
-        // Release: pairs with the Acquire in `ready`; the pages were
-        // populated before.
-        self.ready
-            .store(count.min(self.iovecs.len()), Ordering::Release);
-    }
-
-    /// The buffers rings may register, none before [`set_ready`].
-    ///
-    /// [`set_ready`]: FixedBuffers::set_ready
-    pub fn ready(&self) -> &[libc::iovec] {
-        // Acquire: pairs with the Release in `set_ready`.
-        &self.iovecs[..self.ready.load(Ordering::Acquire)]
-    }
-
-    pub fn is_ready(&self) -> bool {
-        !self.ready().is_empty()
-    }
-
-    /// Why a ring could not register the buffers, if one could not.
-    pub fn refused(&self) -> Option<String> {
-        self.refused.locked().clone()
-    }
-}
 
 pub struct UringReader {
     ring: IoUring,
@@ -213,16 +140,7 @@ impl UringReader {
         let Some(f) = self.fixed.as_ref().filter(|f| f.is_ready()) else {
             return;
         };
-        let bufs = f.ready();
-        // SAFETY: `FixedBuffers::new`'s caller keeps the buffers alive while
-        // any ring that registered them lives.
-        match unsafe { self.ring.submitter().register_buffers(bufs) } {
-            Ok(()) => self.registered = bufs.len() as u32,
-            Err(e) => {
-                let mut r = f.refused.locked();
-                r.get_or_insert_with(|| format!("register_buffers refused ({e})"));
-            }
-        }
+        self.registered = f.register(&self.ring);
         self.fixed = None;
     }
 }

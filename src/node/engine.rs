@@ -13,10 +13,11 @@ use std::time::{Duration, Instant};
 use super::holds::{Holds, Kept};
 use super::proto::{EngineId, NodeStats};
 use super::sock;
-use crate::config::Config;
+use crate::config::{Config, Toggle};
 use crate::dataset::Shard;
 use crate::engine::{EngineNet, Loader};
 use crate::error::{Error, Fault, NodeFailure, Result};
+use crate::fetch::fixed::FixedBuffers;
 use crate::memory::{Arena, ArenaOptions, Batch, ChunkPool};
 use crate::sync::Locked;
 use crate::topology::{self, PlacementRequest};
@@ -64,6 +65,9 @@ pub(super) struct Engine {
     /// The engine's configuration, parsed once.
     pub base: Config,
     pub pool: Arc<ChunkPool>,
+    /// The budget's chunks as fixed buffers for the I/O threads, ready once
+    /// the prefault thread has faulted them in.
+    fixed: Arc<FixedBuffers>,
     dataset: Mutex<Option<Arc<Dataset>>>,
     pub holds: Mutex<Holds<Batch>>,
     pub whole: EngineReport,
@@ -80,10 +84,20 @@ impl Engine {
                 format!("cannot draw the engine's identity: {e}"),
             )
         })?;
+        let pool = engine_pool(&base)?;
+        let fixed = budget_buffers(&pool);
+        if base.register_buffers == Toggle::On {
+            // Asked for: every read goes into registered chunks, so the
+            // budget is faulted in now, before the first consumer's.
+            pool.arena()
+                .populate(0, pool.preferred_chunks() * pool.chunk_size());
+            fixed.set_ready(pool.preferred_chunks());
+        }
         let engine = Arc::new(Engine {
             id,
             socket,
-            pool: engine_pool(&base)?,
+            fixed,
+            pool,
             base,
             dataset: Mutex::new(None),
             holds: Mutex::new(Holds::default()),
@@ -117,7 +131,7 @@ impl Engine {
             return Ok(s.clone());
         }
         let shards = crate::engine::resolve_counted(&self.base)?;
-        let net = crate::engine::engine_net_threads(&self.base, &shards)?;
+        let net = crate::engine::engine_net_threads(&self.base, &shards, &self.fixed)?;
         let s = Arc::new(Dataset { shards, net });
         *known = Some(s.clone());
         Ok(s)
@@ -165,11 +179,30 @@ fn prefault(e: Weak<Engine>) {
         }
         let cs = e.pool.chunk_size();
         if i == e.pool.preferred_chunks() {
+            // The I/O threads may pin them now: they are in.
+            e.fixed.set_ready(i);
             return;
         }
         e.pool.arena().populate(i * cs, cs);
         i += 1;
     }
+}
+
+/// The budget's chunks (the arena's first `preferred_chunks`), as fixed
+/// buffers the I/O threads may register once they are in.
+fn budget_buffers(pool: &ChunkPool) -> Arc<FixedBuffers> {
+    let cs = pool.chunk_size();
+    let iovecs = (0..pool.preferred_chunks())
+        .map(|i| libc::iovec {
+            // SAFETY: i < preferred_chunks <= chunk_count: inside the arena.
+            iov_base: unsafe { pool.arena().base().add(i * cs) }.cast(),
+            iov_len: cs,
+        })
+        .collect();
+    // SAFETY: the arena outlives every ring that registers them: the I/O
+    // threads end with the dataset, which the engine (and so its pool)
+    // outlives.
+    Arc::new(unsafe { FixedBuffers::new(iovecs) })
 }
 
 /// The engine's arena, in a memory file no one may map writable again, nor

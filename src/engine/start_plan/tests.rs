@@ -274,6 +274,21 @@ fn a_node_engine_s_shared_arena_is_not_registered_on_auto() {
 }
 
 #[test]
+fn a_node_engine_s_io_threads_register_its_budget_not_its_loaders_rings() {
+    let mut m = Machine::new();
+    m.engine = Some((4, 2, false));
+    for c in [r#"{"urls":"a"}"#, r#"{"urls":"a","register_buffers":"on"}"#] {
+        let p = m.decide(&cfg(c), &[local(1)]).unwrap();
+        assert_eq!(p.fixed, None, "{c}");
+        assert!(
+            !p.notes.iter().any(|n| n.contains("fixed buffers")),
+            "{c}: {:?}",
+            p.notes
+        );
+    }
+}
+
+#[test]
 fn network_threads_half_the_cpus_at_most_a_worker_each_or_the_engine_s() {
     let m = Machine::new();
     // 8 CPUs: 4 threads for 4 workers; 2 workers have 2.
