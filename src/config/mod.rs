@@ -145,15 +145,34 @@ impl Config {
     /// ahead and keep batches as a standalone loader of its streams does,
     /// at least 256 MiB. Each stream's share is then what it would have in
     /// a loader of its own, less the per-process floor a standalone loader
-    /// takes (a share of 256 MiB): with one stream per consumer that floor
-    /// is most of it, and four standalone loaders' arenas together came to
-    /// less than one engine's with it (docs/benchmarks.md, "One engine per
-    /// node").
+    /// takes (a share of 256 MiB) where the dataset is named as local files:
+    /// with one stream per consumer that floor is most of it, and four
+    /// standalone loaders' arenas together came to less than one engine's
+    /// with it (docs/benchmarks.md, "One engine per node"). Otherwise the
+    /// floor stays: what a standalone loader takes for each consumer.
     pub fn node_budget(&self) -> u64 {
         if self.memory_budget != 0 {
             return self.memory_budget;
         }
-        (self.node_consumers() * self.reads_and_batches(self.workers_or_auto())).max(256 << 20)
+        let workers = self.workers_or_auto();
+        if !self.names_local_files_only() {
+            // Shards that may be remote (the engine sizes its arena before
+            // it resolves them): the floor stays, whose share sets how many
+            // ranges a stream keeps in flight to a far store.
+            return self.node_consumers() * self.effective_budget(workers, None);
+        }
+        (self.node_consumers() * self.reads_and_batches(workers)).max(256 << 20)
+    }
+
+    /// Whether the dataset is named as local paths only: no manifest, no
+    /// shard index, no URL with a scheme other than `file://`.
+    fn names_local_files_only(&self) -> bool {
+        self.manifest.is_none()
+            && self.urls.iter().all(|u| {
+                (!u.contains("://") || u.starts_with("file://"))
+                    && !u.ends_with(".manifest")
+                    && !u.ends_with(".json")
+            })
     }
 
     /// The consumers a node engine expects (see [`Config::node_budget`]).
@@ -317,6 +336,22 @@ mod tests {
         assert_eq!(c(r#"{"urls":"a","workers":1}"#).node_budget(), 256 * MIB);
         let set = c(r#"{"urls":"a","world_size":2,"memory_budget":"96MiB"}"#);
         assert_eq!(set.node_budget(), 96 * MIB);
+        // Shards that may be remote keep the floor: each consumer's reads
+        // in flight to a far store follow its share.
+        for remote in [
+            r#""urls":"http://h/a.tar""#,
+            r#""urls":"s3://b/a.tar""#,
+            r#""urls":"set.manifest""#,
+            r#""urls":"a","manifest":"m.manifest""#,
+            r#""urls":"shardindex.json""#,
+        ] {
+            let r = c(&format!(
+                r#"{{{remote},"world_size":2,"loader_workers":2,"workers":1}}"#
+            ));
+            assert_eq!(r.node_budget(), 512 * MIB, "{remote}");
+        }
+        let file = c(r#"{"urls":"file:///d/a.tar","world_size":2,"loader_workers":2,"workers":1}"#);
+        assert_eq!(file.node_budget(), 448 * MIB);
     }
 
     #[test]

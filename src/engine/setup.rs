@@ -92,7 +92,10 @@ pub(crate) fn engine_net_threads(
         .next_power_of_two()
         .min(1 << 15) as u32;
     let net = NetOptions::for_config(cfg);
-    let (fixed, fixed_note) = match engine_fixed(fixed, cfg.register_buffers, n) {
+    let reads_files =
+        cfg.cache_dir.is_some() || shards.iter().any(|s| matches!(s.source, Source::File(_)));
+    let (fixed, fixed_note) = match engine_fixed(fixed, cfg.register_buffers, n, reads_files, &net)
+    {
         Ok(f) => (f, None),
         Err(why) if cfg.register_buffers == Toggle::On => {
             return Err(Error::IoUring(format!(
@@ -134,21 +137,26 @@ pub(crate) fn engine_net_threads(
 }
 
 /// Whether a node engine's `rings` I/O threads register the budget's
-/// chunks `fixed` (`None`: not asked to; the error says why they cannot).
-/// Only the budget: it is locked
-/// and faulted in by the engine anyway, so pinning it takes no memory more,
-/// where the part of the arena file past it is meant to take none until
-/// used. Each ring registers once the engine has faulted the budget in (a
-/// refusal then shows in the stats notes); registered, the kernel's copy
-/// of a file read into a chunk goes through the pages it pinned instead of
-/// the engine's page tables (4 KiB pages where the node reserved no huge
-/// pages).
+/// chunks `fixed` (`None`: not asked to, or no file to read on auto; the
+/// error says why they cannot). Only the budget: the engine faults it in
+/// anyway (and locks it, unless `lock_memory` is off), where the part of
+/// the arena file past it is meant to take no memory until used. Pinning
+/// takes no page more, but the kernel keeps an entry per page pinned in
+/// each ring: on auto, not past [`PIN_TABLES_MAX`] for all the rings
+/// (4 KiB pages: a 16 GiB budget in 64 rings would take 4 GiB). Each ring
+/// registers once the engine has faulted the budget in (a refusal then
+/// shows in the stats notes); with `"on"` the budget is in at start and a
+/// probe ring registers it now, its refusal the error. Registered, the
+/// kernel's copy of a file read into a chunk goes through the pages it
+/// pinned instead of the engine's page tables.
 fn engine_fixed(
     fixed: &Arc<FixedBuffers>,
     want: Toggle,
     rings: usize,
+    reads_files: bool,
+    net: &NetOptions,
 ) -> std::result::Result<Option<Arc<FixedBuffers>>, String> {
-    if want == Toggle::Off {
+    if want == Toggle::Off || (want == Toggle::Auto && !reads_files) {
         return Ok(None);
     }
     let count = fixed.count();
@@ -157,8 +165,33 @@ fn engine_fixed(
             "{count} chunks exceed io_uring's {MAX_REGISTERED} fixed buffers"
         ));
     }
+    let tables = pin_tables(fixed.bytes(), fixed.page(), rings);
+    if want == Toggle::Auto && tables > PIN_TABLES_MAX {
+        return Err(format!(
+            "fixed buffers not registered: the budget in {rings} I/O threads' rings would take {} \
+             MiB of the kernel's tables of pinned pages, over {} MiB",
+            tables >> 20,
+            PIN_TABLES_MAX >> 20
+        ));
+    }
     pin_allowed(fixed.bytes().saturating_mul(rings as u64))?;
+    if want == Toggle::On {
+        UringReader::new(8, Some(Arc::clone(fixed)), net.clone(), 0)
+            .map_err(|e| format!("register_buffers refused ({e})"))?;
+    }
     Ok(Some(Arc::clone(fixed)))
+}
+
+/// The most kernel memory a node engine's rings may take, on auto, for
+/// the entries of the pages its budget pins in them ([`pin_tables`]).
+const PIN_TABLES_MAX: u64 = 64 << 20;
+
+/// The kernel's entries for `bytes` in pages of `page` bytes pinned in
+/// each of `rings` rings: one of 16 bytes a page (a `bio_vec`).
+fn pin_tables(bytes: u64, page: usize, rings: usize) -> u64 {
+    (bytes / page.max(1) as u64)
+        .saturating_mul(16)
+        .saturating_mul(rings as u64)
 }
 
 /// Where a read lands in a chunk of `chunk` bytes: `(slack, len)`, a slack
@@ -524,3 +557,6 @@ pub(super) fn register_cuda(
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

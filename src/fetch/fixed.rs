@@ -2,8 +2,9 @@
 //! that read into them (a loader's workers, a node engine's I/O threads),
 //! whose reads into a registered chunk are `READ_FIXED`.
 
-use std::sync::Mutex;
+use std::any::Any;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use io_uring::IoUring;
 
@@ -26,6 +27,11 @@ pub struct FixedBuffers {
     rings: AtomicUsize,
     /// Why a ring could not register them, the first time one could not.
     refused: Mutex<Option<String>>,
+    /// What keeps their memory mapped, when they must keep it (the rings
+    /// that registered them may outlive its other owners).
+    _owner: Option<Arc<dyn Any + Send + Sync>>,
+    /// The bytes of the pages behind them.
+    page: usize,
 }
 
 // SAFETY: the iovecs only describe arena memory; they are read, never
@@ -56,7 +62,25 @@ impl FixedBuffers {
             #[cfg(test)]
             rings: AtomicUsize::new(0),
             refused: Mutex::new(None),
+            _owner: None,
+            page: 4096,
         }
+    }
+
+    /// The same buffers, whose memory `owner` keeps mapped for as long as
+    /// they live (a ring that registered them holds them), in pages of
+    /// `page` bytes.
+    pub fn owned_by(self, owner: Arc<dyn Any + Send + Sync>, page: usize) -> FixedBuffers {
+        FixedBuffers {
+            _owner: Some(owner),
+            page,
+            ..self
+        }
+    }
+
+    /// The bytes of the pages behind them (4 KiB unless told).
+    pub fn page(&self) -> usize {
+        self.page
     }
 
     /// Rings may register the first `count` buffers (at most all) from

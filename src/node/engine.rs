@@ -18,7 +18,7 @@ use crate::dataset::Shard;
 use crate::engine::{EngineNet, Loader};
 use crate::error::{Error, Fault, NodeFailure, Result};
 use crate::fetch::fixed::FixedBuffers;
-use crate::memory::{Arena, ArenaOptions, Batch, ChunkPool};
+use crate::memory::{Arena, ArenaOptions, Batch, ChunkPool, MemoryKind};
 use crate::sync::Locked;
 use crate::topology::{self, PlacementRequest};
 
@@ -189,8 +189,9 @@ fn prefault(e: Weak<Engine>) {
 }
 
 /// The budget's chunks (the arena's first `preferred_chunks`), as fixed
-/// buffers the I/O threads may register once they are in.
-fn budget_buffers(pool: &ChunkPool) -> Arc<FixedBuffers> {
+/// buffers the I/O threads may register once they are in; they keep the
+/// pool, and so the arena, mapped while a ring holds them.
+fn budget_buffers(pool: &Arc<ChunkPool>) -> Arc<FixedBuffers> {
     let cs = pool.chunk_size();
     let iovecs = (0..pool.preferred_chunks())
         .map(|i| libc::iovec {
@@ -199,10 +200,17 @@ fn budget_buffers(pool: &ChunkPool) -> Arc<FixedBuffers> {
             iov_len: cs,
         })
         .collect();
-    // SAFETY: the arena outlives every ring that registers them: the I/O
-    // threads end with the dataset, which the engine (and so its pool)
-    // outlives.
-    Arc::new(unsafe { FixedBuffers::new(iovecs) })
+    let page = match pool.arena().report().kind {
+        MemoryKind::Normal => 4096,
+        MemoryKind::Hugetlb | MemoryKind::Thp => 2 << 20,
+    };
+    // SAFETY: the buffers keep the pool, and so the arena, mapped for as
+    // long as any ring that registered them holds them.
+    let fixed = unsafe { FixedBuffers::new(iovecs) };
+    Arc::new(fixed.owned_by(
+        Arc::clone(pool) as Arc<dyn std::any::Any + Send + Sync>,
+        page,
+    ))
 }
 
 /// The engine's arena, in a memory file no one may map writable again, nor
