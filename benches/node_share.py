@@ -19,6 +19,7 @@ usage: [EPOCHS=1] [BATCH=256] [STREAMS=1] [NODE_BUDGET=bytes] [SOURCE=http]
        [NODE_CONFIG='{"net_threads": 2}'] (more keys of the engine's own)
        [BASELINE=<another ringfeed program>] (adds (B): (b) with that
        program's engine, in the same rounds, for an A/B of two builds)
+       [MODES=ab] (which of (a) and (b) run beside (c))
        .venv/bin/python benches/node_share.py RINGFEED_PROGRAM ROUNDS SHARD...
 SOURCE=http serves the shards' folder with `ringfeed serve` and reads them
 over http://127.0.0.1. Then it measures a consumer attaching to a running
@@ -224,7 +225,9 @@ def main():
     # engines of (a) take together).
     node_budget = os.environ.get("NODE_BUDGET")
     baseline = os.environ.get("BASELINE")
-    modes = "cab" + ("B" if baseline else "")
+    # MODES=cb leaves (a) out (a profile of (b) against (c)); (c) always runs.
+    modes = "c" + ("".join(m for m in os.environ.get("MODES", "ab") if m in "ab") or "ab") + \
+        ("B" if baseline else "")
     results = {m: [] for m in modes}
     for i in range(rounds):
         # (b) and (B) take turns going first.
@@ -237,9 +240,10 @@ def main():
              "c": "(c) 1 engine, 1 consumer", "B": "(B) (b), BASELINE's engine"}
     keys = ["gb_s", "cpu_s_per_gb", "pss_mib", "locked_mib", "first_batch_ms"]
     med = {m: {k: statistics.median(r[k] for r in results[m]) for k in keys} for m in modes}
-    print(f"\nmedians over {rounds} rounds; (a) and (b) delivered the same bytes in every "
-          f"round: {len({r['bytes'] for m in 'ab' for r in results[m]}) == 1} "
-          f"((c) {results['c'][0]['bytes']} bytes, (a)/(b) {results['a'][0]['bytes']}: "
+    four = [m for m in modes if m != "c"]
+    print(f"\nmedians over {rounds} rounds; {'/'.join(four)} delivered the same bytes in every "
+          f"round: {len({r['bytes'] for m in four for r in results[m]}) == 1} "
+          f"((c) {results['c'][0]['bytes']} bytes, the others {results[four[0]][0]['bytes']}: "
           f"4 consumers pad their shares to equal length)")
     print(f"{'':32} {'GB/s':>7} {'CPU-s/GB':>9} {'PSS MiB':>8} {'locked':>7} {'1st batch ms':>12}")
     for m in modes:
@@ -265,6 +269,8 @@ def main():
             per = [r[k] / q[k] for r, q in zip(results["b"], results["B"])]
             parts.append(f"{k} {med['b'][k] / med['B'][k]:.3f} [{min(per):.2f}-{max(per):.2f}]")
         print("  (b) / (B), this program's engine against BASELINE's: " + ", ".join(parts))
+    if "a" not in med or "b" not in med:
+        return
     b, c, a = med["b"], med["c"], med["a"]
     print("\ntargets: (b) GB/s >= 0.9x (c): %s; (b) CPU/GB <= 1.25x (c): %s; (b) ahead of (a) on "
           "GB/s: %s, CPU/GB: %s, PSS: %s" % (
