@@ -5,8 +5,8 @@
       started by this script and timed with the rest);
   (c) the reference: one standalone engine, one consumer, all the data.
 
-Each round times every process of a mode over the same window (from the
-first spawn to the last exit): GB/s delivered, CPU-s per GB of every process
+Each round runs the modes in a rotated order and times every process of a
+mode over the same window (from the first spawn to the last exit): GB/s delivered, CPU-s per GB of every process
 (wait4), the peak of the summed PSS of the live processes (sampled every
 250 ms from /proc/<pid>/smaps_rollup: shared memory counted once), the summed
 peak RSS (wait4; counts an arena mapped by two processes twice) and the peak
@@ -230,8 +230,14 @@ def main():
         ("B" if baseline else "")
     results = {m: [] for m in modes}
     for i in range(rounds):
-        # (b) and (B) take turns going first.
-        for m in (modes if i % 2 == 0 else modes.replace("bB", "Bb")):
+        # Each round in its own order, rotated: a mode runs after each of
+        # the others in turn, so none always pays for what the same one
+        # left (its memory to free or compact); (b) and (B) take turns
+        # going first.
+        order = modes[i % len(modes):] + modes[:i % len(modes)]
+        if i % 2:
+            order = order.replace("bB", "Bb")
+        for m in order:
             prog = baseline if m == "B" else program
             r = run_mode(m, prog, shards, batch_size, epochs, streams, node_budget)
             results[m].append(r)
