@@ -98,15 +98,19 @@ def read_kib(path, key):
 
 def start_engine(program, shards, batch_size, streams, node_budget, linger_ms):
     """`ringfeed node` for the job on a new socket; (process, socket)."""
-    socket = os.path.join(tempfile.mkdtemp(prefix="rf-node-bench-"), "node.sock")
+    folder = tempfile.mkdtemp(prefix="rf-node-bench-")
+    socket = os.path.join(folder, "node.sock")
+    # Its log, printed if a consumer of it fails.
+    log = open(os.path.join(folder, "engine.log"), "w+")
     engine = subprocess.Popen(
         [program, "node", *shards, "--socket", socket, "--linger-ms", str(linger_ms),
          "--batch-size", str(batch_size), "--workers", str(streams),
          "--config", json.dumps({"world_size": 2, "loader_workers": 2,
                                  **json.loads(os.environ.get("NODE_CONFIG", "{}"))}),
          *(["--memory-budget", node_budget] if node_budget else [])],
-        stderr=subprocess.DEVNULL,
+        stderr=log,
     )
+    engine.log = log
     while not os.path.exists(socket):
         if engine.poll() is not None:
             sys.exit(f"the node engine exited with {engine.returncode}")
@@ -174,7 +178,13 @@ def run_mode(mode, program, shards, batch_size, epochs, streams, node_budget=Non
         time.sleep(0.002)
     if engine:
         engine.returncode = 0
-    outs = [p.report() for p in procs]
+    try:
+        outs = [p.report() for p in procs]
+    except ValueError:
+        if engine:
+            engine.log.seek(0)
+            print(f"({mode}) the engine's log:\n{engine.log.read()}", file=sys.stderr)
+        sys.exit(f"({mode}): a consumer wrote no report; its error is above")
     wall = time.monotonic() - t0
     # To the last consumer's exit: (b) without its engine's linger and
     # exit after the job (its CPU still counted).
