@@ -58,6 +58,14 @@ pub(crate) fn engine_net_threads(
     fixed: &Arc<FixedBuffers>,
 ) -> Result<Option<EngineNet>> {
     let remote = shards.iter().any(|s| matches!(s.source, Source::Http(_)));
+    let threads = cfg.io_backend == IoBackend::Threads || ring::probe().is_err();
+    if threads && cfg.register_buffers == Toggle::On {
+        return Err(Error::IoUring(
+            "`register_buffers` is \"on\" but the node engine runs the thread backend (io_uring \
+             is off or unavailable); fixed buffers need io_uring: set it to \"auto\""
+                .into(),
+        ));
+    }
     let spool = match cfg.cache_options() {
         Some(o) if remote => Some(Arc::new(
             Spool::start(Arc::new(Cache::open(o)?), cfg.cache_fill).map_err(|e| {
@@ -66,7 +74,7 @@ pub(crate) fn engine_net_threads(
         )),
         _ => None,
     };
-    if cfg.io_backend == IoBackend::Threads || ring::probe().is_err() {
+    if threads {
         // No I/O threads: each stream reads on its own thread; the cache
         // writer is still the engine's one.
         let net = NetOptions::for_config(cfg);

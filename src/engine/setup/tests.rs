@@ -54,3 +54,22 @@ fn a_node_engine_registers_its_budget_on_auto_only_for_files_and_within_the_tabl
         }
     }
 }
+
+#[test]
+fn a_node_engine_on_the_thread_backend_refuses_register_buffers_on_and_says_why() {
+    let cfg = |j: &str| Config::from_json(j).unwrap();
+    let fixed = budget(4, 4096);
+    let on = cfg(r#"{"urls":"a","io_backend":"threads","register_buffers":"on"}"#);
+    let e = engine_net_threads(&on, &[], &fixed)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("`register_buffers` is \"on\" but the node engine runs the thread backend"),
+        "{e}"
+    );
+    // Control: auto runs without I/O threads, and without fixed buffers.
+    let auto = cfg(r#"{"urls":"a","io_backend":"threads"}"#);
+    let net = engine_net_threads(&auto, &[], &fixed).unwrap().unwrap();
+    assert!(net.links.is_empty() && net.fixed.is_none());
+}
